@@ -1,0 +1,102 @@
+//! Reading a response body inside the attempt, for `buffer_body(limit)`.
+//!
+//! A middleware returns as soon as the response head has arrived; a connection cut in the
+//! middle of the body is then the caller's problem, met in `bytes()` long after any retry could
+//! help. Reading the body here turns that cut into an error of the attempt, which the classifier
+//! can judge like any other.
+//!
+//! Bodies over the limit are not held in memory: what was read so far is handed back first,
+//! followed by the rest of the stream, and that response is not retried.
+
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http_body::{Body as HttpBody, Frame, SizeHint};
+use reqwest::{Body, ResponseBuilderExt};
+
+/// Reads `response`'s body up to `limit` bytes.
+///
+/// Returns the response with its body in memory, or, when the body is longer than `limit`, a
+/// response that streams the part already read and then the rest.
+pub(crate) async fn buffer(
+    mut response: reqwest::Response,
+    limit: usize,
+) -> Result<reqwest::Response, reqwest::Error> {
+    let declared = response.content_length();
+    if declared.is_some_and(|n| n > limit as u64) {
+        return Ok(response);
+    }
+    let capacity = declared.map_or(0, |n| usize::try_from(n).unwrap_or(limit).min(limit));
+    let mut read: Vec<u8> = Vec::with_capacity(capacity);
+    while let Some(chunk) = response.chunk().await? {
+        if read.len().saturating_add(chunk.len()) > limit {
+            let prefix = [Bytes::from(read), chunk];
+            return Ok(rebuild(response, |rest| {
+                Body::wrap(Prefixed {
+                    prefix: prefix.into_iter().filter(|b| !b.is_empty()).collect(),
+                    rest,
+                })
+            }));
+        }
+        read.extend_from_slice(&chunk);
+    }
+    Ok(rebuild(response, |_| Body::from(read)))
+}
+
+/// The same response head (status, version, headers, URL, extensions) with a new body, made
+/// from what is left of the old one.
+fn rebuild(mut response: reqwest::Response, body: impl FnOnce(Body) -> Body) -> reqwest::Response {
+    let status = response.status();
+    let version = response.version();
+    let url = response.url().clone();
+    let headers = std::mem::take(response.headers_mut());
+    let extensions = std::mem::take(response.extensions_mut());
+    let body = body(Body::from(response));
+
+    let mut rebuilt = http::Response::builder()
+        .url(url)
+        .body(body)
+        .unwrap_or_else(|_| unreachable!("a builder given only a URL cannot fail"));
+    *rebuilt.status_mut() = status;
+    *rebuilt.version_mut() = version;
+    *rebuilt.headers_mut() = headers;
+    rebuilt.extensions_mut().extend(extensions);
+    reqwest::Response::from(rebuilt)
+}
+
+/// Chunks already read, then the rest of a body.
+struct Prefixed {
+    prefix: std::collections::VecDeque<Bytes>,
+    rest: Body,
+}
+
+impl HttpBody for Prefixed {
+    type Data = Bytes;
+    type Error = reqwest::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, reqwest::Error>>> {
+        if let Some(chunk) = self.prefix.pop_front() {
+            return Poll::Ready(Some(Ok(Frame::data(chunk))));
+        }
+        Pin::new(&mut self.rest).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.prefix.is_empty() && self.rest.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        let held: u64 = self.prefix.iter().map(|b| b.len() as u64).sum();
+        let rest = self.rest.size_hint();
+        let mut hint = SizeHint::new();
+        hint.set_lower(rest.lower().saturating_add(held));
+        if let Some(upper) = rest.upper() {
+            hint.set_upper(upper.saturating_add(held));
+        }
+        hint
+    }
+}

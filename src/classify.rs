@@ -1,0 +1,186 @@
+//! Which outcomes are transient, and when repeating a request is safe.
+//!
+//! Two separate questions decide a retry:
+//!
+//! 1. **Is the failure transient?** A timeout, a refused or reset connection, or a server that
+//!    closed the connection before a full response, may well go differently next time; so may a
+//!    response whose status is in the policy's retryable set. A TLS certificate failure, a
+//!    redirect loop, a malformed request or another middleware's error will not.
+//! 2. **Is repeating safe?** Idempotent methods (GET, HEAD, OPTIONS, TRACE, PUT, DELETE) may be
+//!    repeated. Any other method may be repeated only when it carries an idempotency key, so the
+//!    server can recognise the copy, or when the failure happened while connecting, before any
+//!    byte of it reached the server.
+//!
+//! Transport errors are recognised by what they are made of (timeouts, `std::io` error kinds,
+//! hyper's "incomplete message"), not by their text, so a new wording in a dependency cannot
+//! change a decision.
+
+use std::error::Error as _;
+use std::io;
+
+use http::{Method, StatusCode};
+
+/// A transport failure worth another attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Fault {
+    /// The attempt timed out (connecting, waiting for the head, or reading a buffered body).
+    Timeout,
+    /// Connecting failed for a transient reason: no byte of the request reached the server.
+    Connect,
+    /// The connection was reset, aborted or broken after it was established.
+    Reset,
+    /// The server closed the connection before the response was complete.
+    Incomplete,
+}
+
+impl Fault {
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Fault::Timeout => "timeout",
+            Fault::Connect => "connect",
+            Fault::Reset => "reset",
+            Fault::Incomplete => "incomplete",
+        }
+    }
+
+    /// Whether the request certainly did not reach the server.
+    pub(crate) fn nothing_sent(self) -> bool {
+        matches!(self, Fault::Connect)
+    }
+}
+
+/// Whether `method` may be repeated without a key: RFC 9110 §9.2.2 idempotent methods.
+pub(crate) fn is_idempotent(method: &Method) -> bool {
+    matches!(
+        *method,
+        Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE | Method::PUT | Method::DELETE
+    )
+}
+
+/// Whether `status` is a transient failure under a policy's status set; 409 counts only for a
+/// request carrying an idempotency key (the original is still in flight on the server).
+pub(crate) fn is_transient_status(
+    status: StatusCode,
+    in_set: impl Fn(StatusCode) -> bool,
+    keyed: bool,
+) -> bool {
+    in_set(status) || (keyed && status == StatusCode::CONFLICT)
+}
+
+/// The transient fault behind `err`, or `None` when the error is permanent.
+pub(crate) fn transport_fault(err: &reqwest_middleware::Error) -> Option<Fault> {
+    match err {
+        // Another middleware's error, including one from an inner instance of ours that has
+        // already given up: never ours to repeat.
+        reqwest_middleware::Error::Middleware(_) => None,
+        reqwest_middleware::Error::Reqwest(e) => reqwest_fault(e),
+    }
+}
+
+fn reqwest_fault(err: &reqwest::Error) -> Option<Fault> {
+    if err.is_builder() || err.is_redirect() || err.is_status() {
+        return None;
+    }
+    if err.is_timeout() {
+        return Some(Fault::Timeout);
+    }
+    let cause = chain_fault(err);
+    if err.is_connect() {
+        // Only causes known to be passing make a connect error transient: a certificate that
+        // failed to verify, or a name that does not resolve, will fail the same way again.
+        return cause.map(|_| Fault::Connect);
+    }
+    cause
+}
+
+/// The first transient cause found in the source chain of `err`.
+fn chain_fault(err: &reqwest::Error) -> Option<Fault> {
+    let mut source = err.source();
+    while let Some(cause) = source {
+        if let Some(io) = cause.downcast_ref::<io::Error>() {
+            match io.kind() {
+                io::ErrorKind::TimedOut => return Some(Fault::Timeout),
+                io::ErrorKind::ConnectionRefused
+                | io::ErrorKind::ConnectionReset
+                | io::ErrorKind::ConnectionAborted
+                | io::ErrorKind::BrokenPipe
+                | io::ErrorKind::NotConnected => return Some(Fault::Reset),
+                io::ErrorKind::UnexpectedEof => return Some(Fault::Incomplete),
+                _ => {}
+            }
+        }
+        if let Some(hyper) = cause.downcast_ref::<hyper::Error>() {
+            if hyper.is_timeout() {
+                return Some(Fault::Timeout);
+            }
+            if hyper.is_incomplete_message() || hyper.is_canceled() {
+                return Some(Fault::Incomplete);
+            }
+        }
+        source = cause.source();
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn idempotent_methods_are_the_rfc_ones() {
+        for m in ["GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"] {
+            assert!(
+                is_idempotent(&Method::from_bytes(m.as_bytes()).unwrap()),
+                "{m}"
+            );
+        }
+        for m in ["POST", "PATCH", "CONNECT", "PROPFIND", "LOCK"] {
+            assert!(
+                !is_idempotent(&Method::from_bytes(m.as_bytes()).unwrap()),
+                "{m}"
+            );
+        }
+    }
+
+    #[test]
+    fn conflict_is_transient_only_with_a_key() {
+        let none = |_: StatusCode| false;
+        assert!(is_transient_status(StatusCode::CONFLICT, none, true));
+        assert!(!is_transient_status(StatusCode::CONFLICT, none, false));
+        assert!(!is_transient_status(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            none,
+            true
+        ));
+        assert!(is_transient_status(
+            StatusCode::SERVICE_UNAVAILABLE,
+            |s| s == 503,
+            false
+        ));
+    }
+
+    #[test]
+    fn only_a_connect_fault_guarantees_nothing_was_sent() {
+        assert!(Fault::Connect.nothing_sent());
+        for f in [Fault::Timeout, Fault::Reset, Fault::Incomplete] {
+            assert!(!f.nothing_sent(), "{f:?}");
+        }
+    }
+
+    #[test]
+    fn builder_errors_are_permanent() {
+        let client = reqwest::Client::new();
+        let err = client.get("not a url").build().unwrap_err();
+        assert!(err.is_builder());
+        assert_eq!(transport_fault(&err.into()), None);
+    }
+
+    #[test]
+    fn other_middleware_errors_are_permanent() {
+        let err = reqwest_middleware::Error::middleware(io::Error::new(
+            io::ErrorKind::ConnectionReset,
+            "from another middleware",
+        ));
+        assert_eq!(transport_fault(&err), None);
+    }
+}

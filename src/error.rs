@@ -1,0 +1,214 @@
+//! What the caller learns when a logical request ends: how many attempts ran and why retrying
+//! stopped.
+//!
+//! A response always comes back as `Ok`, whatever its status, with a [`RetryRecord`] in its
+//! extensions. An error comes back as a [`RetryError`] inside
+//! [`reqwest_middleware::Error::Middleware`]; [`RetryError::of`] finds it, and it still answers
+//! the questions one asks a `reqwest::Error` (`is_timeout()`, `is_connect()`, `status()`,
+//! `url()`).
+
+use std::fmt;
+use std::time::Duration;
+
+use reqwest::{StatusCode, Url};
+
+/// Why the middleware stopped making attempts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum StopReason {
+    /// The last outcome was a success (a response that is not a retryable failure and has a
+    /// status below 400).
+    Succeeded,
+    /// The last outcome was a failure that repeating would not change: a status outside the
+    /// retryable set, or a permanent error (TLS, builder, redirect, decode, another middleware).
+    NotRetryable,
+    /// The failure was transient, but repeating the request could repeat its effect: a
+    /// non-idempotent method without an idempotency key, after bytes may have reached the server.
+    NotSafeToRetry,
+    /// The request body is a stream that cannot be sent twice; the request was sent once.
+    BodyNotCloneable,
+    /// Every allowed attempt was made.
+    AttemptsExhausted,
+}
+
+impl StopReason {
+    /// A short, stable, lowercase name, as used in tracing events.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            StopReason::Succeeded => "succeeded",
+            StopReason::NotRetryable => "not_retryable",
+            StopReason::NotSafeToRetry => "not_safe_to_retry",
+            StopReason::BodyNotCloneable => "body_not_cloneable",
+            StopReason::AttemptsExhausted => "attempts_exhausted",
+        }
+    }
+}
+
+impl fmt::Display for StopReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            StopReason::Succeeded => "succeeded",
+            StopReason::NotRetryable => "the failure is not retryable",
+            StopReason::NotSafeToRetry => "retrying could repeat the request's effect",
+            StopReason::BodyNotCloneable => "the request body cannot be sent twice",
+            StopReason::AttemptsExhausted => "attempts exhausted",
+        })
+    }
+}
+
+/// The record of one logical request, found in the extensions of the response it returned.
+///
+/// ```no_run
+/// # async fn run(client: reqwest_middleware::ClientWithMiddleware) -> reqwest_middleware::Result<()> {
+/// use reqwest_safe_retry::RetryRecord;
+///
+/// let response = client.get("http://127.0.0.1:8080/").send().await?;
+/// if let Some(record) = RetryRecord::of(&response) {
+///     println!("{} attempt(s), stopped because {}", record.attempts(), record.stop_reason());
+/// }
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RetryRecord {
+    pub(crate) attempts: u32,
+    pub(crate) stop: StopReason,
+    pub(crate) waited: Duration,
+}
+
+impl RetryRecord {
+    /// The record the middleware attached to `response`, if it passed through one.
+    pub fn of(response: &reqwest::Response) -> Option<&RetryRecord> {
+        response.extensions().get::<RetryRecord>()
+    }
+
+    /// How many attempts were made, the first included.
+    pub fn attempts(&self) -> u32 {
+        self.attempts
+    }
+
+    /// Why no further attempt was made.
+    pub fn stop_reason(&self) -> StopReason {
+        self.stop
+    }
+
+    /// The total time spent waiting between attempts, as measured by the middleware's clock.
+    pub fn waited(&self) -> Duration {
+        self.waited
+    }
+}
+
+/// The error of a logical request: the last attempt's error, with the attempt count and the
+/// reason retrying stopped.
+///
+/// The middleware returns it as [`reqwest_middleware::Error::Middleware`]; get it back with
+/// [`RetryError::of`]:
+///
+/// ```no_run
+/// # async fn run(client: reqwest_middleware::ClientWithMiddleware) {
+/// use reqwest_safe_retry::RetryError;
+///
+/// if let Err(err) = client.get("http://127.0.0.1:9/").send().await {
+///     let retry = RetryError::of(&err).expect("every error of the middleware is a RetryError");
+///     if retry.is_connect() {
+///         eprintln!("unreachable after {} attempts ({})", retry.attempts(), retry.stop_reason());
+///     }
+/// }
+/// # }
+/// ```
+#[derive(Debug)]
+pub struct RetryError {
+    attempts: u32,
+    stop: StopReason,
+    last: reqwest_middleware::Error,
+}
+
+impl RetryError {
+    pub(crate) fn new(attempts: u32, stop: StopReason, last: reqwest_middleware::Error) -> Self {
+        RetryError {
+            attempts,
+            stop,
+            last,
+        }
+    }
+
+    /// Finds the `RetryError` inside an error returned by a client that uses the middleware.
+    ///
+    /// Returns `None` for errors that did not come from it (for example from a middleware placed
+    /// before it in the chain).
+    pub fn of(err: &reqwest_middleware::Error) -> Option<&RetryError> {
+        match err {
+            reqwest_middleware::Error::Middleware(e) => e.downcast_ref::<RetryError>(),
+            reqwest_middleware::Error::Reqwest(_) => None,
+        }
+    }
+
+    /// How many attempts were made, the first included.
+    pub fn attempts(&self) -> u32 {
+        self.attempts
+    }
+
+    /// Why no further attempt was made.
+    pub fn stop_reason(&self) -> StopReason {
+        self.stop
+    }
+
+    /// The last attempt's error, as the rest of the chain returned it.
+    pub fn last_error(&self) -> &reqwest_middleware::Error {
+        &self.last
+    }
+
+    /// The last attempt's error, by value.
+    pub fn into_last_error(self) -> reqwest_middleware::Error {
+        self.last
+    }
+
+    /// Whether the last attempt timed out.
+    pub fn is_timeout(&self) -> bool {
+        self.last.is_timeout()
+    }
+
+    /// Whether the last attempt failed to connect.
+    pub fn is_connect(&self) -> bool {
+        self.last.is_connect()
+    }
+
+    /// The status code the last error carries, if any.
+    pub fn status(&self) -> Option<StatusCode> {
+        self.last.status()
+    }
+
+    /// The URL of the last attempt, if known.
+    pub fn url(&self) -> Option<&Url> {
+        self.last.url()
+    }
+}
+
+impl fmt::Display for RetryError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // The last error is shown here too: `reqwest_middleware::Error` prints only its top
+        // level, and a message without its cause would not be worth logging.
+        write!(
+            f,
+            "request failed after {} attempt{} ({}): {}",
+            self.attempts,
+            if self.attempts == 1 { "" } else { "s" },
+            self.stop,
+            self.last
+        )
+    }
+}
+
+impl std::error::Error for RetryError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match &self.last {
+            reqwest_middleware::Error::Reqwest(e) => Some(e),
+            reqwest_middleware::Error::Middleware(e) => Some(e.as_ref()),
+        }
+    }
+}
+
+impl From<RetryError> for reqwest_middleware::Error {
+    fn from(err: RetryError) -> Self {
+        reqwest_middleware::Error::middleware(err)
+    }
+}

@@ -1,0 +1,400 @@
+//! What to retry, how often and how long to wait: the configuration of one dependency.
+//!
+//! A [`RetryPolicy`] is built once, validated once, and then only read: it is `Copy`, costs
+//! nothing to share, and holds no state. Everything that changes while requests run (the clock,
+//! the random source, the budget) lives beside it in the middleware.
+
+use std::fmt;
+use std::time::Duration;
+
+use http::StatusCode;
+
+use crate::backoff;
+
+/// The configuration of retries for one dependency.
+///
+/// Build one with [`RetryPolicy::builder`]; [`RetryPolicy::default()`] is the builder's defaults.
+///
+/// ```
+/// use std::time::Duration;
+/// use reqwest_safe_retry::RetryPolicy;
+///
+/// let policy = RetryPolicy::builder()
+///     .max_attempts(5)
+///     .base_delay(Duration::from_millis(50))
+///     .max_delay(Duration::from_secs(2))
+///     .build()
+///     .expect("a valid policy");
+/// assert_eq!(policy.max_attempts(), 5);
+/// ```
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct RetryPolicy {
+    max_attempts: u32,
+    base_delay: Duration,
+    max_delay: Duration,
+    attempt_timeout: Duration,
+    statuses: StatusSet,
+    buffer_body: Option<usize>,
+}
+
+impl RetryPolicy {
+    /// Starts a builder with every default in place.
+    pub fn builder() -> RetryPolicyBuilder {
+        RetryPolicyBuilder::new()
+    }
+
+    /// The most attempts one logical request makes, the first included.
+    pub fn max_attempts(&self) -> u32 {
+        self.max_attempts
+    }
+
+    /// The backoff base: the ceiling of the first retry's wait.
+    pub fn base_delay(&self) -> Duration {
+        self.base_delay
+    }
+
+    /// The backoff cap: no computed wait exceeds it.
+    pub fn max_delay(&self) -> Duration {
+        self.max_delay
+    }
+
+    /// The longest one attempt may take on the wire.
+    pub fn attempt_timeout(&self) -> Duration {
+        self.attempt_timeout
+    }
+
+    /// Whether a response with this status is a transient failure worth retrying.
+    pub fn is_retryable_status(&self, status: StatusCode) -> bool {
+        self.statuses.contains(status.as_u16())
+    }
+
+    /// The largest body read inside an attempt, if [`buffer_body`](RetryPolicyBuilder::buffer_body)
+    /// is on.
+    pub fn buffer_body_limit(&self) -> Option<usize> {
+        self.buffer_body
+    }
+
+    /// The ceiling of the wait before retry `retry` (0 for the first retry):
+    /// `min(max_delay, base_delay * 2^retry)`, saturating. The actual wait is drawn from
+    /// `[0, ceiling]`.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use reqwest_safe_retry::RetryPolicy;
+    ///
+    /// let policy = RetryPolicy::default();
+    /// assert_eq!(policy.backoff_ceiling(0), Duration::from_millis(100));
+    /// assert_eq!(policy.backoff_ceiling(3), Duration::from_millis(800));
+    /// assert_eq!(policy.backoff_ceiling(1_000), Duration::from_secs(10));
+    /// ```
+    pub fn backoff_ceiling(&self, retry: u32) -> Duration {
+        backoff::ceiling(self.base_delay, self.max_delay, retry)
+    }
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        // The defaults are valid by construction; the builder's tests hold them to it.
+        RetryPolicyBuilder::new()
+            .checked()
+            .unwrap_or_else(|e| unreachable!("default policy is invalid: {e}"))
+    }
+}
+
+impl fmt::Debug for RetryPolicy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RetryPolicy")
+            .field("max_attempts", &self.max_attempts)
+            .field("base_delay", &self.base_delay)
+            .field("max_delay", &self.max_delay)
+            .field("attempt_timeout", &self.attempt_timeout)
+            .field("retryable_statuses", &self.statuses)
+            .field("buffer_body", &self.buffer_body)
+            .finish()
+    }
+}
+
+/// Builds a [`RetryPolicy`]; invalid settings are reported by [`build`](Self::build).
+///
+/// # Default
+///
+/// | setting | default |
+/// |---|---|
+/// | [`max_attempts`](Self::max_attempts) | 3 (the first attempt and two retries) |
+/// | [`base_delay`](Self::base_delay) | 100 ms |
+/// | [`max_delay`](Self::max_delay) | 10 s |
+/// | [`attempt_timeout`](Self::attempt_timeout) | 10 s |
+/// | [`retryable_statuses`](Self::retryable_statuses) | 429, 502, 503, 504 |
+/// | [`buffer_body`](Self::buffer_body) | off |
+#[derive(Debug, Clone)]
+pub struct RetryPolicyBuilder {
+    max_attempts: u32,
+    base_delay: Duration,
+    max_delay: Duration,
+    attempt_timeout: Duration,
+    statuses: Vec<u16>,
+    buffer_body: Option<usize>,
+}
+
+impl RetryPolicyBuilder {
+    fn new() -> Self {
+        RetryPolicyBuilder {
+            max_attempts: 3,
+            base_delay: Duration::from_millis(100),
+            max_delay: Duration::from_secs(10),
+            attempt_timeout: Duration::from_secs(10),
+            statuses: vec![429, 502, 503, 504],
+            buffer_body: None,
+        }
+    }
+
+    /// The most attempts per logical request, the first included; 1 turns retries off.
+    /// Must be at least 1.
+    pub fn max_attempts(mut self, attempts: u32) -> Self {
+        self.max_attempts = attempts;
+        self
+    }
+
+    /// The ceiling of the first retry's wait; each later retry doubles it up to
+    /// [`max_delay`](Self::max_delay). Zero means retry without waiting.
+    pub fn base_delay(mut self, delay: Duration) -> Self {
+        self.base_delay = delay;
+        self
+    }
+
+    /// The cap on any computed wait. Must not be below [`base_delay`](Self::base_delay).
+    pub fn max_delay(mut self, delay: Duration) -> Self {
+        self.max_delay = delay;
+        self
+    }
+
+    /// The longest one attempt may take, enforced on the wire as the request's timeout (a
+    /// shorter timeout set on the request itself wins). Must be greater than zero.
+    pub fn attempt_timeout(mut self, timeout: Duration) -> Self {
+        self.attempt_timeout = timeout;
+        self
+    }
+
+    /// Replaces the set of response statuses that are retried. Each must be in 100-599.
+    ///
+    /// Statuses outside the set are final and reach the caller after one attempt.
+    pub fn retryable_statuses(mut self, statuses: impl IntoIterator<Item = u16>) -> Self {
+        self.statuses = statuses.into_iter().collect();
+        self
+    }
+
+    /// Reads each response body, up to `limit` bytes, inside the attempt.
+    ///
+    /// Without it the middleware hands a response back as soon as its head arrives, and a
+    /// connection cut in the middle of the body shows up later, in the caller's `bytes()` or
+    /// `json()`, where no retry can reach it. With it, a body cut off mid-way is a transient
+    /// failure like any other. A body longer than `limit` is handed back as a stream (the part
+    /// already read first), and is not retried.
+    pub fn buffer_body(mut self, limit: usize) -> Self {
+        self.buffer_body = Some(limit);
+        self
+    }
+
+    /// Validates the settings and builds the policy.
+    ///
+    /// # Errors
+    ///
+    /// [`InvalidPolicy`], with a message that names the setting to change, when `max_attempts`
+    /// is 0, `max_delay` is below `base_delay`, `attempt_timeout` is zero, or a retryable status
+    /// is outside 100-599.
+    pub fn build(self) -> Result<RetryPolicy, InvalidPolicy> {
+        self.checked()
+    }
+
+    fn checked(&self) -> Result<RetryPolicy, InvalidPolicy> {
+        if self.max_attempts == 0 {
+            return Err(InvalidPolicy::new(
+                "max_attempts must be at least 1 (1 means no retries)".into(),
+            ));
+        }
+        if self.max_delay < self.base_delay {
+            return Err(InvalidPolicy::new(format!(
+                "max_delay ({:?}) must not be below base_delay ({:?}): raise max_delay or lower base_delay",
+                self.max_delay, self.base_delay
+            )));
+        }
+        if self.attempt_timeout.is_zero() {
+            return Err(InvalidPolicy::new(
+                "attempt_timeout must be greater than zero".into(),
+            ));
+        }
+        let mut statuses = StatusSet::EMPTY;
+        for &code in &self.statuses {
+            if !(100..=599).contains(&code) {
+                return Err(InvalidPolicy::new(format!(
+                    "retryable status {code} is not an HTTP status: use codes from 100 to 599"
+                )));
+            }
+            statuses.insert(code);
+        }
+        Ok(RetryPolicy {
+            max_attempts: self.max_attempts,
+            base_delay: self.base_delay,
+            max_delay: self.max_delay,
+            attempt_timeout: self.attempt_timeout,
+            statuses,
+            buffer_body: self.buffer_body,
+        })
+    }
+}
+
+impl Default for RetryPolicyBuilder {
+    fn default() -> Self {
+        RetryPolicyBuilder::new()
+    }
+}
+
+/// A setting of [`RetryPolicyBuilder`] that cannot work; the message says which and what to change.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid retry policy: {message}")]
+pub struct InvalidPolicy {
+    message: String,
+}
+
+impl InvalidPolicy {
+    fn new(message: String) -> Self {
+        InvalidPolicy { message }
+    }
+}
+
+/// A set of status codes 0-639 as a bitmap: `Copy`, and a lookup is one shift and one mask.
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct StatusSet([u64; 10]);
+
+impl StatusSet {
+    const EMPTY: StatusSet = StatusSet([0; 10]);
+
+    fn insert(&mut self, code: u16) {
+        let code = usize::from(code);
+        self.0[code / 64] |= 1 << (code % 64);
+    }
+
+    fn contains(&self, code: u16) -> bool {
+        let code = usize::from(code);
+        self.0
+            .get(code / 64)
+            .is_some_and(|word| word & (1 << (code % 64)) != 0)
+    }
+}
+
+impl fmt::Debug for StatusSet {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_set()
+            .entries((100..=599u16).filter(|c| self.contains(*c)))
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_the_documented_ones() {
+        let p = RetryPolicy::default();
+        assert_eq!(p.max_attempts(), 3);
+        assert_eq!(p.base_delay(), Duration::from_millis(100));
+        assert_eq!(p.max_delay(), Duration::from_secs(10));
+        assert_eq!(p.attempt_timeout(), Duration::from_secs(10));
+        assert_eq!(p.buffer_body_limit(), None);
+        let retryable: Vec<u16> = (100..=599)
+            .filter(|c| p.is_retryable_status(StatusCode::from_u16(*c).unwrap()))
+            .collect();
+        assert_eq!(retryable, [429, 502, 503, 504]);
+        assert_eq!(RetryPolicy::builder().build().unwrap(), p);
+    }
+
+    #[test]
+    fn zero_attempts_is_rejected_with_what_to_change() {
+        let err = RetryPolicy::builder().max_attempts(0).build().unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "invalid retry policy: max_attempts must be at least 1 (1 means no retries)"
+        );
+    }
+
+    #[test]
+    fn cap_below_base_is_rejected() {
+        let err = RetryPolicy::builder()
+            .base_delay(Duration::from_secs(2))
+            .max_delay(Duration::from_secs(1))
+            .build()
+            .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "invalid retry policy: max_delay (1s) must not be below base_delay (2s): \
+             raise max_delay or lower base_delay"
+        );
+    }
+
+    #[test]
+    fn statuses_outside_the_http_range_are_rejected() {
+        for code in [0, 99, 600, 999, u16::MAX] {
+            let err = RetryPolicy::builder()
+                .retryable_statuses([503, code])
+                .build()
+                .unwrap_err();
+            assert_eq!(
+                err.to_string(),
+                format!(
+                    "invalid retry policy: retryable status {code} is not an HTTP status: \
+                     use codes from 100 to 599"
+                )
+            );
+        }
+    }
+
+    #[test]
+    fn zero_attempt_timeout_is_rejected() {
+        let err = RetryPolicy::builder()
+            .attempt_timeout(Duration::ZERO)
+            .build()
+            .unwrap_err();
+        assert!(err.to_string().contains("attempt_timeout"), "{err}");
+    }
+
+    #[test]
+    fn status_set_is_replaced_not_extended() {
+        let p = RetryPolicy::builder()
+            .retryable_statuses([500, 599, 100])
+            .build()
+            .unwrap();
+        for (code, expected) in [
+            (500, true),
+            (599, true),
+            (100, true),
+            (503, false),
+            (429, false),
+        ] {
+            assert_eq!(
+                p.is_retryable_status(StatusCode::from_u16(code).unwrap()),
+                expected,
+                "{code}"
+            );
+        }
+    }
+
+    #[test]
+    fn equal_base_and_cap_and_zero_base_are_valid() {
+        let d = Duration::from_millis(5);
+        assert!(
+            RetryPolicy::builder()
+                .base_delay(d)
+                .max_delay(d)
+                .build()
+                .is_ok()
+        );
+        assert!(
+            RetryPolicy::builder()
+                .base_delay(Duration::ZERO)
+                .max_delay(Duration::ZERO)
+                .build()
+                .is_ok()
+        );
+    }
+}

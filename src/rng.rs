@@ -1,0 +1,185 @@
+//! The random source behind jitter.
+//!
+//! Jitter is the only randomness in a retry schedule. Taking it through a small trait lets a test
+//! replace it with a seeded source and get the same delays on every run, and lets a user plug in
+//! whatever generator their service already trusts.
+//!
+//! The trait takes `&self` because one middleware serves many requests at once; implementations
+//! keep their state behind interior mutability. [`SeededRng`] does so with a single atomic
+//! counter, so it is lock-free and still deterministic for a given order of calls.
+
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+/// A source of uniformly distributed 64-bit values, shared by all requests of a middleware.
+///
+/// Any `Fn() -> u64` closure that is `Send + Sync` is an `Rng`, which is handy in tests:
+///
+/// ```
+/// use reqwest_safe_retry::Rng;
+///
+/// // Always the largest value: every jittered wait takes its full ceiling.
+/// let max = || u64::MAX;
+/// assert_eq!(max.next_u64(), u64::MAX);
+/// ```
+pub trait Rng: Send + Sync + 'static {
+    /// Returns the next value, uniformly distributed over all of `u64`.
+    fn next_u64(&self) -> u64;
+}
+
+impl<F> Rng for F
+where
+    F: Fn() -> u64 + Send + Sync + 'static,
+{
+    fn next_u64(&self) -> u64 {
+        self()
+    }
+}
+
+/// The default random source: the thread-local generator of the `rand` crate.
+///
+/// It is seeded from the operating system, so two runs give different jitter, which is what a
+/// fleet of clients needs. Use [`SeededRng`] where runs must repeat.
+#[derive(Debug, Clone, Copy, Default)]
+#[non_exhaustive]
+pub struct ThreadRng;
+
+impl ThreadRng {
+    /// Creates the default random source.
+    pub const fn new() -> Self {
+        ThreadRng
+    }
+}
+
+impl Rng for ThreadRng {
+    fn next_u64(&self) -> u64 {
+        rand::Rng::next_u64(&mut rand::rng())
+    }
+}
+
+/// A deterministic, lock-free random source: the same seed gives the same sequence.
+///
+/// Clones share one sequence. The generator is SplitMix64 over an atomic counter: statistically
+/// sound for jitter, not for cryptography.
+///
+/// ```
+/// use reqwest_safe_retry::{Rng, SeededRng};
+///
+/// let a = SeededRng::new(7);
+/// let b = SeededRng::new(7);
+/// assert_eq!(a.next_u64(), b.next_u64());
+/// ```
+#[derive(Debug, Clone)]
+pub struct SeededRng {
+    state: Arc<AtomicU64>,
+}
+
+impl SeededRng {
+    /// Creates a source that yields the sequence determined by `seed`.
+    pub fn new(seed: u64) -> Self {
+        SeededRng {
+            state: Arc::new(AtomicU64::new(seed)),
+        }
+    }
+}
+
+impl Rng for SeededRng {
+    fn next_u64(&self) -> u64 {
+        const GAMMA: u64 = 0x9E37_79B9_7F4A_7C15;
+        let mut z = self
+            .state
+            .fetch_add(GAMMA, Ordering::Relaxed)
+            .wrapping_add(GAMMA);
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+}
+
+/// A uniformly chosen duration in `[0, max]`, both ends included, at nanosecond resolution.
+///
+/// Durations beyond `u64::MAX` nanoseconds (about 584 years) are clamped there first.
+pub(crate) fn uniform_duration(rng: &dyn Rng, max: Duration) -> Duration {
+    let max_nanos = u64::try_from(max.as_nanos()).unwrap_or(u64::MAX);
+    // Multiply-shift maps a 64-bit value onto [0, max_nanos] with a bias below 2^-64 per value,
+    // and without the modulo's division.
+    let span = u128::from(max_nanos) + 1;
+    let nanos = (u128::from(rng.next_u64()) * span) >> 64;
+    // `nanos <= max_nanos`, so the conversion cannot fail.
+    Duration::from_nanos(u64::try_from(nanos).unwrap_or(max_nanos))
+}
+
+/// The random source as the middleware stores it: shared, with a `Debug` that does not require
+/// one from the user's type.
+#[derive(Clone)]
+pub(crate) struct SharedRng(pub(crate) Arc<dyn Rng>);
+
+impl fmt::Debug for SharedRng {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Rng")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn same_seed_gives_the_same_sequence() {
+        let a = SeededRng::new(42);
+        let b = SeededRng::new(42);
+        let xs: Vec<u64> = (0..100).map(|_| a.next_u64()).collect();
+        let ys: Vec<u64> = (0..100).map(|_| b.next_u64()).collect();
+        assert_eq!(xs, ys);
+        assert_ne!(SeededRng::new(43).next_u64(), xs[0]);
+    }
+
+    #[test]
+    fn clones_share_one_sequence() {
+        let a = SeededRng::new(1);
+        let b = a.clone();
+        let first = a.next_u64();
+        let second = b.next_u64();
+        let fresh = SeededRng::new(1);
+        assert_eq!(fresh.next_u64(), first);
+        assert_eq!(fresh.next_u64(), second);
+    }
+
+    #[test]
+    fn uniform_duration_reaches_both_ends() {
+        let max = Duration::from_millis(250);
+        assert_eq!(uniform_duration(&|| 0u64, max), Duration::ZERO);
+        assert_eq!(uniform_duration(&|| u64::MAX, max), max);
+        assert_eq!(
+            uniform_duration(&|| u64::MAX, Duration::ZERO),
+            Duration::ZERO
+        );
+    }
+
+    #[test]
+    fn uniform_duration_clamps_durations_beyond_u64_nanos() {
+        assert_eq!(
+            uniform_duration(&|| u64::MAX, Duration::MAX),
+            Duration::from_nanos(u64::MAX)
+        );
+    }
+
+    #[test]
+    fn uniform_duration_spreads_over_the_range() {
+        let rng = SeededRng::new(9);
+        let max = Duration::from_millis(1000);
+        let mut buckets = [0u32; 10];
+        for _ in 0..10_000 {
+            let d = uniform_duration(&rng, max);
+            assert!(d <= max);
+            let i = (d.as_millis() as usize / 100).min(9);
+            buckets[i] += 1;
+        }
+        // Each tenth of the range should get roughly 1,000 of 10,000 draws.
+        for count in buckets {
+            assert!((850..=1150).contains(&count), "{buckets:?}");
+        }
+    }
+}

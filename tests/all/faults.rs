@@ -1,0 +1,166 @@
+//! Transport faults on real loopback sockets: each is retried, and the attempts are counted.
+
+use std::time::{Duration, Instant};
+
+use reqwest_safe_retry::{RetryError, RetryPolicy, RetryRecord, StopReason};
+
+use crate::support::{self, Action, RawServer};
+
+#[tokio::test]
+async fn a_reset_before_the_head_is_complete_is_retried() {
+    let server = RawServer::start(vec![
+        Action::WriteThenReset(b"HTTP/1.1 200 OK\r\ncontent-le".to_vec()),
+        Action::WriteThenReset(b"HTTP/1.1 200 OK\r\ncontent-le".to_vec()),
+        Action::Respond(support::ok("whole")),
+    ])
+    .await;
+    let (client, clock) = support::client();
+
+    let response = client.get(server.url("/")).send().await.unwrap();
+
+    assert_eq!(server.requests(), 3);
+    assert_eq!(RetryRecord::of(&response).unwrap().attempts(), 3);
+    assert_eq!(clock.sleeps().len(), 2);
+    assert_eq!(response.text().await.unwrap(), "whole");
+}
+
+#[tokio::test]
+async fn resets_on_every_attempt_exhaust_the_attempts() {
+    let server = RawServer::start(vec![Action::WriteThenReset(b"HTTP/1.1 2".to_vec())]).await;
+    let (client, _) = support::client();
+
+    let err = client.get(server.url("/")).send().await.unwrap_err();
+
+    assert_eq!(server.requests(), 3);
+    let retry = RetryError::of(&err).unwrap();
+    assert_eq!(retry.attempts(), 3);
+    assert_eq!(retry.stop_reason(), StopReason::AttemptsExhausted);
+    assert!(!retry.is_timeout());
+    assert!(retry.url().is_some_and(|u| u.as_str() == server.url("/")));
+}
+
+#[tokio::test]
+async fn a_server_that_closes_before_answering_is_retried() {
+    let server = RawServer::start(vec![Action::Close]).await;
+    let (client, clock) = support::client();
+
+    let err = client.get(server.url("/")).send().await.unwrap_err();
+
+    assert_eq!(server.requests(), 3);
+    let retry = RetryError::of(&err).unwrap();
+    assert_eq!(retry.attempts(), 3);
+    assert_eq!(retry.stop_reason(), StopReason::AttemptsExhausted);
+    assert_eq!(clock.sleeps().len(), 2);
+}
+
+#[tokio::test]
+async fn a_refused_port_is_retried() {
+    let port = support::refused_port().await;
+    let (client, clock) = support::client();
+
+    let err = client
+        .get(format!("http://127.0.0.1:{port}/"))
+        .send()
+        .await
+        .unwrap_err();
+
+    let retry = RetryError::of(&err).unwrap();
+    assert!(retry.is_connect());
+    assert_eq!(retry.attempts(), 3);
+    assert_eq!(clock.sleeps().len(), 2);
+}
+
+#[tokio::test]
+async fn a_slow_server_is_cut_off_by_the_attempt_timeout_and_retried() {
+    let slow = Action::Delay(Duration::from_millis(500), support::ok("late"));
+    let server = RawServer::start(vec![
+        slow.clone(),
+        slow,
+        Action::Respond(support::ok("on time")),
+    ])
+    .await;
+    let policy = RetryPolicy::builder()
+        .attempt_timeout(Duration::from_millis(40))
+        .build()
+        .unwrap();
+    let (client, _) = support::client_with(policy);
+
+    let started = Instant::now();
+    let response = client.get(server.url("/")).send().await.unwrap();
+
+    assert_eq!(server.requests(), 3);
+    assert_eq!(RetryRecord::of(&response).unwrap().attempts(), 3);
+    assert_eq!(response.text().await.unwrap(), "on time");
+    // Two attempts cut at 40 ms each, not two waits of 500 ms.
+    assert!(
+        started.elapsed() < Duration::from_millis(450),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+#[tokio::test]
+async fn timeouts_on_every_attempt_surface_as_a_timeout_error() {
+    let server = RawServer::start(vec![Action::Delay(
+        Duration::from_millis(300),
+        support::ok("late"),
+    )])
+    .await;
+    let policy = RetryPolicy::builder()
+        .attempt_timeout(Duration::from_millis(30))
+        .build()
+        .unwrap();
+    let (client, _) = support::client_with(policy);
+
+    let err = client.get(server.url("/")).send().await.unwrap_err();
+
+    let retry = RetryError::of(&err).unwrap();
+    assert!(retry.is_timeout(), "{retry}");
+    assert_eq!(retry.attempts(), 3);
+    assert_eq!(server.requests(), 3);
+}
+
+#[tokio::test]
+async fn a_shorter_timeout_on_the_request_wins() {
+    let server = RawServer::start(vec![Action::Delay(
+        Duration::from_millis(300),
+        support::ok("late"),
+    )])
+    .await;
+    let (client, _) = support::client(); // attempt timeout 5 s
+
+    let started = Instant::now();
+    let err = client
+        .get(server.url("/"))
+        .timeout(Duration::from_millis(30))
+        .send()
+        .await
+        .unwrap_err();
+
+    assert!(RetryError::of(&err).unwrap().is_timeout());
+    assert_eq!(server.requests(), 3);
+    assert!(
+        started.elapsed() < Duration::from_millis(600),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+#[tokio::test]
+async fn a_post_whose_connection_is_reset_is_not_retried() {
+    // The server read the whole request: it may have acted on it.
+    let server = RawServer::start(vec![Action::WriteThenReset(Vec::new())]).await;
+    let (client, _) = support::client();
+
+    let err = client
+        .post(server.url("/orders"))
+        .body("charge 10 EUR")
+        .send()
+        .await
+        .unwrap_err();
+
+    assert_eq!(server.requests(), 1);
+    let retry = RetryError::of(&err).unwrap();
+    assert_eq!(retry.attempts(), 1);
+    assert_eq!(retry.stop_reason(), StopReason::NotSafeToRetry);
+}

@@ -1,0 +1,8 @@
+//! Integration tests: the middleware against real servers on 127.0.0.1.
+
+mod bodies;
+mod faults;
+mod methods;
+mod schedule;
+mod statuses;
+mod support;

@@ -1,0 +1,102 @@
+//! Backoff schedules in virtual time: bounds, reproducibility, and no real waiting.
+
+use std::time::{Duration, Instant};
+
+use reqwest_middleware::ClientBuilder;
+use reqwest_safe_retry::{FakeClock, RetryMiddleware, RetryPolicy, SeededRng};
+use wiremock::matchers::any;
+use wiremock::{Mock, MockServer, ResponseTemplate};
+
+async fn always_503() -> MockServer {
+    let server = MockServer::start().await;
+    Mock::given(any())
+        .respond_with(ResponseTemplate::new(503))
+        .mount(&server)
+        .await;
+    server
+}
+
+/// Runs one logical GET against `server` and returns the sleeps the fake clock recorded.
+async fn sleeps_of(
+    server: &MockServer,
+    policy: RetryPolicy,
+    rng: impl reqwest_safe_retry::Rng,
+) -> Vec<Duration> {
+    let clock = FakeClock::new();
+    let client = ClientBuilder::new(reqwest::Client::new())
+        .with(
+            RetryMiddleware::new(policy)
+                .with_clock(clock.clone())
+                .with_rng(rng),
+        )
+        .build();
+    client.get(server.uri()).send().await.unwrap();
+    clock.sleeps()
+}
+
+#[tokio::test]
+async fn every_delay_lies_within_the_capped_exponential_ceiling() {
+    let server = always_503().await;
+    let policy = RetryPolicy::builder()
+        .max_attempts(12)
+        .base_delay(Duration::from_millis(100))
+        .max_delay(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    for seed in 0..20 {
+        let sleeps = sleeps_of(&server, policy, SeededRng::new(seed)).await;
+        assert_eq!(sleeps.len(), 11);
+        for (k, d) in sleeps.iter().enumerate() {
+            let ceiling = Duration::from_millis(100)
+                .saturating_mul(1 << k)
+                .min(Duration::from_secs(10));
+            assert!(*d <= ceiling, "seed {seed}, retry {k}: {d:?} > {ceiling:?}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn the_same_seed_records_identical_delays() {
+    let server = always_503().await;
+    let policy = RetryPolicy::builder().max_attempts(6).build().unwrap();
+
+    let first = sleeps_of(&server, policy, SeededRng::new(2026)).await;
+    let second = sleeps_of(&server, policy, SeededRng::new(2026)).await;
+    let other = sleeps_of(&server, policy, SeededRng::new(2027)).await;
+
+    assert_eq!(first.len(), 5);
+    assert_eq!(first, second);
+    assert_ne!(first, other);
+}
+
+#[tokio::test]
+async fn minutes_of_backoff_take_milliseconds_of_real_time() {
+    let server = always_503().await;
+    let policy = RetryPolicy::builder()
+        .max_attempts(8)
+        .base_delay(Duration::from_secs(1))
+        .max_delay(Duration::from_secs(60))
+        .build()
+        .unwrap();
+
+    let started = Instant::now();
+    // The largest draw every time: each wait is its full ceiling.
+    let sleeps = sleeps_of(&server, policy, || u64::MAX).await;
+    let real = started.elapsed();
+
+    let secs: Vec<u64> = sleeps.iter().map(Duration::as_secs).collect();
+    assert_eq!(secs, [1, 2, 4, 8, 16, 32, 60]);
+    assert_eq!(sleeps.iter().sum::<Duration>(), Duration::from_secs(123));
+    assert!(real < Duration::from_secs(2), "took {real:?} of real time");
+}
+
+#[tokio::test]
+async fn the_smallest_draw_retries_without_waiting() {
+    let server = always_503().await;
+    let policy = RetryPolicy::builder().max_attempts(4).build().unwrap();
+
+    let sleeps = sleeps_of(&server, policy, || 0u64).await;
+
+    assert_eq!(sleeps, [Duration::ZERO; 3]);
+    assert_eq!(server.received_requests().await.unwrap().len(), 4);
+}

@@ -1,0 +1,102 @@
+//! One test per status code: the number of attempts the server received.
+
+use reqwest_safe_retry::{RetryRecord, StopReason};
+use wiremock::matchers::any;
+use wiremock::{Mock, MockServer, ResponseTemplate};
+
+use crate::support;
+
+/// Sends one GET to a server that always answers `code`; checks the attempts it received, the
+/// status the caller got and the record's stop reason.
+async fn assert_attempts(code: u16, attempts: usize, stop: StopReason) {
+    let server = MockServer::start().await;
+    Mock::given(any())
+        .respond_with(ResponseTemplate::new(code))
+        .mount(&server)
+        .await;
+    let (client, clock) = support::client();
+
+    let response = client.get(server.uri()).send().await.unwrap();
+
+    assert_eq!(response.status().as_u16(), code);
+    assert_eq!(server.received_requests().await.unwrap().len(), attempts);
+    let record = RetryRecord::of(&response).expect("the response carries a record");
+    assert_eq!(record.attempts() as usize, attempts);
+    assert_eq!(record.stop_reason(), stop);
+    assert_eq!(clock.sleeps().len(), attempts - 1);
+}
+
+macro_rules! status_tests {
+    ($($name:ident: $code:expr => $attempts:expr, $stop:ident;)*) => {
+        $(
+            #[tokio::test]
+            async fn $name() {
+                assert_attempts($code, $attempts, StopReason::$stop).await;
+            }
+        )*
+    };
+}
+
+status_tests! {
+    ok_200_is_sent_once: 200 => 1, Succeeded;
+    created_201_is_sent_once: 201 => 1, Succeeded;
+    no_content_204_is_sent_once: 204 => 1, Succeeded;
+    bad_request_400_is_not_retried: 400 => 1, NotRetryable;
+    unauthorized_401_is_not_retried: 401 => 1, NotRetryable;
+    forbidden_403_is_not_retried: 403 => 1, NotRetryable;
+    not_found_404_is_not_retried: 404 => 1, NotRetryable;
+    conflict_409_without_a_key_is_not_retried: 409 => 1, NotRetryable;
+    unprocessable_422_is_not_retried: 422 => 1, NotRetryable;
+    too_many_requests_429_is_retried: 429 => 3, AttemptsExhausted;
+    internal_error_500_is_not_retried: 500 => 1, NotRetryable;
+    not_implemented_501_is_not_retried: 501 => 1, NotRetryable;
+    bad_gateway_502_is_retried: 502 => 3, AttemptsExhausted;
+    unavailable_503_is_retried: 503 => 3, AttemptsExhausted;
+    gateway_timeout_504_is_retried: 504 => 3, AttemptsExhausted;
+    version_505_is_not_retried: 505 => 1, NotRetryable;
+}
+
+#[tokio::test]
+async fn a_configured_status_set_replaces_the_default() {
+    let server = MockServer::start().await;
+    Mock::given(any())
+        .respond_with(ResponseTemplate::new(500))
+        .mount(&server)
+        .await;
+    let policy = reqwest_safe_retry::RetryPolicy::builder()
+        .retryable_statuses([500])
+        .max_attempts(4)
+        .build()
+        .unwrap();
+    let (client, _) = support::client_with(policy);
+
+    let response = client.get(server.uri()).send().await.unwrap();
+
+    assert_eq!(response.status(), 500);
+    assert_eq!(server.received_requests().await.unwrap().len(), 4);
+}
+
+#[tokio::test]
+async fn recovers_when_the_server_does() {
+    let server = MockServer::start().await;
+    Mock::given(any())
+        .respond_with(ResponseTemplate::new(503))
+        .up_to_n_times(2)
+        .mount(&server)
+        .await;
+    Mock::given(any())
+        .respond_with(ResponseTemplate::new(200).set_body_string("finally"))
+        .mount(&server)
+        .await;
+    let (client, clock) = support::client();
+
+    let response = client.get(server.uri()).send().await.unwrap();
+
+    assert_eq!(response.status(), 200);
+    let record = *RetryRecord::of(&response).unwrap();
+    assert_eq!(record.attempts(), 3);
+    assert_eq!(record.stop_reason(), StopReason::Succeeded);
+    assert_eq!(record.waited(), clock.total_slept());
+    assert_eq!(response.text().await.unwrap(), "finally");
+    assert_eq!(server.received_requests().await.unwrap().len(), 3);
+}

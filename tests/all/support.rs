@@ -1,0 +1,210 @@
+//! Shared test helpers: clients on a fake clock, and a raw-TCP server for faults that a
+//! well-behaved HTTP server cannot produce.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use reqwest_middleware::{ClientBuilder, ClientWithMiddleware};
+use reqwest_safe_retry::{FakeClock, RetryMiddleware, RetryPolicy, SeededRng};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+/// A policy with the defaults, except a short attempt timeout so a stuck test fails fast.
+pub fn policy() -> RetryPolicy {
+    RetryPolicy::builder()
+        .attempt_timeout(Duration::from_secs(5))
+        .build()
+        .unwrap()
+}
+
+/// A client whose retries wait on a fake clock with seeded jitter; returns the clock to inspect.
+pub fn client_with(policy: RetryPolicy) -> (ClientWithMiddleware, FakeClock) {
+    let clock = FakeClock::new();
+    let middleware = RetryMiddleware::new(policy)
+        .with_clock(clock.clone())
+        .with_rng(SeededRng::new(7));
+    let client = ClientBuilder::new(reqwest::Client::new())
+        .with(middleware)
+        .build();
+    (client, clock)
+}
+
+pub fn client() -> (ClientWithMiddleware, FakeClock) {
+    client_with(policy())
+}
+
+/// What the raw server does with one request.
+#[derive(Debug, Clone)]
+pub enum Action {
+    /// Writes these bytes as the whole response, then closes.
+    Respond(Vec<u8>),
+    /// Writes these bytes, then resets the connection (RST, not FIN).
+    WriteThenReset(Vec<u8>),
+    /// Closes the connection without a byte of response.
+    Close,
+    /// Waits this long (real time), then writes these bytes.
+    Delay(Duration, Vec<u8>),
+}
+
+/// A complete `200 OK` with `body`, closing the connection.
+pub fn ok(body: &str) -> Vec<u8> {
+    format!(
+        "HTTP/1.1 200 OK\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes()
+}
+
+/// A raw HTTP/1.1 server on 127.0.0.1: request `n` (0-based) gets `script[n]`, or the last
+/// entry once the script runs out. One request per connection.
+#[derive(Debug, Clone)]
+pub struct RawServer {
+    pub addr: std::net::SocketAddr,
+    requests: Arc<AtomicUsize>,
+    bodies: Arc<std::sync::Mutex<Vec<Vec<u8>>>>,
+}
+
+impl RawServer {
+    pub async fn start(script: Vec<Action>) -> RawServer {
+        assert!(!script.is_empty());
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let server = RawServer {
+            addr: listener.local_addr().unwrap(),
+            requests: Arc::default(),
+            bodies: Arc::default(),
+        };
+        let (requests, bodies) = (server.requests.clone(), server.bodies.clone());
+        let script = Arc::new(script);
+        tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    return;
+                };
+                let (requests, bodies, script) = (requests.clone(), bodies.clone(), script.clone());
+                tokio::spawn(async move {
+                    serve(stream, &requests, &bodies, &script).await;
+                });
+            }
+        });
+        server
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    /// How many complete requests the server has read.
+    pub fn requests(&self) -> usize {
+        self.requests.load(Ordering::SeqCst)
+    }
+
+    /// The bodies of the requests read so far.
+    pub fn bodies(&self) -> Vec<Vec<u8>> {
+        self.bodies.lock().unwrap().clone()
+    }
+}
+
+async fn serve(
+    mut stream: TcpStream,
+    requests: &AtomicUsize,
+    bodies: &std::sync::Mutex<Vec<Vec<u8>>>,
+    script: &[Action],
+) {
+    let Some(body) = read_request(&mut stream).await else {
+        return;
+    };
+    bodies.lock().unwrap().push(body);
+    let n = requests.fetch_add(1, Ordering::SeqCst);
+    let action = script[n.min(script.len() - 1)].clone();
+    match action {
+        Action::Respond(bytes) => {
+            let _ = stream.write_all(&bytes).await;
+            let _ = stream.shutdown().await;
+        }
+        Action::WriteThenReset(bytes) => {
+            let _ = stream.write_all(&bytes).await;
+            let _ = stream.flush().await;
+            // Give the bytes time to leave before the reset discards the send buffer.
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            stream.set_zero_linger().unwrap();
+            drop(stream);
+        }
+        Action::Close => {
+            let _ = stream.shutdown().await;
+        }
+        Action::Delay(wait, bytes) => {
+            tokio::time::sleep(wait).await;
+            let _ = stream.write_all(&bytes).await;
+            let _ = stream.shutdown().await;
+        }
+    }
+}
+
+/// Reads one request (head, then a content-length or chunked body); returns its body.
+async fn read_request(stream: &mut TcpStream) -> Option<Vec<u8>> {
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    let head_end = loop {
+        if let Some(i) = find(&buf, b"\r\n\r\n") {
+            break i + 4;
+        }
+        let n = stream.read(&mut chunk).await.ok()?;
+        if n == 0 {
+            return None;
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    };
+    let head = String::from_utf8_lossy(&buf[..head_end]).to_ascii_lowercase();
+    let mut body = buf.split_off(head_end);
+    if let Some(len) = head
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length:"))
+        .and_then(|v| v.trim().parse::<usize>().ok())
+    {
+        while body.len() < len {
+            let n = stream.read(&mut chunk).await.ok()?;
+            if n == 0 {
+                return None;
+            }
+            body.extend_from_slice(&chunk[..n]);
+        }
+        Some(body)
+    } else if head.contains("transfer-encoding: chunked") {
+        while find(&body, b"0\r\n\r\n").is_none() {
+            let n = stream.read(&mut chunk).await.ok()?;
+            if n == 0 {
+                return None;
+            }
+            body.extend_from_slice(&chunk[..n]);
+        }
+        Some(dechunk(&body))
+    } else {
+        Some(body)
+    }
+}
+
+fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    haystack.windows(needle.len()).position(|w| w == needle)
+}
+
+fn dechunk(mut raw: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    while let Some(line_end) = find(raw, b"\r\n") {
+        let size = usize::from_str_radix(std::str::from_utf8(&raw[..line_end]).unwrap().trim(), 16)
+            .unwrap();
+        if size == 0 {
+            break;
+        }
+        let start = line_end + 2;
+        out.extend_from_slice(&raw[start..start + size]);
+        raw = &raw[start + size + 2..];
+    }
+    out
+}
+
+/// A port on 127.0.0.1 that nothing listens on (bound, then released).
+pub async fn refused_port() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    listener.local_addr().unwrap().port()
+}
