@@ -1,4 +1,124 @@
 //! Retries for [`reqwest`] that are safe to repeat.
+//!
+//! `reqwest-safe-retry` is a [`reqwest_middleware`] middleware that retries only transient
+//! failures (timeouts, refused or reset connections, responses cut off before the end, and the
+//! statuses 429, 502, 503 and 504), only when repeating the request is safe, with capped full
+//! jitter between attempts. Its clock and its random source are injected, so every retry
+//! schedule can be tested instantly and reproducibly.
+//!
+//! # Quick start
+//!
+//! ```
+//! use reqwest_middleware::ClientBuilder;
+//! use reqwest_safe_retry::{RetryMiddleware, RetryPolicy};
+//!
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! let policy = RetryPolicy::builder().max_attempts(3).build()?;
+//! let client = ClientBuilder::new(reqwest::Client::new())
+//!     .with(RetryMiddleware::new(policy))
+//!     .build();
+//!
+//! let response = client.get("http://127.0.0.1:8080/inventory").send().await?;
+//! println!("{}", response.status());
+//! # Ok(()) }
+//! ```
+//!
+//! # What is retried
+//!
+//! - **Transport faults**: timeouts (the request's and the policy's per-attempt timeout), refused,
+//!   reset or aborted connections, broken pipes, and a server closing the connection before a full
+//!   response. Never: TLS certificate failures and other permanent connect errors, builder,
+//!   redirect and decode errors, and errors from other middleware.
+//! - **Statuses** in the policy's set [429, 502, 503, 504]. Any other response, 500 included, is
+//!   final and returned as it is.
+//! - **Only when repeating is safe**: GET, HEAD, OPTIONS, TRACE, PUT and DELETE are retried;
+//!   other methods (POST, PATCH) only when the failure happened while connecting, before any byte
+//!   reached the server.
+//! - **Only when the body can be sent again**: a request whose body is a stream is sent once,
+//!   unchanged, and its record says [`StopReason::BodyNotCloneable`].
+//!
+//! # Outcomes
+//!
+//! A response is returned as `Ok`, whatever its status, carrying a [`RetryRecord`] (attempts,
+//! stop reason, time waited) in its extensions. An error is returned as a [`RetryError`] inside
+//! [`reqwest_middleware::Error::Middleware`]; [`RetryError::of`] finds it, and it answers
+//! `is_timeout()`, `is_connect()`, `status()` and `url()` for the last attempt, with the attempt
+//! count and the stop reason.
+//!
+//! The policy's per-attempt timeout is set as each attempt's request timeout. In reqwest a
+//! request's own timeout replaces the client's, so a timeout set with
+//! `reqwest::ClientBuilder::timeout` does not apply to requests sent through this middleware:
+//! configure it as [`RetryPolicyBuilder::attempt_timeout`] instead. A shorter timeout set on one
+//! request (`RequestBuilder::timeout`) is kept.
+//!
+//! # Response bodies
+//!
+//! A middleware returns as soon as the response head has arrived, so a connection cut in the
+//! middle of the body surfaces later, as an error from `bytes()` or `json()`, where no retry can
+//! reach it. [`RetryPolicyBuilder::buffer_body`] reads bodies up to a limit inside the attempt,
+//! which makes such a cut a retryable failure.
+//!
+//! # Testing your retries
+//!
+//! Give the middleware a [`FakeClock`] and a [`SeededRng`]: waits then take no real time, and the
+//! same seed gives the same waits on every run. `FakeClock` is public behind the `test-util`
+//! feature; enable it in your `[dev-dependencies]`:
+//!
+//! ```toml
+//! [dev-dependencies]
+//! reqwest-safe-retry = { version = "0.1", features = ["test-util"] }
+//! ```
+//!
+//! Then test your own client against a local server, here one that fails twice:
+//!
+//! ```
+//! use std::time::{Duration, Instant};
+//!
+//! use reqwest_middleware::{ClientBuilder, ClientWithMiddleware};
+//! use reqwest_safe_retry::{FakeClock, RetryMiddleware, RetryPolicy, RetryRecord, SeededRng};
+//! use wiremock::matchers::any;
+//! use wiremock::{Mock, MockServer, ResponseTemplate};
+//!
+//! /// Your service's client, built the way production builds it, but on the given clock.
+//! fn inventory_client(clock: FakeClock) -> ClientWithMiddleware {
+//!     let retries = RetryMiddleware::new(RetryPolicy::default())
+//!         .with_clock(clock)
+//!         .with_rng(SeededRng::new(42));
+//!     ClientBuilder::new(reqwest::Client::new()).with(retries).build()
+//! }
+//!
+//! #[tokio::main]
+//! async fn main() {
+//!     let server = MockServer::start().await;
+//!     Mock::given(any())
+//!         .respond_with(ResponseTemplate::new(503))
+//!         .up_to_n_times(2)
+//!         .mount(&server)
+//!         .await;
+//!     Mock::given(any())
+//!         .respond_with(ResponseTemplate::new(200))
+//!         .mount(&server)
+//!         .await;
+//!
+//!     let clock = FakeClock::new();
+//!     let client = inventory_client(clock.clone());
+//!     let started = Instant::now();
+//!     let response = client.get(server.uri()).send().await.unwrap();
+//!
+//!     assert_eq!(response.status(), 200);
+//!     assert_eq!(RetryRecord::of(&response).unwrap().attempts(), 3);
+//!     assert_eq!(server.received_requests().await.unwrap().len(), 3);
+//!     // Seed 42 draws these waits from [0, 100 ms] and [0, 200 ms], on every run.
+//!     let waits: Vec<u128> = clock.sleeps().iter().map(|d| d.as_millis()).collect();
+//!     assert_eq!(waits, [74, 31]);
+//!     // ...and none of them was slept for real.
+//!     assert!(started.elapsed() < Duration::from_secs(1));
+//! }
+//! ```
+//!
+//! # Features
+//!
+//! - `test-util`: [`FakeClock`], a virtual clock for tests.
 #![deny(
     missing_docs,
     missing_debug_implementations,
@@ -6,6 +126,7 @@
     rust_2018_idioms
 )]
 #![forbid(unsafe_code)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod backoff;
 mod body;
@@ -23,3 +144,8 @@ pub use error::{RetryError, RetryRecord, StopReason};
 pub use middleware::RetryMiddleware;
 pub use policy::{InvalidPolicy, RetryPolicy, RetryPolicyBuilder};
 pub use rng::{Rng, SeededRng, ThreadRng};
+
+/// The README's examples, compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
