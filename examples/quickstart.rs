@@ -50,7 +50,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .send()
         .await?;
 
-    let record = *RetryRecord::of(&response).expect("the retry middleware records every request");
+    let record = RetryRecord::of(&response)
+        .expect("the retry middleware records every request")
+        .clone();
     println!(
         "\nfinal status: {} after {} attempts ({} waiting between them; stopped because: {})",
         response.status(),

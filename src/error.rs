@@ -10,6 +10,7 @@
 use std::fmt;
 use std::time::Duration;
 
+use http::HeaderValue;
 use reqwest::{StatusCode, Url};
 
 /// Why the middleware stopped making attempts.
@@ -29,6 +30,8 @@ pub enum StopReason {
     BodyNotCloneable,
     /// Every allowed attempt was made.
     AttemptsExhausted,
+    /// The key source returned a key that cannot be sent as a header value; nothing was sent.
+    InvalidIdempotencyKey,
 }
 
 impl StopReason {
@@ -40,6 +43,7 @@ impl StopReason {
             StopReason::NotSafeToRetry => "not_safe_to_retry",
             StopReason::BodyNotCloneable => "body_not_cloneable",
             StopReason::AttemptsExhausted => "attempts_exhausted",
+            StopReason::InvalidIdempotencyKey => "invalid_idempotency_key",
         }
     }
 }
@@ -52,6 +56,7 @@ impl fmt::Display for StopReason {
             StopReason::NotSafeToRetry => "retrying could repeat the request's effect",
             StopReason::BodyNotCloneable => "the request body cannot be sent twice",
             StopReason::AttemptsExhausted => "attempts exhausted",
+            StopReason::InvalidIdempotencyKey => "the idempotency key cannot be sent",
         })
     }
 }
@@ -68,11 +73,13 @@ impl fmt::Display for StopReason {
 /// }
 /// # Ok(()) }
 /// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RetryRecord {
     pub(crate) attempts: u32,
     pub(crate) stop: StopReason,
     pub(crate) waited: Duration,
+    pub(crate) key: Option<HeaderValue>,
+    pub(crate) replayed: bool,
 }
 
 impl RetryRecord {
@@ -94,6 +101,17 @@ impl RetryRecord {
     /// The total time spent waiting between attempts, as measured by the middleware's clock.
     pub fn waited(&self) -> Duration {
         self.waited
+    }
+
+    /// The idempotency header value every attempt carried (stamped or the caller's own), if any.
+    pub fn idempotency_key(&self) -> Option<&HeaderValue> {
+        self.key.as_ref()
+    }
+
+    /// Whether the server marked the response as a replay of a stored one
+    /// (`Idempotent-Replayed: true`): the effect happened earlier, not on this attempt.
+    pub fn replayed(&self) -> bool {
+        self.replayed
     }
 }
 
@@ -119,16 +137,29 @@ impl RetryRecord {
 pub struct RetryError {
     attempts: u32,
     stop: StopReason,
+    key: Option<HeaderValue>,
     last: reqwest_middleware::Error,
 }
 
 impl RetryError {
-    pub(crate) fn new(attempts: u32, stop: StopReason, last: reqwest_middleware::Error) -> Self {
+    pub(crate) fn new(
+        attempts: u32,
+        stop: StopReason,
+        key: Option<HeaderValue>,
+        last: reqwest_middleware::Error,
+    ) -> Self {
         RetryError {
             attempts,
             stop,
+            key,
             last,
         }
+    }
+
+    /// The idempotency header value the attempts carried, if any. Send it again with the same
+    /// request later, and a server that dedupes on it will not repeat the effect.
+    pub fn idempotency_key(&self) -> Option<&HeaderValue> {
+        self.key.as_ref()
     }
 
     /// Finds the `RetryError` inside an error returned by a client that uses the middleware.

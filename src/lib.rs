@@ -1,10 +1,12 @@
 //! Retries for [`reqwest`] that are safe to repeat.
 //!
-//! `reqwest-safe-retry` is a [`reqwest_middleware`] middleware that retries only transient
-//! failures (timeouts, refused or reset connections, responses cut off before the end, and the
-//! statuses 429, 502, 503 and 504), only when repeating the request is safe, with capped full
-//! jitter between attempts. Its clock and its random source are injected, so every retry
-//! schedule can be tested instantly and reproducibly.
+//! `reqwest-safe-retry` is a [`reqwest_middleware`] middleware that stamps one stable
+//! `Idempotency-Key` on each POST and PATCH and reuses it on every attempt, so a server that
+//! dedupes on the key performs the effect once; it retries only transient failures (timeouts,
+//! refused or reset connections, responses cut off before the end, and the statuses 429, 502,
+//! 503 and 504, plus 409 "still in progress" on a keyed request), only when repeating the request
+//! is safe, with capped full jitter between attempts. Its clock and its random source are
+//! injected, so every retry schedule can be tested instantly and reproducibly.
 //!
 //! # Quick start
 //!
@@ -29,11 +31,27 @@
 //!   reset or aborted connections, broken pipes, and a server closing the connection before a full
 //!   response. Never: TLS certificate failures and other permanent connect errors, builder,
 //!   redirect and decode errors, and errors from other middleware.
-//! - **Statuses** in the policy's set [429, 502, 503, 504]. Any other response, 500 included, is
-//!   final and returned as it is.
-//! - **Only when repeating is safe**: GET, HEAD, OPTIONS, TRACE, PUT and DELETE are retried;
-//!   other methods (POST, PATCH) only when the failure happened while connecting, before any byte
-//!   reached the server.
+//! - **Statuses** in the policy's set [429, 502, 503, 504], and `409` on a request that carries an
+//!   idempotency key (the server is still working on the first copy). Any other response, 500,
+//!   400 and 422 included, is final and returned as it is.
+//! - **Only when repeating is safe**: GET, HEAD, OPTIONS, TRACE, PUT and DELETE are retried, and
+//!   so is any request that carries an idempotency key. A request of another method without a
+//!   key is retried only when the failure happened while connecting, before any byte reached the
+//!   server.
+//!
+//! # Idempotency keys
+//!
+//! POST and PATCH requests without a key get a fresh one (a random UUID, written as a quoted
+//! Structured Field String per the IETF draft: `Idempotency-Key: "8e03…"`) before the first
+//! attempt, and every attempt carries the identical value. A key the caller set is kept byte for
+//! byte. [`IdempotencyKeys`] changes the header name, the format (quoted or a bare token), the
+//! stamped methods and the key source; [`RetryMiddleware::without_idempotency_keys`] turns keys
+//! off. The [`RetryRecord`] or [`RetryError`] of a request tells which key it used, and whether
+//! the server answered with a replay (`Idempotent-Replayed: true`).
+//!
+//! A key only helps if the server dedupes on it. The [`IdempotencyKeys`] docs say when to supply
+//! your own key (a natural one, such as an order id) and what the server must do for the
+//! exactly-once guarantee to hold.
 //! - **Only when the body can be sent again**: a request whose body is a stream is sent once,
 //!   unchanged, and its record says [`StopReason::BodyNotCloneable`].
 //!
@@ -133,6 +151,7 @@ mod body;
 mod classify;
 mod clock;
 mod error;
+mod idempotency;
 mod middleware;
 mod policy;
 mod rng;
@@ -141,6 +160,9 @@ mod rng;
 pub use clock::FakeClock;
 pub use clock::{Clock, Sleep, TokioClock};
 pub use error::{RetryError, RetryRecord, StopReason};
+pub use idempotency::{
+    IdempotencyKeys, IdempotencyKeysBuilder, InvalidKey, KeyFormat, KeySource, SeededKeys, UuidKeys,
+};
 pub use middleware::RetryMiddleware;
 pub use policy::{InvalidPolicy, RetryPolicy, RetryPolicyBuilder};
 pub use rng::{Rng, SeededRng, ThreadRng};

@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use http::Extensions;
+use http::{Extensions, HeaderValue};
 use reqwest::{Request, Response};
 use reqwest_middleware::{Middleware, Next};
 use tracing::Instrument;
@@ -18,6 +18,7 @@ use crate::body;
 use crate::classify;
 use crate::clock::{Clock, SharedClock, TokioClock};
 use crate::error::{RetryError, RetryRecord, StopReason};
+use crate::idempotency::IdempotencyKeys;
 use crate::policy::RetryPolicy;
 use crate::rng::{Rng, SharedRng, ThreadRng};
 
@@ -35,14 +36,20 @@ use crate::rng::{Rng, SharedRng, ThreadRng};
 ///
 /// # Default
 ///
-/// The clock is [`TokioClock`] and the random source [`ThreadRng`]; replace them with
-/// [`with_clock`](Self::with_clock) and [`with_rng`](Self::with_rng), for example with
-/// `FakeClock` and [`SeededRng`](crate::SeededRng) in tests.
+/// | part | default |
+/// |---|---|
+/// | clock | [`TokioClock`] ([`with_clock`](Self::with_clock)) |
+/// | random source | [`ThreadRng`] ([`with_rng`](Self::with_rng)) |
+/// | idempotency keys | [`IdempotencyKeys::default()`]: a quoted random UUID on POST and PATCH ([`with_idempotency_keys`](Self::with_idempotency_keys), [`without_idempotency_keys`](Self::without_idempotency_keys)) |
+///
+/// In tests, use `FakeClock`, [`SeededRng`](crate::SeededRng) and
+/// [`SeededKeys`](crate::SeededKeys).
 #[derive(Debug, Clone)]
 pub struct RetryMiddleware {
     policy: RetryPolicy,
     clock: SharedClock,
     rng: SharedRng,
+    keys: Option<IdempotencyKeys>,
 }
 
 impl RetryMiddleware {
@@ -52,7 +59,21 @@ impl RetryMiddleware {
             policy,
             clock: SharedClock(std::sync::Arc::new(TokioClock::new())),
             rng: SharedRng(std::sync::Arc::new(ThreadRng::new())),
+            keys: Some(IdempotencyKeys::default()),
         }
+    }
+
+    /// Stamps and recognises idempotency keys as `keys` says.
+    pub fn with_idempotency_keys(mut self, keys: IdempotencyKeys) -> Self {
+        self.keys = Some(keys);
+        self
+    }
+
+    /// Neither stamps nor looks for idempotency keys: whether a request may be repeated depends
+    /// on its method alone, and POST and PATCH are retried only on connect errors.
+    pub fn without_idempotency_keys(mut self) -> Self {
+        self.keys = None;
+        self
     }
 
     /// Uses `clock` for every wait and every reading of the time.
@@ -72,16 +93,55 @@ impl RetryMiddleware {
         &self.policy
     }
 
+    /// Decides the request's key before the first attempt: the caller's own, kept as it is, or
+    /// a new one if the method is stamped.
+    fn key_for(&self, request: &mut Request) -> Result<Option<HeaderValue>, RetryError> {
+        let Some(keys) = &self.keys else {
+            return Ok(None);
+        };
+        if let Some(own) = request.headers().get(keys.header_name()) {
+            return Ok(Some(own.clone()));
+        }
+        if !keys.stamps(request.method()) {
+            return Ok(None);
+        }
+        match keys.new_value() {
+            Ok(value) => {
+                request
+                    .headers_mut()
+                    .insert(keys.header_name(), value.clone());
+                Ok(Some(value))
+            }
+            Err(invalid) => Err(RetryError::new(
+                0,
+                StopReason::InvalidIdempotencyKey,
+                None,
+                reqwest_middleware::Error::middleware(invalid),
+            )),
+        }
+    }
+
     async fn execute(
         &self,
-        request: Request,
+        mut request: Request,
         extensions: &mut Extensions,
         next: Next<'_>,
     ) -> reqwest_middleware::Result<Response> {
         let policy = &self.policy;
         let max_attempts = policy.max_attempts();
         let idempotent = classify::is_idempotent(request.method());
-        let keyed = false;
+        let key = match self.key_for(&mut request) {
+            Ok(key) => key,
+            Err(err) => {
+                tracing::debug!(
+                    attempts = 0,
+                    reason = err.stop_reason().as_str(),
+                    "retrying stopped"
+                );
+                return Err(err.into());
+            }
+        };
+        let keyed = key.is_some();
 
         let mut attempt: u32 = 0;
         let mut waited = Duration::ZERO;
@@ -125,7 +185,14 @@ impl RetryMiddleware {
                         reason = stop.as_str(),
                         "retrying stopped"
                     );
-                    return finish(outcome, attempt, stop, waited, extensions);
+                    let record = RetryRecord {
+                        attempts: attempt,
+                        stop,
+                        waited,
+                        key,
+                        replayed: false,
+                    };
+                    return finish(outcome, record);
                 }
             };
 
@@ -242,24 +309,22 @@ fn log_attempt(
     );
 }
 
+/// The header a server following the Stripe convention sets on a replayed response.
+const REPLAYED: &str = "idempotent-replayed";
+
 fn finish(
     outcome: reqwest_middleware::Result<Response>,
-    attempts: u32,
-    stop: StopReason,
-    waited: Duration,
-    extensions: &mut Extensions,
+    mut record: RetryRecord,
 ) -> reqwest_middleware::Result<Response> {
-    let record = RetryRecord {
-        attempts,
-        stop,
-        waited,
-    };
-    extensions.insert(record);
     match outcome {
         Ok(mut response) => {
+            record.replayed = response
+                .headers()
+                .get(REPLAYED)
+                .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"true"));
             response.extensions_mut().insert(record);
             Ok(response)
         }
-        Err(err) => Err(RetryError::new(attempts, stop, err).into()),
+        Err(err) => Err(RetryError::new(record.attempts, record.stop, record.key, err).into()),
     }
 }

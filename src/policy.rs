@@ -257,7 +257,7 @@ pub struct InvalidPolicy {
 }
 
 impl InvalidPolicy {
-    fn new(message: String) -> Self {
+    pub(crate) fn new(message: String) -> Self {
         InvalidPolicy { message }
     }
 }

@@ -147,10 +147,10 @@ async fn a_shorter_timeout_on_the_request_wins() {
 }
 
 #[tokio::test]
-async fn a_post_whose_connection_is_reset_is_not_retried() {
+async fn a_post_without_a_key_whose_connection_is_reset_is_not_retried() {
     // The server read the whole request: it may have acted on it.
     let server = RawServer::start(vec![Action::WriteThenReset(Vec::new())]).await;
-    let (client, _) = support::client();
+    let (client, _) = support::unkeyed_client();
 
     let err = client
         .post(server.url("/orders"))

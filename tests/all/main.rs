@@ -2,7 +2,9 @@
 
 mod bodies;
 mod faults;
+mod idempotency;
 mod methods;
+mod reference_server;
 mod schedule;
 mod statuses;
 mod support;

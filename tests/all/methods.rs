@@ -16,9 +16,9 @@ async fn always(code: u16) -> MockServer {
 }
 
 #[tokio::test]
-async fn a_post_that_gets_503_is_not_retried() {
+async fn a_post_without_a_key_that_gets_503_is_not_retried() {
     let server = always(503).await;
-    let (client, clock) = support::client();
+    let (client, clock) = support::unkeyed_client();
 
     let response = client
         .post(server.uri())
@@ -35,9 +35,9 @@ async fn a_post_that_gets_503_is_not_retried() {
 }
 
 #[tokio::test]
-async fn a_patch_that_gets_503_is_not_retried() {
+async fn a_patch_without_a_key_that_gets_503_is_not_retried() {
     let server = always(503).await;
-    let (client, _) = support::client();
+    let (client, _) = support::unkeyed_client();
 
     let response = client.patch(server.uri()).body("x").send().await.unwrap();
 
@@ -68,9 +68,9 @@ async fn idempotent_methods_that_get_503_are_retried() {
 }
 
 #[tokio::test]
-async fn a_post_that_hits_a_refused_port_is_retried() {
+async fn a_post_without_a_key_that_hits_a_refused_port_is_retried() {
     let port = support::refused_port().await;
-    let (client, clock) = support::client();
+    let (client, clock) = support::unkeyed_client();
 
     let err = client
         .post(format!("http://127.0.0.1:{port}/orders"))

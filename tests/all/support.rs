@@ -34,6 +34,19 @@ pub fn client() -> (ClientWithMiddleware, FakeClock) {
     client_with(policy())
 }
 
+/// A client that neither stamps nor recognises idempotency keys: safety by method alone.
+pub fn unkeyed_client() -> (ClientWithMiddleware, FakeClock) {
+    let clock = FakeClock::new();
+    let middleware = RetryMiddleware::new(policy())
+        .with_clock(clock.clone())
+        .with_rng(SeededRng::new(7))
+        .without_idempotency_keys();
+    let client = ClientBuilder::new(reqwest::Client::new())
+        .with(middleware)
+        .build();
+    (client, clock)
+}
+
 /// What the raw server does with one request.
 #[derive(Debug, Clone)]
 pub enum Action {
@@ -111,10 +124,10 @@ async fn serve(
     bodies: &std::sync::Mutex<Vec<Vec<u8>>>,
     script: &[Action],
 ) {
-    let Some(body) = read_request(&mut stream).await else {
+    let Some(request) = read_request(&mut stream).await else {
         return;
     };
-    bodies.lock().unwrap().push(body);
+    bodies.lock().unwrap().push(request.body);
     let n = requests.fetch_add(1, Ordering::SeqCst);
     let action = script[n.min(script.len() - 1)].clone();
     match action {
@@ -127,8 +140,7 @@ async fn serve(
             let _ = stream.flush().await;
             // Give the bytes time to leave before the reset discards the send buffer.
             tokio::time::sleep(Duration::from_millis(20)).await;
-            stream.set_zero_linger().unwrap();
-            drop(stream);
+            reset(stream).await;
         }
         Action::Close => {
             let _ = stream.shutdown().await;
@@ -141,8 +153,27 @@ async fn serve(
     }
 }
 
-/// Reads one request (head, then a content-length or chunked body); returns its body.
-async fn read_request(stream: &mut TcpStream) -> Option<Vec<u8>> {
+/// One HTTP/1.1 request as it arrived.
+#[derive(Debug, Clone)]
+pub struct ParsedRequest {
+    pub method: String,
+    pub path: String,
+    /// Header names lowercased, values byte for byte.
+    pub headers: Vec<(String, Vec<u8>)>,
+    pub body: Vec<u8>,
+}
+
+impl ParsedRequest {
+    pub fn header(&self, name: &str) -> Option<&[u8]> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_slice())
+    }
+}
+
+/// Reads one request (head, then a content-length or chunked body).
+pub async fn read_request(stream: &mut TcpStream) -> Option<ParsedRequest> {
     let mut buf = Vec::new();
     let mut chunk = [0u8; 4096];
     let head_end = loop {
@@ -155,13 +186,27 @@ async fn read_request(stream: &mut TcpStream) -> Option<Vec<u8>> {
         }
         buf.extend_from_slice(&chunk[..n]);
     };
-    let head = String::from_utf8_lossy(&buf[..head_end]).to_ascii_lowercase();
     let mut body = buf.split_off(head_end);
-    if let Some(len) = head
-        .lines()
-        .find_map(|l| l.strip_prefix("content-length:"))
-        .and_then(|v| v.trim().parse::<usize>().ok())
-    {
+    let mut lines = buf[..head_end - 4].split(|b| *b == b'\n');
+    let request_line = String::from_utf8_lossy(lines.next()?).trim().to_owned();
+    let mut parts = request_line.split(' ');
+    let (method, path) = (parts.next()?.to_owned(), parts.next()?.to_owned());
+    let headers: Vec<(String, Vec<u8>)> = lines
+        .filter_map(|line| {
+            let line = line.strip_suffix(b"\r").unwrap_or(line);
+            let colon = line.iter().position(|b| *b == b':')?;
+            let name = String::from_utf8_lossy(&line[..colon]).to_ascii_lowercase();
+            let value = line[colon + 1..].trim_ascii().to_vec();
+            Some((name, value))
+        })
+        .collect();
+    let header = |name: &str| {
+        headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| String::from_utf8_lossy(v).to_ascii_lowercase())
+    };
+    if let Some(len) = header("content-length").and_then(|v| v.parse::<usize>().ok()) {
         while body.len() < len {
             let n = stream.read(&mut chunk).await.ok()?;
             if n == 0 {
@@ -169,8 +214,7 @@ async fn read_request(stream: &mut TcpStream) -> Option<Vec<u8>> {
             }
             body.extend_from_slice(&chunk[..n]);
         }
-        Some(body)
-    } else if head.contains("transfer-encoding: chunked") {
+    } else if header("transfer-encoding").is_some_and(|v| v.contains("chunked")) {
         while find(&body, b"0\r\n\r\n").is_none() {
             let n = stream.read(&mut chunk).await.ok()?;
             if n == 0 {
@@ -178,10 +222,20 @@ async fn read_request(stream: &mut TcpStream) -> Option<Vec<u8>> {
             }
             body.extend_from_slice(&chunk[..n]);
         }
-        Some(dechunk(&body))
-    } else {
-        Some(body)
+        body = dechunk(&body);
     }
+    Some(ParsedRequest {
+        method,
+        path,
+        headers,
+        body,
+    })
+}
+
+/// Resets the connection: RST instead of an orderly close.
+pub async fn reset(stream: TcpStream) {
+    let _ = stream.set_zero_linger();
+    drop(stream);
 }
 
 fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {

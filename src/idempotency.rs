@@ -1,0 +1,483 @@
+//! Idempotency keys: one stable key per logical request, so a retry is recognisable as a copy.
+//!
+//! A network delivers a request at least once or not at all; only the server can make its
+//! *effect* happen exactly once, and only if it can tell a retry from a new request. The key is
+//! that tell. The middleware decides it once, before the first attempt, and every attempt carries
+//! the identical header value. A server that dedupes on the key (see the draft
+//! `draft-ietf-httpapi-idempotency-key-header`) then performs the effect once, however many copies
+//! arrive, and answers the copies with the stored response.
+//!
+//! When to stamp and when to supply a key, and what the server must do, are documented on
+//! [`IdempotencyKeys`], where users read them.
+
+use std::fmt;
+use std::sync::Arc;
+
+use http::{HeaderName, HeaderValue, Method};
+
+use crate::policy::InvalidPolicy;
+use crate::rng::{Rng, SeededRng};
+
+/// The default header name, per the IETF draft.
+const DEFAULT_HEADER: &str = "idempotency-key";
+
+/// How a key is written into the header value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
+pub enum KeyFormat {
+    /// A Structured Field String, as the IETF draft specifies: `Idempotency-Key: "8e03…"`.
+    #[default]
+    Quoted,
+    /// The bare key, as many servers (Stripe-style) expect: `Idempotency-Key: 8e03…`.
+    Token,
+}
+
+/// Where new keys come from.
+///
+/// Any `Fn() -> String` closure that is `Send + Sync` is a `KeySource`:
+///
+/// ```
+/// use std::sync::atomic::{AtomicU64, Ordering};
+/// use reqwest_safe_retry::KeySource;
+///
+/// let counter = AtomicU64::new(0);
+/// let keys = move || format!("order-{}", counter.fetch_add(1, Ordering::Relaxed));
+/// assert_eq!(keys.next_key(), "order-0");
+/// assert_eq!(keys.next_key(), "order-1");
+/// ```
+pub trait KeySource: Send + Sync + 'static {
+    /// A new key, different from every key this source returned before.
+    fn next_key(&self) -> String;
+}
+
+impl<F> KeySource for F
+where
+    F: Fn() -> String + Send + Sync + 'static,
+{
+    fn next_key(&self) -> String {
+        self()
+    }
+}
+
+/// Random version 4 UUIDs from the operating system's generator: the default key source.
+#[derive(Debug, Clone, Copy, Default)]
+#[non_exhaustive]
+pub struct UuidKeys;
+
+impl UuidKeys {
+    /// Creates the default key source.
+    pub const fn new() -> Self {
+        UuidKeys
+    }
+}
+
+impl KeySource for UuidKeys {
+    fn next_key(&self) -> String {
+        uuid::Uuid::new_v4().to_string()
+    }
+}
+
+/// Version 4 UUIDs drawn from a seed: the same seed gives the same keys, for reproducible tests.
+///
+/// ```
+/// use reqwest_safe_retry::{KeySource, SeededKeys};
+///
+/// assert_eq!(SeededKeys::new(1).next_key(), SeededKeys::new(1).next_key());
+/// assert_eq!(SeededKeys::new(1).next_key().len(), 36);
+/// ```
+#[derive(Debug, Clone)]
+pub struct SeededKeys {
+    rng: SeededRng,
+}
+
+impl SeededKeys {
+    /// Creates a source whose keys are determined by `seed`.
+    pub fn new(seed: u64) -> Self {
+        SeededKeys {
+            rng: SeededRng::new(seed),
+        }
+    }
+}
+
+impl KeySource for SeededKeys {
+    fn next_key(&self) -> String {
+        let mut bytes = [0u8; 16];
+        bytes[..8].copy_from_slice(&self.rng.next_u64().to_le_bytes());
+        bytes[8..].copy_from_slice(&self.rng.next_u64().to_le_bytes());
+        uuid::Builder::from_random_bytes(bytes)
+            .into_uuid()
+            .to_string()
+    }
+}
+
+/// How the middleware stamps idempotency keys.
+///
+/// # When to let the middleware stamp keys, and when to supply your own
+///
+/// - **Let it stamp** (the default for POST and PATCH) when one call to `send()` is one
+///   operation: the key then protects the retries this middleware makes.
+/// - **Supply your own** (set the header on the request; it is kept byte for byte) when the same
+///   operation may be sent again *outside* this middleware: after a crash, by a queue
+///   redelivering a job, or by a user pressing the button twice. Derive it from the operation (an
+///   order id, a payment intent id) so every sender computes the same key.
+///
+/// # What the server must do
+///
+/// For each `(caller, key)`: claim the key atomically before acting; store a fingerprint of the
+/// request and answer `422` to the key reused with another request; answer `409` while the first
+/// copy is in progress (this middleware retries it, with the same key); store the completed
+/// response and replay it to later copies; keep keys longer than clients retry; answer `400`
+/// when a required key is missing. `422` and `400` are never retried.
+///
+/// ```
+/// use reqwest_safe_retry::{IdempotencyKeys, KeyFormat, RetryMiddleware, RetryPolicy};
+///
+/// let keys = IdempotencyKeys::builder()
+///     .format(KeyFormat::Token)
+///     .build()
+///     .expect("valid key settings");
+/// let middleware = RetryMiddleware::new(RetryPolicy::default()).with_idempotency_keys(keys);
+/// # drop(middleware);
+/// ```
+#[derive(Clone)]
+pub struct IdempotencyKeys {
+    header: HeaderName,
+    format: KeyFormat,
+    methods: Vec<Method>,
+    source: Option<Arc<dyn KeySource>>,
+}
+
+impl IdempotencyKeys {
+    /// Starts a builder with every default in place.
+    pub fn builder() -> IdempotencyKeysBuilder {
+        IdempotencyKeysBuilder::default()
+    }
+
+    /// The header that carries the key.
+    pub fn header_name(&self) -> &HeaderName {
+        &self.header
+    }
+
+    /// How keys are written into the header.
+    pub fn format(&self) -> KeyFormat {
+        self.format
+    }
+
+    /// Whether a request with this method, and no key of its own, gets one.
+    pub fn stamps(&self, method: &Method) -> bool {
+        self.methods.contains(method)
+    }
+
+    /// A new key, formatted as a header value.
+    pub(crate) fn new_value(&self) -> Result<HeaderValue, InvalidKey> {
+        match &self.source {
+            None => {
+                // The default path formats straight into a stack buffer: no `String` per request.
+                let mut buf = [0u8; 38];
+                let uuid = uuid::Uuid::new_v4();
+                let (start, end) = match self.format {
+                    KeyFormat::Quoted => {
+                        buf[0] = b'"';
+                        buf[37] = b'"';
+                        uuid.hyphenated().encode_lower(&mut buf[1..37]);
+                        (0, 38)
+                    }
+                    KeyFormat::Token => {
+                        uuid.hyphenated().encode_lower(&mut buf[..36]);
+                        (0, 36)
+                    }
+                };
+                HeaderValue::from_bytes(&buf[start..end]).map_err(|_| InvalidKey {
+                    key: String::from_utf8_lossy(&buf[start..end]).into_owned(),
+                    format: self.format,
+                })
+            }
+            Some(source) => format_key(&source.next_key(), self.format),
+        }
+    }
+}
+
+impl Default for IdempotencyKeys {
+    fn default() -> Self {
+        IdempotencyKeysBuilder::default()
+            .build()
+            .unwrap_or_else(|e| unreachable!("default key settings are invalid: {e}"))
+    }
+}
+
+impl fmt::Debug for IdempotencyKeys {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("IdempotencyKeys")
+            .field("header", &self.header)
+            .field("format", &self.format)
+            .field("methods", &self.methods)
+            .field(
+                "source",
+                &if self.source.is_some() {
+                    "custom"
+                } else {
+                    "uuid v4"
+                },
+            )
+            .finish()
+    }
+}
+
+/// Builds [`IdempotencyKeys`].
+///
+/// # Default
+///
+/// | setting | default |
+/// |---|---|
+/// | [`header_name`](Self::header_name) | `Idempotency-Key` |
+/// | [`format`](Self::format) | [`KeyFormat::Quoted`] |
+/// | [`stamp_methods`](Self::stamp_methods) | POST, PATCH |
+/// | [`key_source`](Self::key_source) | [`UuidKeys`] (random UUID v4) |
+#[derive(Clone)]
+pub struct IdempotencyKeysBuilder {
+    header: String,
+    format: KeyFormat,
+    methods: Vec<Method>,
+    source: Option<Arc<dyn KeySource>>,
+}
+
+impl Default for IdempotencyKeysBuilder {
+    fn default() -> Self {
+        IdempotencyKeysBuilder {
+            header: DEFAULT_HEADER.to_owned(),
+            format: KeyFormat::Quoted,
+            methods: vec![Method::POST, Method::PATCH],
+            source: None,
+        }
+    }
+}
+
+impl fmt::Debug for IdempotencyKeysBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("IdempotencyKeysBuilder")
+            .field("header", &self.header)
+            .field("format", &self.format)
+            .field("methods", &self.methods)
+            .field("custom_source", &self.source.is_some())
+            .finish()
+    }
+}
+
+impl IdempotencyKeysBuilder {
+    /// The header that carries the key. A request that already has it keeps its value, whatever
+    /// its method, and counts as keyed.
+    pub fn header_name(mut self, name: impl Into<String>) -> Self {
+        self.header = name.into();
+        self
+    }
+
+    /// How keys are written into the header value.
+    pub fn format(mut self, format: KeyFormat) -> Self {
+        self.format = format;
+        self
+    }
+
+    /// The methods whose requests get a key when they have none. An empty set turns stamping
+    /// off; keys that callers set are still recognised.
+    pub fn stamp_methods(mut self, methods: impl IntoIterator<Item = Method>) -> Self {
+        self.methods = methods.into_iter().collect();
+        self
+    }
+
+    /// Where new keys come from.
+    pub fn key_source(mut self, source: impl KeySource) -> Self {
+        self.source = Some(Arc::new(source));
+        self
+    }
+
+    /// Validates the settings.
+    ///
+    /// # Errors
+    ///
+    /// [`InvalidPolicy`] when the header name is not a valid HTTP header name.
+    pub fn build(self) -> Result<IdempotencyKeys, InvalidPolicy> {
+        let header = if self.header.eq_ignore_ascii_case(DEFAULT_HEADER) {
+            // A static name is shared, not copied, each time a request is stamped.
+            HeaderName::from_static(DEFAULT_HEADER)
+        } else {
+            HeaderName::from_bytes(self.header.as_bytes()).map_err(|_| {
+                InvalidPolicy::new(format!(
+                    "idempotency header name {:?} is not a valid HTTP header name: \
+                 use letters, digits and '-'",
+                    self.header
+                ))
+            })?
+        };
+        Ok(IdempotencyKeys {
+            header,
+            format: self.format,
+            methods: self.methods,
+            source: self.source,
+        })
+    }
+}
+
+/// A key that cannot be sent as a header value in the chosen format; the request is not sent.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "idempotency key {key:?} cannot be sent as a {format:?} header value: \
+     keys must be printable ASCII (tokens: without spaces)"
+)]
+pub struct InvalidKey {
+    key: String,
+    format: KeyFormat,
+}
+
+impl InvalidKey {
+    /// The key that was rejected.
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+}
+
+/// Writes `key` in `format`, or says why it cannot be sent.
+///
+/// A Structured Field String (RFC 8941 §3.3.3) holds printable ASCII (0x20-0x7E), with `"` and
+/// `\` escaped by a backslash. A bare token must be visible ASCII without spaces, so that the
+/// value means the same to every parser.
+pub(crate) fn format_key(key: &str, format: KeyFormat) -> Result<HeaderValue, InvalidKey> {
+    let invalid = || InvalidKey {
+        key: key.to_owned(),
+        format,
+    };
+    if key.is_empty() {
+        return Err(invalid());
+    }
+    let value = match format {
+        KeyFormat::Quoted => {
+            if !key.bytes().all(|b| (0x20..=0x7E).contains(&b)) {
+                return Err(invalid());
+            }
+            let mut out = String::with_capacity(key.len() + 2);
+            out.push('"');
+            for c in key.chars() {
+                if c == '"' || c == '\\' {
+                    out.push('\\');
+                }
+                out.push(c);
+            }
+            out.push('"');
+            out
+        }
+        KeyFormat::Token => {
+            if !key.bytes().all(|b| (0x21..=0x7E).contains(&b)) {
+                return Err(invalid());
+            }
+            key.to_owned()
+        }
+    };
+    HeaderValue::from_str(&value).map_err(|_| invalid())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quoted_keys_are_structured_field_strings() {
+        assert_eq!(
+            format_key("abc-123", KeyFormat::Quoted).unwrap(),
+            "\"abc-123\""
+        );
+        assert_eq!(
+            format_key(r#"say "hi" \o/"#, KeyFormat::Quoted).unwrap(),
+            r#""say \"hi\" \\o/""#
+        );
+        assert_eq!(
+            format_key("with space", KeyFormat::Quoted).unwrap(),
+            "\"with space\""
+        );
+    }
+
+    #[test]
+    fn token_keys_are_sent_bare() {
+        assert_eq!(
+            format_key("order-42", KeyFormat::Token).unwrap(),
+            "order-42"
+        );
+    }
+
+    #[test]
+    fn keys_that_cannot_be_sent_whole_are_rejected() {
+        for format in [KeyFormat::Quoted, KeyFormat::Token] {
+            for bad in ["", "line\r\nbreak", "tab\there", "naïve", "nul\0"] {
+                let err = format_key(bad, format).unwrap_err();
+                assert_eq!(err.key(), bad);
+            }
+        }
+        assert!(format_key("has space", KeyFormat::Token).is_err());
+    }
+
+    #[test]
+    fn the_rejection_says_what_keys_may_contain() {
+        let err = format_key("a\nb", KeyFormat::Token).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "idempotency key \"a\\nb\" cannot be sent as a Token header value: \
+             keys must be printable ASCII (tokens: without spaces)"
+        );
+    }
+
+    #[test]
+    fn default_keys_are_quoted_uuid_v4_on_post_and_patch() {
+        let keys = IdempotencyKeys::default();
+        assert_eq!(keys.header_name(), "idempotency-key");
+        assert!(keys.stamps(&Method::POST) && keys.stamps(&Method::PATCH));
+        assert!(!keys.stamps(&Method::GET) && !keys.stamps(&Method::PUT));
+        let value = keys.new_value().unwrap();
+        let text = value.to_str().unwrap();
+        assert_eq!(text.len(), 38);
+        let uuid = uuid::Uuid::parse_str(&text[1..37]).unwrap();
+        assert_eq!(uuid.get_version_num(), 4);
+        assert!(text.starts_with('"') && text.ends_with('"'));
+        assert_ne!(keys.new_value().unwrap(), value);
+    }
+
+    #[test]
+    fn default_token_keys_are_bare_uuids() {
+        let keys = IdempotencyKeys::builder()
+            .format(KeyFormat::Token)
+            .build()
+            .unwrap();
+        let value = keys.new_value().unwrap();
+        assert!(uuid::Uuid::parse_str(value.to_str().unwrap()).is_ok());
+    }
+
+    #[test]
+    fn seeded_keys_repeat_and_look_like_uuid_v4() {
+        let a = SeededKeys::new(5);
+        let b = SeededKeys::new(5);
+        let xs: Vec<String> = (0..3).map(|_| a.next_key()).collect();
+        let ys: Vec<String> = (0..3).map(|_| b.next_key()).collect();
+        assert_eq!(xs, ys);
+        assert_ne!(xs[0], xs[1]);
+        assert_eq!(uuid::Uuid::parse_str(&xs[0]).unwrap().get_version_num(), 4);
+    }
+
+    #[test]
+    fn an_invalid_header_name_is_rejected_in_build() {
+        let err = IdempotencyKeys::builder()
+            .header_name("Idempotency Key")
+            .build()
+            .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "invalid retry policy: idempotency header name \"Idempotency Key\" is not a valid \
+             HTTP header name: use letters, digits and '-'"
+        );
+    }
+
+    #[test]
+    fn a_custom_source_that_returns_a_bad_key_is_reported() {
+        let keys = IdempotencyKeys::builder()
+            .key_source(|| "bad\nkey".to_owned())
+            .build()
+            .unwrap();
+        assert_eq!(keys.new_value().unwrap_err().key(), "bad\nkey");
+    }
+}

@@ -1,0 +1,508 @@
+//! Idempotency keys end to end, against the reference server: one effect per logical request.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use reqwest_middleware::{ClientBuilder, ClientWithMiddleware};
+use reqwest_safe_retry::{
+    FakeClock, IdempotencyKeys, KeyFormat, RetryError, RetryMiddleware, RetryPolicy, RetryRecord,
+    SeededKeys, SeededRng, StopReason,
+};
+use tokio::sync::Semaphore;
+use wiremock::matchers::any;
+use wiremock::{Mock, MockServer, ResponseTemplate};
+
+use crate::reference_server::{Fate, Link, ReferenceServer, parse_response};
+use crate::support;
+
+fn keyed_client(policy: RetryPolicy, keys: IdempotencyKeys) -> (ClientWithMiddleware, FakeClock) {
+    let clock = FakeClock::new();
+    let middleware = RetryMiddleware::new(policy)
+        .with_clock(clock.clone())
+        .with_rng(SeededRng::new(11))
+        .with_idempotency_keys(keys);
+    (
+        ClientBuilder::new(reqwest::Client::new())
+            .with(middleware)
+            .build(),
+        clock,
+    )
+}
+
+fn seeded_keys(format: KeyFormat) -> IdempotencyKeys {
+    IdempotencyKeys::builder()
+        .format(format)
+        .key_source(SeededKeys::new(99))
+        .build()
+        .unwrap()
+}
+
+/// What the caller got, in the shape the server's stored original is compared in.
+async fn received(response: reqwest::Response) -> (u16, Vec<(String, String)>, Vec<u8>) {
+    let status = response.status().as_u16();
+    let headers = response
+        .headers()
+        .iter()
+        .map(|(n, v)| (n.as_str().to_owned(), v.to_str().unwrap().to_owned()))
+        .collect();
+    (status, headers, response.bytes().await.unwrap().to_vec())
+}
+
+/// The caller's response is the original: same status, same body, every original header.
+fn assert_is_original(got: &(u16, Vec<(String, String)>, Vec<u8>), original: &[u8]) {
+    let (status, headers, body) = parse_response(original);
+    assert_eq!(got.0, status);
+    assert_eq!(got.2, body, "body differs from the original");
+    for header in &headers {
+        assert!(got.1.contains(header), "missing original header {header:?}");
+    }
+}
+
+#[tokio::test]
+async fn a_lost_response_makes_one_effect_and_the_caller_gets_the_original() {
+    let server = ReferenceServer::start(Link::DropFirstResponses(1)).await;
+    let (client, clock) = keyed_client(support::policy(), seeded_keys(KeyFormat::Quoted));
+
+    let response = client
+        .post(server.url("/orders"))
+        .body("{\"item\":\"book\"}")
+        .send()
+        .await
+        .unwrap();
+
+    let record = RetryRecord::of(&response).unwrap().clone();
+    assert_eq!(record.attempts(), 2);
+    assert!(
+        record.replayed(),
+        "the second copy was answered from the store"
+    );
+    assert_eq!(clock.sleeps().len(), 1);
+    let key = record.idempotency_key().unwrap().as_bytes().to_vec();
+    let got = received(response).await;
+    assert_eq!(server.effects().len(), 1);
+    let original = server.original_response("anonymous", &key).unwrap();
+    assert_is_original(&got, &original);
+    let fates: Vec<Fate> = server.arrivals().iter().map(|a| a.fate).collect();
+    assert_eq!(fates, [Fate::ResponseLost, Fate::Answered(201)]);
+}
+
+#[tokio::test]
+async fn concurrent_copies_of_one_key_make_one_effect_and_all_get_the_original() {
+    const TASKS: usize = 24;
+    let gate = Arc::new(Semaphore::new(0));
+    let server = ReferenceServer::start_with_gate(Link::Clean, Some(gate.clone())).await;
+    // Real waits, short ones: the first copy stays in progress in real time while the others
+    // retry their 409s.
+    let policy = RetryPolicy::builder()
+        .max_attempts(200)
+        .base_delay(Duration::from_millis(2))
+        .max_delay(Duration::from_millis(10))
+        .build()
+        .unwrap();
+    let client = ClientBuilder::new(reqwest::Client::new())
+        .with(RetryMiddleware::new(policy).with_rng(SeededRng::new(3)))
+        .build();
+
+    let mut tasks = Vec::new();
+    for _ in 0..TASKS {
+        let (client, url) = (client.clone(), server.url("/orders"));
+        tasks.push(tokio::spawn(async move {
+            let response = client
+                .post(url)
+                .header("idempotency-key", "\"order-7\"")
+                .body("{\"item\":\"lamp\"}")
+                .send()
+                .await
+                .unwrap();
+            let record = RetryRecord::of(&response).unwrap().clone();
+            (record, received(response).await)
+        }));
+    }
+    // Hold the first copy in progress until every other task has been told 409 at least once.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while server.conflicts() < TASKS - 1 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "copies never collided"
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    gate.add_permits(1);
+
+    let mut results = Vec::new();
+    for task in tasks {
+        // A copy that acted a second time would wait at the gate for ever: fail, do not hang.
+        let done = tokio::time::timeout(Duration::from_secs(10), task).await;
+        results.push(
+            done.expect("a copy is stuck: it was not deduplicated")
+                .unwrap(),
+        );
+    }
+    assert_eq!(server.effects().len(), 1, "exactly one effect");
+    let original = server
+        .original_response("anonymous", b"\"order-7\"")
+        .unwrap();
+    for (record, got) in &results {
+        assert_ne!(got.0, 500);
+        assert_is_original(got, &original);
+        assert_eq!(record.idempotency_key().unwrap(), "\"order-7\"");
+    }
+    let retried = results.iter().filter(|(r, _)| r.attempts() > 1).count();
+    assert!(
+        retried >= TASKS - 1,
+        "the in-flight 409s were retried: {retried}"
+    );
+    // The caller's key reached the server byte for byte on every copy.
+    for arrival in server.arrivals() {
+        assert_eq!(arrival.key.as_deref(), Some(&b"\"order-7\""[..]));
+    }
+}
+
+#[tokio::test]
+async fn random_faults_never_duplicate_an_effect() {
+    const REQUESTS: usize = 1_000;
+    let server = ReferenceServer::start(Link::Random {
+        seed: 2026,
+        drop_request: 0.15,
+        drop_response: 0.15,
+    })
+    .await;
+    let policy = RetryPolicy::builder().max_attempts(8).build().unwrap();
+    let (client, _) = keyed_client(policy, seeded_keys(KeyFormat::Quoted));
+
+    let mut outcomes = Vec::with_capacity(REQUESTS);
+    for batch in 0..REQUESTS / 50 {
+        let mut tasks = Vec::new();
+        for i in 0..50 {
+            let (client, url) = (client.clone(), server.url("/orders"));
+            let body = format!("{{\"item\":{}}}", batch * 50 + i);
+            tasks.push(tokio::spawn(async move {
+                match client.post(url).body(body).send().await {
+                    Ok(response) => {
+                        let key = RetryRecord::of(&response)
+                            .unwrap()
+                            .idempotency_key()
+                            .cloned();
+                        Ok((key.unwrap(), received(response).await))
+                    }
+                    Err(err) => {
+                        let retry = RetryError::of(&err).expect("a RetryError");
+                        assert_eq!(retry.stop_reason(), StopReason::AttemptsExhausted);
+                        Err(retry.idempotency_key().cloned().unwrap())
+                    }
+                }
+            }));
+        }
+        for task in tasks {
+            outcomes.push(task.await.unwrap());
+        }
+    }
+
+    let effects = server.effects();
+    let mut effect_keys: Vec<&[u8]> = effects.iter().map(|e| e.key.as_slice()).collect();
+    effect_keys.sort();
+    let before = effect_keys.len();
+    effect_keys.dedup();
+    assert_eq!(before, effect_keys.len(), "an effect was duplicated");
+
+    let (mut succeeded, mut failed_after_effect, mut failed_before_effect) = (0, 0, 0);
+    for outcome in &outcomes {
+        match outcome {
+            Ok((key, got)) => {
+                succeeded += 1;
+                let original = server
+                    .original_response("anonymous", key.as_bytes())
+                    .expect("a success has an effect");
+                assert_is_original(got, &original);
+            }
+            Err(key) if effect_keys.contains(&key.as_bytes()) => failed_after_effect += 1,
+            Err(_) => failed_before_effect += 1,
+        }
+    }
+    assert_eq!(effects.len(), succeeded + failed_after_effect);
+    assert_eq!(
+        succeeded + failed_after_effect + failed_before_effect,
+        REQUESTS
+    );
+    let arrivals = server.arrivals();
+    let count = |fate: Fate| arrivals.iter().filter(|a| a.fate == fate).count();
+    println!(
+        "{REQUESTS} logical POSTs, {} copies: {} requests lost, {} responses lost; \
+         {succeeded} succeeded, {failed_after_effect} failed after the effect, \
+         {failed_before_effect} failed before it; {} effects",
+        arrivals.len(),
+        count(Fate::RequestLost),
+        count(Fate::ResponseLost),
+        effects.len()
+    );
+    // The link really did lose traffic, and the retries really did recover from it.
+    assert!(
+        arrivals.len() > REQUESTS * 5 / 4,
+        "{} copies",
+        arrivals.len()
+    );
+    assert!(succeeded >= REQUESTS * 99 / 100, "{succeeded} succeeded");
+}
+
+#[tokio::test]
+async fn the_same_key_with_another_body_gets_422_untouched_and_no_second_effect() {
+    let server = ReferenceServer::start(Link::Clean).await;
+    let (client, _) = support::client();
+    let send = |body: &'static str| {
+        client
+            .post(server.url("/orders"))
+            .header("idempotency-key", "\"order-8\"")
+            .body(body)
+            .send()
+    };
+
+    let first = send("{\"qty\":1}").await.unwrap();
+    let second = send("{\"qty\":2}").await.unwrap();
+
+    assert_eq!(first.status(), 201);
+    assert_eq!(second.status(), 422);
+    let record = RetryRecord::of(&second).unwrap();
+    assert_eq!(record.attempts(), 1);
+    assert_eq!(record.stop_reason(), StopReason::NotRetryable);
+    assert_eq!(
+        second.text().await.unwrap(),
+        "{\"error\":\"key reused with a different request\"}"
+    );
+    assert_eq!(server.effects().len(), 1);
+    assert_eq!(server.arrivals().len(), 2);
+}
+
+#[tokio::test]
+async fn a_missing_key_gets_400_untouched() {
+    let server = ReferenceServer::start(Link::Clean).await;
+    let (client, _) = support::unkeyed_client();
+
+    let response = client
+        .post(server.url("/orders"))
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+
+    assert_eq!(response.status(), 400);
+    assert_eq!(RetryRecord::of(&response).unwrap().attempts(), 1);
+    assert_eq!(server.arrivals().len(), 1);
+    assert!(server.effects().is_empty());
+}
+
+/// Three copies of one logical POST (the first two responses lost): the values the server
+/// received, in order.
+async fn keys_received(format: KeyFormat) -> Vec<Vec<u8>> {
+    let server = ReferenceServer::start(Link::DropFirstResponses(2)).await;
+    let (client, _) = keyed_client(support::policy(), seeded_keys(format));
+
+    let response = client
+        .post(server.url("/orders"))
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+
+    assert_eq!(response.status(), 201);
+    assert_eq!(server.effects().len(), 1);
+    let keys: Vec<Vec<u8>> = server
+        .arrivals()
+        .into_iter()
+        .map(|a| a.key.unwrap())
+        .collect();
+    assert_eq!(keys.len(), 3);
+    assert_eq!(
+        RetryRecord::of(&response)
+            .unwrap()
+            .idempotency_key()
+            .unwrap()
+            .as_bytes(),
+        keys[0]
+    );
+    keys
+}
+
+#[tokio::test]
+async fn every_attempt_carries_the_identical_quoted_key() {
+    let keys = keys_received(KeyFormat::Quoted).await;
+    assert!(keys.iter().all(|k| *k == keys[0]), "{keys:?}");
+    let text = std::str::from_utf8(&keys[0]).unwrap();
+    let inner = text
+        .strip_prefix('"')
+        .and_then(|t| t.strip_suffix('"'))
+        .unwrap();
+    assert_eq!(uuid_version(inner), 4);
+}
+
+#[tokio::test]
+async fn every_attempt_carries_the_identical_token_key() {
+    let keys = keys_received(KeyFormat::Token).await;
+    assert!(keys.iter().all(|k| *k == keys[0]), "{keys:?}");
+    assert_eq!(uuid_version(std::str::from_utf8(&keys[0]).unwrap()), 4);
+}
+
+/// The version nibble of a hyphenated UUID.
+fn uuid_version(text: &str) -> u32 {
+    assert_eq!(text.len(), 36, "{text}");
+    text[14..15].parse().unwrap()
+}
+
+#[tokio::test]
+async fn a_keyed_post_is_retried_on_503_with_the_same_key() {
+    let server = MockServer::start().await;
+    Mock::given(any())
+        .respond_with(ResponseTemplate::new(503))
+        .mount(&server)
+        .await;
+    let (client, _) = support::client();
+
+    let response = client.post(server.uri()).body("x").send().await.unwrap();
+
+    assert_eq!(response.status(), 503);
+    let received = server.received_requests().await.unwrap();
+    assert_eq!(received.len(), 3);
+    let values: Vec<_> = received
+        .iter()
+        .map(|r| r.headers["idempotency-key"].clone())
+        .collect();
+    assert!(values.iter().all(|v| *v == values[0]));
+    assert_eq!(
+        RetryRecord::of(&response).unwrap().idempotency_key(),
+        Some(&values[0])
+    );
+}
+
+#[tokio::test]
+async fn a_keyed_409_is_retried_and_an_unkeyed_one_is_not() {
+    let server = MockServer::start().await;
+    Mock::given(any())
+        .respond_with(ResponseTemplate::new(409))
+        .up_to_n_times(2)
+        .mount(&server)
+        .await;
+    Mock::given(any())
+        .respond_with(ResponseTemplate::new(201))
+        .mount(&server)
+        .await;
+    let (client, _) = support::client();
+
+    let keyed = client.post(server.uri()).body("x").send().await.unwrap();
+    assert_eq!(keyed.status(), 201);
+    assert_eq!(RetryRecord::of(&keyed).unwrap().attempts(), 3);
+
+    server.reset().await;
+    Mock::given(any())
+        .respond_with(ResponseTemplate::new(409))
+        .mount(&server)
+        .await;
+    let unkeyed = client.get(server.uri()).send().await.unwrap();
+    assert_eq!(unkeyed.status(), 409);
+    assert_eq!(server.received_requests().await.unwrap().len(), 1);
+}
+
+#[tokio::test]
+async fn a_callers_key_is_kept_byte_for_byte_even_when_stamping_is_off() {
+    let server = MockServer::start().await;
+    Mock::given(any())
+        .respond_with(ResponseTemplate::new(503))
+        .mount(&server)
+        .await;
+    let keys = IdempotencyKeys::builder()
+        .stamp_methods([])
+        .build()
+        .unwrap();
+    let (client, _) = keyed_client(support::policy(), keys);
+    let own = "tenant=7; order=\"A-1\"";
+
+    client
+        .post(server.uri())
+        .header("Idempotency-Key", own)
+        .body("x")
+        .send()
+        .await
+        .unwrap();
+    let unkeyed = client.post(server.uri()).body("y").send().await.unwrap();
+
+    let received = server.received_requests().await.unwrap();
+    // Three attempts for the keyed POST, one for the POST stamping left alone.
+    assert_eq!(received.len(), 4);
+    for r in &received[..3] {
+        assert_eq!(r.headers["idempotency-key"].as_bytes(), own.as_bytes());
+    }
+    assert!(received[3].headers.get("idempotency-key").is_none());
+    assert_eq!(
+        RetryRecord::of(&unkeyed).unwrap().stop_reason(),
+        StopReason::NotSafeToRetry
+    );
+}
+
+#[tokio::test]
+async fn get_requests_are_not_stamped() {
+    let server = MockServer::start().await;
+    Mock::given(any())
+        .respond_with(ResponseTemplate::new(200))
+        .mount(&server)
+        .await;
+    let (client, _) = support::client();
+
+    let response = client.get(server.uri()).send().await.unwrap();
+
+    assert!(
+        RetryRecord::of(&response)
+            .unwrap()
+            .idempotency_key()
+            .is_none()
+    );
+    let received = server.received_requests().await.unwrap();
+    assert!(received[0].headers.get("idempotency-key").is_none());
+}
+
+#[tokio::test]
+async fn a_key_that_cannot_be_sent_fails_before_anything_is_sent() {
+    let server = MockServer::start().await;
+    Mock::given(any())
+        .respond_with(ResponseTemplate::new(201))
+        .mount(&server)
+        .await;
+    let keys = IdempotencyKeys::builder()
+        .format(KeyFormat::Token)
+        .key_source(|| "two words".to_owned())
+        .build()
+        .unwrap();
+    let (client, _) = keyed_client(support::policy(), keys);
+
+    let err = client
+        .post(server.uri())
+        .body("x")
+        .send()
+        .await
+        .unwrap_err();
+
+    let retry = RetryError::of(&err).unwrap();
+    assert_eq!(retry.attempts(), 0);
+    assert_eq!(retry.stop_reason(), StopReason::InvalidIdempotencyKey);
+    assert!(retry.to_string().contains("\"two words\""), "{retry}");
+    assert!(server.received_requests().await.unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn a_custom_header_name_is_used() {
+    let server = MockServer::start().await;
+    Mock::given(any())
+        .respond_with(ResponseTemplate::new(201))
+        .mount(&server)
+        .await;
+    let keys = IdempotencyKeys::builder()
+        .header_name("X-Request-Key")
+        .format(KeyFormat::Token)
+        .key_source(|| "k-1".to_owned())
+        .build()
+        .unwrap();
+    let (client, _) = keyed_client(support::policy(), keys);
+
+    client.patch(server.uri()).body("x").send().await.unwrap();
+
+    let received = server.received_requests().await.unwrap();
+    assert_eq!(received[0].headers["x-request-key"], "k-1");
+    assert!(received[0].headers.get("idempotency-key").is_none());
+}
