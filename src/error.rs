@@ -32,6 +32,11 @@ pub enum StopReason {
     AttemptsExhausted,
     /// The key source returned a key that cannot be sent as a header value; nothing was sent.
     InvalidIdempotencyKey,
+    /// The total deadline was reached, or the next wait would have ended at or past it.
+    DeadlineReached,
+    /// The server's `Retry-After` asked for a wait longer than `max_retry_after`, or longer than
+    /// the deadline leaves; its response is returned.
+    RetryAfterTooLong,
 }
 
 impl StopReason {
@@ -44,6 +49,8 @@ impl StopReason {
             StopReason::BodyNotCloneable => "body_not_cloneable",
             StopReason::AttemptsExhausted => "attempts_exhausted",
             StopReason::InvalidIdempotencyKey => "invalid_idempotency_key",
+            StopReason::DeadlineReached => "deadline_reached",
+            StopReason::RetryAfterTooLong => "retry_after_too_long",
         }
     }
 }
@@ -57,6 +64,8 @@ impl fmt::Display for StopReason {
             StopReason::BodyNotCloneable => "the request body cannot be sent twice",
             StopReason::AttemptsExhausted => "attempts exhausted",
             StopReason::InvalidIdempotencyKey => "the idempotency key cannot be sent",
+            StopReason::DeadlineReached => "deadline reached",
+            StopReason::RetryAfterTooLong => "the server asked to wait longer than allowed",
         })
     }
 }

@@ -55,6 +55,21 @@
 //! - **Only when the body can be sent again**: a request whose body is a stream is sent once,
 //!   unchanged, and its record says [`StopReason::BodyNotCloneable`].
 //!
+//! # When
+//!
+//! - **Backoff**: capped full jitter, a wait drawn from `[0, min(max_delay, base_delay * 2^retry)]`
+//!   [base 100 ms, cap 10 s].
+//! - **`Retry-After`** on a retryable response, in seconds or as an HTTP-date (read against the
+//!   clock's wall time), is a floor: the next attempt never starts earlier than the server asked.
+//!   The backoff draw is added above it, so clients that got the same header do not return as
+//!   one herd. A server asking for more than [`RetryPolicyBuilder::max_retry_after`] [60 s], or
+//!   for more than the deadline leaves, gets its response returned at once. Values that are not
+//!   valid are ignored (the backoff applies); a date in the past means no floor.
+//! - **Deadline**: one logical request, attempts and waits together, takes at most
+//!   [`RetryPolicyBuilder::deadline`] [30 s] on the middleware's clock. Each attempt's timeout is
+//!   the policy's per-attempt timeout [10 s] cut to what is left, and no wait starts that would
+//!   end at or past the deadline.
+//!
 //! # Outcomes
 //!
 //! A response is returned as `Ok`, whatever its status, carrying a [`RetryRecord`] (attempts,
@@ -154,7 +169,9 @@ mod error;
 mod idempotency;
 mod middleware;
 mod policy;
+mod retry_after;
 mod rng;
+mod schedule;
 
 #[cfg(feature = "test-util")]
 pub use clock::FakeClock;

@@ -1,10 +1,11 @@
 //! The attempt loop: the only code in the crate that sends, awaits or sleeps.
 //!
 //! One call to `send()` is one logical request. The loop clones the request for each attempt
-//! (the original is kept for the next one), sets the attempt's timeout, sends it down the chain,
-//! asks [`classify`](crate::classify) whether the outcome is a transient failure that is safe to
-//! repeat, and if so draws the wait from the backoff and sleeps on the injected clock. Every other
-//! decision is made by the pure modules below it.
+//! (the original is kept for the next one), sets the attempt's timeout (the policy's, cut to what
+//! the deadline leaves), sends it down the chain, asks `classify` whether the outcome is a
+//! transient failure that is safe to repeat, and if so asks `schedule` for the wait (backoff,
+//! `Retry-After` floor, deadline) and sleeps on the injected clock. Every decision is made by the
+//! pure modules below it.
 
 use std::time::Duration;
 
@@ -13,14 +14,15 @@ use reqwest::{Request, Response};
 use reqwest_middleware::{Middleware, Next};
 use tracing::Instrument;
 
-use crate::backoff;
 use crate::body;
 use crate::classify;
 use crate::clock::{Clock, SharedClock, TokioClock};
 use crate::error::{RetryError, RetryRecord, StopReason};
 use crate::idempotency::IdempotencyKeys;
 use crate::policy::RetryPolicy;
+use crate::retry_after;
 use crate::rng::{Rng, SharedRng, ThreadRng};
+use crate::schedule::{self, Wait};
 
 /// A [`reqwest_middleware::Middleware`] that retries transient failures when repeating is safe.
 ///
@@ -142,6 +144,13 @@ impl RetryMiddleware {
             }
         };
         let keyed = key.is_some();
+        let clock = &*self.clock.0;
+        let started = clock.now();
+        let remaining = || {
+            policy
+                .deadline()
+                .saturating_sub(clock.now().saturating_duration_since(started))
+        };
 
         let mut attempt: u32 = 0;
         let mut waited = Duration::ZERO;
@@ -154,7 +163,7 @@ impl RetryMiddleware {
                 None
             };
             let mut sending = pending;
-            limit_timeout(&mut sending, policy.attempt_timeout());
+            limit_timeout(&mut sending, policy.attempt_timeout().min(remaining()));
 
             let mut outcome = next.clone().run(sending, extensions).await;
             if let (Some(limit), Ok(_)) = (policy.buffer_body_limit(), &outcome) {
@@ -167,19 +176,32 @@ impl RetryMiddleware {
             }
 
             let verdict = judge(policy, &outcome, idempotent, keyed);
-            let stop = match verdict {
-                Verdict::Final(stop) => Some(stop),
+            let left = remaining();
+            let decision = match verdict {
+                Verdict::Final(stop) => Wait::Stop(stop),
                 Verdict::Transient(_) if attempt >= max_attempts => {
-                    Some(StopReason::AttemptsExhausted)
+                    Wait::Stop(StopReason::AttemptsExhausted)
                 }
-                Verdict::Transient(_) if spare.is_none() => Some(StopReason::BodyNotCloneable),
-                Verdict::Transient(_) => None,
+                Verdict::Transient(_) if spare.is_none() => {
+                    Wait::Stop(StopReason::BodyNotCloneable)
+                }
+                Verdict::Transient(_) if left.is_zero() => Wait::Stop(StopReason::DeadlineReached),
+                Verdict::Transient(_) => {
+                    let floor = outcome.as_ref().ok().and_then(|response| {
+                        let value = response.headers().get(http::header::RETRY_AFTER)?;
+                        retry_after::parse(value.as_bytes(), clock.wall_now())
+                    });
+                    schedule::next_wait(policy, attempt - 1, floor, left, &*self.rng.0)
+                }
             };
-            let next_request = match (stop, spare) {
-                (None, Some(next_request)) => next_request,
-                (stop, _) => {
-                    let stop = stop.unwrap_or(StopReason::BodyNotCloneable);
-                    log_attempt(attempt, &outcome, verdict, None);
+            log_attempt(attempt, &outcome, verdict, decision);
+            let (delay, next_request) = match (decision, spare) {
+                (Wait::Sleep(delay), Some(next_request)) => (delay, next_request),
+                (decision, _) => {
+                    let stop = match decision {
+                        Wait::Stop(stop) => stop,
+                        Wait::Sleep(_) => StopReason::BodyNotCloneable,
+                    };
                     tracing::debug!(
                         attempts = attempt,
                         reason = stop.as_str(),
@@ -195,17 +217,9 @@ impl RetryMiddleware {
                     return finish(outcome, record);
                 }
             };
-
-            let delay = backoff::full_jitter(
-                policy.base_delay(),
-                policy.max_delay(),
-                attempt - 1,
-                &*self.rng.0,
-            );
-            log_attempt(attempt, &outcome, verdict, Some(delay));
             // Release the connection before waiting rather than after.
             drop(outcome);
-            self.clock.0.sleep(delay).await;
+            clock.sleep(delay).await;
             waited = waited.saturating_add(delay);
             pending = next_request;
         }
@@ -282,7 +296,7 @@ fn log_attempt(
     attempt: u32,
     outcome: &reqwest_middleware::Result<Response>,
     verdict: Verdict,
-    delay: Option<Duration>,
+    decision: Wait,
 ) {
     let (status, error) = match outcome {
         Ok(r) => (Some(r.status().as_u16()), None),
@@ -294,17 +308,20 @@ fn log_attempt(
             }),
         ),
     };
-    let decision = match verdict {
-        Verdict::Transient(why) if delay.is_some() => why,
-        Verdict::Transient(_) => "transient",
-        Verdict::Final(stop) => stop.as_str(),
+    let (decision, delay_ms) = match (verdict, decision) {
+        (Verdict::Transient(why), Wait::Sleep(delay)) => (
+            why,
+            Some(u64::try_from(delay.as_millis()).unwrap_or(u64::MAX)),
+        ),
+        (_, Wait::Stop(stop)) => (stop.as_str(), None),
+        (Verdict::Final(stop), _) => (stop.as_str(), None),
     };
     tracing::debug!(
         attempt,
         status,
         error,
         decision,
-        delay_ms = delay.map(|d| d.as_millis() as u64),
+        delay_ms,
         "attempt finished"
     );
 }

@@ -33,6 +33,8 @@ pub struct RetryPolicy {
     base_delay: Duration,
     max_delay: Duration,
     attempt_timeout: Duration,
+    deadline: Duration,
+    max_retry_after: Duration,
     statuses: StatusSet,
     buffer_body: Option<usize>,
 }
@@ -61,6 +63,17 @@ impl RetryPolicy {
     /// The longest one attempt may take on the wire.
     pub fn attempt_timeout(&self) -> Duration {
         self.attempt_timeout
+    }
+
+    /// The total time one logical request may take, attempts and waits together.
+    pub fn deadline(&self) -> Duration {
+        self.deadline
+    }
+
+    /// The longest `Retry-After` the middleware waits for; a server asking for longer gets its
+    /// response returned at once.
+    pub fn max_retry_after(&self) -> Duration {
+        self.max_retry_after
     }
 
     /// Whether a response with this status is a transient failure worth retrying.
@@ -108,6 +121,8 @@ impl fmt::Debug for RetryPolicy {
             .field("base_delay", &self.base_delay)
             .field("max_delay", &self.max_delay)
             .field("attempt_timeout", &self.attempt_timeout)
+            .field("deadline", &self.deadline)
+            .field("max_retry_after", &self.max_retry_after)
             .field("retryable_statuses", &self.statuses)
             .field("buffer_body", &self.buffer_body)
             .finish()
@@ -124,6 +139,8 @@ impl fmt::Debug for RetryPolicy {
 /// | [`base_delay`](Self::base_delay) | 100 ms |
 /// | [`max_delay`](Self::max_delay) | 10 s |
 /// | [`attempt_timeout`](Self::attempt_timeout) | 10 s |
+/// | [`deadline`](Self::deadline) | 30 s |
+/// | [`max_retry_after`](Self::max_retry_after) | 60 s |
 /// | [`retryable_statuses`](Self::retryable_statuses) | 429, 502, 503, 504 |
 /// | [`buffer_body`](Self::buffer_body) | off |
 #[derive(Debug, Clone)]
@@ -132,6 +149,8 @@ pub struct RetryPolicyBuilder {
     base_delay: Duration,
     max_delay: Duration,
     attempt_timeout: Duration,
+    deadline: Duration,
+    max_retry_after: Duration,
     statuses: Vec<u16>,
     buffer_body: Option<usize>,
 }
@@ -143,6 +162,8 @@ impl RetryPolicyBuilder {
             base_delay: Duration::from_millis(100),
             max_delay: Duration::from_secs(10),
             attempt_timeout: Duration::from_secs(10),
+            deadline: Duration::from_secs(30),
+            max_retry_after: Duration::from_secs(60),
             statuses: vec![429, 502, 503, 504],
             buffer_body: None,
         }
@@ -175,6 +196,23 @@ impl RetryPolicyBuilder {
         self
     }
 
+    /// The total time one logical request may take, measured on the middleware's clock from the
+    /// start of the first attempt, covering attempts and waits. Each attempt's timeout is cut to
+    /// what is left, and no wait starts that would end at or past it. Must be greater than zero.
+    pub fn deadline(mut self, deadline: Duration) -> Self {
+        self.deadline = deadline;
+        self
+    }
+
+    /// The longest `Retry-After` worth waiting for. A server that asks for longer (or for longer
+    /// than the deadline leaves) gets its response returned at once, with
+    /// [`StopReason::RetryAfterTooLong`](crate::StopReason::RetryAfterTooLong), rather than a wait
+    /// to no purpose.
+    pub fn max_retry_after(mut self, limit: Duration) -> Self {
+        self.max_retry_after = limit;
+        self
+    }
+
     /// Replaces the set of response statuses that are retried. Each must be in 100-599.
     ///
     /// Statuses outside the set are final and reach the caller after one attempt.
@@ -200,8 +238,8 @@ impl RetryPolicyBuilder {
     /// # Errors
     ///
     /// [`InvalidPolicy`], with a message that names the setting to change, when `max_attempts`
-    /// is 0, `max_delay` is below `base_delay`, `attempt_timeout` is zero, or a retryable status
-    /// is outside 100-599.
+    /// is 0, `max_delay` is below `base_delay`, `attempt_timeout` or `deadline` is zero, or a
+    /// retryable status is outside 100-599.
     pub fn build(self) -> Result<RetryPolicy, InvalidPolicy> {
         self.checked()
     }
@@ -223,6 +261,11 @@ impl RetryPolicyBuilder {
                 "attempt_timeout must be greater than zero".into(),
             ));
         }
+        if self.deadline.is_zero() {
+            return Err(InvalidPolicy::new(
+                "deadline must be greater than zero".into(),
+            ));
+        }
         let mut statuses = StatusSet::EMPTY;
         for &code in &self.statuses {
             if !(100..=599).contains(&code) {
@@ -237,6 +280,8 @@ impl RetryPolicyBuilder {
             base_delay: self.base_delay,
             max_delay: self.max_delay,
             attempt_timeout: self.attempt_timeout,
+            deadline: self.deadline,
+            max_retry_after: self.max_retry_after,
             statuses,
             buffer_body: self.buffer_body,
         })
@@ -301,6 +346,8 @@ mod tests {
         assert_eq!(p.base_delay(), Duration::from_millis(100));
         assert_eq!(p.max_delay(), Duration::from_secs(10));
         assert_eq!(p.attempt_timeout(), Duration::from_secs(10));
+        assert_eq!(p.deadline(), Duration::from_secs(30));
+        assert_eq!(p.max_retry_after(), Duration::from_secs(60));
         assert_eq!(p.buffer_body_limit(), None);
         let retryable: Vec<u16> = (100..=599)
             .filter(|c| p.is_retryable_status(StatusCode::from_u16(*c).unwrap()))
@@ -356,6 +403,18 @@ mod tests {
             .build()
             .unwrap_err();
         assert!(err.to_string().contains("attempt_timeout"), "{err}");
+    }
+
+    #[test]
+    fn zero_deadline_is_rejected() {
+        let err = RetryPolicy::builder()
+            .deadline(Duration::ZERO)
+            .build()
+            .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "invalid retry policy: deadline must be greater than zero"
+        );
     }
 
     #[test]

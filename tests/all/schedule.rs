@@ -41,6 +41,7 @@ async fn every_delay_lies_within_the_capped_exponential_ceiling() {
         .max_attempts(12)
         .base_delay(Duration::from_millis(100))
         .max_delay(Duration::from_secs(10))
+        .deadline(Duration::from_secs(600))
         .build()
         .unwrap();
     for seed in 0..20 {
@@ -76,6 +77,7 @@ async fn minutes_of_backoff_take_milliseconds_of_real_time() {
         .max_attempts(8)
         .base_delay(Duration::from_secs(1))
         .max_delay(Duration::from_secs(60))
+        .deadline(Duration::from_secs(600))
         .build()
         .unwrap();
 

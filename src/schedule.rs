@@ -1,0 +1,157 @@
+//! The wait before the next attempt: backoff, the server's `Retry-After`, and the deadline.
+//!
+//! The rule, in order:
+//!
+//! 1. Draw the backoff `b` from `[0, min(cap, base * 2^retry)]` (full jitter).
+//! 2. If the response carried a valid `Retry-After` asking for `f`:
+//!    - if `f` is over `max_retry_after`, or would end at or past the deadline, stop now and
+//!      return the response: waiting longer than the caller is willing to would be waiting to no
+//!      purpose;
+//!    - otherwise wait `f + b`, with `b` cut to half the time the deadline leaves after `f`. The
+//!      floor is never shortened: the next attempt never starts earlier than the server asked.
+//!      The jitter above it spreads clients that got the same header at the same instant, so
+//!      they do not come back as one herd; it is the same window the backoff would have used.
+//! 3. Without one, wait `b`, unless that wait would end at or past the deadline: then stop now
+//!    and return the last outcome.
+//!
+//! A `Retry-After` in the past counts as `f = 0`; an invalid one counts as absent.
+
+use std::time::Duration;
+
+use crate::backoff;
+use crate::error::StopReason;
+use crate::policy::RetryPolicy;
+use crate::rng::Rng;
+
+/// What to do after a transient failure that may be retried.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Wait {
+    /// Sleep this long, then make the next attempt.
+    Sleep(Duration),
+    /// Make no further attempt.
+    Stop(StopReason),
+}
+
+/// The wait before retry `retry` (0 for the first), given the server's floor (if any) and the
+/// time left before the deadline.
+pub(crate) fn next_wait(
+    policy: &RetryPolicy,
+    retry: u32,
+    retry_after: Option<Duration>,
+    remaining: Duration,
+    rng: &dyn Rng,
+) -> Wait {
+    let jitter = backoff::full_jitter(policy.base_delay(), policy.max_delay(), retry, rng);
+    match retry_after {
+        Some(floor) if floor > policy.max_retry_after() || floor >= remaining => {
+            Wait::Stop(StopReason::RetryAfterTooLong)
+        }
+        Some(floor) => {
+            let slack = (remaining - floor) / 2;
+            Wait::Sleep(floor + jitter.min(slack))
+        }
+        None if jitter >= remaining => Wait::Stop(StopReason::DeadlineReached),
+        None => Wait::Sleep(jitter),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rng::SeededRng;
+
+    const MINUTE: Duration = Duration::from_secs(60);
+
+    fn secs(s: u64) -> Duration {
+        Duration::from_secs(s)
+    }
+
+    #[test]
+    fn without_retry_after_the_wait_is_the_backoff() {
+        let policy = RetryPolicy::default();
+        let max = || u64::MAX;
+        assert_eq!(
+            next_wait(&policy, 0, None, MINUTE, &max),
+            Wait::Sleep(Duration::from_millis(100))
+        );
+        assert_eq!(
+            next_wait(&policy, 2, None, MINUTE, &max),
+            Wait::Sleep(Duration::from_millis(400))
+        );
+    }
+
+    #[test]
+    fn retry_after_is_a_floor_with_the_backoff_window_above_it() {
+        let policy = RetryPolicy::default();
+        assert_eq!(
+            next_wait(&policy, 0, Some(secs(7)), MINUTE, &|| 0u64),
+            Wait::Sleep(secs(7))
+        );
+        assert_eq!(
+            next_wait(&policy, 0, Some(secs(7)), MINUTE, &|| u64::MAX),
+            Wait::Sleep(secs(7) + Duration::from_millis(100))
+        );
+    }
+
+    #[test]
+    fn a_retry_after_over_the_limit_stops_at_once() {
+        let policy = RetryPolicy::default();
+        assert_eq!(
+            next_wait(&policy, 0, Some(secs(61)), secs(3600), &SeededRng::new(1)),
+            Wait::Stop(StopReason::RetryAfterTooLong)
+        );
+        assert_eq!(
+            next_wait(&policy, 0, Some(secs(60)), secs(3600), &SeededRng::new(1)),
+            Wait::Sleep(secs(60) + backoff_draw(1, 0))
+        );
+    }
+
+    /// The first draw of `SeededRng::new(seed)` for `retry` under the default policy.
+    fn backoff_draw(seed: u64, retry: u32) -> Duration {
+        let p = RetryPolicy::default();
+        backoff::full_jitter(p.base_delay(), p.max_delay(), retry, &SeededRng::new(seed))
+    }
+
+    #[test]
+    fn a_retry_after_past_the_deadline_stops_at_once() {
+        let policy = RetryPolicy::default();
+        assert_eq!(
+            next_wait(&policy, 0, Some(secs(10)), secs(10), &|| 0u64),
+            Wait::Stop(StopReason::RetryAfterTooLong)
+        );
+    }
+
+    #[test]
+    fn jitter_above_the_floor_leaves_time_for_the_attempt() {
+        let policy = RetryPolicy::builder().max_delay(MINUTE).build().unwrap();
+        // 10 s asked, 10.2 s left: at most half the 200 ms slack goes to jitter.
+        let remaining = Duration::from_millis(10_200);
+        assert_eq!(
+            next_wait(&policy, 8, Some(secs(10)), remaining, &|| u64::MAX),
+            Wait::Sleep(Duration::from_millis(10_100))
+        );
+    }
+
+    #[test]
+    fn a_backoff_that_would_end_at_the_deadline_stops() {
+        let policy = RetryPolicy::default();
+        let max = || u64::MAX;
+        assert_eq!(
+            next_wait(&policy, 0, None, Duration::from_millis(100), &max),
+            Wait::Stop(StopReason::DeadlineReached)
+        );
+        assert_eq!(
+            next_wait(&policy, 0, None, Duration::from_millis(101), &max),
+            Wait::Sleep(Duration::from_millis(100))
+        );
+    }
+
+    #[test]
+    fn a_retry_after_of_zero_waits_only_the_jitter() {
+        let policy = RetryPolicy::default();
+        assert_eq!(
+            next_wait(&policy, 0, Some(Duration::ZERO), MINUTE, &|| u64::MAX),
+            Wait::Sleep(Duration::from_millis(100))
+        );
+    }
+}

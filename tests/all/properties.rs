@@ -1,0 +1,247 @@
+//! Properties of the schedule over random scripts of responses, `Retry-After` values and
+//! settings, in virtual time.
+//!
+//! A scripted middleware at the end of the chain stands in for the network: each attempt takes
+//! a scripted time on the fake clock (cut at the attempt's timeout, which then answers 504), and
+//! answers a scripted status and `Retry-After`. No sockets: 10,000 logical requests run in a
+//! few seconds, and every timing is exact.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use http::Extensions;
+use proptest::prelude::*;
+use reqwest::{Request, Response};
+use reqwest_middleware::{ClientBuilder, Middleware, Next};
+use reqwest_safe_retry::{Clock, FakeClock, RetryMiddleware, RetryPolicy, SeededRng};
+
+#[derive(Debug, Clone)]
+enum RetryAfter {
+    None,
+    Seconds(u64),
+    /// An HTTP-date this many seconds from the fake wall clock (negative: in the past).
+    DateAhead(i64),
+    Garbage(&'static str),
+}
+
+#[derive(Debug, Clone)]
+struct Step {
+    status: u16,
+    retry_after: RetryAfter,
+    takes: Duration,
+}
+
+/// What the scripted network saw of one attempt, in virtual time since the request began.
+#[derive(Debug, Clone)]
+struct Seen {
+    start: Duration,
+    end: Duration,
+    /// The floor the answer asked for, if its `Retry-After` was valid.
+    floor: Option<Duration>,
+}
+
+#[derive(Debug)]
+struct Script {
+    clock: FakeClock,
+    origin: std::time::Instant,
+    steps: Mutex<VecDeque<Step>>,
+    seen: Arc<Mutex<Vec<Seen>>>,
+}
+
+#[async_trait::async_trait]
+impl Middleware for Script {
+    async fn handle(
+        &self,
+        request: Request,
+        _: &mut Extensions,
+        _: Next<'_>,
+    ) -> reqwest_middleware::Result<Response> {
+        let start = self.clock.now() - self.origin;
+        let step = self.steps.lock().unwrap().pop_front().unwrap_or(Step {
+            status: 503,
+            retry_after: RetryAfter::None,
+            takes: Duration::ZERO,
+        });
+        let timeout = request
+            .timeout()
+            .copied()
+            .expect("every attempt has a timeout");
+        let timed_out = step.takes > timeout;
+        self.clock.advance(step.takes.min(timeout));
+        let end = self.clock.now() - self.origin;
+        let wall = self.clock.wall_now();
+
+        let mut response =
+            http::Response::builder().status(if timed_out { 504 } else { step.status });
+        let mut floor = None;
+        if !timed_out {
+            let value = match step.retry_after {
+                RetryAfter::None => None,
+                RetryAfter::Seconds(s) => {
+                    floor = Some(Duration::from_secs(s));
+                    Some(s.to_string())
+                }
+                RetryAfter::DateAhead(ahead) => {
+                    let date = if ahead >= 0 {
+                        wall + Duration::from_secs(ahead as u64)
+                    } else {
+                        wall - Duration::from_secs(ahead.unsigned_abs())
+                    };
+                    let text = httpdate::fmt_http_date(date);
+                    // The header has whole seconds: the floor is what it says, not what we meant.
+                    let said = httpdate::parse_http_date(&text).unwrap();
+                    floor = Some(said.duration_since(wall).unwrap_or(Duration::ZERO));
+                    Some(text)
+                }
+                RetryAfter::Garbage(g) => Some(g.to_owned()),
+            };
+            if let Some(value) = value {
+                response = response.header("retry-after", value);
+            }
+        }
+        self.seen.lock().unwrap().push(Seen { start, end, floor });
+        Ok(Response::from(response.body("").unwrap()))
+    }
+}
+
+fn retry_after() -> impl Strategy<Value = RetryAfter> {
+    prop_oneof![
+        3 => Just(RetryAfter::None),
+        3 => (0u64..90).prop_map(RetryAfter::Seconds),
+        1 => Just(RetryAfter::Seconds(3600)),
+        2 => (-30i64..90).prop_map(RetryAfter::DateAhead),
+        1 => prop_oneof![Just("-1"), Just("1.5"), Just(""), Just("later"), Just("99999999999999999999999")]
+            .prop_map(RetryAfter::Garbage),
+    ]
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    (
+        prop_oneof![
+            Just(200u16),
+            Just(429),
+            Just(502),
+            Just(503),
+            Just(503),
+            Just(504),
+            Just(500)
+        ],
+        retry_after(),
+        prop_oneof![3 => 0u64..2_000, 1 => 0u64..40_000].prop_map(Duration::from_millis),
+    )
+        .prop_map(|(status, retry_after, takes)| Step {
+            status,
+            retry_after,
+            takes,
+        })
+}
+
+#[derive(Debug, Clone)]
+struct Settings {
+    max_attempts: u32,
+    base: Duration,
+    cap: Duration,
+    attempt_timeout: Duration,
+    deadline: Duration,
+    max_retry_after: Duration,
+    seed: u64,
+}
+
+fn settings() -> impl Strategy<Value = Settings> {
+    (
+        1u32..10,
+        0u64..3_000,
+        0u64..60_000,
+        100u64..20_000,
+        1_000u64..120_000,
+        0u64..120,
+        any::<u64>(),
+    )
+        .prop_map(
+            |(max_attempts, base, extra, timeout, deadline, max_ra, seed)| Settings {
+                max_attempts,
+                base: Duration::from_millis(base),
+                cap: Duration::from_millis(base + extra),
+                attempt_timeout: Duration::from_millis(timeout),
+                deadline: Duration::from_millis(deadline),
+                max_retry_after: Duration::from_secs(max_ra),
+                seed,
+            },
+        )
+}
+
+/// Runs one logical request through the middleware and the script; returns what the script saw,
+/// the recorded sleeps and the virtual time at the stop.
+fn run(settings: &Settings, steps: Vec<Step>) -> (Vec<Seen>, Vec<Duration>, Duration) {
+    let clock = FakeClock::new();
+    clock.set_wall_time(SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000));
+    let origin = clock.now();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let policy = RetryPolicy::builder()
+        .max_attempts(settings.max_attempts)
+        .base_delay(settings.base)
+        .max_delay(settings.cap)
+        .attempt_timeout(settings.attempt_timeout)
+        .deadline(settings.deadline)
+        .max_retry_after(settings.max_retry_after)
+        .build()
+        .unwrap();
+    let client = ClientBuilder::new(reqwest::Client::new())
+        .with(
+            RetryMiddleware::new(policy)
+                .with_clock(clock.clone())
+                .with_rng(SeededRng::new(settings.seed)),
+        )
+        .with(Script {
+            clock: clock.clone(),
+            origin,
+            steps: Mutex::new(steps.into()),
+            seen: seen.clone(),
+        })
+        .build();
+    RUNTIME.with(|rt| {
+        rt.block_on(async {
+            client.get("http://127.0.0.1:9/").send().await.unwrap();
+        })
+    });
+    let seen = seen.lock().unwrap().clone();
+    (seen, clock.sleeps(), clock.now() - origin)
+}
+
+thread_local! {
+    static RUNTIME: tokio::runtime::Runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(10_000))]
+
+    #[test]
+    fn the_schedule_keeps_the_deadline_and_the_servers_floor(
+        settings in settings(),
+        steps in proptest::collection::vec(step(), 1..10),
+    ) {
+        let (seen, sleeps, total) = run(&settings, steps);
+
+        // Attempts are cut to what the deadline leaves, so the stop is never late; the weaker
+        // bound (deadline plus one attempt timeout) follows.
+        prop_assert!(total <= settings.deadline, "stopped at {total:?}");
+        prop_assert!(total <= settings.deadline + settings.attempt_timeout);
+        prop_assert!(seen.len() as u32 <= settings.max_attempts);
+        prop_assert_eq!(sleeps.len(), seen.len() - 1);
+        for (i, sleep) in sleeps.iter().enumerate() {
+            let (before, after) = (&seen[i], &seen[i + 1]);
+            // Each sleep starts when an attempt ends and the next attempt starts when it ends.
+            prop_assert_eq!(after.start, before.end + *sleep);
+            // No sleep ends at or after the deadline.
+            prop_assert!(after.start < settings.deadline, "sleep {i} ends at {:?}", after.start);
+            // No attempt starts earlier than the server's floor.
+            if let Some(floor) = before.floor {
+                prop_assert!(*sleep >= floor, "slept {sleep:?} under a floor of {floor:?}");
+                prop_assert!(floor <= settings.max_retry_after);
+            }
+        }
+    }
+}

@@ -1,0 +1,226 @@
+//! `Retry-After` and the total deadline, in virtual time (and one real slow server).
+
+use std::time::{Duration, Instant, SystemTime};
+
+use reqwest_middleware::{ClientBuilder, ClientWithMiddleware};
+use reqwest_safe_retry::{
+    FakeClock, RetryError, RetryMiddleware, RetryPolicy, RetryRecord, SeededRng, StopReason,
+};
+use wiremock::matchers::any;
+use wiremock::{Mock, MockServer, ResponseTemplate};
+
+use crate::support::{self, Action, RawServer};
+
+/// A server that answers `status` with `Retry-After: value` once, then 200.
+async fn once_then_ok(status: u16, value: &str) -> MockServer {
+    let server = MockServer::start().await;
+    Mock::given(any())
+        .respond_with(ResponseTemplate::new(status).insert_header("retry-after", value))
+        .up_to_n_times(1)
+        .mount(&server)
+        .await;
+    Mock::given(any())
+        .respond_with(ResponseTemplate::new(200))
+        .mount(&server)
+        .await;
+    server
+}
+
+fn client_on(clock: &FakeClock, policy: RetryPolicy, seed: u64) -> ClientWithMiddleware {
+    ClientBuilder::new(reqwest::Client::new())
+        .with(
+            RetryMiddleware::new(policy)
+                .with_clock(clock.clone())
+                .with_rng(SeededRng::new(seed)),
+        )
+        .build()
+}
+
+/// The jitter above a floor is the first retry's backoff window: [0, 100 ms] by default.
+const FIRST_WINDOW: Duration = Duration::from_millis(100);
+
+#[tokio::test]
+async fn retry_after_seconds_is_a_floor_with_bounded_jitter_above_it() {
+    let mut waits = Vec::new();
+    for seed in 0..10 {
+        let server = once_then_ok(503, "7").await;
+        let clock = FakeClock::new();
+        let client = client_on(&clock, support::policy(), seed);
+
+        let response = client.get(server.uri()).send().await.unwrap();
+
+        assert_eq!(response.status(), 200);
+        let sleeps = clock.sleeps();
+        assert_eq!(sleeps.len(), 1);
+        let wait = sleeps[0];
+        assert!(wait >= Duration::from_secs(7), "seed {seed}: {wait:?}");
+        assert!(
+            wait <= Duration::from_secs(7) + FIRST_WINDOW,
+            "seed {seed}: {wait:?}"
+        );
+        waits.push(wait);
+    }
+    // The jitter is real: clients that got the same header do not all return at once.
+    waits.sort();
+    waits.dedup();
+    assert_eq!(waits.len(), 10);
+}
+
+#[tokio::test]
+async fn retry_after_http_date_is_read_against_the_fake_wall_clock() {
+    let clock = FakeClock::new();
+    let wall = SystemTime::UNIX_EPOCH + Duration::from_secs(1_900_000_000);
+    clock.set_wall_time(wall);
+    let date = httpdate::fmt_http_date(wall + Duration::from_secs(5));
+    let server = once_then_ok(429, &date).await;
+    let client = client_on(&clock, support::policy(), 1);
+
+    let response = client.get(server.uri()).send().await.unwrap();
+
+    assert_eq!(response.status(), 200);
+    let wait = clock.sleeps()[0];
+    assert!(wait >= Duration::from_secs(5), "{wait:?}");
+    assert!(wait <= Duration::from_secs(5) + FIRST_WINDOW, "{wait:?}");
+}
+
+#[tokio::test]
+async fn a_retry_after_of_an_hour_returns_the_503_at_once() {
+    let server = once_then_ok(503, "3600").await;
+    let clock = FakeClock::new();
+    let client = client_on(&clock, support::policy(), 1);
+
+    let response = client.get(server.uri()).send().await.unwrap();
+
+    assert_eq!(response.status(), 503);
+    assert!(clock.sleeps().is_empty());
+    assert_eq!(server.received_requests().await.unwrap().len(), 1);
+    let record = RetryRecord::of(&response).unwrap();
+    assert_eq!(record.stop_reason(), StopReason::RetryAfterTooLong);
+    assert_eq!(record.attempts(), 1);
+}
+
+#[tokio::test]
+async fn a_retry_after_beyond_the_deadline_returns_at_once() {
+    let server = once_then_ok(503, "20").await;
+    let clock = FakeClock::new();
+    let policy = RetryPolicy::builder()
+        .deadline(Duration::from_secs(15))
+        .build()
+        .unwrap();
+    let client = client_on(&clock, policy, 1);
+
+    let response = client.get(server.uri()).send().await.unwrap();
+
+    assert_eq!(response.status(), 503);
+    assert!(clock.sleeps().is_empty());
+    assert_eq!(
+        RetryRecord::of(&response).unwrap().stop_reason(),
+        StopReason::RetryAfterTooLong
+    );
+}
+
+#[tokio::test]
+async fn malformed_retry_after_values_fall_back_to_the_backoff() {
+    let past = httpdate::fmt_http_date(SystemTime::UNIX_EPOCH + Duration::from_secs(1_000));
+    for value in [
+        "-5",
+        "1.5",
+        "",
+        "soon",
+        "99999999999999999999999",
+        past.as_str(),
+    ] {
+        let server = once_then_ok(503, value).await;
+        let clock = FakeClock::new();
+        let client = client_on(&clock, support::policy(), 3);
+
+        let response = client.get(server.uri()).send().await.unwrap();
+
+        assert_eq!(response.status(), 200, "{value:?}");
+        let sleeps = clock.sleeps();
+        assert_eq!(sleeps.len(), 1, "{value:?}");
+        assert!(sleeps[0] <= FIRST_WINDOW, "{value:?}: {:?}", sleeps[0]);
+    }
+}
+
+#[tokio::test]
+async fn a_keyed_409_honours_retry_after() {
+    let server = once_then_ok(409, "2").await;
+    let clock = FakeClock::new();
+    let client = client_on(&clock, support::policy(), 4);
+
+    let response = client.post(server.uri()).body("x").send().await.unwrap();
+
+    assert_eq!(response.status(), 200);
+    assert!(clock.sleeps()[0] >= Duration::from_secs(2));
+}
+
+#[tokio::test]
+async fn no_wait_starts_that_would_end_past_the_deadline() {
+    let server = MockServer::start().await;
+    Mock::given(any())
+        .respond_with(ResponseTemplate::new(503))
+        .mount(&server)
+        .await;
+    let clock = FakeClock::new();
+    // Waits at their full ceiling: 1, 2, 4, 8 s... and a 10 s deadline.
+    let policy = RetryPolicy::builder()
+        .max_attempts(10)
+        .base_delay(Duration::from_secs(1))
+        .max_delay(Duration::from_secs(60))
+        .deadline(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    let client = ClientBuilder::new(reqwest::Client::new())
+        .with(
+            RetryMiddleware::new(policy)
+                .with_clock(clock.clone())
+                .with_rng(|| u64::MAX),
+        )
+        .build();
+
+    let response = client.get(server.uri()).send().await.unwrap();
+
+    // 1 + 2 + 4 = 7 s; the next wait (8 s) would end at 15 s, so it is never started.
+    let secs: Vec<u64> = clock.sleeps().iter().map(Duration::as_secs).collect();
+    assert_eq!(secs, [1, 2, 4]);
+    let record = RetryRecord::of(&response).unwrap();
+    assert_eq!(record.stop_reason(), StopReason::DeadlineReached);
+    assert_eq!(record.attempts(), 4);
+    assert_eq!(server.received_requests().await.unwrap().len(), 4);
+}
+
+#[tokio::test]
+async fn a_slow_server_is_stopped_by_the_deadline_in_real_time() {
+    let unavailable = b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\n\r\n".to_vec();
+    let server = RawServer::start(vec![
+        Action::Respond(unavailable.clone()),
+        Action::Respond(unavailable),
+        Action::Delay(Duration::from_secs(2), support::ok("too late")),
+    ])
+    .await;
+    let deadline = Duration::from_millis(200);
+    let policy = RetryPolicy::builder()
+        .max_attempts(5)
+        .base_delay(Duration::from_millis(10))
+        .max_delay(Duration::from_millis(20))
+        .deadline(deadline)
+        .build()
+        .unwrap();
+    // The real clock: the deadline and the slow server share one timeline.
+    let client = ClientBuilder::new(reqwest::Client::new())
+        .with(RetryMiddleware::new(policy).with_rng(SeededRng::new(5)))
+        .build();
+
+    let started = Instant::now();
+    let err = client.get(server.url("/")).send().await.unwrap_err();
+    let took = started.elapsed();
+
+    let retry = RetryError::of(&err).unwrap();
+    assert_eq!(retry.stop_reason(), StopReason::DeadlineReached, "{retry}");
+    assert_eq!(retry.attempts(), 3);
+    assert!(retry.is_timeout());
+    assert!(retry.to_string().contains("deadline reached"), "{retry}");
+    assert!(took >= deadline - Duration::from_millis(5), "{took:?}");
+    assert!(took < deadline + Duration::from_millis(150), "{took:?}");
+}
