@@ -37,6 +37,8 @@ pub enum StopReason {
     /// The server's `Retry-After` asked for a wait longer than `max_retry_after`, or longer than
     /// the deadline leaves; its response is returned.
     RetryAfterTooLong,
+    /// The retry budget refused to pay for another retry.
+    BudgetExhausted,
 }
 
 impl StopReason {
@@ -51,6 +53,7 @@ impl StopReason {
             StopReason::InvalidIdempotencyKey => "invalid_idempotency_key",
             StopReason::DeadlineReached => "deadline_reached",
             StopReason::RetryAfterTooLong => "retry_after_too_long",
+            StopReason::BudgetExhausted => "budget_exhausted",
         }
     }
 }
@@ -66,6 +69,7 @@ impl fmt::Display for StopReason {
             StopReason::InvalidIdempotencyKey => "the idempotency key cannot be sent",
             StopReason::DeadlineReached => "deadline reached",
             StopReason::RetryAfterTooLong => "the server asked to wait longer than allowed",
+            StopReason::BudgetExhausted => "the retry budget is exhausted",
         })
     }
 }

@@ -65,10 +65,22 @@
 //!   one herd. A server asking for more than [`RetryPolicyBuilder::max_retry_after`] [60 s], or
 //!   for more than the deadline leaves, gets its response returned at once. Values that are not
 //!   valid are ignored (the backoff applies); a date in the past means no floor.
+//! - **Budget**: a retry that the [`RetryBudget`] refuses is not made.
 //! - **Deadline**: one logical request, attempts and waits together, takes at most
 //!   [`RetryPolicyBuilder::deadline`] [30 s] on the middleware's clock. Each attempt's timeout is
 //!   the policy's per-attempt timeout [10 s] cut to what is left, and no wait starts that would
 //!   end at or past the deadline.
+//!
+//! # Retry budget
+//!
+//! Every retry is drawn from a [`RetryBudget`], a lock-free token bucket: retries spend tokens,
+//! first attempts that go well earn them, and a retry is paid for before it sleeps. While a
+//! dependency is healthy every transient failure is retried; during an outage the bucket runs dry
+//! after a short burst and the load on the dependency tends to the offered load, not to
+//! `max_attempts` times it. The default is a ratio budget of about 10 % extra load, one per
+//! middleware; share one budget between every client of a dependency with
+//! [`RetryMiddleware::with_budget`] and clones of it. See [`RetryBudget`] for the presets and
+//! the rules.
 //!
 //! # Outcomes
 //!
@@ -152,6 +164,8 @@
 //! # Features
 //!
 //! - `test-util`: [`FakeClock`], a virtual clock for tests.
+//! - `sim`: the [`sim`] module, deterministic simulations of retry traffic in
+//!   virtual time.
 #![deny(
     missing_docs,
     missing_debug_implementations,
@@ -163,6 +177,7 @@
 
 mod backoff;
 mod body;
+mod budget;
 mod classify;
 mod clock;
 mod error;
@@ -172,7 +187,10 @@ mod policy;
 mod retry_after;
 mod rng;
 mod schedule;
+#[cfg(feature = "sim")]
+pub mod sim;
 
+pub use budget::{RetryBudget, RetryBudgetBuilder, RetryKind};
 #[cfg(feature = "test-util")]
 pub use clock::FakeClock;
 pub use clock::{Clock, Sleep, TokioClock};

@@ -15,12 +15,15 @@ use wiremock::{Mock, MockServer, ResponseTemplate};
 use crate::reference_server::{Fate, Link, ReferenceServer, parse_response};
 use crate::support;
 
+/// A client with these keys and no retry budget: these tests are about keys, and a fault rate
+/// far above any healthy service's would rightly exhaust a budget.
 fn keyed_client(policy: RetryPolicy, keys: IdempotencyKeys) -> (ClientWithMiddleware, FakeClock) {
     let clock = FakeClock::new();
     let middleware = RetryMiddleware::new(policy)
         .with_clock(clock.clone())
         .with_rng(SeededRng::new(11))
-        .with_idempotency_keys(keys);
+        .with_idempotency_keys(keys)
+        .without_budget();
     (
         ClientBuilder::new(reqwest::Client::new())
             .with(middleware)
@@ -100,7 +103,11 @@ async fn concurrent_copies_of_one_key_make_one_effect_and_all_get_the_original()
         .build()
         .unwrap();
     let client = ClientBuilder::new(reqwest::Client::new())
-        .with(RetryMiddleware::new(policy).with_rng(SeededRng::new(3)))
+        .with(
+            RetryMiddleware::new(policy)
+                .with_rng(SeededRng::new(3))
+                .without_budget(),
+        )
         .build();
 
     let mut tasks = Vec::new();

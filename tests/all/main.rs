@@ -1,6 +1,7 @@
 //! Integration tests: the middleware against real servers on 127.0.0.1.
 
 mod bodies;
+mod budget;
 mod faults;
 mod idempotency;
 mod methods;

@@ -1,0 +1,675 @@
+//! A retry budget: a token bucket shared by every request to one dependency.
+//!
+//! # Why a budget and not only a maximum number of attempts
+//!
+//! "Three attempts" is harmless while a dependency is healthy and ruinous when it is not: every
+//! request then becomes three, at the moment the dependency can least take it, and three layers
+//! of such clients make it twenty-seven. A budget bounds the *extra* load instead. Retries spend
+//! tokens; requests that go well earn them. While the dependency is healthy there are plenty of
+//! tokens and every transient failure is retried; during an outage nothing earns tokens, the
+//! bucket runs dry after a small burst, and the load tends to the offered load, not to a
+//! multiple of it.
+//!
+//! # Rules
+//!
+//! - A first attempt never needs a token: the budget limits retries only.
+//! - A retry withdraws its cost *before* it sleeps (charge-before-sleep). Charging after the
+//!   sleep would let a thousand failing requests all decide to retry against a bucket that can pay
+//!   for ten; charging first means the number of retries waiting in backoff never exceeds what the
+//!   bucket holds. A refused withdrawal ends the logical request with its last outcome and
+//!   [`StopReason::BudgetExhausted`](crate::StopReason::BudgetExhausted).
+//! - A first attempt that did not fail transiently deposits (the dependency answered; its answer
+//!   may still be a 404). The balance never exceeds the capacity.
+//! - Optionally, a success after retries refunds what its last retry cost, and a small time-based
+//!   floor earns tokens with the passing of time, so that a client too quiet to earn tokens can
+//!   still retry now and then. The floor is also the one way tokens appear during a total outage,
+//!   so it adds at most `floor_per_sec` retries per second to the offered load.
+//!
+//! Balances are integers in milli-tokens, updated with compare-and-swap on one atomic: no lock,
+//! no float rounding, and exact accounting under any interleaving.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Instant;
+
+use crate::policy::InvalidPolicy;
+
+#[cfg(not(reqwest_safe_retry_loom))]
+use std::sync::atomic::{AtomicU64, Ordering};
+
+#[cfg(reqwest_safe_retry_loom)]
+use loom::sync::atomic::{AtomicU64, Ordering};
+
+/// Milli-tokens per token.
+const MILLI: u64 = 1_000;
+
+/// What kind of failure a retry follows; kinds may cost differently.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum RetryKind {
+    /// A throttling answer (429): the server is shedding load on purpose and will recover.
+    Throttled,
+    /// A timeout: the most expensive kind of failure for a struggling server.
+    Timeout,
+    /// Any other transient failure.
+    Other,
+}
+
+/// A shared retry budget: a lock-free token bucket. Clones share the same bucket.
+///
+/// One budget per dependency is the usual scope: build it once and hand clones to every client
+/// (and every [`RetryMiddleware`](crate::RetryMiddleware)) that calls that dependency, so their
+/// retries draw on one account.
+///
+/// ```
+/// use reqwest_middleware::ClientBuilder;
+/// use reqwest_safe_retry::{RetryBudget, RetryMiddleware, RetryPolicy};
+///
+/// let payments = RetryBudget::default(); // about 10 % extra load at most
+/// let client_a = ClientBuilder::new(reqwest::Client::new())
+///     .with(RetryMiddleware::new(RetryPolicy::default()).with_budget(payments.clone()))
+///     .build();
+/// let client_b = ClientBuilder::new(reqwest::Client::new())
+///     .with(RetryMiddleware::new(RetryPolicy::default()).with_budget(payments.clone()))
+///     .build();
+/// assert_eq!(payments.balance(), 10.0); // both clients draw on these 10 tokens
+/// # drop((client_a, client_b));
+/// ```
+#[derive(Clone)]
+pub struct RetryBudget {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    config: Config,
+    tokens: Tokens,
+    /// The floor's last refill, in nanoseconds since `origin`.
+    refilled_at: AtomicU64,
+    origin: Instant,
+    retries: AtomicU64,
+    refusals: AtomicU64,
+    deposits: AtomicU64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Config {
+    capacity: u64,
+    initial: u64,
+    retry_cost: u64,
+    timeout_cost: u64,
+    throttled_cost: u64,
+    deposit: u64,
+    refund: bool,
+    floor_per_sec: u64,
+}
+
+impl RetryBudget {
+    /// A ratio budget: retries may add about `ratio` of the successful load (0.1: 10 %).
+    ///
+    /// Each first attempt that does not fail transiently deposits `ratio` tokens; a retry costs
+    /// one. The bucket holds 10 tokens, starts full, and the floor earns one token a second.
+    ///
+    /// # Errors
+    ///
+    /// [`InvalidPolicy`] unless `0 < ratio <= 1000`.
+    pub fn ratio(ratio: f64) -> Result<RetryBudget, InvalidPolicy> {
+        RetryBudget::builder().deposit_ratio(ratio).build()
+    }
+
+    /// A bucket in the manner of the AWS SDKs' standard retry mode: 500 tokens, starting full; a
+    /// retry costs 5 (10 after a timeout, 1 after a 429); a first attempt that goes well returns
+    /// 1; a success after retries refunds what its last retry cost. No time floor.
+    pub fn aws_like() -> RetryBudget {
+        RetryBudget::from_config(Config {
+            capacity: 500 * MILLI,
+            initial: 500 * MILLI,
+            retry_cost: 5 * MILLI,
+            timeout_cost: 10 * MILLI,
+            throttled_cost: MILLI,
+            deposit: MILLI,
+            refund: true,
+            floor_per_sec: 0,
+        })
+    }
+
+    /// Starts a builder from the default ratio budget's settings.
+    pub fn builder() -> RetryBudgetBuilder {
+        RetryBudgetBuilder::new()
+    }
+
+    fn from_config(config: Config) -> RetryBudget {
+        RetryBudget {
+            inner: Arc::new(Inner {
+                config,
+                tokens: Tokens::new(config.initial),
+                refilled_at: AtomicU64::new(0),
+                origin: Instant::now(),
+                retries: AtomicU64::new(0),
+                refusals: AtomicU64::new(0),
+                deposits: AtomicU64::new(0),
+            }),
+        }
+    }
+
+    /// The tokens in the bucket now.
+    pub fn balance(&self) -> f64 {
+        self.inner.tokens.get() as f64 / MILLI as f64
+    }
+
+    /// The balance in milli-tokens, exactly.
+    pub fn balance_milli(&self) -> u64 {
+        self.inner.tokens.get()
+    }
+
+    /// The bucket's capacity, in tokens.
+    pub fn capacity(&self) -> f64 {
+        self.inner.config.capacity as f64 / MILLI as f64
+    }
+
+    /// Retries the budget has paid for.
+    pub fn retries(&self) -> u64 {
+        self.inner.retries.load(Ordering::Relaxed)
+    }
+
+    /// Retries the budget has refused.
+    pub fn refusals(&self) -> u64 {
+        self.inner.refusals.load(Ordering::Relaxed)
+    }
+
+    /// Deposits made by first attempts that went well.
+    pub fn deposits(&self) -> u64 {
+        self.inner.deposits.load(Ordering::Relaxed)
+    }
+
+    /// Whether `other` is a clone of this budget (the same bucket).
+    pub fn same_bucket(&self, other: &RetryBudget) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+
+    /// Withdraws the cost of one retry after a failure of `kind`, or refuses it; returns the cost
+    /// paid, in milli-tokens. `now` is the caller's clock reading, for the time floor.
+    ///
+    /// The middleware calls this itself; it is public for code that retries other transports
+    /// against the same budget.
+    pub fn try_withdraw(&self, kind: RetryKind, now: Instant) -> Option<u64> {
+        let inner = &*self.inner;
+        inner.refill(now);
+        let cost = match kind {
+            RetryKind::Throttled => inner.config.throttled_cost,
+            RetryKind::Timeout => inner.config.timeout_cost,
+            RetryKind::Other => inner.config.retry_cost,
+        };
+        if inner.tokens.withdraw(cost) {
+            inner.retries.fetch_add(1, Ordering::Relaxed);
+            Some(cost)
+        } else {
+            inner.refusals.fetch_add(1, Ordering::Relaxed);
+            None
+        }
+    }
+
+    /// Records a first attempt that did not fail transiently: deposits the configured amount.
+    pub fn deposit_first_attempt(&self) {
+        let inner = &*self.inner;
+        if inner.config.deposit > 0 {
+            inner
+                .tokens
+                .deposit(inner.config.deposit, inner.config.capacity);
+            inner.deposits.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Records a success after retries whose last retry cost `cost` milli-tokens: refunds it if
+    /// the budget refunds on success.
+    pub fn refund(&self, cost: u64) {
+        let inner = &*self.inner;
+        if inner.config.refund {
+            inner.tokens.deposit(cost, inner.config.capacity);
+        }
+    }
+}
+
+impl Inner {
+    /// Earns the floor's tokens for the time since the last refill.
+    fn refill(&self, now: Instant) {
+        let rate = self.config.floor_per_sec;
+        if rate == 0 {
+            return;
+        }
+        let now = u64::try_from(now.saturating_duration_since(self.origin).as_nanos())
+            .unwrap_or(u64::MAX);
+        let last = self.refilled_at.load(Ordering::Acquire);
+        if now <= last {
+            return;
+        }
+        // milli-tokens = nanoseconds * (milli-tokens per second) / 1e9, in u128 to not overflow.
+        let earned = u128::from(now - last) * u128::from(rate) / 1_000_000_000;
+        if earned == 0 {
+            return;
+        }
+        // Advance the mark only by the time the earned tokens stand for, so fractions carry over.
+        let used = u64::try_from(earned * 1_000_000_000 / u128::from(rate)).unwrap_or(u64::MAX);
+        if self
+            .refilled_at
+            .compare_exchange(
+                last,
+                last.saturating_add(used),
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            )
+            .is_ok()
+        {
+            let earned = u64::try_from(earned).unwrap_or(u64::MAX);
+            self.tokens.deposit(earned, self.config.capacity);
+        }
+    }
+}
+
+impl Default for RetryBudget {
+    /// The ratio budget of [`RetryBudget::ratio`] with a ratio of 0.1.
+    fn default() -> Self {
+        RetryBudget::from_config(RetryBudgetBuilder::new().config)
+    }
+}
+
+impl fmt::Debug for RetryBudget {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RetryBudget")
+            .field("balance", &self.balance())
+            .field("capacity", &self.capacity())
+            .field("retries", &self.retries())
+            .field("refusals", &self.refusals())
+            .finish()
+    }
+}
+
+/// Builds a [`RetryBudget`]. Amounts are in tokens; a retry of the default kind costs
+/// [`retry_cost`](Self::retry_cost).
+///
+/// # Default
+///
+/// | setting | default |
+/// |---|---|
+/// | [`capacity`](Self::capacity) | 10 tokens |
+/// | [`initial`](Self::initial) | full (the capacity) |
+/// | [`retry_cost`](Self::retry_cost) | 1 token |
+/// | [`timeout_cost`](Self::timeout_cost) | 1 token |
+/// | [`throttled_cost`](Self::throttled_cost) | 1 token |
+/// | [`deposit_ratio`](Self::deposit_ratio) | 0.1 token per first attempt that goes well |
+/// | [`refund_on_success`](Self::refund_on_success) | off |
+/// | [`floor_per_sec`](Self::floor_per_sec) | 1 token per second |
+#[derive(Debug, Clone)]
+pub struct RetryBudgetBuilder {
+    config: Config,
+    initial_set: bool,
+    invalid: Option<String>,
+}
+
+impl RetryBudgetBuilder {
+    fn new() -> Self {
+        RetryBudgetBuilder {
+            config: Config {
+                capacity: 10 * MILLI,
+                initial: 10 * MILLI,
+                retry_cost: MILLI,
+                timeout_cost: MILLI,
+                throttled_cost: MILLI,
+                deposit: MILLI / 10,
+                refund: false,
+                floor_per_sec: MILLI,
+            },
+            initial_set: false,
+            invalid: None,
+        }
+    }
+
+    fn milli(&mut self, name: &str, tokens: f64) -> u64 {
+        if !(tokens.is_finite() && (0.0..=1e12).contains(&tokens)) {
+            self.invalid.get_or_insert_with(|| {
+                format!("{name} must be a number of tokens from 0 to 1e12, not {tokens}")
+            });
+            return 0;
+        }
+        (tokens * MILLI as f64).round() as u64
+    }
+
+    /// The most tokens the bucket holds. Must be at least one retry's cost.
+    pub fn capacity(mut self, tokens: f64) -> Self {
+        self.config.capacity = self.milli("capacity", tokens);
+        self
+    }
+
+    /// The tokens in the bucket at the start; at most the capacity.
+    pub fn initial(mut self, tokens: f64) -> Self {
+        self.config.initial = self.milli("initial", tokens);
+        self.initial_set = true;
+        self
+    }
+
+    /// What a retry costs after a failure that is neither a timeout nor a 429.
+    pub fn retry_cost(mut self, tokens: f64) -> Self {
+        self.config.retry_cost = self.milli("retry_cost", tokens);
+        self
+    }
+
+    /// What a retry costs after a timeout.
+    pub fn timeout_cost(mut self, tokens: f64) -> Self {
+        self.config.timeout_cost = self.milli("timeout_cost", tokens);
+        self
+    }
+
+    /// What a retry costs after a `429 Too Many Requests`.
+    pub fn throttled_cost(mut self, tokens: f64) -> Self {
+        self.config.throttled_cost = self.milli("throttled_cost", tokens);
+        self
+    }
+
+    /// The tokens a first attempt that goes well deposits, as a fraction of `retry_cost`: retries
+    /// then add at most about this fraction of the load that succeeds. Must be above 0.
+    pub fn deposit_ratio(mut self, ratio: f64) -> Self {
+        if !(ratio.is_finite() && ratio > 0.0 && ratio <= 1000.0) {
+            self.invalid.get_or_insert_with(|| {
+                format!("deposit ratio must be above 0 and at most 1000, not {ratio}")
+            });
+            return self;
+        }
+        self.config.deposit = ((self.config.retry_cost as f64) * ratio).round().max(1.0) as u64;
+        self
+    }
+
+    /// Whether a success after retries refunds what its last retry cost.
+    pub fn refund_on_success(mut self, refund: bool) -> Self {
+        self.config.refund = refund;
+        self
+    }
+
+    /// Tokens earned per second whatever happens, so a quiet client can still retry; 0 turns the
+    /// floor off. During a total outage this is the extra load, in retries per second, the
+    /// budget lets through once the bucket is empty.
+    pub fn floor_per_sec(mut self, tokens: f64) -> Self {
+        self.config.floor_per_sec = self.milli("floor_per_sec", tokens);
+        self
+    }
+
+    /// Validates the settings and builds the budget.
+    ///
+    /// # Errors
+    ///
+    /// [`InvalidPolicy`] when an amount is negative or not finite, the capacity is below a
+    /// retry's cost, or the initial balance is above the capacity.
+    pub fn build(mut self) -> Result<RetryBudget, InvalidPolicy> {
+        if let Some(message) = self.invalid {
+            return Err(InvalidPolicy::new(message));
+        }
+        let c = &mut self.config;
+        if !self.initial_set {
+            c.initial = c.capacity;
+        }
+        let dearest = c.retry_cost.max(c.timeout_cost).max(c.throttled_cost);
+        if c.capacity < dearest || c.capacity == 0 {
+            return Err(InvalidPolicy::new(format!(
+                "budget capacity ({} tokens) must hold at least one retry ({} tokens): raise capacity",
+                c.capacity as f64 / MILLI as f64,
+                dearest as f64 / MILLI as f64
+            )));
+        }
+        if c.initial > c.capacity {
+            return Err(InvalidPolicy::new(format!(
+                "initial budget ({} tokens) must not exceed its capacity ({} tokens)",
+                c.initial as f64 / MILLI as f64,
+                c.capacity as f64 / MILLI as f64
+            )));
+        }
+        Ok(RetryBudget::from_config(self.config))
+    }
+}
+
+/// The balance: one atomic, updated by compare-and-swap loops.
+#[derive(Debug)]
+pub(crate) struct Tokens(AtomicU64);
+
+impl Tokens {
+    pub(crate) fn new(initial: u64) -> Self {
+        Tokens(AtomicU64::new(initial))
+    }
+
+    pub(crate) fn get(&self) -> u64 {
+        self.0.load(Ordering::Acquire)
+    }
+
+    /// Takes `cost` if the balance covers it.
+    pub(crate) fn withdraw(&self, cost: u64) -> bool {
+        self.0
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |balance| {
+                balance.checked_sub(cost)
+            })
+            .is_ok()
+    }
+
+    /// Adds `amount`, up to `capacity`.
+    pub(crate) fn deposit(&self, amount: u64, capacity: u64) {
+        // The closure always returns `Some`, so the update cannot fail.
+        let _ = self
+            .0
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |balance| {
+                Some(balance.saturating_add(amount).min(capacity).max(balance))
+            });
+    }
+}
+
+#[cfg(all(test, not(reqwest_safe_retry_loom)))]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn no_floor() -> RetryBudgetBuilder {
+        RetryBudget::builder().floor_per_sec(0.0)
+    }
+
+    #[test]
+    fn the_default_is_a_full_ten_token_ratio_budget() {
+        let budget = RetryBudget::default();
+        assert_eq!(budget.balance(), 10.0);
+        assert_eq!(budget.capacity(), 10.0);
+        assert_eq!(budget.inner.config.deposit, 100);
+        assert_eq!(budget.inner.config.retry_cost, 1000);
+        assert_eq!(budget.inner.config.floor_per_sec, 1000);
+        assert_eq!(
+            budget.inner.config,
+            RetryBudget::ratio(0.1).unwrap().inner.config
+        );
+    }
+
+    #[test]
+    fn retries_are_refused_once_the_bucket_is_empty() {
+        let budget = no_floor().capacity(3.0).build().unwrap();
+        let now = Instant::now();
+        for _ in 0..3 {
+            assert_eq!(budget.try_withdraw(RetryKind::Other, now), Some(1000));
+        }
+        assert_eq!(budget.try_withdraw(RetryKind::Other, now), None);
+        assert_eq!((budget.retries(), budget.refusals()), (3, 1));
+        assert_eq!(budget.balance_milli(), 0);
+    }
+
+    #[test]
+    fn ten_successes_at_a_ratio_of_a_tenth_pay_for_one_retry() {
+        let budget = no_floor().initial(0.0).build().unwrap();
+        let now = Instant::now();
+        for _ in 0..9 {
+            budget.deposit_first_attempt();
+        }
+        assert_eq!(budget.try_withdraw(RetryKind::Other, now), None);
+        budget.deposit_first_attempt();
+        assert_eq!(budget.try_withdraw(RetryKind::Other, now), Some(1000));
+    }
+
+    #[test]
+    fn deposits_stop_at_the_capacity() {
+        let budget = RetryBudget::default();
+        for _ in 0..1000 {
+            budget.deposit_first_attempt();
+        }
+        assert_eq!(budget.balance(), 10.0);
+        assert_eq!(budget.deposits(), 1000);
+    }
+
+    #[test]
+    fn the_floor_earns_tokens_with_time_and_carries_fractions() {
+        let budget = RetryBudget::builder()
+            .floor_per_sec(2.0)
+            .initial(0.0)
+            .build()
+            .unwrap();
+        let t0 = budget.inner.origin;
+        assert_eq!(budget.try_withdraw(RetryKind::Other, t0), None);
+        // 0.25 s earns half a token: not enough; 0.5 s earns one.
+        assert_eq!(
+            budget.try_withdraw(RetryKind::Other, t0 + Duration::from_millis(250)),
+            None
+        );
+        assert_eq!(
+            budget.try_withdraw(RetryKind::Other, t0 + Duration::from_millis(500)),
+            Some(1000)
+        );
+        // Ten seconds earn at most the capacity.
+        budget.inner.refill(t0 + Duration::from_secs(100));
+        assert_eq!(budget.balance(), 10.0);
+    }
+
+    #[test]
+    fn aws_like_costs_depend_on_the_failure_and_success_refunds() {
+        let budget = RetryBudget::aws_like();
+        let now = Instant::now();
+        assert_eq!(budget.try_withdraw(RetryKind::Other, now), Some(5000));
+        assert_eq!(budget.try_withdraw(RetryKind::Timeout, now), Some(10_000));
+        assert_eq!(budget.try_withdraw(RetryKind::Throttled, now), Some(1000));
+        assert_eq!(budget.balance_milli(), 484_000);
+        budget.refund(5000);
+        assert_eq!(budget.balance_milli(), 489_000);
+        budget.deposit_first_attempt();
+        assert_eq!(budget.balance_milli(), 490_000);
+    }
+
+    #[test]
+    fn clones_share_one_bucket() {
+        let a = no_floor().capacity(1.0).build().unwrap();
+        let b = a.clone();
+        assert!(a.same_bucket(&b));
+        assert!(b.try_withdraw(RetryKind::Other, Instant::now()).is_some());
+        assert!(a.try_withdraw(RetryKind::Other, Instant::now()).is_none());
+        assert!(!a.same_bucket(&RetryBudget::default()));
+    }
+
+    #[test]
+    fn invalid_settings_say_what_to_change() {
+        let cases: [(RetryBudgetBuilder, &str); 4] = [
+            (
+                RetryBudget::builder().capacity(0.5),
+                "budget capacity (0.5 tokens) must hold at least one retry (1 tokens): raise capacity",
+            ),
+            (
+                RetryBudget::builder().capacity(2.0).initial(3.0),
+                "initial budget (3 tokens) must not exceed its capacity (2 tokens)",
+            ),
+            (
+                RetryBudget::builder().retry_cost(f64::NAN),
+                "retry_cost must be a number of tokens from 0 to 1e12, not NaN",
+            ),
+            (
+                RetryBudget::builder().deposit_ratio(0.0),
+                "deposit ratio must be above 0 and at most 1000, not 0",
+            ),
+        ];
+        for (builder, message) in cases {
+            assert_eq!(
+                builder.build().unwrap_err().to_string(),
+                format!("invalid retry policy: {message}")
+            );
+        }
+    }
+
+    #[test]
+    fn exact_accounting_under_real_threads() {
+        // Large enough that nothing is refused or clamped: the model is plain arithmetic.
+        const THREADS: u64 = 8;
+        const ROUNDS: u64 = 20_000;
+        let initial = 1_000_000 * MILLI;
+        let tokens = Arc::new(Tokens::new(initial));
+        std::thread::scope(|s| {
+            for t in 0..THREADS {
+                let tokens = tokens.clone();
+                s.spawn(move || {
+                    for i in 0..ROUNDS {
+                        // Each thread: 3 withdrawals of 7 for every deposit of 13, interleaved.
+                        if (i + t) % 4 == 0 {
+                            tokens.deposit(13, u64::MAX);
+                        } else {
+                            assert!(tokens.withdraw(7));
+                        }
+                    }
+                });
+            }
+        });
+        let deposits: u64 = (0..THREADS)
+            .map(|t| (0..ROUNDS).filter(|i| (i + t) % 4 == 0).count() as u64)
+            .sum();
+        let withdrawals = THREADS * ROUNDS - deposits;
+        assert_eq!(tokens.get(), initial + deposits * 13 - withdrawals * 7);
+    }
+
+    #[test]
+    fn contended_withdrawals_never_overdraw() {
+        let tokens = Arc::new(Tokens::new(1000 * 7));
+        let granted = std::sync::atomic::AtomicU64::new(0);
+        std::thread::scope(|s| {
+            for _ in 0..8 {
+                s.spawn(|| {
+                    for _ in 0..1000 {
+                        if tokens.withdraw(7) {
+                            granted.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                });
+            }
+        });
+        assert_eq!(granted.load(Ordering::Relaxed), 1000);
+        assert_eq!(tokens.get(), 0);
+    }
+}
+
+#[cfg(all(test, reqwest_safe_retry_loom))]
+mod loom_tests {
+    use super::Tokens;
+    use loom::sync::Arc;
+    use loom::thread;
+
+    /// Every interleaving of two withdrawals and a deposit ends with the balance the model
+    /// predicts, and never pays out more than there is.
+    #[test]
+    fn concurrent_updates_are_exact_in_every_interleaving() {
+        loom::model(|| {
+            let tokens = Arc::new(Tokens::new(10));
+            let a = {
+                let tokens = tokens.clone();
+                thread::spawn(move || tokens.withdraw(7))
+            };
+            let b = {
+                let tokens = tokens.clone();
+                thread::spawn(move || tokens.withdraw(7))
+            };
+            tokens.deposit(5, 12);
+            let (a, b) = (a.join().unwrap(), b.join().unwrap());
+            let paid = 7 * (u64::from(a) + u64::from(b));
+            let balance = tokens.get();
+            // The only outcomes a correct bucket allows:
+            // deposit first (10 + 5, capped at 12), then one withdrawal: paid 7, 5 left;
+            // a withdrawal, the deposit, the other withdrawal: paid 14, 1 left;
+            // both withdrawals (the second refused), then the deposit: paid 7, 8 left.
+            assert!(
+                [(7, 5), (14, 1), (7, 8)].contains(&(paid, balance)),
+                "paid {paid}, left {balance}"
+            );
+        });
+    }
+}

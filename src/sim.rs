@@ -1,0 +1,213 @@
+//! Deterministic simulations of retry traffic, in virtual time (feature `sim`).
+//!
+//! A simulation drives open-loop traffic (requests arrive at a fixed rate whether or not earlier
+//! ones finished, as they do from a fleet of independent callers) through the real
+//! [`RetryMiddleware`], with its real backoff, `Retry-After` handling and [`RetryBudget`], against
+//! a scripted service at the end of the middleware chain. Time is tokio's paused clock, which
+//! [`TokioClock`](crate::TokioClock) follows: minutes of traffic take a moment, and the same seed
+//! gives the same report.
+//!
+//! ```
+//! use std::time::Duration;
+//! use reqwest_safe_retry::{RetryBudget, RetryPolicy};
+//! use reqwest_safe_retry::sim::{OpenLoop, Service};
+//!
+//! let report = OpenLoop {
+//!     rate_per_sec: 100,
+//!     duration: Duration::from_secs(10),
+//!     service: Service::Outage,
+//!     policy: RetryPolicy::default(),
+//!     budget: Some(RetryBudget::default()),
+//!     seed: 1,
+//! }
+//! .run();
+//! assert_eq!(report.logical_requests, 1_000);
+//! assert!(report.attempts_per_request() < 1.1);
+//! ```
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use http::Extensions;
+use reqwest::{Request, Response};
+use reqwest_middleware::{ClientBuilder, Middleware, Next};
+
+use crate::budget::RetryBudget;
+use crate::middleware::RetryMiddleware;
+use crate::policy::RetryPolicy;
+use crate::rng::{Rng, SeededRng};
+
+/// How the simulated dependency answers each attempt.
+#[derive(Debug, Clone, Copy, PartialEq)]
+#[non_exhaustive]
+pub enum Service {
+    /// Every attempt gets `503 Service Unavailable`.
+    Outage,
+    /// Each attempt independently gets `503` with probability `failure_rate`, else `200`.
+    Healthy {
+        /// The probability, from 0 to 1, that an attempt fails.
+        failure_rate: f64,
+    },
+    /// `503` to every attempt from `start` until `end` (virtual time since the simulation began),
+    /// `200` before and after.
+    OutageBetween {
+        /// When the outage begins.
+        start: Duration,
+        /// When it ends.
+        end: Duration,
+    },
+}
+
+/// Open-loop traffic at a fixed rate through one middleware.
+#[derive(Debug, Clone)]
+pub struct OpenLoop {
+    /// Logical requests started per second of virtual time.
+    pub rate_per_sec: u32,
+    /// How long requests keep arriving.
+    pub duration: Duration,
+    /// How the dependency answers.
+    pub service: Service,
+    /// The retry policy under test.
+    pub policy: RetryPolicy,
+    /// The budget under test; `None` retries without one.
+    pub budget: Option<RetryBudget>,
+    /// Seeds the jitter and the service's random failures.
+    pub seed: u64,
+}
+
+/// What a simulation observed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Report {
+    /// Logical requests sent (calls to `send()`).
+    pub logical_requests: u64,
+    /// Attempts that reached the service, retries included.
+    pub attempts: u64,
+    /// Logical requests whose final answer was a success.
+    pub succeeded: u64,
+    /// Attempts that reached the service in each second of virtual time.
+    pub attempts_per_second: Vec<u64>,
+    /// Retries the budget refused.
+    pub budget_refusals: u64,
+}
+
+impl Report {
+    /// Attempts per logical request: 1.0 means no retries reached the service.
+    pub fn attempts_per_request(&self) -> f64 {
+        self.attempts as f64 / self.logical_requests.max(1) as f64
+    }
+
+    /// The share of logical requests that succeeded, from 0 to 1.
+    pub fn success_rate(&self) -> f64 {
+        self.succeeded as f64 / self.logical_requests.max(1) as f64
+    }
+}
+
+impl OpenLoop {
+    /// Runs the simulation to the end (every request finished) and reports.
+    ///
+    /// # Panics
+    ///
+    /// If a tokio runtime cannot be built, or `rate_per_sec` is 0.
+    pub fn run(&self) -> Report {
+        assert!(self.rate_per_sec > 0, "rate_per_sec must be at least 1");
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .start_paused(true)
+            .build()
+            .expect("a current-thread runtime with a paused clock");
+        runtime.block_on(self.drive())
+    }
+
+    async fn drive(&self) -> Report {
+        let started = tokio::time::Instant::now();
+        let service = Arc::new(Scripted {
+            service: self.service,
+            started,
+            rng: SeededRng::new(self.seed ^ 0x5EED_5E41_11CE),
+            per_second: Mutex::new(Vec::new()),
+        });
+        let mut middleware = RetryMiddleware::new(self.policy).with_rng(SeededRng::new(self.seed));
+        middleware = match &self.budget {
+            Some(budget) => middleware.with_budget(budget.clone()),
+            None => middleware.without_budget(),
+        };
+        let client = ClientBuilder::new(reqwest::Client::new())
+            .with(middleware)
+            .with_arc(service.clone())
+            .build();
+
+        let total = u64::from(self.rate_per_sec).saturating_mul(self.duration.as_secs())
+            + u64::from(self.rate_per_sec) * u64::from(self.duration.subsec_millis()) / 1000;
+        let interval = Duration::from_secs(1) / self.rate_per_sec;
+        let mut tasks = tokio::task::JoinSet::new();
+        for i in 0..total {
+            let at = started + interval * u32::try_from(i).unwrap_or(u32::MAX);
+            tokio::time::sleep_until(at).await;
+            let client = client.clone();
+            tasks.spawn(async move {
+                matches!(
+                    client.get("http://127.0.0.1:9/").send().await,
+                    Ok(response) if response.status().is_success()
+                )
+            });
+        }
+        let mut succeeded = 0;
+        while let Some(done) = tasks.join_next().await {
+            succeeded += u64::from(done.unwrap_or(false));
+        }
+        let attempts_per_second = service
+            .per_second
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        Report {
+            logical_requests: total,
+            attempts: attempts_per_second.iter().sum(),
+            succeeded,
+            attempts_per_second,
+            budget_refusals: self.budget.as_ref().map_or(0, RetryBudget::refusals),
+        }
+    }
+}
+
+/// The simulated dependency: the last link of the chain, answering without any I/O.
+struct Scripted {
+    service: Service,
+    started: tokio::time::Instant,
+    rng: SeededRng,
+    per_second: Mutex<Vec<u64>>,
+}
+
+#[async_trait::async_trait]
+impl Middleware for Scripted {
+    async fn handle(
+        &self,
+        _: Request,
+        _: &mut Extensions,
+        _: Next<'_>,
+    ) -> reqwest_middleware::Result<Response> {
+        let now = self.started.elapsed();
+        {
+            let mut per_second = self.per_second.lock().unwrap_or_else(|e| e.into_inner());
+            let second = usize::try_from(now.as_secs()).unwrap_or(usize::MAX);
+            if per_second.len() <= second {
+                per_second.resize(second + 1, 0);
+            }
+            per_second[second] += 1;
+        }
+        let fails = match self.service {
+            Service::Outage => true,
+            Service::Healthy { failure_rate } => {
+                (self.rng.next_u64() as f64 / u64::MAX as f64) < failure_rate
+            }
+            Service::OutageBetween { start, end } => (start..end).contains(&now),
+        };
+        let status = if fails { 503 } else { 200 };
+        let response = http::Response::builder()
+            .status(status)
+            .body(Vec::new())
+            .unwrap_or_else(|_| unreachable!("a status and an empty body make a response"));
+        Ok(Response::from(response))
+    }
+}

@@ -1,0 +1,237 @@
+//! The retry budget: bounded amplification in an outage, no cost when healthy, recovery, and
+//! charge-before-sleep under concurrency.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant, SystemTime};
+
+use http::Extensions;
+use reqwest::{Request, Response};
+use reqwest_middleware::{ClientBuilder, Middleware, Next};
+use reqwest_safe_retry::sim::{OpenLoop, Report, Service};
+use reqwest_safe_retry::{
+    Clock, RetryBudget, RetryMiddleware, RetryPolicy, RetryRecord, SeededRng, Sleep, StopReason,
+};
+use wiremock::matchers::any;
+use wiremock::{Mock, MockServer, ResponseTemplate};
+
+fn simulate(rate: u32, service: Service, budget: Option<RetryBudget>) -> Report {
+    OpenLoop {
+        rate_per_sec: rate,
+        duration: Duration::from_secs(60),
+        service,
+        policy: RetryPolicy::builder().max_attempts(3).build().unwrap(),
+        budget,
+        seed: 2026,
+    }
+    .run()
+}
+
+#[test]
+fn a_total_outage_costs_at_most_ten_percent_extra_load_with_the_default_budget() {
+    for rate in [100, 1_000] {
+        let budgeted = simulate(rate, Service::Outage, Some(RetryBudget::default()));
+        let unbudgeted = simulate(rate, Service::Outage, None);
+        println!(
+            "{rate}/s outage: {:.3} attempts per request with the default budget, {:.3} without",
+            budgeted.attempts_per_request(),
+            unbudgeted.attempts_per_request()
+        );
+        assert_eq!(budgeted.logical_requests, u64::from(rate) * 60);
+        assert!(budgeted.attempts_per_request() <= 1.10, "{budgeted:?}");
+        assert_eq!(unbudgeted.attempts_per_request(), 3.0);
+    }
+}
+
+#[test]
+fn a_healthy_service_loses_nothing_to_the_budget() {
+    for rate in [100, 1_000] {
+        let healthy = Service::Healthy { failure_rate: 0.05 };
+        let budgeted = simulate(rate, healthy, Some(RetryBudget::default()));
+        let unbudgeted = simulate(rate, healthy, None);
+        let gap = (budgeted.success_rate() - unbudgeted.success_rate()).abs() * 100.0;
+        println!(
+            "{rate}/s with 5 % failures: {:.4} % succeed with the default budget, {:.4} % without",
+            budgeted.success_rate() * 100.0,
+            unbudgeted.success_rate() * 100.0
+        );
+        assert!(gap <= 0.1, "{gap} percentage points");
+        assert_eq!(budgeted.budget_refusals, 0);
+    }
+}
+
+#[test]
+fn the_same_seed_gives_the_same_report() {
+    let run = || {
+        simulate(
+            100,
+            Service::Healthy { failure_rate: 0.2 },
+            Some(RetryBudget::default()),
+        )
+    };
+    assert_eq!(run(), run());
+}
+
+#[test]
+fn during_an_outage_the_load_falls_to_the_offered_load_plus_the_floor() {
+    let report = simulate(
+        100,
+        Service::OutageBetween {
+            start: Duration::from_secs(10),
+            end: Duration::from_secs(40),
+        },
+        Some(RetryBudget::default()),
+    );
+    let per_second = &report.attempts_per_second;
+    // Once the burst the bucket held is spent, each second of outage sees the 100 offered
+    // attempts and at most the floor's one retry a second (plus one second's rounding).
+    for (second, &attempts) in per_second.iter().enumerate().take(40).skip(12) {
+        assert!(attempts <= 102, "second {second}: {attempts}");
+    }
+}
+
+/// An outage that empties a budget, then a recovered service: the budget admits a retry again
+/// after exactly as many good first attempts as its documentation promises (ten, at a ratio of
+/// 0.1 and a retry cost of one token).
+#[tokio::test]
+async fn after_an_outage_ten_good_requests_pay_for_the_next_retry() {
+    let server = MockServer::start().await;
+    let budget = RetryBudget::builder().floor_per_sec(0.0).build().unwrap();
+    let client = ClientBuilder::new(reqwest::Client::new())
+        .with(
+            RetryMiddleware::new(RetryPolicy::default())
+                .with_clock(reqwest_safe_retry::FakeClock::new())
+                .with_rng(SeededRng::new(1))
+                .with_budget(budget.clone()),
+        )
+        .build();
+    let failing = || async {
+        server.reset().await;
+        Mock::given(any())
+            .respond_with(ResponseTemplate::new(503))
+            .mount(&server)
+            .await;
+    };
+
+    // The outage: ten tokens pay for ten retries, then retries are refused.
+    failing().await;
+    while budget.refusals() == 0 {
+        client.get(server.uri()).send().await.unwrap();
+    }
+    assert_eq!(budget.retries(), 10);
+    assert_eq!(budget.balance_milli(), 0);
+
+    for good in 1..=10 {
+        server.reset().await;
+        Mock::given(any())
+            .respond_with(ResponseTemplate::new(200))
+            .mount(&server)
+            .await;
+        client.get(server.uri()).send().await.unwrap();
+
+        failing().await;
+        let response = client.get(server.uri()).send().await.unwrap();
+        let record = RetryRecord::of(&response).unwrap();
+        if good < 10 {
+            assert_eq!(
+                record.stop_reason(),
+                StopReason::BudgetExhausted,
+                "after {good}"
+            );
+            assert_eq!(record.attempts(), 1);
+            assert_eq!(server.received_requests().await.unwrap().len(), 1);
+        } else {
+            // The tenth good request paid for exactly one retry.
+            assert_eq!(record.attempts(), 2, "after {good}");
+            assert_eq!(record.stop_reason(), StopReason::BudgetExhausted);
+        }
+    }
+}
+
+/// A clock whose sleeps are real but short, and which counts how many are under way at once.
+#[derive(Debug, Default)]
+struct CountingClock {
+    sleeping: Arc<AtomicUsize>,
+    most: Arc<AtomicUsize>,
+}
+
+impl Clock for CountingClock {
+    fn now(&self) -> Instant {
+        Instant::now()
+    }
+
+    fn wall_now(&self) -> SystemTime {
+        SystemTime::now()
+    }
+
+    fn sleep(&self, _: Duration) -> Sleep {
+        let (sleeping, most) = (self.sleeping.clone(), self.most.clone());
+        Box::pin(async move {
+            let now = sleeping.fetch_add(1, Ordering::SeqCst) + 1;
+            most.fetch_max(now, Ordering::SeqCst);
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            sleeping.fetch_sub(1, Ordering::SeqCst);
+        })
+    }
+}
+
+/// Always 503, counting attempts: the end of the chain, standing in for a dead dependency so
+/// a thousand requests can be in flight at once without a thousand sockets.
+#[derive(Debug, Default)]
+struct Dead {
+    attempts: AtomicUsize,
+}
+
+#[async_trait::async_trait]
+impl Middleware for Dead {
+    async fn handle(
+        &self,
+        _: Request,
+        _: &mut Extensions,
+        _: Next<'_>,
+    ) -> reqwest_middleware::Result<Response> {
+        self.attempts.fetch_add(1, Ordering::SeqCst);
+        tokio::task::yield_now().await;
+        Ok(Response::from(
+            http::Response::builder().status(503).body("").unwrap(),
+        ))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retries_waiting_in_backoff_never_exceed_what_the_bucket_holds() {
+    const CAPACITY: usize = 50;
+    let budget = RetryBudget::builder()
+        .capacity(CAPACITY as f64)
+        .floor_per_sec(0.0)
+        .build()
+        .unwrap();
+    let clock = CountingClock::default();
+    let (most, dead) = (clock.most.clone(), Arc::new(Dead::default()));
+    let client = ClientBuilder::new(reqwest::Client::new())
+        .with(
+            RetryMiddleware::new(RetryPolicy::builder().max_attempts(5).build().unwrap())
+                .with_clock(clock)
+                .with_budget(budget.clone()),
+        )
+        .with_arc(dead.clone())
+        .build();
+
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..1_000 {
+        let client = client.clone();
+        tasks.spawn(async move { client.get("http://127.0.0.1:9/").send().await.unwrap() });
+    }
+    while let Some(done) = tasks.join_next().await {
+        assert_eq!(done.unwrap().status(), 503);
+    }
+
+    assert!(
+        most.load(Ordering::SeqCst) <= CAPACITY,
+        "{} asleep at once",
+        most.load(Ordering::SeqCst)
+    );
+    assert!(most.load(Ordering::SeqCst) > 0);
+    assert_eq!(budget.retries(), CAPACITY as u64);
+    assert_eq!(dead.attempts.load(Ordering::SeqCst), 1_000 + CAPACITY);
+}
