@@ -39,6 +39,9 @@ pub enum StopReason {
     RetryAfterTooLong,
     /// The retry budget refused to pay for another retry.
     BudgetExhausted,
+    /// The request's [`RetryOverride::NoRetries`](crate::RetryOverride::NoRetries) forbade
+    /// retries.
+    RetriesDisabled,
 }
 
 impl StopReason {
@@ -54,6 +57,7 @@ impl StopReason {
             StopReason::DeadlineReached => "deadline_reached",
             StopReason::RetryAfterTooLong => "retry_after_too_long",
             StopReason::BudgetExhausted => "budget_exhausted",
+            StopReason::RetriesDisabled => "retries_disabled",
         }
     }
 }
@@ -70,6 +74,7 @@ impl fmt::Display for StopReason {
             StopReason::DeadlineReached => "deadline reached",
             StopReason::RetryAfterTooLong => "the server asked to wait longer than allowed",
             StopReason::BudgetExhausted => "the retry budget is exhausted",
+            StopReason::RetriesDisabled => "retries are disabled for this request",
         })
     }
 }

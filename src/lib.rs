@@ -82,6 +82,34 @@
 //! [`RetryMiddleware::with_budget`] and clones of it. See [`RetryBudget`] for the presets and
 //! the rules.
 //!
+//! # Per dependency, per request
+//!
+//! A [`Dependency`] bundles a name, a policy, a budget of its own and counters. Give each
+//! dependency its own client (`RetryMiddleware::for_dependency`), or route by host within one
+//! client with [`RetryMiddleware::route`]. A [`RetryOverride`] in a request's extensions
+//! (`.with_extension(RetryOverride::NoRetries)`) changes the policy for that call alone.
+//!
+//! # One layer retries
+//!
+//! When several instances of this middleware sit on one request path, the one nearest the
+//! transport retries and the outer ones pass its outcome through untouched, so the backend sees
+//! at most one layer's attempts per logical request, not their product. Retries made by other
+//! libraries in the same chain are not seen.
+//!
+//! # Observability
+//!
+//! [`RetryCounters`] (per dependency, read with [`RetryCounters::snapshot`]) count logical
+//! requests, attempts, retries, budget refusals, deadline stops, `Retry-After` waits honoured and
+//! keys stamped; with the `metrics` feature they also go to the `metrics` facade. A
+//! [`RetryObserver`] is called after every attempt with the decision. `tracing` output, all at
+//! `DEBUG` and with the target `reqwest_safe_retry`:
+//!
+//! | kind | name | fields |
+//! |---|---|---|
+//! | span | `reqwest_safe_retry.request`, one per logical request | `dependency`, `method`, `host`, `path` (never the query) |
+//! | event | `attempt finished`, one per attempt | `attempt` (from 1), `status`, `error` (`timeout`, `connect`, `reset`, `incomplete`, `permanent`, `inner_layer`), `decision` (why it is retried, or the stop reason), `delay_ms` (the wait before the next attempt) |
+//! | event | `retrying stopped`, one per logical request | `attempts`, `reason` ([`StopReason::as_str`]), `waited_ms` |
+//!
 //! # Outcomes
 //!
 //! A response is returned as `Ok`, whatever its status, carrying a [`RetryRecord`] (attempts,
@@ -164,6 +192,7 @@
 //! # Features
 //!
 //! - `test-util`: [`FakeClock`], a virtual clock for tests.
+//! - `metrics`: counters also exported through the `metrics` facade.
 //! - `sim`: the [`sim`] module, deterministic simulations of retry traffic in
 //!   virtual time.
 #![deny(
@@ -180,9 +209,11 @@ mod body;
 mod budget;
 mod classify;
 mod clock;
+mod dependency;
 mod error;
 mod idempotency;
 mod middleware;
+mod observe;
 mod policy;
 mod retry_after;
 mod rng;
@@ -194,11 +225,13 @@ pub use budget::{RetryBudget, RetryBudgetBuilder, RetryKind};
 #[cfg(feature = "test-util")]
 pub use clock::FakeClock;
 pub use clock::{Clock, Sleep, TokioClock};
+pub use dependency::{Dependency, RetryOverride};
 pub use error::{RetryError, RetryRecord, StopReason};
 pub use idempotency::{
     IdempotencyKeys, IdempotencyKeysBuilder, InvalidKey, KeyFormat, KeySource, SeededKeys, UuidKeys,
 };
 pub use middleware::RetryMiddleware;
+pub use observe::{CounterSnapshot, RetryCounters, RetryEvent, RetryObserver};
 pub use policy::{InvalidPolicy, RetryPolicy, RetryPolicyBuilder};
 pub use rng::{Rng, SeededRng, ThreadRng};
 

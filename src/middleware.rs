@@ -1,12 +1,24 @@
 //! The attempt loop: the only code in the crate that sends, awaits or sleeps.
 //!
-//! One call to `send()` is one logical request. The loop clones the request for each attempt
-//! (the original is kept for the next one), sets the attempt's timeout (the policy's, cut to what
-//! the deadline leaves), sends it down the chain, asks `classify` whether the outcome is a
-//! transient failure that is safe to repeat, and if so asks `schedule` for the wait (backoff,
-//! `Retry-After` floor, deadline) and sleeps on the injected clock. Every decision is made by the
-//! pure modules below it.
+//! One call to `send()` is one logical request. The loop picks the request's dependency (by
+//! host) and policy (or the request's own override), decides its idempotency key, then for each
+//! attempt: clones the request (the original is kept for the next one), sets the attempt's
+//! timeout (the policy's, cut to what the deadline leaves), sends it down the chain, asks
+//! `classify` whether the outcome is a transient failure that is safe to repeat, and if so asks
+//! `schedule` for the wait (backoff, `Retry-After` floor, deadline), pays the budget, and sleeps
+//! on the injected clock. Every decision is made by the pure modules below it.
+//!
+//! # One layer retries
+//!
+//! Three layers that each retry three times turn one request into twenty-seven. When an instance
+//! of this middleware gets back an outcome that another instance, nearer the transport, has
+//! already finished with (a response carrying a [`RetryRecord`], or a [`RetryError`]), it
+//! passes that outcome through untouched: it neither retries it nor wraps it. So however many
+//! instances sit on one request path, the one nearest the transport does the retrying and the
+//! backend sees at most its `max_attempts` per logical request. The limit: only instances of
+//! this crate know each other; retries made by another library in the same chain are not seen.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use http::{Extensions, HeaderValue};
@@ -18,8 +30,10 @@ use crate::body;
 use crate::budget::{RetryBudget, RetryKind};
 use crate::classify::{self, Fault};
 use crate::clock::{Clock, SharedClock, TokioClock};
+use crate::dependency::{Dependency, HostMatch, RetryOverride};
 use crate::error::{RetryError, RetryRecord, StopReason};
 use crate::idempotency::IdempotencyKeys;
+use crate::observe::{Count, RetryCounters, RetryEvent, RetryObserver};
 use crate::policy::RetryPolicy;
 use crate::retry_after;
 use crate::rng::{Rng, SharedRng, ThreadRng};
@@ -41,51 +55,61 @@ use crate::schedule::{self, Wait};
 ///
 /// | part | default |
 /// |---|---|
+/// | dependency | one, named `default`, with the policy given to [`new`](Self::new); [`for_dependency`](Self::for_dependency) names it, [`route`](Self::route) adds others by host |
+/// | retry budget | a new [`RetryBudget::default()`] per dependency: about 10 % extra load ([`with_budget`](Self::with_budget), [`without_budget`](Self::without_budget)) |
 /// | clock | [`TokioClock`] ([`with_clock`](Self::with_clock)) |
 /// | random source | [`ThreadRng`] ([`with_rng`](Self::with_rng)) |
-/// | retry budget | a new [`RetryBudget::default()`] per middleware: about 10 % extra load ([`with_budget`](Self::with_budget), [`without_budget`](Self::without_budget)) |
 /// | idempotency keys | [`IdempotencyKeys::default()`]: a quoted random UUID on POST and PATCH ([`with_idempotency_keys`](Self::with_idempotency_keys), [`without_idempotency_keys`](Self::without_idempotency_keys)) |
+/// | observer | none ([`with_observer`](Self::with_observer)) |
 ///
 /// In tests, use `FakeClock`, [`SeededRng`](crate::SeededRng) and
 /// [`SeededKeys`](crate::SeededKeys).
 #[derive(Debug, Clone)]
 pub struct RetryMiddleware {
-    policy: RetryPolicy,
+    default: Dependency,
+    routes: Vec<(HostMatch, Dependency)>,
     clock: SharedClock,
     rng: SharedRng,
     keys: Option<IdempotencyKeys>,
-    budget: Option<RetryBudget>,
+    observer: Option<SharedObserver>,
 }
 
 impl RetryMiddleware {
-    /// Creates the middleware with `policy`, tokio's clock and the thread-local random source.
+    /// Creates the middleware with `policy` for every request, as a dependency named `default`.
     pub fn new(policy: RetryPolicy) -> Self {
+        RetryMiddleware::for_dependency(Dependency::new("default", policy))
+    }
+
+    /// Creates the middleware with `dependency` for every request not routed elsewhere.
+    pub fn for_dependency(dependency: Dependency) -> Self {
         RetryMiddleware {
-            policy,
-            clock: SharedClock(std::sync::Arc::new(TokioClock::new())),
-            rng: SharedRng(std::sync::Arc::new(ThreadRng::new())),
+            default: dependency,
+            routes: Vec::new(),
+            clock: SharedClock(Arc::new(TokioClock::new())),
+            rng: SharedRng(Arc::new(ThreadRng::new())),
             keys: Some(IdempotencyKeys::default()),
-            budget: Some(RetryBudget::default()),
+            observer: None,
         }
     }
 
-    /// Draws every retry from `budget`. Pass clones of one budget to every middleware that calls
-    /// the same dependency, so they share one account.
-    pub fn with_budget(mut self, budget: RetryBudget) -> Self {
-        self.budget = Some(budget);
+    /// Sends requests to `host` (`"api.example.com"`, any port) or `host:port`
+    /// (`"127.0.0.1:8080"`, `"[::1]:8080"`) through `dependency` instead of the default. Routes
+    /// are tried in the order they were added; the host is compared without regard to case.
+    pub fn route(mut self, host: &str, dependency: Dependency) -> Self {
+        self.routes.push((HostMatch::parse(host), dependency));
         self
     }
 
-    /// Retries without a budget: only the attempt limit and the deadline bound them. During an
-    /// outage every request then makes `max_attempts` attempts.
-    pub fn without_budget(mut self) -> Self {
-        self.budget = None;
+    /// Uses `clock` for every wait and every reading of the time.
+    pub fn with_clock(mut self, clock: impl Clock) -> Self {
+        self.clock = SharedClock(Arc::new(clock));
         self
     }
 
-    /// The budget retries are drawn from, if any.
-    pub fn budget(&self) -> Option<&RetryBudget> {
-        self.budget.as_ref()
+    /// Draws jitter from `rng`.
+    pub fn with_rng(mut self, rng: impl Rng) -> Self {
+        self.rng = SharedRng(Arc::new(rng));
+        self
     }
 
     /// Stamps and recognises idempotency keys as `keys` says.
@@ -101,31 +125,57 @@ impl RetryMiddleware {
         self
     }
 
-    /// Uses `clock` for every wait and every reading of the time.
-    pub fn with_clock(mut self, clock: impl Clock) -> Self {
-        self.clock = SharedClock(std::sync::Arc::new(clock));
+    /// Draws the default dependency's retries from `budget`. Pass clones of one budget to every
+    /// middleware that calls the same dependency, so they share one account.
+    pub fn with_budget(mut self, budget: RetryBudget) -> Self {
+        self.default.budget = Some(budget);
         self
     }
 
-    /// Draws jitter from `rng`.
-    pub fn with_rng(mut self, rng: impl Rng) -> Self {
-        self.rng = SharedRng(std::sync::Arc::new(rng));
+    /// Retries the default dependency without a budget: only the attempt limit and the deadline
+    /// bound them. During an outage every request then makes `max_attempts` attempts.
+    pub fn without_budget(mut self) -> Self {
+        self.default.budget = None;
         self
     }
 
-    /// The policy this middleware applies.
+    /// Calls `observer` after every attempt with the decision about the next one.
+    pub fn with_observer(mut self, observer: impl RetryObserver) -> Self {
+        self.observer = Some(SharedObserver(Arc::new(observer)));
+        self
+    }
+
+    /// The default dependency's policy.
     pub fn policy(&self) -> &RetryPolicy {
-        &self.policy
+        &self.default.policy
+    }
+
+    /// The default dependency's budget, if any.
+    pub fn budget(&self) -> Option<&RetryBudget> {
+        self.default.budget.as_ref()
+    }
+
+    /// The default dependency's counters; clones share the counts.
+    pub fn counters(&self) -> &RetryCounters {
+        &self.default.counters
+    }
+
+    /// The dependency a request to `url` goes through.
+    pub fn dependency_for(&self, url: &reqwest::Url) -> &Dependency {
+        self.routes
+            .iter()
+            .find(|(host, _)| host.matches(url))
+            .map_or(&self.default, |(_, dependency)| dependency)
     }
 
     /// Decides the request's key before the first attempt: the caller's own, kept as it is, or
-    /// a new one if the method is stamped.
-    fn key_for(&self, request: &mut Request) -> Result<Option<HeaderValue>, RetryError> {
+    /// a new one if the method is stamped. The flag says whether the key was stamped here.
+    fn key_for(&self, request: &mut Request) -> Result<Option<(HeaderValue, bool)>, RetryError> {
         let Some(keys) = &self.keys else {
             return Ok(None);
         };
         if let Some(own) = request.headers().get(keys.header_name()) {
-            return Ok(Some(own.clone()));
+            return Ok(Some((own.clone(), false)));
         }
         if !keys.stamps(request.method()) {
             return Ok(None);
@@ -135,7 +185,7 @@ impl RetryMiddleware {
                 request
                     .headers_mut()
                     .insert(keys.header_name(), value.clone());
-                Ok(Some(value))
+                Ok(Some((value, true)))
             }
             Err(invalid) => Err(RetryError::new(
                 0,
@@ -151,16 +201,37 @@ impl RetryMiddleware {
         mut request: Request,
         extensions: &mut Extensions,
         next: Next<'_>,
+        dependency: &Dependency,
     ) -> reqwest_middleware::Result<Response> {
-        let policy = &self.policy;
-        let max_attempts = policy.max_attempts();
+        let counters = &dependency.counters;
+        let count = |c: Count| counters.add(c, &dependency.name);
+        count(Count::Request);
+
+        let overridden = extensions.get::<RetryOverride>().copied();
+        let policy = match overridden {
+            Some(RetryOverride::Policy(policy)) => policy,
+            _ => dependency.policy,
+        };
+        let max_attempts = match overridden {
+            Some(RetryOverride::NoRetries) => 1,
+            _ => policy.max_attempts(),
+        };
+        let budget = dependency.budget.as_ref();
         let idempotent = classify::is_idempotent(request.method());
         let key = match self.key_for(&mut request) {
-            Ok(key) => key,
+            Ok(Some((key, stamped))) => {
+                if stamped {
+                    count(Count::KeyStamped);
+                }
+                Some(key)
+            }
+            Ok(None) => None,
             Err(err) => {
                 tracing::debug!(
+                    target: TARGET,
                     attempts = 0,
                     reason = err.stop_reason().as_str(),
+                    waited_ms = 0u64,
                     "retrying stopped"
                 );
                 return Err(err.into());
@@ -181,6 +252,7 @@ impl RetryMiddleware {
         let mut pending = request;
         loop {
             attempt += 1;
+            count(Count::Attempt);
             let spare = if attempt < max_attempts {
                 pending.try_clone()
             } else {
@@ -199,10 +271,16 @@ impl RetryMiddleware {
                 };
             }
 
-            let verdict = judge(policy, &outcome, idempotent, keyed);
+            let verdict = judge(&policy, &outcome, idempotent, keyed);
             let left = remaining();
+            let mut floor = None;
             let decision = match verdict {
                 Verdict::Final(stop) => Wait::Stop(stop),
+                // Another instance nearer the transport has finished with this request.
+                Verdict::InnerLayer => Wait::Stop(StopReason::NotRetryable),
+                Verdict::Transient(..) if overridden == Some(RetryOverride::NoRetries) => {
+                    Wait::Stop(StopReason::RetriesDisabled)
+                }
                 Verdict::Transient(..) if attempt >= max_attempts => {
                     Wait::Stop(StopReason::AttemptsExhausted)
                 }
@@ -211,20 +289,23 @@ impl RetryMiddleware {
                 }
                 Verdict::Transient(..) if left.is_zero() => Wait::Stop(StopReason::DeadlineReached),
                 Verdict::Transient(kind, _) => {
-                    let floor = outcome.as_ref().ok().and_then(|response| {
+                    floor = outcome.as_ref().ok().and_then(|response| {
                         let value = response.headers().get(http::header::RETRY_AFTER)?;
                         retry_after::parse(value.as_bytes(), clock.wall_now())
                     });
-                    match schedule::next_wait(policy, attempt - 1, floor, left, &*self.rng.0) {
+                    match schedule::next_wait(&policy, attempt - 1, floor, left, &*self.rng.0) {
                         // Charge before sleeping: a retry that waits has already been paid for.
-                        Wait::Sleep(delay) => match &self.budget {
+                        Wait::Sleep(delay) => match budget {
                             None => Wait::Sleep(delay),
                             Some(budget) => match budget.try_withdraw(kind, clock.now()) {
                                 Some(cost) => {
                                     last_cost = cost;
                                     Wait::Sleep(delay)
                                 }
-                                None => Wait::Stop(StopReason::BudgetExhausted),
+                                None => {
+                                    count(Count::BudgetRefusal);
+                                    Wait::Stop(StopReason::BudgetExhausted)
+                                }
                             },
                         },
                         stop => stop,
@@ -234,7 +315,7 @@ impl RetryMiddleware {
             if let (
                 Some(budget),
                 Verdict::Final(StopReason::Succeeded | StopReason::NotRetryable),
-            ) = (&self.budget, verdict)
+            ) = (budget, verdict)
             {
                 if attempt == 1 {
                     budget.deposit_first_attempt();
@@ -242,7 +323,8 @@ impl RetryMiddleware {
                     budget.refund(last_cost);
                 }
             }
-            log_attempt(attempt, &outcome, verdict, decision);
+            self.report(&dependency.name, attempt, &outcome, verdict, decision);
+
             let (delay, next_request) = match (decision, spare) {
                 (Wait::Sleep(delay), Some(next_request)) => (delay, next_request),
                 (decision, _) => {
@@ -250,11 +332,19 @@ impl RetryMiddleware {
                         Wait::Stop(stop) => stop,
                         Wait::Sleep(_) => StopReason::BodyNotCloneable,
                     };
+                    if stop == StopReason::DeadlineReached {
+                        count(Count::DeadlineStop);
+                    }
                     tracing::debug!(
+                        target: TARGET,
                         attempts = attempt,
                         reason = stop.as_str(),
+                        waited_ms = millis(waited),
                         "retrying stopped"
                     );
+                    if matches!(verdict, Verdict::InnerLayer) {
+                        return outcome;
+                    }
                     let record = RetryRecord {
                         attempts: attempt,
                         stop,
@@ -265,11 +355,66 @@ impl RetryMiddleware {
                     return finish(outcome, record);
                 }
             };
+            count(Count::Retry);
+            if floor.is_some() {
+                count(Count::RetryAfterHonoured);
+            }
             // Release the connection before waiting rather than after.
             drop(outcome);
             clock.sleep(delay).await;
             waited = waited.saturating_add(delay);
             pending = next_request;
+        }
+    }
+
+    /// Traces one attempt and tells the observer.
+    fn report(
+        &self,
+        dependency: &str,
+        attempt: u32,
+        outcome: &reqwest_middleware::Result<Response>,
+        verdict: Verdict,
+        decision: Wait,
+    ) {
+        let (status, error) = match outcome {
+            Ok(r) => (Some(r.status().as_u16()), None),
+            Err(e) => (
+                e.status().map(|s| s.as_u16()),
+                Some(match (verdict, classify::transport_fault(e)) {
+                    (Verdict::InnerLayer, _) => "inner_layer",
+                    (_, Some(f)) => f.as_str(),
+                    (_, None) => "permanent",
+                }),
+            ),
+        };
+        let (delay, stop) = match decision {
+            Wait::Sleep(delay) => (Some(delay), None),
+            Wait::Stop(stop) => (None, Some(stop)),
+        };
+        let decision = match (verdict, decision) {
+            (Verdict::Transient(_, why), Wait::Sleep(_)) => why,
+            (_, Wait::Stop(stop)) => stop.as_str(),
+            (Verdict::Final(stop), _) => stop.as_str(),
+            (Verdict::InnerLayer, _) => "inner_layer",
+        };
+        tracing::debug!(
+            target: TARGET,
+            attempt,
+            status,
+            error,
+            decision,
+            delay_ms = delay.map(millis),
+            "attempt finished"
+        );
+        if let Some(observer) = &self.observer {
+            observer.0.on_decision(&RetryEvent {
+                dependency,
+                attempt,
+                status,
+                error,
+                delay,
+                stop,
+            });
         }
     }
 }
@@ -282,15 +427,28 @@ impl Middleware for RetryMiddleware {
         extensions: &mut Extensions,
         next: Next<'_>,
     ) -> reqwest_middleware::Result<Response> {
+        let dependency = self.dependency_for(request.url());
         let span = tracing::debug_span!(
-            "retry",
+            target: TARGET,
+            "reqwest_safe_retry.request",
+            dependency = &*dependency.name,
             method = %request.method(),
             host = request.url().host_str().unwrap_or(""),
             path = request.url().path(),
         );
-        self.execute(request, extensions, next)
+        self.execute(request, extensions, next, dependency)
             .instrument(span)
             .await
+    }
+}
+
+/// The observer as the middleware stores it.
+#[derive(Clone)]
+struct SharedObserver(Arc<dyn RetryObserver>);
+
+impl std::fmt::Debug for SharedObserver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("RetryObserver")
     }
 }
 
@@ -301,6 +459,8 @@ enum Verdict {
     Transient(RetryKind, &'static str),
     /// No retry, for this reason.
     Final(StopReason),
+    /// An outcome another instance of this middleware, nearer the transport, has finished with.
+    InnerLayer,
 }
 
 fn judge(
@@ -311,6 +471,8 @@ fn judge(
 ) -> Verdict {
     let repeatable = idempotent || keyed;
     match outcome {
+        Ok(response) if RetryRecord::of(response).is_some() => Verdict::InnerLayer,
+        Err(err) if RetryError::of(err).is_some() => Verdict::InnerLayer,
         Ok(response) => {
             let status = response.status();
             if !classify::is_transient_status(status, |s| policy.is_retryable_status(s), keyed) {
@@ -352,39 +514,12 @@ fn limit_timeout(request: &mut Request, limit: Duration) {
     *timeout = Some(timeout.map_or(limit, |t| t.min(limit)));
 }
 
-fn log_attempt(
-    attempt: u32,
-    outcome: &reqwest_middleware::Result<Response>,
-    verdict: Verdict,
-    decision: Wait,
-) {
-    let (status, error) = match outcome {
-        Ok(r) => (Some(r.status().as_u16()), None),
-        Err(e) => (
-            e.status().map(|s| s.as_u16()),
-            Some(match classify::transport_fault(e) {
-                Some(f) => f.as_str(),
-                None => "permanent",
-            }),
-        ),
-    };
-    let (decision, delay_ms) = match (verdict, decision) {
-        (Verdict::Transient(_, why), Wait::Sleep(delay)) => (
-            why,
-            Some(u64::try_from(delay.as_millis()).unwrap_or(u64::MAX)),
-        ),
-        (_, Wait::Stop(stop)) => (stop.as_str(), None),
-        (Verdict::Final(stop), _) => (stop.as_str(), None),
-    };
-    tracing::debug!(
-        attempt,
-        status,
-        error,
-        decision,
-        delay_ms,
-        "attempt finished"
-    );
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
+
+/// The tracing target of every span and event, whatever module emits them.
+const TARGET: &str = "reqwest_safe_retry";
 
 /// The header a server following the Stripe convention sets on a replayed response.
 const REPLAYED: &str = "idempotent-replayed";

@@ -2,6 +2,7 @@
 
 mod bodies;
 mod budget;
+mod dependencies;
 mod faults;
 mod idempotency;
 mod methods;
@@ -11,3 +12,4 @@ mod schedule;
 mod statuses;
 mod support;
 mod time;
+mod tracing_fields;

@@ -262,3 +262,8 @@ pub async fn refused_port() -> u16 {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     listener.local_addr().unwrap().port()
 }
+
+/// A URL on 127.0.0.1 whose port refuses connections.
+pub async fn refused_url() -> String {
+    format!("http://127.0.0.1:{}/", refused_port().await)
+}

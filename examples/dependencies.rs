@@ -1,0 +1,111 @@
+//! Two dependencies behind one client, each with its own policy, budget and counters.
+//!
+//! A payment API on one loopback port is slow to warm up (its first answer is a 503) and wants
+//! idempotency keys and patience; a cache on another port is down hard and gets one quick retry
+//! and a small budget, so its outage cannot multiply the load on it. At the end the counters of
+//! each dependency are printed.
+//!
+//! Run it with `cargo run --example dependencies`.
+
+use std::time::Duration;
+
+use reqwest_middleware::ClientBuilder;
+use reqwest_safe_retry::{Dependency, RetryBudget, RetryMiddleware, RetryPolicy};
+use wiremock::matchers::{method, path};
+use wiremock::{Mock, MockServer, ResponseTemplate};
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let payments_server = MockServer::start().await;
+    Mock::given(method("POST"))
+        .and(path("/charges"))
+        .respond_with(ResponseTemplate::new(503))
+        .up_to_n_times(1)
+        .mount(&payments_server)
+        .await;
+    Mock::given(method("POST"))
+        .and(path("/charges"))
+        .respond_with(ResponseTemplate::new(201).set_body_string("{\"charged\":true}"))
+        .mount(&payments_server)
+        .await;
+    let cache_server = MockServer::start().await;
+    Mock::given(method("GET"))
+        .respond_with(ResponseTemplate::new(503))
+        .mount(&cache_server)
+        .await;
+
+    let payments = Dependency::new(
+        "payments",
+        RetryPolicy::builder()
+            .max_attempts(5)
+            .deadline(Duration::from_secs(60))
+            .base_delay(Duration::from_millis(20))
+            .build()?,
+    );
+    let cache = Dependency::new(
+        "cache",
+        RetryPolicy::builder()
+            .max_attempts(2)
+            .base_delay(Duration::from_millis(1))
+            .deadline(Duration::from_millis(200))
+            .build()?,
+    )
+    .with_budget(
+        RetryBudget::builder()
+            .capacity(3.0)
+            .floor_per_sec(0.0)
+            .build()?,
+    );
+    let (payments_counters, cache_counters) =
+        (payments.counters().clone(), cache.counters().clone());
+    let cache_budget = cache.budget().expect("set above").clone();
+
+    let client = ClientBuilder::new(reqwest::Client::new())
+        .with(
+            RetryMiddleware::new(RetryPolicy::default())
+                .route(&payments_server.address().to_string(), payments)
+                .route(&cache_server.address().to_string(), cache),
+        )
+        .build();
+
+    println!(
+        "payments ({}): 3 charges, the first meets a 503",
+        payments_server.uri()
+    );
+    for i in 1..=3 {
+        let response = client
+            .post(format!("{}/charges", payments_server.uri()))
+            .body(format!("{{\"amount\":{i}0}}"))
+            .send()
+            .await?;
+        println!("  charge {i}: {}", response.status());
+    }
+    println!(
+        "cache ({}): 10 lookups against a dead cache",
+        cache_server.uri()
+    );
+    for i in 1..=10 {
+        let response = client
+            .get(format!("{}/item/{i}", cache_server.uri()))
+            .send()
+            .await?;
+        print!("{} ", response.status().as_u16());
+    }
+    println!("\n");
+
+    for (name, counters) in [("payments", &payments_counters), ("cache", &cache_counters)] {
+        let c = counters.snapshot();
+        println!(
+            "{name:<9} requests {:>3}  attempts {:>3}  retries {:>3}  budget refusals {:>3}  \
+             deadline stops {:>2}  keys stamped {:>2}",
+            c.requests, c.attempts, c.retries, c.budget_refusals, c.deadline_stops, c.keys_stamped
+        );
+    }
+    println!(
+        "\nThe cache's budget paid for {} retries and refused {}: its outage cost {} attempts for 10 lookups, not 20.",
+        cache_budget.retries(),
+        cache_budget.refusals(),
+        cache_counters.snapshot().attempts
+    );
+    Ok(())
+}

@@ -1,0 +1,213 @@
+//! What the retries are doing: counters to read or export, and a hook on every decision.
+//!
+//! Counters are plain relaxed atomics, one set per dependency, readable at any time with
+//! [`RetryCounters::snapshot`] and exportable without any extra dependency. With the `metrics`
+//! feature the same counts also go to the [`metrics`](https://docs.rs/metrics) facade, which the
+//! Rust exporters (Prometheus, StatsD, OpenTelemetry bridges) plug into.
+//!
+//! # Metric names (feature `metrics`)
+//!
+//! Every counter carries the label `dependency` (the [`Dependency`](crate::Dependency) name).
+//!
+//! | metric | counts |
+//! |---|---|
+//! | `reqwest_safe_retry_requests_total` | logical requests (calls to `send()`) |
+//! | `reqwest_safe_retry_attempts_total` | attempts sent, first attempts included |
+//! | `reqwest_safe_retry_retries_total` | retries (attempts after the first) |
+//! | `reqwest_safe_retry_budget_refusals_total` | retries the budget refused |
+//! | `reqwest_safe_retry_deadline_stops_total` | logical requests stopped by the deadline |
+//! | `reqwest_safe_retry_retry_after_honoured_total` | waits that honoured a `Retry-After` floor |
+//! | `reqwest_safe_retry_keys_stamped_total` | idempotency keys stamped by the middleware |
+
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use crate::error::StopReason;
+
+/// Counters for one dependency. Clones share the same counts.
+#[derive(Clone, Default)]
+pub struct RetryCounters {
+    inner: Arc<Counts>,
+}
+
+#[derive(Default)]
+struct Counts {
+    requests: AtomicU64,
+    attempts: AtomicU64,
+    retries: AtomicU64,
+    budget_refusals: AtomicU64,
+    deadline_stops: AtomicU64,
+    retry_after_honoured: AtomicU64,
+    keys_stamped: AtomicU64,
+}
+
+/// The counts of a [`RetryCounters`] at one moment.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct CounterSnapshot {
+    /// Logical requests (calls to `send()`).
+    pub requests: u64,
+    /// Attempts sent, first attempts included.
+    pub attempts: u64,
+    /// Retries: attempts after the first.
+    pub retries: u64,
+    /// Retries the budget refused.
+    pub budget_refusals: u64,
+    /// Logical requests stopped by the deadline.
+    pub deadline_stops: u64,
+    /// Waits that honoured a server's `Retry-After` floor.
+    pub retry_after_honoured: u64,
+    /// Idempotency keys stamped by the middleware (keys set by callers are not counted).
+    pub keys_stamped: u64,
+}
+
+impl RetryCounters {
+    /// New counters, all zero.
+    pub fn new() -> Self {
+        RetryCounters::default()
+    }
+
+    /// Reads every count.
+    pub fn snapshot(&self) -> CounterSnapshot {
+        let c = &*self.inner;
+        let read = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        CounterSnapshot {
+            requests: read(&c.requests),
+            attempts: read(&c.attempts),
+            retries: read(&c.retries),
+            budget_refusals: read(&c.budget_refusals),
+            deadline_stops: read(&c.deadline_stops),
+            retry_after_honoured: read(&c.retry_after_honoured),
+            keys_stamped: read(&c.keys_stamped),
+        }
+    }
+}
+
+impl fmt::Debug for RetryCounters {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&self.snapshot(), f)
+    }
+}
+
+/// One count to add, for the counters and, with the feature, for `metrics`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Count {
+    Request,
+    Attempt,
+    Retry,
+    BudgetRefusal,
+    DeadlineStop,
+    RetryAfterHonoured,
+    KeyStamped,
+}
+
+impl RetryCounters {
+    pub(crate) fn add(&self, count: Count, dependency: &Arc<str>) {
+        let c = &*self.inner;
+        let counter = match count {
+            Count::Request => &c.requests,
+            Count::Attempt => &c.attempts,
+            Count::Retry => &c.retries,
+            Count::BudgetRefusal => &c.budget_refusals,
+            Count::DeadlineStop => &c.deadline_stops,
+            Count::RetryAfterHonoured => &c.retry_after_honoured,
+            Count::KeyStamped => &c.keys_stamped,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        #[cfg(feature = "metrics")]
+        export(count, dependency);
+        #[cfg(not(feature = "metrics"))]
+        let _ = dependency;
+    }
+}
+
+#[cfg(feature = "metrics")]
+fn export(count: Count, dependency: &Arc<str>) {
+    let name = match count {
+        Count::Request => "reqwest_safe_retry_requests_total",
+        Count::Attempt => "reqwest_safe_retry_attempts_total",
+        Count::Retry => "reqwest_safe_retry_retries_total",
+        Count::BudgetRefusal => "reqwest_safe_retry_budget_refusals_total",
+        Count::DeadlineStop => "reqwest_safe_retry_deadline_stops_total",
+        Count::RetryAfterHonoured => "reqwest_safe_retry_retry_after_honoured_total",
+        Count::KeyStamped => "reqwest_safe_retry_keys_stamped_total",
+    };
+    metrics::counter!(name, "dependency" => dependency.to_string()).increment(1);
+}
+
+/// One decision of the middleware, as the [`RetryObserver`] hook sees it.
+#[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
+pub struct RetryEvent<'a> {
+    /// The dependency's name.
+    pub dependency: &'a str,
+    /// The attempt just made, from 1.
+    pub attempt: u32,
+    /// Its response status, if it got a response.
+    pub status: Option<u16>,
+    /// Its error, as a short kind (`timeout`, `connect`, `reset`, `incomplete`, `permanent`,
+    /// `inner_layer`), if it failed.
+    pub error: Option<&'a str>,
+    /// The wait before the next attempt, if there is one.
+    pub delay: Option<Duration>,
+    /// Why the next attempt will not be made, if it will not.
+    pub stop: Option<StopReason>,
+}
+
+/// A hook called on every retry decision: after each attempt, with what happens next.
+///
+/// Any `Fn(&RetryEvent<'_>)` closure that is `Send + Sync` is one:
+///
+/// ```
+/// use std::sync::atomic::{AtomicU64, Ordering};
+/// use std::sync::Arc;
+/// use reqwest_safe_retry::{RetryEvent, RetryMiddleware, RetryPolicy};
+///
+/// let waits = Arc::new(AtomicU64::new(0));
+/// let seen = waits.clone();
+/// let middleware = RetryMiddleware::new(RetryPolicy::default()).with_observer(
+///     move |event: &RetryEvent<'_>| {
+///         if let Some(delay) = event.delay {
+///             seen.fetch_add(delay.as_millis() as u64, Ordering::Relaxed);
+///         }
+///     },
+/// );
+/// # drop(middleware);
+/// ```
+pub trait RetryObserver: Send + Sync + 'static {
+    /// Called once per attempt, after the decision about the next one.
+    fn on_decision(&self, event: &RetryEvent<'_>);
+}
+
+impl<F> RetryObserver for F
+where
+    F: Fn(&RetryEvent<'_>) + Send + Sync + 'static,
+{
+    fn on_decision(&self, event: &RetryEvent<'_>) {
+        self(event)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_add_up_and_clones_share_them() {
+        let counters = RetryCounters::new();
+        let name: Arc<str> = Arc::from("payments");
+        let clone = counters.clone();
+        for _ in 0..3 {
+            clone.add(Count::Attempt, &name);
+        }
+        counters.add(Count::Request, &name);
+        counters.add(Count::KeyStamped, &name);
+        let snap = counters.snapshot();
+        assert_eq!(snap.attempts, 3);
+        assert_eq!(snap.requests, 1);
+        assert_eq!(snap.keys_stamped, 1);
+        assert_eq!(snap.retries, 0);
+    }
+}

@@ -1,0 +1,417 @@
+//! Per dependency and per request: routing by host, overrides, one layer of retries, counters,
+//! the observer hook, `metrics` and tracing.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use reqwest_middleware::{ClientBuilder, ClientWithMiddleware};
+use reqwest_safe_retry::{
+    CounterSnapshot, Dependency, FakeClock, RetryBudget, RetryError, RetryEvent, RetryMiddleware,
+    RetryOverride, RetryPolicy, RetryRecord, SeededRng, StopReason,
+};
+use wiremock::matchers::any;
+use wiremock::{Mock, MockServer, ResponseTemplate};
+
+use crate::support::{self, Action, RawServer};
+
+async fn always(code: u16) -> MockServer {
+    let server = MockServer::start().await;
+    Mock::given(any())
+        .respond_with(ResponseTemplate::new(code))
+        .mount(&server)
+        .await;
+    server
+}
+
+fn attempts(n: u32) -> RetryPolicy {
+    RetryPolicy::builder().max_attempts(n).build().unwrap()
+}
+
+fn host_port(server: &MockServer) -> String {
+    server.address().to_string()
+}
+
+fn build(middleware: RetryMiddleware) -> ClientWithMiddleware {
+    ClientBuilder::new(reqwest::Client::new())
+        .with(
+            middleware
+                .with_clock(FakeClock::new())
+                .with_rng(SeededRng::new(6)),
+        )
+        .build()
+}
+
+#[tokio::test]
+async fn two_hosts_in_one_client_get_their_own_policies_and_budgets() {
+    let (a, b) = (always(503).await, always(503).await);
+    let small = RetryBudget::builder()
+        .capacity(2.0)
+        .floor_per_sec(0.0)
+        .build()
+        .unwrap();
+    let a_dep = Dependency::new("a", attempts(2)).with_budget(small.clone());
+    let b_dep = Dependency::new("b", attempts(4));
+    let (a_counters, b_counters) = (a_dep.counters().clone(), b_dep.counters().clone());
+    let b_budget = b_dep.budget().unwrap().clone();
+    let client = build(
+        RetryMiddleware::new(attempts(1))
+            .route(&host_port(&a), a_dep)
+            .route(&host_port(&b), b_dep),
+    );
+
+    // Exhaust a's budget: two retries are paid for, the third is refused.
+    for _ in 0..3 {
+        client.get(a.uri()).send().await.unwrap();
+    }
+    assert_eq!((small.retries(), small.refusals()), (2, 1));
+    assert_eq!(a.received_requests().await.unwrap().len(), 2 + 2 + 1);
+
+    // b's retries are untouched by a's empty bucket: four attempts, three paid retries.
+    let response = client.get(b.uri()).send().await.unwrap();
+    assert_eq!(RetryRecord::of(&response).unwrap().attempts(), 4);
+    assert_eq!(b.received_requests().await.unwrap().len(), 4);
+    assert_eq!(b_budget.retries(), 3);
+    assert_eq!(b_budget.refusals(), 0);
+    assert_eq!(a_counters.snapshot().budget_refusals, 1);
+    assert_eq!(b_counters.snapshot().budget_refusals, 0);
+    assert_eq!(b_counters.snapshot().requests, 1);
+}
+
+#[tokio::test]
+async fn unrouted_hosts_use_the_default_dependency() {
+    let server = always(503).await;
+    let routed = Dependency::new("elsewhere", attempts(5));
+    let middleware = RetryMiddleware::new(attempts(2)).route("api.example.com", routed);
+    let counters = middleware.counters().clone();
+    let client = build(middleware);
+
+    client.get(server.uri()).send().await.unwrap();
+
+    assert_eq!(server.received_requests().await.unwrap().len(), 2);
+    assert_eq!(counters.snapshot().attempts, 2);
+}
+
+#[tokio::test]
+async fn a_request_can_turn_retries_off_or_change_the_policy() {
+    let server = always(503).await;
+    let client = build(RetryMiddleware::new(attempts(3)));
+
+    let once = client
+        .get(server.uri())
+        .with_extension(RetryOverride::NoRetries)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(server.received_requests().await.unwrap().len(), 1);
+    let record = RetryRecord::of(&once).unwrap();
+    assert_eq!(record.stop_reason(), StopReason::RetriesDisabled);
+
+    let patient = client
+        .get(server.uri())
+        .with_extension(RetryOverride::Policy(attempts(5)))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(server.received_requests().await.unwrap().len(), 1 + 5);
+    assert_eq!(RetryRecord::of(&patient).unwrap().attempts(), 5);
+
+    client.get(server.uri()).send().await.unwrap();
+    assert_eq!(server.received_requests().await.unwrap().len(), 1 + 5 + 3);
+}
+
+fn nested(layers: usize) -> ClientWithMiddleware {
+    let mut builder = ClientBuilder::new(reqwest::Client::new());
+    for layer in 0..layers {
+        builder = builder.with(
+            RetryMiddleware::new(attempts(3))
+                .with_clock(FakeClock::new())
+                .with_rng(SeededRng::new(layer as u64)),
+        );
+    }
+    builder.build()
+}
+
+#[tokio::test]
+async fn three_nested_layers_make_three_attempts_not_twenty_seven() {
+    let server = always(503).await;
+    let client = nested(3);
+
+    for round in 1..=4 {
+        let response = client.get(server.uri()).send().await.unwrap();
+        assert_eq!(response.status(), 503);
+        // The innermost layer's record reaches the caller untouched.
+        let record = RetryRecord::of(&response).unwrap();
+        assert_eq!(record.attempts(), 3);
+        assert_eq!(record.stop_reason(), StopReason::AttemptsExhausted);
+        assert_eq!(server.received_requests().await.unwrap().len(), 3 * round);
+    }
+}
+
+#[tokio::test]
+async fn three_nested_layers_against_a_dead_socket_make_three_attempts() {
+    let server = RawServer::start(vec![Action::Close]).await;
+    let client = nested(3);
+
+    let err = client.get(server.url("/")).send().await.unwrap_err();
+
+    assert_eq!(server.requests(), 3);
+    // The innermost layer's error, not wrapped again by the outer ones.
+    let retry = RetryError::of(&err).unwrap();
+    assert_eq!(retry.attempts(), 3);
+    assert_eq!(retry.stop_reason(), StopReason::AttemptsExhausted);
+    assert!(RetryError::of(retry.last_error()).is_none());
+}
+
+/// A scripted scenario whose counts are computed by hand:
+///
+/// - GET /flaky: 503, 503, 200 (Retry-After: 1 on the second 503) → 1 request, 3 attempts,
+///   2 retries, 1 Retry-After honoured.
+/// - POST /orders: 201 → 1 request, 1 attempt, 1 key stamped.
+/// - GET /down: 503 with Retry-After: 3600 → 1 request, 1 attempt, stopped at once.
+/// - GET /slow with a 1.5 s deadline and waits of 1 s: 503, 503 → stops on the deadline:
+///   1 request, 2 attempts, 1 retry, 1 deadline stop.
+async fn scripted_scenario(name: &str) -> CounterSnapshot {
+    use wiremock::matchers::{method, path};
+    let server = MockServer::start().await;
+    Mock::given(path("/flaky"))
+        .respond_with(ResponseTemplate::new(503))
+        .up_to_n_times(1)
+        .mount(&server)
+        .await;
+    Mock::given(path("/flaky"))
+        .respond_with(ResponseTemplate::new(503).insert_header("retry-after", "1"))
+        .up_to_n_times(1)
+        .mount(&server)
+        .await;
+    Mock::given(path("/flaky"))
+        .respond_with(ResponseTemplate::new(200))
+        .mount(&server)
+        .await;
+    Mock::given(method("POST"))
+        .respond_with(ResponseTemplate::new(201))
+        .mount(&server)
+        .await;
+    Mock::given(path("/down"))
+        .respond_with(ResponseTemplate::new(503).insert_header("retry-after", "3600"))
+        .mount(&server)
+        .await;
+    Mock::given(path("/slow"))
+        .respond_with(ResponseTemplate::new(503))
+        .mount(&server)
+        .await;
+
+    let dependency = Dependency::new(name, RetryPolicy::default());
+    let counters = dependency.counters().clone();
+    let client = ClientBuilder::new(reqwest::Client::new())
+        .with(
+            RetryMiddleware::for_dependency(dependency)
+                .with_clock(FakeClock::new())
+                .with_rng(|| u64::MAX),
+        )
+        .build();
+    let url = |p: &str| format!("{}{p}", server.uri());
+
+    client.get(url("/flaky")).send().await.unwrap();
+    client.post(url("/orders")).body("x").send().await.unwrap();
+    client.get(url("/down")).send().await.unwrap();
+    let slow = RetryPolicy::builder()
+        .base_delay(Duration::from_secs(1))
+        .deadline(Duration::from_millis(1500))
+        .build()
+        .unwrap();
+    client
+        .get(url("/slow"))
+        .with_extension(RetryOverride::Policy(slow))
+        .send()
+        .await
+        .unwrap();
+    counters.snapshot()
+}
+
+fn expected() -> CounterSnapshot {
+    let mut c = CounterSnapshot::default();
+    c.requests = 4;
+    c.attempts = 3 + 1 + 1 + 2;
+    c.retries = 2 + 1;
+    c.budget_refusals = 0;
+    c.deadline_stops = 1;
+    c.retry_after_honoured = 1;
+    c.keys_stamped = 1;
+    c
+}
+
+#[tokio::test]
+async fn counters_after_a_scripted_scenario_equal_the_hand_count() {
+    assert_eq!(scripted_scenario("scripted").await, expected());
+}
+
+#[tokio::test]
+async fn the_observer_sees_every_decision() {
+    let server = always(503).await;
+    let events = Arc::new(Mutex::new(Vec::new()));
+    let seen = events.clone();
+    let client = build(
+        RetryMiddleware::for_dependency(Dependency::new("observed", attempts(3))).with_observer(
+            move |e: &RetryEvent<'_>| {
+                seen.lock().unwrap().push((
+                    e.dependency.to_owned(),
+                    e.attempt,
+                    e.status,
+                    e.delay.is_some(),
+                    e.stop,
+                ));
+            },
+        ),
+    );
+
+    client.get(server.uri()).send().await.unwrap();
+
+    let events = events.lock().unwrap().clone();
+    let name = "observed".to_owned();
+    assert_eq!(
+        events,
+        [
+            (name.clone(), 1, Some(503), true, None),
+            (name.clone(), 2, Some(503), true, None),
+            (
+                name,
+                3,
+                Some(503),
+                false,
+                Some(StopReason::AttemptsExhausted)
+            ),
+        ]
+    );
+}
+
+/// A `metrics` recorder that keeps every counter in memory, keyed by name and labels.
+#[derive(Debug, Default)]
+struct MemoryRecorder {
+    counters: Mutex<HashMap<String, Arc<Cell>>>,
+}
+
+#[derive(Debug, Default)]
+struct Cell(AtomicU64);
+
+impl metrics::CounterFn for Cell {
+    fn increment(&self, value: u64) {
+        self.0.fetch_add(value, Ordering::SeqCst);
+    }
+    fn absolute(&self, value: u64) {
+        self.0.store(value, Ordering::SeqCst);
+    }
+}
+
+impl MemoryRecorder {
+    fn get(&self, name: &str, dependency: &str) -> u64 {
+        let key = format!("{name}{{dependency={dependency}}}");
+        self.counters
+            .lock()
+            .unwrap()
+            .get(&key)
+            .map_or(0, |c| c.0.load(Ordering::SeqCst))
+    }
+}
+
+impl metrics::Recorder for MemoryRecorder {
+    fn describe_counter(
+        &self,
+        _: metrics::KeyName,
+        _: Option<metrics::Unit>,
+        _: metrics::SharedString,
+    ) {
+    }
+    fn describe_gauge(
+        &self,
+        _: metrics::KeyName,
+        _: Option<metrics::Unit>,
+        _: metrics::SharedString,
+    ) {
+    }
+    fn describe_histogram(
+        &self,
+        _: metrics::KeyName,
+        _: Option<metrics::Unit>,
+        _: metrics::SharedString,
+    ) {
+    }
+
+    fn register_counter(&self, key: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Counter {
+        let labels: Vec<String> = key
+            .labels()
+            .map(|l| format!("{}={}", l.key(), l.value()))
+            .collect();
+        let name = format!("{}{{{}}}", key.name(), labels.join(","));
+        let cell = self
+            .counters
+            .lock()
+            .unwrap()
+            .entry(name)
+            .or_default()
+            .clone();
+        metrics::Counter::from_arc(cell)
+    }
+
+    fn register_gauge(&self, _: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Gauge {
+        metrics::Gauge::noop()
+    }
+
+    fn register_histogram(
+        &self,
+        _: &metrics::Key,
+        _: &metrics::Metadata<'_>,
+    ) -> metrics::Histogram {
+        metrics::Histogram::noop()
+    }
+}
+
+fn recorder() -> &'static MemoryRecorder {
+    static RECORDER: OnceLock<&'static MemoryRecorder> = OnceLock::new();
+    RECORDER.get_or_init(|| {
+        let recorder: &'static MemoryRecorder = Box::leak(Box::default());
+        metrics::set_global_recorder(recorder).expect("the only recorder in this test binary");
+        recorder
+    })
+}
+
+#[tokio::test]
+async fn the_metrics_facade_sees_the_same_counts() {
+    let recorder = recorder();
+    // A dependency name no other test uses: the recorder is global to the test binary.
+    let name = "metrics-scripted";
+
+    let counts = scripted_scenario(name).await;
+
+    assert_eq!(counts, expected());
+    let metric = |m: &str| recorder.get(&format!("reqwest_safe_retry_{m}_total"), name);
+    assert_eq!(metric("requests"), counts.requests);
+    assert_eq!(metric("attempts"), counts.attempts);
+    assert_eq!(metric("retries"), counts.retries);
+    assert_eq!(metric("budget_refusals"), counts.budget_refusals);
+    assert_eq!(metric("deadline_stops"), counts.deadline_stops);
+    assert_eq!(metric("retry_after_honoured"), counts.retry_after_honoured);
+    assert_eq!(metric("keys_stamped"), counts.keys_stamped);
+}
+
+#[tokio::test]
+async fn a_routed_dependency_counts_apart_from_the_default() {
+    let server = always(200).await;
+    let routed = Dependency::new("routed", attempts(3));
+    let routed_counters = routed.counters().clone();
+    let middleware = RetryMiddleware::new(attempts(3)).route(&host_port(&server), routed);
+    let default_counters = middleware.counters().clone();
+    let client = build(middleware);
+
+    client.get(server.uri()).send().await.unwrap();
+    client
+        .get(support::refused_url().await)
+        .send()
+        .await
+        .unwrap_err();
+
+    assert_eq!(routed_counters.snapshot().requests, 1);
+    assert_eq!(default_counters.snapshot().requests, 1);
+    assert_eq!(default_counters.snapshot().attempts, 3);
+}

@@ -1,0 +1,177 @@
+//! The documented span and event fields, captured from a retried request.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use reqwest_middleware::ClientBuilder;
+use reqwest_safe_retry::{Dependency, FakeClock, RetryMiddleware, RetryPolicy};
+use tracing::field::{Field, Visit};
+use tracing::span::{Attributes, Id, Record};
+use tracing::{Event, Metadata, Subscriber};
+use wiremock::matchers::any;
+use wiremock::{Mock, MockServer, ResponseTemplate};
+
+/// One span or event: its name (the message, for events), target and fields as text.
+#[derive(Debug, Clone)]
+struct Captured {
+    name: String,
+    target: String,
+    fields: Vec<(String, String)>,
+}
+
+impl Captured {
+    fn field(&self, name: &str) -> Option<&str> {
+        self.fields
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+struct Fields<'a>(&'a mut Vec<(String, String)>);
+
+impl Visit for Fields<'_> {
+    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+        self.0.push((field.name().to_owned(), format!("{value:?}")));
+    }
+    fn record_str(&mut self, field: &Field, value: &str) {
+        self.0.push((field.name().to_owned(), value.to_owned()));
+    }
+}
+
+/// A subscriber that keeps everything from this crate's target.
+#[derive(Default, Clone)]
+struct Capture {
+    spans: Arc<Mutex<Vec<Captured>>>,
+    events: Arc<Mutex<Vec<Captured>>>,
+    next_id: Arc<AtomicU64>,
+}
+
+impl Subscriber for Capture {
+    // A callsite's interest is cached for the whole process: answering "sometimes" makes every
+    // event ask `enabled`, which asks this thread's capture.
+    fn register_callsite(&self, _: &'static Metadata<'static>) -> tracing::subscriber::Interest {
+        tracing::subscriber::Interest::sometimes()
+    }
+
+    fn max_level_hint(&self) -> Option<tracing::level_filters::LevelFilter> {
+        Some(tracing::level_filters::LevelFilter::TRACE)
+    }
+
+    fn enabled(&self, metadata: &Metadata<'_>) -> bool {
+        metadata.target() == "reqwest_safe_retry" && CAPTURING.with(|c| c.get())
+    }
+
+    fn new_span(&self, span: &Attributes<'_>) -> Id {
+        let mut fields = Vec::new();
+        span.record(&mut Fields(&mut fields));
+        self.spans.lock().unwrap().push(Captured {
+            name: span.metadata().name().to_owned(),
+            target: span.metadata().target().to_owned(),
+            fields,
+        });
+        Id::from_u64(self.next_id.fetch_add(1, Ordering::SeqCst) + 1)
+    }
+
+    fn record(&self, _: &Id, _: &Record<'_>) {}
+    fn record_follows_from(&self, _: &Id, _: &Id) {}
+
+    fn event(&self, event: &Event<'_>) {
+        let mut fields = Vec::new();
+        event.record(&mut Fields(&mut fields));
+        let message = fields
+            .iter()
+            .find(|(n, _)| n == "message")
+            .map(|(_, v)| v.clone())
+            .unwrap_or_default();
+        self.events.lock().unwrap().push(Captured {
+            name: message,
+            target: event.metadata().target().to_owned(),
+            fields,
+        });
+    }
+
+    fn enter(&self, _: &Id) {}
+    fn exit(&self, _: &Id) {}
+}
+
+thread_local! {
+    static CAPTURING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// The process-wide capture. A thread-local subscriber (`set_default`) is not enough here: tests
+/// run on parallel threads, and a callsite first reached on a thread without a subscriber would be
+/// cached as uninteresting for every thread. A global subscriber that records only on threads
+/// that asked for it has no such race.
+fn capture() -> &'static Capture {
+    static CAPTURE: std::sync::OnceLock<Capture> = std::sync::OnceLock::new();
+    CAPTURE.get_or_init(|| {
+        let capture = Capture::default();
+        tracing::subscriber::set_global_default(capture.clone())
+            .expect("the only global subscriber in this test binary");
+        capture
+    })
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_retried_request_emits_the_documented_span_and_events() {
+    let capture = capture();
+    CAPTURING.with(|c| c.set(true));
+    let server = MockServer::start().await;
+    Mock::given(any())
+        .respond_with(ResponseTemplate::new(503))
+        .up_to_n_times(1)
+        .mount(&server)
+        .await;
+    Mock::given(any())
+        .respond_with(ResponseTemplate::new(200))
+        .mount(&server)
+        .await;
+    let client = ClientBuilder::new(reqwest::Client::new())
+        .with(
+            RetryMiddleware::for_dependency(Dependency::new("inventory", RetryPolicy::default()))
+                .with_clock(FakeClock::new())
+                .with_rng(|| u64::MAX),
+        )
+        .build();
+
+    client
+        .get(format!("{}/items?secret=1", server.uri()))
+        .send()
+        .await
+        .unwrap();
+
+    CAPTURING.with(|c| c.set(false));
+    let spans = capture.spans.lock().unwrap().clone();
+    assert_eq!(spans.len(), 1);
+    let span = &spans[0];
+    assert_eq!(span.name, "reqwest_safe_retry.request");
+    assert_eq!(span.target, "reqwest_safe_retry");
+    assert_eq!(span.field("dependency"), Some("inventory"));
+    assert_eq!(span.field("method"), Some("GET"));
+    assert_eq!(span.field("host"), Some("127.0.0.1"));
+    // The path, never the query: query strings often carry secrets.
+    assert_eq!(span.field("path"), Some("/items"));
+
+    let events = capture.events.lock().unwrap().clone();
+    let names: Vec<&str> = events.iter().map(|e| e.name.as_str()).collect();
+    assert_eq!(
+        names,
+        ["attempt finished", "attempt finished", "retrying stopped"]
+    );
+    let first = &events[0];
+    assert_eq!(first.field("attempt"), Some("1"));
+    assert_eq!(first.field("status"), Some("503"));
+    assert_eq!(first.field("decision"), Some("status"));
+    assert_eq!(first.field("delay_ms"), Some("100"));
+    let second = &events[1];
+    assert_eq!(second.field("attempt"), Some("2"));
+    assert_eq!(second.field("status"), Some("200"));
+    assert_eq!(second.field("decision"), Some("succeeded"));
+    assert_eq!(second.field("delay_ms"), None);
+    let stop = &events[2];
+    assert_eq!(stop.field("attempts"), Some("2"));
+    assert_eq!(stop.field("reason"), Some("succeeded"));
+    assert_eq!(stop.field("waited_ms"), Some("100"));
+    assert!(events.iter().all(|e| e.target == "reqwest_safe_retry"));
+}
