@@ -70,6 +70,7 @@ pub(crate) fn is_transient_status(
 /// The transient fault behind `err`, or `None` when the error is permanent.
 pub(crate) fn transport_fault(err: &reqwest_middleware::Error) -> Option<Fault> {
     match err {
+        _ if crate::error::AttemptTimeout::is(err) => Some(Fault::Timeout),
         // Another middleware's error, including one from an inner instance of ours that has
         // already given up: never ours to repeat.
         reqwest_middleware::Error::Middleware(_) => None,

@@ -73,6 +73,11 @@ impl Clock for TokioClock {
     }
 
     fn sleep(&self, duration: Duration) -> Sleep {
+        if duration.is_zero() {
+            // tokio's timer ticks in milliseconds: a zero sleep would still wait for the next
+            // tick. Yielding lets other tasks run without that wait.
+            return Box::pin(tokio::task::yield_now());
+        }
         Box::pin(tokio::time::sleep(duration))
     }
 }

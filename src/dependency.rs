@@ -10,7 +10,7 @@
 use std::sync::Arc;
 
 use crate::budget::RetryBudget;
-use crate::observe::RetryCounters;
+use crate::observe::{MetricKeys, RetryCounters};
 use crate::policy::RetryPolicy;
 
 /// One dependency's retry settings: a name (for counters, metrics and traces), a policy, a
@@ -36,6 +36,7 @@ pub struct Dependency {
     pub(crate) policy: RetryPolicy,
     pub(crate) budget: Option<RetryBudget>,
     pub(crate) counters: RetryCounters,
+    pub(crate) metric_keys: MetricKeys,
 }
 
 impl Dependency {
@@ -47,6 +48,7 @@ impl Dependency {
             policy,
             budget: Some(RetryBudget::default()),
             counters: RetryCounters::new(),
+            metric_keys: MetricKeys::new(name),
         }
     }
 

@@ -211,9 +211,10 @@ impl RetryError {
         self.last
     }
 
-    /// Whether the last attempt timed out.
+    /// Whether the last attempt timed out: reqwest's own timeout (set on the client or the
+    /// request) or the policy's per-attempt timeout ([`AttemptTimeout`]).
     pub fn is_timeout(&self) -> bool {
-        self.last.is_timeout()
+        self.last.is_timeout() || AttemptTimeout::is(&self.last)
     }
 
     /// Whether the last attempt failed to connect.
@@ -253,6 +254,28 @@ impl std::error::Error for RetryError {
             reqwest_middleware::Error::Reqwest(e) => Some(e),
             reqwest_middleware::Error::Middleware(e) => Some(e.as_ref()),
         }
+    }
+}
+
+/// The error of an attempt that outlasted its timeout: the policy's
+/// [`attempt_timeout`](crate::RetryPolicyBuilder::attempt_timeout), cut to what the deadline
+/// left. Found as the [`last_error`](RetryError::last_error) of a [`RetryError`], which then
+/// answers `is_timeout()` with `true`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("attempt timed out after {after:?}")]
+pub struct AttemptTimeout {
+    pub(crate) after: Duration,
+}
+
+impl AttemptTimeout {
+    /// The timeout the attempt had.
+    pub fn after(&self) -> Duration {
+        self.after
+    }
+
+    /// Whether `err` is an attempt timeout.
+    pub(crate) fn is(err: &reqwest_middleware::Error) -> bool {
+        matches!(err, reqwest_middleware::Error::Middleware(e) if e.is::<AttemptTimeout>())
     }
 }
 

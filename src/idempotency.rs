@@ -13,6 +13,7 @@
 use std::fmt;
 use std::sync::Arc;
 
+use bytes::Bytes;
 use http::{HeaderName, HeaderValue, Method};
 
 use crate::policy::InvalidPolicy;
@@ -59,7 +60,8 @@ where
     }
 }
 
-/// Random version 4 UUIDs from the operating system's generator: the default key source.
+/// Random version 4 UUIDs from a generator seeded by the operating system: the default key
+/// source.
 #[derive(Debug, Clone, Copy, Default)]
 #[non_exhaustive]
 pub struct UuidKeys;
@@ -73,7 +75,7 @@ impl UuidKeys {
 
 impl KeySource for UuidKeys {
     fn next_key(&self) -> String {
-        uuid::Uuid::new_v4().to_string()
+        random_uuid().to_string()
     }
 }
 
@@ -169,32 +171,47 @@ impl IdempotencyKeys {
     }
 
     /// A new key, formatted as a header value.
+    ///
+    /// The value's bytes are reference-counted from the start (`Bytes::from_owner`), so the
+    /// copies that every attempt and the record keep cost no further allocation.
     pub(crate) fn new_value(&self) -> Result<HeaderValue, InvalidKey> {
-        match &self.source {
-            None => {
-                // The default path formats straight into a stack buffer: no `String` per request.
-                let mut buf = [0u8; 38];
-                let uuid = uuid::Uuid::new_v4();
-                let (start, end) = match self.format {
-                    KeyFormat::Quoted => {
-                        buf[0] = b'"';
-                        buf[37] = b'"';
-                        uuid.hyphenated().encode_lower(&mut buf[1..37]);
-                        (0, 38)
-                    }
-                    KeyFormat::Token => {
-                        uuid.hyphenated().encode_lower(&mut buf[..36]);
-                        (0, 36)
-                    }
-                };
-                HeaderValue::from_bytes(&buf[start..end]).map_err(|_| InvalidKey {
-                    key: String::from_utf8_lossy(&buf[start..end]).into_owned(),
-                    format: self.format,
-                })
-            }
-            Some(source) => format_key(&source.next_key(), self.format),
-        }
+        let Some(source) = &self.source else {
+            // The default: a UUID v4 from the thread-local CSPRNG, formatted on the stack.
+            let uuid = random_uuid();
+            let mut buf = [0u8; 38];
+            let len = match self.format {
+                KeyFormat::Quoted => {
+                    buf[0] = b'"';
+                    uuid.hyphenated().encode_lower(&mut buf[1..37]);
+                    buf[37] = b'"';
+                    38
+                }
+                KeyFormat::Token => {
+                    uuid.hyphenated().encode_lower(&mut buf[..36]);
+                    36
+                }
+            };
+            let bytes = Bytes::from_owner(buf).slice(..len);
+            return HeaderValue::from_maybe_shared(bytes).map_err(|_| InvalidKey {
+                key: uuid.to_string(),
+                format: self.format,
+            });
+        };
+        let key = source.next_key();
+        let text = format_key(&key, self.format)?;
+        HeaderValue::from_maybe_shared(Bytes::from_owner(text)).map_err(|_| InvalidKey {
+            key,
+            format: self.format,
+        })
     }
+}
+
+/// A version 4 UUID from the thread-local generator of `rand` (seeded by the operating system),
+/// which spares a system call per key.
+fn random_uuid() -> uuid::Uuid {
+    let mut bytes = [0u8; 16];
+    rand::Rng::fill_bytes(&mut rand::rng(), &mut bytes);
+    uuid::Builder::from_random_bytes(bytes).into_uuid()
 }
 
 impl Default for IdempotencyKeys {
@@ -340,7 +357,7 @@ impl InvalidKey {
 /// A Structured Field String (RFC 8941 §3.3.3) holds printable ASCII (0x20-0x7E), with `"` and
 /// `\` escaped by a backslash. A bare token must be visible ASCII without spaces, so that the
 /// value means the same to every parser.
-pub(crate) fn format_key(key: &str, format: KeyFormat) -> Result<HeaderValue, InvalidKey> {
+pub(crate) fn format_key(key: &str, format: KeyFormat) -> Result<String, InvalidKey> {
     let invalid = || InvalidKey {
         key: key.to_owned(),
         format,
@@ -348,7 +365,7 @@ pub(crate) fn format_key(key: &str, format: KeyFormat) -> Result<HeaderValue, In
     if key.is_empty() {
         return Err(invalid());
     }
-    let value = match format {
+    match format {
         KeyFormat::Quoted => {
             if !key.bytes().all(|b| (0x20..=0x7E).contains(&b)) {
                 return Err(invalid());
@@ -362,16 +379,15 @@ pub(crate) fn format_key(key: &str, format: KeyFormat) -> Result<HeaderValue, In
                 out.push(c);
             }
             out.push('"');
-            out
+            Ok(out)
         }
         KeyFormat::Token => {
             if !key.bytes().all(|b| (0x21..=0x7E).contains(&b)) {
                 return Err(invalid());
             }
-            key.to_owned()
+            Ok(key.to_owned())
         }
-    };
-    HeaderValue::from_str(&value).map_err(|_| invalid())
+    }
 }
 
 #[cfg(test)]

@@ -118,11 +118,12 @@
 //! `is_timeout()`, `is_connect()`, `status()` and `url()` for the last attempt, with the attempt
 //! count and the stop reason.
 //!
-//! The policy's per-attempt timeout is set as each attempt's request timeout. In reqwest a
-//! request's own timeout replaces the client's, so a timeout set with
-//! `reqwest::ClientBuilder::timeout` does not apply to requests sent through this middleware:
-//! configure it as [`RetryPolicyBuilder::attempt_timeout`] instead. A shorter timeout set on one
-//! request (`RequestBuilder::timeout`) is kept.
+//! The policy's per-attempt timeout covers an attempt from sending until the response head (or,
+//! with `buffer_body`, the whole body) has arrived; it is enforced by the middleware on tokio's
+//! timer, in real time, so the runtime needs its timer enabled. Timeouts set on the
+//! `reqwest::Client` or on one request still apply as reqwest applies them, and count as
+//! transient failures too. An attempt cut by the policy's timeout fails with an
+//! [`AttemptTimeout`], and [`RetryError::is_timeout`] is `true` for either kind.
 //!
 //! # Response bodies
 //!
@@ -226,7 +227,7 @@ pub use budget::{RetryBudget, RetryBudgetBuilder, RetryKind};
 pub use clock::FakeClock;
 pub use clock::{Clock, Sleep, TokioClock};
 pub use dependency::{Dependency, RetryOverride};
-pub use error::{RetryError, RetryRecord, StopReason};
+pub use error::{AttemptTimeout, RetryError, RetryRecord, StopReason};
 pub use idempotency::{
     IdempotencyKeys, IdempotencyKeysBuilder, InvalidKey, KeyFormat, KeySource, SeededKeys, UuidKeys,
 };

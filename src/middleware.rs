@@ -2,8 +2,8 @@
 //!
 //! One call to `send()` is one logical request. The loop picks the request's dependency (by
 //! host) and policy (or the request's own override), decides its idempotency key, then for each
-//! attempt: clones the request (the original is kept for the next one), sets the attempt's
-//! timeout (the policy's, cut to what the deadline leaves), sends it down the chain, asks
+//! attempt: clones the request (the original is kept for the next one), sends it down the chain
+//! within the attempt's timeout (the policy's, cut to what the deadline leaves), asks
 //! `classify` whether the outcome is a transient failure that is safe to repeat, and if so asks
 //! `schedule` for the wait (backoff, `Retry-After` floor, deadline), pays the budget, and sleeps
 //! on the injected clock. Every decision is made by the pure modules below it.
@@ -31,7 +31,7 @@ use crate::budget::{RetryBudget, RetryKind};
 use crate::classify::{self, Fault};
 use crate::clock::{Clock, SharedClock, TokioClock};
 use crate::dependency::{Dependency, HostMatch, RetryOverride};
-use crate::error::{RetryError, RetryRecord, StopReason};
+use crate::error::{AttemptTimeout, RetryError, RetryRecord, StopReason};
 use crate::idempotency::IdempotencyKeys;
 use crate::observe::{Count, RetryCounters, RetryEvent, RetryObserver};
 use crate::policy::RetryPolicy;
@@ -204,18 +204,18 @@ impl RetryMiddleware {
         dependency: &Dependency,
     ) -> reqwest_middleware::Result<Response> {
         let counters = &dependency.counters;
-        let count = |c: Count| counters.add(c, &dependency.name);
+        let count = |c: Count| counters.add(c, &dependency.metric_keys);
         count(Count::Request);
 
-        let overridden = extensions.get::<RetryOverride>().copied();
-        let policy = match overridden {
-            Some(RetryOverride::Policy(policy)) => policy,
-            _ => dependency.policy,
+        // The future keeps a policy by reference; an override is boxed, which keeps the future
+        // small for the requests that have none.
+        let (overriding, no_retries) = match extensions.get::<RetryOverride>() {
+            Some(RetryOverride::Policy(policy)) => (Some(Box::new(*policy)), false),
+            Some(RetryOverride::NoRetries) => (None, true),
+            None => (None, false),
         };
-        let max_attempts = match overridden {
-            Some(RetryOverride::NoRetries) => 1,
-            _ => policy.max_attempts(),
-        };
+        let policy: &RetryPolicy = overriding.as_deref().unwrap_or(&dependency.policy);
+        let max_attempts = if no_retries { 1 } else { policy.max_attempts() };
         let budget = dependency.budget.as_ref();
         let idempotent = classify::is_idempotent(request.method());
         let key = match self.key_for(&mut request) {
@@ -249,42 +249,59 @@ impl RetryMiddleware {
         let mut attempt: u32 = 0;
         let mut waited = Duration::ZERO;
         let mut last_cost = 0;
-        let mut pending = request;
+        // A copy is kept for the next attempt while the request goes out; none is made for the
+        // last attempt, and none can be made of a body that is a stream.
+        let mut kept = Some(request);
         loop {
             attempt += 1;
             count(Count::Attempt);
-            let spare = if attempt < max_attempts {
-                pending.try_clone()
-            } else {
-                None
+            let Some(sending) = kept.take() else {
+                unreachable!("a request is kept for every attempt that is made");
             };
-            let mut sending = pending;
-            limit_timeout(&mut sending, policy.attempt_timeout().min(remaining()));
-
-            let mut outcome = next.clone().run(sending, extensions).await;
-            if let (Some(limit), Ok(_)) = (policy.buffer_body_limit(), &outcome) {
-                outcome = match outcome {
-                    Ok(response) => body::buffer(response, limit)
-                        .await
-                        .map_err(reqwest_middleware::Error::Reqwest),
-                    err => err,
-                };
+            if attempt < max_attempts {
+                kept = sending.try_clone();
+            }
+            // The deadline cannot have been reached before the first attempt: no clock reading.
+            let limit = if attempt == 1 {
+                policy.attempt_timeout().min(policy.deadline())
+            } else {
+                policy.attempt_timeout().min(remaining())
+            };
+            // Enforced here, in real time, rather than as the request's own timeout: reqwest would
+            // then replace a timeout the caller set on the client, and box a timer per request.
+            let ends = tokio::time::Instant::now() + limit;
+            let timed_out =
+                || reqwest_middleware::Error::middleware(AttemptTimeout { after: limit });
+            let mut outcome = tokio::time::timeout_at(ends, next.clone().run(sending, extensions))
+                .await
+                .unwrap_or_else(|_| Err(timed_out()));
+            if let (Some(buffer), Ok(_)) = (policy.buffer_body_limit(), &outcome) {
+                if let Ok(response) = outcome {
+                    // Boxed: the reading state is large, and most requests never need it.
+                    let reading = Box::pin(body::buffer(response, buffer));
+                    outcome = match tokio::time::timeout_at(ends, reading).await {
+                        Ok(read) => read.map_err(reqwest_middleware::Error::Reqwest),
+                        Err(_) => Err(timed_out()),
+                    };
+                }
             }
 
-            let verdict = judge(&policy, &outcome, idempotent, keyed);
-            let left = remaining();
+            let verdict = judge(policy, &outcome, idempotent, keyed);
+            // Read the clock only when a retry is in question: a success needs no deadline.
+            let left = match verdict {
+                Verdict::Transient(..) => remaining(),
+                _ => Duration::MAX,
+            };
             let mut floor = None;
             let decision = match verdict {
                 Verdict::Final(stop) => Wait::Stop(stop),
                 // Another instance nearer the transport has finished with this request.
                 Verdict::InnerLayer => Wait::Stop(StopReason::NotRetryable),
-                Verdict::Transient(..) if overridden == Some(RetryOverride::NoRetries) => {
-                    Wait::Stop(StopReason::RetriesDisabled)
-                }
+                Verdict::Transient(..) if no_retries => Wait::Stop(StopReason::RetriesDisabled),
                 Verdict::Transient(..) if attempt >= max_attempts => {
                     Wait::Stop(StopReason::AttemptsExhausted)
                 }
-                Verdict::Transient(..) if spare.is_none() => {
+                Verdict::Transient(..) if kept.is_none() => {
                     Wait::Stop(StopReason::BodyNotCloneable)
                 }
                 Verdict::Transient(..) if left.is_zero() => Wait::Stop(StopReason::DeadlineReached),
@@ -293,7 +310,7 @@ impl RetryMiddleware {
                         let value = response.headers().get(http::header::RETRY_AFTER)?;
                         retry_after::parse(value.as_bytes(), clock.wall_now())
                     });
-                    match schedule::next_wait(&policy, attempt - 1, floor, left, &*self.rng.0) {
+                    match schedule::next_wait(policy, attempt - 1, floor, left, &*self.rng.0) {
                         // Charge before sleeping: a retry that waits has already been paid for.
                         Wait::Sleep(delay) => match budget {
                             None => Wait::Sleep(delay),
@@ -325,8 +342,8 @@ impl RetryMiddleware {
             }
             self.report(&dependency.name, attempt, &outcome, verdict, decision);
 
-            let (delay, next_request) = match (decision, spare) {
-                (Wait::Sleep(delay), Some(next_request)) => (delay, next_request),
+            let delay = match (decision, &kept) {
+                (Wait::Sleep(delay), Some(_)) => delay,
                 (decision, _) => {
                     let stop = match decision {
                         Wait::Stop(stop) => stop,
@@ -363,7 +380,6 @@ impl RetryMiddleware {
             drop(outcome);
             clock.sleep(delay).await;
             waited = waited.saturating_add(delay);
-            pending = next_request;
         }
     }
 
@@ -508,12 +524,6 @@ fn judge(
     }
 }
 
-/// Gives the attempt the policy's timeout, unless the request already has a shorter one.
-fn limit_timeout(request: &mut Request, limit: Duration) {
-    let timeout = request.timeout_mut();
-    *timeout = Some(timeout.map_or(limit, |t| t.min(limit)));
-}
-
 fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
@@ -522,7 +532,7 @@ fn millis(d: Duration) -> u64 {
 const TARGET: &str = "reqwest_safe_retry";
 
 /// The header a server following the Stripe convention sets on a replayed response.
-const REPLAYED: &str = "idempotent-replayed";
+const REPLAYED: http::HeaderName = http::HeaderName::from_static("idempotent-replayed");
 
 fn finish(
     outcome: reqwest_middleware::Result<Response>,
@@ -532,7 +542,7 @@ fn finish(
         Ok(mut response) => {
             record.replayed = response
                 .headers()
-                .get(REPLAYED)
+                .get(&REPLAYED)
                 .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"true"));
             response.extensions_mut().insert(record);
             Ok(response)

@@ -94,17 +94,17 @@ impl fmt::Debug for RetryCounters {
 /// One count to add, for the counters and, with the feature, for `metrics`.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Count {
-    Request,
-    Attempt,
-    Retry,
-    BudgetRefusal,
-    DeadlineStop,
-    RetryAfterHonoured,
-    KeyStamped,
+    Request = 0,
+    Attempt = 1,
+    Retry = 2,
+    BudgetRefusal = 3,
+    DeadlineStop = 4,
+    RetryAfterHonoured = 5,
+    KeyStamped = 6,
 }
 
 impl RetryCounters {
-    pub(crate) fn add(&self, count: Count, dependency: &Arc<str>) {
+    pub(crate) fn add(&self, count: Count, keys: &MetricKeys) {
         let c = &*self.inner;
         let counter = match count {
             Count::Request => &c.requests,
@@ -116,25 +116,55 @@ impl RetryCounters {
             Count::KeyStamped => &c.keys_stamped,
         };
         counter.fetch_add(1, Ordering::Relaxed);
-        #[cfg(feature = "metrics")]
-        export(count, dependency);
-        #[cfg(not(feature = "metrics"))]
-        let _ = dependency;
+        keys.export(count);
     }
 }
 
-#[cfg(feature = "metrics")]
-fn export(count: Count, dependency: &Arc<str>) {
-    let name = match count {
-        Count::Request => "reqwest_safe_retry_requests_total",
-        Count::Attempt => "reqwest_safe_retry_attempts_total",
-        Count::Retry => "reqwest_safe_retry_retries_total",
-        Count::BudgetRefusal => "reqwest_safe_retry_budget_refusals_total",
-        Count::DeadlineStop => "reqwest_safe_retry_deadline_stops_total",
-        Count::RetryAfterHonoured => "reqwest_safe_retry_retry_after_honoured_total",
-        Count::KeyStamped => "reqwest_safe_retry_keys_stamped_total",
-    };
-    metrics::counter!(name, "dependency" => dependency.to_string()).increment(1);
+/// The `metrics` keys of one dependency, built once so that counting allocates nothing.
+#[derive(Debug, Clone)]
+pub(crate) struct MetricKeys {
+    #[cfg(feature = "metrics")]
+    keys: Arc<[metrics::Key; 7]>,
+}
+
+impl MetricKeys {
+    #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+    pub(crate) fn new(dependency: &str) -> Self {
+        #[cfg(feature = "metrics")]
+        {
+            let label = metrics::Label::new("dependency", dependency.to_owned());
+            let key = |name: &'static str| metrics::Key::from_parts(name, vec![label.clone()]);
+            MetricKeys {
+                keys: Arc::new([
+                    key("reqwest_safe_retry_requests_total"),
+                    key("reqwest_safe_retry_attempts_total"),
+                    key("reqwest_safe_retry_retries_total"),
+                    key("reqwest_safe_retry_budget_refusals_total"),
+                    key("reqwest_safe_retry_deadline_stops_total"),
+                    key("reqwest_safe_retry_retry_after_honoured_total"),
+                    key("reqwest_safe_retry_keys_stamped_total"),
+                ]),
+            }
+        }
+        #[cfg(not(feature = "metrics"))]
+        MetricKeys {}
+    }
+
+    #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+    fn export(&self, count: Count) {
+        #[cfg(feature = "metrics")]
+        {
+            static METADATA: metrics::Metadata<'static> = metrics::Metadata::new(
+                "reqwest_safe_retry",
+                metrics::Level::INFO,
+                Some(module_path!()),
+            );
+            let key = &self.keys[count as usize];
+            metrics::with_recorder(|recorder| {
+                recorder.register_counter(key, &METADATA).increment(1)
+            });
+        }
+    }
 }
 
 /// One decision of the middleware, as the [`RetryObserver`] hook sees it.
@@ -197,7 +227,7 @@ mod tests {
     #[test]
     fn counts_add_up_and_clones_share_them() {
         let counters = RetryCounters::new();
-        let name: Arc<str> = Arc::from("payments");
+        let name = MetricKeys::new("payments");
         let clone = counters.clone();
         for _ in 0..3 {
             clone.add(Count::Attempt, &name);

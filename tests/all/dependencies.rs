@@ -1,9 +1,13 @@
 //! Per dependency and per request: routing by host, overrides, one layer of retries, counters,
 //! the observer hook, `metrics` and tracing.
 
+#[cfg(feature = "metrics")]
 use std::collections::HashMap;
+#[cfg(feature = "metrics")]
+use std::sync::OnceLock;
+#[cfg(feature = "metrics")]
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use reqwest_middleware::{ClientBuilder, ClientWithMiddleware};
@@ -287,14 +291,17 @@ async fn the_observer_sees_every_decision() {
 }
 
 /// A `metrics` recorder that keeps every counter in memory, keyed by name and labels.
+#[cfg(feature = "metrics")]
 #[derive(Debug, Default)]
 struct MemoryRecorder {
     counters: Mutex<HashMap<String, Arc<Cell>>>,
 }
 
+#[cfg(feature = "metrics")]
 #[derive(Debug, Default)]
 struct Cell(AtomicU64);
 
+#[cfg(feature = "metrics")]
 impl metrics::CounterFn for Cell {
     fn increment(&self, value: u64) {
         self.0.fetch_add(value, Ordering::SeqCst);
@@ -304,6 +311,7 @@ impl metrics::CounterFn for Cell {
     }
 }
 
+#[cfg(feature = "metrics")]
 impl MemoryRecorder {
     fn get(&self, name: &str, dependency: &str) -> u64 {
         let key = format!("{name}{{dependency={dependency}}}");
@@ -315,6 +323,7 @@ impl MemoryRecorder {
     }
 }
 
+#[cfg(feature = "metrics")]
 impl metrics::Recorder for MemoryRecorder {
     fn describe_counter(
         &self,
@@ -367,6 +376,7 @@ impl metrics::Recorder for MemoryRecorder {
     }
 }
 
+#[cfg(feature = "metrics")]
 fn recorder() -> &'static MemoryRecorder {
     static RECORDER: OnceLock<&'static MemoryRecorder> = OnceLock::new();
     RECORDER.get_or_init(|| {
@@ -376,6 +386,7 @@ fn recorder() -> &'static MemoryRecorder {
     })
 }
 
+#[cfg(feature = "metrics")]
 #[tokio::test]
 async fn the_metrics_facade_sees_the_same_counts() {
     let recorder = recorder();

@@ -2,7 +2,8 @@
 //! settings, in virtual time.
 //!
 //! A scripted middleware at the end of the chain stands in for the network: each attempt takes
-//! a scripted time on the fake clock (cut at the attempt's timeout, which then answers 504), and
+//! a scripted time on the fake clock (cut, as the middleware cuts it on the wire, at the smaller
+//! of the attempt timeout and what the deadline leaves; a cut attempt answers 504), and
 //! answers a scripted status and `Retry-After`. No sockets: 10,000 logical requests run in a
 //! few seconds, and every timing is exact.
 
@@ -45,6 +46,11 @@ struct Seen {
 struct Script {
     clock: FakeClock,
     origin: std::time::Instant,
+    /// The policy's attempt timeout and deadline: the middleware cuts each attempt at the
+    /// smaller of the timeout and what the deadline leaves, on the wire; the script, standing
+    /// in for the wire, does the same in virtual time.
+    attempt_timeout: Duration,
+    deadline: Duration,
     steps: Mutex<VecDeque<Step>>,
     seen: Arc<Mutex<Vec<Seen>>>,
 }
@@ -53,7 +59,7 @@ struct Script {
 impl Middleware for Script {
     async fn handle(
         &self,
-        request: Request,
+        _: Request,
         _: &mut Extensions,
         _: Next<'_>,
     ) -> reqwest_middleware::Result<Response> {
@@ -63,10 +69,9 @@ impl Middleware for Script {
             retry_after: RetryAfter::None,
             takes: Duration::ZERO,
         });
-        let timeout = request
-            .timeout()
-            .copied()
-            .expect("every attempt has a timeout");
+        let timeout = self
+            .attempt_timeout
+            .min(self.deadline.saturating_sub(start));
         let timed_out = step.takes > timeout;
         self.clock.advance(step.takes.min(timeout));
         let end = self.clock.now() - self.origin;
@@ -196,6 +201,8 @@ fn run(settings: &Settings, steps: Vec<Step>) -> (Vec<Seen>, Vec<Duration>, Dura
         .with(Script {
             clock: clock.clone(),
             origin,
+            attempt_timeout: settings.attempt_timeout,
+            deadline: settings.deadline,
             steps: Mutex::new(steps.into()),
             seen: seen.clone(),
         })
@@ -210,7 +217,9 @@ fn run(settings: &Settings, steps: Vec<Step>) -> (Vec<Seen>, Vec<Duration>, Dura
 }
 
 thread_local! {
+    // Timers on: the middleware enforces each attempt's timeout on tokio's timer.
     static RUNTIME: tokio::runtime::Runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
         .build()
         .unwrap();
 }
