@@ -28,6 +28,28 @@ pub(crate) fn full_jitter(base: Duration, cap: Duration, retry: u32, rng: &dyn R
     uniform_duration(rng, ceiling(base, cap, retry))
 }
 
+/// A wait drawn from `[c/2, c]`, `c = ceiling(base, cap, retry)`: "equal" jitter, half fixed and
+/// half random. Kept for comparison in the simulator; the middleware uses full jitter.
+#[cfg_attr(not(feature = "sim"), allow(dead_code))]
+pub(crate) fn equal_jitter(base: Duration, cap: Duration, retry: u32, rng: &dyn Rng) -> Duration {
+    let top = ceiling(base, cap, retry);
+    let half = top / 2;
+    half + uniform_duration(rng, top - half)
+}
+
+/// "Decorrelated" jitter: a wait drawn from `[base, 3 * previous]`, capped, where `previous` is
+/// the last wait (the base before the first retry). Kept for comparison in the simulator.
+#[cfg_attr(not(feature = "sim"), allow(dead_code))]
+pub(crate) fn decorrelated_jitter(
+    base: Duration,
+    cap: Duration,
+    previous: Duration,
+    rng: &dyn Rng,
+) -> Duration {
+    let top = previous.saturating_mul(3).max(base);
+    (base + uniform_duration(rng, top - base)).min(cap)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -68,6 +90,25 @@ mod tests {
             assert!(draws.iter().any(|d| *d < top / 10), "retry {k}");
             assert!(draws.iter().any(|d| *d > top * 9 / 10), "retry {k}");
         }
+    }
+
+    #[test]
+    fn equal_jitter_keeps_half_the_ceiling() {
+        for k in 0..8 {
+            let top = ceiling(BASE, CAP, k);
+            assert_eq!(equal_jitter(BASE, CAP, k, &|| 0u64), top / 2);
+            assert_eq!(equal_jitter(BASE, CAP, k, &|| u64::MAX), top);
+        }
+    }
+
+    #[test]
+    fn decorrelated_jitter_grows_from_the_last_wait_and_stops_at_the_cap() {
+        let max = || u64::MAX;
+        assert_eq!(decorrelated_jitter(BASE, CAP, BASE, &max), BASE * 3);
+        assert_eq!(decorrelated_jitter(BASE, CAP, BASE * 3, &max), BASE * 9);
+        assert_eq!(decorrelated_jitter(BASE, CAP, CAP, &max), CAP);
+        assert_eq!(decorrelated_jitter(BASE, CAP, CAP, &|| 0u64), BASE);
+        assert_eq!(decorrelated_jitter(BASE, CAP, Duration::MAX, &max), CAP);
     }
 
     #[test]

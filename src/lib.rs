@@ -194,8 +194,8 @@
 //!
 //! - `test-util`: [`FakeClock`], a virtual clock for tests.
 //! - `metrics`: counters also exported through the `metrics` facade.
-//! - `sim`: the [`sim`] module, deterministic simulations of retry traffic in
-//!   virtual time.
+//! - `sim`: the [`sim`] module, deterministic simulations of retry traffic in virtual time, with
+//!   charts (`examples/simulate`; `docs/simulations.md` in the repository shows them).
 #![deny(
     missing_docs,
     missing_debug_implementations,

@@ -35,6 +35,7 @@ pub struct RetryPolicy {
     attempt_timeout: Duration,
     deadline: Duration,
     max_retry_after: Duration,
+    retry_after_jitter: bool,
     statuses: StatusSet,
     buffer_body: Option<usize>,
 }
@@ -74,6 +75,11 @@ impl RetryPolicy {
     /// response returned at once.
     pub fn max_retry_after(&self) -> Duration {
         self.max_retry_after
+    }
+
+    /// Whether a wait set by `Retry-After` gets the backoff's jitter on top of it.
+    pub fn retry_after_jitter(&self) -> bool {
+        self.retry_after_jitter
     }
 
     /// Whether a response with this status is a transient failure worth retrying.
@@ -123,6 +129,7 @@ impl fmt::Debug for RetryPolicy {
             .field("attempt_timeout", &self.attempt_timeout)
             .field("deadline", &self.deadline)
             .field("max_retry_after", &self.max_retry_after)
+            .field("retry_after_jitter", &self.retry_after_jitter)
             .field("retryable_statuses", &self.statuses)
             .field("buffer_body", &self.buffer_body)
             .finish()
@@ -141,6 +148,7 @@ impl fmt::Debug for RetryPolicy {
 /// | [`attempt_timeout`](Self::attempt_timeout) | 10 s |
 /// | [`deadline`](Self::deadline) | 30 s |
 /// | [`max_retry_after`](Self::max_retry_after) | 60 s |
+/// | [`retry_after_jitter`](Self::retry_after_jitter) | on |
 /// | [`retryable_statuses`](Self::retryable_statuses) | 429, 502, 503, 504 |
 /// | [`buffer_body`](Self::buffer_body) | off |
 #[derive(Debug, Clone)]
@@ -151,6 +159,7 @@ pub struct RetryPolicyBuilder {
     attempt_timeout: Duration,
     deadline: Duration,
     max_retry_after: Duration,
+    retry_after_jitter: bool,
     statuses: Vec<u16>,
     buffer_body: Option<usize>,
 }
@@ -164,6 +173,7 @@ impl RetryPolicyBuilder {
             attempt_timeout: Duration::from_secs(10),
             deadline: Duration::from_secs(30),
             max_retry_after: Duration::from_secs(60),
+            retry_after_jitter: true,
             statuses: vec![429, 502, 503, 504],
             buffer_body: None,
         }
@@ -212,6 +222,14 @@ impl RetryPolicyBuilder {
     /// to no purpose.
     pub fn max_retry_after(mut self, limit: Duration) -> Self {
         self.max_retry_after = limit;
+        self
+    }
+
+    /// Whether a wait set by `Retry-After` gets the backoff's draw added on top, so that clients
+    /// that got the same header at the same instant do not return at the same instant. Off, the
+    /// next attempt starts exactly when the server asked: one herd.
+    pub fn retry_after_jitter(mut self, on: bool) -> Self {
+        self.retry_after_jitter = on;
         self
     }
 
@@ -284,6 +302,7 @@ impl RetryPolicyBuilder {
             attempt_timeout: self.attempt_timeout,
             deadline: self.deadline,
             max_retry_after: self.max_retry_after,
+            retry_after_jitter: self.retry_after_jitter,
             statuses,
             buffer_body: self.buffer_body,
         })
@@ -350,6 +369,7 @@ mod tests {
         assert_eq!(p.attempt_timeout(), Duration::from_secs(10));
         assert_eq!(p.deadline(), Duration::from_secs(30));
         assert_eq!(p.max_retry_after(), Duration::from_secs(60));
+        assert!(p.retry_after_jitter());
         assert_eq!(p.buffer_body_limit(), None);
         let retryable: Vec<u16> = (100..=599)
             .filter(|c| p.is_retryable_status(StatusCode::from_u16(*c).unwrap()))

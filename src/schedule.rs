@@ -11,6 +11,7 @@
 //!      floor is never shortened: the next attempt never starts earlier than the server asked.
 //!      The jitter above it spreads clients that got the same header at the same instant, so
 //!      they do not come back as one herd; it is the same window the backoff would have used.
+//!      With `retry_after_jitter(false)` the wait is `f` exactly.
 //! 3. Without one, wait `b`, unless that wait would end at or past the deadline: then stop now
 //!    and return the last outcome.
 //!
@@ -46,6 +47,7 @@ pub(crate) fn next_wait(
         Some(floor) if floor > policy.max_retry_after() || floor >= remaining => {
             Wait::Stop(StopReason::RetryAfterTooLong)
         }
+        Some(floor) if !policy.retry_after_jitter() => Wait::Sleep(floor),
         Some(floor) => {
             let slack = (remaining - floor) / 2;
             Wait::Sleep(floor + jitter.min(slack))
@@ -90,6 +92,18 @@ mod tests {
         assert_eq!(
             next_wait(&policy, 0, Some(secs(7)), MINUTE, &|| u64::MAX),
             Wait::Sleep(secs(7) + Duration::from_millis(100))
+        );
+    }
+
+    #[test]
+    fn without_jitter_above_the_floor_the_wait_is_the_floor() {
+        let policy = RetryPolicy::builder()
+            .retry_after_jitter(false)
+            .build()
+            .unwrap();
+        assert_eq!(
+            next_wait(&policy, 0, Some(secs(7)), MINUTE, &|| u64::MAX),
+            Wait::Sleep(secs(7))
         );
     }
 

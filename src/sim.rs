@@ -7,6 +7,14 @@
 //! [`TokioClock`](crate::TokioClock) follows: minutes of traffic take a moment, and the same seed
 //! gives the same report.
 //!
+//! Four scenarios, each with a report and a chart (see [`figures`]):
+//!
+//! - [`Contention`]: clients racing for a resource that takes one write at a time, under four
+//!   jitter strategies;
+//! - [`OpenLoop`]: open-loop traffic through an outage and back, with and without a budget;
+//! - [`Herd`]: many clients told to come back at the same instant by `Retry-After`;
+//! - [`Layers`]: retrying layers stacked over a dead backend, with and without the one-layer rule.
+//!
 //! ```
 //! use std::time::Duration;
 //! use reqwest_safe_retry::{RetryBudget, RetryPolicy};
@@ -25,12 +33,25 @@
 //! assert!(report.attempts_per_request() < 1.1);
 //! ```
 
+use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use http::Extensions;
 use reqwest::{Request, Response};
 use reqwest_middleware::{ClientBuilder, Middleware, Next};
+
+mod contention;
+mod figures;
+mod herd;
+mod layers;
+mod svg;
+
+pub use contention::{Contention, ContentionReport, Jitter};
+pub use figures::{Figure, figures};
+pub use herd::{Herd, HerdReport};
+pub use layers::{Layers, LayersReport};
+pub use svg::{Chart, Series};
 
 use crate::budget::RetryBudget;
 use crate::middleware::RetryMiddleware;
@@ -111,35 +132,33 @@ impl OpenLoop {
     /// If a tokio runtime cannot be built, or `rate_per_sec` is 0.
     pub fn run(&self) -> Report {
         assert!(self.rate_per_sec > 0, "rate_per_sec must be at least 1");
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_time()
-            .start_paused(true)
-            .build()
-            .expect("a current-thread runtime with a paused clock");
-        runtime.block_on(self.drive())
+        block_on_paused(self.drive())
     }
 
     async fn drive(&self) -> Report {
-        let started = tokio::time::Instant::now();
-        let service = Arc::new(Scripted {
-            service: self.service,
-            started,
-            rng: SeededRng::new(self.seed ^ 0x5EED_5E41_11CE),
-            per_second: Mutex::new(Vec::new()),
-        });
+        let service = self.service;
+        let failures = SeededRng::new(self.seed ^ 0x5EED_5E41_11CE);
+        let backend = Arc::new(Backend::new(move |at: Duration| {
+            let fails = match service {
+                Service::Outage => true,
+                Service::Healthy { failure_rate } => {
+                    (failures.next_u64() as f64 / u64::MAX as f64) < failure_rate
+                }
+                Service::OutageBetween { start, end } => (start..end).contains(&at),
+            };
+            (if fails { 503 } else { 200 }, None)
+        }));
         let mut middleware = RetryMiddleware::new(self.policy).with_rng(SeededRng::new(self.seed));
         middleware = match &self.budget {
             Some(budget) => middleware.with_budget(budget.clone()),
             None => middleware.without_budget(),
         };
-        let client = ClientBuilder::new(reqwest::Client::new())
-            .with(middleware)
-            .with_arc(service.clone())
-            .build();
+        let client = client_with(middleware, backend.clone());
 
         let total = u64::from(self.rate_per_sec).saturating_mul(self.duration.as_secs())
             + u64::from(self.rate_per_sec) * u64::from(self.duration.subsec_millis()) / 1000;
         let interval = Duration::from_secs(1) / self.rate_per_sec;
+        let started = tokio::time::Instant::now();
         let mut tasks = tokio::task::JoinSet::new();
         for i in 0..total {
             let at = started + interval * u32::try_from(i).unwrap_or(u32::MAX);
@@ -156,11 +175,14 @@ impl OpenLoop {
         while let Some(done) = tasks.join_next().await {
             succeeded += u64::from(done.unwrap_or(false));
         }
-        let attempts_per_second = service
-            .per_second
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
+        let mut attempts_per_second = Vec::new();
+        for at in backend.arrivals() {
+            let second = usize::try_from(at.as_secs()).unwrap_or(usize::MAX);
+            if attempts_per_second.len() <= second {
+                attempts_per_second.resize(second + 1, 0);
+            }
+            attempts_per_second[second] += 1;
+        }
         Report {
             logical_requests: total,
             attempts: attempts_per_second.iter().sum(),
@@ -171,41 +193,75 @@ impl OpenLoop {
     }
 }
 
-/// The simulated dependency: the last link of the chain, answering without any I/O.
-struct Scripted {
-    service: Service,
+/// Runs `future` on a current-thread runtime whose clock starts paused: time moves only when
+/// every task waits, straight to the next timer.
+fn block_on_paused<F: Future>(future: F) -> F::Output {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .expect("a current-thread runtime with a paused clock")
+        .block_on(future)
+}
+
+/// A client: `middleware`, then the simulated `backend` at the end of the chain.
+fn client_with(
+    middleware: RetryMiddleware,
+    backend: Arc<dyn Middleware>,
+) -> reqwest_middleware::ClientWithMiddleware {
+    ClientBuilder::new(reqwest::Client::new())
+        .with(middleware)
+        .with_arc(backend)
+        .build()
+}
+
+/// The answer a [`Backend`] gives: a status and, maybe, a `Retry-After` value.
+type Answer = (u16, Option<String>);
+
+/// A simulated server at the end of the chain: answers by the time of arrival, records every
+/// arrival, and does no I/O.
+struct Backend<F> {
+    answer: F,
     started: tokio::time::Instant,
-    rng: SeededRng,
-    per_second: Mutex<Vec<u64>>,
+    arrivals: Mutex<Vec<Duration>>,
+}
+
+impl<F: Fn(Duration) -> Answer + Send + Sync + 'static> Backend<F> {
+    fn new(answer: F) -> Self {
+        Backend {
+            answer,
+            started: tokio::time::Instant::now(),
+            arrivals: Mutex::new(Vec::new()),
+        }
+    }
+
+    fn arrivals(&self) -> Vec<Duration> {
+        self.arrivals
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
 }
 
 #[async_trait::async_trait]
-impl Middleware for Scripted {
+impl<F: Fn(Duration) -> Answer + Send + Sync + 'static> Middleware for Backend<F> {
     async fn handle(
         &self,
         _: Request,
         _: &mut Extensions,
         _: Next<'_>,
     ) -> reqwest_middleware::Result<Response> {
-        let now = self.started.elapsed();
-        {
-            let mut per_second = self.per_second.lock().unwrap_or_else(|e| e.into_inner());
-            let second = usize::try_from(now.as_secs()).unwrap_or(usize::MAX);
-            if per_second.len() <= second {
-                per_second.resize(second + 1, 0);
-            }
-            per_second[second] += 1;
+        let at = self.started.elapsed();
+        self.arrivals
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(at);
+        let (status, retry_after) = (self.answer)(at);
+        let mut response = http::Response::builder().status(status);
+        if let Some(value) = retry_after {
+            response = response.header(http::header::RETRY_AFTER, value);
         }
-        let fails = match self.service {
-            Service::Outage => true,
-            Service::Healthy { failure_rate } => {
-                (self.rng.next_u64() as f64 / u64::MAX as f64) < failure_rate
-            }
-            Service::OutageBetween { start, end } => (start..end).contains(&now),
-        };
-        let status = if fails { 503 } else { 200 };
-        let response = http::Response::builder()
-            .status(status)
+        let response = response
             .body(Vec::new())
             .unwrap_or_else(|_| unreachable!("a status and an empty body make a response"));
         Ok(Response::from(response))

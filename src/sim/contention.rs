@@ -1,0 +1,163 @@
+//! Contention: clients racing for one resource that takes one write at a time.
+//!
+//! The setting of the classic study of exponential backoff and jitter: `clients` clients start
+//! together, each needing one write. The resource is busy for `write_time` after a write begins;
+//! a call that arrives while it is busy fails at once, and its client waits out a backoff before
+//! calling again, until its write goes through. Without jitter the losers of each round come back
+//! together and collide again; with jitter they spread out.
+//!
+//! A discrete-event simulation in virtual time: exact, and the same for the same seed.
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::time::Duration;
+
+use crate::backoff;
+use crate::rng::SeededRng;
+
+/// How a client spreads its retries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Jitter {
+    /// Wait exactly `min(cap, base * 2^retry)`.
+    None,
+    /// Wait half of that, plus a random part of the other half.
+    Equal,
+    /// Wait a random part of all of it: the crate's own backoff.
+    Full,
+    /// Wait a random time between the base and three times the previous wait, capped.
+    Decorrelated,
+}
+
+impl Jitter {
+    /// All four, in the order of the study.
+    pub const ALL: [Jitter; 4] = [
+        Jitter::None,
+        Jitter::Equal,
+        Jitter::Full,
+        Jitter::Decorrelated,
+    ];
+
+    /// A short name, for tables and legends.
+    pub fn name(self) -> &'static str {
+        match self {
+            Jitter::None => "no jitter",
+            Jitter::Equal => "equal jitter",
+            Jitter::Full => "full jitter",
+            Jitter::Decorrelated => "decorrelated jitter",
+        }
+    }
+}
+
+/// The contention scenario's settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Contention {
+    /// Clients that each need one write, all starting at time zero.
+    pub clients: u32,
+    /// How long one write holds the resource.
+    pub write_time: Duration,
+    /// The backoff base.
+    pub base: Duration,
+    /// The backoff cap.
+    pub cap: Duration,
+    /// How retries are spread.
+    pub jitter: Jitter,
+    /// Seeds the jitter.
+    pub seed: u64,
+}
+
+/// What a contention run observed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ContentionReport {
+    /// Calls made by all clients, successful or not.
+    pub calls: u64,
+    /// When the last client's write finished.
+    pub completion: Duration,
+}
+
+impl Contention {
+    /// Runs until every client has written.
+    pub fn run(&self) -> ContentionReport {
+        let rng = SeededRng::new(self.seed);
+        // (time of the next call, client); the heap pops the earliest, ties by client number.
+        let mut calls: BinaryHeap<Reverse<(Duration, u32)>> = (0..self.clients)
+            .map(|c| Reverse((Duration::ZERO, c)))
+            .collect();
+        let mut retries = vec![0u32; self.clients as usize];
+        let mut previous = vec![self.base; self.clients as usize];
+        let mut busy_until = Duration::ZERO;
+        let (mut made, mut completion) = (0u64, Duration::ZERO);
+        while let Some(Reverse((at, client))) = calls.pop() {
+            made += 1;
+            if at >= busy_until {
+                busy_until = at + self.write_time;
+                completion = completion.max(busy_until);
+                continue;
+            }
+            let i = client as usize;
+            let wait = match self.jitter {
+                Jitter::None => backoff::ceiling(self.base, self.cap, retries[i]),
+                Jitter::Equal => backoff::equal_jitter(self.base, self.cap, retries[i], &rng),
+                Jitter::Full => backoff::full_jitter(self.base, self.cap, retries[i], &rng),
+                Jitter::Decorrelated => {
+                    backoff::decorrelated_jitter(self.base, self.cap, previous[i], &rng)
+                }
+            };
+            previous[i] = wait;
+            retries[i] = retries[i].saturating_add(1);
+            calls.push(Reverse((at + wait, client)));
+        }
+        ContentionReport {
+            calls: made,
+            completion,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(clients: u32, jitter: Jitter) -> ContentionReport {
+        Contention {
+            clients,
+            write_time: Duration::from_millis(10),
+            base: Duration::from_millis(10),
+            cap: Duration::from_secs(10),
+            jitter,
+            seed: 1,
+        }
+        .run()
+    }
+
+    #[test]
+    fn one_client_writes_at_once() {
+        for jitter in Jitter::ALL {
+            let report = run(1, jitter);
+            assert_eq!(report.calls, 1);
+            assert_eq!(report.completion, Duration::from_millis(10));
+        }
+    }
+
+    #[test]
+    fn without_jitter_two_clients_take_turns() {
+        // Both call at 0: one writes until 10 ms; the other waits 10 ms and writes until 20 ms.
+        let report = run(2, Jitter::None);
+        assert_eq!(report.calls, 3);
+        assert_eq!(report.completion, Duration::from_millis(20));
+    }
+
+    #[test]
+    fn every_client_writes_exactly_once() {
+        for jitter in Jitter::ALL {
+            let report = run(50, jitter);
+            // At least one call each, and the resource was busy for 50 writes.
+            assert!(report.calls >= 50, "{jitter:?}");
+            assert!(
+                report.completion >= Duration::from_millis(500),
+                "{jitter:?}"
+            );
+        }
+    }
+}
