@@ -269,7 +269,12 @@ impl RetryMiddleware {
             };
             // Enforced here, in real time, rather than as the request's own timeout: reqwest would
             // then replace a timeout the caller set on the client, and box a timer per request.
-            let ends = tokio::time::Instant::now() + limit;
+            let now = tokio::time::Instant::now();
+            // A limit beyond the `Instant` range (a policy of `Duration::MAX`) means "no limit"
+            // in practice: thirty years, as tokio does.
+            let ends = now
+                .checked_add(limit)
+                .unwrap_or_else(|| now + Duration::from_secs(30 * 365 * 24 * 3600));
             let timed_out =
                 || reqwest_middleware::Error::middleware(AttemptTimeout { after: limit });
             let mut outcome = tokio::time::timeout_at(ends, next.clone().run(sending, extensions))

@@ -102,3 +102,34 @@ async fn the_smallest_draw_retries_without_waiting() {
     assert_eq!(sleeps, [Duration::ZERO; 3]);
     assert_eq!(server.received_requests().await.unwrap().len(), 4);
 }
+
+#[tokio::test]
+async fn limits_at_the_end_of_the_duration_range_do_not_panic() {
+    let server = always_503().await;
+    let policy = RetryPolicy::builder()
+        .max_attempts(3)
+        .base_delay(Duration::MAX)
+        .max_delay(Duration::MAX)
+        .attempt_timeout(Duration::MAX)
+        .deadline(Duration::MAX)
+        .max_retry_after(Duration::MAX)
+        .build()
+        .unwrap();
+    let clock = FakeClock::new();
+    let client = ClientBuilder::new(reqwest::Client::new())
+        .with(
+            RetryMiddleware::new(policy)
+                .with_clock(clock.clone())
+                .with_rng(|| u64::MAX)
+                .without_budget(),
+        )
+        .build();
+
+    let response = client.get(server.uri()).send().await.unwrap();
+
+    // The waits saturate instead of overflowing (the first is the base, the second its double,
+    // capped at the largest duration a draw can give), and the attempts run out as configured.
+    assert_eq!(response.status(), 503);
+    assert_eq!(server.received_requests().await.unwrap().len(), 3);
+    assert_eq!(clock.sleeps(), [Duration::from_nanos(u64::MAX); 2]);
+}
