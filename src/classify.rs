@@ -85,7 +85,7 @@ fn reqwest_fault(err: &reqwest::Error) -> Option<Fault> {
     if err.is_timeout() {
         return Some(Fault::Timeout);
     }
-    let cause = chain_fault(err);
+    let cause = err.source().and_then(chain_fault);
     if err.is_connect() {
         // Only causes known to be passing make a connect error transient: a certificate that
         // failed to verify, or a name that does not resolve, will fail the same way again.
@@ -94,9 +94,9 @@ fn reqwest_fault(err: &reqwest::Error) -> Option<Fault> {
     cause
 }
 
-/// The first transient cause found in the source chain of `err`.
-fn chain_fault(err: &reqwest::Error) -> Option<Fault> {
-    let mut source = err.source();
+/// The first transient cause found in `err` or its sources.
+fn chain_fault(err: &(dyn std::error::Error + 'static)) -> Option<Fault> {
+    let mut source = Some(err);
     while let Some(cause) = source {
         if let Some(io) = cause.downcast_ref::<io::Error>() {
             match io.kind() {
@@ -166,6 +166,66 @@ mod tests {
         for f in [Fault::Timeout, Fault::Reset, Fault::Incomplete] {
             assert!(!f.nothing_sent(), "{f:?}");
         }
+    }
+
+    fn io(kind: io::ErrorKind, text: &str) -> io::Error {
+        io::Error::new(kind, text.to_owned())
+    }
+
+    #[test]
+    fn passing_socket_failures_are_transient() {
+        for (kind, fault) in [
+            (io::ErrorKind::ConnectionRefused, Fault::Reset),
+            (io::ErrorKind::ConnectionReset, Fault::Reset),
+            (io::ErrorKind::ConnectionAborted, Fault::Reset),
+            (io::ErrorKind::BrokenPipe, Fault::Reset),
+            (io::ErrorKind::TimedOut, Fault::Timeout),
+            (io::ErrorKind::UnexpectedEof, Fault::Incomplete),
+        ] {
+            assert_eq!(chain_fault(&io(kind, "socket")), Some(fault), "{kind:?}");
+        }
+    }
+
+    /// TLS failures reach reqwest as `InvalidData` I/O errors wrapping the TLS library's error
+    /// (a certificate that does not verify, a handshake the peer botched): nothing in them
+    /// says "try again", and trying again would fail the same way.
+    #[test]
+    fn certificate_and_other_permanent_failures_are_not_transient() {
+        for (kind, text) in [
+            (
+                io::ErrorKind::InvalidData,
+                "invalid peer certificate: UnknownIssuer",
+            ),
+            (io::ErrorKind::InvalidData, "received corrupt message"),
+            (io::ErrorKind::PermissionDenied, "permission denied"),
+            (io::ErrorKind::Other, "failed to lookup address information"),
+        ] {
+            assert_eq!(chain_fault(&io(kind, text)), None, "{text}");
+        }
+    }
+
+    /// A wrapper around a cause, as hyper and reqwest wrap theirs.
+    #[derive(Debug)]
+    struct Wrapped(io::Error);
+
+    impl std::fmt::Display for Wrapped {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("while connecting")
+        }
+    }
+
+    impl std::error::Error for Wrapped {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(&self.0)
+        }
+    }
+
+    #[test]
+    fn causes_are_found_deep_in_the_chain() {
+        let refused = Wrapped(io(io::ErrorKind::ConnectionRefused, "refused"));
+        assert_eq!(chain_fault(&refused), Some(Fault::Reset));
+        let certificate = Wrapped(io(io::ErrorKind::InvalidData, "invalid peer certificate"));
+        assert_eq!(chain_fault(&certificate), None);
     }
 
     #[test]
