@@ -38,11 +38,7 @@ fn streaming_body() -> reqwest::Body {
 
 #[tokio::test]
 async fn a_streaming_body_is_sent_once_whole_and_not_retried() {
-    let server = MockServer::start().await;
-    Mock::given(any())
-        .respond_with(ResponseTemplate::new(503))
-        .mount(&server)
-        .await;
+    let server = support::always(503).await;
     let (client, clock) = support::client();
 
     let response = client

@@ -15,19 +15,9 @@ use reqwest_safe_retry::{
     CounterSnapshot, Dependency, FakeClock, RetryBudget, RetryError, RetryEvent, RetryMiddleware,
     RetryOverride, RetryPolicy, RetryRecord, SeededRng, StopReason,
 };
-use wiremock::matchers::any;
 use wiremock::{Mock, MockServer, ResponseTemplate};
 
-use crate::support::{self, Action, RawServer};
-
-async fn always(code: u16) -> MockServer {
-    let server = MockServer::start().await;
-    Mock::given(any())
-        .respond_with(ResponseTemplate::new(code))
-        .mount(&server)
-        .await;
-    server
-}
+use crate::support::{self, Action, RawServer, always};
 
 fn attempts(n: u32) -> RetryPolicy {
     RetryPolicy::builder().max_attempts(n).build().unwrap()

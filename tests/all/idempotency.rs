@@ -10,7 +10,7 @@ use reqwest_safe_retry::{
 };
 use tokio::sync::Semaphore;
 use wiremock::matchers::any;
-use wiremock::{Mock, MockServer, ResponseTemplate};
+use wiremock::{Mock, ResponseTemplate};
 
 use crate::reference_server::{Fate, Link, ReferenceServer, parse_response};
 use crate::support;
@@ -356,11 +356,7 @@ fn uuid_version(text: &str) -> u32 {
 
 #[tokio::test]
 async fn a_keyed_post_is_retried_on_503_with_the_same_key() {
-    let server = MockServer::start().await;
-    Mock::given(any())
-        .respond_with(ResponseTemplate::new(503))
-        .mount(&server)
-        .await;
+    let server = support::always(503).await;
     let (client, _) = support::client();
 
     let response = client.post(server.uri()).body("x").send().await.unwrap();
@@ -381,16 +377,8 @@ async fn a_keyed_post_is_retried_on_503_with_the_same_key() {
 
 #[tokio::test]
 async fn a_keyed_409_is_retried_and_an_unkeyed_one_is_not() {
-    let server = MockServer::start().await;
-    Mock::given(any())
-        .respond_with(ResponseTemplate::new(409))
-        .up_to_n_times(2)
-        .mount(&server)
-        .await;
-    Mock::given(any())
-        .respond_with(ResponseTemplate::new(201))
-        .mount(&server)
-        .await;
+    let server =
+        support::first_then(ResponseTemplate::new(409), 2, ResponseTemplate::new(201)).await;
     let (client, _) = support::client();
 
     let keyed = client.post(server.uri()).body("x").send().await.unwrap();
@@ -409,11 +397,7 @@ async fn a_keyed_409_is_retried_and_an_unkeyed_one_is_not() {
 
 #[tokio::test]
 async fn a_callers_key_is_kept_byte_for_byte_even_when_stamping_is_off() {
-    let server = MockServer::start().await;
-    Mock::given(any())
-        .respond_with(ResponseTemplate::new(503))
-        .mount(&server)
-        .await;
+    let server = support::always(503).await;
     let keys = IdempotencyKeys::builder()
         .stamp_methods([])
         .build()
@@ -445,11 +429,7 @@ async fn a_callers_key_is_kept_byte_for_byte_even_when_stamping_is_off() {
 
 #[tokio::test]
 async fn get_requests_are_not_stamped() {
-    let server = MockServer::start().await;
-    Mock::given(any())
-        .respond_with(ResponseTemplate::new(200))
-        .mount(&server)
-        .await;
+    let server = support::always(200).await;
     let (client, _) = support::client();
 
     let response = client.get(server.uri()).send().await.unwrap();
@@ -466,11 +446,7 @@ async fn get_requests_are_not_stamped() {
 
 #[tokio::test]
 async fn a_key_that_cannot_be_sent_fails_before_anything_is_sent() {
-    let server = MockServer::start().await;
-    Mock::given(any())
-        .respond_with(ResponseTemplate::new(201))
-        .mount(&server)
-        .await;
+    let server = support::always(201).await;
     let keys = IdempotencyKeys::builder()
         .format(KeyFormat::Token)
         .key_source(|| "two words".to_owned())
@@ -494,11 +470,7 @@ async fn a_key_that_cannot_be_sent_fails_before_anything_is_sent() {
 
 #[tokio::test]
 async fn a_custom_header_name_is_used() {
-    let server = MockServer::start().await;
-    Mock::given(any())
-        .respond_with(ResponseTemplate::new(201))
-        .mount(&server)
-        .await;
+    let server = support::always(201).await;
     let keys = IdempotencyKeys::builder()
         .header_name("X-Request-Key")
         .format(KeyFormat::Token)

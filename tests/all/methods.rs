@@ -1,19 +1,8 @@
 //! Method safety: what may be repeated, and when.
 
 use reqwest_safe_retry::{RetryError, RetryRecord, StopReason};
-use wiremock::matchers::any;
-use wiremock::{Mock, MockServer, ResponseTemplate};
 
-use crate::support;
-
-async fn always(code: u16) -> MockServer {
-    let server = MockServer::start().await;
-    Mock::given(any())
-        .respond_with(ResponseTemplate::new(code))
-        .mount(&server)
-        .await;
-    server
-}
+use crate::support::{self, always};
 
 #[tokio::test]
 async fn a_post_without_a_key_that_gets_503_is_not_retried() {

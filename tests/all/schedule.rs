@@ -4,16 +4,10 @@ use std::time::{Duration, Instant};
 
 use reqwest_middleware::ClientBuilder;
 use reqwest_safe_retry::{FakeClock, RetryMiddleware, RetryPolicy, SeededRng};
-use wiremock::matchers::any;
-use wiremock::{Mock, MockServer, ResponseTemplate};
+use wiremock::MockServer;
 
 async fn always_503() -> MockServer {
-    let server = MockServer::start().await;
-    Mock::given(any())
-        .respond_with(ResponseTemplate::new(503))
-        .mount(&server)
-        .await;
-    server
+    crate::support::always(503).await
 }
 
 /// Runs one logical GET against `server` and returns the sleeps the fake clock recorded.

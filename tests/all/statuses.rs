@@ -1,19 +1,14 @@
 //! One test per status code: the number of attempts the server received.
 
 use reqwest_safe_retry::{RetryRecord, StopReason};
-use wiremock::matchers::any;
-use wiremock::{Mock, MockServer, ResponseTemplate};
+use wiremock::ResponseTemplate;
 
 use crate::support;
 
 /// Sends one GET to a server that always answers `code`; checks the attempts it received, the
 /// status the caller got and the record's stop reason.
 async fn assert_attempts(code: u16, attempts: usize, stop: StopReason) {
-    let server = MockServer::start().await;
-    Mock::given(any())
-        .respond_with(ResponseTemplate::new(code))
-        .mount(&server)
-        .await;
+    let server = support::always(code).await;
     let (client, clock) = support::client();
 
     let response = client.get(server.uri()).send().await.unwrap();
@@ -58,11 +53,7 @@ status_tests! {
 
 #[tokio::test]
 async fn a_configured_status_set_replaces_the_default() {
-    let server = MockServer::start().await;
-    Mock::given(any())
-        .respond_with(ResponseTemplate::new(500))
-        .mount(&server)
-        .await;
+    let server = support::always(500).await;
     let policy = reqwest_safe_retry::RetryPolicy::builder()
         .retryable_statuses([500])
         .max_attempts(4)
@@ -78,16 +69,12 @@ async fn a_configured_status_set_replaces_the_default() {
 
 #[tokio::test]
 async fn recovers_when_the_server_does() {
-    let server = MockServer::start().await;
-    Mock::given(any())
-        .respond_with(ResponseTemplate::new(503))
-        .up_to_n_times(2)
-        .mount(&server)
-        .await;
-    Mock::given(any())
-        .respond_with(ResponseTemplate::new(200).set_body_string("finally"))
-        .mount(&server)
-        .await;
+    let server = support::first_then(
+        ResponseTemplate::new(503),
+        2,
+        ResponseTemplate::new(200).set_body_string("finally"),
+    )
+    .await;
     let (client, clock) = support::client();
 
     let response = client.get(server.uri()).send().await.unwrap();

@@ -9,6 +9,8 @@ use reqwest_middleware::{ClientBuilder, ClientWithMiddleware};
 use reqwest_safe_retry::{FakeClock, RetryMiddleware, RetryPolicy, SeededRng};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
+use wiremock::matchers::any;
+use wiremock::{Mock, MockServer, ResponseTemplate};
 
 /// A policy with the defaults, except a short attempt timeout so a stuck test fails fast.
 pub fn policy() -> RetryPolicy {
@@ -266,4 +268,23 @@ pub async fn refused_port() -> u16 {
 /// A URL on 127.0.0.1 whose port refuses connections.
 pub async fn refused_url() -> String {
     format!("http://127.0.0.1:{}/", refused_port().await)
+}
+
+/// A wiremock server on 127.0.0.1 that answers every request with `code`.
+pub async fn always(code: u16) -> MockServer {
+    first_then(ResponseTemplate::new(code), 0, ResponseTemplate::new(code)).await
+}
+
+/// A wiremock server that answers the first `times` requests with `first`, then `then`.
+pub async fn first_then(first: ResponseTemplate, times: u64, then: ResponseTemplate) -> MockServer {
+    let server = MockServer::start().await;
+    if times > 0 {
+        Mock::given(any())
+            .respond_with(first)
+            .up_to_n_times(times)
+            .mount(&server)
+            .await;
+    }
+    Mock::given(any()).respond_with(then).mount(&server).await;
+    server
 }

@@ -6,24 +6,18 @@ use reqwest_middleware::{ClientBuilder, ClientWithMiddleware};
 use reqwest_safe_retry::{
     FakeClock, RetryError, RetryMiddleware, RetryPolicy, RetryRecord, SeededRng, StopReason,
 };
-use wiremock::matchers::any;
-use wiremock::{Mock, MockServer, ResponseTemplate};
+use wiremock::{MockServer, ResponseTemplate};
 
 use crate::support::{self, Action, RawServer};
 
 /// A server that answers `status` with `Retry-After: value` once, then 200.
 async fn once_then_ok(status: u16, value: &str) -> MockServer {
-    let server = MockServer::start().await;
-    Mock::given(any())
-        .respond_with(ResponseTemplate::new(status).insert_header("retry-after", value))
-        .up_to_n_times(1)
-        .mount(&server)
-        .await;
-    Mock::given(any())
-        .respond_with(ResponseTemplate::new(200))
-        .mount(&server)
-        .await;
-    server
+    support::first_then(
+        ResponseTemplate::new(status).insert_header("retry-after", value),
+        1,
+        ResponseTemplate::new(200),
+    )
+    .await
 }
 
 fn client_on(clock: &FakeClock, policy: RetryPolicy, seed: u64) -> ClientWithMiddleware {
@@ -157,11 +151,7 @@ async fn a_keyed_409_honours_retry_after() {
 
 #[tokio::test]
 async fn no_wait_starts_that_would_end_past_the_deadline() {
-    let server = MockServer::start().await;
-    Mock::given(any())
-        .respond_with(ResponseTemplate::new(503))
-        .mount(&server)
-        .await;
+    let server = support::always(503).await;
     let clock = FakeClock::new();
     // Waits at their full ceiling: 1, 2, 4, 8 s... and a 10 s deadline.
     let policy = RetryPolicy::builder()

@@ -8,8 +8,7 @@ use reqwest_safe_retry::{Dependency, FakeClock, RetryMiddleware, RetryPolicy};
 use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id, Record};
 use tracing::{Event, Metadata, Subscriber};
-use wiremock::matchers::any;
-use wiremock::{Mock, MockServer, ResponseTemplate};
+use wiremock::ResponseTemplate;
 
 /// One span or event: its name (the message, for events), target and fields as text.
 #[derive(Debug, Clone)]
@@ -117,16 +116,8 @@ fn capture() -> &'static Capture {
 async fn a_retried_request_emits_the_documented_span_and_events() {
     let capture = capture();
     CAPTURING.with(|c| c.set(true));
-    let server = MockServer::start().await;
-    Mock::given(any())
-        .respond_with(ResponseTemplate::new(503))
-        .up_to_n_times(1)
-        .mount(&server)
-        .await;
-    Mock::given(any())
-        .respond_with(ResponseTemplate::new(200))
-        .mount(&server)
-        .await;
+    let server =
+        crate::support::first_then(ResponseTemplate::new(503), 1, ResponseTemplate::new(200)).await;
     let client = ClientBuilder::new(reqwest::Client::new())
         .with(
             RetryMiddleware::for_dependency(Dependency::new("inventory", RetryPolicy::default()))
