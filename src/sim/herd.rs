@@ -57,10 +57,14 @@ impl Herd {
         let header = self.retry_after_secs.to_string();
         let policy = RetryPolicy::builder()
             .retry_after_jitter(self.jitter_above_floor)
-            .deadline(floor * 2 + Duration::from_secs(10))
-            .max_retry_after(floor + Duration::from_secs(1))
+            .deadline(
+                floor
+                    .saturating_mul(2)
+                    .saturating_add(Duration::from_secs(10)),
+            )
+            .max_retry_after(floor.saturating_add(Duration::from_secs(1)))
             .build()
-            .unwrap_or_default();
+            .expect("a positive deadline and the default statuses make a valid policy");
         // No budget: the herd is about timing, and a budget would let only a few clients retry.
         let middleware = RetryMiddleware::new(policy)
             .with_rng(SeededRng::new(self.seed))

@@ -84,7 +84,7 @@ impl Layers {
             .base_delay(Duration::ZERO)
             .max_delay(Duration::ZERO)
             .build()
-            .unwrap_or_default();
+            .expect("at least one attempt and equal delays make a valid policy");
         let requests = self.requests.max(1);
         let attempts = block_on_paused(async {
             let backend = Arc::new(Backend::new(|_| (503, None)));
