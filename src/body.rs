@@ -44,6 +44,15 @@ pub(crate) async fn buffer(
     Ok(rebuild(response, |_| Body::from(read)))
 }
 
+/// The response's head with an empty body: what is kept of a retried response through the wait,
+/// so that its connection is released rather than held while nobody reads it.
+pub(crate) fn head_only(response: reqwest::Response) -> reqwest::Response {
+    rebuild(response, |rest| {
+        drop(rest);
+        Body::from(Bytes::new())
+    })
+}
+
 /// The same response head (status, version, headers, URL, extensions) with a new body, made
 /// from what is left of the old one.
 fn rebuild(mut response: reqwest::Response, body: impl FnOnce(Body) -> Body) -> reqwest::Response {

@@ -18,18 +18,31 @@
 //!   for ten; charging first means the number of retries waiting in backoff never exceeds what the
 //!   bucket holds. A refused withdrawal ends the logical request with its last outcome and
 //!   [`StopReason::BudgetExhausted`](crate::StopReason::BudgetExhausted).
-//! - A first attempt that did not fail transiently deposits (the dependency answered; its answer
-//!   may still be a 404). The balance never exceeds the capacity.
+//! - A retry that was paid for but never started (the caller dropped the request during its
+//!   backoff, or the deadline passed during the wait) gives its tokens back
+//!   ([`RetryBudget::cancel_withdrawal`]): tokens pay for retries that were made, nothing else.
+//! - A first attempt that the dependency answered with a response that is not a transient
+//!   failure deposits (its answer may still be a 404). A first attempt that ended in an error
+//!   (nothing reached the dependency, or nothing came back from it: a transport error, a
+//!   redirect loop, another middleware's error) earns nothing. The balance never exceeds the
+//!   capacity.
 //! - Optionally, a success after retries refunds what its last retry cost, and a small time-based
 //!   floor earns tokens with the passing of time, so that a client too quiet to earn tokens can
 //!   still retry now and then. The floor is also the one way tokens appear during a total outage,
 //!   so it adds at most `floor_per_sec` retries per second to the offered load.
 //!
+//! # Time
+//!
+//! The budget has no clock of its own: every withdrawal passes the time of the clock of the
+//! middleware that makes it (a `FakeClock` in tests), and the floor counts from the first time
+//! it is given. So a budget built long before its first use earns nothing for that wait, and a
+//! test on virtual time never sees real time leak into it.
+//!
 //! Balances are integers in milli-tokens, updated with compare-and-swap on one atomic: no lock,
 //! no float rounding, and exact accounting under any interleaving.
 
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 use crate::policy::InvalidPolicy;
@@ -85,7 +98,8 @@ struct Inner {
     tokens: Tokens,
     /// The floor's last refill, in nanoseconds since `origin`.
     refilled_at: AtomicU64,
-    origin: Instant,
+    /// The first time a withdrawal passed: the floor counts from there.
+    origin: OnceLock<Instant>,
     retries: AtomicU64,
     refusals: AtomicU64,
 }
@@ -142,7 +156,7 @@ impl RetryBudget {
                 config,
                 tokens: Tokens::new(config.initial),
                 refilled_at: AtomicU64::new(0),
-                origin: Instant::now(),
+                origin: OnceLock::new(),
                 retries: AtomicU64::new(0),
                 refusals: AtomicU64::new(0),
             }),
@@ -201,7 +215,23 @@ impl RetryBudget {
         }
     }
 
-    /// Records a first attempt that did not fail transiently: deposits the configured amount.
+    /// Gives back `cost` milli-tokens from a withdrawal whose retry was never started (the
+    /// request was dropped during its backoff, or stopped before the attempt): the balance gets
+    /// them back (up to the capacity) and [`retries`](Self::retries) no longer counts it.
+    ///
+    /// The middleware calls this itself, from a guard that runs however the request ends; it
+    /// is public for code that retries other transports against the same budget.
+    pub fn cancel_withdrawal(&self, cost: u64) {
+        let inner = &*self.inner;
+        inner.tokens.deposit(cost, inner.config.capacity);
+        // Saturating: a cancel without its withdrawal must not wrap the count.
+        let _ = inner
+            .retries
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
+    }
+
+    /// Records a first attempt that the dependency answered with a response that is not a
+    /// transient failure: deposits the configured amount.
     ///
     /// This is all a success costs the budget: one atomic load while the bucket is full (the
     /// usual state of a healthy dependency), one compare-and-swap while it refills.
@@ -213,8 +243,8 @@ impl RetryBudget {
         }
     }
 
-    /// Records a success after retries whose last retry cost `cost` milli-tokens: refunds it if
-    /// the budget refunds on success.
+    /// Records a success (a response below 400) after retries whose last retry cost `cost`
+    /// milli-tokens: refunds it if the budget refunds on success.
     pub fn refund(&self, cost: u64) {
         let inner = &*self.inner;
         if inner.config.refund {
@@ -230,8 +260,9 @@ impl Inner {
         if rate == 0 {
             return;
         }
-        let now = u64::try_from(now.saturating_duration_since(self.origin).as_nanos())
-            .unwrap_or(u64::MAX);
+        let origin = *self.origin.get_or_init(|| now);
+        let now =
+            u64::try_from(now.saturating_duration_since(origin).as_nanos()).unwrap_or(u64::MAX);
         let last = self.refilled_at.load(Ordering::Acquire);
         if now <= last {
             return;
@@ -516,7 +547,7 @@ mod tests {
             .initial(0.0)
             .build()
             .unwrap();
-        let t0 = budget.inner.origin;
+        let t0 = Instant::now();
         assert_eq!(budget.try_withdraw(RetryKind::Other, t0), None);
         // 0.25 s earns half a token: not enough; 0.5 s earns one.
         assert_eq!(
@@ -527,7 +558,7 @@ mod tests {
             budget.try_withdraw(RetryKind::Other, t0 + Duration::from_millis(500)),
             Some(1000)
         );
-        // Ten seconds earn at most the capacity.
+        // A hundred seconds earn at most the capacity.
         budget.inner.refill(t0 + Duration::from_secs(100));
         assert_eq!(budget.balance(), 10.0);
     }

@@ -20,6 +20,63 @@ use std::io;
 
 use http::{Method, StatusCode};
 
+use crate::budget::RetryKind;
+use crate::error::StopReason;
+
+/// What an attempt's outcome calls for, before any limit (attempts, deadline, budget) is asked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Verdict {
+    /// A transient failure that is safe to repeat: what a retry after it costs, and the reason
+    /// for the trace.
+    Transient(RetryKind, &'static str),
+    /// No retry: [`StopReason::Succeeded`], [`StopReason::NotRetryable`] or
+    /// [`StopReason::NotSafeToRetry`].
+    Final(StopReason),
+}
+
+/// The verdict on a response with `status`. `repeatable`: the method is idempotent or the
+/// request carries a key; `keyed`: it carries a key.
+pub(crate) fn judge_status(
+    status: StatusCode,
+    in_set: impl Fn(StatusCode) -> bool,
+    repeatable: bool,
+    keyed: bool,
+) -> Verdict {
+    if !is_transient_status(status, in_set, keyed) {
+        return Verdict::Final(if status.as_u16() < 400 {
+            StopReason::Succeeded
+        } else {
+            StopReason::NotRetryable
+        });
+    }
+    if !repeatable {
+        // The server answered: it may have acted on the request.
+        return Verdict::Final(StopReason::NotSafeToRetry);
+    }
+    let kind = if status == StatusCode::TOO_MANY_REQUESTS {
+        RetryKind::Throttled
+    } else {
+        RetryKind::Other
+    };
+    Verdict::Transient(kind, "status")
+}
+
+/// The verdict on an attempt that ended in `err`.
+pub(crate) fn judge_error(err: &reqwest_middleware::Error, repeatable: bool) -> Verdict {
+    match transport_fault(err) {
+        None => Verdict::Final(StopReason::NotRetryable),
+        Some(fault) if repeatable || fault.nothing_sent() => {
+            let kind = if fault == Fault::Timeout {
+                RetryKind::Timeout
+            } else {
+                RetryKind::Other
+            };
+            Verdict::Transient(kind, fault.as_str())
+        }
+        Some(_) => Verdict::Final(StopReason::NotSafeToRetry),
+    }
+}
+
 /// A transport failure worth another attempt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Fault {
@@ -158,6 +215,72 @@ mod tests {
             |s| s == 503,
             false
         ));
+    }
+
+    #[test]
+    fn statuses_are_judged_by_the_set_the_key_and_the_method() {
+        let set = |s: StatusCode| [429, 503].contains(&s.as_u16());
+        let status = |code| StatusCode::from_u16(code).unwrap();
+        let cases = [
+            // (status, repeatable, keyed, verdict)
+            (200, true, false, Verdict::Final(StopReason::Succeeded)),
+            (304, false, false, Verdict::Final(StopReason::Succeeded)),
+            (404, true, true, Verdict::Final(StopReason::NotRetryable)),
+            (500, true, true, Verdict::Final(StopReason::NotRetryable)),
+            (
+                503,
+                true,
+                false,
+                Verdict::Transient(RetryKind::Other, "status"),
+            ),
+            (
+                429,
+                true,
+                false,
+                Verdict::Transient(RetryKind::Throttled, "status"),
+            ),
+            (
+                503,
+                false,
+                false,
+                Verdict::Final(StopReason::NotSafeToRetry),
+            ),
+            (
+                409,
+                true,
+                true,
+                Verdict::Transient(RetryKind::Other, "status"),
+            ),
+            (409, true, false, Verdict::Final(StopReason::NotRetryable)),
+        ];
+        for (code, repeatable, keyed, verdict) in cases {
+            assert_eq!(
+                judge_status(status(code), set, repeatable, keyed),
+                verdict,
+                "{code} repeatable={repeatable} keyed={keyed}"
+            );
+        }
+    }
+
+    #[test]
+    fn errors_are_judged_by_their_fault_and_the_method() {
+        let timeout = reqwest_middleware::Error::middleware(crate::AttemptTimeout {
+            after: std::time::Duration::from_secs(1),
+        });
+        assert_eq!(
+            judge_error(&timeout, true),
+            Verdict::Transient(RetryKind::Timeout, "timeout")
+        );
+        // A timeout may have reached the server: not for an unkeyed POST.
+        assert_eq!(
+            judge_error(&timeout, false),
+            Verdict::Final(StopReason::NotSafeToRetry)
+        );
+        let other = reqwest_middleware::Error::middleware(io::Error::other("not ours"));
+        assert_eq!(
+            judge_error(&other, true),
+            Verdict::Final(StopReason::NotRetryable)
+        );
     }
 
     #[test]

@@ -1,24 +1,40 @@
 //! Time, injected.
 //!
-//! Every wait the middleware makes, and every reading of "now" that decides whether to wait, goes
-//! through a [`Clock`]. In production that is [`TokioClock`]. In tests it is `FakeClock` (feature
-//! `test-util`): its sleeps finish at once, advance virtual time and are recorded, so a schedule
-//! with minutes of backoff runs in microseconds and can be asserted to the nanosecond.
+//! Every wait the middleware makes, every per-attempt timeout and every reading of "now" that
+//! decides whether to wait goes through a [`Clock`]. In production that is [`TokioClock`]. In
+//! tests it is `FakeClock` (feature `test-util`): its sleeps finish at once, advance virtual
+//! time and are recorded, so a schedule with minutes of backoff runs in microseconds and can be
+//! asserted to the nanosecond; its timeouts fire only when virtual time reaches them.
 //!
-//! Per-attempt timeouts are deliberately *not* on this clock: they are enforced on the wire by
-//! reqwest, in real time. A fake clock that raced real I/O would fire the timeout before the
-//! server could answer.
+//! # Sleeps and timeouts are different things
+//!
+//! [`Clock::sleep`] is a wait the middleware chose: a virtual clock may simply jump over it.
+//! [`Clock::timeout`] is a limit raced against real work (an attempt on the wire): a virtual
+//! clock must not jump to it on its own, or every attempt would time out before the server
+//! could answer. `FakeClock` fires it when its time is moved past it (by a sleep or an
+//! [`advance`](FakeClock::advance)).
+//!
+//! # Tokio's paused clock
+//!
+//! Under `tokio::time::pause()` (or `#[tokio::test(start_paused = true)]`) tokio jumps its clock
+//! to the next timer whenever the runtime is idle, even while a socket is waiting for a real
+//! server. A per-attempt timeout on tokio's timer would then fire at once. So [`TokioClock`]
+//! measures per-attempt timeouts in real time while tokio's clock is paused (on a helper thread
+//! that ends with the timeout); backoff sleeps and the deadline stay on tokio's clock, so they
+//! still take no real time.
 
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Condvar, Mutex};
+use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant, SystemTime};
 
-/// The future a [`Clock`] returns from [`Clock::sleep`].
+/// The future a [`Clock`] returns from [`Clock::sleep`] and [`Clock::timeout`].
 pub type Sleep = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
 
-/// A source of time: a monotonic "now" for deadlines, a wall "now" for HTTP dates, and sleeping.
+/// A source of time: a monotonic "now" for deadlines, a wall "now" for HTTP dates, sleeping, and
+/// timeouts.
 ///
 /// Implement it to drive the middleware from your own timer:
 ///
@@ -26,7 +42,7 @@ pub type Sleep = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
 /// use std::time::{Duration, Instant, SystemTime};
 /// use reqwest_safe_retry::{Clock, Sleep};
 ///
-/// /// A clock whose sleeps return at once, for a service's own tests.
+/// /// A clock whose sleeps return at once and whose attempts never time out.
 /// #[derive(Debug)]
 /// struct Impatient;
 ///
@@ -34,6 +50,7 @@ pub type Sleep = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
 ///     fn now(&self) -> Instant { Instant::now() }
 ///     fn wall_now(&self) -> SystemTime { SystemTime::now() }
 ///     fn sleep(&self, _: Duration) -> Sleep { Box::pin(async {}) }
+///     fn timeout(&self, _: Duration) -> Sleep { Box::pin(std::future::pending()) }
 /// }
 ///
 /// // The middleware keeps clocks as trait objects.
@@ -44,14 +61,27 @@ pub trait Clock: Send + Sync + 'static {
     fn now(&self) -> Instant;
     /// The current wall-clock time; `Retry-After` dates are read against it.
     fn wall_now(&self) -> SystemTime;
-    /// A future that completes once `duration` has passed on this clock.
+    /// A wait of `duration` on this clock: the backoff between attempts. A virtual clock may
+    /// complete it at once and move its time forward.
     fn sleep(&self, duration: Duration) -> Sleep;
+    /// A future that completes once `duration` has passed on this clock while other work runs:
+    /// the per-attempt timeout, raced against the attempt. Unlike [`sleep`](Clock::sleep), a
+    /// virtual clock must not move its time forward for it, only fire it when its time has moved
+    /// past it.
+    fn timeout(&self, duration: Duration) -> Sleep;
 }
 
 /// The production clock: tokio's timer and the system's wall clock.
 ///
 /// Its monotonic time is tokio's, so it follows a runtime whose clock is paused
-/// (`tokio::time::pause`), as tokio's own timers do.
+/// (`tokio::time::pause`, `#[tokio::test(start_paused = true)]`): backoff waits and the deadline
+/// take no real time there. Per-attempt timeouts are then measured in real time instead, so that
+/// tokio's auto-advance cannot cut an attempt that is waiting for a real server (see the
+/// [module docs](crate::Clock)).
+///
+/// It needs tokio's time driver (`enable_time()` or `enable_all()` on the runtime builder); on a
+/// runtime without one the middleware fails each request, before sending it, with an error that
+/// says so.
 #[derive(Debug, Clone, Copy, Default)]
 #[non_exhaustive]
 pub struct TokioClock;
@@ -80,12 +110,195 @@ impl Clock for TokioClock {
         }
         Box::pin(tokio::time::sleep(duration))
     }
+
+    fn timeout(&self, duration: Duration) -> Sleep {
+        Box::pin(TokioTimeout::new(duration).expire())
+    }
+}
+
+/// [`TokioClock`]'s per-attempt timeout, made eagerly (so a missing time driver shows at once)
+/// and awaited through [`expire`](Self::expire). The middleware keeps it inline in its own
+/// future: no allocation.
+pub(crate) enum TokioTimeout {
+    /// tokio's clock runs: its timer, checked against real time when it fires.
+    Tokio {
+        sleep: tokio::time::Sleep,
+        real_start: Instant,
+        duration: Duration,
+    },
+    /// tokio's clock is paused: real time, on a helper thread.
+    Real(RealTimer),
+}
+
+impl TokioTimeout {
+    /// Arms a timeout of `duration`. Panics, as tokio does, on a runtime without a time driver.
+    pub(crate) fn new(duration: Duration) -> TokioTimeout {
+        // tokio's reading first: unpaused, the real one taken after it can only be later.
+        let tokio_now = tokio::time::Instant::now().into_std();
+        let real_start = Instant::now();
+        if tokio_seems_paused(tokio_now, real_start) {
+            return TokioTimeout::Real(RealTimer::start(duration));
+        }
+        TokioTimeout::Tokio {
+            sleep: tokio::time::sleep(duration),
+            real_start,
+            duration,
+        }
+    }
+
+    /// Completes when the timeout has passed.
+    pub(crate) async fn expire(self) {
+        match self {
+            TokioTimeout::Tokio {
+                sleep,
+                real_start,
+                duration,
+            } => {
+                sleep.await;
+                // tokio rounds deadlines up to its millisecond tick; a timer that fired more
+                // than a tick early was advanced by a clock paused after it was armed, not by
+                // time.
+                let real = real_start.elapsed();
+                if real + Duration::from_millis(1) < duration {
+                    RealTimer::start(duration - real).await;
+                }
+            }
+            TokioTimeout::Real(timer) => timer.await,
+        }
+    }
+}
+
+/// Whether tokio's clock reads differently from the real one, read just after it: it is paused
+/// (frozen behind real time, or advanced ahead of it). Unpaused, tokio's `now` *is* the real
+/// `now`. A reading that a preemption delayed past a millisecond only sends the timeout to the
+/// real-time timer, which is right either way.
+fn tokio_seems_paused(tokio_now: Instant, real_now: Instant) -> bool {
+    tokio_now > real_now || real_now.duration_since(tokio_now) > Duration::from_millis(1)
+}
+
+/// A timeout in real time on a helper thread, for when tokio's clock cannot be trusted with one.
+/// Dropping it ends the thread.
+pub(crate) struct RealTimer {
+    shared: Arc<(Mutex<RealState>, Condvar)>,
+}
+
+#[derive(Default)]
+struct RealState {
+    fired: bool,
+    dropped: bool,
+    waker: Option<Waker>,
+}
+
+impl RealTimer {
+    fn start(duration: Duration) -> RealTimer {
+        let shared = Arc::new((Mutex::new(RealState::default()), Condvar::new()));
+        let on_thread = shared.clone();
+        let spawned = std::thread::Builder::new()
+            .name("reqwest-safe-retry-timeout".into())
+            .spawn(move || {
+                let (lock, wakeup) = &*on_thread;
+                let ends = Instant::now().checked_add(duration);
+                let mut state = lock.lock().unwrap_or_else(|e| e.into_inner());
+                loop {
+                    if state.dropped {
+                        return;
+                    }
+                    let left = match ends {
+                        Some(ends) => ends.saturating_duration_since(Instant::now()),
+                        // Beyond the `Instant` range: never fires, waits to be dropped.
+                        None => Duration::from_secs(3600),
+                    };
+                    if left.is_zero() {
+                        break;
+                    }
+                    state = wakeup
+                        .wait_timeout(state, left)
+                        .unwrap_or_else(|e| e.into_inner())
+                        .0;
+                }
+                state.fired = true;
+                if let Some(waker) = state.waker.take() {
+                    waker.wake();
+                }
+            });
+        if spawned.is_err() {
+            // No thread to be had: the attempt runs without this timeout, as if it were far away.
+            shared.0.lock().unwrap_or_else(|e| e.into_inner()).dropped = true;
+        }
+        RealTimer { shared }
+    }
+}
+
+impl Future for RealTimer {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let mut state = self.shared.0.lock().unwrap_or_else(|e| e.into_inner());
+        if state.fired {
+            return Poll::Ready(());
+        }
+        state.waker = Some(cx.waker().clone());
+        Poll::Pending
+    }
+}
+
+impl Drop for RealTimer {
+    fn drop(&mut self) {
+        let (lock, wakeup) = &*self.shared;
+        lock.lock().unwrap_or_else(|e| e.into_inner()).dropped = true;
+        wakeup.notify_one();
+    }
 }
 
 /// The clock as the middleware stores it: shared, with a `Debug` that does not require one from
-/// the user's type.
+/// the user's type, and knowing whether it is tokio's (whose timer may be missing).
 #[derive(Clone)]
-pub(crate) struct SharedClock(pub(crate) Arc<dyn Clock>);
+pub(crate) struct SharedClock {
+    clock: Arc<dyn Clock>,
+    tokio: bool,
+}
+
+impl SharedClock {
+    pub(crate) fn new<C: Clock>(clock: C) -> SharedClock {
+        SharedClock {
+            tokio: std::any::TypeId::of::<C>() == std::any::TypeId::of::<TokioClock>(),
+            clock: Arc::new(clock),
+        }
+    }
+
+    /// The clock, to read the time from and to sleep on.
+    pub(crate) fn get(&self) -> &dyn Clock {
+        &*self.clock
+    }
+
+    /// The per-attempt timeout. On a [`TokioClock`] in a runtime without a time driver, tokio
+    /// panics when a timer is made; that panic is caught here and becomes an error, so the
+    /// first attempt's timer is also the check, at no cost to a runtime that has the driver.
+    pub(crate) fn timeout(&self, duration: Duration) -> Result<AttemptTimer, TimerUnavailable> {
+        if !self.tokio {
+            return Ok(AttemptTimer::Boxed(self.clock.timeout(duration)));
+        }
+        std::panic::catch_unwind(|| TokioTimeout::new(duration))
+            .map(AttemptTimer::Tokio)
+            .map_err(|_| TimerUnavailable)
+    }
+}
+
+/// A per-attempt timeout as the middleware holds it: tokio's inline, any other clock's boxed.
+pub(crate) enum AttemptTimer {
+    Tokio(TokioTimeout),
+    Boxed(Sleep),
+}
+
+impl AttemptTimer {
+    /// Completes when the timeout has passed.
+    pub(crate) async fn expire(self) {
+        match self {
+            AttemptTimer::Tokio(timeout) => timeout.expire().await,
+            AttemptTimer::Boxed(sleep) => sleep.await,
+        }
+    }
+}
 
 impl fmt::Debug for SharedClock {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -93,19 +306,38 @@ impl fmt::Debug for SharedClock {
     }
 }
 
+/// The request was made on a runtime without tokio's timer while the middleware's clock is
+/// [`TokioClock`]; nothing was sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "TokioClock needs tokio's timer, and there is none here: run the request on a tokio \
+     runtime built with enable_time() or enable_all(), or give the middleware another Clock \
+     (with_clock)"
+)]
+#[non_exhaustive]
+pub struct TimerUnavailable;
+
 #[cfg(feature = "test-util")]
 pub use fake::FakeClock;
 
 #[cfg(feature = "test-util")]
 mod fake {
     use super::{Clock, Sleep};
+    use std::future::Future;
+    use std::pin::Pin;
     use std::sync::{Arc, Mutex, MutexGuard};
+    use std::task::{Context, Poll, Waker};
     use std::time::{Duration, Instant, SystemTime};
 
     /// A virtual clock for tests: sleeping advances it at once and is recorded.
     ///
     /// Clones share the same time and the same record, so keep one clone to inspect after handing
     /// another to the middleware. All sleeps, from every request, advance one timeline.
+    ///
+    /// Its [`timeout`](Clock::timeout)s (the middleware's per-attempt timeouts) fire when virtual
+    /// time reaches them, never on their own: an attempt waiting for a real server is cut only
+    /// when a test moves the time, with [`advance`](FakeClock::advance) or through another
+    /// request's sleep. It never reads real time beyond its creation, and needs no tokio timer.
     ///
     /// Its wall time starts at 2026-01-01T00:00:00Z, the same on every run, and moves with every
     /// sleep and [`advance`](FakeClock::advance); [`set_wall_time`](FakeClock::set_wall_time)
@@ -135,6 +367,17 @@ mod fake {
         elapsed: Duration,
         wall: SystemTime,
         sleeps: Vec<Duration>,
+        /// Tasks waiting on a timeout, woken whenever time moves.
+        waiting: Vec<Waker>,
+    }
+
+    impl State {
+        /// Moves time forward by `by`; returns the tasks to wake, to be woken without the lock.
+        fn pass(&mut self, by: Duration) -> Vec<Waker> {
+            self.elapsed = self.elapsed.saturating_add(by);
+            self.wall = self.wall.checked_add(by).unwrap_or(self.wall);
+            std::mem::take(&mut self.waiting)
+        }
     }
 
     /// 2026-01-01T00:00:00Z.
@@ -149,6 +392,7 @@ mod fake {
                     elapsed: Duration::ZERO,
                     wall: SystemTime::UNIX_EPOCH + Duration::from_secs(DEFAULT_WALL_SECS),
                     sleeps: Vec::new(),
+                    waiting: Vec::new(),
                 })),
             }
         }
@@ -179,9 +423,8 @@ mod fake {
 
         /// Moves time forward without recording a sleep, as if work had taken `by`.
         pub fn advance(&self, by: Duration) {
-            let mut state = self.state();
-            state.elapsed = state.elapsed.saturating_add(by);
-            state.wall = state.wall.checked_add(by).unwrap_or(state.wall);
+            let waiting = self.state().pass(by);
+            waiting.into_iter().for_each(Waker::wake);
         }
 
         /// Sets the wall-clock time; monotonic time is unchanged.
@@ -215,13 +458,42 @@ mod fake {
         }
 
         fn sleep(&self, duration: Duration) -> Sleep {
-            {
+            let waiting = {
                 let mut state = self.state();
                 state.sleeps.push(duration);
-                state.elapsed = state.elapsed.saturating_add(duration);
-                state.wall = state.wall.checked_add(duration).unwrap_or(state.wall);
-            }
+                state.pass(duration)
+            };
+            waiting.into_iter().for_each(Waker::wake);
             Box::pin(std::future::ready(()))
+        }
+
+        fn timeout(&self, duration: Duration) -> Sleep {
+            let fires_at = self.state().elapsed.saturating_add(duration);
+            Box::pin(Timeout {
+                clock: self.clone(),
+                fires_at,
+            })
+        }
+    }
+
+    /// A timeout on virtual time: ready once the clock's elapsed time reaches `fires_at`.
+    struct Timeout {
+        clock: FakeClock,
+        fires_at: Duration,
+    }
+
+    impl Future for Timeout {
+        type Output = ();
+
+        fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+            let mut state = self.clock.state();
+            if state.elapsed >= self.fires_at {
+                return Poll::Ready(());
+            }
+            if !state.waiting.iter().any(|w| w.will_wake(cx.waker())) {
+                state.waiting.push(cx.waker().clone());
+            }
+            Poll::Pending
         }
     }
 

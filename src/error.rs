@@ -42,6 +42,9 @@ pub enum StopReason {
     /// The request's [`RetryOverride::NoRetries`](crate::RetryOverride::NoRetries) forbade
     /// retries.
     RetriesDisabled,
+    /// The middleware's clock could not make a timer (a [`TokioClock`](crate::TokioClock) on a
+    /// runtime without tokio's time driver); nothing was sent.
+    TimerUnavailable,
 }
 
 impl StopReason {
@@ -58,6 +61,7 @@ impl StopReason {
             StopReason::RetryAfterTooLong => "retry_after_too_long",
             StopReason::BudgetExhausted => "budget_exhausted",
             StopReason::RetriesDisabled => "retries_disabled",
+            StopReason::TimerUnavailable => "timer_unavailable",
         }
     }
 }
@@ -75,6 +79,7 @@ impl fmt::Display for StopReason {
             StopReason::RetryAfterTooLong => "the server asked to wait longer than allowed",
             StopReason::BudgetExhausted => "the retry budget is exhausted",
             StopReason::RetriesDisabled => "retries are disabled for this request",
+            StopReason::TimerUnavailable => "no timer to time the attempt with",
         })
     }
 }
@@ -261,10 +266,26 @@ impl std::error::Error for RetryError {
 /// [`attempt_timeout`](crate::RetryPolicyBuilder::attempt_timeout), cut to what the deadline
 /// left. Found as the [`last_error`](RetryError::last_error) of a [`RetryError`], which then
 /// answers `is_timeout()` with `true`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-#[error("attempt timed out after {after:?}")]
+///
+/// Its [`source`](std::error::Error::source) is an [`io::Error`](std::io::Error) of kind
+/// [`TimedOut`](std::io::ErrorKind::TimedOut), so code that walks an error's sources looking for
+/// a timeout finds this one too.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AttemptTimeout {
     pub(crate) after: Duration,
+}
+
+impl fmt::Display for AttemptTimeout {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "attempt timed out after {:?}", self.after)
+    }
+}
+
+impl std::error::Error for AttemptTimeout {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        static TIMED_OUT: std::sync::OnceLock<std::io::Error> = std::sync::OnceLock::new();
+        Some(TIMED_OUT.get_or_init(|| std::io::Error::from(std::io::ErrorKind::TimedOut)))
+    }
 }
 
 impl AttemptTimeout {

@@ -210,6 +210,7 @@ mod body;
 mod budget;
 mod classify;
 mod clock;
+mod decide;
 mod dependency;
 mod error;
 mod idempotency;
@@ -225,7 +226,7 @@ pub mod sim;
 pub use budget::{RetryBudget, RetryBudgetBuilder, RetryKind};
 #[cfg(feature = "test-util")]
 pub use clock::FakeClock;
-pub use clock::{Clock, Sleep, TokioClock};
+pub use clock::{Clock, Sleep, TimerUnavailable, TokioClock};
 pub use dependency::{Dependency, RetryOverride};
 pub use error::{AttemptTimeout, RetryError, RetryRecord, StopReason};
 pub use idempotency::{

@@ -18,7 +18,10 @@
 //! backend sees at most its `max_attempts` per logical request. The limit: only instances of
 //! this crate know each other; retries made by another library in the same chain are not seen.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 
 use http::{Extensions, HeaderValue};
@@ -27,17 +30,17 @@ use reqwest_middleware::{Middleware, Next};
 use tracing::Instrument;
 
 use crate::body;
-use crate::budget::{RetryBudget, RetryKind};
-use crate::classify::{self, Fault};
+use crate::budget::RetryBudget;
+use crate::classify::{self, Verdict};
 use crate::clock::{Clock, SharedClock, TokioClock};
+use crate::decide::{Decider, Observed};
 use crate::dependency::{Dependency, HostMatch, RetryOverride};
 use crate::error::{AttemptTimeout, RetryError, RetryRecord, StopReason};
 use crate::idempotency::IdempotencyKeys;
 use crate::observe::{Count, RetryCounters, RetryEvent, RetryObserver};
 use crate::policy::RetryPolicy;
-use crate::retry_after;
 use crate::rng::{Rng, SharedRng, ThreadRng};
-use crate::schedule::{self, Wait};
+use crate::schedule::Wait;
 
 /// A [`reqwest_middleware::Middleware`] that retries transient failures when repeating is safe.
 ///
@@ -85,7 +88,7 @@ impl RetryMiddleware {
         RetryMiddleware {
             default: dependency,
             routes: Vec::new(),
-            clock: SharedClock(Arc::new(TokioClock::new())),
+            clock: SharedClock::new(TokioClock::new()),
             rng: SharedRng(Arc::new(ThreadRng::new())),
             keys: Some(IdempotencyKeys::default()),
             observer: None,
@@ -102,7 +105,7 @@ impl RetryMiddleware {
 
     /// Uses `clock` for every wait and every reading of the time.
     pub fn with_clock(mut self, clock: impl Clock) -> Self {
-        self.clock = SharedClock(Arc::new(clock));
+        self.clock = SharedClock::new(clock);
         self
     }
 
@@ -203,10 +206,6 @@ impl RetryMiddleware {
         next: Next<'_>,
         dependency: &Dependency,
     ) -> reqwest_middleware::Result<Response> {
-        let counters = &dependency.counters;
-        let count = |c: Count| counters.add(c, &dependency.metric_keys);
-        count(Count::Request);
-
         // The future keeps a policy by reference; an override is boxed, which keeps the future
         // small for the requests that have none.
         let (overriding, no_retries) = match extensions.get::<RetryOverride>() {
@@ -215,176 +214,154 @@ impl RetryMiddleware {
             None => (None, false),
         };
         let policy: &RetryPolicy = overriding.as_deref().unwrap_or(&dependency.policy);
-        let max_attempts = if no_retries { 1 } else { policy.max_attempts() };
-        let budget = dependency.budget.as_ref();
-        let idempotent = classify::is_idempotent(request.method());
+        let clock = self.clock.get();
+        let mut decider = Decider::start(
+            policy,
+            dependency.budget.as_ref(),
+            &dependency.counters,
+            &dependency.metric_keys,
+            no_retries,
+            clock.now(),
+        );
         let key = match self.key_for(&mut request) {
             Ok(Some((key, stamped))) => {
                 if stamped {
-                    count(Count::KeyStamped);
+                    dependency
+                        .counters
+                        .add(Count::KeyStamped, &dependency.metric_keys);
                 }
                 Some(key)
             }
             Ok(None) => None,
-            Err(err) => {
-                tracing::debug!(
-                    target: TARGET,
-                    attempts = 0,
-                    reason = err.stop_reason().as_str(),
-                    waited_ms = 0u64,
-                    "retrying stopped"
-                );
-                return Err(err.into());
-            }
+            Err(err) => return Err(stopped(0, Duration::ZERO, err).into()),
         };
         let keyed = key.is_some();
-        let clock = &*self.clock.0;
-        let started = clock.now();
-        let remaining = || {
-            policy
-                .deadline()
-                .saturating_sub(clock.now().saturating_duration_since(started))
-        };
+        let repeatable = keyed || classify::is_idempotent(request.method());
 
-        let mut attempt: u32 = 0;
-        let mut waited = Duration::ZERO;
-        let mut last_cost = 0;
         // A copy is kept for the next attempt while the request goes out; none is made for the
         // last attempt, and none can be made of a body that is a stream.
         let mut kept = Some(request);
+        // The previous outcome, kept through the wait in case the deadline passes during it.
+        let mut previous = None;
         loop {
-            attempt += 1;
-            count(Count::Attempt);
+            let limit = match decider.next_attempt(clock) {
+                Ok(limit) => limit,
+                Err(stop) => {
+                    let outcome = previous.unwrap_or_else(|| {
+                        unreachable!("only a retry can find its deadline passed")
+                    });
+                    return self.finish(outcome, stop, &decider, key);
+                }
+            };
+            let timer = match self.clock.timeout(limit) {
+                Ok(timer) => timer,
+                Err(missing) => {
+                    let err = RetryError::new(
+                        decider.attempts(),
+                        StopReason::TimerUnavailable,
+                        key,
+                        reqwest_middleware::Error::middleware(missing),
+                    );
+                    return Err(stopped(decider.attempts(), decider.waited(), err).into());
+                }
+            };
             let Some(sending) = kept.take() else {
                 unreachable!("a request is kept for every attempt that is made");
             };
-            if attempt < max_attempts {
+            if decider.may_retry_after_next() {
                 kept = sending.try_clone();
             }
-            // The deadline cannot have been reached before the first attempt: no clock reading.
-            let limit = if attempt == 1 {
-                policy.attempt_timeout().min(policy.deadline())
-            } else {
-                policy.attempt_timeout().min(remaining())
-            };
-            // Enforced here, in real time, rather than as the request's own timeout: reqwest would
-            // then replace a timeout the caller set on the client, and box a timer per request.
-            let now = tokio::time::Instant::now();
-            // A limit beyond the `Instant` range (a policy of `Duration::MAX`) means "no limit"
-            // in practice: thirty years, as tokio does.
-            let ends = now
-                .checked_add(limit)
-                .unwrap_or_else(|| now + Duration::from_secs(30 * 365 * 24 * 3600));
-            let timed_out =
-                || reqwest_middleware::Error::middleware(AttemptTimeout { after: limit });
-            let mut outcome = tokio::time::timeout_at(ends, next.clone().run(sending, extensions))
-                .await
-                .unwrap_or_else(|_| Err(timed_out()));
-            if let (Some(buffer), Ok(_)) = (policy.buffer_body_limit(), &outcome) {
-                if let Ok(response) = outcome {
-                    // Boxed: the reading state is large, and most requests never need it.
-                    let reading = Box::pin(body::buffer(response, buffer));
-                    outcome = match tokio::time::timeout_at(ends, reading).await {
-                        Ok(read) => read.map_err(reqwest_middleware::Error::Reqwest),
-                        Err(_) => Err(timed_out()),
-                    };
-                }
-            }
+            decider.attempt_started();
 
-            let verdict = judge(policy, &outcome, idempotent, keyed);
-            // Read the clock only when a retry is in question: a success needs no deadline.
-            let left = match verdict {
-                Verdict::Transient(..) => remaining(),
-                _ => Duration::MAX,
-            };
-            let mut floor = None;
-            let decision = match verdict {
-                Verdict::Final(stop) => Wait::Stop(stop),
-                // Another instance nearer the transport has finished with this request.
-                Verdict::InnerLayer => Wait::Stop(StopReason::NotRetryable),
-                Verdict::Transient(..) if no_retries => Wait::Stop(StopReason::RetriesDisabled),
-                Verdict::Transient(..) if attempt >= max_attempts => {
-                    Wait::Stop(StopReason::AttemptsExhausted)
-                }
-                Verdict::Transient(..) if kept.is_none() => {
-                    Wait::Stop(StopReason::BodyNotCloneable)
-                }
-                Verdict::Transient(..) if left.is_zero() => Wait::Stop(StopReason::DeadlineReached),
-                Verdict::Transient(kind, _) => {
-                    floor = outcome.as_ref().ok().and_then(|response| {
-                        let value = response.headers().get(http::header::RETRY_AFTER)?;
-                        retry_after::parse(value.as_bytes(), clock.wall_now())
-                    });
-                    match schedule::next_wait(policy, attempt - 1, floor, left, &*self.rng.0) {
-                        // Charge before sleeping: a retry that waits has already been paid for.
-                        Wait::Sleep(delay) => match budget {
-                            None => Wait::Sleep(delay),
-                            Some(budget) => match budget.try_withdraw(kind, clock.now()) {
-                                Some(cost) => {
-                                    last_cost = cost;
-                                    Wait::Sleep(delay)
-                                }
-                                None => {
-                                    count(Count::BudgetRefusal);
-                                    Wait::Stop(StopReason::BudgetExhausted)
-                                }
-                            },
-                        },
-                        stop => stop,
+            // The attempt races its timeout on the injected clock; the attempt is polled first,
+            // so an answer that is ready wins over a timeout that is ready too. The timer ends
+            // with the attempt, before any wait.
+            let outcome = {
+                let mut timer = std::pin::pin!(timer.expire());
+                let timed_out =
+                    || reqwest_middleware::Error::middleware(AttemptTimeout { after: limit });
+                let sent = race(next.clone().run(sending, extensions), &mut timer).await;
+                let mut outcome = sent.unwrap_or_else(|| Err(timed_out()));
+                if let (Some(buffer), Ok(_)) = (policy.buffer_body_limit(), &outcome) {
+                    if let Ok(response) = outcome {
+                        // Boxed: the reading state is large, and most requests never need it.
+                        let reading = Box::pin(body::buffer(response, buffer));
+                        outcome = match race(reading, &mut timer).await {
+                            Some(read) => read.map_err(reqwest_middleware::Error::Reqwest),
+                            None => Err(timed_out()),
+                        };
                     }
                 }
+                outcome
             };
-            if let (
-                Some(budget),
-                Verdict::Final(StopReason::Succeeded | StopReason::NotRetryable),
-            ) = (budget, verdict)
-            {
-                if attempt == 1 {
-                    budget.deposit_first_attempt();
-                } else {
-                    budget.refund(last_cost);
-                }
-            }
-            self.report(&dependency.name, attempt, &outcome, verdict, decision);
 
-            let delay = match (decision, &kept) {
-                (Wait::Sleep(delay), Some(_)) => delay,
-                (decision, _) => {
-                    let stop = match decision {
-                        Wait::Stop(stop) => stop,
-                        Wait::Sleep(_) => StopReason::BodyNotCloneable,
-                    };
-                    if stop == StopReason::DeadlineReached {
-                        count(Count::DeadlineStop);
-                    }
-                    tracing::debug!(
-                        target: TARGET,
-                        attempts = attempt,
-                        reason = stop.as_str(),
-                        waited_ms = millis(waited),
-                        "retrying stopped"
-                    );
-                    if matches!(verdict, Verdict::InnerLayer) {
-                        return outcome;
-                    }
-                    let record = RetryRecord {
-                        attempts: attempt,
-                        stop,
-                        waited,
-                        key,
-                        replayed: false,
-                    };
-                    return finish(outcome, record);
-                }
+            let verdict = match &outcome {
+                Ok(response) => classify::judge_status(
+                    response.status(),
+                    |s| policy.is_retryable_status(s),
+                    repeatable,
+                    keyed,
+                ),
+                Err(err) => classify::judge_error(err, repeatable),
             };
-            count(Count::Retry);
-            if floor.is_some() {
-                count(Count::RetryAfterHonoured);
+            let observed = Observed {
+                verdict,
+                answered: outcome.is_ok(),
+                retry_after: outcome
+                    .as_ref()
+                    .ok()
+                    .and_then(|r| r.headers().get(http::header::RETRY_AFTER)),
+                can_resend: kept.is_some(),
+            };
+            let decision = decider.after_attempt(observed, clock, &*self.rng.0);
+            self.report(
+                &dependency.name,
+                decider.attempts(),
+                &outcome,
+                verdict,
+                decision,
+            );
+            match decision {
+                Wait::Stop(stop) => return self.finish(outcome, stop, &decider, key),
+                Wait::Sleep(delay) => {
+                    // Release the connection before waiting rather than after.
+                    previous = Some(outcome.map(body::head_only));
+                    clock.sleep(delay).await;
+                }
             }
-            // Release the connection before waiting rather than after.
-            drop(outcome);
-            clock.sleep(delay).await;
-            waited = waited.saturating_add(delay);
+        }
+    }
+
+    /// The caller's outcome: the response with its record, or the error wrapped with the count
+    /// and the reason.
+    fn finish(
+        &self,
+        outcome: reqwest_middleware::Result<Response>,
+        stop: StopReason,
+        decider: &Decider<'_>,
+        key: Option<HeaderValue>,
+    ) -> reqwest_middleware::Result<Response> {
+        let (attempts, waited) = (decider.attempts(), decider.waited());
+        match outcome {
+            Ok(mut response) => {
+                trace_stop(attempts, stop, waited);
+                let replayed = response
+                    .headers()
+                    .get(&REPLAYED)
+                    .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"true"));
+                response.extensions_mut().insert(RetryRecord {
+                    attempts,
+                    stop,
+                    waited,
+                    key,
+                    replayed,
+                });
+                Ok(response)
+            }
+            Err(err) => {
+                let err = RetryError::new(attempts, stop, key, err);
+                Err(stopped(attempts, waited, err).into())
+            }
         }
     }
 
@@ -401,11 +378,7 @@ impl RetryMiddleware {
             Ok(r) => (Some(r.status().as_u16()), None),
             Err(e) => (
                 e.status().map(|s| s.as_u16()),
-                Some(match (verdict, classify::transport_fault(e)) {
-                    (Verdict::InnerLayer, _) => "inner_layer",
-                    (_, Some(f)) => f.as_str(),
-                    (_, None) => "permanent",
-                }),
+                Some(classify::transport_fault(e).map_or("permanent", |f| f.as_str())),
             ),
         };
         let (delay, stop) = match decision {
@@ -416,7 +389,6 @@ impl RetryMiddleware {
             (Verdict::Transient(_, why), Wait::Sleep(_)) => why,
             (_, Wait::Stop(stop)) => stop.as_str(),
             (Verdict::Final(stop), _) => stop.as_str(),
-            (Verdict::InnerLayer, _) => "inner_layer",
         };
         tracing::debug!(
             target: TARGET,
@@ -448,6 +420,11 @@ impl Middleware for RetryMiddleware {
         extensions: &mut Extensions,
         next: Next<'_>,
     ) -> reqwest_middleware::Result<Response> {
+        if extensions.get::<Claimed>().is_some() {
+            // An instance further out on this request's path makes the attempts and retries.
+            return next.run(request, extensions).await;
+        }
+        extensions.insert(Claimed);
         let dependency = self.dependency_for(request.url());
         let span = tracing::debug_span!(
             target: TARGET,
@@ -457,9 +434,12 @@ impl Middleware for RetryMiddleware {
             host = request.url().host_str().unwrap_or(""),
             path = request.url().path(),
         );
-        self.execute(request, extensions, next, dependency)
+        let outcome = self
+            .execute(request, extensions, next, dependency)
             .instrument(span)
-            .await
+            .await;
+        extensions.remove::<Claimed>();
+        outcome
     }
 }
 
@@ -473,60 +453,40 @@ impl std::fmt::Debug for SharedObserver {
     }
 }
 
-/// What an attempt's outcome calls for.
+/// The mark an instance leaves in a request's extensions before sending it, so that instances
+/// nearer the transport pass it through instead of retrying it again.
 #[derive(Debug, Clone, Copy)]
-enum Verdict {
-    /// A transient failure, safe to repeat: what a retry costs, and the reason for the trace.
-    Transient(RetryKind, &'static str),
-    /// No retry, for this reason.
-    Final(StopReason),
-    /// An outcome another instance of this middleware, nearer the transport, has finished with.
-    InnerLayer,
+struct Claimed;
+
+/// Polls `work` until it finishes, or `timer` fires first (`None`). `work` is polled first.
+async fn race<F: Future>(
+    work: F,
+    timer: &mut Pin<&mut impl Future<Output = ()>>,
+) -> Option<F::Output> {
+    let mut work = std::pin::pin!(work);
+    std::future::poll_fn(|cx| {
+        if let Poll::Ready(done) = work.as_mut().poll(cx) {
+            return Poll::Ready(Some(done));
+        }
+        timer.as_mut().poll(cx).map(|()| None)
+    })
+    .await
 }
 
-fn judge(
-    policy: &RetryPolicy,
-    outcome: &reqwest_middleware::Result<Response>,
-    idempotent: bool,
-    keyed: bool,
-) -> Verdict {
-    let repeatable = idempotent || keyed;
-    match outcome {
-        Ok(response) if RetryRecord::of(response).is_some() => Verdict::InnerLayer,
-        Err(err) if RetryError::of(err).is_some() => Verdict::InnerLayer,
-        Ok(response) => {
-            let status = response.status();
-            if !classify::is_transient_status(status, |s| policy.is_retryable_status(s), keyed) {
-                return Verdict::Final(if status.as_u16() < 400 {
-                    StopReason::Succeeded
-                } else {
-                    StopReason::NotRetryable
-                });
-            }
-            if repeatable {
-                let kind = if status == http::StatusCode::TOO_MANY_REQUESTS {
-                    RetryKind::Throttled
-                } else {
-                    RetryKind::Other
-                };
-                Verdict::Transient(kind, "status")
-            } else {
-                Verdict::Final(StopReason::NotSafeToRetry)
-            }
-        }
-        Err(err) => match classify::transport_fault(err) {
-            None => Verdict::Final(StopReason::NotRetryable),
-            Some(fault) if repeatable || fault.nothing_sent() => {
-                let kind = if fault == Fault::Timeout {
-                    RetryKind::Timeout
-                } else {
-                    RetryKind::Other
-                };
-                Verdict::Transient(kind, fault.as_str())
-            }
-            Some(_) => Verdict::Final(StopReason::NotSafeToRetry),
-        },
-    }
+/// Traces the end of a logical request, and hands back its error.
+fn stopped(attempts: u32, waited: Duration, err: RetryError) -> RetryError {
+    trace_stop(attempts, err.stop_reason(), waited);
+    err
+}
+
+fn trace_stop(attempts: u32, stop: StopReason, waited: Duration) {
+    tracing::debug!(
+        target: TARGET,
+        attempts,
+        reason = stop.as_str(),
+        waited_ms = millis(waited),
+        "retrying stopped"
+    );
 }
 
 fn millis(d: Duration) -> u64 {
@@ -538,20 +498,3 @@ const TARGET: &str = "reqwest_safe_retry";
 
 /// The header a server following the Stripe convention sets on a replayed response.
 const REPLAYED: http::HeaderName = http::HeaderName::from_static("idempotent-replayed");
-
-fn finish(
-    outcome: reqwest_middleware::Result<Response>,
-    mut record: RetryRecord,
-) -> reqwest_middleware::Result<Response> {
-    match outcome {
-        Ok(mut response) => {
-            record.replayed = response
-                .headers()
-                .get(&REPLAYED)
-                .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"true"));
-            response.extensions_mut().insert(record);
-            Ok(response)
-        }
-        Err(err) => Err(RetryError::new(record.attempts, record.stop, record.key, err).into()),
-    }
-}

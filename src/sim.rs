@@ -3,9 +3,10 @@
 //! A simulation drives open-loop traffic (requests arrive at a fixed rate whether or not earlier
 //! ones finished, as they do from a fleet of independent callers) through the real
 //! [`RetryMiddleware`], with its real backoff, `Retry-After` handling and [`RetryBudget`], against
-//! a scripted service at the end of the middleware chain. Time is tokio's paused clock, which
-//! [`TokioClock`](crate::TokioClock) follows: minutes of traffic take a moment, and the same seed
-//! gives the same report.
+//! a scripted service at the end of the middleware chain. Time is tokio's paused clock, on a
+//! clock whose per-attempt timeouts are tokio timers too: with no socket anywhere, everything,
+//! timeouts included, happens in virtual time; minutes of traffic take a moment, and the same
+//! seed gives the same report.
 //!
 //! Four scenarios, each with a report and a chart (see [`figures`]):
 //!
@@ -148,7 +149,9 @@ impl OpenLoop {
             };
             (if fails { 503 } else { 200 }, None)
         }));
-        let mut middleware = RetryMiddleware::new(self.policy).with_rng(SeededRng::new(self.seed));
+        let mut middleware = RetryMiddleware::new(self.policy)
+            .with_clock(VirtualTime)
+            .with_rng(SeededRng::new(self.seed));
         middleware = match &self.budget {
             Some(budget) => middleware.with_budget(budget.clone()),
             None => middleware.without_budget(),
@@ -190,6 +193,31 @@ impl OpenLoop {
             attempts_per_second,
             budget_refusals: self.budget.as_ref().map_or(0, RetryBudget::refusals),
         }
+    }
+}
+
+/// The simulations' clock: tokio's, paused, for sleeps and timeouts alike. Unlike
+/// [`TokioClock`](crate::TokioClock), which measures per-attempt timeouts in real time under a
+/// paused clock (a real server needs real time to answer), this one lets tokio jump to them: the
+/// simulated backend does no I/O, so nothing but virtual time can be waiting.
+#[derive(Debug, Clone, Copy)]
+struct VirtualTime;
+
+impl crate::clock::Clock for VirtualTime {
+    fn now(&self) -> std::time::Instant {
+        tokio::time::Instant::now().into_std()
+    }
+
+    fn wall_now(&self) -> std::time::SystemTime {
+        std::time::SystemTime::now()
+    }
+
+    fn sleep(&self, duration: Duration) -> crate::clock::Sleep {
+        Box::pin(tokio::time::sleep(duration))
+    }
+
+    fn timeout(&self, duration: Duration) -> crate::clock::Sleep {
+        Box::pin(tokio::time::sleep(duration))
     }
 }
 

@@ -99,8 +99,9 @@ async fn the_success_path_allocates_only_what_retrying_through_reqwest_middlewar
     );
     // Every retrying middleware pays for its boxed future and for the copy of the request it
     // keeps for a retry: reqwest-retry's count measures that. Beyond it, this crate adds the
-    // RetryRecord on the response...
-    assert!(d_unkeyed - c <= 1.0, "{d_unkeyed:.2} vs {c:.2}");
+    // RetryRecord on the response (1), and the mark that tells nested instances this request is
+    // already being retried (2: the request's extension map and its table, made on first use)...
+    assert!(d_unkeyed - c <= 3.0, "{d_unkeyed:.2} vs {c:.2}");
     // ...and the idempotency key: its value, and room for it in the request's header map.
     assert!(d - d_unkeyed <= 3.0, "{d:.2} vs {d_unkeyed:.2}");
 }

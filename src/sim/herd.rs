@@ -8,7 +8,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{Backend, block_on_paused, client_with};
+use super::{Backend, VirtualTime, block_on_paused, client_with};
 use crate::middleware::RetryMiddleware;
 use crate::policy::RetryPolicy;
 use crate::rng::SeededRng;
@@ -67,6 +67,7 @@ impl Herd {
             .expect("a positive deadline and the default statuses make a valid policy");
         // No budget: the herd is about timing, and a budget would let only a few clients retry.
         let middleware = RetryMiddleware::new(policy)
+            .with_clock(VirtualTime)
             .with_rng(SeededRng::new(self.seed))
             .without_budget();
         let clients = self.clients;

@@ -13,7 +13,7 @@ use http::Extensions;
 use reqwest::{Request, Response};
 use reqwest_middleware::{ClientBuilder, Middleware, Next};
 
-use super::{Backend, block_on_paused};
+use super::{Backend, VirtualTime, block_on_paused};
 use crate::middleware::RetryMiddleware;
 use crate::policy::RetryPolicy;
 
@@ -91,7 +91,11 @@ impl Layers {
             let mut builder = ClientBuilder::new(reqwest::Client::new());
             for _ in 0..self.depth {
                 builder = if self.single_layer_rule {
-                    builder.with(RetryMiddleware::new(policy).without_budget())
+                    builder.with(
+                        RetryMiddleware::new(policy)
+                            .with_clock(VirtualTime)
+                            .without_budget(),
+                    )
                 } else {
                     builder.with(PlainRetry {
                         attempts: self.attempts_per_layer,

@@ -173,6 +173,10 @@ impl Clock for CountingClock {
             sleeping.fetch_sub(1, Ordering::SeqCst);
         })
     }
+
+    fn timeout(&self, duration: Duration) -> Sleep {
+        Box::pin(tokio::time::sleep(duration))
+    }
 }
 
 /// Always 503, counting attempts: the end of the chain, standing in for a dead dependency so

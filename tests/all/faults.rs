@@ -2,7 +2,7 @@
 
 use std::time::{Duration, Instant};
 
-use reqwest_safe_retry::{RetryError, RetryPolicy, RetryRecord, StopReason};
+use reqwest_safe_retry::{RetryError, RetryRecord, StopReason};
 
 use crate::support::{self, Action, RawServer};
 
@@ -79,11 +79,7 @@ async fn a_slow_server_is_cut_off_by_the_attempt_timeout_and_retried() {
         Action::Respond(support::ok("on time")),
     ])
     .await;
-    let policy = RetryPolicy::builder()
-        .attempt_timeout(Duration::from_millis(40))
-        .build()
-        .unwrap();
-    let (client, _) = support::client_with(policy);
+    let client = support::real_time_client(Duration::from_millis(40));
 
     let started = Instant::now();
     let response = client.get(server.url("/")).send().await.unwrap();
@@ -106,11 +102,7 @@ async fn timeouts_on_every_attempt_surface_as_a_timeout_error() {
         support::ok("late"),
     )])
     .await;
-    let policy = RetryPolicy::builder()
-        .attempt_timeout(Duration::from_millis(30))
-        .build()
-        .unwrap();
-    let (client, _) = support::client_with(policy);
+    let client = support::real_time_client(Duration::from_millis(30));
 
     let err = client.get(server.url("/")).send().await.unwrap_err();
 

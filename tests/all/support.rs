@@ -32,6 +32,22 @@ pub fn client_with(policy: RetryPolicy) -> (ClientWithMiddleware, FakeClock) {
     (client, clock)
 }
 
+/// A client on the real clock, for per-attempt timeouts against real slow servers (a
+/// `FakeClock` fires them only when a test moves its time). Waits between attempts are at most
+/// 5 ms, so a test stays fast.
+pub fn real_time_client(attempt_timeout: Duration) -> ClientWithMiddleware {
+    let policy = RetryPolicy::builder()
+        .attempt_timeout(attempt_timeout)
+        .base_delay(Duration::from_millis(1))
+        .max_delay(Duration::from_millis(5))
+        .build()
+        .unwrap();
+    let middleware = RetryMiddleware::new(policy).with_rng(SeededRng::new(7));
+    ClientBuilder::new(reqwest::Client::new())
+        .with(middleware)
+        .build()
+}
+
 pub fn client() -> (ClientWithMiddleware, FakeClock) {
     client_with(policy())
 }
