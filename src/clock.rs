@@ -19,15 +19,16 @@
 //! Under `tokio::time::pause()` (or `#[tokio::test(start_paused = true)]`) tokio jumps its clock
 //! to the next timer whenever the runtime is idle, even while a socket is waiting for a real
 //! server. A per-attempt timeout on tokio's timer would then fire at once. So [`TokioClock`]
-//! measures per-attempt timeouts in real time while tokio's clock is paused (on a helper thread
-//! that ends with the timeout); backoff sleeps and the deadline stay on tokio's clock, so they
-//! still take no real time.
+//! measures per-attempt timeouts in real time while tokio's clock is paused, on a blocking task
+//! that ends with the attempt; while it runs, tokio does not auto-advance, so no other timer
+//! jumps virtual time forward under a pending attempt either. Backoff sleeps and the deadline
+//! stay on tokio's clock, so they still take no real time.
 
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Condvar, Mutex};
-use std::task::{Context, Poll, Waker};
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant, SystemTime};
 
 /// The future a [`Clock`] returns from [`Clock::sleep`] and [`Clock::timeout`].
@@ -133,12 +134,16 @@ pub(crate) enum TokioTimeout {
 impl TokioTimeout {
     /// Arms a timeout of `duration`. Panics, as tokio does, on a runtime without a time driver.
     pub(crate) fn new(duration: Duration) -> TokioTimeout {
-        // tokio's reading first: unpaused, the real one taken after it can only be later.
-        let tokio_now = tokio::time::Instant::now().into_std();
-        let real_start = Instant::now();
-        if tokio_seems_paused(tokio_now, real_start) {
+        // A paused clock cannot move while this code runs: it moves only when the runtime
+        // parks. A running one (tokio's `now` is then the real `now`) ticks between two
+        // readings, at nanosecond resolution. A coarse clock that read the same twice would
+        // only send this timeout to the real-time timer, which is right either way.
+        let first = tokio::time::Instant::now();
+        let second = tokio::time::Instant::now();
+        if first == second {
             return TokioTimeout::Real(RealTimer::start(duration));
         }
+        let real_start = second.into_std();
         TokioTimeout::Tokio {
             sleep: tokio::time::sleep(duration),
             real_start,
@@ -168,84 +173,56 @@ impl TokioTimeout {
     }
 }
 
-/// Whether tokio's clock reads differently from the real one, read just after it: it is paused
-/// (frozen behind real time, or advanced ahead of it). Unpaused, tokio's `now` *is* the real
-/// `now`. A reading that a preemption delayed past a millisecond only sends the timeout to the
-/// real-time timer, which is right either way.
-fn tokio_seems_paused(tokio_now: Instant, real_now: Instant) -> bool {
-    tokio_now > real_now || real_now.duration_since(tokio_now) > Duration::from_millis(1)
-}
-
-/// A timeout in real time on a helper thread, for when tokio's clock cannot be trusted with one.
-/// Dropping it ends the thread.
+/// A timeout in real time, for when tokio's clock is paused: a blocking task that waits on a
+/// condition variable. While a blocking task runs, tokio does not auto-advance its paused clock,
+/// so no other timer (a connection pool's, the caller's) jumps virtual time forward while the
+/// attempt waits for a real server either. Dropping it ends the task at once.
 pub(crate) struct RealTimer {
-    shared: Arc<(Mutex<RealState>, Condvar)>,
-}
-
-#[derive(Default)]
-struct RealState {
-    fired: bool,
-    dropped: bool,
-    waker: Option<Waker>,
+    cancel: Arc<(Mutex<bool>, Condvar)>,
+    task: tokio::task::JoinHandle<()>,
 }
 
 impl RealTimer {
     fn start(duration: Duration) -> RealTimer {
-        let shared = Arc::new((Mutex::new(RealState::default()), Condvar::new()));
-        let on_thread = shared.clone();
-        let spawned = std::thread::Builder::new()
-            .name("reqwest-safe-retry-timeout".into())
-            .spawn(move || {
-                let (lock, wakeup) = &*on_thread;
-                let ends = Instant::now().checked_add(duration);
-                let mut state = lock.lock().unwrap_or_else(|e| e.into_inner());
-                loop {
-                    if state.dropped {
-                        return;
-                    }
-                    let left = match ends {
-                        Some(ends) => ends.saturating_duration_since(Instant::now()),
-                        // Beyond the `Instant` range: never fires, waits to be dropped.
-                        None => Duration::from_secs(3600),
-                    };
-                    if left.is_zero() {
-                        break;
-                    }
-                    state = wakeup
-                        .wait_timeout(state, left)
-                        .unwrap_or_else(|e| e.into_inner())
-                        .0;
+        let cancel = Arc::new((Mutex::new(false), Condvar::new()));
+        let waiting = cancel.clone();
+        let task = tokio::task::spawn_blocking(move || {
+            let (dropped, wakeup) = &*waiting;
+            let ends = Instant::now().checked_add(duration);
+            let mut dropped = dropped.lock().unwrap_or_else(|e| e.into_inner());
+            while !*dropped {
+                let left = match ends {
+                    Some(ends) => ends.saturating_duration_since(Instant::now()),
+                    // Beyond the `Instant` range: never fires, waits to be dropped.
+                    None => Duration::from_secs(3600),
+                };
+                if left.is_zero() {
+                    return;
                 }
-                state.fired = true;
-                if let Some(waker) = state.waker.take() {
-                    waker.wake();
-                }
-            });
-        if spawned.is_err() {
-            // No thread to be had: the attempt runs without this timeout, as if it were far away.
-            shared.0.lock().unwrap_or_else(|e| e.into_inner()).dropped = true;
-        }
-        RealTimer { shared }
+                dropped = wakeup
+                    .wait_timeout(dropped, left)
+                    .unwrap_or_else(|e| e.into_inner())
+                    .0;
+            }
+        });
+        RealTimer { cancel, task }
     }
 }
 
 impl Future for RealTimer {
     type Output = ();
 
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        let mut state = self.shared.0.lock().unwrap_or_else(|e| e.into_inner());
-        if state.fired {
-            return Poll::Ready(());
-        }
-        state.waker = Some(cx.waker().clone());
-        Poll::Pending
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        // The task ends only when the time is up (it is cancelled only by dropping this), or
+        // when the runtime shuts down: either way, the timeout is over.
+        Pin::new(&mut self.task).poll(cx).map(|_| ())
     }
 }
 
 impl Drop for RealTimer {
     fn drop(&mut self) {
-        let (lock, wakeup) = &*self.shared;
-        lock.lock().unwrap_or_else(|e| e.into_inner()).dropped = true;
+        let (dropped, wakeup) = &*self.cancel;
+        *dropped.lock().unwrap_or_else(|e| e.into_inner()) = true;
         wakeup.notify_one();
     }
 }
@@ -541,6 +518,40 @@ mod fake {
             assert_eq!(clock.wall_now(), later);
         }
 
+        #[tokio::test]
+        async fn a_timeout_fires_only_when_virtual_time_reaches_it() {
+            let clock = FakeClock::new();
+            let mut timeout = clock.timeout(Duration::from_secs(5));
+            let mut poll = || {
+                let waker = std::task::Waker::noop();
+                timeout
+                    .as_mut()
+                    .poll(&mut std::task::Context::from_waker(waker))
+                    .is_ready()
+            };
+            assert!(!poll(), "no time has passed");
+            clock.advance(Duration::from_secs(4));
+            assert!(!poll(), "4 s of 5");
+            clock.sleep(Duration::from_secs(1)).await;
+            assert!(poll(), "another request's sleep moved time to 5 s");
+            assert_eq!(clock.sleeps(), vec![Duration::from_secs(1)]);
+        }
+
+        #[tokio::test]
+        async fn moving_time_wakes_the_task_waiting_on_a_timeout() {
+            let clock = FakeClock::new();
+            let timeout = clock.timeout(Duration::from_millis(10));
+            let mover = clock.clone();
+            let waiting = tokio::spawn(timeout);
+            tokio::task::yield_now().await;
+            mover.advance(Duration::from_millis(10));
+            // Bounded: a timeout that is never woken fails here instead of hanging.
+            tokio::time::timeout(Duration::from_secs(5), waiting)
+                .await
+                .expect("the timeout was woken")
+                .unwrap();
+        }
+
         #[test]
         fn huge_sleeps_saturate_instead_of_panicking() {
             let clock = FakeClock::new();
@@ -550,5 +561,62 @@ mod fake {
             assert_eq!(clock.total_slept(), Duration::MAX);
             let _ = clock.now();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_running_tokio_clock_times_attempts_on_tokio_s_timer() {
+        let started = Instant::now();
+        let timeout = TokioTimeout::new(Duration::from_millis(20));
+        assert!(matches!(timeout, TokioTimeout::Tokio { .. }));
+        timeout.expire().await;
+        assert!(started.elapsed() >= Duration::from_millis(20));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_paused_tokio_clock_times_attempts_in_real_time() {
+        let (real, virtual_) = (Instant::now(), tokio::time::Instant::now());
+        let timeout = TokioTimeout::new(Duration::from_millis(30));
+        assert!(matches!(timeout, TokioTimeout::Real(_)));
+        timeout.expire().await;
+        assert!(real.elapsed() >= Duration::from_millis(30));
+        assert_eq!(
+            virtual_.elapsed(),
+            Duration::ZERO,
+            "no auto-advance meanwhile"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_clock_paused_after_the_timer_was_armed_is_caught_when_it_fires() {
+        let real = Instant::now();
+        let timeout = TokioTimeout::new(Duration::from_millis(30));
+        assert!(matches!(timeout, TokioTimeout::Tokio { .. }));
+        tokio::time::pause();
+        // Auto-advance fires tokio's timer at once; the real remainder is still waited out.
+        timeout.expire().await;
+        assert!(
+            real.elapsed() >= Duration::from_millis(29),
+            "{:?}",
+            real.elapsed()
+        );
+    }
+
+    #[test]
+    fn tokio_s_clock_without_a_runtime_timer_is_an_error_not_a_panic() {
+        let no_timer = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        no_timer.block_on(async {
+            let clock = SharedClock::new(TokioClock::new());
+            assert!(matches!(
+                clock.timeout(Duration::from_secs(1)),
+                Err(TimerUnavailable)
+            ));
+        });
     }
 }

@@ -3,6 +3,8 @@
 mod bodies;
 mod budget;
 mod dependencies;
+mod driver_model;
+mod edges;
 mod faults;
 mod idempotency;
 mod methods;
