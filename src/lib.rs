@@ -91,10 +91,16 @@
 //!
 //! # One layer retries
 //!
-//! When several instances of this middleware sit on one request path, the one nearest the
-//! transport retries and the outer ones pass its outcome through untouched, so the backend sees
-//! at most one layer's attempts per logical request, not their product. Retries made by other
-//! libraries in the same chain are not seen.
+//! When several instances of this middleware sit on one request path, exactly one of them
+//! retries: the outermost (the first `.with(..)`). Before sending, it marks the request in its
+//! extensions; every instance nearer the transport sees the mark and passes the request and its
+//! outcome straight through, with no attempts, timeouts, keys or counts of its own. So the
+//! backend sees at most the outermost instance's `max_attempts` per logical request, whatever
+//! the instances' timeouts and deadlines, and the caller gets the real last outcome, never an
+//! outer layer's timeout of an inner layer's loop. The outermost is the one that can decide
+//! before anything is sent, and the one that holds the caller's override and deadline. Put the
+//! instance whose policy should govern first. Retries made by other libraries in the same chain
+//! are not seen.
 //!
 //! # Observability
 //!
@@ -107,7 +113,7 @@
 //! | kind | name | fields |
 //! |---|---|---|
 //! | span | `reqwest_safe_retry.request`, one per logical request | `dependency`, `method`, `host`, `path` (never the query) |
-//! | event | `attempt finished`, one per attempt | `attempt` (from 1), `status`, `error` (`timeout`, `connect`, `reset`, `incomplete`, `permanent`, `inner_layer`), `decision` (why it is retried, or the stop reason), `delay_ms` (the wait before the next attempt) |
+//! | event | `attempt finished`, one per attempt | `attempt` (from 1), `status`, `error` (`timeout`, `connect`, `reset`, `incomplete`, `permanent`), `decision` (why it is retried, or the stop reason), `delay_ms` (the wait before the next attempt) |
 //! | event | `retrying stopped`, one per logical request | `attempts`, `reason` ([`StopReason::as_str`]), `waited_ms` |
 //!
 //! # Outcomes
@@ -119,11 +125,18 @@
 //! count and the stop reason.
 //!
 //! The policy's per-attempt timeout covers an attempt from sending until the response head (or,
-//! with `buffer_body`, the whole body) has arrived; it is enforced by the middleware on tokio's
-//! timer, in real time, so the runtime needs its timer enabled. Timeouts set on the
-//! `reqwest::Client` or on one request still apply as reqwest applies them, and count as
-//! transient failures too. An attempt cut by the policy's timeout fails with an
-//! [`AttemptTimeout`], and [`RetryError::is_timeout`] is `true` for either kind.
+//! with `buffer_body`, the whole body) has arrived; it is enforced by the middleware on its
+//! [`Clock`]. Timeouts set on the `reqwest::Client` or on one request still apply as reqwest
+//! applies them, and count as transient failures too. An attempt cut by the policy's timeout
+//! fails with an [`AttemptTimeout`], whose source is an `io::Error` of kind `TimedOut`, and
+//! [`RetryError::is_timeout`] is `true` for either kind.
+//!
+//! # Cancellation
+//!
+//! A request may be dropped at any await (the caller's own timeout, a `select!`). A retry is
+//! paid for before its wait; if the request is dropped during the wait, a guard gives the
+//! tokens back, and a retry is counted only when its attempt starts. So whatever point a
+//! request is dropped at, the budget and the counters show only what happened.
 //!
 //! # Response bodies
 //!
@@ -134,9 +147,26 @@
 //!
 //! # Testing your retries
 //!
-//! Give the middleware a [`FakeClock`] and a [`SeededRng`]: waits then take no real time, and the
-//! same seed gives the same waits on every run. `FakeClock` is public behind the `test-util`
-//! feature; enable it in your `[dev-dependencies]`:
+//! Two ways are supported.
+//!
+//! - **[`FakeClock`]** (feature `test-util`) with a [`SeededRng`]: every wait takes no real
+//!   time and is recorded, and the same seed gives the same waits on every run. Per-attempt
+//!   timeouts run on the same virtual time: they fire only when the test moves it
+//!   ([`FakeClock::advance`], or another request's sleep), never while a real server is
+//!   answering. A `FakeClock` never reads real time (the retry budget's refill included) and
+//!   needs no tokio timer.
+//! - **tokio's paused clock** (`#[tokio::test(start_paused = true)]`) with the default
+//!   [`TokioClock`]: backoff waits and the deadline run on tokio's virtual time. Per-attempt
+//!   timeouts are then measured in real time, and while an attempt is waiting for a real server
+//!   tokio does not auto-advance, so neither the attempt's timeout nor any other timer is fired
+//!   early by the pause. A test of the timeout itself therefore takes real time: keep it short.
+//!
+//! On a runtime without tokio's time driver, a `FakeClock` works as it is; with `TokioClock`
+//! every request fails before sending with [`StopReason::TimerUnavailable`] and an error that
+//! says to enable the timer. (tokio reports a missing timer only by panicking: the middleware
+//! catches that panic, which the panic hook still prints.)
+//!
+//! Enable `test-util` in your `[dev-dependencies]`:
 //!
 //! ```toml
 //! [dev-dependencies]

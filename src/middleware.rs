@@ -1,22 +1,21 @@
-//! The attempt loop: the only code in the crate that sends, awaits or sleeps.
+//! The driver: the only code in the crate that sends, awaits or sleeps.
 //!
-//! One call to `send()` is one logical request. The loop picks the request's dependency (by
-//! host) and policy (or the request's own override), decides its idempotency key, then for each
-//! attempt: clones the request (the original is kept for the next one), sends it down the chain
-//! within the attempt's timeout (the policy's, cut to what the deadline leaves), asks
-//! `classify` whether the outcome is a transient failure that is safe to repeat, and if so asks
-//! `schedule` for the wait (backoff, `Retry-After` floor, deadline), pays the budget, and sleeps
-//! on the injected clock. Every decision is made by the pure modules below it.
+//! One call to `send()` is one logical request. The driver picks the request's dependency (by
+//! host) and policy (or the request's own override), decides its idempotency key, then asks the
+//! decision core (`decide`) for each attempt's timeout, sends a copy of the request down the
+//! chain racing that timeout on the injected clock, has `classify` judge the outcome, and asks
+//! the core what follows: a wait, slept on the clock, or a stop. The core does the budget's
+//! accounting and the counting; this module holds no rule of its own.
 //!
 //! # One layer retries
 //!
-//! Three layers that each retry three times turn one request into twenty-seven. When an instance
-//! of this middleware gets back an outcome that another instance, nearer the transport, has
-//! already finished with (a response carrying a [`RetryRecord`], or a [`RetryError`]), it
-//! passes that outcome through untouched: it neither retries it nor wraps it. So however many
-//! instances sit on one request path, the one nearest the transport does the retrying and the
-//! backend sees at most its `max_attempts` per logical request. The limit: only instances of
-//! this crate know each other; retries made by another library in the same chain are not seen.
+//! Three layers that each retry three times turn one request into twenty-seven, and a layer
+//! whose attempt timeout is shorter than an inner layer's whole loop would retry that loop. So
+//! the first instance to see a request (the outermost) marks it in the request's extensions
+//! before sending, and every instance further in that finds the mark passes the request
+//! through untouched: one layer retries, whatever the timing, and it can tell the others before
+//! anything is sent. The limit: only instances of this crate know each other; retries made by
+//! another library in the same chain are not seen.
 
 use std::future::Future;
 use std::pin::Pin;

@@ -177,8 +177,8 @@ pub struct RetryEvent<'a> {
     pub attempt: u32,
     /// Its response status, if it got a response.
     pub status: Option<u16>,
-    /// Its error, as a short kind (`timeout`, `connect`, `reset`, `incomplete`, `permanent`,
-    /// `inner_layer`), if it failed.
+    /// Its error, as a short kind (`timeout`, `connect`, `reset`, `incomplete`, `permanent`),
+    /// if it failed.
     pub error: Option<&'a str>,
     /// The wait before the next attempt, if there is one.
     pub delay: Option<Duration>,

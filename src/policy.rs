@@ -201,8 +201,8 @@ impl RetryPolicyBuilder {
 
     /// The longest one attempt may take, from sending until the response head (or, with
     /// [`buffer_body`](Self::buffer_body), the whole body) has arrived; cut to what the deadline
-    /// leaves. Enforced in real time on tokio's timer; timeouts set on the client or the request
-    /// still apply too. Must be greater than zero.
+    /// leaves. Enforced by the middleware on its clock (on a `FakeClock`, in virtual time);
+    /// timeouts set on the client or the request still apply too. Must be greater than zero.
     pub fn attempt_timeout(mut self, timeout: Duration) -> Self {
         self.attempt_timeout = timeout;
         self
