@@ -63,8 +63,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let client = ClientBuilder::new(reqwest::Client::new())
         .with(
             RetryMiddleware::new(RetryPolicy::default())
-                .route(&payments_server.address().to_string(), payments)
-                .route(&cache_server.address().to_string(), cache),
+                .route(&payments_server.address().to_string(), payments)?
+                .route(&cache_server.address().to_string(), cache)?,
         )
         .build();
 

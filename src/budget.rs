@@ -45,7 +45,10 @@ use std::fmt;
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
-use crate::policy::InvalidPolicy;
+use crate::error::InvalidConfig;
+
+/// The area named in this module's configuration errors.
+const BUDGET: &str = "retry budget";
 
 #[cfg(not(reqwest_safe_retry_loom))]
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -124,8 +127,9 @@ impl RetryBudget {
     ///
     /// # Errors
     ///
-    /// [`InvalidPolicy`] unless `0 < ratio <= 1000`.
-    pub fn ratio(ratio: f64) -> Result<RetryBudget, InvalidPolicy> {
+    /// [`InvalidConfig`] unless `0.001 <= ratio <= 1000` (a deposit below 0.001 tokens is below
+    /// the budget's resolution).
+    pub fn ratio(ratio: f64) -> Result<RetryBudget, InvalidConfig> {
         RetryBudget::builder().deposit_ratio(ratio).build()
     }
 
@@ -327,8 +331,15 @@ impl fmt::Debug for RetryBudget {
 pub struct RetryBudgetBuilder {
     config: Config,
     initial_set: bool,
+    /// The deposit as a fraction of `retry_cost`, applied in `build()` so the order of the
+    /// setters does not matter.
+    deposit_ratio: f64,
     invalid: Option<String>,
 }
+
+/// The largest amount a setting takes, in tokens: far beyond any sensible bucket, and small
+/// enough that sums of milli-tokens never come near `u64::MAX`.
+const MOST_TOKENS: f64 = 1e12;
 
 impl RetryBudgetBuilder {
     fn new() -> Self {
@@ -344,53 +355,62 @@ impl RetryBudgetBuilder {
                 floor_per_sec: MILLI,
             },
             initial_set: false,
+            deposit_ratio: 0.1,
             invalid: None,
         }
     }
 
-    fn milli(&mut self, name: &str, tokens: f64) -> u64 {
-        if !(tokens.is_finite() && (0.0..=1e12).contains(&tokens)) {
+    /// Converts `tokens` to milli-tokens, or records why it cannot be one. `positive`: zero is
+    /// refused too.
+    fn milli(&mut self, name: &str, tokens: f64, positive: bool) -> u64 {
+        let milli = tokens * MILLI as f64;
+        let fits = tokens.is_finite() && (0.0..=MOST_TOKENS).contains(&tokens);
+        if !fits || (positive && milli.round() < 1.0) {
+            let least = if positive { "0.001" } else { "0" };
             self.invalid.get_or_insert_with(|| {
-                format!("{name} must be a number of tokens from 0 to 1e12, not {tokens}")
+                format!("{name} must be a number of tokens from {least} to 1e12, not {tokens}")
             });
             return 0;
         }
-        (tokens * MILLI as f64).round() as u64
+        milli.round() as u64
     }
 
     /// The most tokens the bucket holds. Must be at least one retry's cost.
     pub fn capacity(mut self, tokens: f64) -> Self {
-        self.config.capacity = self.milli("capacity", tokens);
+        self.config.capacity = self.milli("capacity", tokens, true);
         self
     }
 
     /// The tokens in the bucket at the start; at most the capacity.
     pub fn initial(mut self, tokens: f64) -> Self {
-        self.config.initial = self.milli("initial", tokens);
+        self.config.initial = self.milli("initial", tokens, false);
         self.initial_set = true;
         self
     }
 
-    /// What a retry costs after a failure that is neither a timeout nor a 429.
+    /// What a retry costs after a failure that is neither a timeout nor a 429. Must be above
+    /// zero: a free retry is no budget at all (use `without_budget()` for that).
     pub fn retry_cost(mut self, tokens: f64) -> Self {
-        self.config.retry_cost = self.milli("retry_cost", tokens);
+        self.config.retry_cost = self.milli("retry_cost", tokens, true);
         self
     }
 
-    /// What a retry costs after a timeout.
+    /// What a retry costs after a timeout. Must be above zero.
     pub fn timeout_cost(mut self, tokens: f64) -> Self {
-        self.config.timeout_cost = self.milli("timeout_cost", tokens);
+        self.config.timeout_cost = self.milli("timeout_cost", tokens, true);
         self
     }
 
-    /// What a retry costs after a `429 Too Many Requests`.
+    /// What a retry costs after a `429 Too Many Requests`. Must be above zero.
     pub fn throttled_cost(mut self, tokens: f64) -> Self {
-        self.config.throttled_cost = self.milli("throttled_cost", tokens);
+        self.config.throttled_cost = self.milli("throttled_cost", tokens, true);
         self
     }
 
-    /// The tokens a first attempt that goes well deposits, as a fraction of `retry_cost`: retries
-    /// then add at most about this fraction of the load that succeeds. Must be above 0.
+    /// The tokens a first attempt that goes well deposits, as a fraction of
+    /// [`retry_cost`](Self::retry_cost) (whatever order the two are set in): retries then add
+    /// at most about this fraction of the load that succeeds. Must be above 0 and at most 1000,
+    /// and the deposit it gives at least 0.001 tokens.
     pub fn deposit_ratio(mut self, ratio: f64) -> Self {
         if !(ratio.is_finite() && ratio > 0.0 && ratio <= 1000.0) {
             self.invalid.get_or_insert_with(|| {
@@ -398,7 +418,7 @@ impl RetryBudgetBuilder {
             });
             return self;
         }
-        self.config.deposit = ((self.config.retry_cost as f64) * ratio).round().max(1.0) as u64;
+        self.deposit_ratio = ratio;
         self
     }
 
@@ -412,7 +432,7 @@ impl RetryBudgetBuilder {
     /// floor off. During a total outage this is the extra load, in retries per second, the
     /// budget lets through once the bucket is empty.
     pub fn floor_per_sec(mut self, tokens: f64) -> Self {
-        self.config.floor_per_sec = self.milli("floor_per_sec", tokens);
+        self.config.floor_per_sec = self.milli("floor_per_sec", tokens, false);
         self
     }
 
@@ -420,30 +440,51 @@ impl RetryBudgetBuilder {
     ///
     /// # Errors
     ///
-    /// [`InvalidPolicy`] when an amount is negative or not finite, the capacity is below a
-    /// retry's cost, or the initial balance is above the capacity.
-    pub fn build(mut self) -> Result<RetryBudget, InvalidPolicy> {
+    /// [`InvalidConfig`] when an amount is negative, not finite or over 1e12 tokens, a cost or
+    /// the capacity is zero, the capacity is below a retry's cost, the initial balance is above
+    /// the capacity, or the deposit ratio gives a deposit below the budget's resolution (0.001
+    /// tokens).
+    pub fn build(mut self) -> Result<RetryBudget, InvalidConfig> {
         if let Some(message) = self.invalid {
-            return Err(InvalidPolicy::new(message));
+            return Err(InvalidConfig::new(BUDGET, message));
         }
         let c = &mut self.config;
         if !self.initial_set {
             c.initial = c.capacity;
         }
+        let deposit = (c.retry_cost as f64 * self.deposit_ratio).round();
+        if deposit < 1.0 {
+            return Err(InvalidConfig::new(
+                BUDGET,
+                format!(
+                    "deposit ratio {} of a retry cost of {} tokens deposits less than 0.001 \
+                     tokens, the budget's resolution: raise the ratio or the retry cost",
+                    self.deposit_ratio,
+                    c.retry_cost as f64 / MILLI as f64
+                ),
+            ));
+        }
+        c.deposit = deposit as u64;
         let dearest = c.retry_cost.max(c.timeout_cost).max(c.throttled_cost);
-        if c.capacity < dearest || c.capacity == 0 {
-            return Err(InvalidPolicy::new(format!(
-                "budget capacity ({} tokens) must hold at least one retry ({} tokens): raise capacity",
-                c.capacity as f64 / MILLI as f64,
-                dearest as f64 / MILLI as f64
-            )));
+        if c.capacity < dearest {
+            return Err(InvalidConfig::new(
+                BUDGET,
+                format!(
+                    "capacity ({} tokens) must hold at least one retry ({} tokens): raise capacity",
+                    c.capacity as f64 / MILLI as f64,
+                    dearest as f64 / MILLI as f64
+                ),
+            ));
         }
         if c.initial > c.capacity {
-            return Err(InvalidPolicy::new(format!(
-                "initial budget ({} tokens) must not exceed its capacity ({} tokens)",
-                c.initial as f64 / MILLI as f64,
-                c.capacity as f64 / MILLI as f64
-            )));
+            return Err(InvalidConfig::new(
+                BUDGET,
+                format!(
+                    "initial ({} tokens) must not exceed the capacity ({} tokens)",
+                    c.initial as f64 / MILLI as f64,
+                    c.capacity as f64 / MILLI as f64
+                ),
+            ));
         }
         Ok(RetryBudget::from_config(self.config))
     }
@@ -589,29 +630,89 @@ mod tests {
 
     #[test]
     fn invalid_settings_say_what_to_change() {
-        let cases: [(RetryBudgetBuilder, &str); 4] = [
+        let cases: Vec<(RetryBudgetBuilder, &str)> = vec![
             (
                 RetryBudget::builder().capacity(0.5),
-                "budget capacity (0.5 tokens) must hold at least one retry (1 tokens): raise capacity",
+                "capacity (0.5 tokens) must hold at least one retry (1 tokens): raise capacity",
+            ),
+            (
+                RetryBudget::builder().capacity(0.0),
+                "capacity must be a number of tokens from 0.001 to 1e12, not 0",
             ),
             (
                 RetryBudget::builder().capacity(2.0).initial(3.0),
-                "initial budget (3 tokens) must not exceed its capacity (2 tokens)",
+                "initial (3 tokens) must not exceed the capacity (2 tokens)",
             ),
             (
                 RetryBudget::builder().retry_cost(f64::NAN),
-                "retry_cost must be a number of tokens from 0 to 1e12, not NaN",
+                "retry_cost must be a number of tokens from 0.001 to 1e12, not NaN",
+            ),
+            (
+                RetryBudget::builder().retry_cost(0.0),
+                "retry_cost must be a number of tokens from 0.001 to 1e12, not 0",
+            ),
+            (
+                RetryBudget::builder().retry_cost(-1.0),
+                "retry_cost must be a number of tokens from 0.001 to 1e12, not -1",
+            ),
+            (
+                RetryBudget::builder().timeout_cost(0.0),
+                "timeout_cost must be a number of tokens from 0.001 to 1e12, not 0",
+            ),
+            (
+                RetryBudget::builder().throttled_cost(1e13),
+                "throttled_cost must be a number of tokens from 0.001 to 1e12, not 10000000000000",
+            ),
+            (
+                RetryBudget::builder().initial(-0.5),
+                "initial must be a number of tokens from 0 to 1e12, not -0.5",
+            ),
+            (
+                RetryBudget::builder().floor_per_sec(f64::INFINITY),
+                "floor_per_sec must be a number of tokens from 0 to 1e12, not inf",
             ),
             (
                 RetryBudget::builder().deposit_ratio(0.0),
                 "deposit ratio must be above 0 and at most 1000, not 0",
             ),
+            (
+                RetryBudget::builder().deposit_ratio(1e-9),
+                "deposit ratio 0.000000001 of a retry cost of 1 tokens deposits less than 0.001 \
+                 tokens, the budget's resolution: raise the ratio or the retry cost",
+            ),
         ];
         for (builder, message) in cases {
             assert_eq!(
                 builder.build().unwrap_err().to_string(),
-                format!("invalid retry policy: {message}")
+                format!("invalid retry budget: {message}")
             );
+        }
+        assert!(RetryBudget::ratio(1e-9).is_err());
+    }
+
+    #[test]
+    fn the_deposit_ratio_applies_to_the_retry_cost_whatever_the_order() {
+        let a = RetryBudget::builder()
+            .deposit_ratio(0.1)
+            .retry_cost(5.0)
+            .capacity(10.0)
+            .build()
+            .unwrap();
+        let b = RetryBudget::builder()
+            .capacity(10.0)
+            .retry_cost(5.0)
+            .deposit_ratio(0.1)
+            .build()
+            .unwrap();
+        assert_eq!(a.inner.config.deposit, 500);
+        assert_eq!(a.inner.config, b.inner.config);
+    }
+
+    #[test]
+    fn a_ratio_budget_deposits_its_ratio() {
+        for (ratio, deposit) in [(0.1, 100), (0.25, 250), (1.0, 1000), (0.001, 1)] {
+            let budget = RetryBudget::ratio(ratio).unwrap();
+            assert_eq!(budget.inner.config.deposit, deposit, "{ratio}");
         }
     }
 

@@ -10,6 +10,7 @@
 use std::sync::Arc;
 
 use crate::budget::RetryBudget;
+use crate::error::InvalidConfig;
 use crate::observe::{MetricKeys, RetryCounters};
 use crate::policy::RetryPolicy;
 
@@ -28,7 +29,7 @@ use crate::policy::RetryPolicy;
 /// let payments = Dependency::new("payments", RetryPolicy::default()).with_budget(shared.clone());
 /// assert!(payments.budget().unwrap().same_bucket(&shared));
 /// assert!(!cache.budget().unwrap().same_bucket(&shared));
-/// # Ok::<(), reqwest_safe_retry::InvalidPolicy>(())
+/// # Ok::<(), reqwest_safe_retry::InvalidConfig>(())
 /// ```
 #[derive(Debug, Clone)]
 pub struct Dependency {
@@ -99,26 +100,48 @@ pub(crate) struct HostMatch {
 }
 
 impl HostMatch {
-    /// Reads `host` or `host:port` (`[v6]:port` for IPv6).
-    pub(crate) fn parse(spec: &str) -> HostMatch {
+    /// Reads `host` or `host:port` (`[v6]` or `[v6]:port` for IPv6), or says what is wrong.
+    pub(crate) fn parse(spec: &str) -> Result<HostMatch, InvalidConfig> {
+        let invalid = |why: String| InvalidConfig::new("route", why);
         let spec = spec.trim().to_ascii_lowercase();
-        if let Some((host, port)) = spec.rsplit_once(':') {
+        if let Some((_, rest)) = spec.split_once("://") {
+            let host = rest.split(['/', '?', '#']).next().unwrap_or("");
+            return Err(invalid(format!(
+                "{spec:?} is a URL, not a host: route by its host and port, \"{host}\""
+            )));
+        }
+        let (host, port) = match spec.rsplit_once(':') {
             // A colon inside brackets belongs to an IPv6 address, not to a port.
-            let is_port = !host.is_empty()
-                && (!host.contains(':') || host.ends_with(']'))
-                && !port.is_empty()
-                && port.bytes().all(|b| b.is_ascii_digit());
-            if let (true, Ok(port)) = (is_port, port.parse()) {
-                return HostMatch {
-                    host: host.to_owned(),
-                    port: Some(port),
-                };
+            Some((host, port)) if !host.contains(':') || host.ends_with(']') => {
+                let port = port.parse::<u16>().map_err(|_| {
+                    invalid(format!(
+                        "{spec:?} has no valid port after ':': write \"host\" or \"host:port\" \
+                         with a port from 0 to 65535"
+                    ))
+                })?;
+                (host, Some(port))
             }
+            _ => (spec.as_str(), None),
+        };
+        let bracketed = host.starts_with('[') && host.ends_with(']') && host.len() > 2;
+        let name = !host.is_empty()
+            && host
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.');
+        let v6 = bracketed
+            && host[1..host.len() - 1]
+                .parse::<std::net::Ipv6Addr>()
+                .is_ok();
+        if !(name || v6) {
+            return Err(invalid(format!(
+                "{spec:?} is not a host: write a name or address such as \"api.example.com\", \
+                 \"127.0.0.1:8080\" or \"[::1]:8080\""
+            )));
         }
-        HostMatch {
-            host: spec,
-            port: None,
-        }
+        Ok(HostMatch {
+            host: host.to_owned(),
+            port,
+        })
     }
 
     pub(crate) fn matches(&self, url: &reqwest::Url) -> bool {
@@ -165,7 +188,7 @@ mod tests {
 
     #[test]
     fn a_host_matches_any_port_and_any_case() {
-        let m = HostMatch::parse("API.example.com");
+        let m = HostMatch::parse("API.example.com").unwrap();
         assert!(m.matches(&url("http://api.example.com/x")));
         assert!(m.matches(&url("https://api.EXAMPLE.com:8443/x")));
         assert!(!m.matches(&url("http://other.example.com/x")));
@@ -173,19 +196,61 @@ mod tests {
 
     #[test]
     fn a_host_with_a_port_matches_that_port_only() {
-        let m = HostMatch::parse("127.0.0.1:8080");
+        let m = HostMatch::parse("127.0.0.1:8080").unwrap();
         assert!(m.matches(&url("http://127.0.0.1:8080/")));
         assert!(!m.matches(&url("http://127.0.0.1:8081/")));
-        let https = HostMatch::parse("api.example.com:443");
+        let https = HostMatch::parse("api.example.com:443").unwrap();
         assert!(https.matches(&url("https://api.example.com/")));
     }
 
     #[test]
     fn ipv6_hosts_keep_their_colons() {
-        let any_port = HostMatch::parse("[::1]");
+        let any_port = HostMatch::parse("[::1]").unwrap();
         assert!(any_port.matches(&url("http://[::1]:9000/")));
-        let one_port = HostMatch::parse("[::1]:9000");
+        let one_port = HostMatch::parse("[::1]:9000").unwrap();
         assert!(one_port.matches(&url("http://[::1]:9000/")));
         assert!(!one_port.matches(&url("http://[::1]:9001/")));
+    }
+
+    #[test]
+    fn what_is_not_a_host_is_refused_with_what_to_write() {
+        let cases = [
+            (
+                "http://127.0.0.1:8080",
+                "\"http://127.0.0.1:8080\" is a URL, not a host: route by its host and port, \"127.0.0.1:8080\"",
+            ),
+            (
+                "https://api.example.com/v1?x=1",
+                "\"https://api.example.com/v1?x=1\" is a URL, not a host: route by its host and port, \"api.example.com\"",
+            ),
+            (
+                "api.example.com:http",
+                "\"api.example.com:http\" has no valid port after ':': write \"host\" or \"host:port\" with a port from 0 to 65535",
+            ),
+            (
+                "api.example.com:70000",
+                "\"api.example.com:70000\" has no valid port after ':': write \"host\" or \"host:port\" with a port from 0 to 65535",
+            ),
+            (
+                "api.example.com/v1",
+                "\"api.example.com/v1\" is not a host: write a name or address such as \"api.example.com\", \"127.0.0.1:8080\" or \"[::1]:8080\"",
+            ),
+            (
+                "",
+                "\"\" is not a host: write a name or address such as \"api.example.com\", \"127.0.0.1:8080\" or \"[::1]:8080\"",
+            ),
+            (
+                "[zz]:80",
+                "\"[zz]:80\" is not a host: write a name or address such as \"api.example.com\", \"127.0.0.1:8080\" or \"[::1]:8080\"",
+            ),
+        ];
+        for (spec, message) in cases {
+            let err = HostMatch::parse(spec).unwrap_err();
+            assert_eq!(
+                err.to_string(),
+                format!("invalid route: {message}"),
+                "{spec}"
+            );
+        }
     }
 }

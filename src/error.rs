@@ -30,7 +30,9 @@ pub enum StopReason {
     BodyNotCloneable,
     /// Every allowed attempt was made.
     AttemptsExhausted,
-    /// The key source returned a key that cannot be sent as a header value; nothing was sent.
+    /// The idempotency key cannot be sent: the key source returned one that is not valid in the
+    /// configured format, or the caller set one that is not (empty, unquoted where quotes are
+    /// expected, spaces in a bare key...). Nothing was sent.
     InvalidIdempotencyKey,
     /// The total deadline was reached, or the next wait would have ended at or past it.
     DeadlineReached,
@@ -303,5 +305,30 @@ impl AttemptTimeout {
 impl From<RetryError> for reqwest_middleware::Error {
     fn from(err: RetryError) -> Self {
         reqwest_middleware::Error::middleware(err)
+    }
+}
+
+/// A setting that cannot work, found when a policy, a budget, the idempotency keys or a route
+/// is built; the message names the setting and says what to change.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid {area}: {message}")]
+pub struct InvalidConfig {
+    area: &'static str,
+    message: String,
+}
+
+impl InvalidConfig {
+    pub(crate) fn new(area: &'static str, message: String) -> Self {
+        InvalidConfig { area, message }
+    }
+
+    /// What was built: `retry policy`, `retry budget`, `idempotency keys` or `route`.
+    pub fn area(&self) -> &'static str {
+        self.area
+    }
+
+    /// What is wrong and what to change, without the area.
+    pub fn message(&self) -> &str {
+        &self.message
     }
 }

@@ -16,7 +16,10 @@ use std::sync::Arc;
 use bytes::Bytes;
 use http::{HeaderName, HeaderValue, Method};
 
-use crate::policy::InvalidPolicy;
+use crate::error::InvalidConfig;
+
+/// The area named in this module's configuration errors.
+const KEYS: &str = "idempotency keys";
 use crate::rng::{Rng, SeededRng};
 
 /// The default header name, per the IETF draft.
@@ -195,6 +198,7 @@ impl IdempotencyKeys {
             return HeaderValue::from_maybe_shared(bytes).map_err(|_| InvalidKey {
                 key: uuid.to_string(),
                 format: self.format,
+                rule: BARE_TEXT,
             });
         };
         let key = source.next_key();
@@ -202,6 +206,7 @@ impl IdempotencyKeys {
         HeaderValue::from_maybe_shared(Bytes::from_owner(text)).map_err(|_| InvalidKey {
             key,
             format: self.format,
+            rule: QUOTED_TEXT,
         })
     }
 }
@@ -311,18 +316,34 @@ impl IdempotencyKeysBuilder {
     ///
     /// # Errors
     ///
-    /// [`InvalidPolicy`] when the header name is not a valid HTTP header name.
-    pub fn build(self) -> Result<IdempotencyKeys, InvalidPolicy> {
+    /// [`InvalidConfig`] when the header name is not a valid HTTP header name, or is a standard
+    /// field (`Content-Type`, `Authorization`, `Host`, ...) that means something else.
+    pub fn build(self) -> Result<IdempotencyKeys, InvalidConfig> {
+        let lower = self.header.to_ascii_lowercase();
+        if STANDARD_FIELDS.contains(&lower.as_str()) {
+            return Err(InvalidConfig::new(
+                KEYS,
+                format!(
+                    "header name {:?} is a standard HTTP field that carries something else, so \
+                     every request with it would count as keyed: choose a name of its own, such \
+                     as \"Idempotency-Key\"",
+                    self.header
+                ),
+            ));
+        }
         let header = if self.header.eq_ignore_ascii_case(DEFAULT_HEADER) {
             // A static name is shared, not copied, each time a request is stamped.
             HeaderName::from_static(DEFAULT_HEADER)
         } else {
             HeaderName::from_bytes(self.header.as_bytes()).map_err(|_| {
-                InvalidPolicy::new(format!(
-                    "idempotency header name {:?} is not a valid HTTP header name: \
+                InvalidConfig::new(
+                    KEYS,
+                    format!(
+                        "header name {:?} is not a valid HTTP header name: \
                  use letters, digits and '-'",
-                    self.header
-                ))
+                        self.header
+                    ),
+                )
             })?
         };
         Ok(IdempotencyKeys {
@@ -334,41 +355,52 @@ impl IdempotencyKeysBuilder {
     }
 }
 
-/// A key that cannot be sent as a header value in the chosen format; the request is not sent.
+/// A key that cannot be sent in the configured format (an empty one included), from the key
+/// source or set by the caller; the request is not sent.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error(
-    "idempotency key {key:?} cannot be sent as a {format:?} header value: \
-     keys must be printable ASCII (tokens: without spaces)"
-)]
+#[error("idempotency key {key:?} cannot be sent as a {format:?} key: {rule}")]
 pub struct InvalidKey {
     key: String,
     format: KeyFormat,
+    rule: &'static str,
 }
 
 impl InvalidKey {
-    /// The key that was rejected.
+    /// The key that was rejected (lossily decoded, if it was not UTF-8).
     pub fn key(&self) -> &str {
         &self.key
     }
+
+    /// The rule it broke.
+    pub fn rule(&self) -> &'static str {
+        self.rule
+    }
 }
+
+const EMPTY: &str = "an empty key cannot tell one request from another";
+const QUOTED_TEXT: &str = "a Structured Field String holds printable ASCII (0x20-0x7E), with '\"' \
+     and '\\' escaped by a backslash";
+const QUOTES: &str = "a quoted key (the configured format) must start and end with '\"'";
+const BARE_TEXT: &str = "a bare key must be visible ASCII (0x21-0x7E), without spaces or quotes";
 
 /// Writes `key` in `format`, or says why it cannot be sent.
 ///
 /// A Structured Field String (RFC 8941 §3.3.3) holds printable ASCII (0x20-0x7E), with `"` and
-/// `\` escaped by a backslash. A bare token must be visible ASCII without spaces, so that the
-/// value means the same to every parser.
+/// `\` escaped by a backslash. A bare key must be visible ASCII without spaces or quotes, so that
+/// the value means the same to every parser. Neither may be empty.
 pub(crate) fn format_key(key: &str, format: KeyFormat) -> Result<String, InvalidKey> {
-    let invalid = || InvalidKey {
+    let invalid = |rule| InvalidKey {
         key: key.to_owned(),
         format,
+        rule,
     };
     if key.is_empty() {
-        return Err(invalid());
+        return Err(invalid(EMPTY));
     }
     match format {
         KeyFormat::Quoted => {
             if !key.bytes().all(|b| (0x20..=0x7E).contains(&b)) {
-                return Err(invalid());
+                return Err(invalid(QUOTED_TEXT));
             }
             let mut out = String::with_capacity(key.len() + 2);
             out.push('"');
@@ -382,13 +414,131 @@ pub(crate) fn format_key(key: &str, format: KeyFormat) -> Result<String, Invalid
             Ok(out)
         }
         KeyFormat::Token => {
-            if !key.bytes().all(|b| (0x21..=0x7E).contains(&b)) {
-                return Err(invalid());
+            if !key.bytes().all(is_bare) {
+                return Err(invalid(BARE_TEXT));
             }
             Ok(key.to_owned())
         }
     }
 }
+
+fn is_bare(b: u8) -> bool {
+    (0x21..=0x7E).contains(&b) && b != b'"' && b != b'\\'
+}
+
+/// Checks a header value the caller set as the key: it is sent as it is, so it must already be
+/// a valid key in `format`.
+pub(crate) fn check_caller_value(value: &HeaderValue, format: KeyFormat) -> Result<(), InvalidKey> {
+    let bytes = value.as_bytes();
+    let invalid = |rule| InvalidKey {
+        key: String::from_utf8_lossy(bytes).into_owned(),
+        format,
+        rule,
+    };
+    match format {
+        KeyFormat::Quoted => {
+            if bytes.is_empty() || bytes == b"\"\"" {
+                return Err(invalid(EMPTY));
+            }
+            let inner = bytes
+                .strip_prefix(b"\"")
+                .and_then(|rest| rest.strip_suffix(b"\""))
+                .ok_or_else(|| invalid(QUOTES))?;
+            let mut escaped = false;
+            for &b in inner {
+                let ok = match (escaped, b) {
+                    (true, b'"' | b'\\') => {
+                        escaped = false;
+                        true
+                    }
+                    (true, _) => false,
+                    (false, b'\\') => {
+                        escaped = true;
+                        true
+                    }
+                    (false, b'"') => false,
+                    (false, b) => (0x20..=0x7E).contains(&b),
+                };
+                if !ok {
+                    return Err(invalid(QUOTED_TEXT));
+                }
+            }
+            if escaped {
+                return Err(invalid(QUOTED_TEXT));
+            }
+            Ok(())
+        }
+        KeyFormat::Token => {
+            if bytes.is_empty() {
+                return Err(invalid(EMPTY));
+            }
+            if !bytes.iter().copied().all(is_bare) {
+                return Err(invalid(BARE_TEXT));
+            }
+            Ok(())
+        }
+    }
+}
+
+/// Standard fields that mean something else. A key header of one of these names would make
+/// every request that carries the field (a JSON POST's `Content-Type`) count as keyed, and so be
+/// retried as if the server could dedupe it.
+const STANDARD_FIELDS: &[&str] = &[
+    "accept",
+    "accept-charset",
+    "accept-encoding",
+    "accept-language",
+    "accept-ranges",
+    "age",
+    "allow",
+    "authorization",
+    "cache-control",
+    "connection",
+    "content-disposition",
+    "content-encoding",
+    "content-language",
+    "content-length",
+    "content-location",
+    "content-range",
+    "content-type",
+    "cookie",
+    "date",
+    "etag",
+    "expect",
+    "expires",
+    "forwarded",
+    "from",
+    "host",
+    "if-match",
+    "if-modified-since",
+    "if-none-match",
+    "if-range",
+    "if-unmodified-since",
+    "keep-alive",
+    "last-modified",
+    "link",
+    "location",
+    "max-forwards",
+    "origin",
+    "pragma",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "range",
+    "referer",
+    "retry-after",
+    "server",
+    "set-cookie",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+    "user-agent",
+    "vary",
+    "via",
+    "warning",
+    "www-authenticate",
+    "idempotent-replayed",
+];
 
 #[cfg(test)]
 mod tests {
@@ -434,8 +584,65 @@ mod tests {
         let err = format_key("a\nb", KeyFormat::Token).unwrap_err();
         assert_eq!(
             err.to_string(),
-            "idempotency key \"a\\nb\" cannot be sent as a Token header value: \
-             keys must be printable ASCII (tokens: without spaces)"
+            "idempotency key \"a\\nb\" cannot be sent as a Token key: a bare key must be \
+             visible ASCII (0x21-0x7E), without spaces or quotes"
+        );
+        assert_eq!(format_key("", KeyFormat::Quoted).unwrap_err().rule(), EMPTY);
+    }
+
+    #[test]
+    fn a_caller_s_key_must_already_be_valid_in_the_configured_format() {
+        let value = |v: &[u8]| HeaderValue::from_bytes(v).unwrap();
+        let cases: [(&[u8], KeyFormat, Result<(), &str>); 16] = [
+            (b"\"order-42\"", KeyFormat::Quoted, Ok(())),
+            (b"\"with space\"", KeyFormat::Quoted, Ok(())),
+            (br#""say \"hi\" \\o/""#, KeyFormat::Quoted, Ok(())),
+            (b"", KeyFormat::Quoted, Err(EMPTY)),
+            (b"\"\"", KeyFormat::Quoted, Err(EMPTY)),
+            (b"order-42", KeyFormat::Quoted, Err(QUOTES)),
+            (b"\"unterminated", KeyFormat::Quoted, Err(QUOTES)),
+            (br#""a"b""#, KeyFormat::Quoted, Err(QUOTED_TEXT)),
+            (br#""a\b""#, KeyFormat::Quoted, Err(QUOTED_TEXT)),
+            (b"\"caf\xc3\xa9\"", KeyFormat::Quoted, Err(QUOTED_TEXT)),
+            (b"order-42", KeyFormat::Token, Ok(())),
+            (b"8e03-aa:~._", KeyFormat::Token, Ok(())),
+            (b"", KeyFormat::Token, Err(EMPTY)),
+            (b"with space", KeyFormat::Token, Err(BARE_TEXT)),
+            (b"\"quoted\"", KeyFormat::Token, Err(BARE_TEXT)),
+            (b"caf\xc3\xa9", KeyFormat::Token, Err(BARE_TEXT)),
+        ];
+        for (bytes, format, expected) in cases {
+            let got = check_caller_value(&value(bytes), format).map_err(|e| e.rule());
+            assert_eq!(
+                got,
+                expected,
+                "{:?} as {format:?}",
+                String::from_utf8_lossy(bytes)
+            );
+        }
+    }
+
+    #[test]
+    fn standard_fields_are_refused_as_the_key_header() {
+        for name in ["content-type", "Authorization", "HOST", "retry-after"] {
+            let err = IdempotencyKeys::builder()
+                .header_name(name)
+                .build()
+                .unwrap_err();
+            assert_eq!(
+                err.to_string(),
+                format!(
+                    "invalid idempotency keys: header name {name:?} is a standard HTTP field that \
+                     carries something else, so every request with it would count as keyed: \
+                     choose a name of its own, such as \"Idempotency-Key\""
+                )
+            );
+        }
+        assert!(
+            IdempotencyKeys::builder()
+                .header_name("X-Request-Key")
+                .build()
+                .is_ok()
         );
     }
 
@@ -483,7 +690,7 @@ mod tests {
             .unwrap_err();
         assert_eq!(
             err.to_string(),
-            "invalid retry policy: idempotency header name \"Idempotency Key\" is not a valid \
+            "invalid idempotency keys: header name \"Idempotency Key\" is not a valid \
              HTTP header name: use letters, digits and '-'"
         );
     }

@@ -258,13 +258,13 @@ pub use budget::{RetryBudget, RetryBudgetBuilder, RetryKind};
 pub use clock::FakeClock;
 pub use clock::{Clock, Sleep, TimerUnavailable, TokioClock};
 pub use dependency::{Dependency, RetryOverride};
-pub use error::{AttemptTimeout, RetryError, RetryRecord, StopReason};
+pub use error::{AttemptTimeout, InvalidConfig, RetryError, RetryRecord, StopReason};
 pub use idempotency::{
     IdempotencyKeys, IdempotencyKeysBuilder, InvalidKey, KeyFormat, KeySource, SeededKeys, UuidKeys,
 };
 pub use middleware::RetryMiddleware;
 pub use observe::{CounterSnapshot, RetryCounters, RetryEvent, RetryObserver};
-pub use policy::{InvalidPolicy, RetryPolicy, RetryPolicyBuilder};
+pub use policy::{RetryPolicy, RetryPolicyBuilder};
 pub use rng::{Rng, SeededRng, ThreadRng};
 
 /// The README's examples, compiled and run as doctests.

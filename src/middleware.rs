@@ -34,8 +34,8 @@ use crate::classify::{self, Verdict};
 use crate::clock::{Clock, SharedClock, TokioClock};
 use crate::decide::{Decider, Observed};
 use crate::dependency::{Dependency, HostMatch, RetryOverride};
-use crate::error::{AttemptTimeout, RetryError, RetryRecord, StopReason};
-use crate::idempotency::IdempotencyKeys;
+use crate::error::{AttemptTimeout, InvalidConfig, RetryError, RetryRecord, StopReason};
+use crate::idempotency::{self, IdempotencyKeys};
 use crate::observe::{Count, RetryCounters, RetryEvent, RetryObserver};
 use crate::policy::RetryPolicy;
 use crate::rng::{Rng, SharedRng, ThreadRng};
@@ -97,9 +97,25 @@ impl RetryMiddleware {
     /// Sends requests to `host` (`"api.example.com"`, any port) or `host:port`
     /// (`"127.0.0.1:8080"`, `"[::1]:8080"`) through `dependency` instead of the default. Routes
     /// are tried in the order they were added; the host is compared without regard to case.
-    pub fn route(mut self, host: &str, dependency: Dependency) -> Self {
-        self.routes.push((HostMatch::parse(host), dependency));
-        self
+    ///
+    /// ```
+    /// use reqwest_safe_retry::{Dependency, RetryMiddleware, RetryPolicy};
+    ///
+    /// let payments = Dependency::new("payments", RetryPolicy::default());
+    /// let middleware = RetryMiddleware::new(RetryPolicy::default())
+    ///     .route("payments.internal:8443", payments)?;
+    /// # drop(middleware);
+    /// # Ok::<(), reqwest_safe_retry::InvalidConfig>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`InvalidConfig`] when `host` is not a host or `host:port`: a URL
+    /// (`"http://127.0.0.1:8080"`), a path, or a port that is not a number up to 65535. The
+    /// message says what to write instead.
+    pub fn route(mut self, host: &str, dependency: Dependency) -> Result<Self, InvalidConfig> {
+        self.routes.push((HostMatch::parse(host)?, dependency));
+        Ok(self)
     }
 
     /// Uses `clock` for every wait and every reading of the time.
@@ -177,7 +193,17 @@ impl RetryMiddleware {
             return Ok(None);
         };
         if let Some(own) = request.headers().get(keys.header_name()) {
-            return Ok(Some((own.clone(), false)));
+            // Sent as it is, so it must already be a valid key: an empty one, or one another
+            // parser would read differently, defeats the server's dedupe.
+            return match idempotency::check_caller_value(own, keys.format()) {
+                Ok(()) => Ok(Some((own.clone(), false))),
+                Err(invalid) => Err(RetryError::new(
+                    0,
+                    StopReason::InvalidIdempotencyKey,
+                    None,
+                    reqwest_middleware::Error::middleware(invalid),
+                )),
+            };
         }
         if !keys.stamps(request.method()) {
             return Ok(None);

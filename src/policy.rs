@@ -10,6 +10,10 @@ use std::time::Duration;
 use http::StatusCode;
 
 use crate::backoff;
+use crate::error::InvalidConfig;
+
+/// The area named in this module's configuration errors.
+const POLICY: &str = "retry policy";
 
 /// The configuration of retries for one dependency.
 ///
@@ -147,7 +151,7 @@ impl fmt::Debug for RetryPolicy {
 /// | [`max_delay`](Self::max_delay) | 10 s |
 /// | [`attempt_timeout`](Self::attempt_timeout) | 10 s |
 /// | [`deadline`](Self::deadline) | 30 s |
-/// | [`max_retry_after`](Self::max_retry_after) | 60 s |
+/// | [`max_retry_after`](Self::max_retry_after) | the deadline (30 s) |
 /// | [`retry_after_jitter`](Self::retry_after_jitter) | on |
 /// | [`retryable_statuses`](Self::retryable_statuses) | 429, 502, 503, 504 |
 /// | [`buffer_body`](Self::buffer_body) | off |
@@ -158,7 +162,8 @@ pub struct RetryPolicyBuilder {
     max_delay: Duration,
     attempt_timeout: Duration,
     deadline: Duration,
-    max_retry_after: Duration,
+    /// `None`: the deadline.
+    max_retry_after: Option<Duration>,
     retry_after_jitter: bool,
     statuses: Vec<u16>,
     buffer_body: Option<usize>,
@@ -172,7 +177,7 @@ impl RetryPolicyBuilder {
             max_delay: Duration::from_secs(10),
             attempt_timeout: Duration::from_secs(10),
             deadline: Duration::from_secs(30),
-            max_retry_after: Duration::from_secs(60),
+            max_retry_after: None,
             retry_after_jitter: true,
             statuses: vec![429, 502, 503, 504],
             buffer_body: None,
@@ -219,9 +224,10 @@ impl RetryPolicyBuilder {
     /// The longest `Retry-After` worth waiting for. A server that asks for longer (or for longer
     /// than the deadline leaves) gets its response returned at once, with
     /// [`StopReason::RetryAfterTooLong`](crate::StopReason::RetryAfterTooLong), rather than a wait
-    /// to no purpose.
+    /// to no purpose. Unset, it is the deadline: a wait the deadline leaves time for is made.
+    /// Must not exceed the deadline, since no longer wait could ever be honoured.
     pub fn max_retry_after(mut self, limit: Duration) -> Self {
-        self.max_retry_after = limit;
+        self.max_retry_after = Some(limit);
         self
     }
 
@@ -233,7 +239,8 @@ impl RetryPolicyBuilder {
         self
     }
 
-    /// Replaces the set of response statuses that are retried. Each must be in 100-599.
+    /// Replaces the set of response statuses that are retried. Each must be a failure, in
+    /// 400-599.
     ///
     /// Statuses outside the set are final and reach the caller after one attempt.
     pub fn retryable_statuses(mut self, statuses: impl IntoIterator<Item = u16>) -> Self {
@@ -257,41 +264,77 @@ impl RetryPolicyBuilder {
     ///
     /// # Errors
     ///
-    /// [`InvalidPolicy`], with a message that names the setting to change, when `max_attempts`
-    /// is 0, `max_delay` is below `base_delay`, `attempt_timeout` or `deadline` is zero, or a
-    /// retryable status is outside 100-599.
-    pub fn build(self) -> Result<RetryPolicy, InvalidPolicy> {
+    /// [`InvalidConfig`], with a message that names the setting to change, when `max_attempts`
+    /// is 0, `max_delay` is below `base_delay`, `base_delay` is not below the deadline,
+    /// `attempt_timeout` or `deadline` is under a millisecond, `max_retry_after` exceeds the
+    /// deadline, or a retryable status is not a failure (outside 400-599).
+    pub fn build(self) -> Result<RetryPolicy, InvalidConfig> {
         self.checked()
     }
 
-    fn checked(&self) -> Result<RetryPolicy, InvalidPolicy> {
+    fn checked(&self) -> Result<RetryPolicy, InvalidConfig> {
         if self.max_attempts == 0 {
-            return Err(InvalidPolicy::new(
+            return Err(InvalidConfig::new(
+                POLICY,
                 "max_attempts must be at least 1 (1 means no retries)".into(),
             ));
         }
         if self.max_delay < self.base_delay {
-            return Err(InvalidPolicy::new(format!(
-                "max_delay ({:?}) must not be below base_delay ({:?}): raise max_delay or lower base_delay",
-                self.max_delay, self.base_delay
-            )));
-        }
-        if self.attempt_timeout.is_zero() {
-            return Err(InvalidPolicy::new(
-                "attempt_timeout must be greater than zero".into(),
+            return Err(InvalidConfig::new(
+                POLICY,
+                format!(
+                    "max_delay ({:?}) must not be below base_delay ({:?}): raise max_delay or lower base_delay",
+                    self.max_delay, self.base_delay
+                ),
             ));
         }
-        if self.deadline.is_zero() {
-            return Err(InvalidPolicy::new(
-                "deadline must be greater than zero".into(),
+        const MS: Duration = Duration::from_millis(1);
+        if self.attempt_timeout < MS {
+            return Err(InvalidConfig::new(
+                POLICY,
+                format!(
+                    "attempt_timeout ({:?}) leaves no time for an answer: use at least 1 ms",
+                    self.attempt_timeout
+                ),
+            ));
+        }
+        if self.deadline < MS {
+            return Err(InvalidConfig::new(
+                POLICY,
+                format!(
+                    "deadline ({:?}) leaves no time for an attempt: use at least 1 ms",
+                    self.deadline
+                ),
+            ));
+        }
+        if self.base_delay >= self.deadline && self.max_attempts > 1 {
+            return Err(InvalidConfig::new(
+                POLICY,
+                format!(
+                    "base_delay ({:?}) must be below the deadline ({:?}), or no retry could wait \
+                     it out: lower base_delay or raise deadline",
+                    self.base_delay, self.deadline
+                ),
+            ));
+        }
+        let max_retry_after = self.max_retry_after.unwrap_or(self.deadline);
+        if max_retry_after > self.deadline {
+            return Err(InvalidConfig::new(
+                POLICY,
+                format!(
+                    "max_retry_after ({:?}) exceeds the deadline ({:?}), so no such wait could be \
+                     honoured: lower max_retry_after or raise deadline",
+                    max_retry_after, self.deadline
+                ),
             ));
         }
         let mut statuses = StatusSet::EMPTY;
         for &code in &self.statuses {
-            if !(100..=599).contains(&code) {
-                return Err(InvalidPolicy::new(format!(
-                    "retryable status {code} is not an HTTP status: use codes from 100 to 599"
-                )));
+            if !(400..=599).contains(&code) {
+                return Err(InvalidConfig::new(
+                    POLICY,
+                    format!("retryable status {code} is not a failure: use codes from 400 to 599"),
+                ));
             }
             statuses.insert(code);
         }
@@ -301,7 +344,7 @@ impl RetryPolicyBuilder {
             max_delay: self.max_delay,
             attempt_timeout: self.attempt_timeout,
             deadline: self.deadline,
-            max_retry_after: self.max_retry_after,
+            max_retry_after,
             retry_after_jitter: self.retry_after_jitter,
             statuses,
             buffer_body: self.buffer_body,
@@ -312,19 +355,6 @@ impl RetryPolicyBuilder {
 impl Default for RetryPolicyBuilder {
     fn default() -> Self {
         RetryPolicyBuilder::new()
-    }
-}
-
-/// A setting of [`RetryPolicyBuilder`] that cannot work; the message says which and what to change.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("invalid retry policy: {message}")]
-pub struct InvalidPolicy {
-    message: String,
-}
-
-impl InvalidPolicy {
-    pub(crate) fn new(message: String) -> Self {
-        InvalidPolicy { message }
     }
 }
 
@@ -368,7 +398,7 @@ mod tests {
         assert_eq!(p.max_delay(), Duration::from_secs(10));
         assert_eq!(p.attempt_timeout(), Duration::from_secs(10));
         assert_eq!(p.deadline(), Duration::from_secs(30));
-        assert_eq!(p.max_retry_after(), Duration::from_secs(60));
+        assert_eq!(p.max_retry_after(), p.deadline());
         assert!(p.retry_after_jitter());
         assert_eq!(p.buffer_body_limit(), None);
         let retryable: Vec<u16> = (100..=599)
@@ -403,7 +433,7 @@ mod tests {
 
     #[test]
     fn statuses_outside_the_http_range_are_rejected() {
-        for code in [0, 99, 600, 999, u16::MAX] {
+        for code in [0, 99, 200, 304, 399, 600, 999, u16::MAX] {
             let err = RetryPolicy::builder()
                 .retryable_statuses([503, code])
                 .build()
@@ -411,8 +441,8 @@ mod tests {
             assert_eq!(
                 err.to_string(),
                 format!(
-                    "invalid retry policy: retryable status {code} is not an HTTP status: \
-                     use codes from 100 to 599"
+                    "invalid retry policy: retryable status {code} is not a failure: \
+                     use codes from 400 to 599"
                 )
             );
         }
@@ -428,27 +458,78 @@ mod tests {
     }
 
     #[test]
-    fn zero_deadline_is_rejected() {
+    fn a_deadline_under_a_millisecond_is_rejected() {
+        for deadline in [
+            Duration::ZERO,
+            Duration::from_nanos(1),
+            Duration::from_micros(999),
+        ] {
+            let err = RetryPolicy::builder()
+                .deadline(deadline)
+                .build()
+                .unwrap_err();
+            assert_eq!(
+                err.to_string(),
+                format!(
+                    "invalid retry policy: deadline ({deadline:?}) leaves no time for an \
+                     attempt: use at least 1 ms"
+                )
+            );
+        }
+        let one_ms = RetryPolicy::builder()
+            .deadline(Duration::from_millis(1))
+            .base_delay(Duration::ZERO)
+            .build();
+        assert!(one_ms.is_ok(), "{one_ms:?}");
+    }
+
+    #[test]
+    fn max_retry_after_follows_the_deadline_unless_set_and_never_exceeds_it() {
+        let short = RetryPolicy::builder()
+            .deadline(Duration::from_secs(5))
+            .build()
+            .unwrap();
+        assert_eq!(short.max_retry_after(), Duration::from_secs(5));
         let err = RetryPolicy::builder()
-            .deadline(Duration::ZERO)
+            .max_retry_after(Duration::from_secs(60))
             .build()
             .unwrap_err();
-        assert_eq!(
-            err.to_string(),
-            "invalid retry policy: deadline must be greater than zero"
+        assert!(
+            err.message()
+                .starts_with("max_retry_after (60s) exceeds the deadline (30s)")
         );
+        let equal = RetryPolicy::builder()
+            .max_retry_after(Duration::from_secs(30))
+            .build();
+        assert!(equal.is_ok());
+    }
+
+    #[test]
+    fn a_base_delay_at_the_deadline_is_rejected_unless_there_are_no_retries() {
+        let err = RetryPolicy::builder()
+            .base_delay(Duration::MAX)
+            .max_delay(Duration::MAX)
+            .build()
+            .unwrap_err();
+        assert!(err.message().starts_with("base_delay"), "{err}");
+        let once = RetryPolicy::builder()
+            .max_attempts(1)
+            .base_delay(Duration::MAX)
+            .max_delay(Duration::MAX)
+            .build();
+        assert!(once.is_ok());
     }
 
     #[test]
     fn status_set_is_replaced_not_extended() {
         let p = RetryPolicy::builder()
-            .retryable_statuses([500, 599, 100])
+            .retryable_statuses([500, 599, 400])
             .build()
             .unwrap();
         for (code, expected) in [
             (500, true),
             (599, true),
-            (100, true),
+            (400, true),
             (503, false),
             (429, false),
         ] {

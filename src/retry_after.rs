@@ -9,9 +9,12 @@
 //! earlier only adds load it has said it cannot take. So the wait never ends earlier than asked.
 //!
 //! Whatever a server sends, reading it never panics, overflows or loops: a value that is not
-//! one of the two forms (negative, fractional, empty, garbage, more seconds than fit in 64 bits,
-//! a date that does not exist) is ignored, and the computed backoff applies. A date in the past
-//! means "now": no floor.
+//! one of the two forms (negative, fractional, empty, garbage, a date that does not exist) is
+//! ignored, and the computed backoff applies. Delta-seconds too large for 64 bits are valid
+//! syntax asking for a very long wait: as RFC 9111 §1.2.2 says of such values, they read as the
+//! largest wait there is, so the request stops at once instead of retrying after the backoff.
+//! The digits are read in one pass that stops counting once the value overflows, so even a
+//! megabyte of digits costs one scan. A date in the past means "now": no floor.
 
 use std::time::{Duration, SystemTime};
 
@@ -22,7 +25,7 @@ pub(crate) fn parse(value: &[u8], wall_now: SystemTime) -> Option<Duration> {
         return None;
     }
     if value.iter().all(u8::is_ascii_digit) {
-        return delta_seconds(value).map(Duration::from_secs);
+        return Some(delta_seconds(value).map_or(Duration::MAX, Duration::from_secs));
     }
     let text = std::str::from_utf8(value).ok()?;
     let date = httpdate::parse_http_date(text).ok()?;
@@ -60,6 +63,9 @@ mod tests {
             ("  30\t", secs(30)),
             ("3600", secs(3600)),
             ("18446744073709551615", secs(u64::MAX)),
+            // Too large for 64 bits: very large, not absent.
+            ("18446744073709551616", Some(Duration::MAX)),
+            ("99999999999999999999999", Some(Duration::MAX)),
         ];
         for (value, expected) in table {
             assert_eq!(parse(value.as_bytes(), now()), *expected, "{value:?}");
@@ -100,7 +106,6 @@ mod tests {
 
     #[test]
     fn malformed_values_are_ignored() {
-        let overflow = "9".repeat(40);
         let table = [
             "",
             "   ",
@@ -114,8 +119,6 @@ mod tests {
             "five",
             "0x10",
             "12 34",
-            overflow.as_str(),
-            "18446744073709551616",
             "Thu, 32 Jan 2026 00:00:00 GMT",
             "Thu, 01 Foo 2026 00:00:00 GMT",
             "Thu, 01 Jan 2026 25:00:00 GMT",
@@ -162,8 +165,17 @@ mod tests {
                 let wall = SystemTime::UNIX_EPOCH + Duration::from_secs(u64::from(wall));
                 if let Some(wait) = parse(&value, wall) {
                     let text = std::str::from_utf8(&value).unwrap().trim();
-                    prop_assert!(text.bytes().all(|b| b.is_ascii_digit()) || httpdate::parse_http_date(text).is_ok());
-                    prop_assert!(wait <= Duration::from_secs(u64::MAX));
+                    let digits = !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit());
+                    prop_assert!(digits || httpdate::parse_http_date(text).is_ok());
+                    // A date is at most the range of the wall clock ahead; only digits beyond
+                    // 64 bits read as the largest wait.
+                    if !digits {
+                        prop_assert!(wait < Duration::from_secs(1 << 40), "{:?}", wait);
+                    }
+                } else {
+                    let text = String::from_utf8_lossy(&value);
+                    let text = text.trim_matches(|c: char| c == ' ' || c == '\t');
+                    prop_assert!(text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()));
                 }
             }
 
@@ -171,6 +183,18 @@ mod tests {
             #[test]
             fn near_valid_text_parses_without_panicking(value in r"[ \t]{0,2}[-+]?[0-9]{0,25}(\.[0-9]{0,3})?[ \t]{0,2}|[A-Za-z]{3}, [0-9]{1,2} [A-Za-z]{3} [0-9]{1,5} [0-9]{2}:[0-9]{2}:[0-9]{2} [A-Z]{3}") {
                 let _ = parse(value.as_bytes(), now());
+            }
+
+            /// Any string of digits: read exactly when it fits in 64 bits, as the largest wait
+            /// when it does not; never absent.
+            #[test]
+            fn any_digit_string_is_a_wait(digits in "[0-9]{1,400}") {
+                let wait = parse(digits.as_bytes(), now());
+                let exact = digits.parse::<u64>().ok();
+                match exact {
+                    Some(n) => prop_assert_eq!(wait, Some(Duration::from_secs(n))),
+                    None => prop_assert_eq!(wait, Some(Duration::MAX)),
+                }
             }
 
             /// Every delta that fits in 64 bits is read exactly.

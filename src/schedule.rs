@@ -109,14 +109,18 @@ mod tests {
 
     #[test]
     fn a_retry_after_over_the_limit_stops_at_once() {
-        let policy = RetryPolicy::default();
+        let policy = RetryPolicy::builder()
+            .deadline(secs(3600))
+            .max_retry_after(secs(60))
+            .build()
+            .unwrap();
         assert_eq!(
             next_wait(&policy, 0, Some(secs(61)), secs(3600), &SeededRng::new(1)),
             Wait::Stop(StopReason::RetryAfterTooLong)
         );
         assert_eq!(
             next_wait(&policy, 0, Some(secs(60)), secs(3600), &SeededRng::new(1)),
-            Wait::Sleep(secs(60) + backoff_draw(1, 0))
+            Wait::Sleep(secs(60) + backoff_draw(1, 0).min((secs(3600) - secs(60)) / 2))
         );
     }
 

@@ -52,7 +52,9 @@ async fn two_hosts_in_one_client_get_their_own_policies_and_budgets() {
     let client = build(
         RetryMiddleware::new(attempts(1))
             .route(&host_port(&a), a_dep)
-            .route(&host_port(&b), b_dep),
+            .unwrap()
+            .route(&host_port(&b), b_dep)
+            .unwrap(),
     );
 
     // Exhaust a's budget: two retries are paid for, the third is refused.
@@ -77,7 +79,9 @@ async fn two_hosts_in_one_client_get_their_own_policies_and_budgets() {
 async fn unrouted_hosts_use_the_default_dependency() {
     let server = always(503).await;
     let routed = Dependency::new("elsewhere", attempts(5));
-    let middleware = RetryMiddleware::new(attempts(2)).route("api.example.com", routed);
+    let middleware = RetryMiddleware::new(attempts(2))
+        .route("api.example.com", routed)
+        .unwrap();
     let counters = middleware.counters().clone();
     let client = build(middleware);
 
@@ -401,7 +405,9 @@ async fn a_routed_dependency_counts_apart_from_the_default() {
     let server = always(200).await;
     let routed = Dependency::new("routed", attempts(3));
     let routed_counters = routed.counters().clone();
-    let middleware = RetryMiddleware::new(attempts(3)).route(&host_port(&server), routed);
+    let middleware = RetryMiddleware::new(attempts(3))
+        .route(&host_port(&server), routed)
+        .unwrap();
     let default_counters = middleware.counters().clone();
     let client = build(middleware);
 

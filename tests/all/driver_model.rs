@@ -143,7 +143,7 @@ fn run(seed: u64, http: &reqwest::Client) -> (Outcome, u32) {
         let max_attempts = 1 + g.upto(3) as u32;
         let policy = RetryPolicy::builder()
             .max_attempts(max_attempts)
-            .base_delay(Duration::from_millis(g.upto(500)))
+            .base_delay(Duration::from_millis(g.upto(99)))
             .max_delay(Duration::from_secs(2))
             .attempt_timeout(Duration::from_millis(20 + g.upto(3_000)))
             .deadline(Duration::from_millis(100 + g.upto(10_000)))

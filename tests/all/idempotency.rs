@@ -403,7 +403,8 @@ async fn a_callers_key_is_kept_byte_for_byte_even_when_stamping_is_off() {
         .build()
         .unwrap();
     let (client, _) = keyed_client(support::policy(), keys);
-    let own = "tenant=7; order=\"A-1\"";
+    // A valid Structured Field String, escapes and all: sent exactly as written.
+    let own = r#""tenant=7; order=\"A-1\"""#;
 
     client
         .post(server.uri())

@@ -116,7 +116,7 @@ fn retry_after() -> impl Strategy<Value = RetryAfter> {
         3 => (0u64..90).prop_map(RetryAfter::Seconds),
         1 => Just(RetryAfter::Seconds(3600)),
         2 => (-30i64..90).prop_map(RetryAfter::DateAhead),
-        1 => prop_oneof![Just("-1"), Just("1.5"), Just(""), Just("later"), Just("99999999999999999999999")]
+        1 => prop_oneof![Just("-1"), Just("1.5"), Just(""), Just("later"), Just("9 9")]
             .prop_map(RetryAfter::Garbage),
     ]
 }
@@ -166,11 +166,13 @@ fn settings() -> impl Strategy<Value = Settings> {
         .prop_map(
             |(max_attempts, base, extra, timeout, deadline, max_ra, seed)| Settings {
                 max_attempts,
-                base: Duration::from_millis(base),
-                cap: Duration::from_millis(base + extra),
+                // Valid policies only: the base below the deadline, and no longer
+                // Retry-After allowed than the deadline.
+                base: Duration::from_millis(base.min(deadline - 1)),
+                cap: Duration::from_millis(base.min(deadline - 1) + extra),
                 attempt_timeout: Duration::from_millis(timeout),
                 deadline: Duration::from_millis(deadline),
-                max_retry_after: Duration::from_secs(max_ra),
+                max_retry_after: Duration::from_secs(max_ra).min(Duration::from_millis(deadline)),
                 seed,
             },
         )

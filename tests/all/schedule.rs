@@ -102,7 +102,8 @@ async fn limits_at_the_end_of_the_duration_range_do_not_panic() {
     let server = always_503().await;
     let policy = RetryPolicy::builder()
         .max_attempts(3)
-        .base_delay(Duration::MAX)
+        // The base must be below the deadline: the largest that is.
+        .base_delay(Duration::MAX - Duration::from_nanos(1))
         .max_delay(Duration::MAX)
         .attempt_timeout(Duration::MAX)
         .deadline(Duration::MAX)

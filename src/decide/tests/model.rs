@@ -104,7 +104,9 @@ struct Script {
 
 fn script(seed: u64) -> Script {
     let mut g = Gen(seed);
-    let base = g.ms(2_000);
+    let deadline = Duration::from_millis(50) + g.ms(20_000);
+    // Valid policies only: the base below the deadline, no longer Retry-After than it.
+    let base = g.ms(2_000).min(deadline - Duration::from_millis(1));
     let cap = base + g.ms(5_000);
     let budget = g.chance(80).then(|| {
         let capacity = 2 + g.upto(3);
@@ -168,8 +170,8 @@ fn script(seed: u64) -> Script {
         base,
         cap,
         attempt_timeout: Duration::from_millis(10) + g.ms(5_000),
-        deadline: Duration::from_millis(50) + g.ms(20_000),
-        max_retry_after: g.ms(30_000),
+        deadline,
+        max_retry_after: g.ms(30_000).min(deadline),
         jitter_above_floor: g.chance(70),
         budget,
         requests,
