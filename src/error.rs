@@ -5,7 +5,8 @@
 //! extensions. An error comes back as a [`RetryError`] inside
 //! [`reqwest_middleware::Error::Middleware`]; [`RetryError::of`] finds it, and it still answers
 //! the questions one asks a `reqwest::Error` (`is_timeout()`, `is_connect()`, `status()`,
-//! `url()`).
+//! `url()`). [`RetryErrorExt`] asks them of the `reqwest_middleware::Error` itself, whose own
+//! methods of those names cannot see inside a middleware's error.
 
 use std::fmt;
 use std::time::Duration;
@@ -240,18 +241,36 @@ impl RetryError {
     }
 }
 
+impl RetryError {
+    /// The same error without any URL: the last attempt's error forgets it (reqwest's
+    /// `without_url`), so neither [`url`](Self::url) nor the message shows it, nor its query
+    /// (which may carry a token).
+    pub fn without_url(mut self) -> Self {
+        self.last = strip_url(self.last);
+        self
+    }
+}
+
 impl fmt::Display for RetryError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         // The last error is shown here too: `reqwest_middleware::Error` prints only its top
-        // level, and a message without its cause would not be worth logging.
+        // level, and a message without its cause would not be worth logging. Its root cause
+        // ("Connection refused") is added once, unless the message already says it.
+        let last = self.last.to_string();
         write!(
             f,
-            "request failed after {} attempt{} ({}): {}",
+            "request failed after {} attempt{} ({}): {last}",
             self.attempts,
             if self.attempts == 1 { "" } else { "s" },
             self.stop,
-            self.last
-        )
+        )?;
+        if let Some(root) = root_cause(&self.last) {
+            let root = root.to_string();
+            if !root.is_empty() && !last.contains(&root) {
+                write!(f, ": {root}")?;
+            }
+        }
+        Ok(())
     }
 }
 
@@ -261,6 +280,121 @@ impl std::error::Error for RetryError {
             reqwest_middleware::Error::Reqwest(e) => Some(e),
             reqwest_middleware::Error::Middleware(e) => Some(e.as_ref()),
         }
+    }
+}
+
+/// The deepest source of `err`, if it has any.
+fn root_cause(err: &reqwest_middleware::Error) -> Option<&(dyn std::error::Error + 'static)> {
+    let mut cause: &(dyn std::error::Error + 'static) = match err {
+        reqwest_middleware::Error::Reqwest(e) => e,
+        reqwest_middleware::Error::Middleware(e) => e.as_ref(),
+    };
+    let mut deeper = false;
+    // Bounded: no real chain is deeper; a cycle must not loop forever.
+    for _ in 0..64 {
+        match cause.source() {
+            Some(next) => {
+                cause = next;
+                deeper = true;
+            }
+            None => break,
+        }
+    }
+    deeper.then_some(cause)
+}
+
+/// `err` without its URL, whether it is reqwest's or this middleware's.
+fn strip_url(err: reqwest_middleware::Error) -> reqwest_middleware::Error {
+    match err {
+        reqwest_middleware::Error::Reqwest(e) => e.without_url().into(),
+        reqwest_middleware::Error::Middleware(e) => match e.downcast::<RetryError>() {
+            Ok(retry) => retry.without_url().into(),
+            Err(other) => reqwest_middleware::Error::Middleware(other),
+        },
+    }
+}
+
+/// What the middleware's errors answer, asked of a [`reqwest_middleware::Error`] directly.
+///
+/// Every error of this middleware is a [`RetryError`] inside
+/// [`reqwest_middleware::Error::Middleware`], and `reqwest_middleware::Error`'s own
+/// `is_timeout()`, `is_connect()` and `status()` cannot see inside a middleware's error: for
+/// every one of them they answer `false` and `None`, and its `without_url()` leaves the URL in
+/// place. Rust calls those methods before any trait's of the same name, so these have names of
+/// their own. They answer for the last attempt of a [`RetryError`], and exactly as
+/// `reqwest_middleware::Error` would for any other error, so code can use them everywhere.
+///
+/// ```no_run
+/// # async fn run(client: reqwest_middleware::ClientWithMiddleware) {
+/// use reqwest_safe_retry::RetryErrorExt;
+///
+/// if let Err(err) = client.get("http://127.0.0.1:9/").send().await {
+///     if err.timed_out() || err.failed_to_connect() {
+///         eprintln!(
+///             "unreachable after {} attempts: {}",
+///             err.attempts().unwrap_or(1),
+///             err.strip_url()
+///         );
+///     }
+/// }
+/// # }
+/// ```
+///
+/// The trait is sealed: it is implemented for `reqwest_middleware::Error` only.
+pub trait RetryErrorExt: sealed::Sealed + Sized {
+    /// Whether the last attempt timed out: reqwest's own timeout or the policy's per-attempt
+    /// timeout ([`AttemptTimeout`]). `reqwest_middleware::Error::is_timeout`, for any error.
+    #[doc(alias = "is_timeout")]
+    fn timed_out(&self) -> bool;
+
+    /// Whether the last attempt failed to connect. `is_connect`, for any error.
+    #[doc(alias = "is_connect")]
+    fn failed_to_connect(&self) -> bool;
+
+    /// The status the last attempt's error carries, if any. `status`, for any error.
+    #[doc(alias = "status")]
+    fn last_status(&self) -> Option<StatusCode>;
+
+    /// How many attempts were made, if the error came from this middleware.
+    fn attempts(&self) -> Option<u32>;
+
+    /// Why retrying stopped, if the error came from this middleware.
+    fn stop_reason(&self) -> Option<StopReason>;
+
+    /// The error without any URL, inside this middleware's error too. `without_url`, for any
+    /// error.
+    #[doc(alias = "without_url")]
+    fn strip_url(self) -> Self;
+}
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for reqwest_middleware::Error {}
+}
+
+impl RetryErrorExt for reqwest_middleware::Error {
+    fn timed_out(&self) -> bool {
+        RetryError::of(self).map_or_else(|| self.is_timeout(), RetryError::is_timeout)
+    }
+
+    fn failed_to_connect(&self) -> bool {
+        RetryError::of(self).map_or_else(|| self.is_connect(), RetryError::is_connect)
+    }
+
+    fn last_status(&self) -> Option<StatusCode> {
+        RetryError::of(self).map_or_else(|| self.status(), RetryError::status)
+    }
+
+    fn attempts(&self) -> Option<u32> {
+        RetryError::of(self).map(RetryError::attempts)
+    }
+
+    fn stop_reason(&self) -> Option<StopReason> {
+        RetryError::of(self).map(RetryError::stop_reason)
+    }
+
+    fn strip_url(self) -> Self {
+        strip_url(self)
     }
 }
 

@@ -122,7 +122,11 @@
 //! stop reason, time waited) in its extensions. An error is returned as a [`RetryError`] inside
 //! [`reqwest_middleware::Error::Middleware`]; [`RetryError::of`] finds it, and it answers
 //! `is_timeout()`, `is_connect()`, `status()` and `url()` for the last attempt, with the attempt
-//! count and the stop reason.
+//! count and the stop reason. `reqwest_middleware::Error`'s own `is_timeout()`, `is_connect()`
+//! and `status()` cannot see inside a middleware's error; [`RetryErrorExt`] asks the same of any
+//! `reqwest_middleware::Error` (`timed_out()`, `failed_to_connect()`, `last_status()`,
+//! `attempts()`, `stop_reason()`, `strip_url()`). The message names the last error and its root
+//! cause ("Connection refused") once.
 //!
 //! The policy's per-attempt timeout covers an attempt from sending until the response head (or,
 //! with `buffer_body`, the whole body) has arrived; it is enforced by the middleware on its
@@ -258,7 +262,9 @@ pub use budget::{RetryBudget, RetryBudgetBuilder, RetryKind};
 pub use clock::FakeClock;
 pub use clock::{Clock, Sleep, TimerUnavailable, TokioClock};
 pub use dependency::{Dependency, RetryOverride};
-pub use error::{AttemptTimeout, InvalidConfig, RetryError, RetryRecord, StopReason};
+pub use error::{
+    AttemptTimeout, InvalidConfig, RetryError, RetryErrorExt, RetryRecord, StopReason,
+};
 pub use idempotency::{
     IdempotencyKeys, IdempotencyKeysBuilder, InvalidKey, KeyFormat, KeySource, SeededKeys, UuidKeys,
 };

@@ -2,9 +2,11 @@
 
 mod bodies;
 mod budget;
+mod config;
 mod dependencies;
 mod driver_model;
 mod edges;
+mod errors;
 mod faults;
 mod idempotency;
 mod methods;

@@ -1,0 +1,103 @@
+//! What code written against plain reqwest can ask of the middleware's errors.
+
+use std::time::Duration;
+
+use reqwest_middleware::ClientBuilder;
+use reqwest_safe_retry::{
+    RetryError, RetryErrorExt, RetryMiddleware, RetryPolicy, StopReason,
+};
+
+use crate::support::{self, Action, RawServer};
+
+#[tokio::test]
+async fn the_extension_answers_what_reqwest_middleware_cannot_see() {
+    let slow = Action::Delay(Duration::from_millis(300), support::ok("late"));
+    let server = RawServer::start(vec![slow]).await;
+    let client = support::real_time_client(Duration::from_millis(20));
+
+    let timed_out = client.get(server.url("/")).send().await.unwrap_err();
+    // The trap the extension exists for: the generic checks are blind to a middleware's error.
+    assert!(!timed_out.is_timeout());
+    assert!(timed_out.timed_out());
+    assert!(!timed_out.failed_to_connect());
+    assert_eq!(timed_out.attempts(), Some(3));
+    assert_eq!(timed_out.stop_reason(), Some(StopReason::AttemptsExhausted));
+
+    let refused = client.get(support::refused_url().await).send().await.unwrap_err();
+    assert!(!refused.is_connect());
+    assert!(refused.failed_to_connect());
+    assert!(!refused.timed_out());
+    assert_eq!(refused.last_status(), None);
+}
+
+#[tokio::test]
+async fn for_errors_that_are_not_the_middleware_s_it_answers_as_reqwest_does() {
+    let response = reqwest::Response::from(
+        http::Response::builder().status(503).body("").unwrap(),
+    );
+    let err: reqwest_middleware::Error = response.error_for_status().unwrap_err().into();
+    assert_eq!(err.last_status(), err.status());
+    assert_eq!(err.last_status(), Some(reqwest::StatusCode::SERVICE_UNAVAILABLE));
+    assert_eq!((err.timed_out(), err.failed_to_connect()), (false, false));
+    assert_eq!((err.attempts(), err.stop_reason()), (None, None));
+    let other = reqwest_middleware::Error::middleware(std::io::Error::other("another middleware"));
+    assert_eq!(other.attempts(), None);
+    assert!(other.strip_url().to_string().contains("another middleware"));
+}
+
+#[tokio::test]
+async fn the_message_names_the_root_cause_once() {
+    let (client, _) = support::client();
+    let err = client.get(support::refused_url().await).send().await.unwrap_err();
+    let message = err.to_string();
+    assert!(message.starts_with("request failed after 3 attempts (attempts exhausted): "), "{message}");
+    assert_eq!(message.matches("Connection refused").count(), 1, "{message}");
+
+    let slow = Action::Delay(Duration::from_millis(300), support::ok("late"));
+    let server = RawServer::start(vec![slow]).await;
+    let client = support::real_time_client(Duration::from_millis(20));
+    let err = client.get(server.url("/")).send().await.unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "request failed after 3 attempts (attempts exhausted): attempt timed out after 20ms"
+    );
+}
+
+#[tokio::test]
+async fn strip_url_removes_the_url_and_its_query_everywhere() {
+    let (client, _) = support::client();
+    let url = format!("{}?token=s3cr3t", support::refused_url().await);
+    let err = client.get(&url).send().await.unwrap_err();
+    assert!(err.to_string().contains("s3cr3t"), "the URL is there to begin with: {err}");
+    assert!(RetryError::of(&err).unwrap().url().is_some());
+
+    // reqwest-middleware's own without_url cannot reach inside a middleware's error...
+    let still = err.without_url();
+    assert!(still.to_string().contains("s3cr3t"));
+    // ...the extension's can.
+    let stripped = still.strip_url();
+    let message = stripped.to_string();
+    assert!(!message.contains("s3cr3t") && !message.contains("127.0.0.1"), "{message}");
+    let retry = RetryError::of(&stripped).unwrap();
+    assert_eq!(retry.url(), None);
+    assert_eq!(retry.attempts(), 3);
+    assert!(stripped.failed_to_connect());
+}
+
+#[tokio::test]
+async fn a_retry_error_strips_its_own_url() {
+    let client = ClientBuilder::new(reqwest::Client::new())
+        .with(RetryMiddleware::new(RetryPolicy::builder().max_attempts(1).build().unwrap()))
+        .build();
+    let err = client
+        .get(format!("{}?k=v", support::refused_url().await))
+        .send()
+        .await
+        .unwrap_err();
+    let reqwest_middleware::Error::Middleware(inner) = err else {
+        panic!("the middleware's error");
+    };
+    let retry = inner.downcast::<RetryError>().unwrap().without_url();
+    assert_eq!(retry.url(), None);
+    assert!(!retry.to_string().contains("k=v"), "{retry}");
+}
