@@ -307,7 +307,21 @@ impl RetryMiddleware {
                     || reqwest_middleware::Error::middleware(AttemptTimeout { after: limit });
                 let sent = race(next.clone().run(sending, extensions), &mut timer).await;
                 let mut outcome = sent.unwrap_or_else(|| Err(timed_out()));
-                if let (Some(buffer), Ok(_)) = (policy.buffer_body_limit(), &outcome) {
+                // A body is read only for an answer that will not be retried: a 503's body
+                // would be read in full (up to the limit) only to be thrown away.
+                let worth_reading = |response: &Response| {
+                    let verdict = classify::judge_status(
+                        response.status(),
+                        |s| policy.is_retryable_status(s),
+                        repeatable,
+                        keyed,
+                    );
+                    !matches!(verdict, Verdict::Transient(..))
+                };
+                if let (Some(buffer), Ok(true)) = (
+                    policy.buffer_body_limit(),
+                    outcome.as_ref().map(worth_reading),
+                ) {
                     if let Ok(response) = outcome {
                         // Boxed: the reading state is large, and most requests never need it.
                         let reading = Box::pin(body::buffer(response, buffer));

@@ -255,6 +255,11 @@ impl RetryPolicyBuilder {
     /// `json()`, where no retry can reach it. With it, a body cut off mid-way is a transient
     /// failure like any other. A body longer than `limit` is handed back as a stream (the part
     /// already read first), and is not retried.
+    ///
+    /// Only the bodies of answers that will not be retried are read: a response whose status is
+    /// a transient failure (a 503) is judged on its head, and if it is retried its body is
+    /// dropped unread, never buffered. If it is the last outcome (attempts exhausted, say), it
+    /// reaches the caller with its body as a stream.
     pub fn buffer_body(mut self, limit: usize) -> Self {
         self.buffer_body = Some(limit);
         self

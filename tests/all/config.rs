@@ -44,15 +44,30 @@ fn route(host: &str) -> Result<(), InvalidConfig> {
 fn invalid_configurations_are_refused_with_the_setting_and_the_fix() {
     // (what was configured, the result, the setting the message must name, the fix it must give)
     let cases: Vec<(&str, Result<(), InvalidConfig>, &str, &str)> = vec![
-        ("no attempts", policy(|p| p.max_attempts(0)), "max_attempts", "at least 1"),
+        (
+            "no attempts",
+            policy(|p| p.max_attempts(0)),
+            "max_attempts",
+            "at least 1",
+        ),
         (
             "cap below base",
             policy(|p| p.base_delay(2 * MS).max_delay(MS)),
             "max_delay",
             "raise max_delay or lower base_delay",
         ),
-        ("zero timeout", policy(|p| p.attempt_timeout(Duration::ZERO)), "attempt_timeout", "at least 1 ms"),
-        ("1 ns deadline", policy(|p| p.deadline(Duration::from_nanos(1))), "deadline", "at least 1 ms"),
+        (
+            "zero timeout",
+            policy(|p| p.attempt_timeout(Duration::ZERO)),
+            "attempt_timeout",
+            "at least 1 ms",
+        ),
+        (
+            "1 ns deadline",
+            policy(|p| p.deadline(Duration::from_nanos(1))),
+            "deadline",
+            "at least 1 ms",
+        ),
         (
             "waits that can never fit",
             policy(|p| p.base_delay(Duration::MAX).max_delay(Duration::MAX)),
@@ -65,11 +80,36 @@ fn invalid_configurations_are_refused_with_the_setting_and_the_fix() {
             "max_retry_after",
             "lower max_retry_after or raise deadline",
         ),
-        ("retrying successes", policy(|p| p.retryable_statuses([200])), "retryable status 200", "400 to 599"),
-        ("not a status", policy(|p| p.retryable_statuses([503, 1000])), "retryable status 1000", "400 to 599"),
-        ("free retries", budget(|b| b.retry_cost(0.0)), "retry_cost", "from 0.001"),
-        ("negative cost", budget(|b| b.timeout_cost(-1.0)), "timeout_cost", "from 0.001"),
-        ("huge cost", budget(|b| b.throttled_cost(1e15)), "throttled_cost", "to 1e12"),
+        (
+            "retrying successes",
+            policy(|p| p.retryable_statuses([200])),
+            "retryable status 200",
+            "400 to 599",
+        ),
+        (
+            "not a status",
+            policy(|p| p.retryable_statuses([503, 1000])),
+            "retryable status 1000",
+            "400 to 599",
+        ),
+        (
+            "free retries",
+            budget(|b| b.retry_cost(0.0)),
+            "retry_cost",
+            "from 0.001",
+        ),
+        (
+            "negative cost",
+            budget(|b| b.timeout_cost(-1.0)),
+            "timeout_cost",
+            "from 0.001",
+        ),
+        (
+            "huge cost",
+            budget(|b| b.throttled_cost(1e15)),
+            "throttled_cost",
+            "to 1e12",
+        ),
         (
             "a bucket too small for a retry",
             budget(|b| b.capacity(0.5)),
@@ -82,14 +122,24 @@ fn invalid_configurations_are_refused_with_the_setting_and_the_fix() {
             "initial",
             "must not exceed the capacity",
         ),
-        ("no deposits", budget(|b| b.deposit_ratio(0.0)), "deposit ratio", "above 0"),
+        (
+            "no deposits",
+            budget(|b| b.deposit_ratio(0.0)),
+            "deposit ratio",
+            "above 0",
+        ),
         (
             "a deposit below the resolution",
             budget(|b| b.deposit_ratio(1e-9)),
             "deposit ratio",
             "raise the ratio or the retry cost",
         ),
-        ("a NaN floor", budget(|b| b.floor_per_sec(f64::NAN)), "floor_per_sec", "from 0"),
+        (
+            "a NaN floor",
+            budget(|b| b.floor_per_sec(f64::NAN)),
+            "floor_per_sec",
+            "from 0",
+        ),
         (
             "a header name with a space",
             keys(|k| k.header_name("Idempotency Key")),
@@ -114,8 +164,18 @@ fn invalid_configurations_are_refused_with_the_setting_and_the_fix() {
             "\"http://127.0.0.1:8080\" is a URL",
             "\"127.0.0.1:8080\"",
         ),
-        ("a path for a route", route("example.com/api"), "is not a host", "\"api.example.com\""),
-        ("a port out of range", route("example.com:99999"), "valid port", "65535"),
+        (
+            "a path for a route",
+            route("example.com/api"),
+            "is not a host",
+            "\"api.example.com\"",
+        ),
+        (
+            "a port out of range",
+            route("example.com:99999"),
+            "valid port",
+            "65535",
+        ),
     ];
     assert!(cases.len() >= 15);
     for (what, result, setting, fix) in cases {
@@ -123,7 +183,10 @@ fn invalid_configurations_are_refused_with_the_setting_and_the_fix() {
         let message = err.to_string();
         assert!(message.contains(setting), "{what}: {message}");
         assert!(message.contains(fix), "{what}: {message}");
-        assert!(message.starts_with(&format!("invalid {}: ", err.area())), "{what}: {message}");
+        assert!(
+            message.starts_with(&format!("invalid {}: ", err.area())),
+            "{what}: {message}"
+        );
     }
 }
 
@@ -161,7 +224,11 @@ async fn a_caller_s_invalid_key_fails_before_anything_is_sent() {
             .await
             .unwrap_err();
         let retry = RetryError::of(&err).unwrap();
-        assert_eq!(retry.stop_reason(), StopReason::InvalidIdempotencyKey, "{value:?}");
+        assert_eq!(
+            retry.stop_reason(),
+            StopReason::InvalidIdempotencyKey,
+            "{value:?}"
+        );
         assert_eq!(retry.attempts(), 0);
         assert!(err.to_string().contains(rule), "{value:?}: {err}");
     }
@@ -182,7 +249,10 @@ async fn a_caller_s_invalid_key_fails_before_anything_is_sent() {
             .send()
             .await
             .unwrap_err();
-        assert!(err.to_string().contains("without spaces or quotes"), "{err}");
+        assert!(
+            err.to_string().contains("without spaces or quotes"),
+            "{err}"
+        );
     }
     assert_eq!(server.received_requests().await.unwrap().len(), 0);
 }

@@ -3,9 +3,7 @@
 use std::time::Duration;
 
 use reqwest_middleware::ClientBuilder;
-use reqwest_safe_retry::{
-    RetryError, RetryErrorExt, RetryMiddleware, RetryPolicy, StopReason,
-};
+use reqwest_safe_retry::{RetryError, RetryErrorExt, RetryMiddleware, RetryPolicy, StopReason};
 
 use crate::support::{self, Action, RawServer};
 
@@ -23,7 +21,11 @@ async fn the_extension_answers_what_reqwest_middleware_cannot_see() {
     assert_eq!(timed_out.attempts(), Some(3));
     assert_eq!(timed_out.stop_reason(), Some(StopReason::AttemptsExhausted));
 
-    let refused = client.get(support::refused_url().await).send().await.unwrap_err();
+    let refused = client
+        .get(support::refused_url().await)
+        .send()
+        .await
+        .unwrap_err();
     assert!(!refused.is_connect());
     assert!(refused.failed_to_connect());
     assert!(!refused.timed_out());
@@ -32,12 +34,13 @@ async fn the_extension_answers_what_reqwest_middleware_cannot_see() {
 
 #[tokio::test]
 async fn for_errors_that_are_not_the_middleware_s_it_answers_as_reqwest_does() {
-    let response = reqwest::Response::from(
-        http::Response::builder().status(503).body("").unwrap(),
-    );
+    let response = reqwest::Response::from(http::Response::builder().status(503).body("").unwrap());
     let err: reqwest_middleware::Error = response.error_for_status().unwrap_err().into();
     assert_eq!(err.last_status(), err.status());
-    assert_eq!(err.last_status(), Some(reqwest::StatusCode::SERVICE_UNAVAILABLE));
+    assert_eq!(
+        err.last_status(),
+        Some(reqwest::StatusCode::SERVICE_UNAVAILABLE)
+    );
     assert_eq!((err.timed_out(), err.failed_to_connect()), (false, false));
     assert_eq!((err.attempts(), err.stop_reason()), (None, None));
     let other = reqwest_middleware::Error::middleware(std::io::Error::other("another middleware"));
@@ -48,10 +51,21 @@ async fn for_errors_that_are_not_the_middleware_s_it_answers_as_reqwest_does() {
 #[tokio::test]
 async fn the_message_names_the_root_cause_once() {
     let (client, _) = support::client();
-    let err = client.get(support::refused_url().await).send().await.unwrap_err();
+    let err = client
+        .get(support::refused_url().await)
+        .send()
+        .await
+        .unwrap_err();
     let message = err.to_string();
-    assert!(message.starts_with("request failed after 3 attempts (attempts exhausted): "), "{message}");
-    assert_eq!(message.matches("Connection refused").count(), 1, "{message}");
+    assert!(
+        message.starts_with("request failed after 3 attempts (attempts exhausted): "),
+        "{message}"
+    );
+    assert_eq!(
+        message.matches("Connection refused").count(),
+        1,
+        "{message}"
+    );
 
     let slow = Action::Delay(Duration::from_millis(300), support::ok("late"));
     let server = RawServer::start(vec![slow]).await;
@@ -68,7 +82,10 @@ async fn strip_url_removes_the_url_and_its_query_everywhere() {
     let (client, _) = support::client();
     let url = format!("{}?token=s3cr3t", support::refused_url().await);
     let err = client.get(&url).send().await.unwrap_err();
-    assert!(err.to_string().contains("s3cr3t"), "the URL is there to begin with: {err}");
+    assert!(
+        err.to_string().contains("s3cr3t"),
+        "the URL is there to begin with: {err}"
+    );
     assert!(RetryError::of(&err).unwrap().url().is_some());
 
     // reqwest-middleware's own without_url cannot reach inside a middleware's error...
@@ -77,7 +94,10 @@ async fn strip_url_removes_the_url_and_its_query_everywhere() {
     // ...the extension's can.
     let stripped = still.strip_url();
     let message = stripped.to_string();
-    assert!(!message.contains("s3cr3t") && !message.contains("127.0.0.1"), "{message}");
+    assert!(
+        !message.contains("s3cr3t") && !message.contains("127.0.0.1"),
+        "{message}"
+    );
     let retry = RetryError::of(&stripped).unwrap();
     assert_eq!(retry.url(), None);
     assert_eq!(retry.attempts(), 3);
@@ -87,7 +107,9 @@ async fn strip_url_removes_the_url_and_its_query_everywhere() {
 #[tokio::test]
 async fn a_retry_error_strips_its_own_url() {
     let client = ClientBuilder::new(reqwest::Client::new())
-        .with(RetryMiddleware::new(RetryPolicy::builder().max_attempts(1).build().unwrap()))
+        .with(RetryMiddleware::new(
+            RetryPolicy::builder().max_attempts(1).build().unwrap(),
+        ))
         .build();
     let err = client
         .get(format!("{}?k=v", support::refused_url().await))
