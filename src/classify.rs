@@ -154,17 +154,12 @@ fn reqwest_fault(err: &reqwest::Error) -> Option<Fault> {
 /// The first transient cause found in `err` or its sources.
 fn chain_fault(err: &(dyn std::error::Error + 'static)) -> Option<Fault> {
     let mut source = Some(err);
-    while let Some(cause) = source {
+    // Bounded: no real chain is this deep, and a cycle must not loop for ever.
+    for _ in 0..64 {
+        let cause = source?;
         if let Some(io) = cause.downcast_ref::<io::Error>() {
-            match io.kind() {
-                io::ErrorKind::TimedOut => return Some(Fault::Timeout),
-                io::ErrorKind::ConnectionRefused
-                | io::ErrorKind::ConnectionReset
-                | io::ErrorKind::ConnectionAborted
-                | io::ErrorKind::BrokenPipe
-                | io::ErrorKind::NotConnected => return Some(Fault::Reset),
-                io::ErrorKind::UnexpectedEof => return Some(Fault::Incomplete),
-                _ => {}
+            if let Some(fault) = io_fault(io) {
+                return Some(fault);
             }
         }
         if let Some(hyper) = cause.downcast_ref::<hyper::Error>() {
@@ -176,6 +171,27 @@ fn chain_fault(err: &(dyn std::error::Error + 'static)) -> Option<Fault> {
             }
         }
         source = cause.source();
+    }
+    None
+}
+
+/// The transient fault an I/O error stands for. An error of another kind may wrap one that is
+/// decisive (reqwest's TLS connector wraps a reset during the handshake in an error of kind
+/// `Other`), and `io::Error::source` skips the wrapped error itself, so it is looked into here.
+fn io_fault(io: &io::Error) -> Option<Fault> {
+    let mut io = io;
+    for _ in 0..8 {
+        match io.kind() {
+            io::ErrorKind::TimedOut => return Some(Fault::Timeout),
+            io::ErrorKind::ConnectionRefused
+            | io::ErrorKind::ConnectionReset
+            | io::ErrorKind::ConnectionAborted
+            | io::ErrorKind::BrokenPipe
+            | io::ErrorKind::NotConnected => return Some(Fault::Reset),
+            io::ErrorKind::UnexpectedEof => return Some(Fault::Incomplete),
+            _ => {}
+        }
+        io = io.get_ref()?.downcast_ref::<io::Error>()?;
     }
     None
 }
@@ -341,6 +357,19 @@ mod tests {
         fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
             Some(&self.0)
         }
+    }
+
+    #[test]
+    fn an_io_error_wrapping_a_decisive_one_is_judged_by_it() {
+        // How reqwest's TLS connector reports a reset during the handshake.
+        let wrapped = io::Error::other(io(io::ErrorKind::ConnectionReset, "reset by peer"));
+        assert_eq!(wrapped.kind(), io::ErrorKind::Other);
+        assert_eq!(chain_fault(&wrapped), Some(Fault::Reset));
+        let certificate = io::Error::new(
+            io::ErrorKind::InvalidData,
+            io(io::ErrorKind::Other, "invalid peer certificate"),
+        );
+        assert_eq!(chain_fault(&certificate), None);
     }
 
     #[test]

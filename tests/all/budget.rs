@@ -123,7 +123,11 @@ async fn after_an_outage_ten_good_requests_pay_for_the_next_retry() {
         }
         client.get(server.uri()).send().await.unwrap();
     }
-    assert_eq!(budget.refusals(), 1, "the eleventh request's retry is refused");
+    assert_eq!(
+        budget.refusals(),
+        1,
+        "the eleventh request's retry is refused"
+    );
     assert_eq!(budget.retries(), 10);
     assert_eq!(budget.balance_milli(), 0);
 
