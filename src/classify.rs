@@ -88,6 +88,9 @@ pub(crate) enum Fault {
     Reset,
     /// The server closed the connection before the response was complete.
     Incomplete,
+    /// The server said it did not process the request: an HTTP/2 stream refused with
+    /// REFUSED_STREAM, or above the last stream id of a graceful GOAWAY (feature `http2`).
+    NotProcessed,
 }
 
 impl Fault {
@@ -97,12 +100,14 @@ impl Fault {
             Fault::Connect => "connect",
             Fault::Reset => "reset",
             Fault::Incomplete => "incomplete",
+            Fault::NotProcessed => "not_processed",
         }
     }
 
-    /// Whether the request certainly did not reach the server.
+    /// Whether the request certainly had no effect: no byte of it reached the server, or the
+    /// server said it did not process it.
     pub(crate) fn nothing_sent(self) -> bool {
-        matches!(self, Fault::Connect)
+        matches!(self, Fault::Connect | Fault::NotProcessed)
     }
 }
 
@@ -162,6 +167,10 @@ fn chain_fault(err: &(dyn std::error::Error + 'static)) -> Option<Fault> {
                 return Some(fault);
             }
         }
+        #[cfg(feature = "http2")]
+        if let Some(h2) = cause.downcast_ref::<h2::Error>() {
+            return h2_fault(h2);
+        }
         if let Some(hyper) = cause.downcast_ref::<hyper::Error>() {
             if hyper.is_timeout() {
                 return Some(Fault::Timeout);
@@ -173,6 +182,26 @@ fn chain_fault(err: &(dyn std::error::Error + 'static)) -> Option<Fault> {
         source = cause.source();
     }
     None
+}
+
+/// The transient fault an HTTP/2 error stands for (RFC 9113 §8.7): a stream the server refused,
+/// or left above a graceful GOAWAY's last stream id, was not processed and is safe to send again
+/// whatever its method; any other reset or connection failure may have come after processing.
+/// Errors this side raised itself are not transient.
+#[cfg(feature = "http2")]
+fn h2_fault(err: &h2::Error) -> Option<Fault> {
+    if let Some(io) = err.get_io() {
+        return io_fault(io).or(Some(Fault::Reset));
+    }
+    if !err.is_remote() {
+        return None;
+    }
+    match err.reason() {
+        Some(h2::Reason::REFUSED_STREAM) if err.is_reset() => Some(Fault::NotProcessed),
+        Some(h2::Reason::NO_ERROR) if err.is_go_away() => Some(Fault::NotProcessed),
+        Some(_) => Some(Fault::Reset),
+        None => None,
+    }
 }
 
 /// The transient fault an I/O error stands for. An error of another kind may wrap one that is

@@ -142,6 +142,22 @@
 //! tokens back, and a retry is counted only when its attempt starts. So whatever point a
 //! request is dropped at, the budget and the counters show only what happened.
 //!
+//! # HTTP/2, and reqwest's own retries
+//!
+//! reqwest 0.13 retries some failures itself, inside the `reqwest::Client`, beneath every
+//! middleware: by default, HTTP/2 streams the server refused (REFUSED_STREAM) or left above a
+//! graceful GOAWAY, which the protocol says were not processed. Such a re-send never reaches
+//! this middleware, so [`RetryRecord::attempts`] counts the attempts *this middleware* made: one
+//! attempt may be two sends on the wire. Turn reqwest's off with
+//! `reqwest::Client::builder().retry(reqwest::retry::never())` to have every send counted here.
+//!
+//! With the `http2` feature (turn it on with reqwest's own `http2` feature), this middleware
+//! reads HTTP/2 errors too: a refused stream or a graceful GOAWAY above the stream is "not
+//! processed" and is retried whatever the method, an unkeyed POST included; a stream reset
+//! mid-response or a connection dropped mid-stream may have come after processing, and is
+//! retried only when repeating is safe. Without the feature, HTTP/2 errors other than timeouts
+//! and I/O failures are final.
+//!
 //! # Response bodies
 //!
 //! A middleware returns as soon as the response head has arrived, so a connection cut in the
@@ -228,6 +244,7 @@
 //!
 //! - `test-util`: [`FakeClock`], a virtual clock for tests.
 //! - `metrics`: counters also exported through the `metrics` facade.
+//! - `http2`: HTTP/2 errors classified by what the protocol says was processed (see above).
 //! - `sim`: the [`sim`] module, deterministic simulations of retry traffic in virtual time, with
 //!   charts (`examples/simulate`; `docs/simulations.md` in the repository shows them).
 #![deny(

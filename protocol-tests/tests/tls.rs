@@ -37,7 +37,7 @@ async fn an_untrusted_certificate_is_not_retried_and_the_error_says_so() {
 async fn a_trusted_certificate_succeeds_in_one_attempt() {
     let identity = Identity::generate();
     let server = TlsServer::start(&identity, vec![Tls::Answer]).await;
-    let client = with_retries(tls_client(&[identity.cert.clone()]));
+    let client = with_retries(tls_client(std::slice::from_ref(&identity.cert)));
 
     let response = client.get(server.url()).send().await.unwrap();
 
@@ -51,7 +51,7 @@ async fn a_trusted_certificate_succeeds_in_one_attempt() {
 async fn a_reset_during_the_handshake_is_retried() {
     let identity = Identity::generate();
     let server = TlsServer::start(&identity, vec![Tls::ResetInHandshake, Tls::Answer]).await;
-    let client = with_retries(tls_client(&[identity.cert.clone()]));
+    let client = with_retries(tls_client(std::slice::from_ref(&identity.cert)));
 
     // A POST without a key: a failure before the handshake completed sent no byte of the
     // request, so even a non-idempotent method is retried.
@@ -73,7 +73,7 @@ async fn a_reset_during_the_handshake_is_retried() {
 async fn a_reset_during_the_handshake_is_retried_for_an_unkeyed_post_too() {
     let identity = Identity::generate();
     let server = TlsServer::start(&identity, vec![Tls::ResetInHandshake, Tls::Answer]).await;
-    let client = ClientBuilder::new(tls_client(&[identity.cert.clone()]))
+    let client = ClientBuilder::new(tls_client(std::slice::from_ref(&identity.cert)))
         .with(
             RetryMiddleware::new(RetryPolicy::default())
                 .with_clock(FakeClock::new())

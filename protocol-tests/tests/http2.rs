@@ -1,0 +1,113 @@
+//! HTTP/2 on loopback, each failure classified by what the protocol says was processed, with
+//! reqwest's own retries (beneath any middleware) off and on.
+//!
+//! - REFUSED_STREAM and a graceful GOAWAY above the stream say the request was not processed:
+//!   safe to send again, an unkeyed POST included. With reqwest's own retries on, reqwest
+//!   re-sends it itself, below the middleware, which then counts one attempt for two sends.
+//! - A stream reset mid-response, or a connection dropped mid-stream, came after processing:
+//!   retried for a GET (with `buffer_body`, which reads the body inside the attempt), never for
+//!   an unkeyed POST. reqwest does not re-send those itself.
+
+use std::time::Duration;
+
+use protocol_tests::h2_server::{H2, H2Server, h2_client};
+use reqwest_middleware::{ClientBuilder, ClientWithMiddleware};
+use reqwest_safe_retry::{
+    FakeClock, RetryError, RetryMiddleware, RetryPolicy, RetryRecord, StopReason,
+};
+
+/// Without idempotency keys: whether a POST may be repeated rests on the protocol alone.
+fn client(own_retries: bool) -> ClientWithMiddleware {
+    let policy = RetryPolicy::builder()
+        .attempt_timeout(Duration::from_secs(5))
+        .buffer_body(64 * 1024)
+        .build()
+        .unwrap();
+    ClientBuilder::new(h2_client(own_retries))
+        .with(
+            RetryMiddleware::new(policy)
+                .with_clock(FakeClock::new())
+                .without_idempotency_keys(),
+        )
+        .build()
+}
+
+/// An unkeyed POST whose first stream the server did not process: (the middleware's attempts,
+/// the streams the server received, the requests it processed).
+async fn post_after(refusal: H2, own_retries: bool) -> (u32, usize, usize) {
+    let server = H2Server::start(vec![refusal, H2::Answer(200)]).await;
+    let response = client(own_retries)
+        .post(server.url())
+        .body("charge 10 EUR")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200, "{refusal:?}");
+    let attempts = RetryRecord::of(&response).unwrap().attempts();
+    assert_eq!(response.text().await.unwrap(), "ok");
+    (attempts, server.streams(), server.processed())
+}
+
+#[tokio::test]
+async fn a_refused_stream_is_sent_again_even_for_an_unkeyed_post() {
+    // reqwest's own retries off: the middleware retries.
+    assert_eq!(post_after(H2::Refuse, false).await, (2, 2, 1));
+    // On: reqwest re-sends beneath the middleware, which sees one attempt.
+    assert_eq!(post_after(H2::Refuse, true).await, (1, 2, 1));
+}
+
+#[tokio::test]
+async fn a_graceful_goaway_before_processing_is_sent_again_even_for_an_unkeyed_post() {
+    assert_eq!(post_after(H2::GoAway, false).await, (2, 2, 1));
+    assert_eq!(post_after(H2::GoAway, true).await, (1, 2, 1));
+}
+
+/// After processing: a GET is retried, an unkeyed POST is not; reqwest's own retries make no
+/// difference.
+async fn after_processing(failure: H2) {
+    for own_retries in [false, true] {
+        let server = H2Server::start(vec![failure, H2::Answer(200)]).await;
+        let response = client(own_retries).get(server.url()).send().await.unwrap();
+        assert_eq!(
+            RetryRecord::of(&response).unwrap().attempts(),
+            2,
+            "{failure:?}"
+        );
+        assert_eq!(response.text().await.unwrap(), "ok");
+        assert_eq!(
+            (server.streams(), server.processed()),
+            (2, 2),
+            "{failure:?}"
+        );
+
+        let server = H2Server::start(vec![failure, H2::Answer(200)]).await;
+        let err = client(own_retries)
+            .post(server.url())
+            .body("charge 10 EUR")
+            .send()
+            .await
+            .unwrap_err();
+        let retry = RetryError::of(&err).unwrap();
+        assert_eq!(retry.attempts(), 1, "{failure:?}: {err}");
+        assert_eq!(
+            retry.stop_reason(),
+            StopReason::NotSafeToRetry,
+            "{failure:?}"
+        );
+        assert_eq!(
+            (server.streams(), server.processed()),
+            (1, 1),
+            "{failure:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_stream_reset_mid_response_is_retried_only_when_repeating_is_safe() {
+    after_processing(H2::ResetMidBody).await;
+}
+
+#[tokio::test]
+async fn a_connection_dropped_mid_stream_is_retried_only_when_repeating_is_safe() {
+    after_processing(H2::DropMidBody).await;
+}
