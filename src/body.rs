@@ -109,3 +109,91 @@ impl HttpBody for Prefixed {
         hint
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A body of `chunks`, then, if `fails`, an error instead of its end. `length`: the size it
+    /// declares (reqwest's `content_length()` reads it from here, not from the header).
+    struct Scripted {
+        chunks: std::collections::VecDeque<Bytes>,
+        fails: bool,
+        length: Option<u64>,
+    }
+
+    impl HttpBody for Scripted {
+        type Data = Bytes;
+        type Error = std::io::Error;
+
+        fn poll_frame(
+            mut self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<Bytes>, std::io::Error>>> {
+            match self.chunks.pop_front() {
+                Some(chunk) => Poll::Ready(Some(Ok(Frame::data(chunk)))),
+                None if self.fails => {
+                    self.fails = false;
+                    Poll::Ready(Some(Err(std::io::Error::other("cut off"))))
+                }
+                None => Poll::Ready(None),
+            }
+        }
+
+        fn size_hint(&self) -> SizeHint {
+            self.length.map_or_else(SizeHint::new, SizeHint::with_exact)
+        }
+    }
+
+    fn response(chunks: &[usize], fails: bool, length: Option<usize>) -> reqwest::Response {
+        let body = Scripted {
+            chunks: chunks.iter().map(|&n| Bytes::from(vec![b'x'; n])).collect(),
+            fails,
+            length: length.map(|n| n as u64),
+        };
+        let response = http::Response::builder().status(200);
+        reqwest::Response::from(response.body(Body::wrap(body)).unwrap())
+    }
+
+    #[tokio::test]
+    async fn a_body_of_exactly_the_limit_is_read_inside_the_attempt() {
+        // Read in full, so a cut after the last byte is the attempt's error, to be retried...
+        let cut = buffer(response(&[8], true, Some(8)), 8).await;
+        assert!(cut.is_err(), "a declared length at the limit is read");
+        let cut = buffer(response(&[3], true, Some(3)), 8).await;
+        assert!(cut.is_err(), "a declared length under the limit is read");
+        let cut = buffer(response(&[4, 4], true, None), 8).await;
+        assert!(cut.is_err(), "chunks that reach the limit are read");
+        // ...and a whole body comes back in memory.
+        let whole = buffer(response(&[4, 4], false, None), 8).await.unwrap();
+        assert_eq!(whole.bytes().await.unwrap().len(), 8);
+    }
+
+    #[tokio::test]
+    async fn a_body_over_the_limit_is_handed_back_as_a_stream_unread() {
+        // Declared over the limit: not read at all, so its cut is the caller's to meet.
+        let streamed = buffer(response(&[9], true, Some(9)), 8).await.unwrap();
+        assert!(streamed.bytes().await.is_err());
+        // Found over the limit while reading: what was read comes first, then the rest.
+        let streamed = buffer(response(&[5, 4, 3], false, None), 8).await.unwrap();
+        assert_eq!(streamed.bytes().await.unwrap().len(), 12);
+    }
+
+    #[test]
+    fn a_prefixed_body_reports_its_size_and_its_end() {
+        let prefixed = |prefix: &[&'static [u8]], rest: &'static [u8]| Prefixed {
+            prefix: prefix.iter().map(|p| Bytes::from_static(p)).collect(),
+            rest: Body::from(rest),
+        };
+        let body = prefixed(&[b"ab", b"cd"], b"efg");
+        let hint = body.size_hint();
+        assert_eq!((hint.lower(), hint.upper()), (7, Some(7)));
+        assert!(!body.is_end_stream(), "the prefix is still to come");
+        let empty_prefix = prefixed(&[], b"");
+        assert!(empty_prefix.is_end_stream());
+        let only_prefix = prefixed(&[b"ab"], b"");
+        assert!(!only_prefix.is_end_stream());
+        let only_rest = prefixed(&[], b"xyz");
+        assert!(!only_rest.is_end_stream());
+    }
+}

@@ -74,10 +74,17 @@ pub struct ContentionReport {
     pub calls: u64,
     /// When the last client's write finished.
     pub completion: Duration,
+    /// Clients that had not written when the run gave up (after 10,000 calls per client, as
+    /// a strategy whose waits never spread the clients would never end): 0 for any strategy
+    /// that works.
+    pub unfinished: u32,
 }
 
+/// Calls per client after which a run gives up.
+const MAX_CALLS_PER_CLIENT: u64 = 10_000;
+
 impl Contention {
-    /// Runs until every client has written.
+    /// Runs until every client has written, or until the clients have made 10,000 calls each.
     pub fn run(&self) -> ContentionReport {
         let rng = SeededRng::new(self.seed);
         // (time of the next call, client); the heap pops the earliest, ties by client number.
@@ -88,7 +95,13 @@ impl Contention {
         let mut previous = vec![self.base; self.clients as usize];
         let mut busy_until = Duration::ZERO;
         let (mut made, mut completion) = (0u64, Duration::ZERO);
+        let limit = u64::from(self.clients).saturating_mul(MAX_CALLS_PER_CLIENT);
         while let Some(Reverse((at, client))) = calls.pop() {
+            if made == limit {
+                // Put it back: it is one of the clients that never wrote.
+                calls.push(Reverse((at, client)));
+                break;
+            }
             made += 1;
             if at >= busy_until {
                 busy_until = at + self.write_time;
@@ -111,6 +124,7 @@ impl Contention {
         ContentionReport {
             calls: made,
             completion,
+            unfinished: u32::try_from(calls.len()).unwrap_or(u32::MAX),
         }
     }
 }
@@ -152,12 +166,35 @@ mod tests {
     fn every_client_writes_exactly_once() {
         for jitter in Jitter::ALL {
             let report = run(50, jitter);
-            // At least one call each, and the resource was busy for 50 writes.
-            assert!(report.calls >= 50, "{jitter:?}");
+            // Every client wrote (a client that has written makes no further call), the
+            // writes never overlapped (50 of 10 ms each, one at a time), and the clients did
+            // contend: more calls than writes, fewer than the run's limit.
+            assert_eq!(report.unfinished, 0, "{jitter:?}");
             assert!(
                 report.completion >= Duration::from_millis(500),
                 "{jitter:?}"
             );
+            assert!(report.calls > 50, "{jitter:?}: {report:?}");
+            assert!(
+                report.calls < 50 * MAX_CALLS_PER_CLIENT,
+                "{jitter:?}: {report:?}"
+            );
         }
+    }
+
+    #[test]
+    fn waits_that_never_spread_the_clients_end_the_run_instead_of_looping() {
+        let report = Contention {
+            clients: 3,
+            write_time: Duration::from_millis(10),
+            base: Duration::ZERO,
+            cap: Duration::ZERO,
+            jitter: Jitter::Full,
+            seed: 1,
+        }
+        .run();
+        // One client writes at 0; the other two retry at 0 for ever, until the limit.
+        assert_eq!(report.unfinished, 2);
+        assert_eq!(report.calls, 3 * MAX_CALLS_PER_CLIENT);
     }
 }
