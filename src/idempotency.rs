@@ -623,6 +623,33 @@ mod tests {
     }
 
     #[test]
+    fn uuid_keys_are_distinct_version_4_uuids() {
+        let keys = UuidKeys::new();
+        let drawn: Vec<String> = (0..100).map(|_| keys.next_key()).collect();
+        let mut distinct = drawn.clone();
+        distinct.sort();
+        distinct.dedup();
+        assert_eq!(distinct.len(), 100);
+        for key in &drawn {
+            let uuid = uuid::Uuid::parse_str(key).unwrap();
+            assert_eq!(uuid.get_version_num(), 4, "{key}");
+            assert_eq!(key.len(), 36);
+        }
+    }
+
+    #[test]
+    fn the_default_key_values_are_distinct_and_well_formed() {
+        for (format, len) in [(KeyFormat::Quoted, 38), (KeyFormat::Token, 36)] {
+            let keys = IdempotencyKeys::builder().format(format).build().unwrap();
+            let a = keys.new_value().unwrap();
+            let b = keys.new_value().unwrap();
+            assert_ne!(a, b);
+            assert_eq!(a.len(), len);
+            assert!(check_caller_value(&a, format).is_ok(), "{a:?}");
+        }
+    }
+
+    #[test]
     fn standard_fields_are_refused_as_the_key_header() {
         for name in ["content-type", "Authorization", "HOST", "retry-after"] {
             let err = IdempotencyKeys::builder()

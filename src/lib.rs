@@ -62,9 +62,11 @@
 //! - **`Retry-After`** on a retryable response, in seconds or as an HTTP-date (read against the
 //!   clock's wall time), is a floor: the next attempt never starts earlier than the server asked.
 //!   The backoff draw is added above it, so clients that got the same header do not return as
-//!   one herd. A server asking for more than [`RetryPolicyBuilder::max_retry_after`] [60 s], or
-//!   for more than the deadline leaves, gets its response returned at once. Values that are not
-//!   valid are ignored (the backoff applies); a date in the past means no floor.
+//!   one herd. A server asking for more than [`RetryPolicyBuilder::max_retry_after`] [the
+//!   deadline], or for more than the deadline leaves, gets its response returned at once; so does
+//!   one asking for more seconds than fit in 64 bits (RFC 9111 reads them as "very large").
+//!   Values that are not valid are ignored (the backoff applies); a date in the past means no
+//!   floor.
 //! - **Budget**: a retry that the [`RetryBudget`] refuses is not made.
 //! - **Deadline**: one logical request, attempts and waits together, takes at most
 //!   [`RetryPolicyBuilder::deadline`] [30 s] on the middleware's clock. Each attempt's timeout is

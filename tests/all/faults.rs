@@ -114,8 +114,11 @@ async fn timeouts_on_every_attempt_surface_as_a_timeout_error() {
 
 #[tokio::test]
 async fn a_shorter_timeout_on_the_request_wins() {
+    // The server would take 5 s; the request's own timeout is 150 ms, the policy's 5 s. The
+    // margin is wide on purpose: under load, a 30 ms timeout could fire before the server had
+    // even read the request, and the count below would miss it.
     let server = RawServer::start(vec![Action::Delay(
-        Duration::from_millis(300),
+        Duration::from_secs(5),
         support::ok("late"),
     )])
     .await;
@@ -124,18 +127,26 @@ async fn a_shorter_timeout_on_the_request_wins() {
     let started = Instant::now();
     let err = client
         .get(server.url("/"))
-        .timeout(Duration::from_millis(30))
+        .timeout(Duration::from_millis(150))
         .send()
         .await
         .unwrap_err();
+    let took = started.elapsed();
 
-    assert!(RetryError::of(&err).unwrap().is_timeout());
+    let retry = RetryError::of(&err).unwrap();
+    assert!(retry.is_timeout(), "{retry}");
+    assert_eq!(retry.attempts(), 3);
+    // Three cuts of 150 ms, not one wait of the policy's 5 s.
+    assert!(took >= Duration::from_millis(450), "{took:?}");
+    assert!(took < Duration::from_secs(3), "{took:?}");
+    // The server reads each request on its own task: give its count a moment (bounded).
+    for _ in 0..100 {
+        if server.requests() == 3 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     assert_eq!(server.requests(), 3);
-    assert!(
-        started.elapsed() < Duration::from_millis(600),
-        "{:?}",
-        started.elapsed()
-    );
 }
 
 #[tokio::test]
