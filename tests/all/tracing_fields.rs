@@ -16,6 +16,19 @@ struct Captured {
     name: String,
     target: String,
     fields: Vec<(String, String)>,
+    /// The thread it was recorded on: each test reads only its own.
+    thread: std::thread::ThreadId,
+}
+
+/// What this thread recorded.
+fn mine(all: &Mutex<Vec<Captured>>) -> Vec<Captured> {
+    let me = std::thread::current().id();
+    all.lock()
+        .unwrap()
+        .iter()
+        .filter(|c| c.thread == me)
+        .cloned()
+        .collect()
 }
 
 impl Captured {
@@ -68,6 +81,7 @@ impl Subscriber for Capture {
             name: span.metadata().name().to_owned(),
             target: span.metadata().target().to_owned(),
             fields,
+            thread: std::thread::current().id(),
         });
         Id::from_u64(self.next_id.fetch_add(1, Ordering::SeqCst) + 1)
     }
@@ -87,6 +101,7 @@ impl Subscriber for Capture {
             name: message,
             target: event.metadata().target().to_owned(),
             fields,
+            thread: std::thread::current().id(),
         });
     }
 
@@ -133,7 +148,7 @@ async fn a_retried_request_emits_the_documented_span_and_events() {
         .unwrap();
 
     CAPTURING.with(|c| c.set(false));
-    let spans = capture.spans.lock().unwrap().clone();
+    let spans = mine(&capture.spans);
     assert_eq!(spans.len(), 1);
     let span = &spans[0];
     assert_eq!(span.name, "reqwest_safe_retry.request");
@@ -144,7 +159,7 @@ async fn a_retried_request_emits_the_documented_span_and_events() {
     // The path, never the query: query strings often carry secrets.
     assert_eq!(span.field("path"), Some("/items"));
 
-    let events = capture.events.lock().unwrap().clone();
+    let events = mine(&capture.events);
     let names: Vec<&str> = events.iter().map(|e| e.name.as_str()).collect();
     assert_eq!(
         names,
@@ -165,4 +180,67 @@ async fn a_retried_request_emits_the_documented_span_and_events() {
     assert_eq!(stop.field("reason"), Some("succeeded"));
     assert_eq!(stop.field("waited_ms"), Some("100"));
     assert!(events.iter().all(|e| e.target == "reqwest_safe_retry"));
+}
+
+/// The `error` field's documented values, in the events and in the observer alike: a refused
+/// port is `connect` (and retried), another middleware's error is `permanent` (and final).
+#[tokio::test(flavor = "current_thread")]
+async fn failed_attempts_name_their_error_kind_in_events_and_the_observer() {
+    let capture = capture();
+    CAPTURING.with(|c| c.set(true));
+    let seen: Arc<Mutex<Vec<(u32, Option<String>, Option<String>)>>> = Arc::default();
+    let observer = {
+        let seen = seen.clone();
+        move |event: &reqwest_safe_retry::RetryEvent<'_>| {
+            seen.lock().unwrap().push((
+                event.attempt,
+                event.error.map(str::to_owned),
+                event.stop.map(|s| s.as_str().to_owned()),
+            ));
+        }
+    };
+    let client = ClientBuilder::new(reqwest::Client::new())
+        .with(
+            RetryMiddleware::new(RetryPolicy::builder().max_attempts(2).build().unwrap())
+                .with_clock(FakeClock::new())
+                .with_observer(observer),
+        )
+        .build();
+
+    let refused = crate::support::refused_url().await;
+    client.get(refused).send().await.unwrap_err();
+
+    CAPTURING.with(|c| c.set(false));
+    let events = mine(&capture.events);
+    let attempts: Vec<_> = events
+        .iter()
+        .filter(|e| e.name == "attempt finished")
+        .map(|e| {
+            (
+                e.field("error").map(str::to_owned),
+                e.field("decision").map(str::to_owned),
+            )
+        })
+        .collect();
+    assert_eq!(
+        attempts,
+        [
+            (Some("connect".to_owned()), Some("connect".to_owned())),
+            (
+                Some("connect".to_owned()),
+                Some("attempts_exhausted".to_owned())
+            ),
+        ]
+    );
+    assert_eq!(
+        *seen.lock().unwrap(),
+        [
+            (1, Some("connect".to_owned()), None),
+            (
+                2,
+                Some("connect".to_owned()),
+                Some("attempts_exhausted".to_owned())
+            ),
+        ]
+    );
 }
