@@ -110,6 +110,22 @@ fn transient() -> Observed<'static> {
     }
 }
 
+/// A transient failure whose answer carried this `Retry-After`.
+fn asking(retry_after: &HeaderValue) -> Observed<'_> {
+    Observed {
+        retry_after: Some(retry_after),
+        ..transient()
+    }
+}
+
+/// A transient failure whose request cannot be sent again.
+fn not_resendable() -> Observed<'static> {
+    Observed {
+        can_resend: false,
+        ..transient()
+    }
+}
+
 fn final_(stop: StopReason, answered: bool) -> Observed<'static> {
     Observed {
         verdict: Verdict::Final(stop),
@@ -286,14 +302,7 @@ fn retries_disabled_stops_a_transient_failure_and_nothing_else() {
     let mut d = s.decider(true);
     assert!(!d.may_retry_after_next(), "no copy needed");
     begin(&mut d, &s.time);
-    let next = d.after_attempt(
-        Observed {
-            can_resend: false,
-            ..transient()
-        },
-        &s.time,
-        TOP,
-    );
+    let next = d.after_attempt(not_resendable(), &s.time, TOP);
     assert_eq!(next, Wait::Stop(StopReason::RetriesDisabled));
     let mut d = s.decider(true);
     begin(&mut d, &s.time);
@@ -314,14 +323,7 @@ fn attempts_exhausted_comes_before_a_body_that_cannot_be_resent_and_the_deadline
     d.after_attempt(transient(), &s.time, TOP);
     begin(&mut d, &s.time);
     s.time.advance(secs(5));
-    let next = d.after_attempt(
-        Observed {
-            can_resend: false,
-            ..transient()
-        },
-        &s.time,
-        TOP,
-    );
+    let next = d.after_attempt(not_resendable(), &s.time, TOP);
     assert_eq!(next, Wait::Stop(StopReason::AttemptsExhausted));
     assert_eq!(s.counts().deadline_stops, 0);
 }
@@ -335,14 +337,7 @@ fn a_body_that_cannot_be_resent_comes_before_the_deadline_and_costs_no_token() {
     let mut d = s.decider(false);
     begin(&mut d, &s.time);
     s.time.advance(secs(5));
-    let next = d.after_attempt(
-        Observed {
-            can_resend: false,
-            ..transient()
-        },
-        &s.time,
-        TOP,
-    );
+    let next = d.after_attempt(not_resendable(), &s.time, TOP);
     assert_eq!(next, Wait::Stop(StopReason::BodyNotCloneable));
     assert_eq!(s.balance(), 10_000);
     assert_eq!(s.counts().deadline_stops, 0);
@@ -358,14 +353,7 @@ fn a_deadline_already_reached_comes_before_retry_after_and_the_budget() {
     let mut d = s.decider(false);
     begin(&mut d, &s.time);
     s.time.advance(secs(1));
-    let next = d.after_attempt(
-        Observed {
-            retry_after: Some(&long),
-            ..transient()
-        },
-        &s.time,
-        TOP,
-    );
+    let next = d.after_attempt(asking(&long), &s.time, TOP);
     assert_eq!(next, Wait::Stop(StopReason::DeadlineReached));
     let counts = s.counts();
     assert_eq!((counts.deadline_stops, counts.budget_refusals), (1, 0));
@@ -382,14 +370,7 @@ fn a_retry_after_too_long_comes_before_the_budget_and_costs_no_token() {
         let header = HeaderValue::from_static(value);
         let mut d = s.decider(false);
         begin(&mut d, &s.time);
-        let next = d.after_attempt(
-            Observed {
-                retry_after: Some(&header),
-                ..transient()
-            },
-            &s.time,
-            TOP,
-        );
+        let next = d.after_attempt(asking(&header), &s.time, TOP);
         assert_eq!(next, Wait::Stop(StopReason::RetryAfterTooLong), "{value}");
     }
     let counts = s.counts();
@@ -502,14 +483,7 @@ fn a_retry_after_floor_is_honoured_and_counted_when_the_retry_starts() {
     let header = HeaderValue::from_static("7");
     let mut d = s.decider(false);
     begin(&mut d, &s.time);
-    let next = d.after_attempt(
-        Observed {
-            retry_after: Some(&header),
-            ..transient()
-        },
-        &s.time,
-        TOP,
-    );
+    let next = d.after_attempt(asking(&header), &s.time, TOP);
     assert_eq!(next, Wait::Sleep(secs(7) + 100 * MS));
     assert_eq!(s.counts().retry_after_honoured, 0);
     begin(&mut d, &s.time);
@@ -522,14 +496,7 @@ fn an_invalid_retry_after_falls_back_to_the_backoff() {
     let header = HeaderValue::from_static("soon");
     let mut d = s.decider(false);
     begin(&mut d, &s.time);
-    let next = d.after_attempt(
-        Observed {
-            retry_after: Some(&header),
-            ..transient()
-        },
-        &s.time,
-        TOP,
-    );
+    let next = d.after_attempt(asking(&header), &s.time, TOP);
     assert_eq!(next, Wait::Sleep(100 * MS));
     begin(&mut d, &s.time);
     assert_eq!(s.counts().retry_after_honoured, 0);

@@ -25,15 +25,16 @@ use reqwest_safe_retry::{
 
 const SCRIPTS: u64 = 10_000;
 
-struct Gen(u64);
+/// The script generator: the crate's own seeded source, a public SplitMix64.
+struct Gen(SeededRng);
 
 impl Gen {
+    fn new(seed: u64) -> Gen {
+        Gen(SeededRng::new(seed))
+    }
+
     fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
+        reqwest_safe_retry::Rng::next_u64(&self.0)
     }
 
     fn upto(&mut self, n: u64) -> u64 {
@@ -132,7 +133,7 @@ struct Outcome {
 }
 
 fn run(seed: u64, http: &reqwest::Client) -> (Outcome, u32) {
-    let mut g = Gen(seed);
+    let mut g = Gen::new(seed);
     let clock = FakeClock::new();
     let layers = 1 + g.upto(2) as usize;
     let mut outer_max = 0;
