@@ -605,6 +605,41 @@ mod tests {
     }
 
     #[test]
+    fn the_floor_counts_from_its_last_mark_and_carries_the_fraction_exactly() {
+        // 0.007 tokens (7 milli-tokens) a second: 1.1 s earn 7, the 0.1 s left carries over.
+        let budget = RetryBudget::builder()
+            .floor_per_sec(0.007)
+            .initial(0.0)
+            .build()
+            .unwrap();
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        budget.inner.refill(t0);
+        assert_eq!(budget.balance_milli(), 0, "the first reading is the origin");
+        budget.inner.refill(at(1_100));
+        assert_eq!(budget.balance_milli(), 7);
+        // 1.0 s since the mark (0.1 s carried + 0.9 s): 7 more, not 14.
+        budget.inner.refill(at(2_000));
+        assert_eq!(budget.balance_milli(), 14);
+        // 1.9 s since the mark: 13.3, so 13.
+        budget.inner.refill(at(3_900));
+        assert_eq!(budget.balance_milli(), 27);
+        // An earlier reading earns nothing and moves nothing.
+        budget.inner.refill(at(1_000));
+        assert_eq!(budget.balance_milli(), 27);
+    }
+
+    #[test]
+    fn its_debug_shows_the_balance_and_the_counts() {
+        let budget = no_floor().capacity(4.0).build().unwrap();
+        assert!(budget.try_withdraw(RetryKind::Other, Instant::now()).is_some());
+        assert_eq!(
+            format!("{budget:?}"),
+            "RetryBudget { balance: 3.0, capacity: 4.0, retries: 1, refusals: 0 }"
+        );
+    }
+
+    #[test]
     fn aws_like_costs_depend_on_the_failure_and_success_refunds() {
         let budget = RetryBudget::aws_like();
         let now = Instant::now();

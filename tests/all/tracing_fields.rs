@@ -188,7 +188,9 @@ async fn a_retried_request_emits_the_documented_span_and_events() {
 async fn failed_attempts_name_their_error_kind_in_events_and_the_observer() {
     let capture = capture();
     CAPTURING.with(|c| c.set(true));
-    let seen: Arc<Mutex<Vec<(u32, Option<String>, Option<String>)>>> = Arc::default();
+    /// Per call: the attempt, its error kind, its stop reason.
+    type Seen = Vec<(u32, Option<String>, Option<String>)>;
+    let seen: Arc<Mutex<Seen>> = Arc::default();
     let observer = {
         let seen = seen.clone();
         move |event: &reqwest_safe_retry::RetryEvent<'_>| {
