@@ -632,7 +632,11 @@ mod tests {
     #[test]
     fn its_debug_shows_the_balance_and_the_counts() {
         let budget = no_floor().capacity(4.0).build().unwrap();
-        assert!(budget.try_withdraw(RetryKind::Other, Instant::now()).is_some());
+        assert!(
+            budget
+                .try_withdraw(RetryKind::Other, Instant::now())
+                .is_some()
+        );
         assert_eq!(
             format!("{budget:?}"),
             "RetryBudget { balance: 3.0, capacity: 4.0, retries: 1, refusals: 0 }"

@@ -123,3 +123,44 @@ async fn a_retry_error_strips_its_own_url() {
     assert_eq!(retry.url(), None);
     assert!(!retry.to_string().contains("k=v"), "{retry}");
 }
+
+/// Turns every response into reqwest's status error, as a middleware calling
+/// `error_for_status` would.
+#[derive(Debug)]
+struct StatusAsError;
+
+#[async_trait::async_trait]
+impl reqwest_middleware::Middleware for StatusAsError {
+    async fn handle(
+        &self,
+        request: reqwest::Request,
+        extensions: &mut http::Extensions,
+        next: reqwest_middleware::Next<'_>,
+    ) -> reqwest_middleware::Result<reqwest::Response> {
+        let response = next.run(request, extensions).await?;
+        Ok(response.error_for_status()?)
+    }
+}
+
+#[tokio::test]
+async fn a_status_error_from_further_in_is_final_and_keeps_its_status() {
+    let server = support::always(503).await;
+    let client = ClientBuilder::new(reqwest::Client::new())
+        .with(
+            RetryMiddleware::new(support::policy())
+                .with_clock(reqwest_safe_retry::FakeClock::new()),
+        )
+        .with(StatusAsError)
+        .build();
+
+    let err = client.get(server.uri()).send().await.unwrap_err();
+
+    let retry = RetryError::of(&err).unwrap();
+    assert_eq!(
+        retry.status(),
+        Some(reqwest::StatusCode::SERVICE_UNAVAILABLE)
+    );
+    assert_eq!(err.last_status(), retry.status());
+    assert_eq!(retry.stop_reason(), StopReason::NotRetryable);
+    assert_eq!(server.received_requests().await.unwrap().len(), 1);
+}
