@@ -730,6 +730,29 @@ mod tests {
     }
 
     #[test]
+    fn amounts_at_the_ends_of_their_ranges_are_accepted() {
+        let smallest = RetryBudget::builder()
+            .capacity(0.001)
+            .retry_cost(0.001)
+            .timeout_cost(0.001)
+            .throttled_cost(0.001)
+            .deposit_ratio(1.0)
+            .initial(0.0)
+            .floor_per_sec(0.0)
+            .build()
+            .unwrap();
+        assert_eq!(smallest.inner.config.retry_cost, 1);
+        assert_eq!(smallest.inner.config.deposit, 1);
+        let largest = RetryBudget::builder()
+            .capacity(1e12)
+            .retry_cost(1e12)
+            .floor_per_sec(1e12)
+            .build()
+            .unwrap();
+        assert_eq!(largest.balance_milli(), 1_000_000_000_000_000);
+    }
+
+    #[test]
     fn the_deposit_ratio_applies_to_the_retry_cost_whatever_the_order() {
         let a = RetryBudget::builder()
             .deposit_ratio(0.1)
