@@ -267,9 +267,11 @@ mod tests {
         let set = |s: StatusCode| [429, 503].contains(&s.as_u16());
         let status = |code| StatusCode::from_u16(code).unwrap();
         let cases = [
-            // (status, repeatable, keyed, verdict)
+            // (status, repeatable, keyed, verdict); 399 and 400 are the edge of success.
             (200, true, false, Verdict::Final(StopReason::Succeeded)),
             (304, false, false, Verdict::Final(StopReason::Succeeded)),
+            (399, true, false, Verdict::Final(StopReason::Succeeded)),
+            (400, true, false, Verdict::Final(StopReason::NotRetryable)),
             (404, true, true, Verdict::Final(StopReason::NotRetryable)),
             (500, true, true, Verdict::Final(StopReason::NotRetryable)),
             (
