@@ -555,11 +555,24 @@ mod fake {
         #[test]
         fn huge_sleeps_saturate_instead_of_panicking() {
             let clock = FakeClock::new();
+            let start = clock.now();
             drop(clock.sleep(Duration::MAX));
             drop(clock.sleep(Duration::MAX));
             assert_eq!(clock.elapsed(), Duration::MAX);
             assert_eq!(clock.total_slept(), Duration::MAX);
-            let _ = clock.now();
+            // Monotonic time stops a century in, where an `Instant` still has room.
+            let century = Duration::from_secs(100 * 365 * 24 * 3600);
+            assert_eq!(clock.now() - start, century);
+        }
+
+        #[test]
+        fn clearing_the_record_keeps_the_time() {
+            let clock = FakeClock::new();
+            drop(clock.sleep(Duration::from_secs(2)));
+            clock.clear_sleeps();
+            assert!(clock.sleeps().is_empty());
+            assert_eq!(clock.total_slept(), Duration::ZERO);
+            assert_eq!(clock.elapsed(), Duration::from_secs(2));
         }
     }
 }
@@ -604,6 +617,37 @@ mod tests {
             "{:?}",
             real.elapsed()
         );
+    }
+
+    #[tokio::test]
+    async fn a_clock_paused_late_waits_only_the_real_time_that_is_left() {
+        let real = Instant::now();
+        let timeout = TokioTimeout::new(Duration::from_millis(200));
+        // 100 ms of real time pass before the pause; then auto-advance fires tokio's timer.
+        std::thread::sleep(Duration::from_millis(100));
+        tokio::time::pause();
+        timeout.expire().await;
+        let took = real.elapsed();
+        assert!(took >= Duration::from_millis(199), "{took:?}");
+        // The 100 ms left, not the whole 200 ms again (which would end at 300 ms or later).
+        assert!(took < Duration::from_millis(290), "{took:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_dropped_real_time_timer_lets_tokio_auto_advance_again() {
+        let timeout = TokioTimeout::new(Duration::from_secs(30));
+        assert!(matches!(timeout, TokioTimeout::Real(_)));
+        drop(timeout);
+        // While a blocking task runs, tokio does not auto-advance: a timer that outlived its
+        // drop would hold this 1 s virtual sleep for its 30 s of real time.
+        let real = Instant::now();
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert!(real.elapsed() < Duration::from_secs(5), "{:?}", real.elapsed());
+    }
+
+    #[test]
+    fn the_stored_clock_debugs_without_the_user_s_type() {
+        assert_eq!(format!("{:?}", SharedClock::new(TokioClock::new())), "Clock");
     }
 
     #[test]

@@ -187,6 +187,21 @@ mod tests {
     }
 
     #[test]
+    fn a_dependency_gives_back_what_it_was_built_with() {
+        let policy = RetryPolicy::builder().max_attempts(5).build().unwrap();
+        let budget = RetryBudget::aws_like();
+        let counters = RetryCounters::new();
+        let dependency = Dependency::new("payments", policy)
+            .with_budget(budget.clone())
+            .with_counters(counters.clone());
+        assert_eq!(dependency.name(), "payments");
+        assert_eq!(*dependency.policy(), policy);
+        assert!(dependency.budget().unwrap().same_bucket(&budget));
+        assert!(dependency.without_budget().budget().is_none());
+        assert!(Dependency::new("x", policy).budget().is_some(), "a budget of its own");
+    }
+
+    #[test]
     fn a_host_matches_any_port_and_any_case() {
         let m = HostMatch::parse("API.example.com").unwrap();
         assert!(m.matches(&url("http://api.example.com/x")));
