@@ -642,12 +642,19 @@ mod tests {
         // drop would hold this 1 s virtual sleep for its 30 s of real time.
         let real = Instant::now();
         tokio::time::sleep(Duration::from_secs(1)).await;
-        assert!(real.elapsed() < Duration::from_secs(5), "{:?}", real.elapsed());
+        assert!(
+            real.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            real.elapsed()
+        );
     }
 
     #[test]
     fn the_stored_clock_debugs_without_the_user_s_type() {
-        assert_eq!(format!("{:?}", SharedClock::new(TokioClock::new())), "Clock");
+        assert_eq!(
+            format!("{:?}", SharedClock::new(TokioClock::new())),
+            "Clock"
+        );
     }
 
     #[test]

@@ -197,8 +197,17 @@ mod tests {
         assert_eq!(dependency.name(), "payments");
         assert_eq!(*dependency.policy(), policy);
         assert!(dependency.budget().unwrap().same_bucket(&budget));
+        counters.add(crate::observe::Count::Request, &MetricKeys::new("payments"));
+        assert_eq!(
+            dependency.counters().snapshot().requests,
+            1,
+            "the same counters"
+        );
         assert!(dependency.without_budget().budget().is_none());
-        assert!(Dependency::new("x", policy).budget().is_some(), "a budget of its own");
+        assert!(
+            Dependency::new("x", policy).budget().is_some(),
+            "a budget of its own"
+        );
     }
 
     #[test]
@@ -253,6 +262,18 @@ mod tests {
             (
                 "",
                 "\"\" is not a host: write a name or address such as \"api.example.com\", \"127.0.0.1:8080\" or \"[::1]:8080\"",
+            ),
+            (
+                "[::1",
+                "\"[::1\" is not a host: write a name or address such as \"api.example.com\", \"127.0.0.1:8080\" or \"[::1]:8080\"",
+            ),
+            (
+                "[",
+                "\"[\" is not a host: write a name or address such as \"api.example.com\", \"127.0.0.1:8080\" or \"[::1]:8080\"",
+            ),
+            (
+                "[]",
+                "\"[]\" is not a host: write a name or address such as \"api.example.com\", \"127.0.0.1:8080\" or \"[::1]:8080\"",
             ),
             (
                 "[zz]:80",
