@@ -82,7 +82,9 @@ pub trait Clock: Send + Sync + 'static {
 ///
 /// It needs tokio's time driver (`enable_time()` or `enable_all()` on the runtime builder); on a
 /// runtime without one the middleware fails each request, before sending it, with an error that
-/// says so.
+/// says so. tokio reports a missing driver only by panicking, and the middleware catches that
+/// panic; in a program built with `panic = "abort"` it cannot, and the process aborts as tokio
+/// would have made it.
 #[derive(Debug, Clone, Copy, Default)]
 #[non_exhaustive]
 pub struct TokioClock;
