@@ -623,6 +623,27 @@ mod tests {
     }
 
     #[test]
+    fn keys_and_their_builder_debug_without_the_source() {
+        let builder = IdempotencyKeys::builder()
+            .format(KeyFormat::Token)
+            .stamp_methods([Method::POST])
+            .key_source(|| "k".to_owned());
+        assert_eq!(
+            format!("{builder:?}"),
+            "IdempotencyKeysBuilder { header: \"idempotency-key\", format: Token, \
+             methods: [POST], custom_source: true }"
+        );
+        let keys = builder.build().unwrap();
+        assert_eq!(keys.format(), KeyFormat::Token);
+        assert!(keys.stamps(&Method::POST) && !keys.stamps(&Method::PATCH));
+        assert_eq!(
+            format!("{keys:?}"),
+            "IdempotencyKeys { header: \"idempotency-key\", format: Token, methods: [POST], \
+             source: \"custom\" }"
+        );
+    }
+
+    #[test]
     fn uuid_keys_are_distinct_version_4_uuids() {
         let keys = UuidKeys::new();
         let drawn: Vec<String> = (0..100).map(|_| keys.next_key()).collect();

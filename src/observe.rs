@@ -239,5 +239,10 @@ mod tests {
         assert_eq!(snap.requests, 1);
         assert_eq!(snap.keys_stamped, 1);
         assert_eq!(snap.retries, 0);
+        assert_eq!(
+            format!("{counters:?}"),
+            "CounterSnapshot { requests: 1, attempts: 3, retries: 0, budget_refusals: 0, \
+             deadline_stops: 0, retry_after_honoured: 0, keys_stamped: 1 }"
+        );
     }
 }

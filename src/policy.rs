@@ -414,6 +414,19 @@ mod tests {
     }
 
     #[test]
+    fn its_debug_names_every_setting() {
+        let p = RetryPolicy::builder().buffer_body(1024).build().unwrap();
+        assert_eq!(p.buffer_body_limit(), Some(1024));
+        assert_eq!(
+            format!("{p:?}"),
+            "RetryPolicy { max_attempts: 3, base_delay: 100ms, max_delay: 10s, \
+             attempt_timeout: 10s, deadline: 30s, max_retry_after: 30s, \
+             retry_after_jitter: true, retryable_statuses: {429, 502, 503, 504}, \
+             buffer_body: Some(1024) }"
+        );
+    }
+
+    #[test]
     fn zero_attempts_is_rejected_with_what_to_change() {
         let err = RetryPolicy::builder().max_attempts(0).build().unwrap_err();
         assert_eq!(
