@@ -496,6 +496,7 @@ mod tests {
         }
         let one_ms = RetryPolicy::builder()
             .deadline(Duration::from_millis(1))
+            .attempt_timeout(Duration::from_millis(1))
             .base_delay(Duration::ZERO)
             .build();
         assert!(one_ms.is_ok(), "{one_ms:?}");

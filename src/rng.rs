@@ -124,6 +124,24 @@ impl fmt::Debug for SharedRng {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn seeded_rng_is_splitmix64() {
+        // The reference generator's first output for seed 0 (Vigna's splitmix64.c).
+        assert_eq!(SeededRng::new(0).next_u64(), 0xe220_a839_7b1d_cdaf);
+    }
+
+    #[test]
+    fn thread_rng_draws_differ() {
+        let rng = ThreadRng::new();
+        let draws: Vec<u64> = (0..8).map(|_| rng.next_u64()).collect();
+        let mut distinct = draws.clone();
+        distinct.sort_unstable();
+        distinct.dedup();
+        // Eight equal 64-bit draws from a seeded CSPRNG do not happen.
+        assert!(distinct.len() > 1, "{draws:?}");
+        assert!(draws.iter().any(|&d| d > 1), "{draws:?}");
+    }
+
     use super::*;
 
     #[test]
