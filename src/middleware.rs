@@ -537,3 +537,27 @@ const TARGET: &str = "reqwest_safe_retry";
 
 /// The header a server following the Stripe convention sets on a replayed response.
 const REPLAYED: http::HeaderName = http::HeaderName::from_static("idempotent-replayed");
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_middleware_gives_back_its_default_dependency_s_parts() {
+        let policy = RetryPolicy::builder().max_attempts(5).build().unwrap();
+        let budget = RetryBudget::aws_like();
+        let middleware = RetryMiddleware::new(policy).with_budget(budget.clone());
+        assert_eq!(*middleware.policy(), policy);
+        assert!(middleware.budget().unwrap().same_bucket(&budget));
+        assert!(middleware.clone().without_budget().budget().is_none());
+        let counters = middleware.counters().clone();
+        counters.add(Count::Request, &middleware.default.metric_keys);
+        assert_eq!(middleware.counters().snapshot().requests, 1);
+        let url = reqwest::Url::parse("http://unrouted.example/").unwrap();
+        assert_eq!(middleware.dependency_for(&url).name(), "default");
+        let observed = middleware.with_observer(|_: &RetryEvent<'_>| {});
+        let debug = format!("{observed:?}");
+        assert!(debug.contains("observer: Some(RetryObserver)"), "{debug}");
+        assert!(debug.contains("clock: Clock"), "{debug}");
+    }
+}
