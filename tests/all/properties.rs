@@ -194,7 +194,8 @@ fn run(settings: &Settings, steps: Vec<Step>) -> (Vec<Seen>, Vec<Duration>, Dura
         .max_retry_after(settings.max_retry_after)
         .build()
         .unwrap();
-    let client = ClientBuilder::new(reqwest::Client::new())
+    let http = HTTP.with(Clone::clone);
+    let client = ClientBuilder::new(http)
         .with(
             RetryMiddleware::new(policy)
                 .with_clock(clock.clone())
@@ -219,6 +220,9 @@ fn run(settings: &Settings, steps: Vec<Step>) -> (Vec<Seen>, Vec<Duration>, Dura
 }
 
 thread_local! {
+    // One reqwest client per thread, cloned per case: building one can cost milliseconds (with
+    // a TLS backend, it loads the system's root certificates), ten thousand times over.
+    static HTTP: reqwest::Client = reqwest::Client::new();
     // Timers on: the middleware enforces each attempt's timeout on tokio's timer.
     static RUNTIME: tokio::runtime::Runtime = tokio::runtime::Builder::new_current_thread()
         .enable_time()
