@@ -318,10 +318,10 @@ impl RetryMiddleware {
                     );
                     !matches!(verdict, Verdict::Transient(..))
                 };
-                if let (Some(buffer), Ok(true)) = (
-                    policy.buffer_body_limit(),
-                    outcome.as_ref().map(worth_reading),
-                ) {
+                let buffer = policy
+                    .buffer_body_limit()
+                    .filter(|_| outcome.as_ref().is_ok_and(worth_reading));
+                if let Some(buffer) = buffer {
                     if let Ok(response) = outcome {
                         // Boxed: the reading state is large, and most requests never need it.
                         let reading = Box::pin(body::buffer(response, buffer));
