@@ -90,6 +90,10 @@ pub(crate) enum Fault {
     Incomplete,
     /// The server said it did not process the request: an HTTP/2 stream refused with
     /// REFUSED_STREAM, or above the last stream id of a graceful GOAWAY (feature `http2`).
+    #[cfg_attr(
+        not(feature = "http2"),
+        expect(dead_code, reason = "only the HTTP/2 classifier can tell")
+    )]
     NotProcessed,
 }
 

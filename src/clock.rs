@@ -115,63 +115,83 @@ impl Clock for TokioClock {
     }
 
     fn timeout(&self, duration: Duration) -> Sleep {
-        Box::pin(TokioTimeout::new(duration).expire())
+        Box::pin(TokioTimeout::new(duration, None))
     }
 }
 
-/// [`TokioClock`]'s per-attempt timeout, made eagerly (so a missing time driver shows at once)
-/// and awaited through [`expire`](Self::expire). The middleware keeps it inline in its own
-/// future: no allocation.
-pub(crate) enum TokioTimeout {
-    /// tokio's clock runs: its timer, checked against real time when it fires.
-    Tokio {
-        sleep: tokio::time::Sleep,
-        real_start: Instant,
-        duration: Duration,
-    },
-    /// tokio's clock is paused: real time, on a helper thread.
-    Real(RealTimer),
+pin_project_lite::pin_project! {
+    /// [`TokioClock`]'s per-attempt timeout, made eagerly (so a missing time driver shows at
+    /// once) and polled in place: the middleware keeps it inline in its own future, with no
+    /// allocation and no future nested in another.
+    #[project = TokioTimeoutProj]
+    pub(crate) enum TokioTimeout {
+        /// tokio's clock runs: its timer, checked against real time when it fires.
+        Tokio {
+            #[pin]
+            sleep: tokio::time::Sleep,
+            real_start: Instant,
+            duration: Duration,
+        },
+        /// tokio's clock is paused: real time, on a helper thread.
+        Real { timer: RealTimer },
+    }
 }
 
 impl TokioTimeout {
     /// Arms a timeout of `duration`. Panics, as tokio does, on a runtime without a time driver.
-    pub(crate) fn new(duration: Duration) -> TokioTimeout {
+    ///
+    /// `read` is a reading of [`TokioClock`] taken earlier in the same poll, if there is one.
+    pub(crate) fn new(duration: Duration, read: Option<Instant>) -> TokioTimeout {
         // A paused clock cannot move while this code runs: it moves only when the runtime
         // parks. A running one (tokio's `now` is then the real `now`) ticks between two
         // readings, at nanosecond resolution. A coarse clock that read the same twice would
         // only send this timeout to the real-time timer, which is right either way.
-        let first = tokio::time::Instant::now();
+        let first = read.map_or_else(tokio::time::Instant::now, tokio::time::Instant::from_std);
         let second = tokio::time::Instant::now();
         if first == second {
-            return TokioTimeout::Real(RealTimer::start(duration));
+            return TokioTimeout::Real {
+                timer: RealTimer::start(duration),
+            };
         }
-        let real_start = second.into_std();
         TokioTimeout::Tokio {
-            sleep: tokio::time::sleep(duration),
-            real_start,
+            // The deadline from the reading just made, rather than a third one.
+            sleep: match second.checked_add(duration) {
+                Some(deadline) => tokio::time::sleep_until(deadline),
+                None => tokio::time::sleep(duration),
+            },
+            real_start: second.into_std(),
             duration,
         }
     }
+}
 
-    /// Completes when the timeout has passed.
-    pub(crate) async fn expire(self) {
-        match self {
-            TokioTimeout::Tokio {
+impl Future for TokioTimeout {
+    type Output = ();
+
+    /// Ready when the timeout has passed.
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let left = match self.as_mut().project() {
+            TokioTimeoutProj::Tokio {
                 sleep,
                 real_start,
                 duration,
             } => {
-                sleep.await;
+                std::task::ready!(sleep.poll(cx));
                 // tokio rounds deadlines up to its millisecond tick; a timer that fired more
                 // than a tick early was advanced by a clock paused after it was armed, not by
                 // time.
                 let real = real_start.elapsed();
-                if real + Duration::from_millis(1) < duration {
-                    RealTimer::start(duration - real).await;
+                if real + Duration::from_millis(1) >= *duration {
+                    return Poll::Ready(());
                 }
+                *duration - real
             }
-            TokioTimeout::Real(timer) => timer.await,
-        }
+            TokioTimeoutProj::Real { timer } => return Pin::new(timer).poll(cx),
+        };
+        self.set(TokioTimeout::Real {
+            timer: RealTimer::start(left),
+        });
+        self.poll(cx)
     }
 }
 
@@ -253,28 +273,45 @@ impl SharedClock {
     /// The per-attempt timeout. On a [`TokioClock`] in a runtime without a time driver, tokio
     /// panics when a timer is made; that panic is caught here and becomes an error, so the
     /// first attempt's timer is also the check, at no cost to a runtime that has the driver.
-    pub(crate) fn timeout(&self, duration: Duration) -> Result<AttemptTimer, TimerUnavailable> {
+    ///
+    /// `read` is a reading of this clock taken earlier in the same poll, if there is one: a
+    /// tokio clock then needs one reading fewer to tell whether it is paused.
+    pub(crate) fn timeout(
+        &self,
+        duration: Duration,
+        read: Option<Instant>,
+    ) -> Result<AttemptTimer, TimerUnavailable> {
         if !self.tokio {
-            return Ok(AttemptTimer::Boxed(self.clock.timeout(duration)));
+            return Ok(AttemptTimer::Boxed {
+                sleep: self.clock.timeout(duration),
+            });
         }
-        std::panic::catch_unwind(|| TokioTimeout::new(duration))
-            .map(AttemptTimer::Tokio)
+        std::panic::catch_unwind(|| TokioTimeout::new(duration, read))
+            .map(|timeout| AttemptTimer::Tokio { timeout })
             .map_err(|_| TimerUnavailable)
     }
 }
 
-/// A per-attempt timeout as the middleware holds it: tokio's inline, any other clock's boxed.
-pub(crate) enum AttemptTimer {
-    Tokio(TokioTimeout),
-    Boxed(Sleep),
+pin_project_lite::pin_project! {
+    /// A per-attempt timeout as the middleware holds it: tokio's inline, any other clock's
+    /// boxed. Ready when the timeout has passed.
+    #[project = AttemptTimerProj]
+    pub(crate) enum AttemptTimer {
+        Tokio {
+            #[pin]
+            timeout: TokioTimeout,
+        },
+        Boxed { sleep: Sleep },
+    }
 }
 
-impl AttemptTimer {
-    /// Completes when the timeout has passed.
-    pub(crate) async fn expire(self) {
-        match self {
-            AttemptTimer::Tokio(timeout) => timeout.expire().await,
-            AttemptTimer::Boxed(sleep) => sleep.await,
+impl Future for AttemptTimer {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        match self.project() {
+            AttemptTimerProj::Tokio { timeout } => timeout.poll(cx),
+            AttemptTimerProj::Boxed { sleep } => sleep.as_mut().poll(cx),
         }
     }
 }
@@ -586,18 +623,18 @@ mod tests {
     #[tokio::test]
     async fn a_running_tokio_clock_times_attempts_on_tokio_s_timer() {
         let started = Instant::now();
-        let timeout = TokioTimeout::new(Duration::from_millis(20));
+        let timeout = TokioTimeout::new(Duration::from_millis(20), None);
         assert!(matches!(timeout, TokioTimeout::Tokio { .. }));
-        timeout.expire().await;
+        timeout.await;
         assert!(started.elapsed() >= Duration::from_millis(20));
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_paused_tokio_clock_times_attempts_in_real_time() {
         let (real, virtual_) = (Instant::now(), tokio::time::Instant::now());
-        let timeout = TokioTimeout::new(Duration::from_millis(30));
-        assert!(matches!(timeout, TokioTimeout::Real(_)));
-        timeout.expire().await;
+        let timeout = TokioTimeout::new(Duration::from_millis(30), None);
+        assert!(matches!(timeout, TokioTimeout::Real { .. }));
+        timeout.await;
         assert!(real.elapsed() >= Duration::from_millis(30));
         assert_eq!(
             virtual_.elapsed(),
@@ -606,14 +643,31 @@ mod tests {
         );
     }
 
+    #[tokio::test(start_paused = true)]
+    async fn an_earlier_reading_of_a_paused_clock_is_enough_to_tell_it_is_paused() {
+        let read = TokioClock.now();
+        let timeout = TokioTimeout::new(Duration::from_millis(5), Some(read));
+        assert!(matches!(timeout, TokioTimeout::Real { .. }));
+    }
+
+    #[tokio::test]
+    async fn an_earlier_reading_of_a_running_clock_is_enough_to_tell_it_runs() {
+        let read = TokioClock.now();
+        let timeout = TokioTimeout::new(Duration::from_millis(5), Some(read));
+        let TokioTimeout::Tokio { real_start, .. } = timeout else {
+            panic!("a running clock timed on the real-time timer");
+        };
+        assert!(real_start > read);
+    }
+
     #[tokio::test]
     async fn a_clock_paused_after_the_timer_was_armed_is_caught_when_it_fires() {
         let real = Instant::now();
-        let timeout = TokioTimeout::new(Duration::from_millis(30));
+        let timeout = TokioTimeout::new(Duration::from_millis(30), None);
         assert!(matches!(timeout, TokioTimeout::Tokio { .. }));
         tokio::time::pause();
         // Auto-advance fires tokio's timer at once; the real remainder is still waited out.
-        timeout.expire().await;
+        timeout.await;
         assert!(
             real.elapsed() >= Duration::from_millis(29),
             "{:?}",
@@ -624,11 +678,11 @@ mod tests {
     #[tokio::test]
     async fn a_clock_paused_late_waits_only_the_real_time_that_is_left() {
         let real = Instant::now();
-        let timeout = TokioTimeout::new(Duration::from_millis(200));
+        let timeout = TokioTimeout::new(Duration::from_millis(200), None);
         // 100 ms of real time pass before the pause; then auto-advance fires tokio's timer.
         std::thread::sleep(Duration::from_millis(100));
         tokio::time::pause();
-        timeout.expire().await;
+        timeout.await;
         let took = real.elapsed();
         assert!(took >= Duration::from_millis(199), "{took:?}");
         // The 100 ms left, not the whole 200 ms again (which would end at 300 ms or later).
@@ -637,8 +691,8 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_dropped_real_time_timer_lets_tokio_auto_advance_again() {
-        let timeout = TokioTimeout::new(Duration::from_secs(30));
-        assert!(matches!(timeout, TokioTimeout::Real(_)));
+        let timeout = TokioTimeout::new(Duration::from_secs(30), None);
+        assert!(matches!(timeout, TokioTimeout::Real { .. }));
         drop(timeout);
         // While a blocking task runs, tokio does not auto-advance: a timer that outlived its
         // drop would hold this 1 s virtual sleep for its 30 s of real time.
@@ -667,7 +721,7 @@ mod tests {
         no_timer.block_on(async {
             let clock = SharedClock::new(TokioClock::new());
             assert!(matches!(
-                clock.timeout(Duration::from_secs(1)),
+                clock.timeout(Duration::from_secs(1), None),
                 Err(TimerUnavailable)
             ));
         });

@@ -127,6 +127,11 @@ impl<'a> Decider<'a> {
         }
     }
 
+    /// When the logical request started, on the clock it was given.
+    pub(crate) fn started(&self) -> Instant {
+        self.started
+    }
+
     /// Attempts started so far.
     pub(crate) fn attempts(&self) -> u32 {
         self.attempt

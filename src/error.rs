@@ -108,10 +108,35 @@ pub struct RetryRecord {
     pub(crate) replayed: bool,
 }
 
+/// The header a server following the Stripe convention sets on a replayed response.
+const REPLAYED: http::HeaderName = http::HeaderName::from_static("idempotent-replayed");
+
 impl RetryRecord {
-    /// The record the middleware attached to `response`, if it passed through one.
-    pub fn of(response: &reqwest::Response) -> Option<&RetryRecord> {
-        response.extensions().get::<RetryRecord>()
+    /// The record of the logical request that gave `response`.
+    ///
+    /// A response that succeeded (a status below 400) at its first attempt, without an
+    /// idempotency key, carries no record: the success path is spared its allocation, and this
+    /// returns what it would have said (1 attempt, [`StopReason::Succeeded`], no wait, no key).
+    /// Every other response from the middleware carries one. `None` for a response of 400 or
+    /// above without a record: it did not pass through the middleware. A success that did not
+    /// pass through it gets the first-attempt record too: it also made one attempt.
+    pub fn of(response: &reqwest::Response) -> Option<RetryRecord> {
+        let mut record = match response.extensions().get::<RetryRecord>() {
+            Some(record) => record.clone(),
+            None if response.status().as_u16() < 400 => RetryRecord {
+                attempts: 1,
+                stop: StopReason::Succeeded,
+                waited: Duration::ZERO,
+                key: None,
+                replayed: false,
+            },
+            None => return None,
+        };
+        record.replayed = response
+            .headers()
+            .get(REPLAYED)
+            .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"true"));
+        Some(record)
     }
 
     /// How many attempts were made, the first included.

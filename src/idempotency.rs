@@ -179,24 +179,13 @@ impl IdempotencyKeys {
     /// copies that every attempt and the record keep cost no further allocation.
     pub(crate) fn new_value(&self) -> Result<HeaderValue, InvalidKey> {
         let Some(source) = &self.source else {
-            // The default: a UUID v4 from the thread-local CSPRNG, formatted on the stack.
-            let uuid = random_uuid();
-            let mut buf = [0u8; 38];
-            let len = match self.format {
-                KeyFormat::Quoted => {
-                    buf[0] = b'"';
-                    uuid.hyphenated().encode_lower(&mut buf[1..37]);
-                    buf[37] = b'"';
-                    38
-                }
-                KeyFormat::Token => {
-                    uuid.hyphenated().encode_lower(&mut buf[..36]);
-                    36
-                }
+            // The default: a UUID v4 from the thread-local CSPRNG, cut from a batch.
+            let value = match self.format {
+                KeyFormat::Quoted => next_batched_key(..),
+                KeyFormat::Token => next_batched_key(1..37),
             };
-            let bytes = Bytes::from_owner(buf).slice(..len);
-            return HeaderValue::from_maybe_shared(bytes).map_err(|_| InvalidKey {
-                key: uuid.to_string(),
+            return HeaderValue::from_maybe_shared(value).map_err(|_| InvalidKey {
+                key: String::new(),
                 format: self.format,
                 rule: BARE_TEXT,
             });
@@ -209,6 +198,55 @@ impl IdempotencyKeys {
             rule: QUOTED_TEXT,
         })
     }
+}
+
+/// How many default keys are made at once.
+const BATCH: usize = 32;
+
+/// A default key's slot in a batch: a quoted UUID, `"` + 36 characters + `"`. The bare form is
+/// the same slot without its quotes.
+const SLOT: usize = 38;
+
+thread_local! {
+    /// Keys made ahead on this thread, and how many of them are still unused.
+    static MADE_AHEAD: std::cell::RefCell<(Bytes, usize)> = const {
+        std::cell::RefCell::new((Bytes::new(), 0))
+    };
+}
+
+/// The `range` of the next default key's slot (`..` quoted, `1..37` bare). Keys are made
+/// [`BATCH`] at a time into one reference-counted buffer, so a key costs no allocation of its
+/// own: every copy of it, on every attempt and in the record, shares the batch. (A key kept
+/// for long keeps its batch's 1.2 kB alive with it.)
+fn next_batched_key(range: impl std::ops::RangeBounds<usize>) -> Bytes {
+    MADE_AHEAD.with_borrow_mut(|(batch, left)| {
+        if *left == 0 {
+            *batch = new_batch();
+            *left = BATCH;
+        }
+        *left -= 1;
+        let start = *left * SLOT;
+        batch.slice(start..start + SLOT).slice(range)
+    })
+}
+
+/// [`BATCH`] quoted UUIDs v4 from the thread-local generator of `rand` (seeded by the operating
+/// system, which spares a system call per key), one random draw for all of them.
+fn new_batch() -> Bytes {
+    let mut random = [0u8; 16 * BATCH];
+    rand::Rng::fill_bytes(&mut rand::rng(), &mut random);
+    let mut text = vec![0u8; SLOT * BATCH];
+    for (bytes, slot) in random.chunks_exact(16).zip(text.chunks_exact_mut(SLOT)) {
+        let bytes: [u8; 16] = bytes
+            .try_into()
+            .unwrap_or_else(|_| unreachable!("16 bytes"));
+        let uuid = uuid::Builder::from_random_bytes(bytes).into_uuid();
+        slot[0] = b'"';
+        uuid.hyphenated().encode_lower(&mut slot[1..37]);
+        slot[37] = b'"';
+    }
+    // Shared from the start, so that slicing it never allocates.
+    Bytes::from_owner(text)
 }
 
 /// A version 4 UUID from the thread-local generator of `rand` (seeded by the operating system),
@@ -667,6 +705,30 @@ mod tests {
             assert_ne!(a, b);
             assert_eq!(a.len(), len);
             assert!(check_caller_value(&a, format).is_ok(), "{a:?}");
+        }
+    }
+
+    #[test]
+    fn default_keys_made_in_batches_stay_distinct_across_batches_and_formats() {
+        let quoted = IdempotencyKeys::default();
+        let bare = IdempotencyKeys::builder()
+            .format(KeyFormat::Token)
+            .build()
+            .unwrap();
+        let mut seen = std::collections::HashSet::new();
+        // Three batches' worth, the two formats drawing from the same batches in turn.
+        for i in 0..3 * BATCH {
+            let (keys, len) = if i % 3 == 0 {
+                (&bare, 36)
+            } else {
+                (&quoted, 38)
+            };
+            let value = keys.new_value().unwrap();
+            let text = value.to_str().unwrap();
+            assert_eq!(text.len(), len, "{text}");
+            let uuid = text.trim_matches('"');
+            assert_eq!(uuid::Uuid::parse_str(uuid).unwrap().get_version_num(), 4);
+            assert!(seen.insert(uuid.to_owned()), "{uuid} was made twice");
         }
     }
 

@@ -94,9 +94,13 @@
 //! # One layer retries
 //!
 //! When several instances of this middleware sit on one request path, exactly one of them
-//! retries: the outermost (the first `.with(..)`). Before sending, it marks the request in its
-//! extensions; every instance nearer the transport sees the mark and passes the request and its
-//! outcome straight through, with no attempts, timeouts, keys or counts of its own. So the
+//! retries: the outermost (the first `.with(..)`). While it runs the rest of the chain for an
+//! attempt, it marks the request as its own (on the thread, by the address of the request's
+//! extensions, which every middleware of the chain is handed); every instance nearer the
+//! transport sees the mark and passes the request and its outcome straight through, with no
+//! attempts, timeouts, keys, counts or allocation of its own. A request that a middleware of
+//! the chain makes of its own through another client (fetching a token, say) has other
+//! extensions, and its own instance retries it. So the
 //! backend sees at most the outermost instance's `max_attempts` per logical request, whatever
 //! the instances' timeouts and deadlines, and the caller gets the real last outcome, never an
 //! outer layer's timeout of an inner layer's loop. The outermost is the one that can decide
@@ -120,8 +124,10 @@
 //!
 //! # Outcomes
 //!
-//! A response is returned as `Ok`, whatever its status, carrying a [`RetryRecord`] (attempts,
-//! stop reason, time waited) in its extensions. An error is returned as a [`RetryError`] inside
+//! A response is returned as `Ok`, whatever its status, with a [`RetryRecord`] (attempts, stop
+//! reason, time waited, key) that [`RetryRecord::of`] reads: from its extensions, or, for a
+//! success at the first attempt without a key (which carries none, sparing the success path an
+//! allocation), inferred. An error is returned as a [`RetryError`] inside
 //! [`reqwest_middleware::Error::Middleware`]; [`RetryError::of`] finds it, and it answers
 //! `is_timeout()`, `is_connect()`, `status()` and `url()` for the last attempt, with the attempt
 //! count and the stop reason. `reqwest_middleware::Error`'s own `is_timeout()`, `is_connect()`

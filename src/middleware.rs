@@ -11,12 +11,16 @@
 //!
 //! Three layers that each retry three times turn one request into twenty-seven, and a layer
 //! whose attempt timeout is shorter than an inner layer's whole loop would retry that loop. So
-//! the first instance to see a request (the outermost) marks it in the request's extensions
-//! before sending, and every instance further in that finds the mark passes the request
+//! the first instance to see a request (the outermost) marks it as its own while it runs the
+//! rest of the chain, and every instance further in that finds the mark passes the request
 //! through untouched: one layer retries, whatever the timing, and it can tell the others before
-//! anything is sent. The limit: only instances of this crate know each other; retries made by
+//! anything is sent. The mark is a thread-local holding the address of the request's
+//! extensions (see `Claiming`): no allocation, unlike a mark in the extensions themselves, and
+//! sound because the rest of a chain cannot leave the task that polls it (`Next` borrows the
+//! extensions). The limit: only instances of this crate know each other; retries made by
 //! another library in the same chain are not seen.
 
+use std::cell::Cell;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -26,12 +30,11 @@ use std::time::Duration;
 use http::{Extensions, HeaderValue};
 use reqwest::{Request, Response};
 use reqwest_middleware::{Middleware, Next};
-use tracing::Instrument;
 
 use crate::body;
 use crate::budget::RetryBudget;
 use crate::classify::{self, Verdict};
-use crate::clock::{Clock, SharedClock, TokioClock};
+use crate::clock::{AttemptTimer, Clock, SharedClock, TokioClock};
 use crate::decide::{Decider, Observed};
 use crate::dependency::{Dependency, HostMatch, RetryOverride};
 use crate::error::{AttemptTimeout, InvalidConfig, RetryError, RetryRecord, StopReason};
@@ -187,8 +190,9 @@ impl RetryMiddleware {
     }
 
     /// Decides the request's key before the first attempt: the caller's own, kept as it is, or
-    /// a new one if the method is stamped. The flag says whether the key was stamped here.
-    fn key_for(&self, request: &mut Request) -> Result<Option<(HeaderValue, bool)>, RetryError> {
+    /// a new one if the method is stamped. The flag says whether the key was stamped here, and
+    /// so is still to be put on every attempt.
+    fn key_for(&self, request: &Request) -> Result<Option<(HeaderValue, bool)>, RetryError> {
         let Some(keys) = &self.keys else {
             return Ok(None);
         };
@@ -209,12 +213,9 @@ impl RetryMiddleware {
             return Ok(None);
         }
         match keys.new_value() {
-            Ok(value) => {
-                request
-                    .headers_mut()
-                    .insert(keys.header_name(), value.clone());
-                Ok(Some((value, true)))
-            }
+            // Put on each attempt's copy as it is sent, not on the request: the copy kept for a
+            // retry then has no header of its own to clone.
+            Ok(value) => Ok(Some((value, true))),
             Err(invalid) => Err(RetryError::new(
                 0,
                 StopReason::InvalidIdempotencyKey,
@@ -224,150 +225,195 @@ impl RetryMiddleware {
         }
     }
 
-    async fn execute(
-        &self,
-        mut request: Request,
-        extensions: &mut Extensions,
-        next: Next<'_>,
-        dependency: &Dependency,
-    ) -> reqwest_middleware::Result<Response> {
-        // The future keeps a policy by reference; an override is boxed, which keeps the future
-        // small for the requests that have none.
-        let (overriding, no_retries) = match extensions.get::<RetryOverride>() {
-            Some(RetryOverride::Policy(policy)) => (Some(Box::new(*policy)), false),
-            Some(RetryOverride::NoRetries) => (None, true),
-            None => (None, false),
-        };
-        let policy: &RetryPolicy = overriding.as_deref().unwrap_or(&dependency.policy);
-        let clock = self.clock.get();
-        let mut decider = Decider::start(
-            policy,
-            dependency.budget.as_ref(),
-            &dependency.counters,
-            &dependency.metric_keys,
-            no_retries,
-            clock.now(),
+    /// The logical request: its attempts, waits and outcome. Its future is the one boxed for
+    /// the chain, so it is kept small: the request is held once (the copy kept for a retry),
+    /// everything of one attempt that is not needed across an `await` is scoped to a block
+    /// that ends before it, and the timer is polled in place.
+    fn execute<'a>(
+        &'a self,
+        request: Request,
+        extensions: &'a mut Extensions,
+        next: Next<'a>,
+    ) -> impl Future<Output = reqwest_middleware::Result<Response>> + Send + 'a {
+        let dependency = self.dependency_for(request.url());
+        let span = tracing::debug_span!(
+            target: TARGET,
+            "reqwest_safe_retry.request",
+            dependency = &*dependency.name,
+            method = %request.method(),
+            host = request.url().host_str().unwrap_or(""),
+            path = request.url().path(),
         );
-        let key = match self.key_for(&mut request) {
-            Ok(Some((key, stamped))) => {
-                if stamped {
-                    dependency
-                        .counters
-                        .add(Count::KeyStamped, &dependency.metric_keys);
-                }
-                Some(key)
-            }
-            Ok(None) => None,
-            Err(err) => return Err(stopped(0, Duration::ZERO, err).into()),
-        };
-        let keyed = key.is_some();
-        let repeatable = keyed || classify::is_idempotent(request.method());
-
         // A copy is kept for the next attempt while the request goes out; none is made for the
         // last attempt, and none can be made of a body that is a stream.
         let mut kept = Some(request);
-        // The previous outcome, kept through the wait in case the deadline passes during it.
-        let mut previous = None;
-        loop {
-            let limit = match decider.next_attempt(clock) {
-                Ok(limit) => limit,
-                Err(stop) => {
-                    let outcome = previous.unwrap_or_else(|| {
-                        unreachable!("only a retry can find its deadline passed")
-                    });
-                    return self.finish(outcome, stop, &decider, key);
+        async move {
+            // The future keeps a policy by reference; an override is boxed, which keeps the
+            // future small for the requests that have none.
+            let (overriding, no_retries) = match extensions.get::<RetryOverride>() {
+                Some(RetryOverride::Policy(policy)) => (Some(Box::new(*policy)), false),
+                Some(RetryOverride::NoRetries) => (None, true),
+                None => (None, false),
+            };
+            let policy: &RetryPolicy = overriding.as_deref().unwrap_or(&dependency.policy);
+            let clock = self.clock.get();
+            let mut decider = Decider::start(
+                policy,
+                dependency.budget.as_ref(),
+                &dependency.counters,
+                &dependency.metric_keys,
+                no_retries,
+                clock.now(),
+            );
+            let Some(request) = &kept else {
+                unreachable!("the request is kept until its first attempt");
+            };
+            let (key, stamped) = match self.key_for(request) {
+                Ok(Some((key, stamped))) => {
+                    if stamped {
+                        dependency
+                            .counters
+                            .add(Count::KeyStamped, &dependency.metric_keys);
+                    }
+                    (Some(key), stamped)
                 }
+                Ok(None) => (None, false),
+                Err(err) => return Err(span.in_scope(|| stopped(0, Duration::ZERO, err)).into()),
             };
-            let timer = match self.clock.timeout(limit) {
-                Ok(timer) => timer,
-                Err(missing) => {
-                    let err = RetryError::new(
-                        decider.attempts(),
-                        StopReason::TimerUnavailable,
-                        key,
-                        reqwest_middleware::Error::middleware(missing),
-                    );
-                    return Err(stopped(decider.attempts(), decider.waited(), err).into());
-                }
-            };
-            let Some(sending) = kept.take() else {
-                unreachable!("a request is kept for every attempt that is made");
-            };
-            if decider.may_retry_after_next() {
-                kept = sending.try_clone();
-            }
-            decider.attempt_started();
+            let keyed = key.is_some();
+            let repeatable = keyed || classify::is_idempotent(request.method());
 
-            // The attempt races its timeout on the injected clock; the attempt is polled first,
-            // so an answer that is ready wins over a timeout that is ready too. The timer ends
-            // with the attempt, before any wait.
-            let outcome = {
-                let mut timer = std::pin::pin!(timer.expire());
-                let timed_out =
-                    || reqwest_middleware::Error::middleware(AttemptTimeout { after: limit });
-                let sent = race(next.clone().run(sending, extensions), &mut timer).await;
-                let mut outcome = sent.unwrap_or_else(|| Err(timed_out()));
-                // A body is read only for an answer that will not be retried: a 503's body
-                // would be read in full (up to the limit) only to be thrown away.
-                let worth_reading = |response: &Response| {
-                    let verdict = classify::judge_status(
-                        response.status(),
-                        |s| policy.is_retryable_status(s),
-                        repeatable,
-                        keyed,
-                    );
-                    !matches!(verdict, Verdict::Transient(..))
-                };
-                let buffer = policy
-                    .buffer_body_limit()
-                    .filter(|_| outcome.as_ref().is_ok_and(worth_reading));
-                if let Some(buffer) = buffer {
-                    if let Ok(response) = outcome {
-                        // Boxed: the reading state is large, and most requests never need it.
-                        let reading = Box::pin(body::buffer(response, buffer));
-                        outcome = match race(reading, &mut timer).await {
-                            Some(read) => read.map_err(reqwest_middleware::Error::Reqwest),
-                            None => Err(timed_out()),
+            let Ok(mut limit) = decider.next_attempt(clock) else {
+                unreachable!("only a retry can find its deadline passed");
+            };
+            // The first timer can tell a paused tokio clock from the start's reading.
+            let mut started = Some(decider.started());
+            loop {
+                // One attempt, in a block that ends before the wait: what it holds takes no
+                // room in the future while it sleeps.
+                let (previous, delay) = {
+                    let timer = match self.clock.timeout(limit, started.take()) {
+                        Ok(timer) => timer,
+                        Err(missing) => {
+                            let err = RetryError::new(
+                                decider.attempts(),
+                                StopReason::TimerUnavailable,
+                                key,
+                                reqwest_middleware::Error::middleware(missing),
+                            );
+                            let err = stopped(decider.attempts(), decider.waited(), err);
+                            return Err(span.in_scope(|| err).into());
+                        }
+                    };
+                    let attempt = {
+                        let mut sending = take_attempt(&mut kept, decider.may_retry_after_next());
+                        if let (true, Some(keys), Some(value)) = (stamped, &self.keys, &key) {
+                            sending
+                                .headers_mut()
+                                .insert(keys.header_name(), value.clone());
+                        }
+                        let id = claim_id(extensions);
+                        Claiming::new(id, &span, || next.clone().run(sending, extensions))
+                    };
+                    decider.attempt_started();
+
+                    // The attempt races its timeout on the injected clock; the attempt is polled
+                    // first, so an answer that is ready wins over a timeout that is ready too. The
+                    // timer ends with the attempt (this block), before any wait: a real-time timer
+                    // under a paused tokio clock would otherwise hold up the wait's auto-advance.
+                    let outcome = {
+                        let mut timer = std::pin::pin!(timer);
+                        let timed_out = || {
+                            reqwest_middleware::Error::middleware(AttemptTimeout { after: limit })
                         };
+                        let mut outcome = race(attempt, timer.as_mut())
+                            .await
+                            .unwrap_or_else(|| Err(timed_out()));
+                        // A body is read only for an answer that will not be retried: a 503's body
+                        // would be read in full (up to the limit) only to be thrown away.
+                        if let Some(limit) = policy.buffer_body_limit() {
+                            let last = |outcome: &reqwest_middleware::Result<Response>| {
+                                let verdict = self.judge(outcome, policy, repeatable, keyed);
+                                outcome.is_ok() && matches!(verdict, Verdict::Final(_))
+                            };
+                            if last(&outcome) {
+                                let Ok(response) = outcome else {
+                                    unreachable!("judged a response")
+                                };
+                                // Boxed: the reading state is large, and most requests never need
+                                // it.
+                                let reading = Box::pin(body::buffer(response, limit));
+                                outcome = match race(reading, timer.as_mut()).await {
+                                    Some(read) => read.map_err(reqwest_middleware::Error::Reqwest),
+                                    None => Err(timed_out()),
+                                };
+                            }
+                        }
+                        outcome
+                    };
+
+                    let decision = {
+                        let verdict = self.judge(&outcome, policy, repeatable, keyed);
+                        let observed = Observed {
+                            verdict,
+                            answered: outcome.is_ok(),
+                            // Looked up only for an answer that may be retried.
+                            retry_after: match (&outcome, verdict) {
+                                (Ok(r), Verdict::Transient(..)) => {
+                                    r.headers().get(http::header::RETRY_AFTER)
+                                }
+                                _ => None,
+                            },
+                            can_resend: kept.is_some(),
+                        };
+                        let decision = decider.after_attempt(observed, clock, &*self.rng.0);
+                        span.in_scope(|| {
+                            self.report(
+                                &dependency.name,
+                                decider.attempts(),
+                                &outcome,
+                                verdict,
+                                decision,
+                            );
+                        });
+                        decision
+                    };
+                    match decision {
+                        Wait::Stop(stop) => {
+                            return span.in_scope(|| self.finish(outcome, stop, &decider, key));
+                        }
+                        // Release the connection before waiting rather than after; the rest is
+                        // kept in case the deadline passes during the wait.
+                        Wait::Sleep(delay) => (outcome.map(body::head_only), delay),
+                    }
+                };
+                clock.sleep(delay).await;
+                match decider.next_attempt(clock) {
+                    Ok(next) => limit = next,
+                    Err(stop) => {
+                        return span.in_scope(|| self.finish(previous, stop, &decider, key));
                     }
                 }
-                outcome
-            };
-
-            let verdict = match &outcome {
-                Ok(response) => classify::judge_status(
-                    response.status(),
-                    |s| policy.is_retryable_status(s),
-                    repeatable,
-                    keyed,
-                ),
-                Err(err) => classify::judge_error(err, repeatable),
-            };
-            let observed = Observed {
-                verdict,
-                answered: outcome.is_ok(),
-                retry_after: outcome
-                    .as_ref()
-                    .ok()
-                    .and_then(|r| r.headers().get(http::header::RETRY_AFTER)),
-                can_resend: kept.is_some(),
-            };
-            let decision = decider.after_attempt(observed, clock, &*self.rng.0);
-            self.report(
-                &dependency.name,
-                decider.attempts(),
-                &outcome,
-                verdict,
-                decision,
-            );
-            match decision {
-                Wait::Stop(stop) => return self.finish(outcome, stop, &decider, key),
-                Wait::Sleep(delay) => {
-                    // Release the connection before waiting rather than after.
-                    previous = Some(outcome.map(body::head_only));
-                    clock.sleep(delay).await;
-                }
             }
+        }
+    }
+
+    /// What the classifier makes of an attempt's outcome.
+    fn judge(
+        &self,
+        outcome: &reqwest_middleware::Result<Response>,
+        policy: &RetryPolicy,
+        repeatable: bool,
+        keyed: bool,
+    ) -> Verdict {
+        match outcome {
+            Ok(response) => classify::judge_status(
+                response.status(),
+                |s| policy.is_retryable_status(s),
+                repeatable,
+                keyed,
+            ),
+            Err(err) => classify::judge_error(err, repeatable),
         }
     }
 
@@ -384,17 +430,18 @@ impl RetryMiddleware {
         match outcome {
             Ok(mut response) => {
                 trace_stop(attempts, stop, waited);
-                let replayed = response
-                    .headers()
-                    .get(&REPLAYED)
-                    .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"true"));
-                response.extensions_mut().insert(RetryRecord {
-                    attempts,
-                    stop,
-                    waited,
-                    key,
-                    replayed,
-                });
+                // The most common outcome, a first attempt's success without a key, carries
+                // no record: `RetryRecord::of` infers it, and the success path is spared an
+                // allocation and a map insertion.
+                if attempts > 1 || stop != StopReason::Succeeded || key.is_some() {
+                    response.extensions_mut().insert(RetryRecord {
+                        attempts,
+                        stop,
+                        waited,
+                        key,
+                        replayed: false,
+                    });
+                }
                 Ok(response)
             }
             Err(err) => {
@@ -451,35 +498,41 @@ impl RetryMiddleware {
     }
 }
 
-#[async_trait::async_trait]
+// Written out rather than with `async_trait`, whose future would hold the request twice more
+// (as a capture and as a local) and the logical request's future inside its own: this boxes
+// that future alone, and a request an outer instance already retries costs no box at all.
 impl Middleware for RetryMiddleware {
-    async fn handle(
-        &self,
+    fn handle<'life0, 'life1, 'life2, 'async_trait>(
+        &'life0 self,
         request: Request,
-        extensions: &mut Extensions,
-        next: Next<'_>,
-    ) -> reqwest_middleware::Result<Response> {
-        if extensions.get::<Claimed>().is_some() {
+        extensions: &'life1 mut Extensions,
+        next: Next<'life2>,
+    ) -> Pin<Box<dyn Future<Output = reqwest_middleware::Result<Response>> + Send + 'async_trait>>
+    where
+        'life0: 'async_trait,
+        'life1: 'async_trait,
+        'life2: 'async_trait,
+        Self: 'async_trait,
+    {
+        if CLAIMED.get() == claim_id(extensions) {
             // An instance further out on this request's path makes the attempts and retries.
-            return next.run(request, extensions).await;
+            return next.run(request, extensions);
         }
-        extensions.insert(Claimed);
-        let dependency = self.dependency_for(request.url());
-        let span = tracing::debug_span!(
-            target: TARGET,
-            "reqwest_safe_retry.request",
-            dependency = &*dependency.name,
-            method = %request.method(),
-            host = request.url().host_str().unwrap_or(""),
-            path = request.url().path(),
-        );
-        let outcome = self
-            .execute(request, extensions, next, dependency)
-            .instrument(span)
-            .await;
-        extensions.remove::<Claimed>();
-        outcome
+        Box::pin(self.execute(request, extensions, next))
     }
+}
+
+/// The request for the next attempt, from what is kept: a copy when another attempt may follow
+/// (the original stays kept), else the original itself, and the original too when it cannot be
+/// copied (nothing is then kept).
+fn take_attempt(kept: &mut Option<Request>, copy: bool) -> Request {
+    if let Some(copy) = kept.as_ref().filter(|_| copy).and_then(Request::try_clone) {
+        return copy;
+    }
+    let Some(original) = kept.take() else {
+        unreachable!("a request is kept for every attempt that is made");
+    };
+    original
 }
 
 /// The observer as the middleware stores it.
@@ -492,24 +545,81 @@ impl std::fmt::Debug for SharedObserver {
     }
 }
 
-/// The mark an instance leaves in a request's extensions before sending it, so that instances
-/// nearer the transport pass it through instead of retrying it again.
-#[derive(Debug, Clone, Copy)]
-struct Claimed;
+thread_local! {
+    /// Which request's chain is being run on this thread, if any: the address of its
+    /// extensions, set by the instance that makes its attempts while it runs the rest of the
+    /// chain (0: none).
+    static CLAIMED: Cell<usize> = const { Cell::new(0) };
+}
+
+/// What identifies a request's passage through the chain: every middleware of it is handed the
+/// same extensions, which stay at one address while the request is in the chain, and a
+/// middleware's future cannot move the rest of the chain to another task (it borrows them).
+fn claim_id(extensions: &Extensions) -> usize {
+    std::ptr::from_ref(extensions) as usize
+}
+
+/// The rest of the chain for one attempt, run with its request marked as claimed on the
+/// thread, so that instances nearer the transport pass it through instead of retrying it again.
+/// Costs no allocation, unlike a mark in the extensions; the mark is the extensions' address,
+/// so a request that a middleware of the chain makes of its own (a token refresh, say) through
+/// another client is not mistaken for this one.
+///
+/// The logical request's span is entered for as long as the rest of the chain runs, so the
+/// spans and events of the middleware and transport beneath are its children.
+struct Claiming<'s, F> {
+    id: usize,
+    span: &'s tracing::Span,
+    run: F,
+}
+
+impl<'s, F> Claiming<'s, F> {
+    /// Starts the rest of the chain (`start`) with the request already marked: a middleware may
+    /// do work before its future is first polled.
+    fn new(id: usize, span: &'s tracing::Span, start: impl FnOnce() -> F) -> Self {
+        let _marked = Mark::set(id);
+        let run = span.in_scope(start);
+        Claiming { id, span, run }
+    }
+}
+
+impl<F: Future + Unpin> Future for Claiming<'_, F> {
+    type Output = F::Output;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<F::Output> {
+        let _marked = Mark::set(self.id);
+        let _entered = self.span.enter();
+        Pin::new(&mut self.run).poll(cx)
+    }
+}
+
+/// Marks a request as claimed until dropped, then puts back the mark it replaced (a chain may
+/// run inside another's, for a request of its own).
+struct Mark(usize);
+
+impl Mark {
+    fn set(id: usize) -> Mark {
+        Mark(CLAIMED.replace(id))
+    }
+}
+
+impl Drop for Mark {
+    fn drop(&mut self) {
+        CLAIMED.set(self.0);
+    }
+}
 
 /// Polls `work` until it finishes, or `timer` fires first (`None`). `work` is polled first.
-async fn race<F: Future>(
-    work: F,
-    timer: &mut Pin<&mut impl Future<Output = ()>>,
-) -> Option<F::Output> {
-    let mut work = std::pin::pin!(work);
-    std::future::poll_fn(|cx| {
-        if let Poll::Ready(done) = work.as_mut().poll(cx) {
+fn race<F: Future + Unpin>(
+    mut work: F,
+    mut timer: Pin<&mut AttemptTimer>,
+) -> impl Future<Output = Option<F::Output>> {
+    std::future::poll_fn(move |cx| {
+        if let Poll::Ready(done) = Pin::new(&mut work).poll(cx) {
             return Poll::Ready(Some(done));
         }
         timer.as_mut().poll(cx).map(|()| None)
     })
-    .await
 }
 
 /// Traces the end of a logical request, and hands back its error.
@@ -534,9 +644,6 @@ fn millis(d: Duration) -> u64 {
 
 /// The tracing target of every span and event, whatever module emits them.
 const TARGET: &str = "reqwest_safe_retry";
-
-/// The header a server following the Stripe convention sets on a replayed response.
-const REPLAYED: http::HeaderName = http::HeaderName::from_static("idempotent-replayed");
 
 #[cfg(test)]
 mod tests {

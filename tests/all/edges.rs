@@ -88,6 +88,70 @@ async fn the_outermost_instance_retries_and_the_inner_ones_count_nothing() {
     assert_eq!(inner_counts.snapshot().requests, 0);
 }
 
+/// A middleware of the chain that makes a request of its own (here, fetching a token) through
+/// another client with this middleware: that request is not the one the outer instance already
+/// retries, so its own instance retries it.
+struct FetchesAToken {
+    tokens: ClientWithMiddleware,
+    url: String,
+}
+
+#[async_trait::async_trait]
+impl Middleware for FetchesAToken {
+    async fn handle(
+        &self,
+        mut request: Request,
+        extensions: &mut Extensions,
+        next: Next<'_>,
+    ) -> reqwest_middleware::Result<Response> {
+        let token = self.tokens.get(&self.url).send().await?;
+        let attempts = RetryRecord::of(&token).unwrap().attempts();
+        request
+            .headers_mut()
+            .insert("x-token-attempts", attempts.to_string().parse().unwrap());
+        next.run(request, extensions).await
+    }
+}
+
+#[tokio::test]
+async fn a_request_a_middleware_makes_of_its_own_is_retried_by_its_own_instance() {
+    let tokens =
+        support::first_then(ResponseTemplate::new(503), 1, ResponseTemplate::new(200)).await;
+    let api = support::first_then(ResponseTemplate::new(503), 1, ResponseTemplate::new(200)).await;
+    let clock = FakeClock::new();
+    let retrying = || {
+        RetryMiddleware::new(RetryPolicy::default())
+            .with_clock(clock.clone())
+            .with_rng(SeededRng::new(3))
+    };
+    let token_client = ClientBuilder::new(reqwest::Client::new())
+        .with(retrying())
+        .build();
+    let client = ClientBuilder::new(reqwest::Client::new())
+        .with(retrying())
+        .with(FetchesAToken {
+            tokens: token_client,
+            url: tokens.uri(),
+        })
+        .build();
+
+    let response = client.get(api.uri()).send().await.unwrap();
+
+    assert_eq!(response.status(), 200);
+    assert_eq!(RetryRecord::of(&response).unwrap().attempts(), 2);
+    // Each of the outer instance's two attempts fetched a token: the first fetch met the
+    // token server's 503 and was retried by the token client's own instance.
+    assert_eq!(tokens.received_requests().await.unwrap().len(), 3);
+    let seen: Vec<String> = api
+        .received_requests()
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.headers["x-token-attempts"].to_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(seen, ["2", "1"]);
+}
+
 /// Twenty-one callers each give up after 100 ms, while their retries wait 1 s: the ten that got
 /// tokens are dropped mid-backoff. None of their retries happened, so none stays paid for or
 /// counted, and the next request's retry is granted.
@@ -124,7 +188,7 @@ async fn requests_dropped_during_their_backoff_give_their_tokens_back() {
         match done.unwrap() {
             Err(_elapsed) => gave_up += 1,
             Ok(response) => {
-                let record = RetryRecord::of(&response.unwrap()).unwrap().clone();
+                let record = RetryRecord::of(&response.unwrap()).unwrap();
                 assert_eq!(record.stop_reason(), StopReason::BudgetExhausted);
                 refused += 1;
             }

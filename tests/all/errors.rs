@@ -3,7 +3,10 @@
 use std::time::Duration;
 
 use reqwest_middleware::ClientBuilder;
-use reqwest_safe_retry::{RetryError, RetryErrorExt, RetryMiddleware, RetryPolicy, StopReason};
+use reqwest_safe_retry::{
+    FakeClock, IdempotencyKeys, KeySource, RetryError, RetryErrorExt, RetryMiddleware, RetryPolicy,
+    SeededKeys, StopReason,
+};
 
 use crate::support::{self, Action, RawServer};
 
@@ -163,4 +166,40 @@ async fn a_status_error_from_further_in_is_final_and_keeps_its_status() {
     assert_eq!(err.last_status(), retry.status());
     assert_eq!(retry.stop_reason(), StopReason::NotRetryable);
     assert_eq!(server.received_requests().await.unwrap().len(), 1);
+}
+
+/// The error of a keyed request names the key every attempt carried, as the record of a
+/// response does: the caller can look the effect up on the server under it.
+#[tokio::test]
+async fn a_keyed_request_s_error_carries_its_key() {
+    let keys = IdempotencyKeys::builder()
+        .key_source(SeededKeys::new(9))
+        .build()
+        .unwrap();
+    let expected = format!("\"{}\"", SeededKeys::new(9).next_key());
+    let client = ClientBuilder::new(reqwest::Client::new())
+        .with(
+            RetryMiddleware::new(support::policy())
+                .with_clock(FakeClock::new())
+                .with_idempotency_keys(keys),
+        )
+        .build();
+
+    let err = client
+        .post(support::refused_url().await)
+        .body("{}")
+        .send()
+        .await
+        .unwrap_err();
+
+    let retry = RetryError::of(&err).unwrap();
+    assert_eq!(retry.attempts(), 3);
+    assert_eq!(retry.idempotency_key().unwrap(), expected.as_str());
+    // An unkeyed request's error has none.
+    let unkeyed = client
+        .get(support::refused_url().await)
+        .send()
+        .await
+        .unwrap_err();
+    assert_eq!(RetryError::of(&unkeyed).unwrap().idempotency_key(), None);
 }

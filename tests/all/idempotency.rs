@@ -73,7 +73,7 @@ async fn a_lost_response_makes_one_effect_and_the_caller_gets_the_original() {
         .await
         .unwrap();
 
-    let record = RetryRecord::of(&response).unwrap().clone();
+    let record = RetryRecord::of(&response).unwrap();
     assert_eq!(record.attempts(), 2);
     assert!(
         record.replayed(),
@@ -121,7 +121,7 @@ async fn concurrent_copies_of_one_key_make_one_effect_and_all_get_the_original()
                 .send()
                 .await
                 .unwrap();
-            let record = RetryRecord::of(&response).unwrap().clone();
+            let record = RetryRecord::of(&response).unwrap();
             (record, received(response).await)
         }));
     }

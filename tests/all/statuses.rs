@@ -80,7 +80,7 @@ async fn recovers_when_the_server_does() {
     let response = client.get(server.uri()).send().await.unwrap();
 
     assert_eq!(response.status(), 200);
-    let record = RetryRecord::of(&response).unwrap().clone();
+    let record = RetryRecord::of(&response).unwrap();
     assert_eq!(record.attempts(), 3);
     assert_eq!(record.stop_reason(), StopReason::Succeeded);
     assert_eq!(record.waited(), clock.total_slept());

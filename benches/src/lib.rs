@@ -1,0 +1,208 @@
+//! What the benches and the allocation test share: a hyper server on loopback, the five clients
+//! under comparison, and the loop that drives them.
+//!
+//! Every client sends the same small POST to the same server, in the same process, so what
+//! differs between two clients' figures is the client alone.
+//!
+//! | client | what it is |
+//! |---|---|
+//! | (a) | a bare `reqwest::Client` |
+//! | (b) | `reqwest-middleware` with no middleware: the pass-through chain, the baseline |
+//! | (c) | reqwest-retry's `RetryTransientMiddleware`, 3 attempts (the plainest peer) |
+//! | (d) | this crate's `RetryMiddleware` with its defaults: keys on POST, a retry budget |
+//! | (e) | this crate without idempotency keys |
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use reqwest_middleware::{ClientBuilder, ClientWithMiddleware};
+use reqwest_safe_retry::{RetryBudget, RetryMiddleware, RetryPolicy};
+use tokio::net::TcpListener;
+
+/// The body every client sends: 26 bytes of JSON.
+pub const BODY: &str = "{\"order\":42,\"amount\":1000}";
+
+/// How the server answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// `200 OK` with the body `ok`, to everything.
+    Ok,
+    /// `503` and `200` in turn, server-wide: with one request at a time, every logical request
+    /// meets one 503 and then a 200.
+    FailThenOk,
+}
+
+/// Starts a keep-alive HTTP/1.1 hyper server on 127.0.0.1 on the current runtime, which reads
+/// every request's body in full before it answers; returns its address.
+pub async fn start(mode: Mode) -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let served = Arc::new(AtomicU64::new(0));
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            stream.set_nodelay(true).unwrap();
+            let served = served.clone();
+            let service = service_fn(move |request: hyper::Request<Incoming>| {
+                let served = served.clone();
+                async move {
+                    let body = request.into_body().collect().await;
+                    let read = body.map_or(0, |b| b.to_bytes().len());
+                    let n = served.fetch_add(1, Ordering::Relaxed);
+                    let (status, answer) = match mode {
+                        Mode::FailThenOk if n % 2 == 0 => (503, Bytes::new()),
+                        _ if read == BODY.len() => (200, Bytes::from_static(b"ok")),
+                        _ => (400, Bytes::new()),
+                    };
+                    let response = hyper::Response::builder()
+                        .status(status)
+                        .body(Full::new(answer))
+                        .unwrap();
+                    Ok::<_, Infallible>(response)
+                }
+            });
+            tokio::spawn(async move {
+                let _ = http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+    addr
+}
+
+/// Starts the same server on a thread and runtime of its own, which run until the process
+/// ends: for measurements of the client's side alone.
+pub fn start_on_own_thread(mode: Mode) -> SocketAddr {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            tx.send(start(mode).await).unwrap();
+            std::future::pending::<()>().await;
+        });
+    });
+    rx.recv().unwrap()
+}
+
+/// One of the clients under comparison.
+#[derive(Clone)]
+pub enum Client {
+    /// (a): no middleware chain at all.
+    Bare(reqwest::Client),
+    /// (b) to (e): a `reqwest-middleware` chain.
+    Chain(ClientWithMiddleware),
+}
+
+impl Client {
+    /// Sends one POST and reads the answer's body; returns the status.
+    pub async fn post(&self, url: &str) -> u16 {
+        let response = match self {
+            Client::Bare(c) => c.post(url).body(BODY).send().await.unwrap(),
+            Client::Chain(c) => c.post(url).body(BODY).send().await.unwrap(),
+        };
+        let status = response.status().as_u16();
+        response.bytes().await.unwrap();
+        status
+    }
+}
+
+/// reqwest-retry's middleware with 3 attempts; `zero_backoff` for the retry path.
+pub fn reqwest_retry(
+    zero_backoff: bool,
+) -> reqwest_retry::RetryTransientMiddleware<reqwest_retry::policies::ExponentialBackoff> {
+    let mut policy = reqwest_retry::policies::ExponentialBackoff::builder();
+    if zero_backoff {
+        policy = policy.retry_bounds(Duration::ZERO, Duration::ZERO);
+    }
+    reqwest_retry::RetryTransientMiddleware::new_with_policy(policy.build_with_max_retries(2))
+}
+
+/// The five clients of the success path, each with its label.
+pub fn clients() -> Vec<(&'static str, Client)> {
+    let chain = || ClientBuilder::new(reqwest::Client::new());
+    vec![
+        ("(a) bare reqwest", Client::Bare(reqwest::Client::new())),
+        ("(b) reqwest-middleware", Client::Chain(chain().build())),
+        (
+            "(c) reqwest-retry",
+            Client::Chain(chain().with(reqwest_retry(false)).build()),
+        ),
+        (
+            "(d) this crate",
+            Client::Chain(
+                chain()
+                    .with(RetryMiddleware::new(RetryPolicy::default()))
+                    .build(),
+            ),
+        ),
+        (
+            "(e) without keys",
+            Client::Chain(
+                chain()
+                    .with(RetryMiddleware::new(RetryPolicy::default()).without_idempotency_keys())
+                    .build(),
+            ),
+        ),
+    ]
+}
+
+/// The two clients of the retry path (a 503, then a 200, no backoff): (c) and (d).
+pub fn retrying_clients() -> Vec<(&'static str, Client)> {
+    let zero = RetryPolicy::builder()
+        .base_delay(Duration::ZERO)
+        .max_delay(Duration::ZERO)
+        .build()
+        .unwrap();
+    // A budget that never runs dry here: the bench measures the retry, not a refusal.
+    let budget = RetryBudget::builder().capacity(1e12).build().unwrap();
+    let chain = || ClientBuilder::new(reqwest::Client::new());
+    vec![
+        (
+            "(c) reqwest-retry",
+            Client::Chain(chain().with(reqwest_retry(true)).build()),
+        ),
+        (
+            "(d) this crate",
+            Client::Chain(
+                chain()
+                    .with(RetryMiddleware::new(zero).with_budget(budget))
+                    .build(),
+            ),
+        ),
+    ]
+}
+
+/// Sends `total` POSTs through `client`, `in_flight` at a time on the current runtime.
+pub async fn run(client: &Client, url: &str, total: u64, in_flight: u64) {
+    if in_flight <= 1 {
+        for _ in 0..total {
+            client.post(url).await;
+        }
+        return;
+    }
+    let mut tasks = tokio::task::JoinSet::new();
+    for worker in 0..in_flight {
+        let (client, url) = (client.clone(), url.to_owned());
+        let share = total / in_flight + u64::from(worker < total % in_flight);
+        tasks.spawn(async move {
+            for _ in 0..share {
+                client.post(&url).await;
+            }
+        });
+    }
+    while let Some(done) = tasks.join_next().await {
+        done.unwrap();
+    }
+}
