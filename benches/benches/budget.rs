@@ -3,7 +3,7 @@
 //! One operation is a withdrawal followed by a deposit (so the balance stays put and neither
 //! side ever refuses). Figures are per pair; divide by two for one operation.
 //!
-//! Run with `cargo bench --bench budget`.
+//! Run with `cargo bench -p reqwest-safe-retry-benches --bench budget`.
 
 use std::hint::black_box;
 use std::sync::{Arc, Barrier, Mutex};
