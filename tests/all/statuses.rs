@@ -87,3 +87,21 @@ async fn recovers_when_the_server_does() {
     assert_eq!(response.text().await.unwrap(), "finally");
     assert_eq!(server.received_requests().await.unwrap().len(), 3);
 }
+
+/// A response that never passed through the middleware: a failure has no record at all, and a
+/// success reads as one attempt (which it was), since a first-attempt success carries none.
+#[tokio::test]
+async fn a_response_from_outside_the_middleware_has_a_record_only_if_it_succeeded() {
+    let plain = reqwest::Client::new();
+    for (code, record) in [(200, true), (399, true), (400, false), (503, false)] {
+        let server = support::always(code).await;
+        let response = plain.get(server.uri()).send().await.unwrap();
+        let found = RetryRecord::of(&response);
+        assert_eq!(found.is_some(), record, "status {code}");
+        if let Some(found) = found {
+            assert_eq!(found.attempts(), 1);
+            assert_eq!(found.stop_reason(), StopReason::Succeeded);
+            assert_eq!(found.idempotency_key(), None);
+        }
+    }
+}
