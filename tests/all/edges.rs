@@ -9,8 +9,8 @@ use http::Extensions;
 use reqwest::{Request, Response};
 use reqwest_middleware::{ClientBuilder, ClientWithMiddleware, Middleware, Next};
 use reqwest_safe_retry::{
-    FakeClock, RetryBudget, RetryError, RetryMiddleware, RetryOverride, RetryPolicy, RetryRecord,
-    SeededRng, StopReason,
+    AttemptTimeout, FakeClock, RetryBudget, RetryError, RetryMiddleware, RetryOverride,
+    RetryPolicy, RetryRecord, SeededRng, StopReason,
 };
 use wiremock::matchers::any;
 use wiremock::{Mock, MockServer, ResponseTemplate};
@@ -456,7 +456,14 @@ async fn the_middleware_s_own_timeout_is_a_timeout_to_generic_checks() {
 
     let err = client.get(server.url("/")).send().await.unwrap_err();
 
-    assert!(RetryError::of(&err).unwrap().is_timeout());
+    let retry = RetryError::of(&err).unwrap();
+    assert!(retry.is_timeout());
     assert!(timed_out_somewhere(&err), "{err:?}");
     assert_eq!(server.requests(), 3);
+    // The last attempt's error is the middleware's own, and says how long the attempt had.
+    let reqwest_middleware::Error::Middleware(last) = retry.last_error() else {
+        panic!("not the middleware's timeout: {:?}", retry.last_error());
+    };
+    let timeout = last.downcast_ref::<AttemptTimeout>().unwrap();
+    assert_eq!(timeout.after(), Duration::from_millis(20));
 }

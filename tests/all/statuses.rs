@@ -105,3 +105,40 @@ async fn a_response_from_outside_the_middleware_has_a_record_only_if_it_succeede
         }
     }
 }
+
+/// The record is left off only where `RetryRecord::of` can infer it: a success at the first
+/// attempt without a key. A retried success, a failure, and a keyed success carry one.
+#[tokio::test]
+async fn only_a_first_attempt_success_without_a_key_is_left_without_a_record() {
+    let carried =
+        |response: &reqwest::Response| response.extensions().get::<RetryRecord>().cloned();
+    let (client, _clock) = support::client();
+
+    let ok = support::always(200).await;
+    let plain = client.get(ok.uri()).send().await.unwrap();
+    assert_eq!(carried(&plain), None);
+    assert_eq!(RetryRecord::of(&plain).unwrap().attempts(), 1);
+
+    let flaky =
+        support::first_then(ResponseTemplate::new(503), 1, ResponseTemplate::new(200)).await;
+    let retried = client.get(flaky.uri()).send().await.unwrap();
+    assert_eq!(carried(&retried).unwrap().attempts(), 2);
+
+    let missing = support::always(404).await;
+    let failed = client.get(missing.uri()).send().await.unwrap();
+    assert_eq!(
+        carried(&failed).unwrap().stop_reason(),
+        StopReason::NotRetryable
+    );
+
+    let keyed = client
+        .get(ok.uri())
+        .header("idempotency-key", "\"k-1\"")
+        .send()
+        .await;
+    let keyed = keyed.unwrap();
+    assert_eq!(
+        carried(&keyed).unwrap().idempotency_key().unwrap(),
+        "\"k-1\""
+    );
+}
