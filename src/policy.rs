@@ -396,6 +396,19 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_backoff_ceiling_doubles_from_the_base_up_to_the_cap() {
+        let policy = RetryPolicy::builder()
+            .base_delay(Duration::from_millis(30))
+            .max_delay(Duration::from_millis(200))
+            .build()
+            .unwrap();
+        let ceilings: Vec<u64> = (0..5)
+            .map(|retry| policy.backoff_ceiling(retry).as_millis() as u64)
+            .collect();
+        assert_eq!(ceilings, [30, 60, 120, 200, 200]);
+    }
+
+    #[test]
     fn defaults_are_the_documented_ones() {
         let p = RetryPolicy::default();
         assert_eq!(p.max_attempts(), 3);
