@@ -666,5 +666,6 @@ mod tests {
         let debug = format!("{observed:?}");
         assert!(debug.contains("observer: Some(RetryObserver)"), "{debug}");
         assert!(debug.contains("clock: Clock"), "{debug}");
+        assert!(debug.contains("rng: Rng"), "{debug}");
     }
 }
