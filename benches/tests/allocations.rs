@@ -84,11 +84,19 @@ fn the_success_path_allocates_no_more_than_reqwest_retry_plus_the_key() {
             d - b,
             e - b
         );
-        // Retrying costs this crate no allocation beyond what reqwest-retry's retrying costs
-        // (its boxed future, the copy of the request kept for a retry)...
-        assert!(e <= c + 0.05, "{label}: (e) {e:.2} against (c) {c:.2}");
-        // ...and a key one: its record on the response (its bytes are cut from a batch of 32
-        // made at once, so each costs 1/32 of an allocation).
-        assert!(d <= c + 1.1, "{label}: (d) {d:.2} against (c) {c:.2}");
     }
+    // Asserted one at a time, where every client reuses one connection and the counts repeat
+    // exactly. With 64 in flight the connection pool sometimes opens a connection more (a
+    // worker's next request can come before its last connection is back in the pool), which on
+    // a loaded machine moves any client's count by up to about one allocation per request
+    // between runs, so those figures are printed, not asserted.
+    let [_, _, c, d, e] = one[..] else {
+        unreachable!("five clients")
+    };
+    // Retrying costs this crate no allocation beyond what reqwest-retry's retrying costs (its
+    // boxed future, the copy of the request kept for a retry)...
+    assert!(e <= c, "(e) {e:.2} against (c) {c:.2}");
+    // ...and a key one: its record on the response (its bytes are cut from a batch of 32 made
+    // at once, so each costs 1/32 of an allocation).
+    assert!(d <= c + 1.1, "(d) {d:.2} against (c) {c:.2}");
 }
