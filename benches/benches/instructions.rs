@@ -1,7 +1,7 @@
 //! Instructions per request, counted by valgrind's callgrind: the figure to optimise, because
 //! it repeats where times on a shared machine drift.
 //!
-//! Each client of the success path ((a) to (e), see the crate docs) and each of the retry path
+//! Each client of the success path ((a) to (f), see the crate docs) and each of the retry path
 //! runs in a process of its own under `valgrind --tool=callgrind`, with its server on the same
 //! current-thread runtime: once with N1 requests, once with N2. Start-up, warm-up and exit cost
 //! the same in both, so `(Ir(N2) - Ir(N1)) / (N2 - N1)` is the cost of one request, client and
@@ -117,7 +117,7 @@ fn child(spec: &str) {
             "retry" => (Mode::FailThenOk, retrying_clients()),
             other => panic!("unknown path {other}"),
         };
-        let client: Client = all.into_iter().nth(client).unwrap().1;
+        let client: Client = all.into_iter().nth(client).unwrap().1();
         let url = format!("http://{}/orders", start(mode).await);
         assert_eq!(client.post(&url).await, 200);
         run(&client, &url, WARM_UP, in_flight).await;

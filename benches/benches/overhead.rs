@@ -1,4 +1,4 @@
-//! Time per request: the five clients of the success path ((a) to (e), see the crate docs)
+//! Time per request: the clients of the success path ((a) to (f), see the crate docs)
 //! and the retry path of (c) and (d), with criterion; then an interleaved run for the ratios.
 //!
 //! Client and server share one current-thread runtime, as in the instruction-count bench.
@@ -26,7 +26,8 @@ async fn timed(client: &Client, url: &str, total: u64, in_flight: u64) -> Durati
 fn criterion_groups(c: &mut Criterion, rt: &Runtime, ok: &str, flaky: &str) {
     for in_flight in [1u64, 64] {
         let mut group = c.benchmark_group(format!("success, {in_flight} in flight"));
-        for (name, client) in clients() {
+        for (name, make) in clients() {
+            let client = make();
             group.bench_function(BenchmarkId::from_parameter(name), |b| {
                 b.iter_custom(|iters| rt.block_on(timed(&client, ok, iters, in_flight)))
             });
@@ -34,7 +35,8 @@ fn criterion_groups(c: &mut Criterion, rt: &Runtime, ok: &str, flaky: &str) {
         group.finish();
     }
     let mut group = c.benchmark_group("retry path (a 503, then a 200, no backoff)");
-    for (name, client) in retrying_clients() {
+    for (name, make) in retrying_clients() {
+        let client = make();
         // Every logical request must meet exactly one 503 and one 200.
         assert_eq!(rt.block_on(client.post(flaky)), 200);
         group.bench_function(BenchmarkId::from_parameter(name), |b| {
@@ -53,7 +55,10 @@ fn quantile(values: &[f64], q: f64) -> f64 {
 /// time per request, and the median and interquartile range of its per-round ratio to (b) and
 /// of (d) to (c).
 fn interleaved(rt: &Runtime, url: &str, rounds: usize, per_round: u64, in_flight: u64) {
-    let clients = clients();
+    let clients: Vec<_> = clients()
+        .into_iter()
+        .map(|(name, make)| (name, make()))
+        .collect();
     for (_, client) in &clients {
         rt.block_on(run(client, url, 256, in_flight));
     }

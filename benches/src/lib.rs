@@ -1,4 +1,4 @@
-//! What the benches and the allocation test share: a hyper server on loopback, the five clients
+//! What the benches and the allocation test share: a hyper server on loopback, the six clients
 //! under comparison, and the loop that drives them.
 //!
 //! Every client sends the same small POST to the same server, in the same process, so what
@@ -11,20 +11,27 @@
 //! | (c) | reqwest-retry's `RetryTransientMiddleware`, 3 attempts (the plainest peer) |
 //! | (d) | this crate's `RetryMiddleware` with its defaults: keys on POST, a retry budget |
 //! | (e) | this crate without idempotency keys |
+//! | (f) | a reference, not a peer: (e) with a fixed 36-character `Idempotency-Key` header put on
+//! every attempt, so that (f) - (e) is what one more header of that size costs reqwest and the
+//! server, and (d) - (f) is what making and recording a key costs this crate |
 
 use std::convert::Infallible;
+use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
+use http::Extensions;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
-use reqwest_middleware::{ClientBuilder, ClientWithMiddleware};
+use reqwest::header::{HeaderName, HeaderValue};
+use reqwest_middleware::{ClientBuilder, ClientWithMiddleware, Middleware, Next};
 use reqwest_safe_retry::{RetryBudget, RetryMiddleware, RetryPolicy};
 use tokio::net::TcpListener;
 
@@ -129,58 +136,98 @@ pub fn reqwest_retry(
     reqwest_retry::RetryTransientMiddleware::new_with_policy(policy.build_with_max_retries(2))
 }
 
-/// The five clients of the success path, each with its label.
-pub fn clients() -> Vec<(&'static str, Client)> {
-    let chain = || ClientBuilder::new(reqwest::Client::new());
+/// A client's label, and the function that builds it.
+pub type Labelled = (&'static str, fn() -> Client);
+
+/// The clients of the success path, each with its label and a function that builds it: a
+/// measured process builds only the one it measures, so the others leave no trace in its heap
+/// (glibc's allocator costs a different number of instructions on a different heap).
+pub fn clients() -> Vec<Labelled> {
+    fn chain() -> ClientBuilder {
+        ClientBuilder::new(reqwest::Client::new())
+    }
+    fn ours() -> RetryMiddleware {
+        RetryMiddleware::new(RetryPolicy::default())
+    }
     vec![
-        ("(a) bare reqwest", Client::Bare(reqwest::Client::new())),
-        ("(b) reqwest-middleware", Client::Chain(chain().build())),
-        (
-            "(c) reqwest-retry",
-            Client::Chain(chain().with(reqwest_retry(false)).build()),
-        ),
-        (
-            "(d) this crate",
+        ("(a) bare reqwest", || Client::Bare(reqwest::Client::new())),
+        ("(b) reqwest-middleware", || Client::Chain(chain().build())),
+        ("(c) reqwest-retry", || {
+            Client::Chain(chain().with(reqwest_retry(false)).build())
+        }),
+        ("(d) this crate", || {
+            Client::Chain(chain().with(ours()).build())
+        }),
+        ("(e) without keys", || {
+            Client::Chain(chain().with(ours().without_idempotency_keys()).build())
+        }),
+        ("(f) (e) + a fixed header", || {
             Client::Chain(
                 chain()
-                    .with(RetryMiddleware::new(RetryPolicy::default()))
+                    .with(ours().without_idempotency_keys())
+                    .with(FixedKeyHeader)
                     .build(),
-            ),
-        ),
-        (
-            "(e) without keys",
-            Client::Chain(
-                chain()
-                    .with(RetryMiddleware::new(RetryPolicy::default()).without_idempotency_keys())
-                    .build(),
-            ),
-        ),
+            )
+        }),
     ]
 }
 
-/// The two clients of the retry path (a 503, then a 200, no backoff): (c) and (d).
-pub fn retrying_clients() -> Vec<(&'static str, Client)> {
-    let zero = RetryPolicy::builder()
-        .base_delay(Duration::ZERO)
-        .max_delay(Duration::ZERO)
-        .build()
-        .unwrap();
-    // A budget that never runs dry here: the bench measures the retry, not a refusal.
-    let budget = RetryBudget::builder().capacity(1e12).build().unwrap();
-    let chain = || ClientBuilder::new(reqwest::Client::new());
+/// Puts the same `Idempotency-Key` value, as long as a default key, on every request it sees:
+/// the reference client (f) measures the header's own cost with it.
+#[derive(Debug, Clone, Copy)]
+pub struct FixedKeyHeader;
+
+impl Middleware for FixedKeyHeader {
+    fn handle<'life0, 'life1, 'life2, 'async_trait>(
+        &'life0 self,
+        mut request: reqwest::Request,
+        extensions: &'life1 mut Extensions,
+        next: Next<'life2>,
+    ) -> Pin<
+        Box<
+            dyn Future<Output = reqwest_middleware::Result<reqwest::Response>>
+                + Send
+                + 'async_trait,
+        >,
+    >
+    where
+        'life0: 'async_trait,
+        'life1: 'async_trait,
+        'life2: 'async_trait,
+        Self: 'async_trait,
+    {
+        request.headers_mut().insert(
+            HeaderName::from_static("idempotency-key"),
+            HeaderValue::from_static("6f1c1f4e-0d7b-4a4e-9a38-2f1d5c7b9e01"),
+        );
+        next.run(request, extensions)
+    }
+}
+
+/// The two clients of the retry path (a 503, then a 200, no backoff): (c) and (d), each with
+/// its label and a function that builds it.
+pub fn retrying_clients() -> Vec<Labelled> {
+    fn chain() -> ClientBuilder {
+        ClientBuilder::new(reqwest::Client::new())
+    }
     vec![
-        (
-            "(c) reqwest-retry",
-            Client::Chain(chain().with(reqwest_retry(true)).build()),
-        ),
-        (
-            "(d) this crate",
+        ("(c) reqwest-retry", || {
+            Client::Chain(chain().with(reqwest_retry(true)).build())
+        }),
+        ("(d) this crate", || {
+            let zero = RetryPolicy::builder()
+                .base_delay(Duration::ZERO)
+                .max_delay(Duration::ZERO)
+                .build()
+                .unwrap();
+            // A budget that never runs dry here: the bench measures the retry, not a refusal.
+            let budget = RetryBudget::builder().capacity(1e12).build().unwrap();
             Client::Chain(
                 chain()
                     .with(RetryMiddleware::new(zero).with_budget(budget))
                     .build(),
-            ),
-        ),
+            )
+        }),
     ]
 }
 
