@@ -14,7 +14,7 @@
 
 use std::time::Duration;
 
-use crate::rng::{Rng, uniform_duration};
+use crate::rng::{RandomSource, uniform_duration};
 
 /// The largest wait the schedule allows before retry `retry` (0-based): `min(cap, base * 2^retry)`.
 pub(crate) fn ceiling(base: Duration, cap: Duration, retry: u32) -> Duration {
@@ -24,14 +24,24 @@ pub(crate) fn ceiling(base: Duration, cap: Duration, retry: u32) -> Duration {
 }
 
 /// A wait drawn uniformly from `[0, ceiling(base, cap, retry)]`.
-pub(crate) fn full_jitter(base: Duration, cap: Duration, retry: u32, rng: &dyn Rng) -> Duration {
+pub(crate) fn full_jitter(
+    base: Duration,
+    cap: Duration,
+    retry: u32,
+    rng: &dyn RandomSource,
+) -> Duration {
     uniform_duration(rng, ceiling(base, cap, retry))
 }
 
 /// A wait drawn from `[c/2, c]`, `c = ceiling(base, cap, retry)`: "equal" jitter, half fixed and
 /// half random. Kept for comparison in the simulator; the middleware uses full jitter.
 #[cfg_attr(not(feature = "sim"), allow(dead_code))]
-pub(crate) fn equal_jitter(base: Duration, cap: Duration, retry: u32, rng: &dyn Rng) -> Duration {
+pub(crate) fn equal_jitter(
+    base: Duration,
+    cap: Duration,
+    retry: u32,
+    rng: &dyn RandomSource,
+) -> Duration {
     let top = ceiling(base, cap, retry);
     let half = top / 2;
     half + uniform_duration(rng, top - half)
@@ -44,7 +54,7 @@ pub(crate) fn decorrelated_jitter(
     base: Duration,
     cap: Duration,
     previous: Duration,
-    rng: &dyn Rng,
+    rng: &dyn RandomSource,
 ) -> Duration {
     let top = previous.saturating_mul(3).max(base);
     (base + uniform_duration(rng, top - base)).min(cap)

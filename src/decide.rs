@@ -55,7 +55,7 @@ use crate::error::StopReason;
 use crate::observe::{Count, MetricKeys, RetryCounters};
 use crate::policy::RetryPolicy;
 use crate::retry_after;
-use crate::rng::Rng;
+use crate::rng::RandomSource;
 use crate::schedule::{self, Wait};
 
 /// What the decider is told about one attempt's outcome.
@@ -201,7 +201,7 @@ impl<'a> Decider<'a> {
         &mut self,
         observed: Observed<'_>,
         time: &dyn Clock,
-        rng: &dyn Rng,
+        rng: &dyn RandomSource,
     ) -> Wait {
         let kind = match observed.verdict {
             Verdict::Final(stop) => {

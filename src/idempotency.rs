@@ -20,20 +20,45 @@ use crate::error::InvalidConfig;
 
 /// The area named in this module's configuration errors.
 const KEYS: &str = "idempotency keys";
-use crate::rng::{Rng, SeededRng};
+use crate::rng::{RandomSource, SeededRng};
 
 /// The default header name, per the IETF draft.
 const DEFAULT_HEADER: &str = "idempotency-key";
 
 /// How a key is written into the header value.
+///
+/// # Which to pick
+///
+/// [`Bare`](Self::Bare), the default, unless the server follows the IETF draft to the letter.
+/// Servers in use take the key as it comes: Stripe and the APIs modelled on it document bare
+/// values, and server libraries either validate it as a bare value (Django's
+/// drf-idempotency answers `400` to anything but letters, digits and `-._~:`, so a quoted key
+/// fails every request) or store the quotes as part of the key (so a client that switches
+/// forms gets the effect twice). A UUID is letters, digits and `-`, which every one of them
+/// accepts. The draft (`draft-ietf-httpapi-idempotency-key-header`, expired) asks for a
+/// Structured Field String, `"8e03…"`: pick [`Quoted`](Self::Quoted) for a server that parses
+/// it as one and rejects a bare value.
+///
+/// Keep one format per server for good: the same operation sent once in each form may be two
+/// keys to it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 #[non_exhaustive]
 pub enum KeyFormat {
-    /// A Structured Field String, as the IETF draft specifies: `Idempotency-Key: "8e03…"`.
+    /// The bare key: `Idempotency-Key: 8e03…`. The default. A key the middleware makes is a
+    /// UUID (letters, digits, `-`); a key from a [`KeySource`] must be visible ASCII without
+    /// spaces, quotes or backslashes.
     #[default]
+    Bare,
+    /// A Structured Field String, as the IETF draft specifies: `Idempotency-Key: "8e03…"`.
     Quoted,
-    /// The bare key, as many servers (Stripe-style) expect: `Idempotency-Key: 8e03…`.
-    Token,
+}
+
+impl KeyFormat {
+    /// The old name of [`KeyFormat::Bare`]: a Structured Field Token cannot start with a
+    /// digit, and a UUID often does, so the bare form was never a Token.
+    #[deprecated(since = "0.2.0", note = "renamed to `KeyFormat::Bare`")]
+    #[allow(non_upper_case_globals)]
+    pub const Token: KeyFormat = KeyFormat::Bare;
 }
 
 /// Where new keys come from.
@@ -138,7 +163,7 @@ impl KeySource for SeededKeys {
 /// use reqwest_safe_retry::{IdempotencyKeys, KeyFormat, RetryMiddleware, RetryPolicy};
 ///
 /// let keys = IdempotencyKeys::builder()
-///     .format(KeyFormat::Token)
+///     .format(KeyFormat::Quoted)
 ///     .build()
 ///     .expect("valid key settings");
 /// let middleware = RetryMiddleware::new(RetryPolicy::default()).with_idempotency_keys(keys);
@@ -182,7 +207,7 @@ impl IdempotencyKeys {
             // The default: a UUID v4 from the thread-local CSPRNG, cut from a batch.
             let value = match self.format {
                 KeyFormat::Quoted => next_batched_key(..),
-                KeyFormat::Token => next_batched_key(1..37),
+                KeyFormat::Bare => next_batched_key(1..37),
             };
             // Hex digits, hyphens and quotes: a valid header value by construction.
             return Ok(HeaderValue::from_maybe_shared(value)
@@ -288,7 +313,7 @@ impl fmt::Debug for IdempotencyKeys {
 /// | setting | default |
 /// |---|---|
 /// | [`header_name`](Self::header_name) | `Idempotency-Key` |
-/// | [`format`](Self::format) | [`KeyFormat::Quoted`] |
+/// | [`format`](Self::format) | [`KeyFormat::Bare`] |
 /// | [`stamp_methods`](Self::stamp_methods) | POST, PATCH |
 /// | [`key_source`](Self::key_source) | [`UuidKeys`] (random UUID v4) |
 #[derive(Clone)]
@@ -303,7 +328,7 @@ impl Default for IdempotencyKeysBuilder {
     fn default() -> Self {
         IdempotencyKeysBuilder {
             header: DEFAULT_HEADER.to_owned(),
-            format: KeyFormat::Quoted,
+            format: KeyFormat::Bare,
             methods: vec![Method::POST, Method::PATCH],
             source: None,
         }
@@ -449,7 +474,7 @@ pub(crate) fn format_key(key: &str, format: KeyFormat) -> Result<String, Invalid
             out.push('"');
             Ok(out)
         }
-        KeyFormat::Token => {
+        KeyFormat::Bare => {
             if !key.bytes().all(is_bare) {
                 return Err(invalid(BARE_TEXT));
             }
@@ -463,57 +488,58 @@ fn is_bare(b: u8) -> bool {
 }
 
 /// Checks a header value the caller set as the key: it is sent as it is, so it must already be
-/// a valid key in `format`.
+/// a valid key. Under [`KeyFormat::Bare`] that is a bare key or a well-formed quoted one (the
+/// caller may know their server wants quotes); under [`KeyFormat::Quoted`], a quoted one.
 pub(crate) fn check_caller_value(value: &HeaderValue, format: KeyFormat) -> Result<(), InvalidKey> {
     let bytes = value.as_bytes();
-    let invalid = |rule| InvalidKey {
-        key: String::from_utf8_lossy(bytes).into_owned(),
-        format,
-        rule,
+    let rule = match format {
+        KeyFormat::Bare if bytes.first() == Some(&b'"') => quoted_rule(bytes),
+        KeyFormat::Quoted => quoted_rule(bytes),
+        KeyFormat::Bare if bytes.is_empty() => Some(EMPTY),
+        KeyFormat::Bare => (!bytes.iter().copied().all(is_bare)).then_some(BARE_TEXT),
     };
-    match format {
-        KeyFormat::Quoted => {
-            if bytes.is_empty() || bytes == b"\"\"" {
-                return Err(invalid(EMPTY));
+    match rule {
+        None => Ok(()),
+        Some(rule) => Err(InvalidKey {
+            key: String::from_utf8_lossy(bytes).into_owned(),
+            format,
+            rule,
+        }),
+    }
+}
+
+/// The rule a quoted key breaks, if any: `"`, then visible ASCII or spaces with `"` and `\`
+/// escaped by a backslash, then `"`; not empty.
+fn quoted_rule(bytes: &[u8]) -> Option<&'static str> {
+    if bytes.is_empty() || bytes == b"\"\"" {
+        return Some(EMPTY);
+    }
+    let Some(inner) = bytes
+        .strip_prefix(b"\"")
+        .and_then(|rest| rest.strip_suffix(b"\""))
+    else {
+        return Some(QUOTES);
+    };
+    let mut escaped = false;
+    for &b in inner {
+        let ok = match (escaped, b) {
+            (true, b'"' | b'\\') => {
+                escaped = false;
+                true
             }
-            let inner = bytes
-                .strip_prefix(b"\"")
-                .and_then(|rest| rest.strip_suffix(b"\""))
-                .ok_or_else(|| invalid(QUOTES))?;
-            let mut escaped = false;
-            for &b in inner {
-                let ok = match (escaped, b) {
-                    (true, b'"' | b'\\') => {
-                        escaped = false;
-                        true
-                    }
-                    (true, _) => false,
-                    (false, b'\\') => {
-                        escaped = true;
-                        true
-                    }
-                    (false, b'"') => false,
-                    (false, b) => (0x20..=0x7E).contains(&b),
-                };
-                if !ok {
-                    return Err(invalid(QUOTED_TEXT));
-                }
+            (true, _) => false,
+            (false, b'\\') => {
+                escaped = true;
+                true
             }
-            if escaped {
-                return Err(invalid(QUOTED_TEXT));
-            }
-            Ok(())
-        }
-        KeyFormat::Token => {
-            if bytes.is_empty() {
-                return Err(invalid(EMPTY));
-            }
-            if !bytes.iter().copied().all(is_bare) {
-                return Err(invalid(BARE_TEXT));
-            }
-            Ok(())
+            (false, b'"') => false,
+            (false, b) => (0x20..=0x7E).contains(&b),
+        };
+        if !ok {
+            return Some(QUOTED_TEXT);
         }
     }
+    escaped.then_some(QUOTED_TEXT)
 }
 
 /// Standard fields that mean something else. A key header of one of these names would make
@@ -598,38 +624,35 @@ mod tests {
 
     #[test]
     fn token_keys_are_sent_bare() {
-        assert_eq!(
-            format_key("order-42", KeyFormat::Token).unwrap(),
-            "order-42"
-        );
+        assert_eq!(format_key("order-42", KeyFormat::Bare).unwrap(), "order-42");
     }
 
     #[test]
     fn keys_that_cannot_be_sent_whole_are_rejected() {
-        for format in [KeyFormat::Quoted, KeyFormat::Token] {
+        for format in [KeyFormat::Quoted, KeyFormat::Bare] {
             for bad in ["", "line\r\nbreak", "tab\there", "naïve", "nul\0"] {
                 let err = format_key(bad, format).unwrap_err();
                 assert_eq!(err.key(), bad);
             }
         }
-        assert!(format_key("has space", KeyFormat::Token).is_err());
+        assert!(format_key("has space", KeyFormat::Bare).is_err());
     }
 
     #[test]
     fn the_rejection_says_what_keys_may_contain() {
-        let err = format_key("a\nb", KeyFormat::Token).unwrap_err();
+        let err = format_key("a\nb", KeyFormat::Bare).unwrap_err();
         assert_eq!(
             err.to_string(),
-            "idempotency key \"a\\nb\" cannot be sent as a Token key: a bare key must be \
+            "idempotency key \"a\\nb\" cannot be sent as a Bare key: a bare key must be \
              visible ASCII (0x21-0x7E), without spaces or quotes"
         );
         assert_eq!(format_key("", KeyFormat::Quoted).unwrap_err().rule(), EMPTY);
     }
 
     #[test]
-    fn a_caller_s_key_must_already_be_valid_in_the_configured_format() {
+    fn a_caller_s_key_must_already_be_a_valid_key() {
         let value = |v: &[u8]| HeaderValue::from_bytes(v).unwrap();
-        let cases: [(&[u8], KeyFormat, Result<(), &str>); 16] = [
+        let cases: [(&[u8], KeyFormat, Result<(), &str>); 20] = [
             (b"\"order-42\"", KeyFormat::Quoted, Ok(())),
             (b"\"with space\"", KeyFormat::Quoted, Ok(())),
             (br#""say \"hi\" \\o/""#, KeyFormat::Quoted, Ok(())),
@@ -640,12 +663,17 @@ mod tests {
             (br#""a"b""#, KeyFormat::Quoted, Err(QUOTED_TEXT)),
             (br#""a\b""#, KeyFormat::Quoted, Err(QUOTED_TEXT)),
             (b"\"caf\xc3\xa9\"", KeyFormat::Quoted, Err(QUOTED_TEXT)),
-            (b"order-42", KeyFormat::Token, Ok(())),
-            (b"8e03-aa:~._", KeyFormat::Token, Ok(())),
-            (b"", KeyFormat::Token, Err(EMPTY)),
-            (b"with space", KeyFormat::Token, Err(BARE_TEXT)),
-            (b"\"quoted\"", KeyFormat::Token, Err(BARE_TEXT)),
-            (b"caf\xc3\xa9", KeyFormat::Token, Err(BARE_TEXT)),
+            (b"order-42", KeyFormat::Bare, Ok(())),
+            (b"8e03-aa:~._", KeyFormat::Bare, Ok(())),
+            (b"", KeyFormat::Bare, Err(EMPTY)),
+            (b"with space", KeyFormat::Bare, Err(BARE_TEXT)),
+            (b"caf\xc3\xa9", KeyFormat::Bare, Err(BARE_TEXT)),
+            (b"a\"b", KeyFormat::Bare, Err(BARE_TEXT)),
+            // Under the bare format a caller may still send a quoted key, if well formed.
+            (b"\"quoted\"", KeyFormat::Bare, Ok(())),
+            (b"\"with space\"", KeyFormat::Bare, Ok(())),
+            (b"\"\"", KeyFormat::Bare, Err(EMPTY)),
+            (b"\"unterminated", KeyFormat::Bare, Err(QUOTES)),
         ];
         for (bytes, format, expected) in cases {
             let got = check_caller_value(&value(bytes), format).map_err(|e| e.rule());
@@ -661,20 +689,20 @@ mod tests {
     #[test]
     fn keys_and_their_builder_debug_without_the_source() {
         let builder = IdempotencyKeys::builder()
-            .format(KeyFormat::Token)
+            .format(KeyFormat::Bare)
             .stamp_methods([Method::POST])
             .key_source(|| "k".to_owned());
         assert_eq!(
             format!("{builder:?}"),
-            "IdempotencyKeysBuilder { header: \"idempotency-key\", format: Token, \
+            "IdempotencyKeysBuilder { header: \"idempotency-key\", format: Bare, \
              methods: [POST], custom_source: true }"
         );
         let keys = builder.build().unwrap();
-        assert_eq!(keys.format(), KeyFormat::Token);
+        assert_eq!(keys.format(), KeyFormat::Bare);
         assert!(keys.stamps(&Method::POST) && !keys.stamps(&Method::PATCH));
         assert_eq!(
             format!("{keys:?}"),
-            "IdempotencyKeys { header: \"idempotency-key\", format: Token, methods: [POST], \
+            "IdempotencyKeys { header: \"idempotency-key\", format: Bare, methods: [POST], \
              source: \"custom\" }"
         );
     }
@@ -696,7 +724,7 @@ mod tests {
 
     #[test]
     fn the_default_key_values_are_distinct_and_well_formed() {
-        for (format, len) in [(KeyFormat::Quoted, 38), (KeyFormat::Token, 36)] {
+        for (format, len) in [(KeyFormat::Quoted, 38), (KeyFormat::Bare, 36)] {
             let keys = IdempotencyKeys::builder().format(format).build().unwrap();
             let a = keys.new_value().unwrap();
             let b = keys.new_value().unwrap();
@@ -708,9 +736,9 @@ mod tests {
 
     #[test]
     fn default_keys_made_in_batches_stay_distinct_across_batches_and_formats() {
-        let quoted = IdempotencyKeys::default();
-        let bare = IdempotencyKeys::builder()
-            .format(KeyFormat::Token)
+        let bare = IdempotencyKeys::default();
+        let quoted = IdempotencyKeys::builder()
+            .format(KeyFormat::Quoted)
             .build()
             .unwrap();
         let mut seen = std::collections::HashSet::new();
@@ -755,24 +783,32 @@ mod tests {
     }
 
     #[test]
-    fn default_keys_are_quoted_uuid_v4_on_post_and_patch() {
+    fn default_keys_are_bare_uuid_v4_on_post_and_patch() {
         let keys = IdempotencyKeys::default();
         assert_eq!(keys.header_name(), "idempotency-key");
+        assert_eq!(keys.format(), KeyFormat::Bare);
         assert!(keys.stamps(&Method::POST) && keys.stamps(&Method::PATCH));
         assert!(!keys.stamps(&Method::GET) && !keys.stamps(&Method::PUT));
         let value = keys.new_value().unwrap();
         let text = value.to_str().unwrap();
-        assert_eq!(text.len(), 38);
-        let uuid = uuid::Uuid::parse_str(&text[1..37]).unwrap();
+        assert_eq!(text.len(), 36);
+        let uuid = uuid::Uuid::parse_str(text).unwrap();
         assert_eq!(uuid.get_version_num(), 4);
-        assert!(text.starts_with('"') && text.ends_with('"'));
+        assert_eq!(uuid.hyphenated().to_string(), text, "lowercase, hyphenated");
         assert_ne!(keys.new_value().unwrap(), value);
+    }
+
+    #[test]
+    #[allow(deprecated)]
+    fn the_old_name_of_the_bare_format_still_names_it() {
+        assert_eq!(KeyFormat::Token, KeyFormat::Bare);
+        assert!(matches!(KeyFormat::Bare, KeyFormat::Token));
     }
 
     #[test]
     fn default_token_keys_are_bare_uuids() {
         let keys = IdempotencyKeys::builder()
-            .format(KeyFormat::Token)
+            .format(KeyFormat::Bare)
             .build()
             .unwrap();
         let value = keys.new_value().unwrap();

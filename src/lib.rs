@@ -41,10 +41,10 @@
 //!
 //! # Idempotency keys
 //!
-//! POST and PATCH requests without a key get a fresh one (a random UUID, written as a quoted
-//! Structured Field String per the IETF draft: `Idempotency-Key: "8e03…"`) before the first
-//! attempt, and every attempt carries the identical value. A key the caller set is kept byte for
-//! byte. [`IdempotencyKeys`] changes the header name, the format (quoted or a bare token), the
+//! POST and PATCH requests without a key get a fresh one (a random UUID, bare, as servers in use
+//! accept it: `Idempotency-Key: 8e03…`) before the first attempt, and every attempt carries the
+//! identical value. A key the caller set is kept byte for byte. [`IdempotencyKeys`] changes the
+//! header name, the format (bare, or quoted as the IETF draft asks: see [`KeyFormat`]), the
 //! stamped methods and the key source; [`RetryMiddleware::without_idempotency_keys`] turns keys
 //! off. The [`RetryRecord`] or [`RetryError`] of a request tells which key it used, and whether
 //! the server answered with a replay (`Idempotent-Replayed: true`).
@@ -296,7 +296,7 @@ pub use idempotency::{
 pub use middleware::RetryMiddleware;
 pub use observe::{CounterSnapshot, RetryCounters, RetryEvent, RetryObserver};
 pub use policy::{RetryPolicy, RetryPolicyBuilder};
-pub use rng::{Rng, SeededRng, ThreadRng};
+pub use rng::{RandomSource, SeededRng, ThreadRng};
 
 /// The README's examples, compiled and run as doctests.
 #[cfg(doctest)]

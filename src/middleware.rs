@@ -41,7 +41,7 @@ use crate::error::{AttemptTimeout, InvalidConfig, RetryError, RetryRecord, StopR
 use crate::idempotency::{self, IdempotencyKeys};
 use crate::observe::{Count, RetryCounters, RetryEvent, RetryObserver};
 use crate::policy::RetryPolicy;
-use crate::rng::{Rng, SharedRng, ThreadRng};
+use crate::rng::{RandomSource, SharedRng, ThreadRng};
 use crate::schedule::Wait;
 
 /// A [`reqwest_middleware::Middleware`] that retries transient failures when repeating is safe.
@@ -64,7 +64,7 @@ use crate::schedule::Wait;
 /// | retry budget | a new [`RetryBudget::default()`] per dependency: about 10 % extra load ([`with_budget`](Self::with_budget), [`without_budget`](Self::without_budget)) |
 /// | clock | [`TokioClock`] ([`with_clock`](Self::with_clock)) |
 /// | random source | [`ThreadRng`] ([`with_rng`](Self::with_rng)) |
-/// | idempotency keys | [`IdempotencyKeys::default()`]: a quoted random UUID on POST and PATCH ([`with_idempotency_keys`](Self::with_idempotency_keys), [`without_idempotency_keys`](Self::without_idempotency_keys)) |
+/// | idempotency keys | [`IdempotencyKeys::default()`]: a bare random UUID on POST and PATCH ([`with_idempotency_keys`](Self::with_idempotency_keys), [`without_idempotency_keys`](Self::without_idempotency_keys)) |
 /// | observer | none ([`with_observer`](Self::with_observer)) |
 ///
 /// In tests, use `FakeClock`, [`SeededRng`](crate::SeededRng) and
@@ -128,7 +128,7 @@ impl RetryMiddleware {
     }
 
     /// Draws jitter from `rng`.
-    pub fn with_rng(mut self, rng: impl Rng) -> Self {
+    pub fn with_rng(mut self, rng: impl RandomSource) -> Self {
         self.rng = SharedRng(Arc::new(rng));
         self
     }
@@ -666,6 +666,6 @@ mod tests {
         let debug = format!("{observed:?}");
         assert!(debug.contains("observer: Some(RetryObserver)"), "{debug}");
         assert!(debug.contains("clock: Clock"), "{debug}");
-        assert!(debug.contains("rng: Rng"), "{debug}");
+        assert!(debug.contains("rng: RandomSource"), "{debug}");
     }
 }

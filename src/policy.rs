@@ -50,7 +50,9 @@ impl RetryPolicy {
         RetryPolicyBuilder::new()
     }
 
-    /// The most attempts one logical request makes, the first included.
+    /// The most attempts one logical request makes, the first included: the most retries
+    /// plus one.
+    #[doc(alias = "max_retries")]
     pub fn max_attempts(&self) -> u32 {
         self.max_attempts
     }
@@ -185,9 +187,27 @@ impl RetryPolicyBuilder {
     }
 
     /// The most attempts per logical request, the first included; 1 turns retries off.
-    /// Must be at least 1.
+    /// Must be at least 1. [`max_retries`](Self::max_retries) says the same in retries.
+    #[doc(alias = "max_retries")]
     pub fn max_attempts(mut self, attempts: u32) -> Self {
         self.max_attempts = attempts;
+        self
+    }
+
+    /// The most retries per logical request, after the first attempt: `max_retries(2)` is
+    /// `max_attempts(3)`, as reqwest-retry's and backon's `max_retries`/`with_max_times` count.
+    /// 0 turns retries off.
+    ///
+    /// ```
+    /// use reqwest_safe_retry::RetryPolicy;
+    ///
+    /// let policy = RetryPolicy::builder().max_retries(2).build()?;
+    /// assert_eq!(policy.max_attempts(), 3);
+    /// # Ok::<(), reqwest_safe_retry::InvalidConfig>(())
+    /// ```
+    #[doc(alias = "retries")]
+    pub fn max_retries(mut self, retries: u32) -> Self {
+        self.max_attempts = retries.saturating_add(1);
         self
     }
 

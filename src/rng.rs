@@ -9,32 +9,61 @@
 //! counter, so it is lock-free and still deterministic for a given order of calls.
 
 use std::fmt;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// A source of uniformly distributed 64-bit values, shared by all requests of a middleware.
 ///
-/// Any `Fn() -> u64` closure that is `Send + Sync` is an `Rng`, which is handy in tests:
+/// Named so that it imports beside `rand::Rng`. Any `Fn() -> u64` closure that is
+/// `Send + Sync` is a `RandomSource`, which is handy in tests:
 ///
 /// ```
-/// use reqwest_safe_retry::Rng;
+/// use reqwest_safe_retry::RandomSource;
 ///
 /// // Always the largest value: every jittered wait takes its full ceiling.
 /// let max = || u64::MAX;
 /// assert_eq!(max.next_u64(), u64::MAX);
 /// ```
-pub trait Rng: Send + Sync + 'static {
+///
+/// So is any of `rand`'s generators in a [`Mutex`]: they take `&mut self`, and one middleware
+/// draws for many requests at once.
+///
+/// ```
+/// use std::sync::Mutex;
+/// use rand::SeedableRng;
+/// use reqwest_safe_retry::{RandomSource, RetryMiddleware, RetryPolicy};
+///
+/// let seeded = Mutex::new(rand::rngs::StdRng::seed_from_u64(7));
+/// let again = Mutex::new(rand::rngs::StdRng::seed_from_u64(7));
+/// assert_eq!(seeded.next_u64(), again.next_u64());
+/// let middleware = RetryMiddleware::new(RetryPolicy::default()).with_rng(seeded);
+/// # drop(middleware);
+/// ```
+pub trait RandomSource: Send + Sync + 'static {
     /// Returns the next value, uniformly distributed over all of `u64`.
     fn next_u64(&self) -> u64;
 }
 
-impl<F> Rng for F
+impl<F> RandomSource for F
 where
     F: Fn() -> u64 + Send + Sync + 'static,
 {
     fn next_u64(&self) -> u64 {
         self()
+    }
+}
+
+impl<R> RandomSource for Mutex<R>
+where
+    R: rand::Rng + Send + 'static,
+{
+    fn next_u64(&self) -> u64 {
+        // A generator left by a panicking draw is still a generator.
+        let mut rng = self
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        rand::Rng::next_u64(&mut *rng)
     }
 }
 
@@ -53,7 +82,7 @@ impl ThreadRng {
     }
 }
 
-impl Rng for ThreadRng {
+impl RandomSource for ThreadRng {
     fn next_u64(&self) -> u64 {
         rand::Rng::next_u64(&mut rand::rng())
     }
@@ -65,7 +94,7 @@ impl Rng for ThreadRng {
 /// sound for jitter, not for cryptography.
 ///
 /// ```
-/// use reqwest_safe_retry::{Rng, SeededRng};
+/// use reqwest_safe_retry::{RandomSource, SeededRng};
 ///
 /// let a = SeededRng::new(7);
 /// let b = SeededRng::new(7);
@@ -85,7 +114,7 @@ impl SeededRng {
     }
 }
 
-impl Rng for SeededRng {
+impl RandomSource for SeededRng {
     fn next_u64(&self) -> u64 {
         const GAMMA: u64 = 0x9E37_79B9_7F4A_7C15;
         let mut z = self
@@ -101,7 +130,7 @@ impl Rng for SeededRng {
 /// A uniformly chosen duration in `[0, max]`, both ends included, at nanosecond resolution.
 ///
 /// Durations beyond `u64::MAX` nanoseconds (about 584 years) are clamped there first.
-pub(crate) fn uniform_duration(rng: &dyn Rng, max: Duration) -> Duration {
+pub(crate) fn uniform_duration(rng: &dyn RandomSource, max: Duration) -> Duration {
     let max_nanos = u64::try_from(max.as_nanos()).unwrap_or(u64::MAX);
     // Multiply-shift maps a 64-bit value onto [0, max_nanos] with a bias below 2^-64 per value,
     // and without the modulo's division.
@@ -114,11 +143,11 @@ pub(crate) fn uniform_duration(rng: &dyn Rng, max: Duration) -> Duration {
 /// The random source as the middleware stores it: shared, with a `Debug` that does not require
 /// one from the user's type.
 #[derive(Clone)]
-pub(crate) struct SharedRng(pub(crate) Arc<dyn Rng>);
+pub(crate) struct SharedRng(pub(crate) Arc<dyn RandomSource>);
 
 impl fmt::Debug for SharedRng {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("Rng")
+        f.write_str("RandomSource")
     }
 }
 

@@ -22,7 +22,7 @@ use std::time::Duration;
 use crate::backoff;
 use crate::error::StopReason;
 use crate::policy::RetryPolicy;
-use crate::rng::Rng;
+use crate::rng::RandomSource;
 
 /// What to do after a transient failure that may be retried.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -40,7 +40,7 @@ pub(crate) fn next_wait(
     retry: u32,
     retry_after: Option<Duration>,
     remaining: Duration,
-    rng: &dyn Rng,
+    rng: &dyn RandomSource,
 ) -> Wait {
     let jitter = backoff::full_jitter(policy.base_delay(), policy.max_delay(), retry, rng);
     match retry_after {

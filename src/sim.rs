@@ -57,7 +57,7 @@ pub use svg::{Chart, Series};
 use crate::budget::RetryBudget;
 use crate::middleware::RetryMiddleware;
 use crate::policy::RetryPolicy;
-use crate::rng::{Rng, SeededRng};
+use crate::rng::{RandomSource, SeededRng};
 
 /// How the simulated dependency answers each attempt.
 #[derive(Debug, Clone, Copy, PartialEq)]

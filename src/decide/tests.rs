@@ -136,7 +136,7 @@ fn final_(stop: StopReason, answered: bool) -> Observed<'static> {
 }
 
 /// The largest draw: every jittered wait takes its full ceiling.
-const TOP: &dyn Rng = &|| u64::MAX;
+const TOP: &dyn RandomSource = &|| u64::MAX;
 
 /// Starts the next attempt, which must be allowed; returns its timeout.
 fn begin(d: &mut Decider<'_>, time: &Time) -> Duration {

@@ -210,10 +210,14 @@ fn the_defaults_agree_with_each_other() {
 async fn a_caller_s_invalid_key_fails_before_anything_is_sent() {
     let server = support::always(503).await;
     let (client, _) = support::client();
+    // The default format is bare, and a caller may also send a quoted key: what is refused is
+    // an empty key, a bare one with spaces, quotes or backslashes, or a broken quoted one.
     for (value, rule) in [
         ("", "an empty key"),
         ("\"\"", "an empty key"),
-        ("order 42", "must start and end with '\"'"),
+        ("order 42", "without spaces or quotes"),
+        ("order\"42", "without spaces or quotes"),
+        ("\"order-42", "must start and end with '\"'"),
         ("\"caf\u{e9}\"", "printable ASCII"),
     ] {
         let err = client
@@ -234,15 +238,15 @@ async fn a_caller_s_invalid_key_fails_before_anything_is_sent() {
     }
     assert_eq!(server.received_requests().await.unwrap().len(), 0);
 
-    // In the bare format, spaces and quotes are what is refused.
-    let bare = IdempotencyKeys::builder()
-        .format(KeyFormat::Token)
+    // In the quoted format, a bare key is what is refused.
+    let quoted = IdempotencyKeys::builder()
+        .format(KeyFormat::Quoted)
         .build()
         .unwrap();
     let client = ClientBuilder::new(reqwest::Client::new())
-        .with(RetryMiddleware::new(support::policy()).with_idempotency_keys(bare))
+        .with(RetryMiddleware::new(support::policy()).with_idempotency_keys(quoted))
         .build();
-    for value in ["order 42", "\"order-42\""] {
+    for value in ["order-42", "order 42"] {
         let err = client
             .post(server.uri())
             .header("Idempotency-Key", value)
@@ -250,7 +254,7 @@ async fn a_caller_s_invalid_key_fails_before_anything_is_sent() {
             .await
             .unwrap_err();
         assert!(
-            err.to_string().contains("without spaces or quotes"),
+            err.to_string().contains("must start and end with '\"'"),
             "{err}"
         );
     }

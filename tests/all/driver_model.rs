@@ -34,7 +34,7 @@ impl Gen {
     }
 
     fn next(&mut self) -> u64 {
-        reqwest_safe_retry::Rng::next_u64(&self.0)
+        reqwest_safe_retry::RandomSource::next_u64(&self.0)
     }
 
     fn upto(&mut self, n: u64) -> u64 {

@@ -176,7 +176,7 @@ async fn a_keyed_request_s_error_carries_its_key() {
         .key_source(SeededKeys::new(9))
         .build()
         .unwrap();
-    let expected = format!("\"{}\"", SeededKeys::new(9).next_key());
+    let expected = SeededKeys::new(9).next_key();
     let client = ClientBuilder::new(reqwest::Client::new())
         .with(
             RetryMiddleware::new(support::policy())

@@ -342,8 +342,8 @@ async fn every_attempt_carries_the_identical_quoted_key() {
 }
 
 #[tokio::test]
-async fn every_attempt_carries_the_identical_token_key() {
-    let keys = keys_received(KeyFormat::Token).await;
+async fn every_attempt_carries_the_identical_bare_key() {
+    let keys = keys_received(KeyFormat::Bare).await;
     assert!(keys.iter().all(|k| *k == keys[0]), "{keys:?}");
     assert_eq!(uuid_version(std::str::from_utf8(&keys[0]).unwrap()), 4);
 }
@@ -449,7 +449,7 @@ async fn get_requests_are_not_stamped() {
 async fn a_key_that_cannot_be_sent_fails_before_anything_is_sent() {
     let server = support::always(201).await;
     let keys = IdempotencyKeys::builder()
-        .format(KeyFormat::Token)
+        .format(KeyFormat::Bare)
         .key_source(|| "two words".to_owned())
         .build()
         .unwrap();
@@ -474,7 +474,7 @@ async fn a_custom_header_name_is_used() {
     let server = support::always(201).await;
     let keys = IdempotencyKeys::builder()
         .header_name("X-Request-Key")
-        .format(KeyFormat::Token)
+        .format(KeyFormat::Bare)
         .key_source(|| "k-1".to_owned())
         .build()
         .unwrap();
@@ -485,4 +485,104 @@ async fn a_custom_header_name_is_used() {
     let received = server.received_requests().await.unwrap();
     assert_eq!(received[0].headers["x-request-key"], "k-1");
     assert!(received[0].headers.get("idempotency-key").is_none());
+}
+
+/// A server that checks the key as Django's drf-idempotency does (letters, digits and `-._~:`
+/// only, else `400`), answers the first arrival of each key `503` before doing anything, and
+/// then performs the effect once per key, replaying it to later copies.
+struct ValidatingServer {
+    /// Per key: arrivals, and whether its effect was performed.
+    seen: std::sync::Mutex<std::collections::HashMap<Vec<u8>, (u32, bool)>>,
+    effects: std::sync::atomic::AtomicU32,
+}
+
+impl wiremock::Respond for ValidatingServer {
+    fn respond(&self, request: &wiremock::Request) -> ResponseTemplate {
+        let Some(key) = request.headers.get("idempotency-key") else {
+            return ResponseTemplate::new(400).set_body_string("Idempotency-Key required");
+        };
+        let valid = |b: &u8| b.is_ascii_alphanumeric() || b"-._~:".contains(b);
+        if key.is_empty() || !key.as_bytes().iter().all(valid) {
+            return ResponseTemplate::new(400).set_body_string(
+                "Invalid Idempotency-Key: must contain only letters, digits, and '-._~:'",
+            );
+        }
+        let mut seen = self.seen.lock().unwrap();
+        let (arrivals, done) = seen.entry(key.as_bytes().to_vec()).or_default();
+        *arrivals += 1;
+        if *arrivals == 1 {
+            return ResponseTemplate::new(503);
+        }
+        if !*done {
+            *done = true;
+            self.effects
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        ResponseTemplate::new(201)
+    }
+}
+
+#[tokio::test]
+async fn the_default_key_passes_a_server_that_validates_like_drf_idempotency() {
+    let server = wiremock::MockServer::start().await;
+    let validating = Arc::new(ValidatingServer {
+        seen: Default::default(),
+        effects: Default::default(),
+    });
+    struct Shared(Arc<ValidatingServer>);
+    impl wiremock::Respond for Shared {
+        fn respond(&self, request: &wiremock::Request) -> ResponseTemplate {
+            self.0.respond(request)
+        }
+    }
+    Mock::given(any())
+        .respond_with(Shared(validating.clone()))
+        .mount(&server)
+        .await;
+    // The defaults, apart from the clock: keys as the middleware makes them out of the box.
+    let clock = FakeClock::new();
+    let client = ClientBuilder::new(reqwest::Client::new())
+        .with(RetryMiddleware::new(support::policy()).with_clock(clock.clone()))
+        .build();
+
+    for order in 0..3 {
+        let response = client
+            .post(format!("{}/orders", server.uri()))
+            .body(format!("{{\"order\":{order}}}"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 201, "order {order}");
+        assert_eq!(RetryRecord::of(&response).unwrap().attempts(), 2);
+    }
+
+    assert_eq!(
+        validating
+            .effects
+            .load(std::sync::atomic::Ordering::Relaxed),
+        3
+    );
+    let received = server.received_requests().await.unwrap();
+    assert_eq!(received.len(), 6);
+    for pair in received.chunks(2) {
+        let key = &pair[0].headers["idempotency-key"];
+        assert_eq!(pair[1].headers["idempotency-key"], *key);
+        assert_eq!(uuid_version(key.to_str().unwrap()), 4);
+    }
+
+    // The same server refuses the quoted form, the draft's, to every request: what the default
+    // spares its users.
+    let quoted = IdempotencyKeys::builder()
+        .format(KeyFormat::Quoted)
+        .build()
+        .unwrap();
+    let (strict, _) = keyed_client(support::policy(), quoted);
+    let refused = strict.post(server.uri()).body("{}").send().await.unwrap();
+    assert_eq!(refused.status(), 400);
+    assert_eq!(
+        validating
+            .effects
+            .load(std::sync::atomic::Ordering::Relaxed),
+        3
+    );
 }

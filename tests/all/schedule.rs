@@ -14,7 +14,7 @@ async fn always_503() -> MockServer {
 async fn sleeps_of(
     server: &MockServer,
     policy: RetryPolicy,
-    rng: impl reqwest_safe_retry::Rng,
+    rng: impl reqwest_safe_retry::RandomSource,
 ) -> Vec<Duration> {
     let clock = FakeClock::new();
     let client = ClientBuilder::new(reqwest::Client::new())
