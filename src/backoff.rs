@@ -1,13 +1,14 @@
-//! Capped exponential backoff with full jitter.
+//! Capped exponential backoff, with full jitter unless the policy picks another.
 //!
-//! The wait before retry `k` (`k = 0` for the first retry) is drawn uniformly from
-//! `[0, min(cap, base * 2^k)]`.
+//! The ceiling of the wait before retry `k` (`k = 0` for the first retry) is
+//! `c = min(cap, base * 2^k)`, and [`Jitter`] says how the wait is drawn under it.
 //!
-//! Why full jitter: clients that failed together would, with a fixed exponential schedule, come
-//! back together, and fail together again. Drawing the whole wait at random spreads them over the
-//! window, which keeps both the number of calls and the time to finish low under contention;
-//! "equal" jitter (half fixed, half random) keeps a fixed floor that re-synchronises clients for
-//! no gain. The cap keeps a long run of failures from producing absurd waits.
+//! Why full jitter by default: clients that failed together would, with a fixed exponential
+//! schedule, come back together, and fail together again. Drawing the whole wait at random
+//! spreads them over the window, which keeps both the number of calls and the time to finish
+//! low under contention; "equal" jitter (half fixed, half random) keeps a fixed floor that
+//! re-synchronises clients for no gain. The others are there for a client that must behave like
+//! another one. Every strategy stays at or under the cap.
 //!
 //! The arithmetic saturates: `2^k` stops growing once it no longer fits, and the product with the
 //! base stops at `Duration::MAX` before the cap applies, so any attempt number is safe.
@@ -15,6 +16,65 @@
 use std::time::Duration;
 
 use crate::rng::{RandomSource, uniform_duration};
+
+/// How the wait before a retry is drawn under its ceiling `c = min(max_delay, base_delay * 2^k)`
+/// (`k = 0` for the first retry). Every strategy stays within `[0, max_delay]`.
+///
+/// | strategy | the wait before retry `k` |
+/// |---|---|
+/// | [`Full`](Self::Full) (default) | uniform in `[0, c]` |
+/// | [`Equal`](Self::Equal) | uniform in `[c / 2, c]` |
+/// | [`Decorrelated`](Self::Decorrelated) | uniform in `[base_delay, max(base_delay, 3 * previous)]`, then capped at `max_delay`; `previous` is the last backoff drawn (`base_delay` before the first retry), so it does not use `c` |
+/// | [`None`](Self::None) | exactly `c` |
+///
+/// Above a server's `Retry-After` floor the spread is drawn from `[0, c]` whatever the strategy
+/// (its purpose there is only to part clients that got the same header), except with
+/// [`None`](Self::None), which waits the floor exactly, as `retry_after_jitter(false)` does.
+///
+/// ```
+/// use std::time::Duration;
+/// use reqwest_safe_retry::{Jitter, RetryPolicy};
+///
+/// // As a client that uses decorrelated jitter (Polly's default) does.
+/// let policy = RetryPolicy::builder().jitter(Jitter::Decorrelated).build()?;
+/// assert_eq!(policy.jitter(), Jitter::Decorrelated);
+/// # Ok::<(), reqwest_safe_retry::InvalidConfig>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
+pub enum Jitter {
+    /// A wait drawn uniformly from all of `[0, c]`: the AWS study's recommendation.
+    #[default]
+    Full,
+    /// Half the ceiling fixed, the other half drawn: `[c / 2, c]`.
+    Equal,
+    /// Each wait drawn from the base to three times the last one, capped ("decorrelated",
+    /// from the AWS study; Polly's default).
+    Decorrelated,
+    /// No randomness: the ceiling itself. Clients that fail together come back together.
+    None,
+}
+
+impl Jitter {
+    /// The wait before retry `retry` (0-based), under `base` and `cap`; `previous` is the last
+    /// backoff this strategy drew for the request (`base` before the first retry), which only
+    /// decorrelated jitter reads.
+    pub(crate) fn draw(
+        self,
+        base: Duration,
+        cap: Duration,
+        retry: u32,
+        previous: Duration,
+        rng: &dyn RandomSource,
+    ) -> Duration {
+        match self {
+            Jitter::Full => full_jitter(base, cap, retry, rng),
+            Jitter::Equal => equal_jitter(base, cap, retry, rng),
+            Jitter::Decorrelated => decorrelated_jitter(base, cap, previous, rng),
+            Jitter::None => ceiling(base, cap, retry),
+        }
+    }
+}
 
 /// The largest wait the schedule allows before retry `retry` (0-based): `min(cap, base * 2^retry)`.
 pub(crate) fn ceiling(base: Duration, cap: Duration, retry: u32) -> Duration {
@@ -34,8 +94,7 @@ pub(crate) fn full_jitter(
 }
 
 /// A wait drawn from `[c/2, c]`, `c = ceiling(base, cap, retry)`: "equal" jitter, half fixed and
-/// half random. Kept for comparison in the simulator; the middleware uses full jitter.
-#[cfg_attr(not(feature = "sim"), allow(dead_code))]
+/// half random.
 pub(crate) fn equal_jitter(
     base: Duration,
     cap: Duration,
@@ -47,9 +106,8 @@ pub(crate) fn equal_jitter(
     half + uniform_duration(rng, top - half)
 }
 
-/// "Decorrelated" jitter: a wait drawn from `[base, 3 * previous]`, capped, where `previous` is
-/// the last wait (the base before the first retry). Kept for comparison in the simulator.
-#[cfg_attr(not(feature = "sim"), allow(dead_code))]
+/// "Decorrelated" jitter: a wait drawn from `[base, max(base, 3 * previous)]`, capped, where
+/// `previous` is the last wait (the base before the first retry).
 pub(crate) fn decorrelated_jitter(
     base: Duration,
     cap: Duration,
@@ -126,6 +184,74 @@ mod tests {
         let rng = SeededRng::new(3);
         for k in 0..5 {
             assert_eq!(full_jitter(Duration::ZERO, CAP, k, &rng), Duration::ZERO);
+        }
+    }
+
+    /// Each strategy's documented range, for any settings, retry number, last wait and draw.
+    mod ranges {
+        use super::*;
+        use proptest::prelude::*;
+
+        fn nanos(n: u64) -> Duration {
+            Duration::from_nanos(n)
+        }
+
+        /// Settings as `build()` allows them (base at most cap), from zero to past u64
+        /// nanoseconds' reach of a doubling.
+        fn base_and_cap() -> impl Strategy<Value = (Duration, Duration)> {
+            (any::<u64>(), any::<u64>()).prop_map(|(a, b)| (nanos(a.min(b)), nanos(a.max(b))))
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(20_000))]
+
+            #[test]
+            fn every_strategy_stays_within_its_range_and_under_the_cap(
+                (base, cap) in base_and_cap(),
+                retry in prop_oneof![0u32..70, any::<u32>()],
+                previous in any::<u64>(),
+                draw in any::<u64>(),
+            ) {
+                let previous = nanos(previous);
+                let rng = move || draw;
+                let c = ceiling(base, cap, retry);
+                prop_assert!(c <= cap);
+                for jitter in [Jitter::Full, Jitter::Equal, Jitter::Decorrelated, Jitter::None] {
+                    let wait = jitter.draw(base, cap, retry, previous, &rng);
+                    prop_assert!(wait <= cap, "{jitter:?}: {wait:?} over the cap {cap:?}");
+                    let (low, high) = match jitter {
+                        Jitter::Full => (Duration::ZERO, c),
+                        Jitter::Equal => (c / 2, c),
+                        Jitter::Decorrelated => (
+                            base.min(cap),
+                            previous.saturating_mul(3).max(base).min(cap),
+                        ),
+                        Jitter::None => (c, c),
+                    };
+                    prop_assert!(
+                        low <= wait && wait <= high,
+                        "{jitter:?}: {wait:?} outside [{low:?}, {high:?}]"
+                    );
+                }
+            }
+
+            #[test]
+            fn the_lowest_and_highest_draws_reach_the_ends_of_the_range(
+                (base, cap) in base_and_cap(),
+                retry in 0u32..70,
+            ) {
+                let c = ceiling(base, cap, retry);
+                let (low, high) = (|| 0u64, || u64::MAX);
+                prop_assert_eq!(Jitter::Full.draw(base, cap, retry, base, &low), Duration::ZERO);
+                prop_assert_eq!(Jitter::Full.draw(base, cap, retry, base, &high), c);
+                prop_assert_eq!(Jitter::Equal.draw(base, cap, retry, base, &low), c / 2);
+                prop_assert_eq!(Jitter::Equal.draw(base, cap, retry, base, &high), c);
+                prop_assert_eq!(Jitter::Decorrelated.draw(base, cap, retry, base, &low), base);
+                prop_assert_eq!(
+                    Jitter::Decorrelated.draw(base, cap, retry, base, &high),
+                    base.saturating_mul(3).min(cap)
+                );
+            }
         }
     }
 }

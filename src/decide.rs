@@ -94,6 +94,8 @@ pub(crate) struct Decider<'a> {
     waited: Duration,
     /// What the last started retry cost, for a refund on success.
     last_cost: u64,
+    /// The last backoff drawn (without a `Retry-After` floor), for decorrelated jitter.
+    last_backoff: Option<Duration>,
     pending: Option<Pending>,
 }
 
@@ -123,6 +125,7 @@ impl<'a> Decider<'a> {
             attempt: 0,
             waited: Duration::ZERO,
             last_cost: 0,
+            last_backoff: None,
             pending: None,
         }
     }
@@ -225,7 +228,13 @@ impl<'a> Decider<'a> {
                     .retry_after
                     .and_then(|value| retry_after::parse(value.as_bytes(), time.wall_now()));
                 let retry = self.attempt - 1;
-                match schedule::next_wait(self.policy, retry, floor, remaining, rng) {
+                let previous = self.last_backoff.unwrap_or(self.policy.base_delay());
+                let (wait, backoff) =
+                    schedule::next_wait(self.policy, retry, previous, floor, remaining, rng);
+                if backoff.is_some() {
+                    self.last_backoff = backoff;
+                }
+                match wait {
                     Wait::Stop(stop) => stop,
                     Wait::Sleep(delay) => match self.withdraw(kind, time.now()) {
                         Some(cost) => {

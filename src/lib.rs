@@ -282,6 +282,7 @@ mod schedule;
 #[cfg(feature = "sim")]
 pub mod sim;
 
+pub use backoff::Jitter;
 pub use budget::{RetryBudget, RetryBudgetBuilder, RetryKind};
 #[cfg(feature = "test-util")]
 pub use clock::FakeClock;

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use http::StatusCode;
 
-use crate::backoff;
+use crate::backoff::{self, Jitter};
 use crate::error::InvalidConfig;
 
 /// The area named in this module's configuration errors.
@@ -36,6 +36,7 @@ pub struct RetryPolicy {
     max_attempts: u32,
     base_delay: Duration,
     max_delay: Duration,
+    jitter: Jitter,
     attempt_timeout: Duration,
     deadline: Duration,
     max_retry_after: Duration,
@@ -65,6 +66,11 @@ impl RetryPolicy {
     /// The backoff cap: no computed wait exceeds it.
     pub fn max_delay(&self) -> Duration {
         self.max_delay
+    }
+
+    /// How a wait is drawn under its ceiling.
+    pub fn jitter(&self) -> Jitter {
+        self.jitter
     }
 
     /// The longest one attempt may take on the wire.
@@ -132,6 +138,7 @@ impl fmt::Debug for RetryPolicy {
             .field("max_attempts", &self.max_attempts)
             .field("base_delay", &self.base_delay)
             .field("max_delay", &self.max_delay)
+            .field("jitter", &self.jitter)
             .field("attempt_timeout", &self.attempt_timeout)
             .field("deadline", &self.deadline)
             .field("max_retry_after", &self.max_retry_after)
@@ -151,6 +158,7 @@ impl fmt::Debug for RetryPolicy {
 /// | [`max_attempts`](Self::max_attempts) | 3 (the first attempt and two retries) |
 /// | [`base_delay`](Self::base_delay) | 100 ms |
 /// | [`max_delay`](Self::max_delay) | 10 s |
+/// | [`jitter`](Self::jitter) | [`Jitter::Full`] |
 /// | [`attempt_timeout`](Self::attempt_timeout) | 10 s |
 /// | [`deadline`](Self::deadline) | 30 s |
 /// | [`max_retry_after`](Self::max_retry_after) | the deadline (30 s) |
@@ -162,6 +170,7 @@ pub struct RetryPolicyBuilder {
     max_attempts: u32,
     base_delay: Duration,
     max_delay: Duration,
+    jitter: Jitter,
     attempt_timeout: Duration,
     deadline: Duration,
     /// `None`: the deadline.
@@ -177,6 +186,7 @@ impl RetryPolicyBuilder {
             max_attempts: 3,
             base_delay: Duration::from_millis(100),
             max_delay: Duration::from_secs(10),
+            jitter: Jitter::Full,
             attempt_timeout: Duration::from_secs(10),
             deadline: Duration::from_secs(30),
             max_retry_after: None,
@@ -221,6 +231,14 @@ impl RetryPolicyBuilder {
     /// The cap on any computed wait. Must not be below [`base_delay`](Self::base_delay).
     pub fn max_delay(mut self, delay: Duration) -> Self {
         self.max_delay = delay;
+        self
+    }
+
+    /// How each wait is drawn under its ceiling: [`Jitter::Full`] unless a client must match
+    /// another's behaviour. See [`Jitter`] for each strategy's range; none exceeds
+    /// [`max_delay`](Self::max_delay).
+    pub fn jitter(mut self, jitter: Jitter) -> Self {
+        self.jitter = jitter;
         self
     }
 
@@ -367,6 +385,7 @@ impl RetryPolicyBuilder {
             max_attempts: self.max_attempts,
             base_delay: self.base_delay,
             max_delay: self.max_delay,
+            jitter: self.jitter,
             attempt_timeout: self.attempt_timeout,
             deadline: self.deadline,
             max_retry_after,
@@ -438,6 +457,7 @@ mod tests {
         assert_eq!(p.deadline(), Duration::from_secs(30));
         assert_eq!(p.max_retry_after(), p.deadline());
         assert!(p.retry_after_jitter());
+        assert_eq!(p.jitter(), Jitter::Full);
         assert_eq!(p.buffer_body_limit(), None);
         let retryable: Vec<u16> = (100..=599)
             .filter(|c| p.is_retryable_status(StatusCode::from_u16(*c).unwrap()))
@@ -452,7 +472,7 @@ mod tests {
         assert_eq!(p.buffer_body_limit(), Some(1024));
         assert_eq!(
             format!("{p:?}"),
-            "RetryPolicy { max_attempts: 3, base_delay: 100ms, max_delay: 10s, \
+            "RetryPolicy { max_attempts: 3, base_delay: 100ms, max_delay: 10s, jitter: Full, \
              attempt_timeout: 10s, deadline: 30s, max_retry_after: 30s, \
              retry_after_jitter: true, retryable_statuses: {429, 502, 503, 504}, \
              buffer_body: Some(1024) }"

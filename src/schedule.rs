@@ -2,7 +2,8 @@
 //!
 //! The rule, in order:
 //!
-//! 1. Draw the backoff `b` from `[0, min(cap, base * 2^retry)]` (full jitter).
+//! 1. Draw the backoff `b` under `c = min(cap, base * 2^retry)` as the policy's [`Jitter`] says
+//!    (full jitter, `[0, c]`, by default).
 //! 2. If the response carried a valid `Retry-After` asking for `f`:
 //!    - if `f` is over `max_retry_after`, or would end at or past the deadline, stop now and
 //!      return the response: waiting longer than the caller is willing to would be waiting to no
@@ -11,7 +12,8 @@
 //!      floor is never shortened: the next attempt never starts earlier than the server asked.
 //!      The jitter above it spreads clients that got the same header at the same instant, so
 //!      they do not come back as one herd; it is the same window the backoff would have used.
-//!      With `retry_after_jitter(false)` the wait is `f` exactly.
+//!      The spread is drawn from `[0, c]` whatever the jitter strategy. With
+//!      `retry_after_jitter(false)`, or `Jitter::None`, the wait is `f` exactly.
 //! 3. Without one, wait `b`, unless that wait would end at or past the deadline: then stop now
 //!    and return the last outcome.
 //!
@@ -19,7 +21,7 @@
 
 use std::time::Duration;
 
-use crate::backoff;
+use crate::backoff::{self, Jitter};
 use crate::error::StopReason;
 use crate::policy::RetryPolicy;
 use crate::rng::RandomSource;
@@ -34,27 +36,38 @@ pub(crate) enum Wait {
 }
 
 /// The wait before retry `retry` (0 for the first), given the server's floor (if any) and the
-/// time left before the deadline.
+/// time left before the deadline. `previous` is the last backoff drawn for the request (the
+/// base before the first retry), for decorrelated jitter. A backoff drawn without a floor is
+/// the second value, for the next call's `previous`.
 pub(crate) fn next_wait(
     policy: &RetryPolicy,
     retry: u32,
+    previous: Duration,
     retry_after: Option<Duration>,
     remaining: Duration,
     rng: &dyn RandomSource,
-) -> Wait {
-    let jitter = backoff::full_jitter(policy.base_delay(), policy.max_delay(), retry, rng);
-    match retry_after {
-        Some(floor) if floor > policy.max_retry_after() || floor >= remaining => {
-            Wait::Stop(StopReason::RetryAfterTooLong)
-        }
-        Some(floor) if !policy.retry_after_jitter() => Wait::Sleep(floor),
-        Some(floor) => {
-            let slack = (remaining - floor) / 2;
-            Wait::Sleep(floor + jitter.min(slack))
-        }
-        None if jitter >= remaining => Wait::Stop(StopReason::DeadlineReached),
-        None => Wait::Sleep(jitter),
-    }
+) -> (Wait, Option<Duration>) {
+    let (base, cap) = (policy.base_delay(), policy.max_delay());
+    let Some(floor) = retry_after else {
+        let backoff = policy.jitter().draw(base, cap, retry, previous, rng);
+        let wait = if backoff >= remaining {
+            Wait::Stop(StopReason::DeadlineReached)
+        } else {
+            Wait::Sleep(backoff)
+        };
+        return (wait, Some(backoff));
+    };
+    let wait = if floor > policy.max_retry_after() || floor >= remaining {
+        Wait::Stop(StopReason::RetryAfterTooLong)
+    } else if !policy.retry_after_jitter() || policy.jitter() == Jitter::None {
+        Wait::Sleep(floor)
+    } else {
+        // The spread above the floor is full jitter whatever the strategy: it only parts
+        // clients that got the same header at the same instant.
+        let slack = (remaining - floor) / 2;
+        Wait::Sleep(floor + backoff::full_jitter(base, cap, retry, rng).min(slack))
+    };
+    (wait, None)
 }
 
 #[cfg(test)]
@@ -63,6 +76,25 @@ mod tests {
     use crate::rng::SeededRng;
 
     const MINUTE: Duration = Duration::from_secs(60);
+
+    /// The wait of a request's first backoff under `policy` (the previous one is the base).
+    fn wait(
+        policy: &RetryPolicy,
+        retry: u32,
+        retry_after: Option<Duration>,
+        remaining: Duration,
+        rng: &dyn RandomSource,
+    ) -> Wait {
+        next_wait(
+            policy,
+            retry,
+            policy.base_delay(),
+            retry_after,
+            remaining,
+            rng,
+        )
+        .0
+    }
 
     fn secs(s: u64) -> Duration {
         Duration::from_secs(s)
@@ -73,11 +105,11 @@ mod tests {
         let policy = RetryPolicy::default();
         let max = || u64::MAX;
         assert_eq!(
-            next_wait(&policy, 0, None, MINUTE, &max),
+            wait(&policy, 0, None, MINUTE, &max),
             Wait::Sleep(Duration::from_millis(100))
         );
         assert_eq!(
-            next_wait(&policy, 2, None, MINUTE, &max),
+            wait(&policy, 2, None, MINUTE, &max),
             Wait::Sleep(Duration::from_millis(400))
         );
     }
@@ -86,11 +118,11 @@ mod tests {
     fn retry_after_is_a_floor_with_the_backoff_window_above_it() {
         let policy = RetryPolicy::default();
         assert_eq!(
-            next_wait(&policy, 0, Some(secs(7)), MINUTE, &|| 0u64),
+            wait(&policy, 0, Some(secs(7)), MINUTE, &|| 0u64),
             Wait::Sleep(secs(7))
         );
         assert_eq!(
-            next_wait(&policy, 0, Some(secs(7)), MINUTE, &|| u64::MAX),
+            wait(&policy, 0, Some(secs(7)), MINUTE, &|| u64::MAX),
             Wait::Sleep(secs(7) + Duration::from_millis(100))
         );
     }
@@ -102,7 +134,7 @@ mod tests {
             .build()
             .unwrap();
         assert_eq!(
-            next_wait(&policy, 0, Some(secs(7)), MINUTE, &|| u64::MAX),
+            wait(&policy, 0, Some(secs(7)), MINUTE, &|| u64::MAX),
             Wait::Sleep(secs(7))
         );
     }
@@ -115,11 +147,11 @@ mod tests {
             .build()
             .unwrap();
         assert_eq!(
-            next_wait(&policy, 0, Some(secs(61)), secs(3600), &SeededRng::new(1)),
+            wait(&policy, 0, Some(secs(61)), secs(3600), &SeededRng::new(1)),
             Wait::Stop(StopReason::RetryAfterTooLong)
         );
         assert_eq!(
-            next_wait(&policy, 0, Some(secs(60)), secs(3600), &SeededRng::new(1)),
+            wait(&policy, 0, Some(secs(60)), secs(3600), &SeededRng::new(1)),
             Wait::Sleep(secs(60) + backoff_draw(1, 0).min((secs(3600) - secs(60)) / 2))
         );
     }
@@ -134,7 +166,7 @@ mod tests {
     fn a_retry_after_past_the_deadline_stops_at_once() {
         let policy = RetryPolicy::default();
         assert_eq!(
-            next_wait(&policy, 0, Some(secs(10)), secs(10), &|| 0u64),
+            wait(&policy, 0, Some(secs(10)), secs(10), &|| 0u64),
             Wait::Stop(StopReason::RetryAfterTooLong)
         );
     }
@@ -145,7 +177,7 @@ mod tests {
         // 10 s asked, 10.2 s left: at most half the 200 ms slack goes to jitter.
         let remaining = Duration::from_millis(10_200);
         assert_eq!(
-            next_wait(&policy, 8, Some(secs(10)), remaining, &|| u64::MAX),
+            wait(&policy, 8, Some(secs(10)), remaining, &|| u64::MAX),
             Wait::Sleep(Duration::from_millis(10_100))
         );
     }
@@ -155,11 +187,11 @@ mod tests {
         let policy = RetryPolicy::default();
         let max = || u64::MAX;
         assert_eq!(
-            next_wait(&policy, 0, None, Duration::from_millis(100), &max),
+            wait(&policy, 0, None, Duration::from_millis(100), &max),
             Wait::Stop(StopReason::DeadlineReached)
         );
         assert_eq!(
-            next_wait(&policy, 0, None, Duration::from_millis(101), &max),
+            wait(&policy, 0, None, Duration::from_millis(101), &max),
             Wait::Sleep(Duration::from_millis(100))
         );
     }
@@ -168,7 +200,7 @@ mod tests {
     fn a_retry_after_of_zero_waits_only_the_jitter() {
         let policy = RetryPolicy::default();
         assert_eq!(
-            next_wait(&policy, 0, Some(Duration::ZERO), MINUTE, &|| u64::MAX),
+            wait(&policy, 0, Some(Duration::ZERO), MINUTE, &|| u64::MAX),
             Wait::Sleep(Duration::from_millis(100))
         );
     }

@@ -128,3 +128,99 @@ async fn limits_at_the_end_of_the_duration_range_do_not_panic() {
     assert_eq!(server.received_requests().await.unwrap().len(), 3);
     assert_eq!(clock.sleeps(), [Duration::from_nanos(u64::MAX); 2]);
 }
+
+/// Each jitter strategy's schedule as the fake clock records it, at the ends of its draws: the
+/// exact waits, and none over the cap.
+#[tokio::test]
+async fn each_jitter_strategy_waits_as_documented() {
+    use reqwest_safe_retry::Jitter;
+    let server = always_503().await;
+    let ms = Duration::from_millis;
+    let policy = |jitter| {
+        RetryPolicy::builder()
+            .max_attempts(7)
+            .base_delay(ms(100))
+            .max_delay(ms(2_000))
+            .deadline(Duration::from_secs(600))
+            .jitter(jitter)
+            .build()
+            .unwrap()
+    };
+    let (low, high) = (|| 0u64, || u64::MAX);
+    let cases: [(Jitter, Vec<Duration>, Vec<Duration>); 4] = [
+        (
+            Jitter::Full,
+            vec![ms(0); 6],
+            vec![ms(100), ms(200), ms(400), ms(800), ms(1_600), ms(2_000)],
+        ),
+        (
+            Jitter::Equal,
+            vec![ms(50), ms(100), ms(200), ms(400), ms(800), ms(1_000)],
+            vec![ms(100), ms(200), ms(400), ms(800), ms(1_600), ms(2_000)],
+        ),
+        (
+            // From the base to three times the last wait: the lowest draw stays at the base,
+            // the highest triples each time up to the cap.
+            Jitter::Decorrelated,
+            vec![ms(100); 6],
+            vec![ms(300), ms(900), ms(2_000), ms(2_000), ms(2_000), ms(2_000)],
+        ),
+        (
+            Jitter::None,
+            vec![ms(100), ms(200), ms(400), ms(800), ms(1_600), ms(2_000)],
+            vec![ms(100), ms(200), ms(400), ms(800), ms(1_600), ms(2_000)],
+        ),
+    ];
+    for (jitter, lowest, highest) in cases {
+        assert_eq!(
+            sleeps_of(&server, policy(jitter), low).await,
+            lowest,
+            "{jitter:?}"
+        );
+        assert_eq!(
+            sleeps_of(&server, policy(jitter), high).await,
+            highest,
+            "{jitter:?}"
+        );
+        for seed in 0..10 {
+            let sleeps = sleeps_of(&server, policy(jitter), SeededRng::new(seed)).await;
+            assert_eq!(sleeps.len(), 6);
+            assert!(
+                sleeps.iter().all(|d| *d <= ms(2_000)),
+                "{jitter:?}: {sleeps:?}"
+            );
+        }
+    }
+}
+
+/// Without jitter a `Retry-After` is waited exactly, as with `retry_after_jitter(false)`; with
+/// any other strategy the spread above it is full jitter.
+#[tokio::test]
+async fn without_jitter_a_retry_after_is_waited_exactly() {
+    use reqwest_safe_retry::Jitter;
+    use wiremock::{Mock, ResponseTemplate, matchers::any};
+    let server = MockServer::start().await;
+    Mock::given(any())
+        .respond_with(ResponseTemplate::new(503).insert_header("retry-after", "3"))
+        .mount(&server)
+        .await;
+    let policy = |jitter| {
+        RetryPolicy::builder()
+            .max_attempts(3)
+            .jitter(jitter)
+            .build()
+            .unwrap()
+    };
+    let secs = Duration::from_secs;
+    assert_eq!(
+        sleeps_of(&server, policy(Jitter::None), || u64::MAX).await,
+        [secs(3), secs(3)]
+    );
+    assert_eq!(
+        sleeps_of(&server, policy(Jitter::Equal), || u64::MAX).await,
+        [
+            secs(3) + Duration::from_millis(100),
+            secs(3) + Duration::from_millis(200)
+        ]
+    );
+}
