@@ -8,6 +8,7 @@
 //! alone.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use crate::budget::RetryBudget;
 use crate::error::InvalidConfig;
@@ -157,6 +158,13 @@ impl HostMatch {
 
 /// A per-request change of retry behaviour, set in the request's extensions.
 ///
+/// The narrow ones change one setting of the dependency's policy and keep the rest; for more
+/// than one, build a whole policy from the dependency's with
+/// [`RetryPolicy::to_builder`]. A narrow override that would make the policy invalid (0
+/// attempts, a deadline under the backoff base) fails the request before anything is sent,
+/// with [`StopReason::InvalidOverride`](crate::StopReason::InvalidOverride) and a message that
+/// says what to change.
+///
 /// ```
 /// # async fn run(client: reqwest_middleware::ClientWithMiddleware) -> reqwest_middleware::Result<()> {
 /// use reqwest_safe_retry::{RetryOverride, RetryPolicy};
@@ -164,7 +172,12 @@ impl HostMatch {
 /// // One call that must not be repeated, whatever the policy says.
 /// client.get("http://127.0.0.1:8080/once").with_extension(RetryOverride::NoRetries).send().await?;
 ///
-/// // One call that may try harder than the dependency's policy allows.
+/// // One call that may try harder, or must finish sooner, than the dependency's policy says.
+/// client.get("http://127.0.0.1:8080/report").with_extension(RetryOverride::MaxAttempts(6)).send().await?;
+/// let soon = std::time::Duration::from_secs(2);
+/// client.get("http://127.0.0.1:8080/quote").with_extension(RetryOverride::Deadline(soon)).send().await?;
+///
+/// // A whole policy of its own.
 /// let patient = RetryPolicy::builder().max_attempts(6).build().expect("a valid policy");
 /// client.get("http://127.0.0.1:8080/report").with_extension(RetryOverride::Policy(patient)).send().await?;
 /// # Ok(()) }
@@ -176,6 +189,34 @@ pub enum RetryOverride {
     NoRetries,
     /// Use this policy instead of the dependency's; the dependency's budget still pays.
     Policy(RetryPolicy),
+    /// The dependency's policy with at most this many attempts, the first included.
+    MaxAttempts(u32),
+    /// The dependency's policy with this total deadline; a `max_retry_after` above it is
+    /// lowered to it.
+    Deadline(Duration),
+}
+
+impl RetryOverride {
+    /// The policy a request with this override runs under, from its dependency's `policy`;
+    /// `None` for [`NoRetries`](Self::NoRetries), which keeps the policy and forbids retries.
+    pub(crate) fn policy(
+        &self,
+        policy: &RetryPolicy,
+    ) -> Result<Option<RetryPolicy>, InvalidConfig> {
+        let changed = match *self {
+            RetryOverride::NoRetries => return Ok(None),
+            RetryOverride::Policy(own) => return Ok(Some(own)),
+            RetryOverride::MaxAttempts(attempts) => policy.to_builder().max_attempts(attempts),
+            RetryOverride::Deadline(deadline) => policy
+                .to_builder()
+                .max_retry_after(policy.max_retry_after().min(deadline))
+                .deadline(deadline),
+        };
+        changed
+            .build()
+            .map(Some)
+            .map_err(|e| InvalidConfig::new("retry override", format!("{self:?}: {}", e.message())))
+    }
 }
 
 #[cfg(test)]

@@ -45,6 +45,10 @@ pub enum StopReason {
     /// The request's [`RetryOverride::NoRetries`](crate::RetryOverride::NoRetries) forbade
     /// retries.
     RetriesDisabled,
+    /// The request's [`RetryOverride`](crate::RetryOverride) would make its dependency's
+    /// policy invalid (0 attempts, a deadline under the backoff base); nothing was sent. The
+    /// error's source says what to change.
+    InvalidOverride,
     /// The middleware's clock could not make a timer (a [`TokioClock`](crate::TokioClock) on a
     /// runtime without tokio's time driver); nothing was sent.
     TimerUnavailable,
@@ -64,6 +68,7 @@ impl StopReason {
             StopReason::RetryAfterTooLong => "retry_after_too_long",
             StopReason::BudgetExhausted => "budget_exhausted",
             StopReason::RetriesDisabled => "retries_disabled",
+            StopReason::InvalidOverride => "invalid_override",
             StopReason::TimerUnavailable => "timer_unavailable",
         }
     }
@@ -82,6 +87,7 @@ impl fmt::Display for StopReason {
             StopReason::RetryAfterTooLong => "the server asked to wait longer than allowed",
             StopReason::BudgetExhausted => "the retry budget is exhausted",
             StopReason::RetriesDisabled => "retries are disabled for this request",
+            StopReason::InvalidOverride => "the request's retry override is invalid",
             StopReason::TimerUnavailable => "no timer to time the attempt with",
         })
     }

@@ -251,9 +251,20 @@ impl RetryMiddleware {
             // The future keeps a policy by reference; an override is boxed, which keeps the
             // future small for the requests that have none.
             let (overriding, no_retries) = match extensions.get::<RetryOverride>() {
-                Some(RetryOverride::Policy(policy)) => (Some(Box::new(*policy)), false),
-                Some(RetryOverride::NoRetries) => (None, true),
                 None => (None, false),
+                Some(RetryOverride::NoRetries) => (None, true),
+                Some(other) => match other.policy(&dependency.policy) {
+                    Ok(policy) => (policy.map(Box::new), false),
+                    Err(invalid) => {
+                        let err = RetryError::new(
+                            0,
+                            StopReason::InvalidOverride,
+                            None,
+                            reqwest_middleware::Error::middleware(invalid),
+                        );
+                        return Err(span.in_scope(|| stopped(0, Duration::ZERO, err)).into());
+                    }
+                },
             };
             let policy: &RetryPolicy = overriding.as_deref().unwrap_or(&dependency.policy);
             let clock = self.clock.get();

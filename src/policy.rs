@@ -105,6 +105,37 @@ impl RetryPolicy {
         self.buffer_body
     }
 
+    /// A builder holding every setting of this policy, to change a few and build another:
+    /// `build()` on it unchanged gives this policy back. A `max_retry_after` equal to the
+    /// deadline follows the deadline in the builder, as it does when left unset.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use reqwest_safe_retry::RetryPolicy;
+    ///
+    /// let policy = RetryPolicy::builder().max_attempts(5).build()?;
+    /// let patient = policy.to_builder().deadline(Duration::from_secs(120)).build()?;
+    /// assert_eq!(patient.max_attempts(), 5);
+    /// assert_eq!(patient.deadline(), Duration::from_secs(120));
+    /// assert_eq!(policy.to_builder().build()?, policy);
+    /// # Ok::<(), reqwest_safe_retry::InvalidConfig>(())
+    /// ```
+    pub fn to_builder(&self) -> RetryPolicyBuilder {
+        RetryPolicyBuilder {
+            max_attempts: self.max_attempts,
+            base_delay: self.base_delay,
+            max_delay: self.max_delay,
+            jitter: self.jitter,
+            attempt_timeout: self.attempt_timeout,
+            deadline: self.deadline,
+            max_retry_after: (self.max_retry_after != self.deadline)
+                .then_some(self.max_retry_after),
+            retry_after_jitter: self.retry_after_jitter,
+            statuses: (400..=599).filter(|c| self.statuses.contains(*c)).collect(),
+            buffer_body: self.buffer_body,
+        }
+    }
+
     /// The ceiling of the wait before retry `retry` (0 for the first retry):
     /// `min(max_delay, base_delay * 2^retry)`, saturating. The actual wait is drawn from
     /// `[0, ceiling]`.
@@ -277,12 +308,31 @@ impl RetryPolicyBuilder {
         self
     }
 
-    /// Replaces the set of response statuses that are retried. Each must be a failure, in
-    /// 400-599.
+    /// Replaces the set of response statuses that are retried (429, 502, 503 and 504 by
+    /// default). Each must be a failure, in 400-599. To keep the defaults and retry more, use
+    /// [`also_retry_statuses`](Self::also_retry_statuses).
     ///
-    /// Statuses outside the set are final and reach the caller after one attempt.
+    /// Statuses outside the set are final and reach the caller after one attempt. A 409 is
+    /// retried for a keyed request whatever the set (the original is still in flight).
     pub fn retryable_statuses(mut self, statuses: impl IntoIterator<Item = u16>) -> Self {
         self.statuses = statuses.into_iter().collect();
+        self
+    }
+
+    /// Adds statuses to the retried set, keeping those already in it.
+    ///
+    /// ```
+    /// use http::StatusCode;
+    /// use reqwest_safe_retry::RetryPolicy;
+    ///
+    /// let policy = RetryPolicy::builder().also_retry_statuses([408, 500]).build()?;
+    /// for code in [408, 429, 500, 502, 503, 504] {
+    ///     assert!(policy.is_retryable_status(StatusCode::from_u16(code).unwrap()));
+    /// }
+    /// # Ok::<(), reqwest_safe_retry::InvalidConfig>(())
+    /// ```
+    pub fn also_retry_statuses(mut self, statuses: impl IntoIterator<Item = u16>) -> Self {
+        self.statuses.extend(statuses);
         self
     }
 
@@ -590,6 +640,59 @@ mod tests {
             .max_delay(Duration::MAX)
             .build();
         assert!(once.is_ok());
+    }
+
+    #[test]
+    fn a_policy_goes_to_its_builder_and_back_unchanged() {
+        let policies = [
+            RetryPolicy::default(),
+            RetryPolicy::builder()
+                .max_attempts(7)
+                .base_delay(Duration::from_millis(3))
+                .max_delay(Duration::from_millis(900))
+                .jitter(Jitter::Decorrelated)
+                .attempt_timeout(Duration::from_millis(250))
+                .deadline(Duration::from_secs(4))
+                .max_retry_after(Duration::from_secs(2))
+                .retry_after_jitter(false)
+                .retryable_statuses([408, 599])
+                .buffer_body(64)
+                .build()
+                .unwrap(),
+        ];
+        for policy in policies {
+            assert_eq!(policy.to_builder().build().unwrap(), policy);
+        }
+        // A max_retry_after at the deadline follows it; one below stays where it was.
+        let follows = RetryPolicy::default()
+            .to_builder()
+            .deadline(Duration::from_secs(90))
+            .build()
+            .unwrap();
+        assert_eq!(follows.max_retry_after(), Duration::from_secs(90));
+        let kept = policies[1]
+            .to_builder()
+            .deadline(Duration::from_secs(9))
+            .build()
+            .unwrap();
+        assert_eq!(kept.max_retry_after(), Duration::from_secs(2));
+    }
+
+    #[test]
+    fn more_statuses_can_be_added_to_the_defaults() {
+        let p = RetryPolicy::builder()
+            .also_retry_statuses([408, 500, 503])
+            .build()
+            .unwrap();
+        let retryable: Vec<u16> = (100..=599)
+            .filter(|c| p.is_retryable_status(StatusCode::from_u16(*c).unwrap()))
+            .collect();
+        assert_eq!(retryable, [408, 429, 500, 502, 503, 504]);
+        let err = RetryPolicy::builder()
+            .also_retry_statuses([302])
+            .build()
+            .unwrap_err();
+        assert!(err.message().starts_with("retryable status 302"), "{err}");
     }
 
     #[test]

@@ -119,6 +119,90 @@ async fn a_request_can_turn_retries_off_or_change_the_policy() {
     assert_eq!(server.received_requests().await.unwrap().len(), 1 + 5 + 3);
 }
 
+/// A narrow override changes one setting and keeps the rest of the dependency's policy: its
+/// base delay, here, which the fake clock's recorded waits show.
+#[tokio::test]
+async fn a_request_can_change_only_its_attempts_or_its_deadline() {
+    let server = always(503).await;
+    let clock = FakeClock::new();
+    let policy = RetryPolicy::builder()
+        .max_attempts(3)
+        .base_delay(Duration::from_secs(1))
+        .max_delay(Duration::from_secs(1))
+        .deadline(Duration::from_secs(60))
+        .build()
+        .unwrap();
+    let client = ClientBuilder::new(reqwest::Client::new())
+        .with(
+            RetryMiddleware::new(policy)
+                .with_clock(clock.clone())
+                .with_rng(|| u64::MAX)
+                .without_budget(),
+        )
+        .build();
+
+    let more = client
+        .get(server.uri())
+        .with_extension(RetryOverride::MaxAttempts(6))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(RetryRecord::of(&more).unwrap().attempts(), 6);
+    assert_eq!(
+        RetryRecord::of(&more).unwrap().stop_reason(),
+        StopReason::AttemptsExhausted
+    );
+    assert_eq!(clock.sleeps(), [Duration::from_secs(1); 5]);
+    assert_eq!(server.received_requests().await.unwrap().len(), 6);
+
+    // 1.5 s leaves time for one wait of 1 s, not a second: the deadline stops the request
+    // before the policy's third attempt, and its base delay is still 1 s.
+    clock.clear_sleeps();
+    let sooner = client
+        .get(server.uri())
+        .with_extension(RetryOverride::Deadline(Duration::from_millis(1_500)))
+        .send()
+        .await
+        .unwrap();
+    let record = RetryRecord::of(&sooner).unwrap();
+    assert_eq!(record.stop_reason(), StopReason::DeadlineReached);
+    assert_eq!(record.attempts(), 2);
+    assert_eq!(clock.sleeps(), [Duration::from_secs(1)]);
+    assert_eq!(server.received_requests().await.unwrap().len(), 6 + 2);
+}
+
+#[tokio::test]
+async fn an_override_that_makes_the_policy_invalid_fails_before_sending_and_says_why() {
+    let server = always(200).await;
+    let client = build(RetryMiddleware::new(RetryPolicy::default()));
+    for (set, says) in [
+        (
+            RetryOverride::MaxAttempts(0),
+            "MaxAttempts(0): max_attempts must be at least 1",
+        ),
+        (
+            RetryOverride::Deadline(Duration::from_millis(50)),
+            "Deadline(50ms): base_delay (100ms) must be below the deadline (50ms)",
+        ),
+    ] {
+        let err = client
+            .get(server.uri())
+            .with_extension(set)
+            .send()
+            .await
+            .unwrap_err();
+        let retry = RetryError::of(&err).unwrap();
+        assert_eq!(retry.stop_reason(), StopReason::InvalidOverride);
+        assert_eq!(retry.attempts(), 0);
+        let source = std::error::Error::source(retry).unwrap().to_string();
+        assert!(
+            source.starts_with(&format!("invalid retry override: {says}")),
+            "{source}"
+        );
+    }
+    assert!(server.received_requests().await.unwrap().is_empty());
+}
+
 fn nested(layers: usize) -> ClientWithMiddleware {
     let mut builder = ClientBuilder::new(reqwest::Client::new());
     for layer in 0..layers {
