@@ -36,13 +36,25 @@ pub(crate) enum Verdict {
 
 /// The verdict on a response with `status`. `repeatable`: the method is idempotent or the
 /// request carries a key; `keyed`: it carries a key.
+#[cfg(test)]
 pub(crate) fn judge_status(
     status: StatusCode,
     in_set: impl Fn(StatusCode) -> bool,
     repeatable: bool,
     keyed: bool,
 ) -> Verdict {
-    if !is_transient_status(status, in_set, keyed) {
+    status_verdict(
+        status,
+        is_transient_status(status, in_set, keyed),
+        repeatable,
+    )
+}
+
+/// The verdict on a response with `status` that is (or is not) a transient failure, by the
+/// default rules or a classifier's: a transient failure is retried only when `repeatable`,
+/// since the server answered and may have acted on the request.
+pub(crate) fn status_verdict(status: StatusCode, transient: bool, repeatable: bool) -> Verdict {
+    if !transient {
         return Verdict::Final(if status.as_u16() < 400 {
             StopReason::Succeeded
         } else {
@@ -62,18 +74,27 @@ pub(crate) fn judge_status(
 }
 
 /// The verdict on an attempt that ended in `err`.
+#[cfg(test)]
 pub(crate) fn judge_error(err: &reqwest_middleware::Error, repeatable: bool) -> Verdict {
-    match transport_fault(err) {
-        None => Verdict::Final(StopReason::NotRetryable),
-        Some(fault) if repeatable || fault.nothing_sent() => {
-            let kind = if fault == Fault::Timeout {
-                RetryKind::Timeout
-            } else {
-                RetryKind::Other
-            };
-            Verdict::Transient(kind, fault.as_str())
-        }
-        Some(_) => Verdict::Final(StopReason::NotSafeToRetry),
+    let fault = transport_fault(err);
+    error_verdict(fault, fault.is_some(), repeatable)
+}
+
+/// The verdict on an attempt that ended in an error with transient `fault` (if the default
+/// rules know one) that is (or is not) transient, by the default rules or a classifier's. A
+/// transient error is retried when `repeatable`, or when nothing of the request reached the
+/// server: a fault the default rules do not know may have come after the request was sent.
+pub(crate) fn error_verdict(fault: Option<Fault>, transient: bool, repeatable: bool) -> Verdict {
+    if !transient {
+        return Verdict::Final(StopReason::NotRetryable);
+    }
+    if !(repeatable || fault.is_some_and(Fault::nothing_sent)) {
+        return Verdict::Final(StopReason::NotSafeToRetry);
+    }
+    match fault {
+        Some(Fault::Timeout) => Verdict::Transient(RetryKind::Timeout, Fault::Timeout.as_str()),
+        Some(fault) => Verdict::Transient(RetryKind::Other, fault.as_str()),
+        None => Verdict::Transient(RetryKind::Other, "classifier"),
     }
 }
 

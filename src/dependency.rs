@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::budget::RetryBudget;
+use crate::classifier::{Classifier, SharedClassifier};
 use crate::error::InvalidConfig;
 use crate::observe::{MetricKeys, RetryCounters};
 use crate::policy::RetryPolicy;
@@ -39,6 +40,7 @@ pub struct Dependency {
     pub(crate) budget: Option<RetryBudget>,
     pub(crate) counters: RetryCounters,
     pub(crate) metric_keys: MetricKeys,
+    pub(crate) classifier: Option<SharedClassifier>,
 }
 
 impl Dependency {
@@ -51,6 +53,7 @@ impl Dependency {
             budget: Some(RetryBudget::default()),
             counters: RetryCounters::new(),
             metric_keys: MetricKeys::new(name),
+            classifier: None,
         }
     }
 
@@ -63,6 +66,14 @@ impl Dependency {
     /// Retries without a budget.
     pub fn without_budget(mut self) -> Self {
         self.budget = None;
+        self
+    }
+
+    /// Decides which of this dependency's outcomes are transient with `classifier` instead of
+    /// the default rules; see [`Classifier`]. The safety rule still holds: a request that is
+    /// neither idempotent nor keyed is repeated only when nothing of it reached the server.
+    pub fn with_classifier(mut self, classifier: impl Classifier) -> Self {
+        self.classifier = Some(SharedClassifier(Arc::new(classifier)));
         self
     }
 

@@ -34,6 +34,11 @@
 //! - **Statuses** in the policy's set [429, 502, 503, 504], and `409` on a request that carries an
 //!   idempotency key (the server is still working on the first copy). Any other response, 500,
 //!   400 and 422 included, is final and returned as it is.
+//!   [`RetryPolicyBuilder::also_retry_statuses`] adds to the set;
+//!   [`RetryPolicyBuilder::retryable_statuses`] replaces it.
+//! - **Your own rules**: a [`Classifier`] on a dependency sees each attempt's request and
+//!   outcome and says whether it is transient, wider or narrower than the rules above, which it
+//!   can delegate to. It cannot override the next rule.
 //! - **Only when repeating is safe**: GET, HEAD, OPTIONS, TRACE, PUT and DELETE are retried, and
 //!   so is any request that carries an idempotency key. A request of another method without a
 //!   key is retried only when the failure happened while connecting, before any byte reached the
@@ -58,7 +63,7 @@
 //! # When
 //!
 //! - **Backoff**: capped full jitter, a wait drawn from `[0, min(max_delay, base_delay * 2^retry)]`
-//!   [base 100 ms, cap 10 s].
+//!   [base 100 ms, cap 10 s]; [`Jitter`] has the others (equal, decorrelated, none).
 //! - **`Retry-After`** on a retryable response, in seconds or as an HTTP-date (read against the
 //!   clock's wall time), is a floor: the next attempt never starts earlier than the server asked.
 //!   The backoff draw is added above it, so clients that got the same header do not return as
@@ -267,6 +272,7 @@
 mod backoff;
 mod body;
 mod budget;
+mod classifier;
 mod classify;
 mod clock;
 mod decide;
@@ -284,6 +290,7 @@ pub mod sim;
 
 pub use backoff::Jitter;
 pub use budget::{RetryBudget, RetryBudgetBuilder, RetryKind};
+pub use classifier::{Attempt, Classifier, Outcome, Retryable};
 #[cfg(feature = "test-util")]
 pub use clock::FakeClock;
 pub use clock::{Clock, Sleep, TimerUnavailable, TokioClock};

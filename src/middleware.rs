@@ -33,6 +33,7 @@ use reqwest_middleware::{Middleware, Next};
 
 use crate::body;
 use crate::budget::RetryBudget;
+use crate::classifier::{Attempt, Classifier, Outcome, RequestHead, Retryable, SharedClassifier};
 use crate::classify::{self, Verdict};
 use crate::clock::{AttemptTimer, Clock, SharedClock, TokioClock};
 use crate::decide::{Decider, Observed};
@@ -157,6 +158,13 @@ impl RetryMiddleware {
     /// bound them. During an outage every request then makes `max_attempts` attempts.
     pub fn without_budget(mut self) -> Self {
         self.default.budget = None;
+        self
+    }
+
+    /// Decides which outcomes are transient for the default dependency with `classifier`
+    /// instead of the default rules; see [`Classifier`]. The safety rule still holds.
+    pub fn with_classifier(mut self, classifier: impl Classifier) -> Self {
+        self.default.classifier = Some(SharedClassifier(Arc::new(classifier)));
         self
     }
 
@@ -291,8 +299,18 @@ impl RetryMiddleware {
                 Ok(None) => (None, false),
                 Err(err) => return Err(span.in_scope(|| stopped(0, Duration::ZERO, err)).into()),
             };
-            let keyed = key.is_some();
-            let repeatable = keyed || classify::is_idempotent(request.method());
+            let repeatable = key.is_some() || classify::is_idempotent(request.method());
+            // Only a classifier needs the request after it has gone: its head is kept for it.
+            let head = dependency
+                .classifier
+                .as_ref()
+                .map(|classifier| (classifier, Box::new(RequestHead::of(request))));
+            let judging = Judging {
+                policy,
+                repeatable,
+                key: key.as_ref(),
+                hook: head.as_ref().map(|(c, head)| (*c, &**head)),
+            };
 
             let Ok(mut limit) = decider.next_attempt(clock) else {
                 unreachable!("only a retry can find its deadline passed");
@@ -344,7 +362,7 @@ impl RetryMiddleware {
                         // would be read in full (up to the limit) only to be thrown away.
                         if let Some(limit) = policy.buffer_body_limit() {
                             let last = |outcome: &reqwest_middleware::Result<Response>| {
-                                let verdict = self.judge(outcome, policy, repeatable, keyed);
+                                let verdict = self.judge(outcome, &judging, decider.attempts());
                                 outcome.is_ok() && matches!(verdict, Verdict::Final(_))
                             };
                             if last(&outcome) {
@@ -364,7 +382,7 @@ impl RetryMiddleware {
                     };
 
                     let decision = {
-                        let verdict = self.judge(&outcome, policy, repeatable, keyed);
+                        let verdict = self.judge(&outcome, &judging, decider.attempts());
                         let observed = Observed {
                             verdict,
                             answered: outcome.is_ok(),
@@ -413,18 +431,53 @@ impl RetryMiddleware {
     fn judge(
         &self,
         outcome: &reqwest_middleware::Result<Response>,
-        policy: &RetryPolicy,
-        repeatable: bool,
-        keyed: bool,
+        judging: &Judging<'_>,
+        attempt: u32,
     ) -> Verdict {
-        match outcome {
-            Ok(response) => classify::judge_status(
+        let Judging {
+            policy,
+            repeatable,
+            key,
+            hook,
+        } = *judging;
+        let keyed = key.is_some();
+        let fault = match outcome {
+            Ok(_) => None,
+            Err(err) => classify::transport_fault(err),
+        };
+        let by_default = match outcome {
+            Ok(response) => classify::is_transient_status(
                 response.status(),
                 |s| policy.is_retryable_status(s),
-                repeatable,
                 keyed,
             ),
-            Err(err) => classify::judge_error(err, repeatable),
+            Err(_) => fault.is_some(),
+        };
+        let transient = match hook {
+            None => by_default,
+            Some((classifier, head)) => {
+                let seen = Attempt {
+                    method: &head.method,
+                    url: &head.url,
+                    headers: &head.headers,
+                    key,
+                    number: attempt,
+                    outcome: match outcome {
+                        Ok(response) => Outcome::Response(response),
+                        Err(err) => Outcome::Error(err),
+                    },
+                    default: if by_default {
+                        Retryable::Transient
+                    } else {
+                        Retryable::Fatal
+                    },
+                };
+                classifier.0.classify(&seen) == Retryable::Transient
+            }
+        };
+        match outcome {
+            Ok(response) => classify::status_verdict(response.status(), transient, repeatable),
+            Err(_) => classify::error_verdict(fault, transient, repeatable),
         }
     }
 
@@ -531,6 +584,17 @@ impl Middleware for RetryMiddleware {
         }
         Box::pin(self.execute(request, extensions, next))
     }
+}
+
+/// What judging an attempt's outcome takes, fixed for the logical request.
+#[derive(Clone, Copy)]
+struct Judging<'a> {
+    policy: &'a RetryPolicy,
+    /// The method is idempotent, or the request carries a key.
+    repeatable: bool,
+    key: Option<&'a HeaderValue>,
+    /// The dependency's classifier, and the request's head for it to see.
+    hook: Option<(&'a SharedClassifier, &'a RequestHead)>,
 }
 
 /// The request for the next attempt, from what is kept: a copy when another attempt may follow

@@ -2,6 +2,7 @@
 
 mod bodies;
 mod budget;
+mod classifier;
 mod config;
 mod dependencies;
 mod driver_model;

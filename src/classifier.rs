@@ -1,0 +1,176 @@
+//! A hook to say which outcomes are transient: wider or narrower than the default rules.
+//!
+//! The default rules (see the crate docs) call a timeout, a refused or reset connection, a
+//! response cut short, and a status in the policy's set (429, 502, 503, 504 by default; 409 for
+//! a keyed request) transient, and everything else final. A [`Classifier`] on a
+//! [`Dependency`](crate::Dependency) replaces that one question, with the request and the
+//! outcome in view: "a 503 from `/reports` is final", "this error of my own middleware is
+//! transient", "a 200 whose `X-Status` says `pending` is worth another try".
+//!
+//! It answers only whether the failure is transient. Whether repeating is *safe* stays the
+//! middleware's rule and a classifier cannot loosen it: a request that is neither idempotent
+//! nor keyed is repeated only when nothing of it reached the server (a connect error), however
+//! loudly a classifier says "transient". The attempt limit, the deadline, `Retry-After` and the
+//! budget apply as always.
+
+use std::fmt;
+use std::sync::Arc;
+
+use http::{HeaderMap, HeaderValue, Method, StatusCode};
+use reqwest::{Response, Url};
+
+/// Whether an attempt's outcome is worth another attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Retryable {
+    /// A failure that may well go differently next time: retry it, if that is safe and the
+    /// limits allow.
+    Transient,
+    /// An outcome to hand back as it is: a success, or a failure that repeating would not
+    /// change.
+    Fatal,
+}
+
+/// What an attempt ended in.
+#[derive(Debug, Clone, Copy)]
+pub enum Outcome<'a> {
+    /// The server answered; the response's head (its body has not been read, unless the
+    /// policy's `buffer_body` read it).
+    Response(&'a Response),
+    /// No answer: a transport error, the attempt's timeout, or another middleware's error.
+    Error(&'a reqwest_middleware::Error),
+}
+
+/// One attempt, as a [`Classifier`] sees it: the request and its outcome, and what the default
+/// rules make of it.
+#[derive(Debug, Clone, Copy)]
+pub struct Attempt<'a> {
+    pub(crate) method: &'a Method,
+    pub(crate) url: &'a Url,
+    pub(crate) headers: &'a HeaderMap,
+    pub(crate) key: Option<&'a HeaderValue>,
+    pub(crate) number: u32,
+    pub(crate) outcome: Outcome<'a>,
+    pub(crate) default: Retryable,
+}
+
+impl<'a> Attempt<'a> {
+    /// The request's method.
+    pub fn method(&self) -> &'a Method {
+        self.method
+    }
+
+    /// The request's URL.
+    pub fn url(&self) -> &'a Url {
+        self.url
+    }
+
+    /// The request's headers as the caller built it (the idempotency key the middleware stamps
+    /// is not among them: see [`idempotency_key`](Self::idempotency_key)).
+    pub fn headers(&self) -> &'a HeaderMap {
+        self.headers
+    }
+
+    /// The idempotency key the attempt carried, the caller's or the middleware's.
+    pub fn idempotency_key(&self) -> Option<&'a HeaderValue> {
+        self.key
+    }
+
+    /// Which attempt this was, from 1.
+    pub fn number(&self) -> u32 {
+        self.number
+    }
+
+    /// What the attempt ended in.
+    pub fn outcome(&self) -> Outcome<'a> {
+        self.outcome
+    }
+
+    /// The response's status, if the server answered.
+    pub fn status(&self) -> Option<StatusCode> {
+        match self.outcome {
+            Outcome::Response(response) => Some(response.status()),
+            Outcome::Error(_) => None,
+        }
+    }
+
+    /// What the default rules make of the outcome under the dependency's policy: a classifier
+    /// returns it for every case it has no rule of its own for.
+    pub fn default_verdict(&self) -> Retryable {
+        self.default
+    }
+}
+
+/// Decides which outcomes are transient for one dependency, wider or narrower than the default
+/// rules.
+///
+/// The default rules (see the crate docs) call a timeout, a refused or reset connection, a
+/// response cut short, and a status in the policy's set (429, 502, 503, 504 by default; 409 for
+/// a keyed request) transient, and everything else final. A classifier on a
+/// [`Dependency`](crate::Dependency) replaces that one question, with the request and the
+/// outcome in view: "a 503 from `/reports` is final", "this error of my own middleware is
+/// transient", "a 200 whose `X-Status` says `pending` is worth another try".
+///
+/// It answers only whether the outcome is transient. Whether repeating is *safe* stays the
+/// middleware's rule, and a classifier cannot loosen it: a request that is neither idempotent
+/// nor keyed is repeated only when nothing of it reached the server (a connect error), however
+/// loudly a classifier says "transient". The attempt limit, the deadline, `Retry-After` and the
+/// budget apply as always.
+///
+/// Any `Fn(&Attempt<'_>) -> Retryable` closure that is `Send + Sync` is one:
+///
+/// ```
+/// use reqwest_safe_retry::{Attempt, Dependency, Retryable, RetryPolicy};
+///
+/// // 503s from the report endpoint are final (it sheds load for minutes); 500s from the
+/// // search endpoint are transient; the default rules for everything else.
+/// let classify = |attempt: &Attempt<'_>| match (attempt.url().path(), attempt.status()) {
+///     ("/reports", Some(s)) if s.as_u16() == 503 => Retryable::Fatal,
+///     ("/search", Some(s)) if s.as_u16() == 500 => Retryable::Transient,
+///     _ => attempt.default_verdict(),
+/// };
+/// let dependency = Dependency::new("api", RetryPolicy::default()).with_classifier(classify);
+/// # drop(dependency);
+/// ```
+pub trait Classifier: Send + Sync + 'static {
+    /// Whether `attempt`'s outcome is transient. Called once per attempt, before the safety
+    /// rule and the limits; keep it quick, it runs on the request's task.
+    fn classify(&self, attempt: &Attempt<'_>) -> Retryable;
+}
+
+impl<F> Classifier for F
+where
+    F: Fn(&Attempt<'_>) -> Retryable + Send + Sync + 'static,
+{
+    fn classify(&self, attempt: &Attempt<'_>) -> Retryable {
+        self(attempt)
+    }
+}
+
+/// The classifier as a dependency stores it.
+#[derive(Clone)]
+pub(crate) struct SharedClassifier(pub(crate) Arc<dyn Classifier>);
+
+impl fmt::Debug for SharedClassifier {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Classifier")
+    }
+}
+
+/// What a classifier needs of the request after it has gone down the chain: kept only for a
+/// dependency that has one.
+#[derive(Debug)]
+pub(crate) struct RequestHead {
+    pub(crate) method: Method,
+    pub(crate) url: Url,
+    pub(crate) headers: HeaderMap,
+}
+
+impl RequestHead {
+    pub(crate) fn of(request: &reqwest::Request) -> Self {
+        RequestHead {
+            method: request.method().clone(),
+            url: request.url().clone(),
+            headers: request.headers().clone(),
+        }
+    }
+}

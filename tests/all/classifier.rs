@@ -1,0 +1,337 @@
+//! The classifier hook: widening and narrowing what is transient, delegating to the default
+//! rules, and the safety rule holding whatever the hook says.
+
+use std::sync::{Arc, Mutex};
+
+use reqwest_middleware::{ClientBuilder, ClientWithMiddleware, Middleware, Next};
+use reqwest_safe_retry::{
+    Attempt, Classifier, Dependency, FakeClock, Outcome, RetryError, RetryMiddleware, RetryRecord,
+    Retryable, SeededRng, StopReason,
+};
+use wiremock::matchers::path;
+use wiremock::{Mock, MockServer, ResponseTemplate};
+
+use crate::support::{self, Action, RawServer, always};
+
+/// A client whose default dependency classifies with `classifier`, on a fake clock, without a
+/// budget, with or without idempotency keys.
+fn client(classifier: impl Classifier, keys: bool) -> ClientWithMiddleware {
+    let mut middleware = RetryMiddleware::new(support::policy())
+        .with_clock(FakeClock::new())
+        .with_rng(SeededRng::new(3))
+        .with_classifier(classifier)
+        .without_budget();
+    if !keys {
+        middleware = middleware.without_idempotency_keys();
+    }
+    ClientBuilder::new(reqwest::Client::new())
+        .with(middleware)
+        .build()
+}
+
+fn attempts_of(response: &reqwest::Response) -> (u32, StopReason) {
+    let record = RetryRecord::of(response).unwrap();
+    (record.attempts(), record.stop_reason())
+}
+
+#[tokio::test]
+async fn a_classifier_can_make_a_status_transient_for_one_path() {
+    let server = always(500).await;
+    let client = client(
+        |a: &Attempt<'_>| match (a.url().path(), a.status().map(|s| s.as_u16())) {
+            ("/search", Some(500)) => Retryable::Transient,
+            _ => a.default_verdict(),
+        },
+        true,
+    );
+
+    let search = client
+        .get(format!("{}/search", server.uri()))
+        .send()
+        .await
+        .unwrap();
+    let other = client
+        .get(format!("{}/orders", server.uri()))
+        .send()
+        .await
+        .unwrap();
+
+    assert_eq!(attempts_of(&search), (3, StopReason::AttemptsExhausted));
+    assert_eq!(attempts_of(&other), (1, StopReason::NotRetryable));
+    assert_eq!(server.received_requests().await.unwrap().len(), 3 + 1);
+}
+
+#[tokio::test]
+async fn a_classifier_can_make_a_503_final_for_one_path() {
+    let server = always(503).await;
+    let client = client(
+        |a: &Attempt<'_>| {
+            if a.url().path() == "/reports" {
+                Retryable::Fatal
+            } else {
+                a.default_verdict()
+            }
+        },
+        true,
+    );
+
+    let reports = client
+        .get(format!("{}/reports", server.uri()))
+        .send()
+        .await
+        .unwrap();
+    let other = client.get(server.uri()).send().await.unwrap();
+
+    assert_eq!(attempts_of(&reports), (1, StopReason::NotRetryable));
+    assert_eq!(attempts_of(&other), (3, StopReason::AttemptsExhausted));
+}
+
+/// A classifier that records what it saw and delegates: the outcome is the default rules', and
+/// it saw every attempt, with the request's method, URL, headers and key.
+#[tokio::test]
+async fn a_delegating_classifier_sees_each_attempt_and_changes_nothing() {
+    let server = MockServer::start().await;
+    Mock::given(path("/busy"))
+        .respond_with(ResponseTemplate::new(503))
+        .mount(&server)
+        .await;
+    Mock::given(path("/gone"))
+        .respond_with(ResponseTemplate::new(404))
+        .mount(&server)
+        .await;
+    type Seen = (
+        String,
+        String,
+        Option<String>,
+        bool,
+        u32,
+        Option<u16>,
+        Retryable,
+    );
+    let seen: Arc<Mutex<Vec<Seen>>> = Arc::default();
+    let record = seen.clone();
+    let client = client(
+        move |a: &Attempt<'_>| {
+            record.lock().unwrap().push((
+                a.method().to_string(),
+                a.url().path().to_owned(),
+                a.headers()
+                    .get("x-tenant")
+                    .map(|v| v.to_str().unwrap().to_owned()),
+                a.idempotency_key().is_some(),
+                a.number(),
+                a.status().map(|s| s.as_u16()),
+                a.default_verdict(),
+            ));
+            a.default_verdict()
+        },
+        true,
+    );
+
+    let busy = client
+        .post(format!("{}/busy", server.uri()))
+        .header("x-tenant", "7")
+        .body("x")
+        .send()
+        .await
+        .unwrap();
+    let gone = client
+        .get(format!("{}/gone", server.uri()))
+        .send()
+        .await
+        .unwrap();
+
+    assert_eq!(attempts_of(&busy), (3, StopReason::AttemptsExhausted));
+    assert_eq!(attempts_of(&gone), (1, StopReason::NotRetryable));
+    let post = |n| {
+        (
+            "POST".to_owned(),
+            "/busy".to_owned(),
+            Some("7".to_owned()),
+            true,
+            n,
+            Some(503),
+            Retryable::Transient,
+        )
+    };
+    assert_eq!(
+        *seen.lock().unwrap(),
+        [
+            post(1),
+            post(2),
+            post(3),
+            (
+                "GET".to_owned(),
+                "/gone".to_owned(),
+                None,
+                false,
+                1,
+                Some(404),
+                Retryable::Fatal
+            ),
+        ]
+    );
+}
+
+fn everything(_: &Attempt<'_>) -> Retryable {
+    Retryable::Transient
+}
+
+/// A hook that calls everything transient cannot make an unkeyed POST repeat once bytes may
+/// have reached the server: not after a response, not after a reset mid-request.
+#[tokio::test]
+async fn retry_everything_cannot_repeat_an_unkeyed_post_that_may_have_arrived() {
+    let client = client(everything, false);
+
+    let answered = always(500).await;
+    let response = client.post(answered.uri()).body("x").send().await.unwrap();
+    assert_eq!(attempts_of(&response), (1, StopReason::NotSafeToRetry));
+    assert_eq!(answered.received_requests().await.unwrap().len(), 1);
+    // A success too: the hook may call it transient, the POST still goes once.
+    let fine = always(201).await;
+    let response = client.post(fine.uri()).body("x").send().await.unwrap();
+    assert_eq!(attempts_of(&response), (1, StopReason::NotSafeToRetry));
+    assert_eq!(fine.received_requests().await.unwrap().len(), 1);
+
+    let reset = RawServer::start(vec![Action::WriteThenReset(Vec::new())]).await;
+    let err = client
+        .post(reset.url("/charge"))
+        .body("x")
+        .send()
+        .await
+        .unwrap_err();
+    let retry = RetryError::of(&err).unwrap();
+    assert_eq!(
+        (retry.attempts(), retry.stop_reason()),
+        (1, StopReason::NotSafeToRetry)
+    );
+    assert_eq!(reset.requests(), 1);
+}
+
+/// What the same hook may widen: a success of an idempotent request (a poll), and a connect
+/// error of an unkeyed POST, of which nothing reached the server.
+#[tokio::test]
+async fn retry_everything_still_repeats_what_is_safe() {
+    let client = client(everything, false);
+
+    let server = always(200).await;
+    let polled = client.get(server.uri()).send().await.unwrap();
+    assert_eq!(attempts_of(&polled), (3, StopReason::AttemptsExhausted));
+    assert_eq!(server.received_requests().await.unwrap().len(), 3);
+
+    let err = client
+        .post(support::refused_url().await)
+        .body("x")
+        .send()
+        .await
+        .unwrap_err();
+    let retry = RetryError::of(&err).unwrap();
+    assert_eq!(
+        (retry.attempts(), retry.stop_reason()),
+        (3, StopReason::AttemptsExhausted)
+    );
+}
+
+/// An inner middleware's own error, final by default, made transient for a GET; the hook sees
+/// it as an error outcome.
+#[tokio::test]
+async fn a_classifier_can_make_another_middleware_s_error_transient() {
+    struct FailsTwice(Arc<Mutex<u32>>);
+    impl Middleware for FailsTwice {
+        fn handle<'a, 'b, 'c, 'd>(
+            &'a self,
+            request: reqwest::Request,
+            extensions: &'b mut http::Extensions,
+            next: Next<'c>,
+        ) -> std::pin::Pin<
+            Box<
+                dyn std::future::Future<Output = reqwest_middleware::Result<reqwest::Response>>
+                    + Send
+                    + 'd,
+            >,
+        >
+        where
+            'a: 'd,
+            'b: 'd,
+            'c: 'd,
+            Self: 'd,
+        {
+            let mut calls = self.0.lock().unwrap();
+            *calls += 1;
+            if *calls <= 2 {
+                return Box::pin(async {
+                    Err(reqwest_middleware::Error::middleware(
+                        std::io::Error::other("token service busy"),
+                    ))
+                });
+            }
+            drop(calls);
+            next.run(request, extensions)
+        }
+    }
+    let server = always(200).await;
+    let build = |hook: bool, calls: Arc<Mutex<u32>>| {
+        let mut middleware = RetryMiddleware::new(support::policy())
+            .with_clock(FakeClock::new())
+            .without_budget();
+        if hook {
+            middleware = middleware.with_classifier(|a: &Attempt<'_>| match a.outcome() {
+                Outcome::Error(e) if e.to_string().contains("token service busy") => {
+                    Retryable::Transient
+                }
+                _ => a.default_verdict(),
+            });
+        }
+        ClientBuilder::new(reqwest::Client::new())
+            .with(middleware)
+            .with(FailsTwice(calls))
+            .build()
+    };
+
+    let calls = Arc::new(Mutex::new(0));
+    let response = build(true, calls.clone())
+        .get(server.uri())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(attempts_of(&response), (3, StopReason::Succeeded));
+    assert_eq!(*calls.lock().unwrap(), 3);
+
+    let calls = Arc::new(Mutex::new(0));
+    let err = build(false, calls.clone())
+        .get(server.uri())
+        .send()
+        .await
+        .unwrap_err();
+    let retry = RetryError::of(&err).unwrap();
+    assert_eq!(
+        (retry.attempts(), retry.stop_reason()),
+        (1, StopReason::NotRetryable)
+    );
+    assert_eq!(*calls.lock().unwrap(), 1);
+}
+
+/// Each dependency has its own classifier.
+#[tokio::test]
+async fn a_classifier_belongs_to_its_dependency() {
+    let (a, b) = (always(503).await, always(503).await);
+    let strict = Dependency::new("strict", support::policy())
+        .with_classifier(|_: &Attempt<'_>| Retryable::Fatal)
+        .without_budget();
+    let client = ClientBuilder::new(reqwest::Client::new())
+        .with(
+            RetryMiddleware::new(support::policy())
+                .with_clock(FakeClock::new())
+                .without_budget()
+                .route(&a.address().to_string(), strict)
+                .unwrap(),
+        )
+        .build();
+
+    let first = client.get(a.uri()).send().await.unwrap();
+    let second = client.get(b.uri()).send().await.unwrap();
+
+    assert_eq!(attempts_of(&first), (1, StopReason::NotRetryable));
+    assert_eq!(attempts_of(&second), (3, StopReason::AttemptsExhausted));
+}
