@@ -118,14 +118,18 @@
 //! [`RetryCounters`] (per dependency, read with [`RetryCounters::snapshot`]) count logical
 //! requests, attempts, retries, budget refusals, deadline stops, `Retry-After` waits honoured and
 //! keys stamped; with the `metrics` feature they also go to the `metrics` facade. A
-//! [`RetryObserver`] is called after every attempt with the decision. `tracing` output, all at
-//! `DEBUG` and with the target `reqwest_safe_retry`:
+//! [`RetryObserver`] is called after every attempt with the decision. `tracing` output, with the
+//! target `reqwest_safe_retry`, is at DEBUG except where a retry or a give-up shows: an attempt
+//! that a retry follows, and the end of a retried request, at INFO
+//! ([`RetryMiddleware::with_retry_log_level`]); the end of a request whose failure was not
+//! retried (or not again), at WARN ([`RetryMiddleware::with_give_up_log_level`]). A request that
+//! went as its first attempt went leaves nothing above DEBUG.
 //!
 //! | kind | name | fields |
 //! |---|---|---|
-//! | span | `reqwest_safe_retry.request`, one per logical request | `dependency`, `method`, `host`, `path` (never the query) |
+//! | span | `reqwest_safe_retry.request`, one per logical request | `dependency`, `method`, `host`, `path` (never the query), `http.request.resend_count` (recorded at each retry: 1, 2...) |
 //! | event | `attempt finished`, one per attempt | `attempt` (from 1), `status`, `error` (`timeout`, `connect`, `reset`, `incomplete`, `permanent`), `decision` (why it is retried, or the stop reason), `delay_ms` (the wait before the next attempt) |
-//! | event | `retrying stopped`, one per logical request | `attempts`, `reason` ([`StopReason::as_str`]), `waited_ms` |
+//! | event | `retrying stopped`, one per logical request | `attempts`, `reason` ([`StopReason::as_str`]), `status` (the last response's, if any), `waited_ms` |
 //!
 //! # Outcomes
 //!
@@ -302,7 +306,7 @@ pub use idempotency::{
     IdempotencyKeys, IdempotencyKeysBuilder, InvalidKey, KeyFormat, KeySource, SeededKeys, UuidKeys,
 };
 pub use middleware::RetryMiddleware;
-pub use observe::{CounterSnapshot, RetryCounters, RetryEvent, RetryObserver};
+pub use observe::{CounterSnapshot, RetryAttempt, RetryCounters, RetryEvent, RetryObserver};
 pub use policy::{RetryPolicy, RetryPolicyBuilder};
 pub use rng::{RandomSource, SeededRng, ThreadRng};
 

@@ -30,6 +30,7 @@ use std::time::Duration;
 use http::{Extensions, HeaderValue};
 use reqwest::{Request, Response};
 use reqwest_middleware::{Middleware, Next};
+use tracing::Level;
 
 use crate::body;
 use crate::budget::RetryBudget;
@@ -40,10 +41,23 @@ use crate::decide::{Decider, Observed};
 use crate::dependency::{Dependency, HostMatch, RetryOverride};
 use crate::error::{AttemptTimeout, InvalidConfig, RetryError, RetryRecord, StopReason};
 use crate::idempotency::{self, IdempotencyKeys};
-use crate::observe::{Count, RetryCounters, RetryEvent, RetryObserver};
+use crate::observe::{Count, RetryAttempt, RetryCounters, RetryEvent, RetryObserver};
 use crate::policy::RetryPolicy;
 use crate::rng::{RandomSource, SharedRng, ThreadRng};
 use crate::schedule::Wait;
+
+/// An event at a level chosen at run time; `tracing`'s macros take a constant one.
+macro_rules! event_at {
+    ($level:expr, $($rest:tt)+) => {
+        match $level {
+            Level::ERROR => tracing::event!(target: TARGET, Level::ERROR, $($rest)+),
+            Level::WARN => tracing::event!(target: TARGET, Level::WARN, $($rest)+),
+            Level::INFO => tracing::event!(target: TARGET, Level::INFO, $($rest)+),
+            Level::DEBUG => tracing::event!(target: TARGET, Level::DEBUG, $($rest)+),
+            _ => tracing::event!(target: TARGET, Level::TRACE, $($rest)+),
+        }
+    };
+}
 
 /// A [`reqwest_middleware::Middleware`] that retries transient failures when repeating is safe.
 ///
@@ -67,6 +81,7 @@ use crate::schedule::Wait;
 /// | random source | [`ThreadRng`] ([`with_rng`](Self::with_rng)) |
 /// | idempotency keys | [`IdempotencyKeys::default()`]: a bare random UUID on POST and PATCH ([`with_idempotency_keys`](Self::with_idempotency_keys), [`without_idempotency_keys`](Self::without_idempotency_keys)) |
 /// | observer | none ([`with_observer`](Self::with_observer)) |
+/// | log levels | INFO for a retry, WARN for a give-up, DEBUG for the rest ([`with_retry_log_level`](Self::with_retry_log_level), [`with_give_up_log_level`](Self::with_give_up_log_level)) |
 ///
 /// In tests, use `FakeClock`, [`SeededRng`](crate::SeededRng) and
 /// [`SeededKeys`](crate::SeededKeys).
@@ -78,6 +93,7 @@ pub struct RetryMiddleware {
     rng: SharedRng,
     keys: Option<IdempotencyKeys>,
     observer: Option<SharedObserver>,
+    log: LogLevels,
 }
 
 impl RetryMiddleware {
@@ -95,6 +111,7 @@ impl RetryMiddleware {
             rng: SharedRng(Arc::new(ThreadRng::new())),
             keys: Some(IdempotencyKeys::default()),
             observer: None,
+            log: LogLevels::default(),
         }
     }
 
@@ -171,6 +188,23 @@ impl RetryMiddleware {
     /// Calls `observer` after every attempt with the decision about the next one.
     pub fn with_observer(mut self, observer: impl RetryObserver) -> Self {
         self.observer = Some(SharedObserver(Arc::new(observer)));
+        self
+    }
+
+    /// The level of the event for an attempt that a retry follows, and of the end of a request
+    /// that was retried; INFO by default, so a retry leaves a trace at the usual level. The
+    /// other attempts' events, and the end of a request that went as its first attempt went,
+    /// stay at DEBUG.
+    pub fn with_retry_log_level(mut self, level: Level) -> Self {
+        self.log.retry = level;
+        self
+    }
+
+    /// The level of the end of a request whose failure was not retried, or not again: the
+    /// attempts, the deadline or the budget ran out, a `Retry-After` was too long, repeating
+    /// was not safe, or nothing could be sent. WARN by default.
+    pub fn with_give_up_log_level(mut self, level: Level) -> Self {
+        self.log.give_up = level;
         self
     }
 
@@ -251,6 +285,7 @@ impl RetryMiddleware {
             method = %request.method(),
             host = request.url().host_str().unwrap_or(""),
             path = request.url().path(),
+            http.request.resend_count = tracing::field::Empty,
         );
         // A copy is kept for the next attempt while the request goes out; none is made for the
         // last attempt, and none can be made of a body that is a stream.
@@ -270,7 +305,9 @@ impl RetryMiddleware {
                             None,
                             reqwest_middleware::Error::middleware(invalid),
                         );
-                        return Err(span.in_scope(|| stopped(0, Duration::ZERO, err)).into());
+                        return Err(span
+                            .in_scope(|| self.log.stopped(0, Duration::ZERO, err))
+                            .into());
                     }
                 },
             };
@@ -297,7 +334,11 @@ impl RetryMiddleware {
                     (Some(key), stamped)
                 }
                 Ok(None) => (None, false),
-                Err(err) => return Err(span.in_scope(|| stopped(0, Duration::ZERO, err)).into()),
+                Err(err) => {
+                    return Err(span
+                        .in_scope(|| self.log.stopped(0, Duration::ZERO, err))
+                        .into());
+                }
             };
             let repeatable = key.is_some() || classify::is_idempotent(request.method());
             // Only a classifier needs the request after it has gone: its head is kept for it.
@@ -330,11 +371,17 @@ impl RetryMiddleware {
                                 key,
                                 reqwest_middleware::Error::middleware(missing),
                             );
-                            let err = stopped(decider.attempts(), decider.waited(), err);
+                            let err = self.log.stopped(decider.attempts(), decider.waited(), err);
                             return Err(span.in_scope(|| err).into());
                         }
                     };
                     let attempt = {
+                        let number = decider.attempts() + 1;
+                        if number > 1 {
+                            // For the middleware and transport beneath, before they see it.
+                            extensions.insert(RetryAttempt { number });
+                            span.record("http.request.resend_count", number - 1);
+                        }
                         let mut sending = take_attempt(&mut kept, decider.may_retry_after_next());
                         if let (true, Some(keys), Some(value)) = (stamped, &self.keys, &key) {
                             sending
@@ -493,7 +540,8 @@ impl RetryMiddleware {
         let (attempts, waited) = (decider.attempts(), decider.waited());
         match outcome {
             Ok(mut response) => {
-                trace_stop(attempts, stop, waited);
+                let status = Some(response.status().as_u16());
+                self.log.trace_stop(attempts, stop, waited, status);
                 // The most common outcome, a first attempt's success without a key, carries
                 // no record: `RetryRecord::of` infers it, and the success path is spared an
                 // allocation and a map insertion.
@@ -510,7 +558,7 @@ impl RetryMiddleware {
             }
             Err(err) => {
                 let err = RetryError::new(attempts, stop, key, err);
-                Err(stopped(attempts, waited, err).into())
+                Err(self.log.stopped(attempts, waited, err).into())
             }
         }
     }
@@ -540,8 +588,13 @@ impl RetryMiddleware {
             (_, Wait::Stop(stop)) => stop.as_str(),
             (Verdict::Final(stop), _) => stop.as_str(),
         };
-        tracing::debug!(
-            target: TARGET,
+        let level = if delay.is_some() {
+            self.log.retry
+        } else {
+            Level::DEBUG
+        };
+        event_at!(
+            level,
             attempt,
             status,
             error,
@@ -697,20 +750,56 @@ fn race<F: Future + Unpin>(
     })
 }
 
-/// Traces the end of a logical request, and hands back its error.
-fn stopped(attempts: u32, waited: Duration, err: RetryError) -> RetryError {
-    trace_stop(attempts, err.stop_reason(), waited);
-    err
+/// The levels of the middleware's events; see [`RetryMiddleware::with_retry_log_level`].
+#[derive(Debug, Clone, Copy)]
+struct LogLevels {
+    /// An attempt that a retry follows, and the end of a request that was retried.
+    retry: Level,
+    /// The end of a request whose failure was not retried (or not again).
+    give_up: Level,
 }
 
-fn trace_stop(attempts: u32, stop: StopReason, waited: Duration) {
-    tracing::debug!(
-        target: TARGET,
-        attempts,
-        reason = stop.as_str(),
-        waited_ms = millis(waited),
-        "retrying stopped"
-    );
+impl Default for LogLevels {
+    fn default() -> Self {
+        LogLevels {
+            retry: Level::INFO,
+            give_up: Level::WARN,
+        }
+    }
+}
+
+impl LogLevels {
+    /// The level of a request's end: a give-up at `give_up`, the end of a retried request at
+    /// `retry`, a request that went as its first attempt went at DEBUG.
+    fn of_stop(&self, attempts: u32, stop: StopReason) -> Level {
+        match stop {
+            StopReason::Succeeded | StopReason::NotRetryable if attempts > 1 => self.retry,
+            StopReason::Succeeded | StopReason::NotRetryable => Level::DEBUG,
+            _ => self.give_up,
+        }
+    }
+
+    /// Traces the end of a logical request, and hands back its error.
+    fn stopped(&self, attempts: u32, waited: Duration, err: RetryError) -> RetryError {
+        self.trace_stop(
+            attempts,
+            err.stop_reason(),
+            waited,
+            err.status().map(|s| s.as_u16()),
+        );
+        err
+    }
+
+    fn trace_stop(&self, attempts: u32, stop: StopReason, waited: Duration, status: Option<u16>) {
+        event_at!(
+            self.of_stop(attempts, stop),
+            attempts,
+            reason = stop.as_str(),
+            status,
+            waited_ms = millis(waited),
+            "retrying stopped"
+        );
+    }
 }
 
 fn millis(d: Duration) -> u64 {

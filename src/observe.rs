@@ -167,6 +167,51 @@ impl MetricKeys {
     }
 }
 
+/// Which attempt of its logical request a request is, for the middleware and transport beneath
+/// this one: read it with [`RetryAttempt::of`] from the extensions a `reqwest-middleware`
+/// middleware is handed.
+///
+/// The middleware puts it in the extensions before each retry; a first attempt carries none,
+/// which spares the success path an allocation, and [`of`](Self::of) reads its absence as
+/// attempt 1 (which it also is for a request that no retrying middleware sent). OpenTelemetry's
+/// HTTP client conventions call [`resend_count`](Self::resend_count)
+/// `http.request.resend_count`; the middleware's span records it on retries too.
+///
+/// ```
+/// use http::Extensions;
+/// use reqwest_safe_retry::RetryAttempt;
+///
+/// // In an inner middleware's `handle`:
+/// let extensions = Extensions::new();
+/// let attempt = RetryAttempt::of(&extensions);
+/// assert_eq!((attempt.number(), attempt.resend_count()), (1, 0));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct RetryAttempt {
+    pub(crate) number: u32,
+}
+
+impl RetryAttempt {
+    /// The attempt the request in a middleware's `extensions` is: the one the retrying
+    /// middleware put there, or the first.
+    pub fn of(extensions: &http::Extensions) -> RetryAttempt {
+        extensions
+            .get::<RetryAttempt>()
+            .copied()
+            .unwrap_or(RetryAttempt { number: 1 })
+    }
+
+    /// Which attempt this is, from 1.
+    pub fn number(&self) -> u32 {
+        self.number
+    }
+
+    /// How many times the request was sent before this attempt: `number() - 1`.
+    pub fn resend_count(&self) -> u32 {
+        self.number - 1
+    }
+}
+
 /// One decision of the middleware, as the [`RetryObserver`] hook sees it.
 #[derive(Debug, Clone, Copy)]
 #[non_exhaustive]

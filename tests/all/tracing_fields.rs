@@ -13,6 +13,8 @@ use wiremock::ResponseTemplate;
 /// One span or event: its name (the message, for events), target and fields as text.
 #[derive(Debug, Clone)]
 struct Captured {
+    id: u64,
+    level: tracing::Level,
     name: String,
     target: String,
     fields: Vec<(String, String)>,
@@ -49,6 +51,9 @@ impl Visit for Fields<'_> {
     fn record_str(&mut self, field: &Field, value: &str) {
         self.0.push((field.name().to_owned(), value.to_owned()));
     }
+    fn record_u64(&mut self, field: &Field, value: u64) {
+        self.0.push((field.name().to_owned(), value.to_string()));
+    }
 }
 
 /// A subscriber that keeps everything from this crate's target.
@@ -77,16 +82,26 @@ impl Subscriber for Capture {
     fn new_span(&self, span: &Attributes<'_>) -> Id {
         let mut fields = Vec::new();
         span.record(&mut Fields(&mut fields));
+        let id = self.next_id.fetch_add(1, Ordering::SeqCst) + 1;
         self.spans.lock().unwrap().push(Captured {
+            id,
+            level: *span.metadata().level(),
             name: span.metadata().name().to_owned(),
             target: span.metadata().target().to_owned(),
             fields,
             thread: std::thread::current().id(),
         });
-        Id::from_u64(self.next_id.fetch_add(1, Ordering::SeqCst) + 1)
+        Id::from_u64(id)
     }
 
-    fn record(&self, _: &Id, _: &Record<'_>) {}
+    /// A value recorded after the span was made is appended to its fields, so a field recorded
+    /// twice appears twice, in order.
+    fn record(&self, id: &Id, values: &Record<'_>) {
+        let mut spans = self.spans.lock().unwrap();
+        if let Some(span) = spans.iter_mut().find(|s| s.id == id.into_u64()) {
+            values.record(&mut Fields(&mut span.fields));
+        }
+    }
     fn record_follows_from(&self, _: &Id, _: &Id) {}
 
     fn event(&self, event: &Event<'_>) {
@@ -98,6 +113,8 @@ impl Subscriber for Capture {
             .map(|(_, v)| v.clone())
             .unwrap_or_default();
         self.events.lock().unwrap().push(Captured {
+            id: 0,
+            level: *event.metadata().level(),
             name: message,
             target: event.metadata().target().to_owned(),
             fields,
@@ -158,6 +175,8 @@ async fn a_retried_request_emits_the_documented_span_and_events() {
     assert_eq!(span.field("host"), Some("127.0.0.1"));
     // The path, never the query: query strings often carry secrets.
     assert_eq!(span.field("path"), Some("/items"));
+    // Recorded at the retry, as OpenTelemetry's HTTP client conventions name it.
+    assert_eq!(span.field("http.request.resend_count"), Some("1"));
 
     let events = mine(&capture.events);
     let names: Vec<&str> = events.iter().map(|e| e.name.as_str()).collect();
@@ -244,5 +263,134 @@ async fn failed_attempts_name_their_error_kind_in_events_and_the_observer() {
                 Some("attempts_exhausted".to_owned())
             ),
         ]
+    );
+}
+
+/// Records `RetryAttempt::of` for every request that reaches it.
+struct SeesAttempts(Arc<Mutex<Vec<(u32, u32)>>>);
+
+impl reqwest_middleware::Middleware for SeesAttempts {
+    fn handle<'a, 'b, 'c, 'd>(
+        &'a self,
+        request: reqwest::Request,
+        extensions: &'b mut http::Extensions,
+        next: reqwest_middleware::Next<'c>,
+    ) -> std::pin::Pin<
+        Box<
+            dyn std::future::Future<Output = reqwest_middleware::Result<reqwest::Response>>
+                + Send
+                + 'd,
+        >,
+    >
+    where
+        'a: 'd,
+        'b: 'd,
+        'c: 'd,
+        Self: 'd,
+    {
+        let attempt = reqwest_safe_retry::RetryAttempt::of(extensions);
+        self.0
+            .lock()
+            .unwrap()
+            .push((attempt.number(), attempt.resend_count()));
+        next.run(request, extensions)
+    }
+}
+
+/// An inner middleware reads each attempt's number from its extensions, and the span records
+/// every retry's resend count.
+#[tokio::test(flavor = "current_thread")]
+async fn inner_middleware_sees_each_attempt_s_number() {
+    let capture = capture();
+    CAPTURING.with(|c| c.set(true));
+    let server = crate::support::always(503).await;
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let client = ClientBuilder::new(reqwest::Client::new())
+        .with(
+            RetryMiddleware::new(RetryPolicy::builder().max_attempts(4).build().unwrap())
+                .with_clock(FakeClock::new())
+                .without_budget(),
+        )
+        .with(SeesAttempts(seen.clone()))
+        .build();
+
+    client.get(server.uri()).send().await.unwrap();
+    client.get(server.uri()).send().await.unwrap();
+
+    CAPTURING.with(|c| c.set(false));
+    let per_request = [(1, 0), (2, 1), (3, 2), (4, 3)];
+    assert_eq!(*seen.lock().unwrap(), [per_request, per_request].concat());
+    let spans = mine(&capture.spans);
+    assert_eq!(spans.len(), 2);
+    for span in spans {
+        let recorded: Vec<&str> = span
+            .fields
+            .iter()
+            .filter(|(n, _)| n == "http.request.resend_count")
+            .map(|(_, v)| v.as_str())
+            .collect();
+        assert_eq!(recorded, ["1", "2", "3"]);
+    }
+}
+
+/// The levels of one request's events, in order, and the stop event's status.
+async fn levels_of(
+    middleware: RetryMiddleware,
+    server: &wiremock::MockServer,
+) -> (Vec<tracing::Level>, Option<String>) {
+    let capture = capture();
+    let before = mine(&capture.events).len();
+    CAPTURING.with(|c| c.set(true));
+    let client = ClientBuilder::new(reqwest::Client::new())
+        .with(middleware.with_clock(FakeClock::new()).without_budget())
+        .build();
+    client.get(server.uri()).send().await.unwrap();
+    CAPTURING.with(|c| c.set(false));
+    let events = mine(&capture.events)[before..].to_vec();
+    let status = events
+        .last()
+        .and_then(|e| e.field("status"))
+        .map(str::to_owned);
+    (events.iter().map(|e| e.level).collect(), status)
+}
+
+/// A retry is visible at INFO and a give-up at WARN by default; a request that went as its
+/// first attempt went stays at DEBUG; both levels can be set.
+#[tokio::test(flavor = "current_thread")]
+async fn retries_and_give_ups_are_logged_at_their_levels() {
+    use tracing::Level;
+    let two = || RetryMiddleware::new(RetryPolicy::builder().max_attempts(2).build().unwrap());
+
+    let recovers =
+        crate::support::first_then(ResponseTemplate::new(503), 1, ResponseTemplate::new(200)).await;
+    assert_eq!(
+        levels_of(two(), &recovers).await,
+        (
+            vec![Level::INFO, Level::DEBUG, Level::INFO],
+            Some("200".to_owned())
+        )
+    );
+
+    let down = crate::support::always(503).await;
+    assert_eq!(
+        levels_of(two(), &down).await,
+        (
+            vec![Level::INFO, Level::DEBUG, Level::WARN],
+            Some("503".to_owned())
+        )
+    );
+
+    let fine = crate::support::always(200).await;
+    assert_eq!(
+        levels_of(two(), &fine).await.0,
+        [Level::DEBUG, Level::DEBUG]
+    );
+
+    let quiet = two()
+        .with_retry_log_level(Level::DEBUG)
+        .with_give_up_log_level(Level::ERROR);
+    assert_eq!(
+        levels_of(quiet, &down).await.0,
+        [Level::DEBUG, Level::DEBUG, Level::ERROR]
     );
 }
