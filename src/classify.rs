@@ -120,12 +120,18 @@ pub(crate) enum Fault {
 
 impl Fault {
     pub(crate) fn as_str(self) -> &'static str {
+        self.kind().as_str()
+    }
+
+    /// The public name of this kind of fault.
+    pub(crate) fn kind(self) -> crate::observe::AttemptErrorKind {
+        use crate::observe::AttemptErrorKind as Kind;
         match self {
-            Fault::Timeout => "timeout",
-            Fault::Connect => "connect",
-            Fault::Reset => "reset",
-            Fault::Incomplete => "incomplete",
-            Fault::NotProcessed => "not_processed",
+            Fault::Timeout => Kind::Timeout,
+            Fault::Connect => Kind::Connect,
+            Fault::Reset => Kind::Reset,
+            Fault::Incomplete => Kind::Incomplete,
+            Fault::NotProcessed => Kind::NotProcessed,
         }
     }
 

@@ -306,7 +306,9 @@ pub use idempotency::{
     IdempotencyKeys, IdempotencyKeysBuilder, InvalidKey, KeyFormat, KeySource, SeededKeys, UuidKeys,
 };
 pub use middleware::RetryMiddleware;
-pub use observe::{CounterSnapshot, RetryAttempt, RetryCounters, RetryEvent, RetryObserver};
+pub use observe::{
+    AttemptErrorKind, CounterSnapshot, RetryAttempt, RetryCounters, RetryEvent, RetryObserver,
+};
 pub use policy::{RetryPolicy, RetryPolicyBuilder};
 pub use rng::{RandomSource, SeededRng, ThreadRng};
 

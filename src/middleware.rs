@@ -35,14 +35,18 @@ use tracing::Level;
 use crate::body;
 use crate::budget::RetryBudget;
 use crate::classifier::{Attempt, Classifier, Outcome, RequestHead, Retryable, SharedClassifier};
-use crate::classify::{self, Verdict};
+use crate::classify::{self, Fault, Verdict};
 use crate::clock::{AttemptTimer, Clock, SharedClock, TokioClock};
 use crate::decide::{Decider, Observed};
 use crate::dependency::{Dependency, HostMatch, RetryOverride};
 use crate::error::{AttemptTimeout, InvalidConfig, RetryError, RetryRecord, StopReason};
 use crate::idempotency::{self, IdempotencyKeys};
-use crate::observe::{Count, RetryAttempt, RetryCounters, RetryEvent, RetryObserver};
+use crate::observe::{
+    AttemptErrorKind, Count, RetryAttempt, RetryCounters, RetryEvent, RetryObserver,
+    url_without_query,
+};
 use crate::policy::RetryPolicy;
+use crate::retry_after;
 use crate::rng::{RandomSource, SharedRng, ThreadRng};
 use crate::schedule::Wait;
 
@@ -346,6 +350,11 @@ impl RetryMiddleware {
                 .classifier
                 .as_ref()
                 .map(|classifier| (classifier, Box::new(RequestHead::of(request))));
+            // Only an observer needs the method and URL after the request has gone.
+            let watched = self
+                .observer
+                .as_ref()
+                .map(|_| Box::new((request.method().clone(), url_without_query(request.url()))));
             let judging = Judging {
                 policy,
                 repeatable,
@@ -446,6 +455,7 @@ impl RetryMiddleware {
                         span.in_scope(|| {
                             self.report(
                                 &dependency.name,
+                                watched.as_deref(),
                                 decider.attempts(),
                                 &outcome,
                                 verdict,
@@ -567,6 +577,7 @@ impl RetryMiddleware {
     fn report(
         &self,
         dependency: &str,
+        watched: Option<&(http::Method, String)>,
         attempt: u32,
         outcome: &reqwest_middleware::Result<Response>,
         verdict: Verdict,
@@ -576,7 +587,7 @@ impl RetryMiddleware {
             Ok(r) => (Some(r.status().as_u16()), None),
             Err(e) => (
                 e.status().map(|s| s.as_u16()),
-                Some(classify::transport_fault(e).map_or("permanent", |f| f.as_str())),
+                Some(classify::transport_fault(e).map_or(AttemptErrorKind::Permanent, Fault::kind)),
             ),
         };
         let (delay, stop) = match decision {
@@ -597,17 +608,25 @@ impl RetryMiddleware {
             level,
             attempt,
             status,
-            error,
+            error = error.map(|e| e.as_str()),
             decision,
             delay_ms = delay.map(millis),
             "attempt finished"
         );
-        if let Some(observer) = &self.observer {
+        if let (Some(observer), Some((method, url))) = (&self.observer, watched) {
+            let retry_after = outcome
+                .as_ref()
+                .ok()
+                .and_then(|r| r.headers().get(http::header::RETRY_AFTER))
+                .and_then(|v| retry_after::parse(v.as_bytes(), self.clock.get().wall_now()));
             observer.0.on_decision(&RetryEvent {
                 dependency,
+                method,
+                url,
                 attempt,
                 status,
                 error,
+                retry_after,
                 delay,
                 stop,
             });

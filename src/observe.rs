@@ -212,23 +212,80 @@ impl RetryAttempt {
     }
 }
 
+/// What kind of error an attempt ended in, as the default rules read it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum AttemptErrorKind {
+    /// The attempt timed out: the policy's per-attempt timeout, or the client's or request's.
+    Timeout,
+    /// Connecting failed for a reason that may pass; nothing of the request was sent.
+    Connect,
+    /// The connection was reset, aborted or broken after it was made.
+    Reset,
+    /// The server closed the connection before the response was complete.
+    Incomplete,
+    /// The server said it did not process the request (HTTP/2 REFUSED_STREAM, or above a
+    /// graceful GOAWAY's last stream).
+    NotProcessed,
+    /// An error that repeating would not change (TLS, a builder or redirect error, another
+    /// middleware's error), unless a [`Classifier`](crate::Classifier) said otherwise.
+    Permanent,
+}
+
+impl AttemptErrorKind {
+    /// A short, stable, lowercase name, as the `error` field of the tracing events has it.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            AttemptErrorKind::Timeout => "timeout",
+            AttemptErrorKind::Connect => "connect",
+            AttemptErrorKind::Reset => "reset",
+            AttemptErrorKind::Incomplete => "incomplete",
+            AttemptErrorKind::NotProcessed => "not_processed",
+            AttemptErrorKind::Permanent => "permanent",
+        }
+    }
+}
+
 /// One decision of the middleware, as the [`RetryObserver`] hook sees it.
 #[derive(Debug, Clone, Copy)]
 #[non_exhaustive]
 pub struct RetryEvent<'a> {
     /// The dependency's name.
     pub dependency: &'a str,
+    /// The request's method.
+    pub method: &'a http::Method,
+    /// The request's URL without its query, fragment or credentials (`scheme://host:port/path`):
+    /// queries and user info often carry secrets.
+    pub url: &'a str,
     /// The attempt just made, from 1.
     pub attempt: u32,
     /// Its response status, if it got a response.
     pub status: Option<u16>,
-    /// Its error, as a short kind (`timeout`, `connect`, `reset`, `incomplete`, `permanent`),
-    /// if it failed.
-    pub error: Option<&'a str>,
+    /// Its error's kind, if it failed.
+    pub error: Option<AttemptErrorKind>,
+    /// The floor the response's valid `Retry-After` set (zero for a date in the past), if it
+    /// had one.
+    pub retry_after: Option<Duration>,
     /// The wait before the next attempt, if there is one.
     pub delay: Option<Duration>,
     /// Why the next attempt will not be made, if it will not.
     pub stop: Option<StopReason>,
+}
+
+/// A request's URL as the observer sees it: `scheme://host:port/path`, without user info,
+/// query or fragment.
+pub(crate) fn url_without_query(url: &reqwest::Url) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::with_capacity(url.as_str().len());
+    out.push_str(url.scheme());
+    out.push_str("://");
+    out.push_str(url.host_str().unwrap_or(""));
+    if let Some(port) = url.port() {
+        // Writing to a String cannot fail.
+        let _ = write!(out, ":{port}");
+    }
+    out.push_str(url.path());
+    out
 }
 
 /// A hook called on every retry decision: after each attempt, with what happens next.
@@ -268,6 +325,24 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_observed_url_leaves_out_credentials_query_and_fragment() {
+        for (url, seen) in [
+            (
+                "http://127.0.0.1:8080/a/b?token=1#top",
+                "http://127.0.0.1:8080/a/b",
+            ),
+            (
+                "https://user:secret@api.example.com/pay?x=1",
+                "https://api.example.com/pay",
+            ),
+            ("http://[::1]:9/", "http://[::1]:9/"),
+            ("http://h", "http://h/"),
+        ] {
+            assert_eq!(url_without_query(&reqwest::Url::parse(url).unwrap()), seen);
+        }
+    }
 
     #[test]
     fn counts_add_up_and_clones_share_them() {

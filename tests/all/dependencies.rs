@@ -368,6 +368,64 @@ async fn the_observer_sees_every_decision() {
     );
 }
 
+/// The event names the request (method, URL without its query) and the server's
+/// `Retry-After` floor; a failed attempt's error is a typed kind.
+#[tokio::test]
+async fn the_observer_sees_the_request_the_floor_and_the_error_kind() {
+    use reqwest_safe_retry::AttemptErrorKind;
+    let server = MockServer::start().await;
+    Mock::given(wiremock::matchers::any())
+        .respond_with(ResponseTemplate::new(503).insert_header("retry-after", "2"))
+        .mount(&server)
+        .await;
+    type Seen = (String, String, Option<Duration>, Option<AttemptErrorKind>);
+    let events: Arc<Mutex<Vec<Seen>>> = Arc::default();
+    let seen = events.clone();
+    let client = build(RetryMiddleware::new(attempts(2)).with_observer(
+        move |e: &RetryEvent<'_>| {
+            seen.lock().unwrap().push((
+                e.method.to_string(),
+                e.url.to_owned(),
+                e.retry_after,
+                e.error,
+            ));
+        },
+    ));
+
+    client
+        .put(format!("{}/orders/7?token=secret", server.uri()))
+        .body("x")
+        .send()
+        .await
+        .unwrap();
+    client
+        .delete(support::refused_url().await)
+        .send()
+        .await
+        .unwrap_err();
+
+    let url = format!("{}/orders/7", server.uri());
+    let events = events.lock().unwrap().clone();
+    assert_eq!(
+        events[..2],
+        [
+            (
+                "PUT".to_owned(),
+                url.clone(),
+                Some(Duration::from_secs(2)),
+                None
+            ),
+            ("PUT".to_owned(), url, Some(Duration::from_secs(2)), None),
+        ]
+    );
+    assert_eq!(events.len(), 4);
+    for event in &events[2..] {
+        assert_eq!(event.0, "DELETE");
+        assert_eq!(event.2, None);
+        assert_eq!(event.3, Some(AttemptErrorKind::Connect));
+    }
+}
+
 /// A `metrics` recorder that keeps every counter in memory, keyed by name and labels.
 #[cfg(feature = "metrics")]
 #[derive(Debug, Default)]

@@ -215,7 +215,7 @@ async fn failed_attempts_name_their_error_kind_in_events_and_the_observer() {
         move |event: &reqwest_safe_retry::RetryEvent<'_>| {
             seen.lock().unwrap().push((
                 event.attempt,
-                event.error.map(str::to_owned),
+                event.error.map(|e| e.as_str().to_owned()),
                 event.stop.map(|s| s.as_str().to_owned()),
             ));
         }
