@@ -3,7 +3,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use reqwest_middleware::{ClientBuilder, ClientWithMiddleware, Middleware, Next};
+use reqwest_middleware::{ClientBuilder, ClientWithMiddleware};
 use reqwest_safe_retry::{
     Attempt, Classifier, Dependency, FakeClock, Outcome, RetryError, RetryMiddleware, RetryRecord,
     Retryable, SeededRng, StopReason,
@@ -236,39 +236,16 @@ async fn retry_everything_still_repeats_what_is_safe() {
 /// it as an error outcome.
 #[tokio::test]
 async fn a_classifier_can_make_another_middleware_s_error_transient() {
-    struct FailsTwice(Arc<Mutex<u32>>);
-    impl Middleware for FailsTwice {
-        fn handle<'a, 'b, 'c, 'd>(
-            &'a self,
-            request: reqwest::Request,
-            extensions: &'b mut http::Extensions,
-            next: Next<'c>,
-        ) -> std::pin::Pin<
-            Box<
-                dyn std::future::Future<Output = reqwest_middleware::Result<reqwest::Response>>
-                    + Send
-                    + 'd,
-            >,
-        >
-        where
-            'a: 'd,
-            'b: 'd,
-            'c: 'd,
-            Self: 'd,
-        {
-            let mut calls = self.0.lock().unwrap();
+    // Fails the first two requests that reach it, as a middleware of its own would.
+    let fails_twice = |calls: Arc<Mutex<u32>>| {
+        support::Before(move |_: &mut http::Extensions| {
+            let mut calls = calls.lock().unwrap();
             *calls += 1;
-            if *calls <= 2 {
-                return Box::pin(async {
-                    Err(reqwest_middleware::Error::middleware(
-                        std::io::Error::other("token service busy"),
-                    ))
-                });
-            }
-            drop(calls);
-            next.run(request, extensions)
-        }
-    }
+            (*calls <= 2).then(|| {
+                reqwest_middleware::Error::middleware(std::io::Error::other("token service busy"))
+            })
+        })
+    };
     let server = always(200).await;
     let build = |hook: bool, calls: Arc<Mutex<u32>>| {
         let mut middleware = RetryMiddleware::new(support::policy())
@@ -284,7 +261,7 @@ async fn a_classifier_can_make_another_middleware_s_error_transient() {
         }
         ClientBuilder::new(reqwest::Client::new())
             .with(middleware)
-            .with(FailsTwice(calls))
+            .with(fails_twice(calls))
             .build()
     };
 

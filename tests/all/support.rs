@@ -304,3 +304,36 @@ pub async fn first_then(first: ResponseTemplate, times: u64, then: ResponseTempl
     Mock::given(any()).respond_with(then).mount(&server).await;
     server
 }
+
+/// A middleware that calls its function with each request's extensions as the request passes
+/// down the chain: an error it returns is the request's outcome instead of passing it on.
+pub struct Before<F>(pub F);
+
+impl<F> reqwest_middleware::Middleware for Before<F>
+where
+    F: Fn(&mut http::Extensions) -> Option<reqwest_middleware::Error> + Send + Sync + 'static,
+{
+    fn handle<'a, 'b, 'c, 'd>(
+        &'a self,
+        request: reqwest::Request,
+        extensions: &'b mut http::Extensions,
+        next: reqwest_middleware::Next<'c>,
+    ) -> std::pin::Pin<
+        Box<
+            dyn std::future::Future<Output = reqwest_middleware::Result<reqwest::Response>>
+                + Send
+                + 'd,
+        >,
+    >
+    where
+        'a: 'd,
+        'b: 'd,
+        'c: 'd,
+        Self: 'd,
+    {
+        match (self.0)(extensions) {
+            Some(err) => Box::pin(std::future::ready(Err(err))),
+            None => next.run(request, extensions),
+        }
+    }
+}

@@ -266,37 +266,6 @@ async fn failed_attempts_name_their_error_kind_in_events_and_the_observer() {
     );
 }
 
-/// Records `RetryAttempt::of` for every request that reaches it.
-struct SeesAttempts(Arc<Mutex<Vec<(u32, u32)>>>);
-
-impl reqwest_middleware::Middleware for SeesAttempts {
-    fn handle<'a, 'b, 'c, 'd>(
-        &'a self,
-        request: reqwest::Request,
-        extensions: &'b mut http::Extensions,
-        next: reqwest_middleware::Next<'c>,
-    ) -> std::pin::Pin<
-        Box<
-            dyn std::future::Future<Output = reqwest_middleware::Result<reqwest::Response>>
-                + Send
-                + 'd,
-        >,
-    >
-    where
-        'a: 'd,
-        'b: 'd,
-        'c: 'd,
-        Self: 'd,
-    {
-        let attempt = reqwest_safe_retry::RetryAttempt::of(extensions);
-        self.0
-            .lock()
-            .unwrap()
-            .push((attempt.number(), attempt.resend_count()));
-        next.run(request, extensions)
-    }
-}
-
 /// An inner middleware reads each attempt's number from its extensions, and the span records
 /// every retry's resend count.
 #[tokio::test(flavor = "current_thread")]
@@ -311,7 +280,16 @@ async fn inner_middleware_sees_each_attempt_s_number() {
                 .with_clock(FakeClock::new())
                 .without_budget(),
         )
-        .with(SeesAttempts(seen.clone()))
+        .with(crate::support::Before({
+            let seen = seen.clone();
+            move |extensions: &mut http::Extensions| {
+                let attempt = reqwest_safe_retry::RetryAttempt::of(extensions);
+                seen.lock()
+                    .unwrap()
+                    .push((attempt.number(), attempt.resend_count()));
+                None
+            }
+        }))
         .build();
 
     client.get(server.uri()).send().await.unwrap();
