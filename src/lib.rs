@@ -262,8 +262,9 @@
 //! - `test-util`: [`FakeClock`], a virtual clock for tests.
 //! - `metrics`: counters also exported through the `metrics` facade.
 //! - `http2`: HTTP/2 errors classified by what the protocol says was processed (see above).
-//! - `sim`: the [`sim`] module, deterministic simulations of retry traffic in virtual time, with
-//!   charts (`examples/simulate`; `docs/simulations.md` in the repository shows them).
+//!
+//! Deterministic simulations of retry traffic, with their charts, live in the repository's
+//! `simulator` workspace member, not in this crate: `docs/simulations.md` shows them.
 #![deny(
     missing_docs,
     missing_debug_implementations,
@@ -289,8 +290,6 @@ mod policy;
 mod retry_after;
 mod rng;
 mod schedule;
-#[cfg(feature = "sim")]
-pub mod sim;
 
 pub use backoff::Jitter;
 pub use budget::{RetryBudget, RetryBudgetBuilder, RetryKind};

@@ -11,6 +11,7 @@ use http::StatusCode;
 
 use crate::backoff::{self, Jitter};
 use crate::error::InvalidConfig;
+use crate::rng::RandomSource;
 
 /// The area named in this module's configuration errors.
 const POLICY: &str = "retry policy";
@@ -103,6 +104,26 @@ impl RetryPolicy {
     /// is on.
     pub fn buffer_body_limit(&self) -> Option<usize> {
         self.buffer_body
+    }
+
+    /// A wait drawn as the middleware draws the one before retry `retry` (0 for the first) when
+    /// the server set no `Retry-After`: under [`backoff_ceiling`](Self::backoff_ceiling), as the
+    /// policy's [`Jitter`] says. `previous` is the last such wait of the same request (the base
+    /// delay before the first retry); only decorrelated jitter reads it. For a preview of a
+    /// schedule, or a simulation of many clients.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use reqwest_safe_retry::{Jitter, RetryPolicy};
+    ///
+    /// let policy = RetryPolicy::builder().jitter(Jitter::None).build()?;
+    /// let base = policy.base_delay();
+    /// assert_eq!(policy.draw_backoff(2, base, &|| 0u64), Duration::from_millis(400));
+    /// # Ok::<(), reqwest_safe_retry::InvalidConfig>(())
+    /// ```
+    pub fn draw_backoff(&self, retry: u32, previous: Duration, rng: &dyn RandomSource) -> Duration {
+        self.jitter
+            .draw(self.base_delay, self.max_delay, retry, previous, rng)
     }
 
     /// A builder holding every setting of this policy, to change a few and build another:

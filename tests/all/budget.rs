@@ -1,5 +1,6 @@
-//! The retry budget: bounded amplification in an outage, no cost when healthy, recovery, and
-//! charge-before-sleep under concurrency.
+//! The retry budget: recovery, and charge-before-sleep under concurrency. Its effect on whole
+//! traffic (bounded amplification in an outage, no cost when healthy) is tested in the
+//! simulator's `tests/budget.rs`.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -8,87 +9,11 @@ use std::time::{Duration, Instant, SystemTime};
 use http::Extensions;
 use reqwest::{Request, Response};
 use reqwest_middleware::{ClientBuilder, Middleware, Next};
-use reqwest_safe_retry::sim::{OpenLoop, Report, Service};
 use reqwest_safe_retry::{
     Clock, RetryBudget, RetryMiddleware, RetryPolicy, RetryRecord, SeededRng, Sleep, StopReason,
 };
 use wiremock::matchers::any;
 use wiremock::{Mock, MockServer, ResponseTemplate};
-
-fn simulate(rate: u32, service: Service, budget: Option<RetryBudget>) -> Report {
-    OpenLoop {
-        rate_per_sec: rate,
-        duration: Duration::from_secs(60),
-        service,
-        policy: RetryPolicy::builder().max_attempts(3).build().unwrap(),
-        budget,
-        seed: 2026,
-    }
-    .run()
-}
-
-#[test]
-fn a_total_outage_costs_at_most_ten_percent_extra_load_with_the_default_budget() {
-    for rate in [100, 1_000] {
-        let budgeted = simulate(rate, Service::Outage, Some(RetryBudget::default()));
-        let unbudgeted = simulate(rate, Service::Outage, None);
-        println!(
-            "{rate}/s outage: {:.3} attempts per request with the default budget, {:.3} without",
-            budgeted.attempts_per_request(),
-            unbudgeted.attempts_per_request()
-        );
-        assert_eq!(budgeted.logical_requests, u64::from(rate) * 60);
-        assert!(budgeted.attempts_per_request() <= 1.10, "{budgeted:?}");
-        assert_eq!(unbudgeted.attempts_per_request(), 3.0);
-    }
-}
-
-#[test]
-fn a_healthy_service_loses_nothing_to_the_budget() {
-    for rate in [100, 1_000] {
-        let healthy = Service::Healthy { failure_rate: 0.05 };
-        let budgeted = simulate(rate, healthy, Some(RetryBudget::default()));
-        let unbudgeted = simulate(rate, healthy, None);
-        let gap = (budgeted.success_rate() - unbudgeted.success_rate()).abs() * 100.0;
-        println!(
-            "{rate}/s with 5 % failures: {:.4} % succeed with the default budget, {:.4} % without",
-            budgeted.success_rate() * 100.0,
-            unbudgeted.success_rate() * 100.0
-        );
-        assert!(gap <= 0.1, "{gap} percentage points");
-        assert_eq!(budgeted.budget_refusals, 0);
-    }
-}
-
-#[test]
-fn the_same_seed_gives_the_same_report() {
-    let run = || {
-        simulate(
-            100,
-            Service::Healthy { failure_rate: 0.2 },
-            Some(RetryBudget::default()),
-        )
-    };
-    assert_eq!(run(), run());
-}
-
-#[test]
-fn during_an_outage_the_load_falls_to_the_offered_load_plus_the_floor() {
-    let report = simulate(
-        100,
-        Service::OutageBetween {
-            start: Duration::from_secs(10),
-            end: Duration::from_secs(40),
-        },
-        Some(RetryBudget::default()),
-    );
-    let per_second = &report.attempts_per_second;
-    // Once the burst the bucket held is spent, each second of outage sees the 100 offered
-    // attempts and at most the floor's one retry a second (plus one second's rounding).
-    for (second, &attempts) in per_second.iter().enumerate().take(40).skip(12) {
-        assert!(attempts <= 102, "second {second}: {attempts}");
-    }
-}
 
 /// An outage that empties a budget, then a recovered service: the budget admits a retry again
 /// after exactly as many good first attempts as its documentation promises (ten, at a ratio of

@@ -14,7 +14,6 @@ mod methods;
 mod properties;
 mod reference_server;
 mod schedule;
-mod simulate;
 mod statuses;
 mod support;
 mod time;

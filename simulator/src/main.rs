@@ -6,12 +6,12 @@
 //! layers stacked over a dead backend. Prints a table per scenario and writes an SVG chart per
 //! figure into the folder given with `--out`. The same `--seed` gives byte-identical files.
 //!
-//! Run it with `cargo run --release --example simulate -- --out target/sim`.
+//! Run it with `cargo run --release -p reqwest-safe-retry-simulator -- --out docs/img`.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use reqwest_safe_retry::sim::figures;
+use reqwest_safe_retry_simulator::figures;
 
 fn main() -> ExitCode {
     let mut out = None;

@@ -12,40 +12,25 @@ use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::time::Duration;
 
-use crate::backoff;
-use crate::rng::SeededRng;
+pub use reqwest_safe_retry::Jitter;
+use reqwest_safe_retry::{RetryPolicy, SeededRng};
 
-/// How a client spreads its retries.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum Jitter {
-    /// Wait exactly `min(cap, base * 2^retry)`.
-    None,
-    /// Wait half of that, plus a random part of the other half.
-    Equal,
-    /// Wait a random part of all of it: the crate's own backoff.
-    Full,
-    /// Wait a random time between the base and three times the previous wait, capped.
-    Decorrelated,
-}
+/// The four jitter strategies, in the order of the AWS study.
+pub const JITTERS: [Jitter; 4] = [
+    Jitter::None,
+    Jitter::Equal,
+    Jitter::Full,
+    Jitter::Decorrelated,
+];
 
-impl Jitter {
-    /// All four, in the order of the study.
-    pub const ALL: [Jitter; 4] = [
-        Jitter::None,
-        Jitter::Equal,
-        Jitter::Full,
-        Jitter::Decorrelated,
-    ];
-
-    /// A short name, for tables and legends.
-    pub fn name(self) -> &'static str {
-        match self {
-            Jitter::None => "no jitter",
-            Jitter::Equal => "equal jitter",
-            Jitter::Full => "full jitter",
-            Jitter::Decorrelated => "decorrelated jitter",
-        }
+/// A jitter strategy's short name, for tables and legends.
+pub fn jitter_name(jitter: Jitter) -> &'static str {
+    match jitter {
+        Jitter::None => "no jitter",
+        Jitter::Equal => "equal jitter",
+        Jitter::Full => "full jitter",
+        Jitter::Decorrelated => "decorrelated jitter",
+        _ => "other jitter",
     }
 }
 
@@ -87,6 +72,15 @@ impl Contention {
     /// Runs until every client has written, or until the clients have made 10,000 calls each.
     pub fn run(&self) -> ContentionReport {
         let rng = SeededRng::new(self.seed);
+        // The library's own backoff: its policy's draw, with this scenario's settings.
+        let policy = RetryPolicy::builder()
+            .base_delay(self.base)
+            .max_delay(self.cap)
+            .jitter(self.jitter)
+            .deadline(Duration::MAX)
+            .max_retry_after(Duration::ZERO)
+            .build()
+            .expect("a base below the cap and an unbounded deadline make a valid policy");
         // (time of the next call, client); the heap pops the earliest, ties by client number.
         let mut calls: BinaryHeap<Reverse<(Duration, u32)>> = (0..self.clients)
             .map(|c| Reverse((Duration::ZERO, c)))
@@ -109,14 +103,7 @@ impl Contention {
                 continue;
             }
             let i = client as usize;
-            let wait = match self.jitter {
-                Jitter::None => backoff::ceiling(self.base, self.cap, retries[i]),
-                Jitter::Equal => backoff::equal_jitter(self.base, self.cap, retries[i], &rng),
-                Jitter::Full => backoff::full_jitter(self.base, self.cap, retries[i], &rng),
-                Jitter::Decorrelated => {
-                    backoff::decorrelated_jitter(self.base, self.cap, previous[i], &rng)
-                }
-            };
+            let wait = policy.draw_backoff(retries[i], previous[i], &rng);
             previous[i] = wait;
             retries[i] = retries[i].saturating_add(1);
             calls.push(Reverse((at + wait, client)));
@@ -147,7 +134,7 @@ mod tests {
 
     #[test]
     fn one_client_writes_at_once() {
-        for jitter in Jitter::ALL {
+        for jitter in JITTERS {
             let report = run(1, jitter);
             assert_eq!(report.calls, 1);
             assert_eq!(report.completion, Duration::from_millis(10));
@@ -164,7 +151,7 @@ mod tests {
 
     #[test]
     fn every_client_writes_exactly_once() {
-        for jitter in Jitter::ALL {
+        for jitter in JITTERS {
             let report = run(50, jitter);
             // Every client wrote (a client that has written makes no further call), the
             // writes never overlapped (50 of 10 ms each, one at a time), and the clients did

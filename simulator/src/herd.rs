@@ -9,9 +9,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::{Backend, VirtualTime, block_on_paused, client_with};
-use crate::middleware::RetryMiddleware;
-use crate::policy::RetryPolicy;
-use crate::rng::SeededRng;
+use reqwest_safe_retry::RetryMiddleware;
+use reqwest_safe_retry::RetryPolicy;
+use reqwest_safe_retry::SeededRng;
 
 /// The herd scenario's settings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

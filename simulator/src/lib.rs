@@ -1,4 +1,9 @@
-//! Deterministic simulations of retry traffic, in virtual time (feature `sim`).
+//! Deterministic simulations of retry traffic through reqwest-safe-retry, in virtual time.
+//!
+//! A workspace member of its own (`publish = false`), on the library's public API only, so that
+//! neither its charting library nor tokio's test clock reaches the library or its users. Run
+//! `cargo run --release -p reqwest-safe-retry-simulator -- --out docs/img` to write the figures
+//! `docs/simulations.md` shows.
 //!
 //! A simulation drives open-loop traffic (requests arrive at a fixed rate whether or not earlier
 //! ones finished, as they do from a fleet of independent callers) through the real
@@ -19,7 +24,7 @@
 //! ```
 //! use std::time::Duration;
 //! use reqwest_safe_retry::{RetryBudget, RetryPolicy};
-//! use reqwest_safe_retry::sim::{OpenLoop, Service};
+//! use reqwest_safe_retry_simulator::{OpenLoop, Service};
 //!
 //! let report = OpenLoop {
 //!     rate_per_sec: 100,
@@ -42,22 +47,22 @@ use http::Extensions;
 use reqwest::{Request, Response};
 use reqwest_middleware::{ClientBuilder, Middleware, Next};
 
+mod chart;
 mod contention;
 mod figures;
 mod herd;
 mod layers;
-mod svg;
 
-pub use contention::{Contention, ContentionReport, Jitter};
-pub use figures::{Figure, figures};
+pub use chart::{Chart, Series, Stroke};
+pub use contention::{Contention, ContentionReport, JITTERS, Jitter, jitter_name};
+pub use figures::{CONTENTION_SEEDS, Figure, Scale, figures, figures_at};
 pub use herd::{Herd, HerdReport};
 pub use layers::{Layers, LayersReport};
-pub use svg::{Chart, Series};
 
-use crate::budget::RetryBudget;
-use crate::middleware::RetryMiddleware;
-use crate::policy::RetryPolicy;
-use crate::rng::{RandomSource, SeededRng};
+use reqwest_safe_retry::RetryBudget;
+use reqwest_safe_retry::RetryMiddleware;
+use reqwest_safe_retry::RetryPolicy;
+use reqwest_safe_retry::{RandomSource, SeededRng};
 
 /// How the simulated dependency answers each attempt.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -197,13 +202,13 @@ impl OpenLoop {
 }
 
 /// The simulations' clock: tokio's, paused, for sleeps and timeouts alike. Unlike
-/// [`TokioClock`](crate::TokioClock), which measures per-attempt timeouts in real time under a
+/// [`TokioClock`](reqwest_safe_retry::TokioClock), which measures per-attempt timeouts in real time under a
 /// paused clock (a real server needs real time to answer), this one lets tokio jump to them: the
 /// simulated backend does no I/O, so nothing but virtual time can be waiting.
 #[derive(Debug, Clone, Copy)]
 struct VirtualTime;
 
-impl crate::clock::Clock for VirtualTime {
+impl reqwest_safe_retry::Clock for VirtualTime {
     fn now(&self) -> std::time::Instant {
         tokio::time::Instant::now().into_std()
     }
@@ -212,11 +217,11 @@ impl crate::clock::Clock for VirtualTime {
         std::time::SystemTime::now()
     }
 
-    fn sleep(&self, duration: Duration) -> crate::clock::Sleep {
+    fn sleep(&self, duration: Duration) -> reqwest_safe_retry::Sleep {
         Box::pin(tokio::time::sleep(duration))
     }
 
-    fn timeout(&self, duration: Duration) -> crate::clock::Sleep {
+    fn timeout(&self, duration: Duration) -> reqwest_safe_retry::Sleep {
         Box::pin(tokio::time::sleep(duration))
     }
 }

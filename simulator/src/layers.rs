@@ -14,8 +14,8 @@ use reqwest::{Request, Response};
 use reqwest_middleware::{ClientBuilder, Middleware, Next};
 
 use super::{Backend, VirtualTime, block_on_paused};
-use crate::middleware::RetryMiddleware;
-use crate::policy::RetryPolicy;
+use reqwest_safe_retry::RetryMiddleware;
+use reqwest_safe_retry::RetryPolicy;
 
 /// The layers scenario's settings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

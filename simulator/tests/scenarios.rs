@@ -2,10 +2,12 @@
 
 use std::time::Duration;
 
-use reqwest_safe_retry::sim::{Contention, Herd, Jitter, Layers, OpenLoop, Service, figures};
 use reqwest_safe_retry::{RetryBudget, RetryPolicy};
+use reqwest_safe_retry_simulator::{
+    Contention, Herd, Jitter, Layers, OpenLoop, Scale, Service, figures_at,
+};
 
-fn contention(jitter: Jitter) -> reqwest_safe_retry::sim::ContentionReport {
+fn contention(jitter: Jitter) -> reqwest_safe_retry_simulator::ContentionReport {
     Contention {
         clients: 100,
         write_time: Duration::from_millis(10),
@@ -106,14 +108,19 @@ fn jitter_above_the_floor_breaks_up_the_herd() {
 
 #[test]
 fn the_same_seed_gives_byte_identical_figures() {
-    let first: Vec<String> = figures(7)
-        .iter()
-        .map(|f| f.chart.to_svg() + &f.table)
-        .collect();
-    let second: Vec<String> = figures(7)
-        .iter()
-        .map(|f| f.chart.to_svg() + &f.table)
-        .collect();
+    // The full figures take seconds in a release build and a minute in a debug one.
+    let scale = if cfg!(debug_assertions) {
+        Scale::Small
+    } else {
+        Scale::Full
+    };
+    let draw = || -> Vec<String> {
+        figures_at(7, scale)
+            .iter()
+            .map(|f| f.chart.to_svg() + &f.table)
+            .collect()
+    };
+    let (first, second) = (draw(), draw());
     assert_eq!(first.len(), 5);
     assert_eq!(first, second);
     for svg in &first {

@@ -4,10 +4,9 @@
 use std::fmt::Write as _;
 use std::time::Duration;
 
-use super::svg::{Chart, Series};
-use super::{Contention, Herd, Jitter, Layers, OpenLoop, Service};
-use crate::budget::RetryBudget;
-use crate::policy::RetryPolicy;
+use super::chart::{Chart, Series};
+use super::{Contention, Herd, JITTERS, Jitter, Layers, OpenLoop, Service, jitter_name};
+use reqwest_safe_retry::{RetryBudget, RetryPolicy};
 
 /// One scenario's output: a table for the terminal and a chart to write as SVG.
 #[derive(Debug, Clone, PartialEq)]
@@ -21,87 +20,156 @@ pub struct Figure {
     pub chart: Chart,
 }
 
+/// How large the scenarios are run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scale {
+    /// The settings the documentation shows.
+    Full,
+    /// A tenth of the traffic and a few of the seeds and sizes, for tests in a debug build:
+    /// the same code, the same determinism, in a fraction of the time.
+    Small,
+}
+
 /// Every scenario at its standard settings, seeded with `seed`. The same seed gives the same
 /// figures, byte for byte.
 pub fn figures(seed: u64) -> Vec<Figure> {
-    let mut out = contention(seed);
-    out.push(outage(seed));
-    out.push(herd(seed));
+    figures_at(seed, Scale::Full)
+}
+
+/// Every scenario at `scale`, seeded with `seed`.
+pub fn figures_at(seed: u64, scale: Scale) -> Vec<Figure> {
+    let mut out = contention(seed, scale);
+    out.push(outage(seed, scale));
+    out.push(herd(seed, scale));
     out.push(layers());
     out
 }
 
-fn contention(seed: u64) -> Vec<Figure> {
-    let sizes: Vec<u32> = (1..=10).map(|k| k * 10).collect();
+/// Seeds the contention figures average over: each point is a mean, with the lowest and the
+/// highest run as its band.
+pub const CONTENTION_SEEDS: u64 = 20;
+
+/// The mean, lowest and highest of `values`.
+fn spread(values: &[f64]) -> (f64, f64, f64) {
+    let mean = values.iter().sum::<f64>() / values.len().max(1) as f64;
+    let low = values.iter().copied().fold(f64::INFINITY, f64::min);
+    let high = values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    (mean, low, high)
+}
+
+fn contention(seed: u64, scale: Scale) -> Vec<Figure> {
+    let (sizes, seeds): (Vec<u32>, u64) = match scale {
+        Scale::Full => ((1..=10).map(|k| k * 10).collect(), CONTENTION_SEEDS),
+        Scale::Small => (vec![10, 30], 3),
+    };
     let mut calls = Vec::new();
     let mut times = Vec::new();
-    let mut table = String::from(
+    let mut table = format!(
         "Contention: clients each need one write to a resource busy 10 ms per write; \
-         backoff base 10 ms, cap 10 s\n",
+         backoff base 10 ms, cap 10 s; mean of {seeds} seeds [lowest - highest]\n"
     );
     let _ = writeln!(
         table,
-        "{:<20} {:>8} {:>12} {:>16}",
+        "{:<20} {:>8} {:>26} {:>32}",
         "strategy", "clients", "total calls", "completion (s)"
     );
-    for jitter in Jitter::ALL {
-        let (mut c, mut t) = (Vec::new(), Vec::new());
+    for jitter in JITTERS {
+        let (mut c, mut c_band, mut t, mut t_band) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for &clients in &sizes {
-            let report = Contention {
-                clients,
-                write_time: Duration::from_millis(10),
-                base: Duration::from_millis(10),
-                cap: Duration::from_secs(10),
-                jitter,
-                seed,
-            }
-            .run();
-            let secs = report.completion.as_secs_f64();
+            let runs: Vec<_> = (seed..seed + seeds)
+                .map(|seed| {
+                    Contention {
+                        clients,
+                        write_time: Duration::from_millis(10),
+                        base: Duration::from_millis(10),
+                        cap: Duration::from_secs(10),
+                        jitter,
+                        seed,
+                    }
+                    .run()
+                })
+                .collect();
+            let call_counts: Vec<f64> = runs.iter().map(|r| r.calls as f64).collect();
+            let secs: Vec<f64> = runs.iter().map(|r| r.completion.as_secs_f64()).collect();
+            let (calls_mean, calls_low, calls_high) = spread(&call_counts);
+            let (secs_mean, secs_low, secs_high) = spread(&secs);
             let _ = writeln!(
                 table,
-                "{:<20} {:>8} {:>12} {:>16.3}",
-                jitter.name(),
+                "{:<20} {:>8} {:>10.0} [{:>6.0} - {:>6.0}] {:>12.3} [{:>7.3} - {:>7.3}]",
+                jitter_name(jitter),
                 clients,
-                report.calls,
-                secs
+                calls_mean,
+                calls_low,
+                calls_high,
+                secs_mean,
+                secs_low,
+                secs_high
             );
-            c.push((f64::from(clients), report.calls as f64));
-            t.push((f64::from(clients), secs));
+            let x = f64::from(clients);
+            c.push((x, calls_mean));
+            c_band.push((x, calls_low, calls_high));
+            t.push((x, secs_mean));
+            t_band.push((x, secs_low, secs_high));
         }
-        calls.push(Series::new(jitter.name(), c));
-        times.push(Series::new(jitter.name(), t));
+        // Equal and full jitter make about as many calls: equal's line is dashed, so that it
+        // shows where full's covers it.
+        let style = |series: Series| match jitter {
+            Jitter::Equal => series.dashed(),
+            _ => series,
+        };
+        calls.push(style(
+            Series::new(jitter_name(jitter), c)
+                .with_band(c_band)
+                .with_markers(),
+        ));
+        times.push(style(
+            Series::new(jitter_name(jitter), t)
+                .with_band(t_band)
+                .with_markers(),
+        ));
     }
     vec![
         Figure {
             file_name: "contention_calls.svg",
             table: table.clone(),
             chart: Chart {
-                title: "Contention: calls to write once each, by jitter strategy".into(),
+                title: format!(
+                    "Contention: calls to write once each (mean of {seeds} seeds, band: lowest to highest)"
+                ),
                 x_label: "clients contending (count)".into(),
-                y_label: "total calls (count)".into(),
+                y_label: "total calls (count, log scale)".into(),
                 series: calls,
                 steps: false,
+                log_y: true,
             },
         },
         Figure {
             file_name: "contention_time.svg",
             table: String::new(),
             chart: Chart {
-                title: "Contention: time until every client has written".into(),
+                title: format!(
+                    "Contention: time until every client has written (mean of {seeds} seeds)"
+                ),
                 x_label: "clients contending (count)".into(),
-                y_label: "completion time (s)".into(),
+                y_label: "completion time (s, log scale)".into(),
                 series: times,
                 steps: false,
+                log_y: true,
             },
         },
     ]
 }
 
-fn outage(seed: u64) -> Figure {
+fn outage(seed: u64, scale: Scale) -> Figure {
+    let rate = match scale {
+        Scale::Full => 100,
+        Scale::Small => 10,
+    };
     let (start, end) = (Duration::from_secs(20), Duration::from_secs(60));
     let run = |budget: Option<RetryBudget>| {
         OpenLoop {
-            rate_per_sec: 100,
+            rate_per_sec: rate,
             duration: Duration::from_secs(90),
             service: Service::OutageBetween { start, end },
             policy: RetryPolicy::default(),
@@ -112,8 +180,8 @@ fn outage(seed: u64) -> Figure {
     };
     let with = run(Some(RetryBudget::default()));
     let without = run(None);
-    let mut table = String::from(
-        "Outage: 100 requests/s for 90 s, every attempt fails from 20 s to 60 s; 3 attempts\n",
+    let mut table = format!(
+        "Outage: {rate} requests/s for 90 s, every attempt fails from 20 s to 60 s; 3 attempts\n"
     );
     let _ = writeln!(
         table,
@@ -151,24 +219,34 @@ fn outage(seed: u64) -> Figure {
         file_name: "outage.svg",
         table,
         chart: Chart {
-            title: "Outage from 20 s to 60 s: load on the dependency, 100 requests/s offered"
-                .into(),
+            title: format!(
+                "Outage from 20 s to 60 s: load on the dependency, {rate} requests/s offered"
+            ),
             x_label: "time (s)".into(),
             y_label: "attempts reaching the server (per second)".into(),
             series: vec![
                 Series::new("no budget", per_second(&without)),
                 Series::new("default budget", per_second(&with)),
-                Series::new("offered load", vec![(0.0, 100.0), (90.0, 100.0)]),
+                Series::new(
+                    "offered load",
+                    vec![(0.0, f64::from(rate)), (89.0, f64::from(rate))],
+                )
+                .reference(),
             ],
             steps: true,
+            log_y: false,
         },
     }
 }
 
-fn herd(seed: u64) -> Figure {
+fn herd(seed: u64, scale: Scale) -> Figure {
+    let clients = match scale {
+        Scale::Full => 1000,
+        Scale::Small => 100,
+    };
     let run = |jitter_above_floor: bool| {
         Herd {
-            clients: 1000,
+            clients,
             retry_after_secs: 2,
             jitter_above_floor,
             seed,
@@ -177,8 +255,8 @@ fn herd(seed: u64) -> Figure {
     };
     let with = run(true);
     let without = run(false);
-    let mut table = String::from(
-        "Herd: 1000 clients get 429 with Retry-After: 2 at time zero; retries per 10 ms\n",
+    let mut table = format!(
+        "Herd: {clients} clients get 429 with Retry-After: 2 at time zero; retries per 10 ms\n"
     );
     let _ = writeln!(
         table,
@@ -215,14 +293,17 @@ fn herd(seed: u64) -> Figure {
         file_name: "herd.svg",
         table,
         chart: Chart {
-            title: "1000 clients told Retry-After: 2 at once: arrivals around t = 2 s".into(),
+            title: format!(
+                "{clients} clients told Retry-After: 2 at once: arrivals around t = 2 s"
+            ),
             x_label: "time (s)".into(),
             y_label: "attempts arriving (per 10 ms)".into(),
             series: vec![
                 Series::new("no jitter above floor", window(&without)),
-                Series::new("jitter above floor", window(&with)),
+                Series::new("jitter above floor", window(&with)).with_markers(),
             ],
             steps: true,
+            log_y: false,
         },
     }
 }
@@ -259,12 +340,13 @@ fn layers() -> Figure {
         chart: Chart {
             title: "Stacked retrying layers over a dead backend".into(),
             x_label: "retrying layers on the path (count)".into(),
-            y_label: "backend attempts per request (count)".into(),
+            y_label: "backend attempts per request (count, log scale)".into(),
             series: vec![
-                Series::new("every layer retries", without),
-                Series::new("one layer retries", with),
+                Series::new("every layer retries", without).with_markers(),
+                Series::new("one layer retries", with).with_markers(),
             ],
             steps: false,
+            log_y: true,
         },
     }
 }

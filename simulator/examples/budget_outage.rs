@@ -5,12 +5,12 @@
 //! random. Each row is one (service, offered rate, budget); the columns say how many attempts
 //! each logical request cost the dependency, and how many logical requests succeeded.
 //!
-//! Run it with `cargo run --release --example budget_outage`.
+//! Run it with `cargo run --release -p reqwest-safe-retry-simulator --example budget_outage`.
 
 use std::time::Duration;
 
-use reqwest_safe_retry::sim::{OpenLoop, Service};
 use reqwest_safe_retry::{RetryBudget, RetryPolicy};
+use reqwest_safe_retry_simulator::{OpenLoop, Service};
 
 fn main() {
     let policy = RetryPolicy::builder()
