@@ -13,8 +13,6 @@
 //! loudly a classifier says "transient". The attempt limit, the deadline, `Retry-After` and the
 //! budget apply as always.
 
-use std::fmt;
-use std::sync::Arc;
 
 use http::{HeaderMap, HeaderValue, Method, StatusCode};
 use reqwest::{Response, Url};
@@ -146,14 +144,8 @@ where
     }
 }
 
-/// The classifier as a dependency stores it.
-#[derive(Clone)]
-pub(crate) struct SharedClassifier(pub(crate) Arc<dyn Classifier>);
-
-impl fmt::Debug for SharedClassifier {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("Classifier")
-    }
+impl crate::shared::Named for dyn Classifier {
+    const NAME: &'static str = "Classifier";
 }
 
 /// What a classifier needs of the request after it has gone down the chain: kept only for a

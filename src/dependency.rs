@@ -11,10 +11,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::budget::RetryBudget;
-use crate::classifier::{Classifier, SharedClassifier};
+use crate::classifier::Classifier;
 use crate::error::InvalidConfig;
 use crate::observe::{MetricKeys, RetryCounters};
 use crate::policy::RetryPolicy;
+use crate::shared::Shared;
 
 /// One dependency's retry settings: a name (for counters, metrics and traces), a policy, a
 /// budget of its own unless one is shared on purpose, and counters.
@@ -40,7 +41,7 @@ pub struct Dependency {
     pub(crate) budget: Option<RetryBudget>,
     pub(crate) counters: RetryCounters,
     pub(crate) metric_keys: MetricKeys,
-    pub(crate) classifier: Option<SharedClassifier>,
+    pub(crate) classifier: Option<Shared<dyn Classifier>>,
 }
 
 impl Dependency {
@@ -73,7 +74,7 @@ impl Dependency {
     /// the default rules; see [`Classifier`]. The safety rule still holds: a request that is
     /// neither idempotent nor keyed is repeated only when nothing of it reached the server.
     pub fn with_classifier(mut self, classifier: impl Classifier) -> Self {
-        self.classifier = Some(SharedClassifier(Arc::new(classifier)));
+        self.classifier = Some(Shared(Arc::new(classifier)));
         self
     }
 

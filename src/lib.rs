@@ -43,6 +43,8 @@
 //!   so is any request that carries an idempotency key. A request of another method without a
 //!   key is retried only when the failure happened while connecting, before any byte reached the
 //!   server.
+//! - **Only when the body can be sent again**: a request whose body is a stream is sent once,
+//!   unchanged, and its record says [`StopReason::BodyNotCloneable`].
 //!
 //! # Idempotency keys
 //!
@@ -57,8 +59,6 @@
 //! A key only helps if the server dedupes on it. The [`IdempotencyKeys`] docs say when to supply
 //! your own key (a natural one, such as an order id) and what the server must do for the
 //! exactly-once guarantee to hold.
-//! - **Only when the body can be sent again**: a request whose body is a stream is sent once,
-//!   unchanged, and its record says [`StopReason::BodyNotCloneable`].
 //!
 //! # When
 //!
@@ -290,6 +290,7 @@ mod policy;
 mod retry_after;
 mod rng;
 mod schedule;
+mod shared;
 
 pub use backoff::Jitter;
 pub use budget::{RetryBudget, RetryBudgetBuilder, RetryKind};

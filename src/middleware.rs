@@ -34,7 +34,7 @@ use tracing::Level;
 
 use crate::body;
 use crate::budget::RetryBudget;
-use crate::classifier::{Attempt, Classifier, Outcome, RequestHead, Retryable, SharedClassifier};
+use crate::classifier::{Attempt, Classifier, Outcome, RequestHead, Retryable};
 use crate::classify::{self, Fault, Verdict};
 use crate::clock::{AttemptTimer, Clock, SharedClock, TokioClock};
 use crate::decide::{Decider, Observed};
@@ -47,7 +47,8 @@ use crate::observe::{
 };
 use crate::policy::RetryPolicy;
 use crate::retry_after;
-use crate::rng::{RandomSource, SharedRng, ThreadRng};
+use crate::rng::{RandomSource, ThreadRng};
+use crate::shared::Shared;
 use crate::schedule::Wait;
 
 /// An event at a level chosen at run time; `tracing`'s macros take a constant one.
@@ -94,9 +95,9 @@ pub struct RetryMiddleware {
     default: Dependency,
     routes: Vec<(HostMatch, Dependency)>,
     clock: SharedClock,
-    rng: SharedRng,
+    rng: Shared<dyn RandomSource>,
     keys: Option<IdempotencyKeys>,
-    observer: Option<SharedObserver>,
+    observer: Option<Shared<dyn RetryObserver>>,
     log: LogLevels,
 }
 
@@ -112,7 +113,7 @@ impl RetryMiddleware {
             default: dependency,
             routes: Vec::new(),
             clock: SharedClock::new(TokioClock::new()),
-            rng: SharedRng(Arc::new(ThreadRng::new())),
+            rng: Shared(Arc::new(ThreadRng::new())),
             keys: Some(IdempotencyKeys::default()),
             observer: None,
             log: LogLevels::default(),
@@ -151,7 +152,7 @@ impl RetryMiddleware {
 
     /// Draws jitter from `rng`.
     pub fn with_rng(mut self, rng: impl RandomSource) -> Self {
-        self.rng = SharedRng(Arc::new(rng));
+        self.rng = Shared(Arc::new(rng));
         self
     }
 
@@ -185,13 +186,13 @@ impl RetryMiddleware {
     /// Decides which outcomes are transient for the default dependency with `classifier`
     /// instead of the default rules; see [`Classifier`]. The safety rule still holds.
     pub fn with_classifier(mut self, classifier: impl Classifier) -> Self {
-        self.default.classifier = Some(SharedClassifier(Arc::new(classifier)));
+        self.default.classifier = Some(Shared(Arc::new(classifier)));
         self
     }
 
     /// Calls `observer` after every attempt with the decision about the next one.
     pub fn with_observer(mut self, observer: impl RetryObserver) -> Self {
-        self.observer = Some(SharedObserver(Arc::new(observer)));
+        self.observer = Some(Shared(Arc::new(observer)));
         self
     }
 
@@ -666,7 +667,7 @@ struct Judging<'a> {
     repeatable: bool,
     key: Option<&'a HeaderValue>,
     /// The dependency's classifier, and the request's head for it to see.
-    hook: Option<(&'a SharedClassifier, &'a RequestHead)>,
+    hook: Option<(&'a Shared<dyn Classifier>, &'a RequestHead)>,
 }
 
 /// The request for the next attempt, from what is kept: a copy when another attempt may follow
@@ -682,15 +683,6 @@ fn take_attempt(kept: &mut Option<Request>, copy: bool) -> Request {
     original
 }
 
-/// The observer as the middleware stores it.
-#[derive(Clone)]
-struct SharedObserver(Arc<dyn RetryObserver>);
-
-impl std::fmt::Debug for SharedObserver {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("RetryObserver")
-    }
-}
 
 thread_local! {
     /// Which request's chain is being run on this thread, if any: the address of its

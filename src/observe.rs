@@ -313,6 +313,10 @@ pub trait RetryObserver: Send + Sync + 'static {
     fn on_decision(&self, event: &RetryEvent<'_>);
 }
 
+impl crate::shared::Named for dyn RetryObserver {
+    const NAME: &'static str = "RetryObserver";
+}
+
 impl<F> RetryObserver for F
 where
     F: Fn(&RetryEvent<'_>) + Send + Sync + 'static,

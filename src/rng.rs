@@ -8,7 +8,6 @@
 //! keep their state behind interior mutability. [`SeededRng`] does so with a single atomic
 //! counter, so it is lock-free and still deterministic for a given order of calls.
 
-use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -140,15 +139,8 @@ pub(crate) fn uniform_duration(rng: &dyn RandomSource, max: Duration) -> Duratio
     Duration::from_nanos(u64::try_from(nanos).unwrap_or(max_nanos))
 }
 
-/// The random source as the middleware stores it: shared, with a `Debug` that does not require
-/// one from the user's type.
-#[derive(Clone)]
-pub(crate) struct SharedRng(pub(crate) Arc<dyn RandomSource>);
-
-impl fmt::Debug for SharedRng {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("RandomSource")
-    }
+impl crate::shared::Named for dyn RandomSource {
+    const NAME: &'static str = "RandomSource";
 }
 
 #[cfg(test)]
