@@ -13,7 +13,6 @@
 //! loudly a classifier says "transient". The attempt limit, the deadline, `Retry-After` and the
 //! budget apply as always.
 
-
 use http::{HeaderMap, HeaderValue, Method, StatusCode};
 use reqwest::{Response, Url};
 

@@ -48,8 +48,8 @@ use crate::observe::{
 use crate::policy::RetryPolicy;
 use crate::retry_after;
 use crate::rng::{RandomSource, ThreadRng};
-use crate::shared::Shared;
 use crate::schedule::Wait;
+use crate::shared::Shared;
 
 /// An event at a level chosen at run time; `tracing`'s macros take a constant one.
 macro_rules! event_at {
@@ -682,7 +682,6 @@ fn take_attempt(kept: &mut Option<Request>, copy: bool) -> Request {
     };
     original
 }
-
 
 thread_local! {
     /// Which request's chain is being run on this thread, if any: the address of its

@@ -5,11 +5,11 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
+#[cfg(feature = "http2")]
 pub mod h2_server;
 
 /// A certificate for `localhost` and `127.0.0.1`, made for this run, with its key.
@@ -119,6 +119,7 @@ impl TlsServer {
 }
 
 /// A reqwest client that trusts `roots` only, resolving `localhost` to 127.0.0.1.
+#[cfg(feature = "tls")]
 pub fn tls_client(roots: &[rustls::pki_types::CertificateDer<'static>]) -> reqwest::Client {
     install_crypto();
     let mut store = rustls::RootCertStore::empty();
@@ -131,7 +132,7 @@ pub fn tls_client(roots: &[rustls::pki_types::CertificateDer<'static>]) -> reqwe
     reqwest::Client::builder()
         .use_preconfigured_tls(config)
         .resolve("localhost", SocketAddr::from(([127, 0, 0, 1], 0)))
-        .timeout(Duration::from_secs(5))
+        .timeout(std::time::Duration::from_secs(5))
         .build()
         .expect("a TLS client")
 }
