@@ -203,7 +203,8 @@ mod tests {
         }
 
         proptest! {
-            #![proptest_config(ProptestConfig::with_cases(20_000))]
+            // A fifth of the cases in a debug build (the test command), all in release.
+            #![proptest_config(ProptestConfig::with_cases(if cfg!(debug_assertions) { 4_000 } else { 20_000 }))]
 
             #[test]
             fn every_strategy_stays_within_its_range_and_under_the_cap(

@@ -221,14 +221,14 @@ async fn requests_dropped_during_their_backoff_give_their_tokens_back() {
     assert_eq!(budget.retries(), 1);
 }
 
-/// What one request does with a budget that starts empty and earns a token a second, on a
-/// fake clock: `gap` of real time passes between building the budget and the clock.
+/// What one request does with a budget that starts empty and earns twenty tokens a second, on
+/// a fake clock: `gap` of real time passes between building the budget and the clock.
 async fn attempts_and_sleeps_after(gap: Duration) -> (u32, Vec<Duration>) {
     let server =
         support::first_then(ResponseTemplate::new(503), 2, ResponseTemplate::new(200)).await;
     let budget = RetryBudget::builder()
         .initial(0.0)
-        .floor_per_sec(1.0)
+        .floor_per_sec(20.0)
         .build()
         .unwrap();
     tokio::time::sleep(gap).await;
@@ -250,7 +250,8 @@ async fn attempts_and_sleeps_after(gap: Duration) -> (u32, Vec<Duration>) {
 async fn real_time_never_leaks_into_a_budget_on_a_fake_clock() {
     let (without_gap, with_gap) = tokio::join!(
         attempts_and_sleeps_after(Duration::ZERO),
-        attempts_and_sleeps_after(Duration::from_millis(1_100)),
+        // Two tokens' worth of real time, had it leaked.
+        attempts_and_sleeps_after(Duration::from_millis(110)),
     );
     assert_eq!(without_gap, with_gap);
     // An empty budget on virtual time zero: the first retry is refused.
