@@ -264,6 +264,18 @@ mod tests {
     }
 
     #[test]
+    fn its_debug_names_the_classifier_without_asking_one_of_the_user_s_type() {
+        let plain = Dependency::new("api", RetryPolicy::default());
+        assert!(
+            format!("{plain:?}").contains("classifier: None"),
+            "{plain:?}"
+        );
+        let hooked = plain.with_classifier(|a: &crate::Attempt<'_>| a.default_verdict());
+        let debug = format!("{hooked:?}");
+        assert!(debug.contains("classifier: Some(Classifier)"), "{debug}");
+    }
+
+    #[test]
     fn a_host_matches_any_port_and_any_case() {
         let m = HostMatch::parse("API.example.com").unwrap();
         assert!(m.matches(&url("http://api.example.com/x")));
