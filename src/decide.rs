@@ -57,6 +57,7 @@ use crate::policy::RetryPolicy;
 use crate::retry_after;
 use crate::rng::RandomSource;
 use crate::schedule::{self, Wait};
+use crate::throttle::AdaptiveThrottle;
 
 /// What the decider is told about one attempt's outcome.
 #[derive(Debug, Clone, Copy)]
@@ -94,6 +95,8 @@ pub(crate) struct Decider<'a> {
     waited: Duration,
     /// What the last started retry cost, for a refund on success.
     last_cost: u64,
+    /// The dependency's adaptive throttle, if it has one.
+    throttle: Option<&'a AdaptiveThrottle>,
     /// The last backoff drawn (without a `Retry-After` floor), for decorrelated jitter.
     last_backoff: Option<Duration>,
     pending: Option<Pending>,
@@ -125,9 +128,58 @@ impl<'a> Decider<'a> {
             attempt: 0,
             waited: Duration::ZERO,
             last_cost: 0,
+            throttle: None,
             last_backoff: None,
             pending: None,
         }
+    }
+
+    /// Puts the attempts of this request under `throttle`.
+    pub(crate) fn with_throttle(mut self, throttle: Option<&'a AdaptiveThrottle>) -> Self {
+        self.throttle = throttle;
+        self
+    }
+
+    /// Asks the throttle, if any, whether the next attempt may go: called after
+    /// [`next_attempt`](Self::next_attempt) allowed it, before it is sent. The first attempt is
+    /// asked at the request's start, without a clock reading.
+    ///
+    /// # Errors
+    ///
+    /// [`StopReason::Throttled`] when the throttle rejects it; a retry's tokens are given back,
+    /// and the rejection is counted.
+    pub(crate) fn admit(
+        &mut self,
+        time: &dyn Clock,
+        rng: &dyn RandomSource,
+    ) -> Result<(), StopReason> {
+        let Some(throttle) = self.throttle else {
+            return Ok(());
+        };
+        let now = if self.attempt == 0 {
+            self.started
+        } else {
+            time.now()
+        };
+        if throttle.admit(now, rng) {
+            return Ok(());
+        }
+        self.give_back();
+        self.count(Count::Throttled);
+        Err(StopReason::Throttled)
+    }
+
+    /// Tells the throttle, if any, that the dependency accepted the attempt just finished.
+    pub(crate) fn accepted(&self, time: &dyn Clock) {
+        if let Some(throttle) = self.throttle {
+            throttle.accepted(time.now());
+        }
+    }
+
+    /// Whether this request's attempts are throttled: the driver then judges each outcome for
+    /// the throttle.
+    pub(crate) fn throttled(&self) -> bool {
+        self.throttle.is_some()
     }
 
     /// When the logical request started, on the clock it was given.

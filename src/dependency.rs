@@ -16,6 +16,7 @@ use crate::error::InvalidConfig;
 use crate::observe::{MetricKeys, RetryCounters};
 use crate::policy::RetryPolicy;
 use crate::shared::Shared;
+use crate::throttle::AdaptiveThrottle;
 
 /// One dependency's retry settings: a name (for counters, metrics and traces), a policy, a
 /// budget of its own unless one is shared on purpose, and counters.
@@ -42,6 +43,7 @@ pub struct Dependency {
     pub(crate) counters: RetryCounters,
     pub(crate) metric_keys: MetricKeys,
     pub(crate) classifier: Option<Shared<dyn Classifier>>,
+    pub(crate) throttle: Option<AdaptiveThrottle>,
 }
 
 impl Dependency {
@@ -55,6 +57,7 @@ impl Dependency {
             counters: RetryCounters::new(),
             metric_keys: MetricKeys::new(name),
             classifier: None,
+            throttle: None,
         }
     }
 
@@ -76,6 +79,18 @@ impl Dependency {
     pub fn with_classifier(mut self, classifier: impl Classifier) -> Self {
         self.classifier = Some(Shared(Arc::new(classifier)));
         self
+    }
+
+    /// Throttles this dependency's attempts with `throttle` (pass a clone to share one account
+    /// between clients); see [`AdaptiveThrottle`]. Off by default.
+    pub fn with_throttle(mut self, throttle: AdaptiveThrottle) -> Self {
+        self.throttle = Some(throttle);
+        self
+    }
+
+    /// The adaptive throttle, if any.
+    pub fn throttle(&self) -> Option<&AdaptiveThrottle> {
+        self.throttle.as_ref()
     }
 
     /// Counts into `counters` (pass a clone to keep reading them).

@@ -49,6 +49,11 @@ pub enum StopReason {
     /// policy invalid (0 attempts, a deadline under the backoff base); nothing was sent. The
     /// error's source says what to change.
     InvalidOverride,
+    /// The dependency's [`AdaptiveThrottle`](crate::AdaptiveThrottle) rejected the attempt
+    /// locally, before anything was sent: the dependency has been turning attempts away. A
+    /// first attempt so rejected makes 0 attempts; a retry so rejected hands back the last
+    /// outcome.
+    Throttled,
     /// The middleware's clock could not make a timer (a [`TokioClock`](crate::TokioClock) on a
     /// runtime without tokio's time driver); nothing was sent.
     TimerUnavailable,
@@ -69,6 +74,7 @@ impl StopReason {
             StopReason::BudgetExhausted => "budget_exhausted",
             StopReason::RetriesDisabled => "retries_disabled",
             StopReason::InvalidOverride => "invalid_override",
+            StopReason::Throttled => "throttled",
             StopReason::TimerUnavailable => "timer_unavailable",
         }
     }
@@ -88,6 +94,7 @@ impl fmt::Display for StopReason {
             StopReason::BudgetExhausted => "the retry budget is exhausted",
             StopReason::RetriesDisabled => "retries are disabled for this request",
             StopReason::InvalidOverride => "the request's retry override is invalid",
+            StopReason::Throttled => "the dependency is turning attempts away: throttled locally",
             StopReason::TimerUnavailable => "no timer to time the attempt with",
         })
     }

@@ -89,6 +89,23 @@
 //! [`RetryMiddleware::with_budget`] and clones of it. See [`RetryBudget`] for the presets and
 //! the rules.
 //!
+//! # Adaptive throttling (opt-in)
+//!
+//! The budget bounds what retries add; an overloaded dependency still gets every first attempt.
+//! An [`AdaptiveThrottle`] on a dependency ([`Dependency::with_throttle`]) counts, over a
+//! trailing window (2 minutes by default), the attempts asked and those the dependency accepted
+//! (any answer but 429, 502, 503 and 504), and rejects an attempt locally with probability
+//! `max(0, (requests - K * accepts) / (requests + 1))` (K = 2 by default), the rule of Google's
+//! SRE book. A rejected attempt sends nothing: a first attempt fails with
+//! [`StopReason::Throttled`], a retry stops with it, and the `throttled` counter counts both.
+//!
+//! Turn it on for a dependency that many clients share and that can be overloaded: it keeps the
+//! load it sees near K times what it can accept while it recovers, where retries and the budget
+//! alone leave it the whole offered load. It is off by default because it turns local failures
+//! into errors of its own: a dependency that fails for other reasons than load (a bad deploy
+//! answering 503 to everything) gets fewer attempts too, and a client with little traffic learns
+//! slowly. It costs a lock and two updates of the window per attempt.
+//!
 //! # Per dependency, per request
 //!
 //! A [`Dependency`] bundles a name, a policy, a budget of its own and counters. Give each
@@ -291,6 +308,7 @@ mod retry_after;
 mod rng;
 mod schedule;
 mod shared;
+mod throttle;
 
 pub use backoff::Jitter;
 pub use budget::{RetryBudget, RetryBudgetBuilder, RetryKind};
@@ -311,6 +329,7 @@ pub use observe::{
 };
 pub use policy::{RetryPolicy, RetryPolicyBuilder};
 pub use rng::{RandomSource, SeededRng, ThreadRng};
+pub use throttle::{AdaptiveThrottle, AdaptiveThrottleBuilder, ThrottledLocally};
 
 /// The README's examples, compiled and run as doctests.
 #[cfg(doctest)]

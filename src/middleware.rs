@@ -50,6 +50,8 @@ use crate::retry_after;
 use crate::rng::{RandomSource, ThreadRng};
 use crate::schedule::Wait;
 use crate::shared::Shared;
+use crate::throttle::AdaptiveThrottle;
+use crate::throttle::ThrottledLocally;
 
 /// An event at a level chosen at run time; `tracing`'s macros take a constant one.
 macro_rules! event_at {
@@ -190,6 +192,12 @@ impl RetryMiddleware {
         self
     }
 
+    /// Throttles the default dependency's attempts with `throttle`; see [`AdaptiveThrottle`].
+    pub fn with_throttle(mut self, throttle: AdaptiveThrottle) -> Self {
+        self.default.throttle = Some(throttle);
+        self
+    }
+
     /// Calls `observer` after every attempt with the decision about the next one.
     pub fn with_observer(mut self, observer: impl RetryObserver) -> Self {
         self.observer = Some(Shared(Arc::new(observer)));
@@ -325,7 +333,8 @@ impl RetryMiddleware {
                 &dependency.metric_keys,
                 no_retries,
                 clock.now(),
-            );
+            )
+            .with_throttle(dependency.throttle.as_ref());
             let Some(request) = &kept else {
                 unreachable!("the request is kept until its first attempt");
             };
@@ -366,6 +375,17 @@ impl RetryMiddleware {
             let Ok(mut limit) = decider.next_attempt(clock) else {
                 unreachable!("only a retry can find its deadline passed");
             };
+            if let Err(stop) = decider.admit(clock, &*self.rng.0) {
+                let err = RetryError::new(
+                    0,
+                    stop,
+                    key,
+                    reqwest_middleware::Error::middleware(ThrottledLocally),
+                );
+                return Err(span
+                    .in_scope(|| self.log.stopped(0, Duration::ZERO, err))
+                    .into());
+            }
             // The first timer can tell a paused tokio clock from the start's reading.
             let mut started = Some(decider.started());
             loop {
@@ -452,6 +472,9 @@ impl RetryMiddleware {
                             },
                             can_resend: kept.is_some(),
                         };
+                        if decider.throttled() && accepted(&outcome) {
+                            decider.accepted(clock);
+                        }
                         let decision = decider.after_attempt(observed, clock, &*self.rng.0);
                         span.in_scope(|| {
                             self.report(
@@ -475,7 +498,10 @@ impl RetryMiddleware {
                     }
                 };
                 clock.sleep(delay).await;
-                match decider.next_attempt(clock) {
+                match decider
+                    .next_attempt(clock)
+                    .and_then(|next| decider.admit(clock, &*self.rng.0).map(|()| next))
+                {
                     Ok(next) => limit = next,
                     Err(stop) => {
                         return span.in_scope(|| self.finish(previous, stop, &decider, key));
@@ -668,6 +694,14 @@ struct Judging<'a> {
     key: Option<&'a HeaderValue>,
     /// The dependency's classifier, and the request's head for it to see.
     hook: Option<(&'a Shared<dyn Classifier>, &'a RequestHead)>,
+}
+
+/// Whether the dependency accepted an attempt, for the adaptive throttle: it answered, with a
+/// status other than the throttling and overload ones.
+fn accepted(outcome: &reqwest_middleware::Result<Response>) -> bool {
+    outcome
+        .as_ref()
+        .is_ok_and(|r| !matches!(r.status().as_u16(), 429 | 502 | 503 | 504))
 }
 
 /// The request for the next attempt, from what is kept: a copy when another attempt may follow

@@ -18,6 +18,7 @@
 //! | `reqwest_safe_retry_deadline_stops_total` | logical requests stopped by the deadline |
 //! | `reqwest_safe_retry_retry_after_honoured_total` | waits that honoured a `Retry-After` floor |
 //! | `reqwest_safe_retry_keys_stamped_total` | idempotency keys stamped by the middleware |
+//! | `reqwest_safe_retry_throttled_total` | attempts the adaptive throttle rejected locally |
 
 use std::fmt;
 use std::sync::Arc;
@@ -41,6 +42,7 @@ struct Counts {
     deadline_stops: AtomicU64,
     retry_after_honoured: AtomicU64,
     keys_stamped: AtomicU64,
+    throttled: AtomicU64,
 }
 
 /// The counts of a [`RetryCounters`] at one moment.
@@ -61,6 +63,8 @@ pub struct CounterSnapshot {
     pub retry_after_honoured: u64,
     /// Idempotency keys stamped by the middleware (keys set by callers are not counted).
     pub keys_stamped: u64,
+    /// Attempts the adaptive throttle rejected locally, first attempts and retries.
+    pub throttled: u64,
 }
 
 impl RetryCounters {
@@ -81,6 +85,7 @@ impl RetryCounters {
             deadline_stops: read(&c.deadline_stops),
             retry_after_honoured: read(&c.retry_after_honoured),
             keys_stamped: read(&c.keys_stamped),
+            throttled: read(&c.throttled),
         }
     }
 }
@@ -101,6 +106,7 @@ pub(crate) enum Count {
     DeadlineStop = 4,
     RetryAfterHonoured = 5,
     KeyStamped = 6,
+    Throttled = 7,
 }
 
 impl RetryCounters {
@@ -114,6 +120,7 @@ impl RetryCounters {
             Count::DeadlineStop => &c.deadline_stops,
             Count::RetryAfterHonoured => &c.retry_after_honoured,
             Count::KeyStamped => &c.keys_stamped,
+            Count::Throttled => &c.throttled,
         };
         counter.fetch_add(1, Ordering::Relaxed);
         keys.export(count);
@@ -124,7 +131,7 @@ impl RetryCounters {
 #[derive(Debug, Clone)]
 pub(crate) struct MetricKeys {
     #[cfg(feature = "metrics")]
-    keys: Arc<[metrics::Key; 7]>,
+    keys: Arc<[metrics::Key; 8]>,
 }
 
 impl MetricKeys {
@@ -143,6 +150,7 @@ impl MetricKeys {
                     key("reqwest_safe_retry_deadline_stops_total"),
                     key("reqwest_safe_retry_retry_after_honoured_total"),
                     key("reqwest_safe_retry_keys_stamped_total"),
+                    key("reqwest_safe_retry_throttled_total"),
                 ]),
             }
         }
@@ -366,7 +374,7 @@ mod tests {
         assert_eq!(
             format!("{counters:?}"),
             "CounterSnapshot { requests: 1, attempts: 3, retries: 0, budget_refusals: 0, \
-             deadline_stops: 0, retry_after_honoured: 0, keys_stamped: 1 }"
+             deadline_stops: 0, retry_after_honoured: 0, keys_stamped: 1, throttled: 0 }"
         );
     }
 }

@@ -1,4 +1,4 @@
-//! What the benches and the allocation test share: a hyper server on loopback, the six clients
+//! What the benches and the allocation test share: a hyper server on loopback, the seven clients
 //! under comparison, and the loop that drives them.
 //!
 //! Every client sends the same small POST to the same server, in the same process, so what
@@ -11,6 +11,7 @@
 //! | (c) | reqwest-retry's `RetryTransientMiddleware`, 3 attempts (the plainest peer) |
 //! | (d) | this crate's `RetryMiddleware` with its defaults: keys on POST, a retry budget |
 //! | (e) | this crate without idempotency keys |
+//! | (g) | (d) with an adaptive throttle, to price it |
 //! | (f) | a reference, not a peer: (e) with a fixed 36-character `Idempotency-Key` header put on
 //! every attempt, so that (f) - (e) is what one more header of that size costs reqwest and the
 //! server, and (d) - (f) is what making and recording a key costs this crate |
@@ -160,6 +161,10 @@ pub fn clients() -> Vec<Labelled> {
         }),
         ("(e) without keys", || {
             Client::Chain(chain().with(ours().without_idempotency_keys()).build())
+        }),
+        ("(g) (d) + throttle", || {
+            let throttle = reqwest_safe_retry::AdaptiveThrottle::default();
+            Client::Chain(chain().with(ours().with_throttle(throttle)).build())
         }),
         ("(f) (e) + a fixed header", || {
             Client::Chain(

@@ -16,5 +16,6 @@ mod reference_server;
 mod schedule;
 mod statuses;
 mod support;
+mod throttle;
 mod time;
 mod tracing_fields;

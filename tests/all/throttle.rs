@@ -1,0 +1,112 @@
+//! The adaptive throttle end to end: what it rejects never reaches the server, and says why.
+
+use std::time::Duration;
+
+use reqwest_middleware::ClientBuilder;
+use reqwest_safe_retry::{
+    AdaptiveThrottle, Clock, FakeClock, RetryError, RetryMiddleware, RetryPolicy, RetryRecord,
+    StopReason, ThrottledLocally,
+};
+
+use crate::support::always;
+
+fn throttle() -> AdaptiveThrottle {
+    AdaptiveThrottle::builder()
+        .window(Duration::from_secs(12))
+        .build()
+        .unwrap()
+}
+
+/// With the lowest draw, any probability above zero rejects: the first turned-away attempt
+/// makes the next one's probability 1/2.
+#[tokio::test]
+async fn a_rejected_first_attempt_sends_nothing_and_says_why() {
+    let server = always(503).await;
+    let throttle = throttle();
+    let clock = FakeClock::new();
+    let middleware = RetryMiddleware::new(RetryPolicy::builder().max_attempts(1).build().unwrap())
+        .with_clock(clock.clone())
+        .with_rng(|| 0u64)
+        .with_throttle(throttle.clone());
+    let counters = middleware.counters().clone();
+    let client = ClientBuilder::new(reqwest::Client::new())
+        .with(middleware)
+        .build();
+
+    let first = client.get(server.uri()).send().await.unwrap();
+    assert_eq!(first.status(), 503);
+    assert_eq!(throttle.counts(clock.now()), (1, 0));
+
+    let err = client.get(server.uri()).send().await.unwrap_err();
+    let retry = RetryError::of(&err).unwrap();
+    assert_eq!(retry.stop_reason(), StopReason::Throttled);
+    assert_eq!(retry.attempts(), 0);
+    assert!(
+        std::error::Error::source(retry)
+            .unwrap()
+            .to_string()
+            .contains(&ThrottledLocally.to_string()),
+        "{err}"
+    );
+    // Nothing of it reached the server; it counts as a request all the same.
+    assert_eq!(server.received_requests().await.unwrap().len(), 1);
+    assert_eq!(throttle.counts(clock.now()), (2, 0));
+    let counts = counters.snapshot();
+    assert_eq!(
+        (counts.requests, counts.attempts, counts.throttled),
+        (2, 1, 1)
+    );
+}
+
+#[tokio::test]
+async fn a_rejected_retry_hands_back_the_last_answer() {
+    let server = always(503).await;
+    let throttle = throttle();
+    let middleware = RetryMiddleware::new(RetryPolicy::default())
+        .with_clock(FakeClock::new())
+        .with_rng(|| 0u64)
+        .with_throttle(throttle);
+    let counters = middleware.counters().clone();
+    let client = ClientBuilder::new(reqwest::Client::new())
+        .with(middleware)
+        .build();
+
+    let response = client.get(server.uri()).send().await.unwrap();
+
+    assert_eq!(response.status(), 503);
+    let record = RetryRecord::of(&response).unwrap();
+    assert_eq!(
+        (record.attempts(), record.stop_reason()),
+        (1, StopReason::Throttled)
+    );
+    assert_eq!(server.received_requests().await.unwrap().len(), 1);
+    let counts = counters.snapshot();
+    // The retry was paid for and then given back: no retry counted, the budget whole.
+    assert_eq!(
+        (counts.attempts, counts.retries, counts.throttled),
+        (1, 0, 1)
+    );
+}
+
+/// Answers the dependency accepts keep the probability at zero, whatever the draw.
+#[tokio::test]
+async fn a_dependency_that_accepts_is_never_throttled() {
+    let server = always(200).await;
+    let throttle = throttle();
+    let clock = FakeClock::new();
+    let client = ClientBuilder::new(reqwest::Client::new())
+        .with(
+            RetryMiddleware::new(RetryPolicy::default())
+                .with_clock(clock.clone())
+                .with_rng(|| 0u64)
+                .with_throttle(throttle.clone()),
+        )
+        .build();
+
+    for _ in 0..20 {
+        assert_eq!(client.get(server.uri()).send().await.unwrap().status(), 200);
+    }
+    assert_eq!(throttle.counts(clock.now()), (20, 20));
+    assert_eq!(throttle.rejection_probability(clock.now()), 0.0);
+    assert_eq!(server.received_requests().await.unwrap().len(), 20);
+}
