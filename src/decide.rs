@@ -169,10 +169,11 @@ impl<'a> Decider<'a> {
         Err(StopReason::Throttled)
     }
 
-    /// Tells the throttle, if any, that the dependency accepted the attempt just finished.
-    pub(crate) fn accepted(&self, time: &dyn Clock) {
+    /// Tells the throttle, if any, that the attempt just finished, and whether the dependency
+    /// accepted it.
+    pub(crate) fn finished(&self, accepted: bool, time: &dyn Clock) {
         if let Some(throttle) = self.throttle {
-            throttle.accepted(time.now());
+            throttle.finished(time.now(), accepted);
         }
     }
 

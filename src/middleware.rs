@@ -472,8 +472,8 @@ impl RetryMiddleware {
                             },
                             can_resend: kept.is_some(),
                         };
-                        if decider.throttled() && accepted(&outcome) {
-                            decider.accepted(clock);
+                        if decider.throttled() {
+                            decider.finished(accepted(&outcome), clock);
                         }
                         let decision = decider.after_attempt(observed, clock, &*self.rng.0);
                         span.in_scope(|| {

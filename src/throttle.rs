@@ -132,30 +132,36 @@ impl AdaptiveThrottle {
         window.totals()
     }
 
-    /// Whether an attempt asked at `now` may go: counted as a request whatever the answer.
+    /// Whether an attempt asked at `now` may go. A rejected one counts as a request at once; an
+    /// admitted one counts when it has [`finished`](Self::finished), so that attempts still in
+    /// flight (a burst of 64 at start-up, say) do not read as turned away.
     pub(crate) fn admit(&self, now: Instant, rng: &dyn RandomSource) -> bool {
         let mut window = self.lock();
         window.slide(now, self.inner.slice);
         let (requests, accepts) = window.totals();
         let p = probability(requests, accepts, self.inner.k);
-        let newest = window.newest;
-        window.slices[newest].0 += 1;
-        drop(window);
         if p <= 0.0 {
             return true;
         }
         // A draw in [0, 1) from the injected source: reproducible in tests.
         let draw = uniform_duration(rng, Duration::from_nanos(u32::MAX.into())).as_nanos() as f64
             / (f64::from(u32::MAX) + 1.0);
-        draw >= p
+        let admitted = draw >= p;
+        if !admitted {
+            let newest = window.newest;
+            window.slices[newest].0 += 1;
+        }
+        admitted
     }
 
-    /// The dependency accepted an attempt asked earlier.
-    pub(crate) fn accepted(&self, now: Instant) {
+    /// An admitted attempt finished at `now`: a request, and an accept if the dependency
+    /// accepted it.
+    pub(crate) fn finished(&self, now: Instant, accepted: bool) {
         let mut window = self.lock();
         window.slide(now, self.inner.slice);
         let newest = window.newest;
-        window.slices[newest].1 += 1;
+        window.slices[newest].0 += 1;
+        window.slices[newest].1 += u64::from(accepted);
     }
 
     /// Whether two throttles share one account.
@@ -314,32 +320,46 @@ mod tests {
         // Ten attempts, four accepted; the highest draw admits each.
         for i in 0..10 {
             assert!(t.admit(now, &|| u64::MAX));
-            if i < 4 {
-                t.accepted(now);
-            }
+            t.finished(now, i < 4);
         }
         assert_eq!(t.counts(now), (10, 4));
         let p = t.rejection_probability(now);
         assert_eq!(p, 2.0 / 11.0);
-        // A draw below p rejects; one at or above it admits. Both count as requests.
+        // A draw below p rejects, and counts as a request at once...
         assert!(!t.admit(now, &draw_at(p * 0.99)));
         assert_eq!(t.counts(now), (11, 4));
         let p = t.rejection_probability(now);
         assert_eq!(p, 3.0 / 12.0);
+        // ...one at or above it admits, and counts when it finishes.
         assert!(t.admit(now, &draw_at(p * 1.01)));
+        assert_eq!(t.counts(now), (11, 4));
+        t.finished(now, false);
         assert_eq!(t.counts(now), (12, 4));
+    }
+
+    #[test]
+    fn attempts_in_flight_do_not_read_as_turned_away() {
+        let t = throttle(120, 2.0);
+        let now = Instant::now();
+        // 64 at once, none finished yet: the lowest draw still admits every one.
+        for _ in 0..64 {
+            assert!(t.admit(now, &|| 0u64));
+        }
+        assert_eq!(t.counts(now), (0, 0));
+        for _ in 0..64 {
+            t.finished(now, true);
+        }
+        assert_eq!(t.counts(now), (64, 64));
     }
 
     #[test]
     fn nothing_is_rejected_while_the_dependency_accepts_one_in_k() {
         let t = throttle(120, 2.0);
         let now = Instant::now();
-        for _ in 0..1_000 {
+        for i in 0..1_000 {
             // The lowest draw: rejected whenever the probability is above zero.
-            assert!(t.admit(now, &|| 0u64));
-            if t.counts(now).0 % 2 == 1 {
-                t.accepted(now);
-            }
+            assert!(t.admit(now, &|| 0u64), "attempt {i}");
+            t.finished(now, i % 2 == 0);
         }
         assert_eq!(t.counts(now), (1_000, 500));
     }
@@ -350,12 +370,11 @@ mod tests {
         let t = throttle(12, 2.0);
         let start = Instant::now();
         for _ in 0..6 {
-            t.admit(start, &|| u64::MAX);
+            t.finished(start, false);
         }
         let later = start + Duration::from_millis(5_500);
         for _ in 0..4 {
-            t.admit(later, &|| u64::MAX);
-            t.accepted(later);
+            t.finished(later, true);
         }
         assert_eq!(t.counts(later), (10, 4));
         // Just under 12 s after the first slice began, all of it is still in the window...
@@ -375,7 +394,7 @@ mod tests {
         let t = throttle(120, 2.0);
         let clone = t.clone();
         let now = Instant::now();
-        clone.admit(now, &|| u64::MAX);
+        clone.finished(now, false);
         assert_eq!(t.counts(now), (1, 0));
         assert!(t.same_account(&clone));
         assert!(!t.same_account(&AdaptiveThrottle::default()));

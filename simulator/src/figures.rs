@@ -5,7 +5,9 @@ use std::fmt::Write as _;
 use std::time::Duration;
 
 use super::chart::{Chart, Series};
-use super::{Contention, Herd, JITTERS, Jitter, Layers, OpenLoop, Service, jitter_name};
+use super::{
+    Clients, Contention, Herd, JITTERS, Jitter, Layers, Metastable, OpenLoop, Service, jitter_name,
+};
 use reqwest_safe_retry::{RetryBudget, RetryPolicy};
 
 /// One scenario's output: a table for the terminal and a chart to write as SVG.
@@ -42,6 +44,7 @@ pub fn figures_at(seed: u64, scale: Scale) -> Vec<Figure> {
     out.push(outage(seed, scale));
     out.push(herd(seed, scale));
     out.push(layers());
+    out.push(metastable(seed, scale));
     out
 }
 
@@ -347,6 +350,79 @@ fn layers() -> Figure {
             ],
             steps: false,
             log_y: true,
+        },
+    }
+}
+
+fn metastable(seed: u64, scale: Scale) -> Figure {
+    let capacity = match scale {
+        Scale::Full => 100,
+        Scale::Small => 10,
+    };
+    let offered = capacity * 4 / 5;
+    let mut table = format!(
+        "Metastable: capacity {capacity}/s, {offered}/s offered, capacity halved from 20 s to \
+         30 s, attempts time out after 1 s; seconds from the end of the trigger until goodput \
+         holds at >= 95 % of the offered load\n"
+    );
+    let _ = writeln!(
+        table,
+        "{:<26} {:>22} {:>28}",
+        "clients", "recovery (s)", "arrivals/s at 40-50 s (peak)"
+    );
+    let mut series = Vec::new();
+    for clients in Clients::ALL {
+        let report = Metastable::at_capacity(capacity, clients, seed).run();
+        let peak = report
+            .arrivals_per_second
+            .iter()
+            .skip(40)
+            .take(10)
+            .max()
+            .copied()
+            .unwrap_or(0);
+        let recovery = report
+            .recovery
+            .map_or_else(|| "never (within 90 s)".to_owned(), |s| s.to_string());
+        let _ = writeln!(
+            table,
+            "{:<26} {:>22} {:>28}",
+            clients.name(),
+            recovery,
+            peak
+        );
+        let points = report
+            .goodput_per_second
+            .iter()
+            .enumerate()
+            .map(|(s, &n)| (s as f64, n as f64))
+            .collect();
+        let line = Series::new(clients.name(), points);
+        series.push(match clients {
+            Clients::RetriesWithBudget => line.dashed(),
+            _ => line,
+        });
+    }
+    let end = 119.0;
+    series.push(
+        Series::new(
+            "offered load",
+            vec![(0.0, f64::from(offered)), (end, f64::from(offered))],
+        )
+        .reference(),
+    );
+    Figure {
+        file_name: "metastable.svg",
+        table,
+        chart: Chart {
+            title: format!(
+                "Metastable failure: goodput, capacity {capacity}/s halved from 20 s to 30 s"
+            ),
+            x_label: "time (s)".into(),
+            y_label: "requests that succeeded (per second)".into(),
+            series,
+            steps: true,
+            log_y: false,
         },
     }
 }

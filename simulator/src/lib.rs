@@ -52,12 +52,14 @@ mod contention;
 mod figures;
 mod herd;
 mod layers;
+mod metastable;
 
 pub use chart::{Chart, Series, Stroke};
 pub use contention::{Contention, ContentionReport, JITTERS, Jitter, jitter_name};
 pub use figures::{CONTENTION_SEEDS, Figure, Scale, figures, figures_at};
 pub use herd::{Herd, HerdReport};
 pub use layers::{Layers, LayersReport};
+pub use metastable::{Clients, Metastable, MetastableReport};
 
 use reqwest_safe_retry::RetryBudget;
 use reqwest_safe_retry::RetryMiddleware;

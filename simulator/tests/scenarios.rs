@@ -121,9 +121,37 @@ fn the_same_seed_gives_byte_identical_figures() {
             .collect()
     };
     let (first, second) = (draw(), draw());
-    assert_eq!(first.len(), 5);
+    assert_eq!(first.len(), 6);
     assert_eq!(first, second);
     for svg in &first {
         assert!(svg.contains("</svg>"));
     }
+}
+
+/// The metastable failure: without a budget the dependency never comes back; with the budget
+/// and the throttle it comes back within 5 s of the trigger's end.
+#[test]
+fn retries_without_a_budget_keep_an_overload_going_and_the_throttle_ends_it() {
+    use reqwest_safe_retry_simulator::{Clients, Metastable};
+    // A tenth of the traffic in a debug build: the same queue, timeouts and trigger.
+    let capacity = if cfg!(debug_assertions) { 10 } else { 100 };
+    let run = |clients| Metastable::at_capacity(capacity, clients, 2015).run();
+    let without = run(Clients::RetriesWithoutBudget);
+    assert_eq!(without.recovery, None, "{:?}", without.goodput_per_second);
+    // Still down at 60 s after the trigger: nothing but timed-out work gets done.
+    assert!(without.goodput_per_second[30..90].iter().all(|g| *g == 0));
+    let throttled = run(Clients::BudgetAndThrottle);
+    let recovery = throttled.recovery.expect("recovers");
+    assert!(
+        recovery <= 5,
+        "{recovery} s: {:?}",
+        throttled.goodput_per_second
+    );
+    let budget = run(Clients::RetriesWithBudget);
+    let no_retries = run(Clients::NoRetries);
+    println!(
+        "recovery: no retries {:?}, budget {:?}, budget and throttle {recovery}",
+        no_retries.recovery, budget.recovery
+    );
+    assert!(budget.recovery.is_some() && no_retries.recovery.is_some());
 }
