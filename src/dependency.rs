@@ -15,6 +15,7 @@ use crate::classifier::Classifier;
 use crate::error::InvalidConfig;
 use crate::observe::{MetricKeys, RetryCounters};
 use crate::policy::RetryPolicy;
+use crate::rate_limit::QuotaState;
 use crate::shared::Shared;
 use crate::throttle::AdaptiveThrottle;
 
@@ -44,6 +45,8 @@ pub struct Dependency {
     pub(crate) metric_keys: MetricKeys,
     pub(crate) classifier: Option<Shared<dyn Classifier>>,
     pub(crate) throttle: Option<AdaptiveThrottle>,
+    /// What the dependency's `RateLimit` fields last said; clones share it.
+    pub(crate) quota: Arc<QuotaState>,
 }
 
 impl Dependency {
@@ -58,6 +61,7 @@ impl Dependency {
             metric_keys: MetricKeys::new(name),
             classifier: None,
             throttle: None,
+            quota: Arc::default(),
         }
     }
 

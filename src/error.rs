@@ -49,6 +49,10 @@ pub enum StopReason {
     /// policy invalid (0 attempts, a deadline under the backoff base); nothing was sent. The
     /// error's source says what to change.
     InvalidOverride,
+    /// The dependency said its quota is spent (a `RateLimit` field with `r=0`), and the reset is
+    /// further off than `max_retry_after`, or than the deadline leaves time for; nothing was
+    /// sent.
+    QuotaExhausted,
     /// The dependency's [`AdaptiveThrottle`](crate::AdaptiveThrottle) rejected the attempt
     /// locally, before anything was sent: the dependency has been turning attempts away. A
     /// first attempt so rejected makes 0 attempts; a retry so rejected hands back the last
@@ -75,6 +79,7 @@ impl StopReason {
             StopReason::RetriesDisabled => "retries_disabled",
             StopReason::InvalidOverride => "invalid_override",
             StopReason::Throttled => "throttled",
+            StopReason::QuotaExhausted => "quota_exhausted",
             StopReason::TimerUnavailable => "timer_unavailable",
         }
     }
@@ -95,6 +100,9 @@ impl fmt::Display for StopReason {
             StopReason::RetriesDisabled => "retries are disabled for this request",
             StopReason::InvalidOverride => "the request's retry override is invalid",
             StopReason::Throttled => "the dependency is turning attempts away: throttled locally",
+            StopReason::QuotaExhausted => {
+                "the dependency's quota is spent until after the request could wait"
+            }
             StopReason::TimerUnavailable => "no timer to time the attempt with",
         })
     }

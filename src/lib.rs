@@ -89,6 +89,18 @@
 //! [`RetryMiddleware::with_budget`] and clones of it. See [`RetryBudget`] for the presets and
 //! the rules.
 //!
+//! # RateLimit fields
+//!
+//! A server that sends the IETF draft's `RateLimit` field (`RateLimit: "default";r=0;t=12`: no
+//! request left under the policy `default`, reset in 12 s) has said what it will do with the
+//! next request. When an answer says a quota is spent, the dependency's next requests wait for
+//! the reset before their first attempt, on the middleware's clock; one whose wait would exceed
+//! `max_retry_after` or the deadline fails at once with [`StopReason::QuotaExhausted`], nothing
+//! sent. An answer with quota left clears the hold; a `Retry-After` on the same answer takes
+//! precedence; malformed fields are ignored. On by default
+//! ([`RetryPolicyBuilder::rate_limit_fields`] turns it off): it costs one header lookup per
+//! answer.
+//!
 //! # Adaptive throttling (opt-in)
 //!
 //! The budget bounds what retries add; an overloaded dependency still gets every first attempt.
@@ -304,6 +316,7 @@ mod idempotency;
 mod middleware;
 mod observe;
 mod policy;
+mod rate_limit;
 mod retry_after;
 mod rng;
 mod schedule;

@@ -46,6 +46,7 @@ use crate::observe::{
     url_without_query,
 };
 use crate::policy::RetryPolicy;
+use crate::rate_limit;
 use crate::retry_after;
 use crate::rng::{RandomSource, ThreadRng};
 use crate::schedule::Wait;
@@ -326,6 +327,24 @@ impl RetryMiddleware {
             };
             let policy: &RetryPolicy = overriding.as_deref().unwrap_or(&dependency.policy);
             let clock = self.clock.get();
+            // A quota the dependency said is spent: wait for its reset, or give up at once.
+            if policy.rate_limit_fields() && dependency.quota.maybe_spent() {
+                if let Some(until) = dependency.quota.spent_until(clock.now()) {
+                    let wait = until.saturating_duration_since(clock.now());
+                    if wait > policy.max_retry_after() || wait >= policy.deadline() {
+                        let err = RetryError::new(
+                            0,
+                            StopReason::QuotaExhausted,
+                            None,
+                            reqwest_middleware::Error::middleware(QuotaSpent { wait }),
+                        );
+                        return Err(span
+                            .in_scope(|| self.log.stopped(0, Duration::ZERO, err))
+                            .into());
+                    }
+                    clock.sleep(wait).await;
+                }
+            }
             let mut decider = Decider::start(
                 policy,
                 dependency.budget.as_ref(),
@@ -474,6 +493,11 @@ impl RetryMiddleware {
                         };
                         if decider.throttled() {
                             decider.finished(accepted(&outcome), clock);
+                        }
+                        if let (true, Ok(response)) = (policy.rate_limit_fields(), &outcome) {
+                            if let Some(quota) = rate_limit::of_response(response.headers()) {
+                                dependency.quota.update(quota, clock.now());
+                            }
                         }
                         let decision = decider.after_attempt(observed, clock, &*self.rng.0);
                         span.in_scope(|| {
@@ -694,6 +718,13 @@ struct Judging<'a> {
     key: Option<&'a HeaderValue>,
     /// The dependency's classifier, and the request's head for it to see.
     hook: Option<(&'a Shared<dyn Classifier>, &'a RequestHead)>,
+}
+
+/// The error inside the [`RetryError`] of a request that did not wait for a spent quota.
+#[derive(Debug, thiserror::Error)]
+#[error("the dependency's quota is spent for {wait:?} more, longer than the request may wait")]
+struct QuotaSpent {
+    wait: Duration,
 }
 
 /// Whether the dependency accepted an attempt, for the adaptive throttle: it answered, with a

@@ -42,6 +42,7 @@ pub struct RetryPolicy {
     deadline: Duration,
     max_retry_after: Duration,
     retry_after_jitter: bool,
+    rate_limit_fields: bool,
     statuses: StatusSet,
     buffer_body: Option<usize>,
 }
@@ -93,6 +94,12 @@ impl RetryPolicy {
     /// Whether a wait set by `Retry-After` gets the backoff's jitter on top of it.
     pub fn retry_after_jitter(&self) -> bool {
         self.retry_after_jitter
+    }
+
+    /// Whether the dependency's `RateLimit` fields are heeded; see
+    /// [`RetryPolicyBuilder::rate_limit_fields`].
+    pub fn rate_limit_fields(&self) -> bool {
+        self.rate_limit_fields
     }
 
     /// Whether a response with this status is a transient failure worth retrying.
@@ -152,6 +159,7 @@ impl RetryPolicy {
             max_retry_after: (self.max_retry_after != self.deadline)
                 .then_some(self.max_retry_after),
             retry_after_jitter: self.retry_after_jitter,
+            rate_limit_fields: self.rate_limit_fields,
             statuses: (400..=599).filter(|c| self.statuses.contains(*c)).collect(),
             buffer_body: self.buffer_body,
         }
@@ -195,6 +203,7 @@ impl fmt::Debug for RetryPolicy {
             .field("deadline", &self.deadline)
             .field("max_retry_after", &self.max_retry_after)
             .field("retry_after_jitter", &self.retry_after_jitter)
+            .field("rate_limit_fields", &self.rate_limit_fields)
             .field("retryable_statuses", &self.statuses)
             .field("buffer_body", &self.buffer_body)
             .finish()
@@ -215,6 +224,7 @@ impl fmt::Debug for RetryPolicy {
 /// | [`deadline`](Self::deadline) | 30 s |
 /// | [`max_retry_after`](Self::max_retry_after) | the deadline (30 s) |
 /// | [`retry_after_jitter`](Self::retry_after_jitter) | on |
+/// | [`rate_limit_fields`](Self::rate_limit_fields) | on |
 /// | [`retryable_statuses`](Self::retryable_statuses) | 429, 502, 503, 504 |
 /// | [`buffer_body`](Self::buffer_body) | off |
 #[derive(Debug, Clone)]
@@ -228,6 +238,7 @@ pub struct RetryPolicyBuilder {
     /// `None`: the deadline.
     max_retry_after: Option<Duration>,
     retry_after_jitter: bool,
+    rate_limit_fields: bool,
     statuses: Vec<u16>,
     buffer_body: Option<usize>,
 }
@@ -243,6 +254,7 @@ impl RetryPolicyBuilder {
             deadline: Duration::from_secs(30),
             max_retry_after: None,
             retry_after_jitter: true,
+            rate_limit_fields: true,
             statuses: vec![429, 502, 503, 504],
             buffer_body: None,
         }
@@ -326,6 +338,21 @@ impl RetryPolicyBuilder {
     /// next attempt starts exactly when the server asked: one herd.
     pub fn retry_after_jitter(mut self, on: bool) -> Self {
         self.retry_after_jitter = on;
+        self
+    }
+
+    /// Whether the dependency's `RateLimit` fields (the IETF draft
+    /// `draft-ietf-httpapi-ratelimit-headers`) are heeded. On, an answer that says a quota is
+    /// spent (`RateLimit: "default";r=0;t=12`) makes the dependency's next requests wait for the
+    /// reset before their first attempt, instead of sending what the server said it will
+    /// refuse; a request whose wait would be longer than `max_retry_after`, or not leave time for
+    /// an attempt within the deadline, fails at once with
+    /// [`StopReason::QuotaExhausted`](crate::StopReason::QuotaExhausted). An answer with quota
+    /// left clears it. The wait comes before the request's deadline starts. A `Retry-After` on
+    /// the same answer takes precedence, and malformed fields are ignored. On by default: a
+    /// server that sends the field has said what it will do with the next request.
+    pub fn rate_limit_fields(mut self, on: bool) -> Self {
+        self.rate_limit_fields = on;
         self
     }
 
@@ -461,6 +488,7 @@ impl RetryPolicyBuilder {
             deadline: self.deadline,
             max_retry_after,
             retry_after_jitter: self.retry_after_jitter,
+            rate_limit_fields: self.rate_limit_fields,
             statuses,
             buffer_body: self.buffer_body,
         })
@@ -545,7 +573,8 @@ mod tests {
             format!("{p:?}"),
             "RetryPolicy { max_attempts: 3, base_delay: 100ms, max_delay: 10s, jitter: Full, \
              attempt_timeout: 10s, deadline: 30s, max_retry_after: 30s, \
-             retry_after_jitter: true, retryable_statuses: {429, 502, 503, 504}, \
+             retry_after_jitter: true, rate_limit_fields: true, \
+             retryable_statuses: {429, 502, 503, 504}, \
              buffer_body: Some(1024) }"
         );
     }

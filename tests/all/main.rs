@@ -12,6 +12,7 @@ mod faults;
 mod idempotency;
 mod methods;
 mod properties;
+mod rate_limit;
 mod reference_server;
 mod schedule;
 mod statuses;
