@@ -729,6 +729,20 @@ mod tests {
     }
 
     #[test]
+    fn max_retries_counts_the_attempts_after_the_first() {
+        let attempts = |retries| {
+            RetryPolicy::builder()
+                .max_retries(retries)
+                .build()
+                .unwrap()
+                .max_attempts()
+        };
+        assert_eq!(attempts(0), 1);
+        assert_eq!(attempts(4), 5);
+        assert_eq!(attempts(u32::MAX), u32::MAX);
+    }
+
+    #[test]
     fn more_statuses_can_be_added_to_the_defaults() {
         let p = RetryPolicy::builder()
             .also_retry_statuses([408, 500, 503])
