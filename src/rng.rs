@@ -146,6 +146,19 @@ impl crate::shared::Named for dyn RandomSource {
 #[cfg(test)]
 mod tests {
     #[test]
+    fn a_rand_generator_in_a_mutex_yields_its_own_sequence() {
+        use rand::SeedableRng;
+        let shared = std::sync::Mutex::new(rand::rngs::StdRng::seed_from_u64(7));
+        let mut own = rand::rngs::StdRng::seed_from_u64(7);
+        let drawn: Vec<u64> = (0..4)
+            .map(|_| super::RandomSource::next_u64(&shared))
+            .collect();
+        let expected: Vec<u64> = (0..4).map(|_| rand::Rng::next_u64(&mut own)).collect();
+        assert_eq!(drawn, expected);
+        assert_ne!(drawn[0], drawn[1]);
+    }
+
+    #[test]
     fn seeded_rng_is_splitmix64() {
         // The reference generator's first output for seed 0 (Vigna's splitmix64.c).
         assert_eq!(SeededRng::new(0).next_u64(), 0xe220_a839_7b1d_cdaf);
