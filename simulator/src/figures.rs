@@ -372,7 +372,11 @@ fn metastable(seed: u64, scale: Scale) -> Figure {
     );
     let mut series = Vec::new();
     for clients in Clients::ALL {
-        let report = Metastable::at_capacity(capacity, clients, seed).run();
+        let mut scenario = Metastable::at_capacity(capacity, clients, seed);
+        if scale == Scale::Small {
+            scenario.duration = Duration::from_secs(45);
+        }
+        let report = scenario.run();
         let peak = report
             .arrivals_per_second
             .iter()
@@ -403,7 +407,10 @@ fn metastable(seed: u64, scale: Scale) -> Figure {
             _ => line,
         });
     }
-    let end = 119.0;
+    let end = match scale {
+        Scale::Full => 119.0,
+        Scale::Small => 44.0,
+    };
     series.push(
         Series::new(
             "offered load",
