@@ -171,6 +171,9 @@ impl<'a> Decider<'a> {
 
     /// Tells the throttle, if any, that the attempt just finished, and whether the dependency
     /// accepted it.
+    ///
+    /// Counted when it finished, on a reading of its own: with a window of a few seconds, a
+    /// slice is shorter than an attempt may take.
     pub(crate) fn finished(&self, accepted: bool, time: &dyn Clock) {
         if let Some(throttle) = self.throttle {
             throttle.finished(time.now(), accepted);

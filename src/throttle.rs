@@ -76,6 +76,8 @@ struct Shared {
 struct Window {
     /// `(requests, accepts)` per slice; `newest` is the slice that holds `newest_start`.
     slices: [(u64, u64); SLICES],
+    /// The sums over `slices`, kept as slices fill and empty.
+    totals: (u64, u64),
     newest: usize,
     /// When the newest slice began; `None` before the first count.
     newest_start: Option<Instant>,
@@ -92,7 +94,9 @@ impl Window {
         let steps = (elapsed.as_nanos() / slice.as_nanos().max(1)).min(SLICES as u128) as usize;
         for _ in 0..steps {
             self.newest = (self.newest + 1) % SLICES;
-            self.slices[self.newest] = (0, 0);
+            let (requests, accepts) = std::mem::take(&mut self.slices[self.newest]);
+            self.totals.0 -= requests;
+            self.totals.1 -= accepts;
         }
         if steps > 0 {
             // Whole slices only, so the window's edges stay where they were.
@@ -104,9 +108,16 @@ impl Window {
     }
 
     fn totals(&self) -> (u64, u64) {
-        self.slices
-            .iter()
-            .fold((0, 0), |(r, a), &(sr, sa)| (r + sr, a + sa))
+        self.totals
+    }
+
+    /// Counts a request, and an accept if `accepted`, in the newest slice.
+    fn count(&mut self, accepted: bool) {
+        let slice = &mut self.slices[self.newest];
+        slice.0 += 1;
+        slice.1 += u64::from(accepted);
+        self.totals.0 += 1;
+        self.totals.1 += u64::from(accepted);
     }
 }
 
@@ -148,8 +159,7 @@ impl AdaptiveThrottle {
             / (f64::from(u32::MAX) + 1.0);
         let admitted = draw >= p;
         if !admitted {
-            let newest = window.newest;
-            window.slices[newest].0 += 1;
+            window.count(false);
         }
         admitted
     }
@@ -159,9 +169,7 @@ impl AdaptiveThrottle {
     pub(crate) fn finished(&self, now: Instant, accepted: bool) {
         let mut window = self.lock();
         window.slide(now, self.inner.slice);
-        let newest = window.newest;
-        window.slices[newest].0 += 1;
-        window.slices[newest].1 += u64::from(accepted);
+        window.count(accepted);
     }
 
     /// Whether two throttles share one account.
@@ -261,6 +269,7 @@ impl AdaptiveThrottleBuilder {
                 slice: self.window / SLICES as u32,
                 window: Mutex::new(Window {
                     slices: [(0, 0); SLICES],
+                    totals: (0, 0),
                     newest: 0,
                     newest_start: None,
                 }),
