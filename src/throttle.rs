@@ -91,6 +91,10 @@ impl Window {
             return;
         };
         let elapsed = now.saturating_duration_since(start);
+        if elapsed < slice {
+            // Still in the newest slice, as nearly every call is: no division.
+            return;
+        }
         let steps = (elapsed.as_nanos() / slice.as_nanos().max(1)).min(SLICES as u128) as usize;
         for _ in 0..steps {
             self.newest = (self.newest + 1) % SLICES;
