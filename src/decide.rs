@@ -97,6 +97,8 @@ pub(crate) struct Decider<'a> {
     last_cost: u64,
     /// The dependency's adaptive throttle, if it has one.
     throttle: Option<&'a AdaptiveThrottle>,
+    /// When the throttle admitted the attempt in flight.
+    admitted_at: Instant,
     /// The last backoff drawn (without a `Retry-After` floor), for decorrelated jitter.
     last_backoff: Option<Duration>,
     pending: Option<Pending>,
@@ -129,6 +131,7 @@ impl<'a> Decider<'a> {
             waited: Duration::ZERO,
             last_cost: 0,
             throttle: None,
+            admitted_at: now,
             last_backoff: None,
             pending: None,
         }
@@ -162,6 +165,7 @@ impl<'a> Decider<'a> {
             time.now()
         };
         if throttle.admit(now, rng) {
+            self.admitted_at = now;
             return Ok(());
         }
         self.give_back();
@@ -172,11 +176,18 @@ impl<'a> Decider<'a> {
     /// Tells the throttle, if any, that the attempt just finished, and whether the dependency
     /// accepted it.
     ///
-    /// Counted when it finished, on a reading of its own: with a window of a few seconds, a
-    /// slice is shorter than an attempt may take.
+    /// Counted at the instant it was admitted when no attempt can outlast a slice of the
+    /// window (the default: 10 s slices, 10 s attempt timeouts), which spares a clock reading;
+    /// on a reading of its own otherwise (a window of a few seconds, whose slices are shorter
+    /// than an attempt may take).
     pub(crate) fn finished(&self, accepted: bool, time: &dyn Clock) {
         if let Some(throttle) = self.throttle {
-            throttle.finished(time.now(), accepted);
+            let at = if throttle.slice() >= self.policy.attempt_timeout() {
+                self.admitted_at
+            } else {
+                time.now()
+            };
+            throttle.finished(at, accepted);
         }
     }
 

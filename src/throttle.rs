@@ -176,6 +176,11 @@ impl AdaptiveThrottle {
         window.count(accepted);
     }
 
+    /// How long one slice of the window lasts: a twelfth of it.
+    pub(crate) fn slice(&self) -> Duration {
+        self.inner.slice
+    }
+
     /// Whether two throttles share one account.
     pub fn same_account(&self, other: &AdaptiveThrottle) -> bool {
         Arc::ptr_eq(&self.inner, &other.inner)
