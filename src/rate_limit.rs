@@ -194,6 +194,10 @@ mod tests {
             (";r=0;t=5", None),
             ("", None),
             ("\u{e9};r=0;t=5", None),
+            // Fifteen digits are an Integer; sixteen are not (above).
+            (r#""x";r=0;t=123456789012345"#, secs(86_400)),
+            // A name that is neither a String nor a Token.
+            (r#"a"b";r=0;t=5"#, None),
             // One bad member among good ones is skipped.
             (r#""bad";r=x, "good";r=0;t=3"#, secs(3)),
         ] {
