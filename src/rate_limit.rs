@@ -181,8 +181,11 @@ mod tests {
             ("day ; r=3 ; t=60 ; pk=:abc=:", Some(Quota::Left)),
             // Spent without a reset: nothing to wait for.
             (r#""default";r=0"#, secs(0)),
-            // A comma inside a quoted name does not cut the member.
+            // A comma inside a quoted name does not cut the member, nor does an escaped quote
+            // end the name; a backslash outside quotes escapes nothing.
             (r#""a,b";r=0;t=7"#, secs(7)),
+            (r#""a\",b";r=0;t=5"#, secs(5)),
+            (r#"bad\, "good";r=0;t=3"#, secs(3)),
             // A reset beyond a day is read as a day.
             (r#""x";r=0;t=99999999"#, secs(86_400)),
             // Malformed: no r, negative, fractional, too long, not a number, no name, empty.
@@ -228,5 +231,9 @@ mod tests {
         assert_eq!(state.spent_until(now), None);
         state.update(Quota::Spent(Duration::ZERO), now);
         assert_eq!(state.spent_until(now), None);
+        // Nothing to wait for leaves the fast path's flag down.
+        assert!(!state.maybe_spent());
+        state.update(Quota::Spent(Duration::from_secs(1)), now);
+        assert!(state.maybe_spent());
     }
 }
