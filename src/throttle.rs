@@ -81,6 +81,8 @@ struct Window {
     newest: usize,
     /// When the newest slice began; `None` before the first count.
     newest_start: Option<Instant>,
+    /// When the newest slice ends (meaningless before the first count).
+    newest_end: Instant,
 }
 
 impl Window {
@@ -88,13 +90,14 @@ impl Window {
     fn slide(&mut self, now: Instant, slice: Duration) {
         let Some(start) = self.newest_start else {
             self.newest_start = Some(now);
+            self.newest_end = now + slice;
             return;
         };
-        let elapsed = now.saturating_duration_since(start);
-        if elapsed < slice {
-            // Still in the newest slice, as nearly every call is: no division.
+        if now < self.newest_end {
+            // Still in the newest slice, as nearly every call is: one comparison.
             return;
         }
+        let elapsed = now.saturating_duration_since(start);
         let steps = (elapsed.as_nanos() / slice.as_nanos().max(1)).min(SLICES as u128) as usize;
         for _ in 0..steps {
             self.newest = (self.newest + 1) % SLICES;
@@ -102,13 +105,15 @@ impl Window {
             self.totals.0 -= requests;
             self.totals.1 -= accepts;
         }
-        if steps > 0 {
-            // Whole slices only, so the window's edges stay where they were.
-            self.newest_start = Some(start + slice * steps as u32);
-            if steps == SLICES {
-                self.newest_start = Some(now);
-            }
-        }
+        // Whole slices only, so the window's edges stay where they were; after a whole
+        // window's silence, it starts again at `now`.
+        let start = if steps == SLICES {
+            now
+        } else {
+            start + slice * steps as u32
+        };
+        self.newest_start = Some(start);
+        self.newest_end = start + slice;
     }
 
     fn totals(&self) -> (u64, u64) {
@@ -281,6 +286,7 @@ impl AdaptiveThrottleBuilder {
                     totals: (0, 0),
                     newest: 0,
                     newest_start: None,
+                    newest_end: Instant::now(),
                 }),
             }),
         })
