@@ -250,6 +250,25 @@ fn client_with(
         .build()
 }
 
+/// A response of `status` with an empty body and, maybe, a `Retry-After`.
+fn answer(status: u16, retry_after: Option<String>) -> Response {
+    let mut response = http::Response::builder().status(status);
+    if let Some(value) = retry_after {
+        response = response.header(http::header::RETRY_AFTER, value);
+    }
+    let response = response
+        .body(Vec::new())
+        .unwrap_or_else(|_| unreachable!("a status and an empty body make a response"));
+    Response::from(response)
+}
+
+/// Records that an attempt arrived, and returns when: time since `started`.
+fn arrive(started: tokio::time::Instant, arrivals: &Mutex<Vec<Duration>>) -> Duration {
+    let at = started.elapsed();
+    arrivals.lock().unwrap_or_else(|e| e.into_inner()).push(at);
+    at
+}
+
 /// The answer a [`Backend`] gives: a status and, maybe, a `Retry-After` value.
 type Answer = (u16, Option<String>);
 
@@ -286,19 +305,8 @@ impl<F: Fn(Duration) -> Answer + Send + Sync + 'static> Middleware for Backend<F
         _: &mut Extensions,
         _: Next<'_>,
     ) -> reqwest_middleware::Result<Response> {
-        let at = self.started.elapsed();
-        self.arrivals
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(at);
+        let at = arrive(self.started, &self.arrivals);
         let (status, retry_after) = (self.answer)(at);
-        let mut response = http::Response::builder().status(status);
-        if let Some(value) = retry_after {
-            response = response.header(http::header::RETRY_AFTER, value);
-        }
-        let response = response
-            .body(Vec::new())
-            .unwrap_or_else(|_| unreachable!("a status and an empty body make a response"));
-        Ok(Response::from(response))
+        Ok(answer(status, retry_after))
     }
 }

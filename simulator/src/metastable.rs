@@ -19,7 +19,7 @@ use reqwest::{Request, Response};
 use reqwest_middleware::{Middleware, Next};
 use reqwest_safe_retry::{AdaptiveThrottle, RetryBudget, RetryMiddleware, RetryPolicy, SeededRng};
 
-use super::{VirtualTime, block_on_paused, client_with};
+use super::{VirtualTime, answer, arrive, block_on_paused, client_with};
 
 /// What the clients do about failures.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -154,11 +154,7 @@ impl Middleware for Queue {
         _: &mut Extensions,
         _: Next<'_>,
     ) -> reqwest_middleware::Result<Response> {
-        let at = self.started.elapsed();
-        self.arrivals
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(at);
+        let at = arrive(self.started, &self.arrivals);
         // The request's turn comes when the work queued before it is done; the server does it
         // whether or not the caller still waits.
         let done = {
@@ -168,11 +164,7 @@ impl Middleware for Queue {
             *free_at
         };
         tokio::time::sleep_until(self.started + done).await;
-        let response = http::Response::builder()
-            .status(200)
-            .body(Vec::new())
-            .unwrap_or_else(|_| unreachable!("a status and an empty body make a response"));
-        Ok(Response::from(response))
+        Ok(answer(200, None))
     }
 }
 
