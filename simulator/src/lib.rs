@@ -167,23 +167,10 @@ impl OpenLoop {
 
         let total = u64::from(self.rate_per_sec).saturating_mul(self.duration.as_secs())
             + u64::from(self.rate_per_sec) * u64::from(self.duration.subsec_millis()) / 1000;
-        let interval = Duration::from_secs(1) / self.rate_per_sec;
-        let started = tokio::time::Instant::now();
-        let mut tasks = tokio::task::JoinSet::new();
-        for i in 0..total {
-            let at = started + interval * u32::try_from(i).unwrap_or(u32::MAX);
-            tokio::time::sleep_until(at).await;
-            let client = client.clone();
-            tasks.spawn(async move {
-                matches!(
-                    client.get("http://127.0.0.1:9/").send().await,
-                    Ok(response) if response.status().is_success()
-                )
-            });
-        }
+        let mut tasks = offer(&client, total, self.rate_per_sec).await;
         let mut succeeded = 0;
         while let Some(done) = tasks.join_next().await {
-            succeeded += u64::from(done.unwrap_or(false));
+            succeeded += u64::from(done.is_ok_and(|(ok, _)| ok));
         }
         let mut attempts_per_second = Vec::new();
         for at in backend.arrivals() {
@@ -248,6 +235,32 @@ fn client_with(
         .with(middleware)
         .with_arc(backend)
         .build()
+}
+
+/// Sends `total` logical GETs through `client`, `rate_per_sec` a second on a fixed schedule
+/// (open loop: whether earlier ones finished or not); each task answers whether its request
+/// succeeded, and when it finished (since the first was sent).
+async fn offer(
+    client: &reqwest_middleware::ClientWithMiddleware,
+    total: u64,
+    rate_per_sec: u32,
+) -> tokio::task::JoinSet<(bool, Duration)> {
+    let interval = Duration::from_secs(1) / rate_per_sec;
+    let started = tokio::time::Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..total {
+        let at = started + interval * u32::try_from(i).unwrap_or(u32::MAX);
+        tokio::time::sleep_until(at).await;
+        let client = client.clone();
+        tasks.spawn(async move {
+            let ok = matches!(
+                client.get("http://127.0.0.1:9/").send().await,
+                Ok(response) if response.status().is_success()
+            );
+            (ok, started.elapsed())
+        });
+    }
+    tasks
 }
 
 /// A response of `status` with an empty body and, maybe, a `Retry-After`.

@@ -19,7 +19,7 @@ use reqwest::{Request, Response};
 use reqwest_middleware::{Middleware, Next};
 use reqwest_safe_retry::{AdaptiveThrottle, RetryBudget, RetryMiddleware, RetryPolicy, SeededRng};
 
-use super::{VirtualTime, answer, arrive, block_on_paused, client_with};
+use super::{VirtualTime, answer, arrive, block_on_paused, client_with, offer};
 
 /// What the clients do about failures.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -219,21 +219,7 @@ impl Metastable {
         let client = client_with(middleware, queue.clone());
 
         let total = u64::from(self.offered) * self.duration.as_secs();
-        let interval = Duration::from_secs(1) / self.offered;
-        let started = tokio::time::Instant::now();
-        let mut tasks = tokio::task::JoinSet::new();
-        for i in 0..total {
-            let at = started + interval * u32::try_from(i).unwrap_or(u32::MAX);
-            tokio::time::sleep_until(at).await;
-            let client = client.clone();
-            tasks.spawn(async move {
-                let ok = matches!(
-                    client.get("http://127.0.0.1:9/").send().await,
-                    Ok(response) if response.status().is_success()
-                );
-                (ok, started.elapsed())
-            });
-        }
+        let mut tasks = offer(&client, total, self.offered).await;
         let seconds = usize::try_from(self.duration.as_secs()).unwrap_or(usize::MAX) + 20;
         let mut goodput = vec![0u64; seconds];
         while let Some(done) = tasks.join_next().await {
