@@ -329,8 +329,9 @@ impl RetryMiddleware {
             let clock = self.clock.get();
             // A quota the dependency said is spent: wait for its reset, or give up at once.
             if policy.rate_limit_fields() && dependency.quota.maybe_spent() {
-                if let Some(until) = dependency.quota.spent_until(clock.now()) {
-                    let wait = until.saturating_duration_since(clock.now());
+                let now = clock.now();
+                if let Some(until) = dependency.quota.spent_until(now) {
+                    let wait = until.saturating_duration_since(now);
                     if wait > policy.max_retry_after() || wait >= policy.deadline() {
                         let err = RetryError::new(
                             0,
