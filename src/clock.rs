@@ -292,6 +292,19 @@ impl SharedClock {
     }
 }
 
+impl SharedClock {
+    /// A wait on the clock that may come before any timer of the request has been made (the
+    /// hold of a spent quota): on a [`TokioClock`] without tokio's time driver, tokio panics
+    /// when the sleep is made, and that becomes an error here, as for [`timeout`](Self::timeout).
+    pub(crate) fn checked_sleep(&self, duration: Duration) -> Result<Sleep, TimerUnavailable> {
+        if !self.tokio {
+            return Ok(self.clock.sleep(duration));
+        }
+        // The clock is a `TokioClock`, which holds nothing: one made here sleeps the same.
+        std::panic::catch_unwind(|| TokioClock::new().sleep(duration)).map_err(|_| TimerUnavailable)
+    }
+}
+
 pin_project_lite::pin_project! {
     /// A per-attempt timeout as the middleware holds it: tokio's inline, any other clock's
     /// boxed. Ready when the timeout has passed.

@@ -343,7 +343,20 @@ impl RetryMiddleware {
                             .in_scope(|| self.log.stopped(0, Duration::ZERO, err))
                             .into());
                     }
-                    clock.sleep(wait).await;
+                    match self.clock.checked_sleep(wait) {
+                        Ok(sleep) => sleep.await,
+                        Err(missing) => {
+                            let err = RetryError::new(
+                                0,
+                                StopReason::TimerUnavailable,
+                                None,
+                                reqwest_middleware::Error::middleware(missing),
+                            );
+                            return Err(span
+                                .in_scope(|| self.log.stopped(0, Duration::ZERO, err))
+                                .into());
+                        }
+                    }
                 }
             }
             let mut decider = Decider::start(

@@ -94,3 +94,81 @@ async fn retry_after_takes_precedence_over_the_field() {
     client.get(server.uri()).send().await.unwrap();
     assert!(clock.sleeps().is_empty());
 }
+
+/// A server whose first answer says the quota is spent for `secs` seconds, and whose later
+/// answers have quota left.
+async fn spent_for(secs: u64) -> MockServer {
+    let server = MockServer::start().await;
+    Mock::given(any())
+        .respond_with(
+            ResponseTemplate::new(200)
+                .insert_header("ratelimit", format!(r#""default";r=0;t={secs}"#).as_str()),
+        )
+        .up_to_n_times(1)
+        .mount(&server)
+        .await;
+    Mock::given(any())
+        .respond_with(ResponseTemplate::new(200))
+        .mount(&server)
+        .await;
+    server
+}
+
+/// Under tokio's paused clock with the default clock, the hold is virtual time; a request
+/// dropped during it (the caller's own timeout) sent nothing and counted nothing.
+#[tokio::test(start_paused = true)]
+async fn a_request_dropped_while_its_quota_is_held_sends_and_counts_nothing() {
+    let server = spent_for(5).await;
+    let middleware = RetryMiddleware::new(RetryPolicy::default());
+    let counters = middleware.counters().clone();
+    let client = ClientBuilder::new(reqwest::Client::new())
+        .with(middleware)
+        .build();
+    client.get(server.uri()).send().await.unwrap();
+
+    let real = std::time::Instant::now();
+    let dropped =
+        tokio::time::timeout(Duration::from_secs(1), client.get(server.uri()).send()).await;
+    assert!(dropped.is_err(), "held for 5 s, dropped after 1 s");
+    assert_eq!(server.received_requests().await.unwrap().len(), 1);
+    assert_eq!(counters.snapshot().requests, 1);
+    // Then one that waits out the rest of the hold in virtual time, not in real time.
+    let virtual_start = tokio::time::Instant::now();
+    client.get(server.uri()).send().await.unwrap();
+    assert!(virtual_start.elapsed() >= Duration::from_secs(4));
+    assert!(
+        real.elapsed() < Duration::from_secs(4),
+        "{:?}",
+        real.elapsed()
+    );
+    assert_eq!(server.received_requests().await.unwrap().len(), 2);
+}
+
+/// A held quota on a runtime without tokio's timer: the hold cannot be waited, and the request
+/// fails with the timer error instead of panicking, nothing sent.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_quota_hold_without_a_timer_fails_clearly() {
+    let server = spent_for(5).await;
+    let client = ClientBuilder::new(reqwest::Client::new())
+        .with(RetryMiddleware::new(RetryPolicy::default()))
+        .build();
+    client.get(server.uri()).send().await.unwrap();
+
+    let (uri, held) = (server.uri(), client.clone());
+    let outcome = tokio::task::spawn_blocking(move || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_io()
+            .build()
+            .unwrap()
+            .block_on(held.get(uri).send())
+    })
+    .await
+    .unwrap();
+    let err = outcome.unwrap_err();
+    let retry = RetryError::of(&err).unwrap();
+    assert_eq!(
+        (retry.attempts(), retry.stop_reason()),
+        (0, StopReason::TimerUnavailable)
+    );
+    assert_eq!(server.received_requests().await.unwrap().len(), 1);
+}

@@ -110,3 +110,31 @@ async fn a_dependency_that_accepts_is_never_throttled() {
     assert_eq!(throttle.rejection_probability(clock.now()), 0.0);
     assert_eq!(server.received_requests().await.unwrap().len(), 20);
 }
+
+/// An attempt dropped in flight (the caller's own timeout) has no outcome: the throttle counts
+/// neither a request nor an accept for it.
+#[tokio::test]
+async fn an_attempt_dropped_in_flight_is_not_counted() {
+    use crate::support::{Action, RawServer, ok};
+    let server =
+        RawServer::start(vec![Action::Delay(Duration::from_millis(300), ok("late"))]).await;
+    let throttle = throttle();
+    let clock = FakeClock::new();
+    let client = ClientBuilder::new(reqwest::Client::new())
+        .with(
+            RetryMiddleware::new(RetryPolicy::default())
+                .with_clock(clock.clone())
+                .with_throttle(throttle.clone()),
+        )
+        .build();
+
+    let dropped = tokio::time::timeout(
+        Duration::from_millis(50),
+        client.get(server.url("/")).send(),
+    )
+    .await;
+
+    assert!(dropped.is_err());
+    assert_eq!(server.requests(), 1);
+    assert_eq!(throttle.counts(clock.now()), (0, 0));
+}
