@@ -130,7 +130,8 @@ impl<'a> Attempt<'a> {
 /// ```
 pub trait Classifier: Send + Sync + 'static {
     /// Whether `attempt`'s outcome is transient. Called once per attempt, before the safety
-    /// rule and the limits; keep it quick, it runs on the request's task.
+    /// rule and the limits (with `buffer_body`, once more if reading the body fails, on that
+    /// error); keep it quick, it runs on the request's task.
     fn classify(&self, attempt: &Attempt<'_>) -> Retryable;
 }
 

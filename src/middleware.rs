@@ -460,7 +460,7 @@ impl RetryMiddleware {
                     // first, so an answer that is ready wins over a timeout that is ready too. The
                     // timer ends with the attempt (this block), before any wait: a real-time timer
                     // under a paused tokio clock would otherwise hold up the wait's auto-advance.
-                    let outcome = {
+                    let (outcome, verdict) = {
                         let mut timer = std::pin::pin!(timer);
                         let timed_out = || {
                             reqwest_middleware::Error::middleware(AttemptTimeout { after: limit })
@@ -470,29 +470,31 @@ impl RetryMiddleware {
                             .unwrap_or_else(|| Err(timed_out()));
                         // A body is read only for an answer that will not be retried: a 503's body
                         // would be read in full (up to the limit) only to be thrown away.
-                        if let Some(limit) = policy.buffer_body_limit() {
-                            let last = |outcome: &reqwest_middleware::Result<Response>| {
-                                let verdict = self.judge(outcome, &judging, decider.attempts());
-                                outcome.is_ok() && matches!(verdict, Verdict::Final(_))
+                        let mut verdict = self.judge(&outcome, &judging, decider.attempts());
+                        if let (Some(limit), true, Verdict::Final(_)) =
+                            (policy.buffer_body_limit(), outcome.is_ok(), verdict)
+                        {
+                            let Ok(response) = outcome else {
+                                unreachable!("judged a response")
                             };
-                            if last(&outcome) {
-                                let Ok(response) = outcome else {
-                                    unreachable!("judged a response")
-                                };
-                                // Boxed: the reading state is large, and most requests never need
-                                // it.
-                                let reading = Box::pin(body::buffer(response, limit));
-                                outcome = match race(reading, timer.as_mut()).await {
-                                    Some(read) => read.map_err(reqwest_middleware::Error::Reqwest),
-                                    None => Err(timed_out()),
-                                };
+                            // Boxed: the reading state is large, and most requests never need
+                            // it.
+                            let reading = Box::pin(body::buffer(response, limit));
+                            outcome = match race(reading, timer.as_mut()).await {
+                                // The same status and head: the verdict stands.
+                                Some(Ok(read)) => Ok(read),
+                                Some(Err(e)) => Err(reqwest_middleware::Error::Reqwest(e)),
+                                None => Err(timed_out()),
+                            };
+                            if outcome.is_err() {
+                                // Another outcome, judged anew: a body cut off is transient.
+                                verdict = self.judge(&outcome, &judging, decider.attempts());
                             }
                         }
-                        outcome
+                        (outcome, verdict)
                     };
 
                     let decision = {
-                        let verdict = self.judge(&outcome, &judging, decider.attempts());
                         let observed = Observed {
                             verdict,
                             answered: outcome.is_ok(),

@@ -5,8 +5,8 @@ use std::sync::{Arc, Mutex};
 
 use reqwest_middleware::{ClientBuilder, ClientWithMiddleware};
 use reqwest_safe_retry::{
-    Attempt, Classifier, Dependency, FakeClock, Outcome, RetryError, RetryMiddleware, RetryRecord,
-    Retryable, SeededRng, StopReason,
+    Attempt, Classifier, Dependency, FakeClock, Outcome, RetryError, RetryMiddleware, RetryPolicy,
+    RetryRecord, Retryable, SeededRng, StopReason,
 };
 use wiremock::matchers::path;
 use wiremock::{Mock, MockServer, ResponseTemplate};
@@ -311,4 +311,29 @@ async fn a_classifier_belongs_to_its_dependency() {
 
     assert_eq!(attempts_of(&first), (1, StopReason::NotRetryable));
     assert_eq!(attempts_of(&second), (3, StopReason::AttemptsExhausted));
+}
+
+/// With `buffer_body`, the answer is judged before its body is read (a 503's body is never
+/// read) and not again after: the classifier is asked once per attempt.
+#[tokio::test]
+async fn with_buffer_body_the_classifier_is_asked_once_per_attempt() {
+    let server = always(200).await;
+    let asked = Arc::new(Mutex::new(0u32));
+    let count = asked.clone();
+    let policy = RetryPolicy::builder().buffer_body(1024).build().unwrap();
+    let client = ClientBuilder::new(reqwest::Client::new())
+        .with(
+            RetryMiddleware::new(policy)
+                .with_clock(FakeClock::new())
+                .with_classifier(move |a: &Attempt<'_>| {
+                    *count.lock().unwrap() += 1;
+                    a.default_verdict()
+                }),
+        )
+        .build();
+
+    let response = client.get(server.uri()).send().await.unwrap();
+
+    assert_eq!(response.status(), 200);
+    assert_eq!(*asked.lock().unwrap(), 1);
 }
