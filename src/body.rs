@@ -8,6 +8,7 @@
 //! Bodies over the limit are not held in memory: what was read so far is handed back first,
 //! followed by the rest of the stream, and that response is not retried.
 
+use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
@@ -44,13 +45,61 @@ pub(crate) async fn buffer(
     Ok(rebuild(response, |_| Body::from(read)))
 }
 
-/// The response's head with an empty body: what is kept of a retried response through the wait,
-/// so that its connection is released rather than held while nobody reads it.
-pub(crate) fn head_only(response: reqwest::Response) -> reqwest::Response {
-    rebuild(response, |rest| {
+/// How much of an answer's body to read inside its attempt, if any: with the policy's
+/// `buffer_body` on, the body of an answer that will not be retried. A 503's body would be read in
+/// full (up to the limit) only to be thrown away.
+pub(crate) fn to_read(
+    policy: &crate::RetryPolicy,
+    outcome: &reqwest_middleware::Result<reqwest::Response>,
+    verdict: crate::classify::Verdict,
+) -> Option<usize> {
+    let final_answer = outcome.is_ok() && matches!(verdict, crate::classify::Verdict::Final(_));
+    policy.buffer_body_limit().filter(|_| final_answer)
+}
+
+/// How much of a transient answer's body is kept through the wait before a retry.
+pub(crate) const KEPT: usize = 64 * 1024;
+
+/// What is kept of a transient answer through the wait before its retry: the answer with its body
+/// read into memory, up to `limit` bytes, so that a stop after the wait (the budget, the
+/// throttle, the deadline) hands the caller the server's whole answer, and the connection is
+/// released rather than held while nobody reads it. A longer body, one cut off, or one still
+/// arriving when `timer` (the attempt's) fires, is dropped, and so is the `Content-Length`
+/// that promised it: the head never promises bytes that are gone.
+pub(crate) async fn keep<T: Future<Output = ()>>(
+    mut response: reqwest::Response,
+    limit: usize,
+    mut timer: Pin<&mut T>,
+) -> reqwest::Response {
+    if response.content_length().is_none_or(|n| n <= limit as u64) {
+        let mut read = Vec::new();
+        loop {
+            let chunk = {
+                let mut next = std::pin::pin!(response.chunk());
+                std::future::poll_fn(|cx| {
+                    if let Poll::Ready(chunk) = next.as_mut().poll(cx) {
+                        return Poll::Ready(Some(chunk));
+                    }
+                    timer.as_mut().poll(cx).map(|()| None)
+                })
+                .await
+            };
+            match chunk {
+                Some(Ok(Some(chunk))) if read.len().saturating_add(chunk.len()) <= limit => {
+                    read.extend_from_slice(&chunk);
+                }
+                Some(Ok(None)) => return rebuild(response, |_| Body::from(read)),
+                // Too long, cut off, or out of time.
+                _ => break,
+            }
+        }
+    }
+    let mut head = rebuild(response, |rest| {
         drop(rest);
         Body::from(Bytes::new())
-    })
+    });
+    head.headers_mut().remove(http::header::CONTENT_LENGTH);
+    head
 }
 
 /// The same response head (status, version, headers, URL, extensions) with a new body, made

@@ -18,10 +18,14 @@
 use std::error::Error as _;
 use std::io;
 
-use http::{Method, StatusCode};
+use http::{HeaderValue, Method, StatusCode};
+use reqwest::Response;
 
 use crate::budget::RetryKind;
+use crate::classifier::{Attempt, Classifier, Outcome, RequestHead, Retryable};
 use crate::error::StopReason;
+use crate::policy::RetryPolicy;
+use crate::shared::Shared;
 
 /// What an attempt's outcome calls for, before any limit (attempts, deadline, budget) is asked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -34,26 +38,73 @@ pub(crate) enum Verdict {
     Final(StopReason),
 }
 
-/// The verdict on a response with `status`. `repeatable`: the method is idempotent or the
-/// request carries a key; `keyed`: it carries a key.
-#[cfg(test)]
-pub(crate) fn judge_status(
-    status: StatusCode,
-    in_set: impl Fn(StatusCode) -> bool,
-    repeatable: bool,
-    keyed: bool,
-) -> Verdict {
-    status_verdict(
-        status,
-        is_transient_status(status, in_set, keyed),
-        repeatable,
-    )
+/// What judging an attempt's outcome takes, fixed for the logical request: the default rules
+/// (the policy's status set), the dependency's classifier, and the safety rule, composed in
+/// [`verdict`](Self::verdict) and nowhere else.
+#[derive(Clone, Copy)]
+pub(crate) struct Judging<'a> {
+    pub(crate) policy: &'a RetryPolicy,
+    /// The method is idempotent, or the request carries a key.
+    pub(crate) repeatable: bool,
+    pub(crate) key: Option<&'a HeaderValue>,
+    /// The dependency's classifier, and the request's head for it to see.
+    pub(crate) hook: Option<(&'a Shared<dyn Classifier>, &'a RequestHead)>,
+}
+
+impl Judging<'_> {
+    /// The verdict on attempt `number`'s outcome: transient by the default rules or the
+    /// classifier, then retried only where the safety rule allows.
+    pub(crate) fn verdict(
+        &self,
+        outcome: &reqwest_middleware::Result<Response>,
+        number: u32,
+    ) -> Verdict {
+        let keyed = self.key.is_some();
+        let fault = match outcome {
+            Ok(_) => None,
+            Err(err) => transport_fault(err),
+        };
+        let by_default = match outcome {
+            Ok(response) => is_transient_status(
+                response.status(),
+                |s| self.policy.is_retryable_status(s),
+                keyed,
+            ),
+            Err(_) => fault.is_some(),
+        };
+        let transient = match self.hook {
+            None => by_default,
+            Some((classifier, head)) => {
+                let seen = Attempt {
+                    method: &head.method,
+                    url: &head.url,
+                    headers: &head.headers,
+                    key: self.key,
+                    number,
+                    outcome: match outcome {
+                        Ok(response) => Outcome::Response(response),
+                        Err(err) => Outcome::Error(err),
+                    },
+                    default: if by_default {
+                        Retryable::Transient
+                    } else {
+                        Retryable::Fatal
+                    },
+                };
+                classifier.0.classify(&seen) == Retryable::Transient
+            }
+        };
+        match outcome {
+            Ok(response) => status_verdict(response.status(), transient, self.repeatable),
+            Err(_) => error_verdict(fault, transient, self.repeatable),
+        }
+    }
 }
 
 /// The verdict on a response with `status` that is (or is not) a transient failure, by the
 /// default rules or a classifier's: a transient failure is retried only when `repeatable`,
 /// since the server answered and may have acted on the request.
-pub(crate) fn status_verdict(status: StatusCode, transient: bool, repeatable: bool) -> Verdict {
+fn status_verdict(status: StatusCode, transient: bool, repeatable: bool) -> Verdict {
     if !transient {
         return Verdict::Final(if status.as_u16() < 400 {
             StopReason::Succeeded
@@ -73,18 +124,11 @@ pub(crate) fn status_verdict(status: StatusCode, transient: bool, repeatable: bo
     Verdict::Transient(kind, "status")
 }
 
-/// The verdict on an attempt that ended in `err`.
-#[cfg(test)]
-pub(crate) fn judge_error(err: &reqwest_middleware::Error, repeatable: bool) -> Verdict {
-    let fault = transport_fault(err);
-    error_verdict(fault, fault.is_some(), repeatable)
-}
-
 /// The verdict on an attempt that ended in an error with transient `fault` (if the default
 /// rules know one) that is (or is not) transient, by the default rules or a classifier's. A
 /// transient error is retried when `repeatable`, or when nothing of the request reached the
 /// server: a fault the default rules do not know may have come after the request was sent.
-pub(crate) fn error_verdict(fault: Option<Fault>, transient: bool, repeatable: bool) -> Verdict {
+fn error_verdict(fault: Option<Fault>, transient: bool, repeatable: bool) -> Verdict {
     if !transient {
         return Verdict::Final(StopReason::NotRetryable);
     }
@@ -295,7 +339,6 @@ mod tests {
 
     #[test]
     fn statuses_are_judged_by_the_set_the_key_and_the_method() {
-        let set = |s: StatusCode| [429, 503].contains(&s.as_u16());
         let status = |code| StatusCode::from_u16(code).unwrap();
         let cases = [
             // (status, repeatable, keyed, verdict); 399 and 400 are the edge of success.
@@ -333,30 +376,58 @@ mod tests {
         ];
         for (code, repeatable, keyed, verdict) in cases {
             assert_eq!(
-                judge_status(status(code), set, repeatable, keyed),
+                judge_status(status(code), repeatable, keyed),
                 verdict,
                 "{code} repeatable={repeatable} keyed={keyed}"
             );
         }
     }
 
+    /// The verdict on a response with `status` under the default policy.
+    fn judge_status(status: StatusCode, repeatable: bool, keyed: bool) -> Verdict {
+        let key = HeaderValue::from_static("k");
+        let policy = RetryPolicy::default();
+        let judging = Judging {
+            policy: &policy,
+            repeatable,
+            key: keyed.then_some(&key),
+            hook: None,
+        };
+        let response = http::Response::builder().status(status).body("").unwrap();
+        judging.verdict(&Ok(Response::from(response)), 1)
+    }
+
+    /// The verdict on an attempt that ended in `err`.
+    fn judge_error(err: reqwest_middleware::Error, repeatable: bool) -> Verdict {
+        let policy = RetryPolicy::default();
+        let judging = Judging {
+            policy: &policy,
+            repeatable,
+            key: None,
+            hook: None,
+        };
+        judging.verdict(&Err(err), 1)
+    }
+
     #[test]
     fn errors_are_judged_by_their_fault_and_the_method() {
-        let timeout = reqwest_middleware::Error::middleware(crate::AttemptTimeout {
-            after: std::time::Duration::from_secs(1),
-        });
+        let timeout = || {
+            reqwest_middleware::Error::middleware(crate::AttemptTimeout {
+                after: std::time::Duration::from_secs(1),
+            })
+        };
         assert_eq!(
-            judge_error(&timeout, true),
+            judge_error(timeout(), true),
             Verdict::Transient(RetryKind::Timeout, "timeout")
         );
         // A timeout may have reached the server: not for an unkeyed POST.
         assert_eq!(
-            judge_error(&timeout, false),
+            judge_error(timeout(), false),
             Verdict::Final(StopReason::NotSafeToRetry)
         );
         let other = reqwest_middleware::Error::middleware(io::Error::other("not ours"));
         assert_eq!(
-            judge_error(&other, true),
+            judge_error(other, true),
             Verdict::Final(StopReason::NotRetryable)
         );
     }

@@ -1,11 +1,13 @@
 //! The decision core: for one logical request, what to do next.
 //!
-//! A [`Decider`] is a small state machine with no I/O and no awaiting, in the manner of a sans-IO
-//! protocol core: the driver (the middleware) tells it that an attempt is about to start and
-//! what the attempt's outcome was, passing the clock to read the time from, and it answers with
-//! the next action: make attempt *n* within timeout *t*, sleep *d*, or stop for reason *r*. It
-//! does all the budget accounting and all the counting, so every rule below can be tested
-//! without a socket or a runtime, and another driver could reuse it.
+//! A [`Decider`] is a small state machine with no I/O, no clock and no awaiting, in the manner of
+//! a sans-IO protocol core: the driver (the middleware) hands it the time and asks what the next
+//! attempt may do, then tells it the attempt's outcome, and it answers with the next action:
+//! send attempt *n* within timeout *t*, hold *d* for a spent quota, sleep *d*, or stop for
+//! reason *r*. It does all the budget, quota and throttle accounting and all the counting, so
+//! every rule below can be tested without a socket or a runtime, and another driver could reuse
+//! it. The request starts here when `send()` is called, before any hold: the deadline covers
+//! holds, attempts and waits alike.
 //!
 //! # Where each rule lives
 //!
@@ -15,8 +17,10 @@
 //! | which stop reason wins | [`Decider::after_attempt`], in the order below |
 //! | backoff, `Retry-After` floor, no wait past the deadline | `schedule::next_wait` |
 //! | the attempt's timeout cut to what the deadline leaves | [`Decider::next_attempt`] |
+//! | a spent quota: hold, probe or stop before an attempt; a floor before a retry | [`Decider::next_attempt`], [`Decider::after_attempt`], on `rate_limit::QuotaState` |
+//! | the throttle: admit before an attempt, count it when it ends or is dropped | here, on the [`AdaptiveThrottle`] |
 //! | charge before sleep, deposit, refund, give back | here, on the [`RetryBudget`] |
-//! | counters | here: a retry counts when its attempt starts |
+//! | counters | here: a retry counts when its attempt starts, a stamped key when the first does |
 //!
 //! # Precedence
 //!
@@ -29,11 +33,17 @@
 //! 4. no copy of the request can be sent: [`BodyNotCloneable`](StopReason::BodyNotCloneable);
 //! 5. the deadline has passed: [`DeadlineReached`](StopReason::DeadlineReached);
 //! 6. the schedule: a `Retry-After` too long
-//!    ([`RetryAfterTooLong`](StopReason::RetryAfterTooLong)) or a wait that would end past the
+//!    ([`RetryAfterTooLong`](StopReason::RetryAfterTooLong)), a spent quota whose reset is too
+//!    far ([`QuotaExhausted`](StopReason::QuotaExhausted)), or a wait that would end past the
 //!    deadline ([`DeadlineReached`](StopReason::DeadlineReached));
 //! 7. the budget refuses: [`BudgetExhausted`](StopReason::BudgetExhausted).
 //!
 //! The budget comes last on purpose: a retry that a cheaper rule forbids must not cost a token.
+//!
+//! Before each attempt (the first included), [`Decider::next_attempt`] asks, in order: the
+//! deadline, a copy to send, the origin's quota (hold, or stop with
+//! [`QuotaExhausted`](StopReason::QuotaExhausted), or go as the probe), then the throttle
+//! ([`Throttled`](StopReason::Throttled)).
 //!
 //! # Cancellation
 //!
@@ -42,41 +52,71 @@
 //! caller's own timeout, a `select!`), or the deadline turns out to have passed when the wait
 //! ends, the decider's `Drop` gives the tokens back: a guard, not a convention. Nothing is
 //! counted for a retry until its attempt starts, so a dropped request leaves counters that
-//! count only what happened.
+//! count only what happened. The same guard gives back a quota probe that got no answer, and
+//! tells the throttle that an attempt on the wire got no accept: its caller gave up on it (the
+//! instant it was admitted stands for the instant it ended, as the core has no clock).
 
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
-use http::HeaderValue;
+use http::{HeaderMap, StatusCode};
+use reqwest::Url;
 
-use crate::budget::RetryBudget;
+use crate::budget::{RetryBudget, RetryKind};
 use crate::classify::Verdict;
-use crate::clock::Clock;
 use crate::error::StopReason;
 use crate::observe::{Count, MetricKeys, RetryCounters};
 use crate::policy::RetryPolicy;
+use crate::rate_limit::{self, Gate, Origin, ProbeTicket, QuotaState};
 use crate::retry_after;
 use crate::rng::RandomSource;
 use crate::schedule::{self, Wait};
-use crate::throttle::AdaptiveThrottle;
+use crate::throttle::{self, AdaptiveThrottle};
+
+/// What a dependency's requests share: the accounts the core keeps.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Accounts<'a> {
+    pub(crate) budget: Option<&'a RetryBudget>,
+    pub(crate) counters: &'a RetryCounters,
+    pub(crate) metric_keys: &'a MetricKeys,
+    pub(crate) throttle: Option<&'a AdaptiveThrottle>,
+    pub(crate) quota: &'a QuotaState,
+}
+
+/// The dependency's answer to an attempt: what the core reads of it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Answer<'a> {
+    pub(crate) status: StatusCode,
+    pub(crate) headers: &'a HeaderMap,
+    /// Where the answer came from (after any redirect): its quota is that origin's.
+    pub(crate) url: &'a Url,
+}
 
 /// What the decider is told about one attempt's outcome.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Observed<'a> {
     /// Transient or final, from `classify`.
     pub(crate) verdict: Verdict,
-    /// The dependency answered with an HTTP response (of any status).
-    pub(crate) answered: bool,
-    /// The response's `Retry-After`, if any.
-    pub(crate) retry_after: Option<&'a HeaderValue>,
-    /// A copy of the request is at hand for another attempt.
-    pub(crate) can_resend: bool,
+    /// The answer, if the dependency answered with an HTTP response (of any status).
+    pub(crate) answer: Option<Answer<'a>>,
+    /// Where a copy of the request would go, when one is at hand for another attempt.
+    pub(crate) resend: Option<&'a Url>,
+}
+
+/// What the next attempt may do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Next {
+    /// Send it, within this timeout.
+    Send(Duration),
+    /// Hold it this long (a spent quota), then ask again.
+    Hold(Duration),
+    /// Send nothing more.
+    Stop(StopReason),
 }
 
 /// A retry paid for whose attempt has not started.
 #[derive(Debug, Clone, Copy)]
 struct Pending {
     cost: u64,
-    delay: Duration,
     honours_floor: bool,
 }
 
@@ -84,42 +124,47 @@ struct Pending {
 #[derive(Debug)]
 pub(crate) struct Decider<'a> {
     policy: &'a RetryPolicy,
-    budget: Option<&'a RetryBudget>,
-    counters: &'a RetryCounters,
-    metric_keys: &'a MetricKeys,
+    accounts: Accounts<'a>,
     max_attempts: u32,
     retries_disabled: bool,
     started: Instant,
     /// Attempts started so far.
     attempt: u32,
     waited: Duration,
+    /// The wait (sleep or hold) last answered, counted as waited when the next question comes.
+    asleep: Duration,
     /// What the last started retry cost, for a refund on success.
     last_cost: u64,
-    /// The dependency's adaptive throttle, if it has one.
-    throttle: Option<&'a AdaptiveThrottle>,
-    /// When the throttle admitted the attempt in flight.
-    admitted_at: Instant,
-    /// The last backoff drawn (without a `Retry-After` floor), for decorrelated jitter.
+    /// The request's key was stamped here: counted when the first attempt is sent.
+    stamped: bool,
+    /// When the throttle admitted the next attempt, until it is sent.
+    admitted: Option<Instant>,
+    /// When the throttle admitted the attempt in flight, while it is in flight.
+    in_flight: Option<Instant>,
+    /// The probe of a spent quota this request took, until its answer.
+    probe: Option<ProbeTicket>,
+    /// The origin of the request, once a quota needed it.
+    origin: Option<Origin>,
+    /// The floor the last transient answer set: its `Retry-After`, or its quota's reset.
+    floor: Option<Duration>,
+    /// The last backoff drawn (without a floor), for decorrelated jitter.
     last_backoff: Option<Duration>,
     pending: Option<Pending>,
 }
 
 impl<'a> Decider<'a> {
-    /// Starts a logical request at `now` (counted as one request).
+    /// Starts a logical request at `now`, when `send()` is called (counted as one request,
+    /// whatever follows).
     pub(crate) fn start(
         policy: &'a RetryPolicy,
-        budget: Option<&'a RetryBudget>,
-        counters: &'a RetryCounters,
-        metric_keys: &'a MetricKeys,
+        accounts: Accounts<'a>,
         retries_disabled: bool,
         now: Instant,
     ) -> Self {
-        counters.add(Count::Request, metric_keys);
+        accounts.counters.add(Count::Request, accounts.metric_keys);
         Decider {
             policy,
-            budget,
-            counters,
-            metric_keys,
+            accounts,
             max_attempts: if retries_disabled {
                 1
             } else {
@@ -129,72 +174,22 @@ impl<'a> Decider<'a> {
             started: now,
             attempt: 0,
             waited: Duration::ZERO,
+            asleep: Duration::ZERO,
             last_cost: 0,
-            throttle: None,
-            admitted_at: now,
+            stamped: false,
+            admitted: None,
+            in_flight: None,
+            probe: None,
+            origin: None,
+            floor: None,
             last_backoff: None,
             pending: None,
         }
     }
 
-    /// Puts the attempts of this request under `throttle`.
-    pub(crate) fn with_throttle(mut self, throttle: Option<&'a AdaptiveThrottle>) -> Self {
-        self.throttle = throttle;
-        self
-    }
-
-    /// Asks the throttle, if any, whether the next attempt may go: called after
-    /// [`next_attempt`](Self::next_attempt) allowed it, before it is sent. The first attempt is
-    /// asked at the request's start, without a clock reading.
-    ///
-    /// # Errors
-    ///
-    /// [`StopReason::Throttled`] when the throttle rejects it; a retry's tokens are given back,
-    /// and the rejection is counted.
-    pub(crate) fn admit(
-        &mut self,
-        time: &dyn Clock,
-        rng: &dyn RandomSource,
-    ) -> Result<(), StopReason> {
-        let Some(throttle) = self.throttle else {
-            return Ok(());
-        };
-        let now = if self.attempt == 0 {
-            self.started
-        } else {
-            time.now()
-        };
-        if throttle.admit(now, rng) {
-            self.admitted_at = now;
-            return Ok(());
-        }
-        self.give_back();
-        self.count(Count::Throttled);
-        Err(StopReason::Throttled)
-    }
-
-    /// Tells the throttle, if any, that the attempt just finished, and whether the dependency
-    /// accepted it.
-    ///
-    /// Counted at the instant it was admitted when no attempt can outlast a slice of the
-    /// window (the default: 10 s slices, 10 s attempt timeouts), which spares a clock reading;
-    /// on a reading of its own otherwise (a window of a few seconds, whose slices are shorter
-    /// than an attempt may take).
-    pub(crate) fn finished(&self, accepted: bool, time: &dyn Clock) {
-        if let Some(throttle) = self.throttle {
-            let at = if throttle.slice() >= self.policy.attempt_timeout() {
-                self.admitted_at
-            } else {
-                time.now()
-            };
-            throttle.finished(at, accepted);
-        }
-    }
-
-    /// Whether this request's attempts are throttled: the driver then judges each outcome for
-    /// the throttle.
-    pub(crate) fn throttled(&self) -> bool {
-        self.throttle.is_some()
+    /// The request's key was stamped by the middleware: counted once its first attempt is sent.
+    pub(crate) fn key_stamped(&mut self) {
+        self.stamped = true;
     }
 
     /// When the logical request started, on the clock it was given.
@@ -207,9 +202,16 @@ impl<'a> Decider<'a> {
         self.attempt
     }
 
-    /// The time spent in finished waits.
+    /// The time spent in finished waits and holds.
     pub(crate) fn waited(&self) -> Duration {
         self.waited
+    }
+
+    /// The floor the last transient answer set (its `Retry-After`, or the reset of the quota
+    /// spent at the origin the retry goes to), whether or not a wait followed; `None` after an
+    /// answer that is not retried.
+    pub(crate) fn floor(&self) -> Option<Duration> {
+        self.floor
     }
 
     /// Whether another attempt may follow the next one: whether the driver needs to keep a copy
@@ -219,7 +221,7 @@ impl<'a> Decider<'a> {
     }
 
     fn count(&self, count: Count) {
-        self.counters.add(count, self.metric_keys);
+        self.accounts.counters.add(count, self.accounts.metric_keys);
     }
 
     fn remaining(&self, now: Instant) -> Duration {
@@ -227,35 +229,79 @@ impl<'a> Decider<'a> {
         self.policy.deadline().saturating_sub(elapsed)
     }
 
-    /// The timeout of the next attempt: the policy's, cut to what the deadline leaves. Called
-    /// when the previous wait (if any) has finished; nothing is counted until
-    /// [`attempt_started`](Self::attempt_started).
+    /// Whether this request heeds quotas, and some quota of its dependency may be spent.
+    fn quota_in_question(&self) -> bool {
+        self.policy.rate_limit_fields() && self.accounts.quota.maybe_spent()
+    }
+
+    /// What the next attempt may do at `now`: called before the first attempt, after each wait
+    /// and after each hold. `resend` is where a copy of the request would go, if one is at hand.
     ///
-    /// # Errors
-    ///
-    /// [`StopReason::DeadlineReached`] when the deadline passed during the wait (a real clock
-    /// that slept longer than asked); the retry's tokens are given back.
-    pub(crate) fn next_attempt(&mut self, time: &dyn Clock) -> Result<Duration, StopReason> {
-        let timeout = self.policy.attempt_timeout();
-        let Some(pending) = self.pending else {
-            // The first attempt: the deadline cannot have been reached, no clock reading.
-            return Ok(timeout.min(self.policy.deadline()));
-        };
-        self.waited = self.waited.saturating_add(pending.delay);
-        let remaining = self.remaining(time.now());
+    /// In order: the deadline ([`StopReason::DeadlineReached`], when a wait or hold ended past
+    /// it), a copy to send ([`StopReason::BodyNotCloneable`]), the origin's quota (a hold, a
+    /// probe, or [`StopReason::QuotaExhausted`] when its hold would be longer than
+    /// `max_retry_after` or than the deadline leaves), the throttle
+    /// ([`StopReason::Throttled`]). A stop gives back what a retry paid; nothing is counted
+    /// as an attempt until [`attempt_started`](Self::attempt_started).
+    pub(crate) fn next_attempt(
+        &mut self,
+        now: Instant,
+        resend: Option<&Url>,
+        rng: &dyn RandomSource,
+    ) -> Next {
+        self.waited = self.waited.saturating_add(std::mem::take(&mut self.asleep));
+        let remaining = self.remaining(now);
         if remaining.is_zero() {
-            self.give_back();
-            self.count(Count::DeadlineStop);
-            return Err(StopReason::DeadlineReached);
+            return self.refuse(StopReason::DeadlineReached);
         }
-        Ok(timeout.min(remaining))
+        let Some(url) = resend else {
+            return self.refuse(StopReason::BodyNotCloneable);
+        };
+        if self.quota_in_question() {
+            let origin = self.origin.get_or_insert_with(|| Origin::of(url));
+            match self.accounts.quota.gate(origin, now) {
+                Gate::Open => {}
+                Gate::Probe(ticket) => self.probe = Some(ticket),
+                Gate::Held(hold) => {
+                    let retry = self.attempt.saturating_sub(1);
+                    return match schedule::hold(self.policy, retry, hold, remaining, rng) {
+                        Wait::Sleep(hold) => {
+                            self.asleep = hold;
+                            Next::Hold(hold)
+                        }
+                        Wait::Stop(stop) => self.refuse(stop),
+                    };
+                }
+            }
+        }
+        if let Some(throttle) = self.accounts.throttle {
+            if !throttle.admit(now, rng) {
+                self.count(Count::Throttled);
+                return self.refuse(StopReason::Throttled);
+            }
+            self.admitted = Some(now);
+        }
+        Next::Send(self.policy.attempt_timeout().min(remaining))
+    }
+
+    /// Stops before an attempt: gives back what no attempt will use, counts a deadline stop.
+    fn refuse(&mut self, stop: StopReason) -> Next {
+        self.give_back();
+        if stop == StopReason::DeadlineReached {
+            self.count(Count::DeadlineStop);
+        }
+        Next::Stop(stop)
     }
 
     /// The attempt the last [`next_attempt`](Self::next_attempt) allowed is being sent: counts
-    /// it (and the retry, which now uses its tokens).
+    /// it (and the retry, which now uses its tokens; and a stamped key, on the first).
     pub(crate) fn attempt_started(&mut self) {
         self.attempt += 1;
         self.count(Count::Attempt);
+        self.in_flight = self.admitted.take();
+        if self.attempt == 1 && self.stamped {
+            self.count(Count::KeyStamped);
+        }
         if let Some(pending) = self.pending.take() {
             self.last_cost = pending.cost;
             self.count(Count::Retry);
@@ -265,60 +311,57 @@ impl<'a> Decider<'a> {
         }
     }
 
-    /// Decides what follows the attempt just finished: a wait before the next attempt, or a
-    /// stop. `time` is read only when a retry is in question; `rng` draws the jitter.
+    /// Decides what follows the attempt that just ended at `now`: a wait before the next
+    /// attempt, or a stop. `wall` is the wall time, for a `Retry-After` date; `rng` draws the
+    /// jitter. The throttle learns whether the dependency accepted the attempt, and the quota
+    /// what the answer said of it.
     pub(crate) fn after_attempt(
         &mut self,
         observed: Observed<'_>,
-        time: &dyn Clock,
+        now: Instant,
+        wall: SystemTime,
         rng: &dyn RandomSource,
     ) -> Wait {
+        if let (Some(throttle), Some(admitted)) = (self.accounts.throttle, self.in_flight.take()) {
+            // Counted at the instant it was admitted when no attempt can outlast a slice of
+            // the window (the default: 10 s slices, 10 s attempt timeouts); at its end
+            // otherwise (a window of a few seconds, whose slices are shorter than an attempt).
+            let at = if throttle.slice() >= self.policy.attempt_timeout() {
+                admitted
+            } else {
+                now
+            };
+            let status = observed.answer.map(|answer| answer.status);
+            throttle.finished(at, throttle::accepted(status, self.policy));
+        }
+        let probe = self.probe.take();
+        if let (true, Some(answer)) = (self.policy.rate_limit_fields(), observed.answer) {
+            self.take_in_quota(answer, probe.as_ref(), now);
+        }
+        self.floor = None;
         let kind = match observed.verdict {
             Verdict::Final(stop) => {
-                self.settle(stop, observed.answered);
+                self.settle(stop, observed.answer.is_some());
                 return Wait::Stop(stop);
             }
             Verdict::Transient(kind, _) => kind,
         };
+        // What the server asked for is reported whatever follows; a quota may raise it below.
+        self.floor = observed
+            .answer
+            .and_then(|answer| answer.headers.get(http::header::RETRY_AFTER))
+            .and_then(|value| retry_after::parse(value.as_bytes(), wall));
         let stop = if self.retries_disabled {
             StopReason::RetriesDisabled
         } else if self.attempt >= self.max_attempts {
             StopReason::AttemptsExhausted
-        } else if !observed.can_resend {
-            StopReason::BodyNotCloneable
-        } else {
-            let remaining = self.remaining(time.now());
-            if remaining.is_zero() {
-                StopReason::DeadlineReached
-            } else {
-                let floor = observed
-                    .retry_after
-                    .and_then(|value| retry_after::parse(value.as_bytes(), time.wall_now()));
-                let retry = self.attempt - 1;
-                let previous = self.last_backoff.unwrap_or(self.policy.base_delay());
-                let (wait, backoff) =
-                    schedule::next_wait(self.policy, retry, previous, floor, remaining, rng);
-                if backoff.is_some() {
-                    self.last_backoff = backoff;
-                }
-                match wait {
-                    Wait::Stop(stop) => stop,
-                    Wait::Sleep(delay) => match self.withdraw(kind, time.now()) {
-                        Some(cost) => {
-                            self.pending = Some(Pending {
-                                cost,
-                                delay,
-                                honours_floor: floor.is_some(),
-                            });
-                            return Wait::Sleep(delay);
-                        }
-                        None => {
-                            self.count(Count::BudgetRefusal);
-                            StopReason::BudgetExhausted
-                        }
-                    },
-                }
+        } else if let Some(url) = observed.resend {
+            match self.schedule(kind, url, now, rng) {
+                Ok(delay) => return Wait::Sleep(delay),
+                Err(stop) => stop,
             }
+        } else {
+            StopReason::BodyNotCloneable
         };
         if stop == StopReason::DeadlineReached {
             self.count(Count::DeadlineStop);
@@ -326,9 +369,71 @@ impl<'a> Decider<'a> {
         Wait::Stop(stop)
     }
 
+    /// What an answer said of its origin's quota, taken in; a probe's answer clears the quota
+    /// it probed unless it says again that it is spent.
+    fn take_in_quota(&mut self, answer: Answer<'_>, probe: Option<&ProbeTicket>, now: Instant) {
+        let quota = self.accounts.quota;
+        if let Some(ticket) = probe {
+            quota.clear_probed(ticket, now);
+        }
+        if let Some(said) = rate_limit::of_response(answer.headers) {
+            quota.update(&Origin::of(answer.url), Some(said), now);
+        }
+    }
+
+    /// The wait before a retry of a transient failure of `kind` (whose `Retry-After` is in
+    /// `self.floor`), paid for; or why none.
+    fn schedule(
+        &mut self,
+        kind: RetryKind,
+        resend: &Url,
+        now: Instant,
+        rng: &dyn RandomSource,
+    ) -> Result<Duration, StopReason> {
+        let remaining = self.remaining(now);
+        if remaining.is_zero() {
+            return Err(StopReason::DeadlineReached);
+        }
+        let retry_after = self.floor;
+        // A quota spent at the origin the retry goes to is a floor like `Retry-After`.
+        let quota = if self.quota_in_question() {
+            let origin = self.origin.get_or_insert_with(|| Origin::of(resend));
+            self.accounts.quota.floor(origin, now)
+        } else {
+            None
+        };
+        let by_quota = quota > retry_after;
+        let floor = retry_after.max(quota);
+        self.floor = floor;
+        let retry = self.attempt - 1;
+        let previous = self.last_backoff.unwrap_or(self.policy.base_delay());
+        let (wait, backoff) =
+            schedule::next_wait(self.policy, retry, previous, floor, remaining, rng);
+        if backoff.is_some() {
+            self.last_backoff = backoff;
+        }
+        let delay = match wait {
+            Wait::Stop(StopReason::RetryAfterTooLong) if by_quota => {
+                return Err(StopReason::QuotaExhausted);
+            }
+            Wait::Stop(stop) => return Err(stop),
+            Wait::Sleep(delay) => delay,
+        };
+        let Some(cost) = self.withdraw(kind, now) else {
+            self.count(Count::BudgetRefusal);
+            return Err(StopReason::BudgetExhausted);
+        };
+        self.pending = Some(Pending {
+            cost,
+            honours_floor: floor.is_some(),
+        });
+        self.asleep = delay;
+        Ok(delay)
+    }
+
     /// Withdraws a retry's cost; without a budget every retry is free.
-    fn withdraw(&self, kind: crate::budget::RetryKind, now: Instant) -> Option<u64> {
-        match self.budget {
+    fn withdraw(&self, kind: RetryKind, now: Instant) -> Option<u64> {
+        match self.accounts.budget {
             None => Some(0),
             Some(budget) => budget.try_withdraw(kind, now),
         }
@@ -338,7 +443,7 @@ impl<'a> Decider<'a> {
     /// response that is not a transient failure) deposits; a success after retries refunds its
     /// last retry, if the budget refunds.
     fn settle(&self, stop: StopReason, answered: bool) {
-        let Some(budget) = self.budget else {
+        let Some(budget) = self.accounts.budget else {
             return;
         };
         let earned = matches!(stop, StopReason::Succeeded | StopReason::NotRetryable);
@@ -351,10 +456,14 @@ impl<'a> Decider<'a> {
         }
     }
 
-    /// Returns a withdrawal no attempt has used.
+    /// Returns what no attempt has used: a retry's withdrawal, a probe not sent (an admission
+    /// not sent counts nothing).
     fn give_back(&mut self) {
-        if let (Some(pending), Some(budget)) = (self.pending.take(), self.budget) {
+        if let (Some(pending), Some(budget)) = (self.pending.take(), self.accounts.budget) {
             budget.cancel_withdrawal(pending.cost);
+        }
+        if let Some(ticket) = self.probe.take() {
+            self.accounts.quota.give_back(&ticket);
         }
     }
 }
@@ -362,6 +471,10 @@ impl<'a> Decider<'a> {
 impl Drop for Decider<'_> {
     fn drop(&mut self) {
         self.give_back();
+        // An attempt on the wire whose caller gave up: a request the dependency did not accept.
+        if let (Some(throttle), Some(admitted)) = (self.accounts.throttle, self.in_flight.take()) {
+            throttle.finished(admitted, false);
+        }
     }
 }
 

@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use crate::budget::RetryBudget;
 use crate::classifier::Classifier;
+use crate::decide::Accounts;
 use crate::error::InvalidConfig;
 use crate::observe::{MetricKeys, RetryCounters};
 use crate::policy::RetryPolicy;
@@ -122,6 +123,17 @@ impl Dependency {
     pub fn counters(&self) -> &RetryCounters {
         &self.counters
     }
+
+    /// What the decision core keeps for this dependency's requests.
+    pub(crate) fn accounts(&self) -> Accounts<'_> {
+        Accounts {
+            budget: self.budget.as_ref(),
+            counters: &self.counters,
+            metric_keys: &self.metric_keys,
+            throttle: self.throttle.as_ref(),
+            quota: &self.quota,
+        }
+    }
 }
 
 /// Which requests a routed dependency serves: a host, and optionally a port.
@@ -222,12 +234,27 @@ pub enum RetryOverride {
     Policy(RetryPolicy),
     /// The dependency's policy with at most this many attempts, the first included.
     MaxAttempts(u32),
-    /// The dependency's policy with this total deadline; a `max_retry_after` above it is
-    /// lowered to it.
+    /// The dependency's policy with this total deadline, and everything that follows from it:
+    /// the attempt timeouts, and a `max_retry_after` left to follow the deadline (the default),
+    /// which follows this one. A `max_retry_after` set apart from the deadline is kept, lowered
+    /// to this deadline if it is above it.
     Deadline(Duration),
 }
 
 impl RetryOverride {
+    /// The policy a request with `over` (if any) runs under, from its dependency's `policy`,
+    /// and whether it forbids retries: `None` keeps the dependency's policy.
+    pub(crate) fn plan(
+        over: Option<&RetryOverride>,
+        policy: &RetryPolicy,
+    ) -> Result<(Option<RetryPolicy>, bool), InvalidConfig> {
+        match over {
+            None => Ok((None, false)),
+            Some(RetryOverride::NoRetries) => Ok((None, true)),
+            Some(over) => over.policy(policy).map(|policy| (policy, false)),
+        }
+    }
+
     /// The policy a request with this override runs under, from its dependency's `policy`;
     /// `None` for [`NoRetries`](Self::NoRetries), which keeps the policy and forbids retries.
     pub(crate) fn policy(
@@ -238,6 +265,11 @@ impl RetryOverride {
             RetryOverride::NoRetries => return Ok(None),
             RetryOverride::Policy(own) => return Ok(Some(own)),
             RetryOverride::MaxAttempts(attempts) => policy.to_builder().max_attempts(attempts),
+            // A `max_retry_after` left to follow the deadline follows the new one; one set
+            // apart from it is kept, cut to the new deadline.
+            RetryOverride::Deadline(deadline) if policy.max_retry_after() == policy.deadline() => {
+                policy.to_builder().deadline(deadline)
+            }
             RetryOverride::Deadline(deadline) => policy
                 .to_builder()
                 .max_retry_after(policy.max_retry_after().min(deadline))

@@ -512,3 +512,22 @@ impl InvalidConfig {
         &self.message
     }
 }
+
+/// The error inside the [`RetryError`] of a request that stopped before its first attempt was
+/// sent, or when no answer was kept: the reason, and that nothing went out for it.
+#[derive(Debug, thiserror::Error)]
+#[error("{stop}: nothing was sent for it")]
+struct NothingSent {
+    stop: StopReason,
+}
+
+/// The cause of a stop that has no outcome to hand back: the throttle's own error for a
+/// rejection, the reason otherwise.
+pub(crate) fn nothing_sent(stop: StopReason) -> reqwest_middleware::Error {
+    match stop {
+        StopReason::Throttled => {
+            reqwest_middleware::Error::middleware(crate::throttle::ThrottledLocally)
+        }
+        _ => reqwest_middleware::Error::middleware(NothingSent { stop }),
+    }
+}

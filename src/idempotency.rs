@@ -223,6 +223,49 @@ impl IdempotencyKeys {
     }
 }
 
+/// A request's key, decided once before its first attempt.
+#[derive(Debug, Clone)]
+pub(crate) struct Key {
+    pub(crate) value: HeaderValue,
+    /// Made here: it is put on each attempt's copy as it is sent (the caller's own is already on
+    /// the request), and counted as stamped once an attempt is sent.
+    pub(crate) stamped: bool,
+}
+
+/// The key of a request: the caller's own, kept byte for byte, or a new one if `keys` stamp its
+/// method; none without `keys`.
+///
+/// # Errors
+///
+/// [`InvalidKey`] when the caller's key cannot be sent as it is (empty, or not in the configured
+/// form: another parser would read it differently and defeat the server's dedupe), or a custom
+/// source made one that cannot be.
+pub(crate) fn key_for(
+    keys: Option<&IdempotencyKeys>,
+    method: &Method,
+    headers: &http::HeaderMap,
+) -> Result<Option<Key>, InvalidKey> {
+    let Some(keys) = keys else {
+        return Ok(None);
+    };
+    if let Some(own) = headers.get(keys.header_name()) {
+        check_caller_value(own, keys.format())?;
+        return Ok(Some(Key {
+            value: own.clone(),
+            stamped: false,
+        }));
+    }
+    if !keys.stamps(method) {
+        return Ok(None);
+    }
+    keys.new_value().map(|value| {
+        Some(Key {
+            value,
+            stamped: true,
+        })
+    })
+}
+
 /// How many default keys are made at once.
 const BATCH: usize = 32;
 

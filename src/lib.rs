@@ -306,6 +306,7 @@
 mod backoff;
 mod body;
 mod budget;
+mod chain;
 mod classifier;
 mod classify;
 mod clock;
@@ -322,6 +323,7 @@ mod rng;
 mod schedule;
 mod shared;
 mod throttle;
+mod trace;
 
 pub use backoff::Jitter;
 pub use budget::{RetryBudget, RetryBudgetBuilder, RetryKind};

@@ -1,71 +1,44 @@
 //! The driver: the only code in the crate that sends, awaits or sleeps.
 //!
 //! One call to `send()` is one logical request. The driver picks the request's dependency (by
-//! host) and policy (or the request's own override), decides its idempotency key, then asks the
-//! decision core (`decide`) for each attempt's timeout, sends a copy of the request down the
-//! chain racing that timeout on the injected clock, has `classify` judge the outcome, and asks
-//! the core what follows: a wait, slept on the clock, or a stop. The core does the budget's
-//! accounting and the counting; this module holds no rule of its own.
+//! host) and policy (or the request's own override), starts the request in the decision core
+//! (`decide`) with the time, has `idempotency` decide its key, then asks the core what each
+//! attempt may do (send within a timeout, hold for a spent quota, stop), sends a copy of the
+//! request down the chain racing that timeout on the injected clock, has `classify` judge the
+//! outcome, and hands the core the outcome and the time: it answers a wait, slept on the clock,
+//! or a stop. The core does the budget, quota and throttle accounting and the counting; this
+//! module holds no rule of its own.
 //!
-//! # One layer retries
-//!
-//! Three layers that each retry three times turn one request into twenty-seven, and a layer
-//! whose attempt timeout is shorter than an inner layer's whole loop would retry that loop. So
-//! the first instance to see a request (the outermost) marks it as its own while it runs the
-//! rest of the chain, and every instance further in that finds the mark passes the request
-//! through untouched: one layer retries, whatever the timing, and it can tell the others before
-//! anything is sent. The mark is a thread-local holding the address of the request's
-//! extensions (see `Claiming`): no allocation, unlike a mark in the extensions themselves, and
-//! sound because the rest of a chain cannot leave the task that polls it (`Next` borrows the
-//! extensions). The limit: only instances of this crate know each other; retries made by
-//! another library in the same chain are not seen.
+//! How one layer of several retries, and the others pass through, is `chain`'s; what to do next
+//! is `decide`'s; whether an outcome is transient and safe to repeat is `classify`'s; the key is
+//! `idempotency`'s; what is traced is `trace`'s.
 
-use std::cell::Cell;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::Poll;
-use std::time::Duration;
 
-use http::{Extensions, HeaderValue};
+use http::Extensions;
 use reqwest::{Request, Response};
 use reqwest_middleware::{Middleware, Next};
 use tracing::Level;
 
 use crate::body;
 use crate::budget::RetryBudget;
-use crate::classifier::{Attempt, Classifier, Outcome, RequestHead, Retryable};
-use crate::classify::{self, Fault, Verdict};
-use crate::clock::{AttemptTimer, Clock, SharedClock, TokioClock};
-use crate::decide::{Decider, Observed};
+use crate::chain::{self, Claiming};
+use crate::classifier::{Classifier, RequestHead};
+use crate::classify::{self, Judging};
+use crate::clock::{Clock, SharedClock, TokioClock};
+use crate::decide::{Answer, Decider, Next as Step, Observed};
 use crate::dependency::{Dependency, HostMatch, RetryOverride};
-use crate::error::{AttemptTimeout, InvalidConfig, RetryError, RetryRecord, StopReason};
-use crate::idempotency::{self, IdempotencyKeys};
-use crate::observe::{
-    AttemptErrorKind, Count, RetryAttempt, RetryCounters, RetryEvent, RetryObserver,
-    url_without_query,
-};
+use crate::error::{InvalidConfig, RetryError, RetryRecord, StopReason};
+use crate::idempotency::{self, IdempotencyKeys, Key};
+use crate::observe::{RetryAttempt, RetryCounters, RetryObserver, url_without_query};
 use crate::policy::RetryPolicy;
-use crate::rate_limit;
-use crate::retry_after;
 use crate::rng::{RandomSource, ThreadRng};
 use crate::schedule::Wait;
 use crate::shared::Shared;
 use crate::throttle::AdaptiveThrottle;
-use crate::throttle::ThrottledLocally;
-
-/// An event at a level chosen at run time; `tracing`'s macros take a constant one.
-macro_rules! event_at {
-    ($level:expr, $($rest:tt)+) => {
-        match $level {
-            Level::ERROR => tracing::event!(target: TARGET, Level::ERROR, $($rest)+),
-            Level::WARN => tracing::event!(target: TARGET, Level::WARN, $($rest)+),
-            Level::INFO => tracing::event!(target: TARGET, Level::INFO, $($rest)+),
-            Level::DEBUG => tracing::event!(target: TARGET, Level::DEBUG, $($rest)+),
-            _ => tracing::event!(target: TARGET, Level::TRACE, $($rest)+),
-        }
-    };
-}
+use crate::trace::{self, LogLevels, Watcher};
 
 /// A [`reqwest_middleware::Middleware`] that retries transient failures when repeating is safe.
 ///
@@ -245,46 +218,10 @@ impl RetryMiddleware {
             .map_or(&self.default, |(_, dependency)| dependency)
     }
 
-    /// Decides the request's key before the first attempt: the caller's own, kept as it is, or
-    /// a new one if the method is stamped. The flag says whether the key was stamped here, and
-    /// so is still to be put on every attempt.
-    fn key_for(&self, request: &Request) -> Result<Option<(HeaderValue, bool)>, RetryError> {
-        let Some(keys) = &self.keys else {
-            return Ok(None);
-        };
-        if let Some(own) = request.headers().get(keys.header_name()) {
-            // Sent as it is, so it must already be a valid key: an empty one, or one another
-            // parser would read differently, defeats the server's dedupe.
-            return match idempotency::check_caller_value(own, keys.format()) {
-                Ok(()) => Ok(Some((own.clone(), false))),
-                Err(invalid) => Err(RetryError::new(
-                    0,
-                    StopReason::InvalidIdempotencyKey,
-                    None,
-                    reqwest_middleware::Error::middleware(invalid),
-                )),
-            };
-        }
-        if !keys.stamps(request.method()) {
-            return Ok(None);
-        }
-        match keys.new_value() {
-            // Put on each attempt's copy as it is sent, not on the request: the copy kept for a
-            // retry then has no header of its own to clone.
-            Ok(value) => Ok(Some((value, true))),
-            Err(invalid) => Err(RetryError::new(
-                0,
-                StopReason::InvalidIdempotencyKey,
-                None,
-                reqwest_middleware::Error::middleware(invalid),
-            )),
-        }
-    }
-
-    /// The logical request: its attempts, waits and outcome. Its future is the one boxed for
-    /// the chain, so it is kept small: the request is held once (the copy kept for a retry),
-    /// everything of one attempt that is not needed across an `await` is scoped to a block
-    /// that ends before it, and the timer is polled in place.
+    /// The logical request: its holds, attempts, waits and outcome. Its future is the one boxed
+    /// for the chain, so it is kept small: the request is held once (the copy kept for a retry),
+    /// everything of one attempt that is not needed across an `await` is scoped to a block that
+    /// ends before it, and the timer is polled in place.
     fn execute<'a>(
         &'a self,
         request: Request,
@@ -292,329 +229,194 @@ impl RetryMiddleware {
         next: Next<'a>,
     ) -> impl Future<Output = reqwest_middleware::Result<Response>> + Send + 'a {
         let dependency = self.dependency_for(request.url());
-        let span = tracing::debug_span!(
-            target: TARGET,
-            "reqwest_safe_retry.request",
-            dependency = &*dependency.name,
-            method = %request.method(),
-            host = request.url().host_str().unwrap_or(""),
-            path = request.url().path(),
-            http.request.resend_count = tracing::field::Empty,
-        );
+        let span = trace::request_span(&dependency.name, &request);
         // A copy is kept for the next attempt while the request goes out; none is made for the
         // last attempt, and none can be made of a body that is a stream.
         let mut kept = Some(request);
         async move {
-            // The future keeps a policy by reference; an override is boxed, which keeps the
-            // future small for the requests that have none.
-            let (overriding, no_retries) = match extensions.get::<RetryOverride>() {
-                None => (None, false),
-                Some(RetryOverride::NoRetries) => (None, true),
-                Some(other) => match other.policy(&dependency.policy) {
-                    Ok(policy) => (policy.map(Box::new), false),
-                    Err(invalid) => {
-                        let err = RetryError::new(
-                            0,
-                            StopReason::InvalidOverride,
-                            None,
-                            reqwest_middleware::Error::middleware(invalid),
-                        );
-                        return Err(span
-                            .in_scope(|| self.log.stopped(0, Duration::ZERO, err))
-                            .into());
-                    }
-                },
+            let (clock, rng) = (self.clock.get(), &*self.rng.0);
+            let plan = RetryOverride::plan(extensions.get(), &dependency.policy);
+            // An override is boxed, which keeps the future small for the requests that have none.
+            let (overriding, no_retries) = match &plan {
+                Ok((policy, no_retries)) => (policy.map(Box::new), *no_retries),
+                Err(_) => (None, false),
             };
             let policy: &RetryPolicy = overriding.as_deref().unwrap_or(&dependency.policy);
-            let clock = self.clock.get();
-            // A quota the dependency said is spent: wait for its reset, or give up at once.
-            if policy.rate_limit_fields() && dependency.quota.maybe_spent() {
-                let now = clock.now();
-                if let Some(until) = dependency.quota.spent_until(now) {
-                    let wait = until.saturating_duration_since(now);
-                    if wait > policy.max_retry_after() || wait >= policy.deadline() {
-                        let err = RetryError::new(
-                            0,
-                            StopReason::QuotaExhausted,
-                            None,
-                            reqwest_middleware::Error::middleware(QuotaSpent { wait }),
-                        );
-                        return Err(span
-                            .in_scope(|| self.log.stopped(0, Duration::ZERO, err))
-                            .into());
-                    }
-                    match self.clock.checked_sleep(wait) {
-                        Ok(sleep) => sleep.await,
-                        Err(missing) => {
-                            let err = RetryError::new(
-                                0,
-                                StopReason::TimerUnavailable,
-                                None,
-                                reqwest_middleware::Error::middleware(missing),
-                            );
-                            return Err(span
-                                .in_scope(|| self.log.stopped(0, Duration::ZERO, err))
-                                .into());
-                        }
-                    }
-                }
-            }
-            let mut decider = Decider::start(
-                policy,
-                dependency.budget.as_ref(),
-                &dependency.counters,
-                &dependency.metric_keys,
-                no_retries,
-                clock.now(),
-            )
-            .with_throttle(dependency.throttle.as_ref());
+            let mut decider =
+                Decider::start(policy, dependency.accounts(), no_retries, clock.now());
             let Some(request) = &kept else {
                 unreachable!("the request is kept until its first attempt");
             };
-            let (key, stamped) = match self.key_for(request) {
-                Ok(Some((key, stamped))) => {
-                    if stamped {
-                        dependency
-                            .counters
-                            .add(Count::KeyStamped, &dependency.metric_keys);
-                    }
-                    (Some(key), stamped)
+            let key = match plan.map_err(|e| (StopReason::InvalidOverride, middleware(e))) {
+                Ok(_) => {
+                    idempotency::key_for(self.keys.as_ref(), request.method(), request.headers())
+                        .map_err(|e| (StopReason::InvalidIdempotencyKey, middleware(e)))
                 }
-                Ok(None) => (None, false),
-                Err(err) => {
-                    return Err(span
-                        .in_scope(|| self.log.stopped(0, Duration::ZERO, err))
-                        .into());
-                }
+                Err(invalid) => Err(invalid),
             };
-            let repeatable = key.is_some() || classify::is_idempotent(request.method());
+            let key = match key {
+                Ok(key) => key,
+                Err((stop, cause)) => return self.finish(&span, Err(cause), stop, &decider, None),
+            };
+            if key.as_ref().is_some_and(|key| key.stamped) {
+                decider.key_stamped();
+            }
             // Only a classifier needs the request after it has gone: its head is kept for it.
             let head = dependency
                 .classifier
                 .as_ref()
-                .map(|classifier| (classifier, Box::new(RequestHead::of(request))));
-            // Only an observer needs the method and URL after the request has gone.
-            let watched = self
-                .observer
-                .as_ref()
-                .map(|_| Box::new((request.method().clone(), url_without_query(request.url()))));
+                .map(|c| (c, Box::new(RequestHead::of(request))));
+            let watcher = self.observer.as_ref().map(|observer| {
+                Box::new(Watcher {
+                    observer: &*observer.0,
+                    dependency: &dependency.name,
+                    method: request.method().clone(),
+                    url: url_without_query(request.url()),
+                })
+            });
             let judging = Judging {
                 policy,
-                repeatable,
-                key: key.as_ref(),
+                repeatable: key.is_some() || classify::is_idempotent(request.method()),
+                key: key.as_ref().map(|key| &key.value),
                 hook: head.as_ref().map(|(c, head)| (*c, &**head)),
             };
-
-            let Ok(mut limit) = decider.next_attempt(clock) else {
-                unreachable!("only a retry can find its deadline passed");
-            };
-            if let Err(stop) = decider.admit(clock, &*self.rng.0) {
-                let err = RetryError::new(
-                    0,
-                    stop,
-                    key,
-                    reqwest_middleware::Error::middleware(ThrottledLocally),
-                );
-                return Err(span
-                    .in_scope(|| self.log.stopped(0, Duration::ZERO, err))
-                    .into());
-            }
-            // The first timer can tell a paused tokio clock from the start's reading.
-            let mut started = Some(decider.started());
+            // The last outcome, kept through a wait for a stop that may follow it.
+            let mut previous = None;
+            let mut now = decider.started();
             loop {
-                // One attempt, in a block that ends before the wait: what it holds takes no
-                // room in the future while it sleeps.
-                let (previous, delay) = {
-                    let timer = match self.clock.timeout(limit, started.take()) {
+                let limit = match decider.next_attempt(now, kept.as_ref().map(Request::url), rng) {
+                    Step::Send(limit) => limit,
+                    Step::Hold(hold) => {
+                        if let Err(missing) = self.pause(hold).await {
+                            let cause = Err(middleware(missing));
+                            return self.finish(
+                                &span,
+                                cause,
+                                StopReason::TimerUnavailable,
+                                &decider,
+                                key,
+                            );
+                        }
+                        now = clock.now();
+                        continue;
+                    }
+                    Step::Stop(stop) => {
+                        let outcome = previous
+                            .take()
+                            .unwrap_or_else(|| Err(crate::error::nothing_sent(stop)));
+                        return self.finish(&span, outcome, stop, &decider, key);
+                    }
+                };
+                drop(previous.take());
+                // One attempt, in a block that ends before the wait: what it holds takes no room
+                // in the future while it sleeps, and its timer (a real-time one under a paused
+                // tokio clock) does not hold up the wait's auto-advance.
+                let delay = {
+                    let timer = match self.clock.timeout(limit, Some(now)) {
                         Ok(timer) => timer,
                         Err(missing) => {
-                            let err = RetryError::new(
-                                decider.attempts(),
+                            let cause = Err(middleware(missing));
+                            return self.finish(
+                                &span,
+                                cause,
                                 StopReason::TimerUnavailable,
+                                &decider,
                                 key,
-                                reqwest_middleware::Error::middleware(missing),
                             );
-                            let err = self.log.stopped(decider.attempts(), decider.waited(), err);
-                            return Err(span.in_scope(|| err).into());
                         }
                     };
-                    let attempt = {
-                        let number = decider.attempts() + 1;
-                        if number > 1 {
-                            // For the middleware and transport beneath, before they see it.
-                            extensions.insert(RetryAttempt { number });
-                            span.record("http.request.resend_count", number - 1);
-                        }
-                        let mut sending = take_attempt(&mut kept, decider.may_retry_after_next());
-                        if let (true, Some(keys), Some(value)) = (stamped, &self.keys, &key) {
-                            sending
-                                .headers_mut()
-                                .insert(keys.header_name(), value.clone());
-                        }
-                        let id = claim_id(extensions);
-                        Claiming::new(id, &span, || next.clone().run(sending, extensions))
-                    };
+                    let number = decider.attempts() + 1;
+                    if number > 1 {
+                        // For the middleware and transport beneath, before they see it.
+                        extensions.insert(RetryAttempt { number });
+                        span.record("http.request.resend_count", number - 1);
+                    }
+                    let mut sending =
+                        chain::take_attempt(&mut kept, decider.may_retry_after_next());
+                    if let (
+                        Some(keys),
+                        Some(Key {
+                            value,
+                            stamped: true,
+                        }),
+                    ) = (&self.keys, &key)
+                    {
+                        sending
+                            .headers_mut()
+                            .insert(keys.header_name(), value.clone());
+                    }
+                    let id = chain::claim_id(extensions);
+                    let attempt =
+                        Claiming::new(id, &span, || next.clone().run(sending, extensions));
                     decider.attempt_started();
-
-                    // The attempt races its timeout on the injected clock; the attempt is polled
-                    // first, so an answer that is ready wins over a timeout that is ready too. The
-                    // timer ends with the attempt (this block), before any wait: a real-time timer
-                    // under a paused tokio clock would otherwise hold up the wait's auto-advance.
-                    let (outcome, verdict) = {
-                        let mut timer = std::pin::pin!(timer);
-                        let timed_out = || {
-                            reqwest_middleware::Error::middleware(AttemptTimeout { after: limit })
-                        };
-                        let mut outcome = race(attempt, timer.as_mut())
-                            .await
-                            .unwrap_or_else(|| Err(timed_out()));
-                        // A body is read only for an answer that will not be retried: a 503's body
-                        // would be read in full (up to the limit) only to be thrown away.
-                        let mut verdict = self.judge(&outcome, &judging, decider.attempts());
-                        if let (Some(limit), true, Verdict::Final(_)) =
-                            (policy.buffer_body_limit(), outcome.is_ok(), verdict)
-                        {
-                            let Ok(response) = outcome else {
-                                unreachable!("judged a response")
-                            };
-                            // Boxed: the reading state is large, and most requests never need
-                            // it.
-                            let reading = Box::pin(body::buffer(response, limit));
-                            outcome = match race(reading, timer.as_mut()).await {
-                                // The same status and head: the verdict stands.
-                                Some(Ok(read)) => Ok(read),
-                                Some(Err(e)) => Err(reqwest_middleware::Error::Reqwest(e)),
-                                None => Err(timed_out()),
-                            };
-                            if outcome.is_err() {
-                                // Another outcome, judged anew: a body cut off is transient.
-                                verdict = self.judge(&outcome, &judging, decider.attempts());
-                            }
-                        }
-                        (outcome, verdict)
+                    let mut timer = std::pin::pin!(timer);
+                    let (outcome, verdict) =
+                        judged(attempt, timer.as_mut(), &judging, number, limit).await;
+                    let observed = Observed {
+                        verdict,
+                        answer: outcome.as_ref().ok().map(|r| Answer {
+                            status: r.status(),
+                            headers: r.headers(),
+                            url: r.url(),
+                        }),
+                        resend: kept.as_ref().map(Request::url),
                     };
-
-                    let decision = {
-                        let observed = Observed {
+                    let decision =
+                        decider.after_attempt(observed, clock.now(), clock.wall_now(), rng);
+                    span.in_scope(|| {
+                        self.log.attempt(
+                            watcher.as_deref(),
+                            number,
+                            &outcome,
                             verdict,
-                            answered: outcome.is_ok(),
-                            // Looked up only for an answer that may be retried.
-                            retry_after: match (&outcome, verdict) {
-                                (Ok(r), Verdict::Transient(..)) => {
-                                    r.headers().get(http::header::RETRY_AFTER)
-                                }
-                                _ => None,
-                            },
-                            can_resend: kept.is_some(),
-                        };
-                        if decider.throttled() {
-                            decider.finished(accepted(&outcome), clock);
-                        }
-                        if let (true, Ok(response)) = (policy.rate_limit_fields(), &outcome) {
-                            if let Some(quota) = rate_limit::of_response(response.headers()) {
-                                dependency.quota.update(quota, clock.now());
-                            }
-                        }
-                        let decision = decider.after_attempt(observed, clock, &*self.rng.0);
-                        span.in_scope(|| {
-                            self.report(
-                                &dependency.name,
-                                watched.as_deref(),
-                                decider.attempts(),
-                                &outcome,
-                                verdict,
-                                decision,
-                            );
-                        });
-                        decision
-                    };
+                            decision,
+                            decider.floor(),
+                        )
+                    });
                     match decision {
                         Wait::Stop(stop) => {
-                            return span.in_scope(|| self.finish(outcome, stop, &decider, key));
+                            return self.finish(&span, outcome, stop, &decider, key);
                         }
-                        // Release the connection before waiting rather than after; the rest is
-                        // kept in case the deadline passes during the wait.
-                        Wait::Sleep(delay) => (outcome.map(body::head_only), delay),
+                        Wait::Sleep(delay) => {
+                            previous = Some(match outcome {
+                                Ok(answer) => {
+                                    Ok(body::keep(answer, body::KEPT, timer.as_mut()).await)
+                                }
+                                Err(err) => Err(err),
+                            });
+                            delay
+                        }
                     }
                 };
-                clock.sleep(delay).await;
-                match decider
-                    .next_attempt(clock)
-                    .and_then(|next| decider.admit(clock, &*self.rng.0).map(|()| next))
-                {
-                    Ok(next) => limit = next,
-                    Err(stop) => {
-                        return span.in_scope(|| self.finish(previous, stop, &decider, key));
-                    }
+                if let Err(missing) = self.pause(delay).await {
+                    let cause = Err(middleware(missing));
+                    return self.finish(&span, cause, StopReason::TimerUnavailable, &decider, key);
                 }
+                now = clock.now();
             }
         }
     }
 
-    /// What the classifier makes of an attempt's outcome.
-    fn judge(
-        &self,
-        outcome: &reqwest_middleware::Result<Response>,
-        judging: &Judging<'_>,
-        attempt: u32,
-    ) -> Verdict {
-        let Judging {
-            policy,
-            repeatable,
-            key,
-            hook,
-        } = *judging;
-        let keyed = key.is_some();
-        let fault = match outcome {
-            Ok(_) => None,
-            Err(err) => classify::transport_fault(err),
-        };
-        let by_default = match outcome {
-            Ok(response) => classify::is_transient_status(
-                response.status(),
-                |s| policy.is_retryable_status(s),
-                keyed,
-            ),
-            Err(_) => fault.is_some(),
-        };
-        let transient = match hook {
-            None => by_default,
-            Some((classifier, head)) => {
-                let seen = Attempt {
-                    method: &head.method,
-                    url: &head.url,
-                    headers: &head.headers,
-                    key,
-                    number: attempt,
-                    outcome: match outcome {
-                        Ok(response) => Outcome::Response(response),
-                        Err(err) => Outcome::Error(err),
-                    },
-                    default: if by_default {
-                        Retryable::Transient
-                    } else {
-                        Retryable::Fatal
-                    },
-                };
-                classifier.0.classify(&seen) == Retryable::Transient
-            }
-        };
-        match outcome {
-            Ok(response) => classify::status_verdict(response.status(), transient, repeatable),
-            Err(_) => classify::error_verdict(fault, transient, repeatable),
-        }
+    /// A wait on the clock: a hold before an attempt (which may come before any timer of the
+    /// request was made), or the wait before a retry.
+    async fn pause(&self, wait: std::time::Duration) -> Result<(), crate::TimerUnavailable> {
+        self.clock.checked_sleep(wait)?.await;
+        Ok(())
     }
 
-    /// The caller's outcome: the response with its record, or the error wrapped with the count
-    /// and the reason.
+    /// The caller's outcome, traced in the request's span: the response with its record, or the
+    /// error wrapped with the count and the reason.
     fn finish(
         &self,
+        span: &tracing::Span,
         outcome: reqwest_middleware::Result<Response>,
         stop: StopReason,
         decider: &Decider<'_>,
-        key: Option<HeaderValue>,
+        key: Option<Key>,
     ) -> reqwest_middleware::Result<Response> {
+        let _entered = span.enter();
         let (attempts, waited) = (decider.attempts(), decider.waited());
+        let key = key.map(|key| key.value);
         match outcome {
             Ok(mut response) => {
                 let status = Some(response.status().as_u16());
@@ -622,7 +424,11 @@ impl RetryMiddleware {
                 // The most common outcome, a first attempt's success without a key, carries
                 // no record: `RetryRecord::of` infers it, and the success path is spared an
                 // allocation and a map insertion.
-                if attempts > 1 || stop != StopReason::Succeeded || key.is_some() {
+                if attempts > 1
+                    || stop != StopReason::Succeeded
+                    || key.is_some()
+                    || !waited.is_zero()
+                {
                     response.extensions_mut().insert(RetryRecord {
                         attempts,
                         stop,
@@ -637,66 +443,6 @@ impl RetryMiddleware {
                 let err = RetryError::new(attempts, stop, key, err);
                 Err(self.log.stopped(attempts, waited, err).into())
             }
-        }
-    }
-
-    /// Traces one attempt and tells the observer.
-    fn report(
-        &self,
-        dependency: &str,
-        watched: Option<&(http::Method, String)>,
-        attempt: u32,
-        outcome: &reqwest_middleware::Result<Response>,
-        verdict: Verdict,
-        decision: Wait,
-    ) {
-        let (status, error) = match outcome {
-            Ok(r) => (Some(r.status().as_u16()), None),
-            Err(e) => (
-                e.status().map(|s| s.as_u16()),
-                Some(classify::transport_fault(e).map_or(AttemptErrorKind::Permanent, Fault::kind)),
-            ),
-        };
-        let (delay, stop) = match decision {
-            Wait::Sleep(delay) => (Some(delay), None),
-            Wait::Stop(stop) => (None, Some(stop)),
-        };
-        let decision = match (verdict, decision) {
-            (Verdict::Transient(_, why), Wait::Sleep(_)) => why,
-            (_, Wait::Stop(stop)) => stop.as_str(),
-            (Verdict::Final(stop), _) => stop.as_str(),
-        };
-        let level = if delay.is_some() {
-            self.log.retry
-        } else {
-            Level::DEBUG
-        };
-        event_at!(
-            level,
-            attempt,
-            status,
-            error = error.map(|e| e.as_str()),
-            decision,
-            delay_ms = delay.map(millis),
-            "attempt finished"
-        );
-        if let (Some(observer), Some((method, url))) = (&self.observer, watched) {
-            let retry_after = outcome
-                .as_ref()
-                .ok()
-                .and_then(|r| r.headers().get(http::header::RETRY_AFTER))
-                .and_then(|v| retry_after::parse(v.as_bytes(), self.clock.get().wall_now()));
-            observer.0.on_decision(&RetryEvent {
-                dependency,
-                method,
-                url,
-                attempt,
-                status,
-                error,
-                retry_after,
-                delay,
-                stop,
-            });
         }
     }
 }
@@ -717,7 +463,7 @@ impl Middleware for RetryMiddleware {
         'life2: 'async_trait,
         Self: 'async_trait,
     {
-        if CLAIMED.get() == claim_id(extensions) {
+        if chain::claimed(extensions) {
             // An instance further out on this request's path makes the attempts and retries.
             return next.run(request, extensions);
         }
@@ -725,184 +471,56 @@ impl Middleware for RetryMiddleware {
     }
 }
 
-/// What judging an attempt's outcome takes, fixed for the logical request.
-#[derive(Clone, Copy)]
-struct Judging<'a> {
-    policy: &'a RetryPolicy,
-    /// The method is idempotent, or the request carries a key.
-    repeatable: bool,
-    key: Option<&'a HeaderValue>,
-    /// The dependency's classifier, and the request's head for it to see.
-    hook: Option<(&'a Shared<dyn Classifier>, &'a RequestHead)>,
-}
-
-/// The error inside the [`RetryError`] of a request that did not wait for a spent quota.
-#[derive(Debug, thiserror::Error)]
-#[error("the dependency's quota is spent for {wait:?} more, longer than the request may wait")]
-struct QuotaSpent {
-    wait: Duration,
-}
-
-/// Whether the dependency accepted an attempt, for the adaptive throttle: it answered, with a
-/// status other than the throttling and overload ones.
-fn accepted(outcome: &reqwest_middleware::Result<Response>) -> bool {
-    outcome
-        .as_ref()
-        .is_ok_and(|r| !matches!(r.status().as_u16(), 429 | 502 | 503 | 504))
-}
-
-/// The request for the next attempt, from what is kept: a copy when another attempt may follow
-/// (the original stays kept), else the original itself, and the original too when it cannot be
-/// copied (nothing is then kept).
-fn take_attempt(kept: &mut Option<Request>, copy: bool) -> Request {
-    if let Some(copy) = kept.as_ref().filter(|_| copy).and_then(Request::try_clone) {
-        return copy;
-    }
-    let Some(original) = kept.take() else {
-        unreachable!("a request is kept for every attempt that is made");
+/// An attempt raced against its timer (the attempt is polled first, so an answer that is ready
+/// wins over a timeout that is ready too), judged; with the body read inside the attempt when
+/// the policy says so, and judged again if reading it failed.
+async fn judged<F>(
+    attempt: F,
+    mut timer: Pin<&mut crate::clock::AttemptTimer>,
+    judging: &Judging<'_>,
+    number: u32,
+    limit: std::time::Duration,
+) -> (reqwest_middleware::Result<Response>, classify::Verdict)
+where
+    F: Future<Output = reqwest_middleware::Result<Response>> + Unpin,
+{
+    let timed_out = || middleware(crate::error::AttemptTimeout { after: limit });
+    let outcome = chain::race(attempt, timer.as_mut()).await;
+    let outcome = outcome.unwrap_or_else(|| Err(timed_out()));
+    let verdict = judging.verdict(&outcome, number);
+    let Some(limit) = body::to_read(judging.policy, &outcome, verdict) else {
+        return (outcome, verdict);
     };
-    original
-}
-
-thread_local! {
-    /// Which request's chain is being run on this thread, if any: the address of its
-    /// extensions, set by the instance that makes its attempts while it runs the rest of the
-    /// chain (0: none).
-    static CLAIMED: Cell<usize> = const { Cell::new(0) };
-}
-
-/// What identifies a request's passage through the chain: every middleware of it is handed the
-/// same extensions, which stay at one address while the request is in the chain, and a
-/// middleware's future cannot move the rest of the chain to another task (it borrows them).
-fn claim_id(extensions: &Extensions) -> usize {
-    std::ptr::from_ref(extensions) as usize
-}
-
-/// The rest of the chain for one attempt, run with its request marked as claimed on the
-/// thread, so that instances nearer the transport pass it through instead of retrying it again.
-/// Costs no allocation, unlike a mark in the extensions; the mark is the extensions' address,
-/// so a request that a middleware of the chain makes of its own (a token refresh, say) through
-/// another client is not mistaken for this one.
-///
-/// The logical request's span is entered for as long as the rest of the chain runs, so the
-/// spans and events of the middleware and transport beneath are its children.
-struct Claiming<'s, F> {
-    id: usize,
-    span: &'s tracing::Span,
-    run: F,
-}
-
-impl<'s, F> Claiming<'s, F> {
-    /// Starts the rest of the chain (`start`) with the request already marked: a middleware may
-    /// do work before its future is first polled.
-    fn new(id: usize, span: &'s tracing::Span, start: impl FnOnce() -> F) -> Self {
-        let _marked = Mark::set(id);
-        let run = span.in_scope(start);
-        Claiming { id, span, run }
-    }
-}
-
-impl<F: Future + Unpin> Future for Claiming<'_, F> {
-    type Output = F::Output;
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<F::Output> {
-        let _marked = Mark::set(self.id);
-        let _entered = self.span.enter();
-        Pin::new(&mut self.run).poll(cx)
-    }
-}
-
-/// Marks a request as claimed until dropped, then puts back the mark it replaced (a chain may
-/// run inside another's, for a request of its own).
-struct Mark(usize);
-
-impl Mark {
-    fn set(id: usize) -> Mark {
-        Mark(CLAIMED.replace(id))
-    }
-}
-
-impl Drop for Mark {
-    fn drop(&mut self) {
-        CLAIMED.set(self.0);
-    }
-}
-
-/// Polls `work` until it finishes, or `timer` fires first (`None`). `work` is polled first.
-fn race<F: Future + Unpin>(
-    mut work: F,
-    mut timer: Pin<&mut AttemptTimer>,
-) -> impl Future<Output = Option<F::Output>> {
-    std::future::poll_fn(move |cx| {
-        if let Poll::Ready(done) = Pin::new(&mut work).poll(cx) {
-            return Poll::Ready(Some(done));
+    let Ok(response) = outcome else {
+        unreachable!("only an answer's body is read")
+    };
+    // Boxed: the reading state is large, and most requests never need it.
+    let reading = Box::pin(body::buffer(response, limit));
+    match chain::race(reading, timer).await {
+        // The same status and head: the verdict stands.
+        Some(Ok(read)) => (Ok(read), verdict),
+        // Another outcome, judged anew: a body cut off is transient.
+        Some(Err(e)) => {
+            let outcome = Err(reqwest_middleware::Error::Reqwest(e));
+            let verdict = judging.verdict(&outcome, number);
+            (outcome, verdict)
         }
-        timer.as_mut().poll(cx).map(|()| None)
-    })
-}
-
-/// The levels of the middleware's events; see [`RetryMiddleware::with_retry_log_level`].
-#[derive(Debug, Clone, Copy)]
-struct LogLevels {
-    /// An attempt that a retry follows, and the end of a request that was retried.
-    retry: Level,
-    /// The end of a request whose failure was not retried (or not again).
-    give_up: Level,
-}
-
-impl Default for LogLevels {
-    fn default() -> Self {
-        LogLevels {
-            retry: Level::INFO,
-            give_up: Level::WARN,
+        None => {
+            let outcome = Err(timed_out());
+            let verdict = judging.verdict(&outcome, number);
+            (outcome, verdict)
         }
     }
 }
 
-impl LogLevels {
-    /// The level of a request's end: a give-up at `give_up`, the end of a retried request at
-    /// `retry`, a request that went as its first attempt went at DEBUG.
-    fn of_stop(&self, attempts: u32, stop: StopReason) -> Level {
-        match stop {
-            StopReason::Succeeded | StopReason::NotRetryable if attempts > 1 => self.retry,
-            StopReason::Succeeded | StopReason::NotRetryable => Level::DEBUG,
-            _ => self.give_up,
-        }
-    }
-
-    /// Traces the end of a logical request, and hands back its error.
-    fn stopped(&self, attempts: u32, waited: Duration, err: RetryError) -> RetryError {
-        self.trace_stop(
-            attempts,
-            err.stop_reason(),
-            waited,
-            err.status().map(|s| s.as_u16()),
-        );
-        err
-    }
-
-    fn trace_stop(&self, attempts: u32, stop: StopReason, waited: Duration, status: Option<u16>) {
-        event_at!(
-            self.of_stop(attempts, stop),
-            attempts,
-            reason = stop.as_str(),
-            status,
-            waited_ms = millis(waited),
-            "retrying stopped"
-        );
-    }
+fn middleware(cause: impl std::error::Error + Send + Sync + 'static) -> reqwest_middleware::Error {
+    reqwest_middleware::Error::middleware(cause)
 }
-
-fn millis(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
-}
-
-/// The tracing target of every span and event, whatever module emits them.
-const TARGET: &str = "reqwest_safe_retry";
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::observe::{Count, RetryEvent};
 
     #[test]
     fn the_middleware_gives_back_its_default_dependency_s_parts() {

@@ -271,8 +271,9 @@ pub struct RetryEvent<'a> {
     pub status: Option<u16>,
     /// Its error's kind, if it failed.
     pub error: Option<AttemptErrorKind>,
-    /// The floor the response's valid `Retry-After` set (zero for a date in the past), if it
-    /// had one.
+    /// The floor a transient answer set, if it set one: its valid `Retry-After` (zero for a
+    /// date in the past), or the reset of a quota its `RateLimit` field says is spent, whichever
+    /// is longer. `None` for an answer that is not retried.
     pub retry_after: Option<Duration>,
     /// The wait before the next attempt, if there is one.
     pub delay: Option<Duration>,

@@ -17,7 +17,9 @@
 //! 3. Without one, wait `b`, unless that wait would end at or past the deadline: then stop now
 //!    and return the last outcome.
 //!
-//! A `Retry-After` in the past counts as `f = 0`; an invalid one counts as absent.
+//! A `Retry-After` in the past counts as `f = 0`; an invalid one counts as absent. A spent
+//! quota's reset (the `RateLimit` fields) is a floor by the same rule, before a retry and before
+//! a first attempt alike ([`hold`]).
 
 use std::time::Duration;
 
@@ -68,6 +70,32 @@ pub(crate) fn next_wait(
         Wait::Sleep(floor + backoff::full_jitter(base, cap, retry, rng).min(slack))
     };
     (wait, None)
+}
+
+/// The hold before an attempt to an origin whose quota is spent for `hold` more: the hold, with
+/// the jitter a `Retry-After` floor gets above it (so the requests it held do not all arrive at
+/// the reset instant), or [`StopReason::QuotaExhausted`] when it is longer than
+/// `max_retry_after` or would end at or past the deadline.
+pub(crate) fn hold(
+    policy: &RetryPolicy,
+    retry: u32,
+    hold: Duration,
+    remaining: Duration,
+    rng: &dyn RandomSource,
+) -> Wait {
+    match next_wait(
+        policy,
+        retry,
+        policy.base_delay(),
+        Some(hold),
+        remaining,
+        rng,
+    )
+    .0
+    {
+        Wait::Stop(_) => Wait::Stop(StopReason::QuotaExhausted),
+        wait => wait,
+    }
 }
 
 #[cfg(test)]

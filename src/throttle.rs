@@ -14,8 +14,10 @@
 //! dependency sees about K times what it can accept, which leaves it room to recover. Attempts
 //! rejected locally count as requests too, so the probability settles instead of swinging.
 //!
-//! An attempt counts as accepted when the dependency answered with a status other than 429, 502,
-//! 503 or 504; a timeout, a connection error or one of those statuses counts as turned away.
+//! An attempt counts as accepted when the dependency answered with a status outside the policy's
+//! retryable set (429, 502, 503 and 504 by default); a timeout, a connection error, one of those
+//! statuses, or an attempt on the wire when its caller gave up counts as turned away. An attempt
+//! rejected here, or never sent, counts as nothing beyond the rejection.
 
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -33,8 +35,8 @@ const SLICES: usize = 12;
 /// [`RetryBudget`](crate::RetryBudget) do.
 ///
 /// Over a trailing window, it counts the attempts asked of the dependency (`requests`) and
-/// those it accepted (`accepts`: any answer but 429, 502, 503 and 504; a timeout or a connection
-/// error is not one), and rejects an attempt locally with probability
+/// those it accepted (`accepts`: any answer with a status outside the policy's retryable set; a
+/// timeout, a connection error or an attempt its caller gave up on is not one), and rejects an attempt locally with probability
 /// `max(0, (requests - K * accepts) / (requests + 1))`, the rule of Google's SRE book
 /// ("Handling Overload"). While the dependency accepts more than one in K attempts nothing is
 /// rejected; past that, the client sheds the excess itself. Rejected attempts count as requests
@@ -208,6 +210,12 @@ impl AdaptiveThrottle {
      attempts away, and nothing was sent"
 )]
 pub struct ThrottledLocally;
+
+/// Whether the dependency accepted an attempt: it answered (`status`), with a status the policy
+/// does not retry. The same set that makes a status worth a retry makes it a refusal here.
+pub(crate) fn accepted(status: Option<http::StatusCode>, policy: &crate::RetryPolicy) -> bool {
+    status.is_some_and(|status| !policy.is_retryable_status(status))
+}
 
 /// `max(0, (requests - k * accepts) / (requests + 1))`.
 fn probability(requests: u64, accepts: u64, k: f64) -> f64 {

@@ -2,21 +2,19 @@
 //! precedence between them, the budget's rules, the give-back on drop, and a model-based test
 //! of whole scripts against a reference model of the contract.
 
-use std::future::pending;
-use std::sync::Mutex;
+use std::sync::{LazyLock, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
-use http::HeaderValue;
+use http::{HeaderMap, HeaderValue};
 
 use super::*;
 use crate::budget::RetryKind;
-use crate::clock::Sleep;
 use crate::observe::CounterSnapshot;
 
 mod model;
+mod quota;
 
-/// Time for the core: moved by hand, never by itself. Sleeping and timeouts are the driver's
-/// business and never called here.
+/// Time for the core: moved by hand, never by itself. The core is handed readings of it.
 #[derive(Debug)]
 pub(super) struct Time {
     now: Mutex<Instant>,
@@ -34,45 +32,79 @@ impl Time {
     pub(super) fn advance(&self, by: Duration) {
         *self.now.lock().unwrap() += by;
     }
-}
 
-impl Clock for Time {
-    fn now(&self) -> Instant {
+    pub(super) fn now(&self) -> Instant {
         *self.now.lock().unwrap()
     }
-    fn wall_now(&self) -> SystemTime {
-        self.wall
-    }
-    fn sleep(&self, _: Duration) -> Sleep {
-        Box::pin(pending())
-    }
-    fn timeout(&self, _: Duration) -> Sleep {
-        Box::pin(pending())
+}
+
+/// Where the tests' requests go.
+pub(super) static URL: LazyLock<Url> = LazyLock::new(|| Url::parse("http://a.test/x").unwrap());
+static NO_HEADERS: LazyLock<HeaderMap> = LazyLock::new(HeaderMap::new);
+
+/// An answer from [`URL`] with `status` and `headers`.
+pub(super) fn answer(status: u16, headers: &HeaderMap) -> Answer<'_> {
+    Answer {
+        status: StatusCode::from_u16(status).unwrap(),
+        headers,
+        url: &URL,
     }
 }
 
-const MS: Duration = Duration::from_millis(1);
+/// Headers with one `Retry-After`.
+fn retry_after(value: &'static str) -> HeaderMap {
+    let mut headers = HeaderMap::new();
+    headers.insert(http::header::RETRY_AFTER, HeaderValue::from_static(value));
+    headers
+}
 
-fn secs(s: u64) -> Duration {
+/// The driver's calls, with readings of a [`Time`].
+pub(super) trait Drive {
+    /// The next attempt's timeout, or why it is not made; a hold is a test failure.
+    fn next(&mut self, time: &Time) -> Result<Duration, StopReason>;
+    fn after(&mut self, observed: Observed<'_>, time: &Time, rng: &dyn RandomSource) -> Wait;
+}
+
+impl Drive for Decider<'_> {
+    fn next(&mut self, time: &Time) -> Result<Duration, StopReason> {
+        match self.next_attempt(time.now(), Some(&URL), TOP) {
+            Next::Send(timeout) => Ok(timeout),
+            Next::Stop(stop) => Err(stop),
+            Next::Hold(hold) => panic!("held {hold:?}"),
+        }
+    }
+
+    fn after(&mut self, observed: Observed<'_>, time: &Time, rng: &dyn RandomSource) -> Wait {
+        self.after_attempt(observed, time.now(), time.wall, rng)
+    }
+}
+
+pub(super) const MS: Duration = Duration::from_millis(1);
+
+pub(super) fn secs(s: u64) -> Duration {
     Duration::from_secs(s)
 }
 
 /// Everything a decider borrows.
-struct Setup {
-    policy: RetryPolicy,
-    budget: Option<RetryBudget>,
-    counters: RetryCounters,
+pub(super) struct Setup {
+    pub(super) policy: RetryPolicy,
+    pub(super) budget: Option<RetryBudget>,
+    pub(super) counters: RetryCounters,
     keys: MetricKeys,
-    time: Time,
+    pub(super) throttle: Option<AdaptiveThrottle>,
+    pub(super) quota: QuotaState,
+    pub(super) time: Time,
 }
 
 impl Setup {
-    fn new(policy: RetryPolicy, budget: Option<RetryBudget>) -> Setup {
+    pub(super) fn new(policy: RetryPolicy, budget: Option<RetryBudget>) -> Setup {
         Setup {
             policy,
             budget,
             counters: RetryCounters::new(),
             keys: MetricKeys::new("test"),
+            throttle: None,
+            quota: QuotaState::default(),
             time: Time::new(),
         }
     }
@@ -81,18 +113,26 @@ impl Setup {
         Setup::new(RetryPolicy::default(), Some(RetryBudget::default()))
     }
 
-    fn decider(&self, retries_disabled: bool) -> Decider<'_> {
+    pub(super) fn decider(&self, retries_disabled: bool) -> Decider<'_> {
         Decider::start(
             &self.policy,
-            self.budget.as_ref(),
-            &self.counters,
-            &self.keys,
+            self.accounts(),
             retries_disabled,
             self.time.now(),
         )
     }
 
-    fn counts(&self) -> CounterSnapshot {
+    pub(super) fn accounts(&self) -> Accounts<'_> {
+        Accounts {
+            budget: self.budget.as_ref(),
+            counters: &self.counters,
+            metric_keys: &self.keys,
+            throttle: self.throttle.as_ref(),
+            quota: &self.quota,
+        }
+    }
+
+    pub(super) fn counts(&self) -> CounterSnapshot {
         self.counters.snapshot()
     }
 
@@ -101,19 +141,18 @@ impl Setup {
     }
 }
 
-fn transient() -> Observed<'static> {
+pub(super) fn transient() -> Observed<'static> {
     Observed {
         verdict: Verdict::Transient(RetryKind::Other, "status"),
-        answered: true,
-        retry_after: None,
-        can_resend: true,
+        answer: Some(answer(503, &NO_HEADERS)),
+        resend: Some(&URL),
     }
 }
 
-/// A transient failure whose answer carried this `Retry-After`.
-fn asking(retry_after: &HeaderValue) -> Observed<'_> {
+/// A transient failure whose answer carried these headers.
+fn asking(headers: &HeaderMap) -> Observed<'_> {
     Observed {
-        retry_after: Some(retry_after),
+        answer: Some(answer(503, headers)),
         ..transient()
     }
 }
@@ -121,31 +160,32 @@ fn asking(retry_after: &HeaderValue) -> Observed<'_> {
 /// A transient failure whose request cannot be sent again.
 fn not_resendable() -> Observed<'static> {
     Observed {
-        can_resend: false,
+        resend: None,
         ..transient()
     }
 }
 
-fn final_(stop: StopReason, answered: bool) -> Observed<'static> {
+pub(super) fn final_(stop: StopReason, answered: bool) -> Observed<'static> {
     Observed {
         verdict: Verdict::Final(stop),
-        answered,
-        retry_after: None,
-        can_resend: true,
+        answer: answered.then(|| answer(200, &NO_HEADERS)),
+        resend: Some(&URL),
     }
 }
 
 /// The largest draw: every jittered wait takes its full ceiling.
-const TOP: &dyn RandomSource = &|| u64::MAX;
+pub(super) const TOP: &dyn RandomSource = &|| u64::MAX;
 
 /// Starts the next attempt, which must be allowed; returns its timeout.
-fn begin(d: &mut Decider<'_>, time: &Time) -> Duration {
-    let timeout = d.next_attempt(time).expect("the attempt is allowed");
+pub(super) fn begin(d: &mut Decider<'_>, time: &Time) -> Duration {
+    let timeout = d.next(time).expect("the attempt is allowed");
     d.attempt_started();
     timeout
 }
 
-fn policy(f: impl FnOnce(crate::RetryPolicyBuilder) -> crate::RetryPolicyBuilder) -> RetryPolicy {
+pub(super) fn policy(
+    f: impl FnOnce(crate::RetryPolicyBuilder) -> crate::RetryPolicyBuilder,
+) -> RetryPolicy {
     f(RetryPolicy::builder()).build().unwrap()
 }
 
@@ -170,7 +210,7 @@ fn a_success_stops_and_a_first_attempt_answered_deposits() {
     let before = s.balance();
     let mut d = s.decider(false);
     begin(&mut d, &s.time);
-    let next = d.after_attempt(final_(StopReason::Succeeded, true), &s.time, TOP);
+    let next = d.after(final_(StopReason::Succeeded, true), &s.time, TOP);
     assert_eq!(next, Wait::Stop(StopReason::Succeeded));
     assert_eq!(s.balance(), before + 100);
 }
@@ -185,13 +225,13 @@ fn an_answer_that_is_not_retryable_earns_but_an_error_earns_nothing() {
         let mut d = s.decider(false);
         begin(&mut d, &s.time);
         // A permanent error: another middleware's, a redirect loop; no answer came back.
-        let next = d.after_attempt(final_(StopReason::NotRetryable, false), &s.time, TOP);
+        let next = d.after(final_(StopReason::NotRetryable, false), &s.time, TOP);
         assert_eq!(next, Wait::Stop(StopReason::NotRetryable));
     }
     assert_eq!(s.balance(), 0);
     let mut d = s.decider(false);
     begin(&mut d, &s.time);
-    d.after_attempt(final_(StopReason::NotRetryable, true), &s.time, TOP);
+    d.after(final_(StopReason::NotRetryable, true), &s.time, TOP);
     assert_eq!(s.balance(), 100, "a 404 is an answer");
 }
 
@@ -203,7 +243,7 @@ fn a_transient_failure_unsafe_to_repeat_stops_and_earns_nothing() {
     );
     let mut d = s.decider(false);
     begin(&mut d, &s.time);
-    let next = d.after_attempt(final_(StopReason::NotSafeToRetry, true), &s.time, TOP);
+    let next = d.after(final_(StopReason::NotSafeToRetry, true), &s.time, TOP);
     assert_eq!(next, Wait::Stop(StopReason::NotSafeToRetry));
     assert_eq!(s.balance(), 0);
 }
@@ -213,7 +253,7 @@ fn a_transient_failure_is_paid_for_before_the_wait_and_counted_when_the_retry_st
     let s = Setup::default();
     let mut d = s.decider(false);
     begin(&mut d, &s.time);
-    let next = d.after_attempt(transient(), &s.time, TOP);
+    let next = d.after(transient(), &s.time, TOP);
     assert_eq!(next, Wait::Sleep(100 * MS));
     assert_eq!(s.balance(), 9_000, "paid before the wait");
     assert_eq!(s.counts().retries, 0, "no retry yet");
@@ -234,10 +274,7 @@ fn a_retry_gets_the_attempt_timeout_cut_to_what_the_deadline_leaves() {
     let mut d = s.decider(false);
     begin(&mut d, &s.time);
     s.time.advance(secs(5));
-    assert_eq!(
-        d.after_attempt(transient(), &s.time, TOP),
-        Wait::Sleep(100 * MS)
-    );
+    assert_eq!(d.after(transient(), &s.time, TOP), Wait::Sleep(100 * MS));
     s.time.advance(100 * MS);
     assert_eq!(begin(&mut d, &s.time), secs(7) - 100 * MS);
 }
@@ -248,10 +285,7 @@ fn dropping_the_request_during_its_wait_gives_the_tokens_back_and_counts_no_retr
     {
         let mut d = s.decider(false);
         begin(&mut d, &s.time);
-        assert!(matches!(
-            d.after_attempt(transient(), &s.time, TOP),
-            Wait::Sleep(_)
-        ));
+        assert!(matches!(d.after(transient(), &s.time, TOP), Wait::Sleep(_)));
         assert_eq!(s.balance(), 9_000);
     }
     assert_eq!(s.balance(), 10_000);
@@ -266,7 +300,7 @@ fn dropping_the_request_during_a_retry_keeps_the_tokens_spent() {
     {
         let mut d = s.decider(false);
         begin(&mut d, &s.time);
-        d.after_attempt(transient(), &s.time, TOP);
+        d.after(transient(), &s.time, TOP);
         begin(&mut d, &s.time);
     }
     assert_eq!(s.balance(), 9_000, "the retry was made");
@@ -281,13 +315,10 @@ fn a_deadline_that_passed_during_the_wait_stops_before_the_attempt_and_gives_bac
     );
     let mut d = s.decider(false);
     begin(&mut d, &s.time);
-    assert_eq!(
-        d.after_attempt(transient(), &s.time, TOP),
-        Wait::Sleep(100 * MS)
-    );
+    assert_eq!(d.after(transient(), &s.time, TOP), Wait::Sleep(100 * MS));
     // The real clock overslept, past the deadline.
     s.time.advance(secs(2));
-    assert_eq!(d.next_attempt(&s.time), Err(StopReason::DeadlineReached));
+    assert_eq!(d.next(&s.time), Err(StopReason::DeadlineReached));
     assert_eq!(s.balance(), 10_000);
     let counts = s.counts();
     assert_eq!(
@@ -302,11 +333,11 @@ fn retries_disabled_stops_a_transient_failure_and_nothing_else() {
     let mut d = s.decider(true);
     assert!(!d.may_retry_after_next(), "no copy needed");
     begin(&mut d, &s.time);
-    let next = d.after_attempt(not_resendable(), &s.time, TOP);
+    let next = d.after(not_resendable(), &s.time, TOP);
     assert_eq!(next, Wait::Stop(StopReason::RetriesDisabled));
     let mut d = s.decider(true);
     begin(&mut d, &s.time);
-    let next = d.after_attempt(final_(StopReason::Succeeded, true), &s.time, TOP);
+    let next = d.after(final_(StopReason::Succeeded, true), &s.time, TOP);
     assert_eq!(next, Wait::Stop(StopReason::Succeeded));
     assert_eq!(s.balance(), 10_000);
 }
@@ -320,10 +351,10 @@ fn attempts_exhausted_comes_before_a_body_that_cannot_be_resent_and_the_deadline
     let mut d = s.decider(false);
     begin(&mut d, &s.time);
     assert!(!d.may_retry_after_next(), "the second attempt is the last");
-    d.after_attempt(transient(), &s.time, TOP);
+    d.after(transient(), &s.time, TOP);
     begin(&mut d, &s.time);
     s.time.advance(secs(5));
-    let next = d.after_attempt(not_resendable(), &s.time, TOP);
+    let next = d.after(not_resendable(), &s.time, TOP);
     assert_eq!(next, Wait::Stop(StopReason::AttemptsExhausted));
     assert_eq!(s.counts().deadline_stops, 0);
 }
@@ -337,7 +368,7 @@ fn a_body_that_cannot_be_resent_comes_before_the_deadline_and_costs_no_token() {
     let mut d = s.decider(false);
     begin(&mut d, &s.time);
     s.time.advance(secs(5));
-    let next = d.after_attempt(not_resendable(), &s.time, TOP);
+    let next = d.after(not_resendable(), &s.time, TOP);
     assert_eq!(next, Wait::Stop(StopReason::BodyNotCloneable));
     assert_eq!(s.balance(), 10_000);
     assert_eq!(s.counts().deadline_stops, 0);
@@ -349,11 +380,11 @@ fn a_deadline_already_reached_comes_before_retry_after_and_the_budget() {
         policy(|p| p.deadline(secs(1))),
         Some(RetryBudget::builder().initial(0.0).build().unwrap()),
     );
-    let long = HeaderValue::from_static("3600");
+    let long = retry_after("3600");
     let mut d = s.decider(false);
     begin(&mut d, &s.time);
     s.time.advance(secs(1));
-    let next = d.after_attempt(asking(&long), &s.time, TOP);
+    let next = d.after(asking(&long), &s.time, TOP);
     assert_eq!(next, Wait::Stop(StopReason::DeadlineReached));
     let counts = s.counts();
     assert_eq!((counts.deadline_stops, counts.budget_refusals), (1, 0));
@@ -367,10 +398,10 @@ fn a_retry_after_too_long_comes_before_the_budget_and_costs_no_token() {
     );
     for value in ["3600", "30"] {
         // 3600 s is over max_retry_after; 30 s is at the deadline (30 s).
-        let header = HeaderValue::from_static(value);
+        let header = retry_after(value);
         let mut d = s.decider(false);
         begin(&mut d, &s.time);
-        let next = d.after_attempt(asking(&header), &s.time, TOP);
+        let next = d.after(asking(&header), &s.time, TOP);
         assert_eq!(next, Wait::Stop(StopReason::RetryAfterTooLong), "{value}");
     }
     let counts = s.counts();
@@ -386,7 +417,7 @@ fn a_wait_that_would_end_past_the_deadline_stops_and_costs_no_token() {
     let mut d = s.decider(false);
     begin(&mut d, &s.time);
     s.time.advance(secs(1));
-    let next = d.after_attempt(transient(), &s.time, TOP);
+    let next = d.after(transient(), &s.time, TOP);
     assert_eq!(next, Wait::Stop(StopReason::DeadlineReached));
     assert_eq!(s.balance(), 10_000);
     assert_eq!(s.counts().deadline_stops, 1);
@@ -406,7 +437,7 @@ fn the_budget_refuses_last_and_counts_the_refusal() {
     );
     let mut d = s.decider(false);
     begin(&mut d, &s.time);
-    let next = d.after_attempt(transient(), &s.time, TOP);
+    let next = d.after(transient(), &s.time, TOP);
     assert_eq!(next, Wait::Stop(StopReason::BudgetExhausted));
     assert_eq!(s.counts().budget_refusals, 1);
     assert_eq!(s.budget.as_ref().unwrap().refusals(), 1);
@@ -417,18 +448,12 @@ fn without_a_budget_every_retry_is_free() {
     let s = Setup::new(RetryPolicy::default(), None);
     let mut d = s.decider(false);
     begin(&mut d, &s.time);
-    assert_eq!(
-        d.after_attempt(transient(), &s.time, TOP),
-        Wait::Sleep(100 * MS)
-    );
+    assert_eq!(d.after(transient(), &s.time, TOP), Wait::Sleep(100 * MS));
+    begin(&mut d, &s.time);
+    assert_eq!(d.after(transient(), &s.time, TOP), Wait::Sleep(200 * MS));
     begin(&mut d, &s.time);
     assert_eq!(
-        d.after_attempt(transient(), &s.time, TOP),
-        Wait::Sleep(200 * MS)
-    );
-    begin(&mut d, &s.time);
-    assert_eq!(
-        d.after_attempt(transient(), &s.time, TOP),
+        d.after(transient(), &s.time, TOP),
         Wait::Stop(StopReason::AttemptsExhausted)
     );
     assert_eq!(s.counts().retries, 2);
@@ -449,10 +474,7 @@ fn kinds_cost_what_the_budget_says() {
             verdict: Verdict::Transient(kind, "test"),
             ..transient()
         };
-        assert!(matches!(
-            d.after_attempt(observed, &s.time, TOP),
-            Wait::Sleep(_)
-        ));
+        assert!(matches!(d.after(observed, &s.time, TOP), Wait::Sleep(_)));
         begin(&mut d, &s.time);
         assert_eq!(before - s.balance(), cost, "{kind:?}");
     }
@@ -464,9 +486,9 @@ fn only_a_success_after_retries_refunds() {
     let run = |last: Observed<'static>| {
         let mut d = s.decider(false);
         begin(&mut d, &s.time);
-        d.after_attempt(transient(), &s.time, TOP);
+        d.after(transient(), &s.time, TOP);
         begin(&mut d, &s.time);
-        d.after_attempt(last, &s.time, TOP)
+        d.after(last, &s.time, TOP)
     };
     assert_eq!(
         run(final_(StopReason::NotRetryable, true)),
@@ -480,10 +502,10 @@ fn only_a_success_after_retries_refunds() {
 #[test]
 fn a_retry_after_floor_is_honoured_and_counted_when_the_retry_starts() {
     let s = Setup::default();
-    let header = HeaderValue::from_static("7");
+    let header = retry_after("7");
     let mut d = s.decider(false);
     begin(&mut d, &s.time);
-    let next = d.after_attempt(asking(&header), &s.time, TOP);
+    let next = d.after(asking(&header), &s.time, TOP);
     assert_eq!(next, Wait::Sleep(secs(7) + 100 * MS));
     assert_eq!(s.counts().retry_after_honoured, 0);
     begin(&mut d, &s.time);
@@ -493,10 +515,10 @@ fn a_retry_after_floor_is_honoured_and_counted_when_the_retry_starts() {
 #[test]
 fn an_invalid_retry_after_falls_back_to_the_backoff() {
     let s = Setup::default();
-    let header = HeaderValue::from_static("soon");
+    let header = retry_after("soon");
     let mut d = s.decider(false);
     begin(&mut d, &s.time);
-    let next = d.after_attempt(asking(&header), &s.time, TOP);
+    let next = d.after(asking(&header), &s.time, TOP);
     assert_eq!(next, Wait::Sleep(100 * MS));
     begin(&mut d, &s.time);
     assert_eq!(s.counts().retry_after_honoured, 0);

@@ -10,7 +10,11 @@ use wiremock::{Mock, MockServer, ResponseTemplate};
 fn client(policy: RetryPolicy) -> (reqwest_middleware::ClientWithMiddleware, FakeClock) {
     let clock = FakeClock::new();
     let client = ClientBuilder::new(reqwest::Client::new())
-        .with(RetryMiddleware::new(policy).with_clock(clock.clone()))
+        .with(
+            RetryMiddleware::new(policy)
+                .with_clock(clock.clone())
+                .with_rng(|| 0u64),
+        )
         .build();
     (client, clock)
 }
@@ -115,9 +119,9 @@ async fn spent_for(secs: u64) -> MockServer {
 }
 
 /// Under tokio's paused clock with the default clock, the hold is virtual time; a request
-/// dropped during it (the caller's own timeout) sent nothing and counted nothing.
+/// dropped during it (the caller's own timeout) sent nothing and counted no attempt.
 #[tokio::test(start_paused = true)]
-async fn a_request_dropped_while_its_quota_is_held_sends_and_counts_nothing() {
+async fn a_request_dropped_while_its_quota_is_held_sends_nothing_and_counts_no_attempt() {
     let server = spent_for(5).await;
     let middleware = RetryMiddleware::new(RetryPolicy::default());
     let counters = middleware.counters().clone();
@@ -131,7 +135,12 @@ async fn a_request_dropped_while_its_quota_is_held_sends_and_counts_nothing() {
         tokio::time::timeout(Duration::from_secs(1), client.get(server.uri()).send()).await;
     assert!(dropped.is_err(), "held for 5 s, dropped after 1 s");
     assert_eq!(server.received_requests().await.unwrap().len(), 1);
-    assert_eq!(counters.snapshot().requests, 1);
+    assert_eq!(
+        counters.snapshot().requests,
+        2,
+        "the dropped one was a call to send()"
+    );
+    assert_eq!(counters.snapshot().attempts, 1);
     // Then one that waits out the rest of the hold in virtual time, not in real time.
     let virtual_start = tokio::time::Instant::now();
     client.get(server.uri()).send().await.unwrap();

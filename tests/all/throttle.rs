@@ -111,10 +111,11 @@ async fn a_dependency_that_accepts_is_never_throttled() {
     assert_eq!(server.received_requests().await.unwrap().len(), 20);
 }
 
-/// An attempt dropped in flight (the caller's own timeout) has no outcome: the throttle counts
-/// neither a request nor an accept for it.
+/// An attempt dropped in flight (the caller's own timeout) reached the dependency and got no
+/// accept: the throttle counts it as a request without one, so callers that give up on a slow
+/// dependency still turn the throttle on.
 #[tokio::test]
-async fn an_attempt_dropped_in_flight_is_not_counted() {
+async fn an_attempt_dropped_in_flight_counts_as_a_request_without_an_accept() {
     use crate::support::{Action, RawServer, ok};
     let server =
         RawServer::start(vec![Action::Delay(Duration::from_millis(300), ok("late"))]).await;
@@ -136,5 +137,5 @@ async fn an_attempt_dropped_in_flight_is_not_counted() {
 
     assert!(dropped.is_err());
     assert_eq!(server.requests(), 1);
-    assert_eq!(throttle.counts(clock.now()), (0, 0));
+    assert_eq!(throttle.counts(clock.now()), (1, 0));
 }

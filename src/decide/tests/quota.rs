@@ -1,0 +1,357 @@
+//! The quota and the throttle in the core, case by case: holds inside the deadline and with
+//! jitter, per origin, a floor for a retry, probes, and what a dropped request gives back.
+
+use super::*;
+use crate::rate_limit::Quota;
+
+fn spent(s: &Setup, url: &str, wait: Duration) {
+    let origin = Origin::of(&Url::parse(url).unwrap());
+    s.quota
+        .update(&origin, Some(Quota::Spent(wait)), s.time.now());
+}
+
+fn rate_limit(value: &'static str) -> HeaderMap {
+    let mut headers = HeaderMap::new();
+    headers.insert("ratelimit", HeaderValue::from_static(value));
+    headers
+}
+
+#[test]
+fn a_spent_quota_holds_the_first_attempt_with_jitter_and_the_hold_counts_as_waited() {
+    let s = Setup::default();
+    spent(&s, "http://a.test/", secs(5));
+    let mut d = s.decider(false);
+    // The jitter above the hold is the first backoff's window: [0, 100 ms].
+    assert_eq!(
+        d.next_attempt(s.time.now(), Some(&URL), &|| 0u64),
+        Next::Hold(secs(5))
+    );
+    drop(d);
+    let mut d = s.decider(false);
+    assert_eq!(
+        d.next_attempt(s.time.now(), Some(&URL), TOP),
+        Next::Hold(secs(5) + 100 * MS)
+    );
+    s.time.advance(secs(5) + 100 * MS);
+    // The reset has passed: the attempt goes, its timeout cut to what the deadline leaves.
+    assert_eq!(
+        d.next_attempt(s.time.now(), Some(&URL), TOP),
+        Next::Send(secs(10))
+    );
+    assert_eq!(d.waited(), secs(5) + 100 * MS);
+    assert_eq!(
+        s.counts().requests,
+        2,
+        "a request counts when it starts, held or not"
+    );
+}
+
+#[test]
+fn a_hold_the_deadline_cannot_cover_stops_before_anything_is_sent() {
+    let s = Setup::new(policy(|p| p.deadline(secs(10))), None);
+    spent(&s, "http://a.test/", secs(9));
+    let mut d = s.decider(false);
+    // Nine seconds of hold fit in ten: held, and the deadline runs from the start.
+    assert!(matches!(
+        d.next_attempt(s.time.now(), Some(&URL), TOP),
+        Next::Hold(_)
+    ));
+    s.time.advance(secs(9) + 100 * MS);
+    assert_eq!(
+        d.next_attempt(s.time.now(), Some(&URL), TOP),
+        Next::Send(secs(10) - secs(9) - 100 * MS)
+    );
+    let s = Setup::new(policy(|p| p.deadline(secs(10))), None);
+    spent(&s, "http://a.test/", secs(10));
+    let mut d = s.decider(false);
+    assert_eq!(
+        d.next_attempt(s.time.now(), Some(&URL), TOP),
+        Next::Stop(StopReason::QuotaExhausted)
+    );
+    assert_eq!(s.counts().attempts, 0);
+}
+
+#[test]
+fn a_hold_longer_than_max_retry_after_stops() {
+    let s = Setup::new(policy(|p| p.max_retry_after(secs(2))), None);
+    spent(&s, "http://a.test/", secs(3));
+    let mut d = s.decider(false);
+    assert_eq!(
+        d.next_attempt(s.time.now(), Some(&URL), TOP),
+        Next::Stop(StopReason::QuotaExhausted)
+    );
+}
+
+#[test]
+fn a_quota_holds_its_own_origin_only() {
+    let s = Setup::default();
+    spent(&s, "http://b.test/", secs(5));
+    let mut d = s.decider(false);
+    assert_eq!(
+        d.next_attempt(s.time.now(), Some(&URL), TOP),
+        Next::Send(secs(10))
+    );
+}
+
+#[test]
+fn without_rate_limit_fields_a_spent_quota_is_not_heeded() {
+    let s = Setup::new(policy(|p| p.rate_limit_fields(false)), None);
+    spent(&s, "http://a.test/", secs(5));
+    let mut d = s.decider(false);
+    assert_eq!(
+        d.next_attempt(s.time.now(), Some(&URL), TOP),
+        Next::Send(secs(10))
+    );
+    begin_at(&mut d);
+    let headers = rate_limit(r#""q";r=0;t=20"#);
+    let observed = Observed {
+        answer: Some(answer(429, &headers)),
+        ..transient()
+    };
+    assert_eq!(d.after(observed, &s.time, TOP), Wait::Sleep(100 * MS));
+}
+
+fn begin_at(d: &mut Decider<'_>) {
+    d.attempt_started();
+}
+
+#[test]
+fn the_quota_an_answer_spends_is_a_floor_for_its_retry_or_a_stop() {
+    let s = Setup::default();
+    let mut d = s.decider(false);
+    begin(&mut d, &s.time);
+    let headers = rate_limit(r#""q";r=0;t=5"#);
+    let observed = Observed {
+        answer: Some(answer(429, &headers)),
+        ..transient()
+    };
+    assert_eq!(d.after(observed, &s.time, &|| 0u64), Wait::Sleep(secs(5)));
+    assert_eq!(d.floor(), Some(secs(5)));
+    s.time.advance(secs(5));
+    begin(&mut d, &s.time);
+    assert_eq!(s.counts().retry_after_honoured, 1);
+    // A reset longer than the deadline leaves: the answer is returned, for the quota's reason.
+    let headers = rate_limit(r#""q";r=0;t=40"#);
+    let observed = Observed {
+        answer: Some(answer(429, &headers)),
+        ..transient()
+    };
+    assert_eq!(
+        d.after(observed, &s.time, TOP),
+        Wait::Stop(StopReason::QuotaExhausted)
+    );
+    assert_eq!(
+        d.floor(),
+        Some(secs(40)),
+        "what the server asked for is reported"
+    );
+}
+
+#[test]
+fn a_retry_after_longer_than_the_quota_s_reset_keeps_its_own_reason() {
+    let s = Setup::default();
+    spent(&s, "http://a.test/", secs(1));
+    let mut d = s.decider(false);
+    assert!(matches!(
+        d.next_attempt(s.time.now(), Some(&URL), TOP),
+        Next::Hold(_)
+    ));
+    s.time.advance(secs(2));
+    begin(&mut d, &s.time);
+    spent(&s, "http://a.test/", secs(2));
+    let headers = retry_after("3600");
+    assert_eq!(
+        d.after(asking(&headers), &s.time, TOP),
+        Wait::Stop(StopReason::RetryAfterTooLong)
+    );
+}
+
+#[test]
+fn a_request_dropped_during_a_hold_before_its_retry_gives_the_tokens_back() {
+    let s = Setup::default();
+    {
+        let mut d = s.decider(false);
+        begin(&mut d, &s.time);
+        assert!(matches!(d.after(transient(), &s.time, TOP), Wait::Sleep(_)));
+        assert_eq!(s.balance(), 9_000);
+        s.time.advance(100 * MS);
+        // Another request's answer spent the quota during the wait.
+        spent(&s, "http://a.test/", secs(5));
+        assert!(matches!(
+            d.next_attempt(s.time.now(), Some(&URL), TOP),
+            Next::Hold(_)
+        ));
+    }
+    assert_eq!(s.balance(), 10_000, "the retry never started");
+    assert_eq!(s.counts().retries, 0);
+}
+
+#[test]
+fn a_probe_goes_once_the_belief_runs_out_and_a_dropped_probe_is_given_back() {
+    let s = Setup::default();
+    spent(&s, "http://a.test/", secs(86_400));
+    s.time.advance(crate::rate_limit::BELIEF);
+    {
+        let mut probe = s.decider(false);
+        assert_eq!(
+            probe.next_attempt(s.time.now(), Some(&URL), TOP),
+            Next::Send(secs(10))
+        );
+        probe.attempt_started();
+        // While the probe is out, the others are held for another minute: longer than they may.
+        let mut other = s.decider(false);
+        assert_eq!(
+            other.next_attempt(s.time.now(), Some(&URL), TOP),
+            Next::Stop(StopReason::QuotaExhausted)
+        );
+    }
+    // The probe was dropped on the wire: the next request is the probe.
+    let mut probe = s.decider(false);
+    assert_eq!(
+        probe.next_attempt(s.time.now(), Some(&URL), TOP),
+        Next::Send(secs(10))
+    );
+    probe.attempt_started();
+    // Its answer, with quota left or without a field, clears the quota for everyone.
+    let ok = final_(StopReason::Succeeded, true);
+    assert_eq!(
+        probe.after(ok, &s.time, TOP),
+        Wait::Stop(StopReason::Succeeded)
+    );
+    assert!(!s.quota.maybe_spent());
+}
+
+#[test]
+fn a_probe_that_gets_no_answer_keeps_the_quota_believed_another_minute() {
+    let s = Setup::default();
+    spent(&s, "http://a.test/", secs(86_400));
+    s.time.advance(crate::rate_limit::BELIEF);
+    let mut probe = s.decider(false);
+    assert_eq!(
+        probe.next_attempt(s.time.now(), Some(&URL), TOP),
+        Next::Send(secs(10))
+    );
+    probe.attempt_started();
+    let broken = final_(StopReason::NotRetryable, false);
+    probe.after(broken, &s.time, TOP);
+    drop(probe);
+    let origin = Origin::of(&URL);
+    assert_eq!(
+        s.quota.floor(&origin, s.time.now()),
+        Some(crate::rate_limit::BELIEF)
+    );
+}
+
+fn throttled(k: f64) -> Setup {
+    let mut s = Setup::default();
+    s.throttle = Some(
+        AdaptiveThrottle::builder()
+            .window(secs(3_600))
+            .k(k)
+            .build()
+            .unwrap(),
+    );
+    s
+}
+
+#[test]
+fn an_attempt_dropped_on_the_wire_counts_for_the_throttle_without_an_accept() {
+    let s = throttled(2.0);
+    let throttle = s.throttle.as_ref().unwrap();
+    {
+        let mut d = s.decider(false);
+        begin(&mut d, &s.time);
+    }
+    assert_eq!(throttle.counts(s.time.now()), (1, 0));
+    // One that never left counts nothing.
+    {
+        let mut d = s.decider(false);
+        assert!(matches!(
+            d.next_attempt(s.time.now(), Some(&URL), TOP),
+            Next::Send(_)
+        ));
+    }
+    assert_eq!(
+        throttle.counts(s.time.now()),
+        (1, 0),
+        "admitted, never sent"
+    );
+    // One that was answered counts once, when it ends.
+    let mut d = s.decider(false);
+    begin(&mut d, &s.time);
+    d.after(final_(StopReason::Succeeded, true), &s.time, TOP);
+    drop(d);
+    assert_eq!(throttle.counts(s.time.now()), (2, 1));
+}
+
+#[test]
+fn what_the_throttle_counts_as_accepted_follows_the_policy_s_statuses() {
+    let mut s = throttled(2.0);
+    s.policy = policy(|p| p.retryable_statuses([500]));
+    let throttle = s.throttle.clone().unwrap();
+    for (status, verdict) in [
+        (503, Verdict::Final(StopReason::NotRetryable)),
+        (500, Verdict::Transient(RetryKind::Other, "status")),
+    ] {
+        let mut d = s.decider(true);
+        begin(&mut d, &s.time);
+        let headers = HeaderMap::new();
+        let observed = Observed {
+            verdict,
+            answer: Some(answer(status, &headers)),
+            resend: Some(&URL),
+        };
+        d.after(observed, &s.time, TOP);
+    }
+    assert_eq!(
+        throttle.counts(s.time.now()),
+        (2, 1),
+        "the 503 is accepted, the 500 is not"
+    );
+}
+
+#[test]
+fn a_throttle_rejection_gives_back_a_retry_s_tokens_and_a_probe() {
+    let s = throttled(1.0);
+    let throttle = s.throttle.as_ref().unwrap();
+    // Ten attempts turned away: p = 10 / 11.
+    for _ in 0..10 {
+        let mut d = s.decider(true);
+        begin(&mut d, &s.time);
+        d.after(transient(), &s.time, TOP);
+    }
+    spent(&s, "http://a.test/", secs(86_400));
+    s.time.advance(crate::rate_limit::BELIEF);
+    let mut d = s.decider(false);
+    assert_eq!(
+        d.next_attempt(s.time.now(), Some(&URL), &|| 0u64),
+        Next::Stop(StopReason::Throttled)
+    );
+    assert_eq!(s.counts().throttled, 1);
+    assert_eq!(throttle.counts(s.time.now()), (11, 0));
+    // The probe it took is back: the next request may probe.
+    drop(d);
+    let ticket = s.quota.gate(&Origin::of(&URL), s.time.now());
+    assert!(matches!(ticket, Gate::Probe(_)), "{ticket:?}");
+}
+
+#[test]
+fn a_stamped_key_counts_only_when_the_first_attempt_is_sent() {
+    let s = Setup::default();
+    {
+        let mut d = s.decider(false);
+        d.key_stamped();
+    }
+    assert_eq!(s.counts().keys_stamped, 0);
+    let mut d = s.decider(false);
+    d.key_stamped();
+    begin(&mut d, &s.time);
+    assert!(matches!(d.after(transient(), &s.time, TOP), Wait::Sleep(_)));
+    s.time.advance(secs(1));
+    begin(&mut d, &s.time);
+    assert_eq!(
+        s.counts().keys_stamped,
+        1,
+        "once per request, not per attempt"
+    );
+}
