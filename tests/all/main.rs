@@ -4,6 +4,7 @@ mod bodies;
 mod budget;
 mod classifier;
 mod config;
+mod core_rules;
 mod dependencies;
 mod driver_model;
 mod edges;

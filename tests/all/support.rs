@@ -94,6 +94,7 @@ pub struct RawServer {
     pub addr: std::net::SocketAddr,
     requests: Arc<AtomicUsize>,
     bodies: Arc<std::sync::Mutex<Vec<Vec<u8>>>>,
+    arrivals: Arc<std::sync::Mutex<Vec<tokio::time::Instant>>>,
 }
 
 impl RawServer {
@@ -104,8 +105,10 @@ impl RawServer {
             addr: listener.local_addr().unwrap(),
             requests: Arc::default(),
             bodies: Arc::default(),
+            arrivals: Arc::default(),
         };
         let (requests, bodies) = (server.requests.clone(), server.bodies.clone());
+        let arrivals = server.arrivals.clone();
         let script = Arc::new(script);
         tokio::spawn(async move {
             loop {
@@ -113,8 +116,9 @@ impl RawServer {
                     return;
                 };
                 let (requests, bodies, script) = (requests.clone(), bodies.clone(), script.clone());
+                let arrivals = arrivals.clone();
                 tokio::spawn(async move {
-                    serve(stream, &requests, &bodies, &script).await;
+                    serve(stream, &requests, &bodies, &arrivals, &script).await;
                 });
             }
         });
@@ -130,6 +134,11 @@ impl RawServer {
         self.requests.load(Ordering::SeqCst)
     }
 
+    /// When each request read so far arrived, on tokio's clock (paused or not).
+    pub fn arrivals(&self) -> Vec<tokio::time::Instant> {
+        self.arrivals.lock().unwrap().clone()
+    }
+
     /// The bodies of the requests read so far.
     pub fn bodies(&self) -> Vec<Vec<u8>> {
         self.bodies.lock().unwrap().clone()
@@ -140,11 +149,13 @@ async fn serve(
     mut stream: TcpStream,
     requests: &AtomicUsize,
     bodies: &std::sync::Mutex<Vec<Vec<u8>>>,
+    arrivals: &std::sync::Mutex<Vec<tokio::time::Instant>>,
     script: &[Action],
 ) {
     let Some(request) = read_request(&mut stream).await else {
         return;
     };
+    arrivals.lock().unwrap().push(tokio::time::Instant::now());
     bodies.lock().unwrap().push(request.body);
     let n = requests.fetch_add(1, Ordering::SeqCst);
     let action = script[n.min(script.len() - 1)].clone();
