@@ -71,6 +71,7 @@ pub(crate) struct Claiming<'s, F> {
 impl<'s, F> Claiming<'s, F> {
     /// Starts the rest of the chain (`start`) with the request already marked: a middleware may
     /// do work before its future is first polled.
+    #[inline]
     pub(crate) fn new(id: usize, span: &'s tracing::Span, start: impl FnOnce() -> F) -> Self {
         let _marked = Mark::set(id);
         let run = span.in_scope(start);

@@ -137,14 +137,13 @@ pub(crate) struct Decider<'a> {
     last_cost: u64,
     /// The request's key was stamped here: counted when the first attempt is sent.
     stamped: bool,
-    /// When the throttle admitted the next attempt, until it is sent.
+    /// When the throttle admitted the last attempt it was asked about.
     admitted: Option<Instant>,
-    /// When the throttle admitted the attempt in flight, while it is in flight.
-    in_flight: Option<Instant>,
-    /// The probe of a spent quota this request took, until its answer.
-    probe: Option<ProbeTicket>,
-    /// The origin of the request, once a quota needed it.
-    origin: Option<Origin>,
+    /// That attempt is on the wire: sent, and not yet ended.
+    on_wire: bool,
+    /// The probe of a spent quota this request took, until its answer (boxed: rare, and the
+    /// decider lives in every request's future).
+    probe: Option<Box<ProbeTicket>>,
     /// The floor the last transient answer set: its `Retry-After`, or its quota's reset.
     floor: Option<Duration>,
     /// The last backoff drawn (without a floor), for decorrelated jitter.
@@ -178,9 +177,8 @@ impl<'a> Decider<'a> {
             last_cost: 0,
             stamped: false,
             admitted: None,
-            in_flight: None,
+            on_wire: false,
             probe: None,
-            origin: None,
             floor: None,
             last_backoff: None,
             pending: None,
@@ -225,6 +223,10 @@ impl<'a> Decider<'a> {
     }
 
     fn remaining(&self, now: Instant) -> Duration {
+        if now == self.started {
+            // The first attempt without a hold, as nearly every request's: no subtraction.
+            return self.policy.deadline();
+        }
         let elapsed = now.saturating_duration_since(self.started);
         self.policy.deadline().saturating_sub(elapsed)
     }
@@ -258,10 +260,9 @@ impl<'a> Decider<'a> {
             return self.refuse(StopReason::BodyNotCloneable);
         };
         if self.quota_in_question() {
-            let origin = self.origin.get_or_insert_with(|| Origin::of(url));
-            match self.accounts.quota.gate(origin, now) {
+            match self.accounts.quota.gate(&Origin::of(url), now) {
                 Gate::Open => {}
-                Gate::Probe(ticket) => self.probe = Some(ticket),
+                Gate::Probe(ticket) => self.probe = Some(Box::new(ticket)),
                 Gate::Held(hold) => {
                     let retry = self.attempt.saturating_sub(1);
                     return match schedule::hold(self.policy, retry, hold, remaining, rng) {
@@ -298,7 +299,7 @@ impl<'a> Decider<'a> {
     pub(crate) fn attempt_started(&mut self) {
         self.attempt += 1;
         self.count(Count::Attempt);
-        self.in_flight = self.admitted.take();
+        self.on_wire = self.admitted.is_some();
         if self.attempt == 1 && self.stamped {
             self.count(Count::KeyStamped);
         }
@@ -309,6 +310,45 @@ impl<'a> Decider<'a> {
                 self.count(Count::RetryAfterHonoured);
             }
         }
+    }
+
+    /// The stop that follows the attempt just ended, when it needs no reading of the time: a
+    /// final verdict, with nothing for the quota to take in (no probe out, no `RateLimit` field)
+    /// and no throttle that counts it at its end rather than its admission. Most requests end
+    /// so, and the driver then reads no clock for them. `None`: ask
+    /// [`after_attempt`](Self::after_attempt) with the time.
+    pub(crate) fn stop_without_time(&mut self, observed: &Observed<'_>) -> Option<StopReason> {
+        let Verdict::Final(stop) = observed.verdict else {
+            return None;
+        };
+        let throttle = match (
+            self.accounts.throttle,
+            self.admitted.filter(|_| self.on_wire),
+        ) {
+            (Some(throttle), Some(admitted)) => {
+                if throttle.slice() < self.policy.attempt_timeout() {
+                    return None;
+                }
+                Some((throttle, admitted))
+            }
+            _ => None,
+        };
+        if self.probe.is_some() {
+            return None;
+        }
+        if let (true, Some(answer)) = (self.policy.rate_limit_fields(), observed.answer) {
+            if rate_limit::is_in(answer.headers) {
+                return None;
+            }
+        }
+        if let Some((throttle, admitted)) = throttle {
+            self.on_wire = false;
+            let status = observed.answer.map(|answer| answer.status);
+            throttle.finished(admitted, throttle::accepted(status, self.policy));
+        }
+        self.floor = None;
+        self.settle(stop, observed.answer.is_some());
+        Some(stop)
     }
 
     /// Decides what follows the attempt that just ended at `now`: a wait before the next
@@ -322,7 +362,7 @@ impl<'a> Decider<'a> {
         wall: SystemTime,
         rng: &dyn RandomSource,
     ) -> Wait {
-        if let (Some(throttle), Some(admitted)) = (self.accounts.throttle, self.in_flight.take()) {
+        if let (Some(throttle), Some(admitted)) = (self.accounts.throttle, self.off_the_wire()) {
             // Counted at the instant it was admitted when no attempt can outlast a slice of
             // the window (the default: 10 s slices, 10 s attempt timeouts); at its end
             // otherwise (a window of a few seconds, whose slices are shorter than an attempt).
@@ -336,7 +376,7 @@ impl<'a> Decider<'a> {
         }
         let probe = self.probe.take();
         if let (true, Some(answer)) = (self.policy.rate_limit_fields(), observed.answer) {
-            self.take_in_quota(answer, probe.as_ref(), now);
+            self.take_in_quota(answer, probe.as_deref(), now);
         }
         self.floor = None;
         let kind = match observed.verdict {
@@ -397,8 +437,7 @@ impl<'a> Decider<'a> {
         let retry_after = self.floor;
         // A quota spent at the origin the retry goes to is a floor like `Retry-After`.
         let quota = if self.quota_in_question() {
-            let origin = self.origin.get_or_insert_with(|| Origin::of(resend));
-            self.accounts.quota.floor(origin, now)
+            self.accounts.quota.floor(&Origin::of(resend), now)
         } else {
             None
         };
@@ -456,6 +495,13 @@ impl<'a> Decider<'a> {
         }
     }
 
+    /// The attempt on the wire has ended: when the throttle admitted it, if it did.
+    fn off_the_wire(&mut self) -> Option<Instant> {
+        std::mem::take(&mut self.on_wire)
+            .then_some(self.admitted)
+            .flatten()
+    }
+
     /// Returns what no attempt has used: a retry's withdrawal, a probe not sent (an admission
     /// not sent counts nothing).
     fn give_back(&mut self) {
@@ -472,7 +518,7 @@ impl Drop for Decider<'_> {
     fn drop(&mut self) {
         self.give_back();
         // An attempt on the wire whose caller gave up: a request the dependency did not accept.
-        if let (Some(throttle), Some(admitted)) = (self.accounts.throttle, self.in_flight.take()) {
+        if let (Some(throttle), Some(admitted)) = (self.accounts.throttle, self.off_the_wire()) {
             throttle.finished(admitted, false);
         }
     }

@@ -244,15 +244,22 @@ pub enum RetryOverride {
 impl RetryOverride {
     /// The policy a request with `over` (if any) runs under, from its dependency's `policy`,
     /// and whether it forbids retries: `None` keeps the dependency's policy.
+    /// The policy is boxed: the requests without an override, nearly all, do not carry room
+    /// for one.
+    #[inline]
     pub(crate) fn plan(
         over: Option<&RetryOverride>,
         policy: &RetryPolicy,
-    ) -> Result<(Option<RetryPolicy>, bool), InvalidConfig> {
+    ) -> Result<(Option<Box<RetryPolicy>>, bool), InvalidConfig> {
         match over {
             None => Ok((None, false)),
             Some(RetryOverride::NoRetries) => Ok((None, true)),
-            Some(over) => over.policy(policy).map(|policy| (policy, false)),
+            Some(over) => over.boxed(policy).map(|policy| (policy, false)),
         }
+    }
+
+    fn boxed(&self, policy: &RetryPolicy) -> Result<Option<Box<RetryPolicy>>, InvalidConfig> {
+        self.policy(policy).map(|policy| policy.map(Box::new))
     }
 
     /// The policy a request with this override runs under, from its dependency's `policy`;

@@ -234,27 +234,29 @@ impl RetryMiddleware {
         // last attempt, and none can be made of a body that is a stream.
         let mut kept = Some(request);
         async move {
-            let (clock, rng) = (self.clock.get(), &*self.rng.0);
-            let plan = RetryOverride::plan(extensions.get(), &dependency.policy);
             // An override is boxed, which keeps the future small for the requests that have none.
-            let (overriding, no_retries) = match &plan {
-                Ok((policy, no_retries)) => (policy.map(Box::new), *no_retries),
-                Err(_) => (None, false),
-            };
+            let (overriding, no_retries, refused) =
+                match RetryOverride::plan(extensions.get(), &dependency.policy) {
+                    Ok((policy, no_retries)) => (policy, no_retries, None),
+                    Err(invalid) => (None, false, Some(middleware(invalid))),
+                };
             let policy: &RetryPolicy = overriding.as_deref().unwrap_or(&dependency.policy);
-            let mut decider =
-                Decider::start(policy, dependency.accounts(), no_retries, clock.now());
+            let mut decider = Decider::start(
+                policy,
+                dependency.accounts(),
+                no_retries,
+                self.clock.get().now(),
+            );
             let Some(request) = &kept else {
                 unreachable!("the request is kept until its first attempt");
             };
-            let key = match plan.map_err(|e| (StopReason::InvalidOverride, middleware(e))) {
-                Ok(_) => {
+            let key = match refused.map_or_else(
+                || {
                     idempotency::key_for(self.keys.as_ref(), request.method(), request.headers())
                         .map_err(|e| (StopReason::InvalidIdempotencyKey, middleware(e)))
-                }
-                Err(invalid) => Err(invalid),
-            };
-            let key = match key {
+                },
+                |cause| Err((StopReason::InvalidOverride, cause)),
+            ) {
                 Ok(key) => key,
                 Err((stop, cause)) => return self.finish(&span, Err(cause), stop, &decider, None),
             };
@@ -280,11 +282,16 @@ impl RetryMiddleware {
                 key: key.as_ref().map(|key| &key.value),
                 hook: head.as_ref().map(|(c, head)| (*c, &**head)),
             };
-            // The last outcome, kept through a wait for a stop that may follow it.
-            let mut previous = None;
+            // The last outcome, kept through a wait for a stop that may follow it; boxed, as only
+            // a retry needs room for it.
+            let mut previous: Option<Box<reqwest_middleware::Result<Response>>> = None;
             let mut now = decider.started();
             loop {
-                let limit = match decider.next_attempt(now, kept.as_ref().map(Request::url), rng) {
+                let limit = match decider.next_attempt(
+                    now,
+                    kept.as_ref().map(Request::url),
+                    &*self.rng.0,
+                ) {
                     Step::Send(limit) => limit,
                     Step::Hold(hold) => {
                         if let Err(missing) = self.pause(hold).await {
@@ -297,13 +304,13 @@ impl RetryMiddleware {
                                 key,
                             );
                         }
-                        now = clock.now();
+                        now = self.clock.get().now();
                         continue;
                     }
                     Step::Stop(stop) => {
                         let outcome = previous
                             .take()
-                            .unwrap_or_else(|| Err(crate::error::nothing_sent(stop)));
+                            .map_or_else(|| Err(crate::error::nothing_sent(stop)), |kept| *kept);
                         return self.finish(&span, outcome, stop, &decider, key);
                     }
                 };
@@ -325,74 +332,107 @@ impl RetryMiddleware {
                             );
                         }
                     };
-                    let number = decider.attempts() + 1;
-                    if number > 1 {
-                        // For the middleware and transport beneath, before they see it.
-                        extensions.insert(RetryAttempt { number });
-                        span.record("http.request.resend_count", number - 1);
-                    }
-                    let mut sending =
-                        chain::take_attempt(&mut kept, decider.may_retry_after_next());
-                    if let (
-                        Some(keys),
-                        Some(Key {
-                            value,
-                            stamped: true,
-                        }),
-                    ) = (&self.keys, &key)
-                    {
-                        sending
-                            .headers_mut()
-                            .insert(keys.header_name(), value.clone());
-                    }
-                    let id = chain::claim_id(extensions);
-                    let attempt =
-                        Claiming::new(id, &span, || next.clone().run(sending, extensions));
-                    decider.attempt_started();
                     let mut timer = std::pin::pin!(timer);
-                    let (outcome, verdict) =
-                        judged(attempt, timer.as_mut(), &judging, number, limit).await;
-                    let observed = Observed {
-                        verdict,
-                        answer: outcome.as_ref().ok().map(|r| Answer {
-                            status: r.status(),
-                            headers: r.headers(),
-                            url: r.url(),
-                        }),
-                        resend: kept.as_ref().map(Request::url),
-                    };
-                    let decision =
-                        decider.after_attempt(observed, clock.now(), clock.wall_now(), rng);
-                    span.in_scope(|| {
-                        self.log.attempt(
-                            watcher.as_deref(),
-                            number,
-                            &outcome,
-                            verdict,
-                            decision,
-                            decider.floor(),
-                        )
-                    });
-                    match decision {
-                        Wait::Stop(stop) => {
-                            return self.finish(&span, outcome, stop, &decider, key);
+                    // What is judged of the attempt ends with this block, before the body kept
+                    // through the wait is read: it takes no room in the future then.
+                    let (outcome, delay) = {
+                        let number = decider.attempts() + 1;
+                        if number > 1 {
+                            // For the middleware and transport beneath, before they see it.
+                            extensions.insert(RetryAttempt { number });
+                            span.record("http.request.resend_count", number - 1);
                         }
-                        Wait::Sleep(delay) => {
-                            previous = Some(match outcome {
-                                Ok(answer) => {
-                                    Ok(body::keep(answer, body::KEPT, timer.as_mut()).await)
+                        // Scoped: the copy sent is the chain's once it runs, and takes no room
+                        // in the future while the attempt is awaited.
+                        let attempt = {
+                            let mut sending =
+                                chain::take_attempt(&mut kept, decider.may_retry_after_next());
+                            if let (
+                                Some(keys),
+                                Some(Key {
+                                    value,
+                                    stamped: true,
+                                }),
+                            ) = (&self.keys, &key)
+                            {
+                                sending
+                                    .headers_mut()
+                                    .insert(keys.header_name(), value.clone());
+                            }
+                            let id = chain::claim_id(extensions);
+                            Claiming::new(id, &span, || next.clone().run(sending, extensions))
+                        };
+                        decider.attempt_started();
+                        let (outcome, verdict) = {
+                            let outcome = chain::race(attempt, timer.as_mut()).await;
+                            let outcome = outcome.unwrap_or_else(|| Err(timed_out(limit)));
+                            let verdict = judging.verdict(&outcome, number);
+                            match body::to_read(policy, &outcome, verdict) {
+                                None => (outcome, verdict),
+                                // Boxed: the reading state is large, and most requests never
+                                // need it.
+                                Some(max) => {
+                                    let read = read_body(
+                                        outcome,
+                                        verdict,
+                                        max,
+                                        timer.as_mut(),
+                                        &judging,
+                                        number,
+                                        limit,
+                                    );
+                                    Box::pin(read).await
                                 }
-                                Err(err) => Err(err),
-                            });
-                            delay
+                            }
+                        };
+                        let observed = Observed {
+                            verdict,
+                            answer: outcome.as_ref().ok().map(|r| Answer {
+                                status: r.status(),
+                                headers: r.headers(),
+                                url: r.url(),
+                            }),
+                            resend: kept.as_ref().map(Request::url),
+                        };
+                        let decision = match decider.stop_without_time(&observed) {
+                            Some(stop) => Wait::Stop(stop),
+                            None => decider.after_attempt(
+                                observed,
+                                self.clock.get().now(),
+                                self.clock.get().wall_now(),
+                                &*self.rng.0,
+                            ),
+                        };
+                        let floor = decider.floor();
+                        span.in_scope(|| {
+                            self.log.attempt(
+                                watcher.as_deref(),
+                                number,
+                                &outcome,
+                                verdict,
+                                decision,
+                                floor,
+                            )
+                        });
+                        match decision {
+                            Wait::Stop(stop) => {
+                                return self.finish(&span, outcome, stop, &decider, key);
+                            }
+                            Wait::Sleep(delay) => (outcome, delay),
                         }
-                    }
+                    };
+                    // Boxed: the reading state is large, and only a retry needs it.
+                    previous = Some(Box::new(match outcome {
+                        Ok(answer) => Ok(Box::pin(body::keep(answer, body::KEPT, timer)).await),
+                        Err(err) => Err(err),
+                    }));
+                    delay
                 };
                 if let Err(missing) = self.pause(delay).await {
                     let cause = Err(middleware(missing));
                     return self.finish(&span, cause, StopReason::TimerUnavailable, &decider, key);
                 }
-                now = clock.now();
+                now = self.clock.get().now();
             }
         }
     }
@@ -471,46 +511,34 @@ impl Middleware for RetryMiddleware {
     }
 }
 
-/// An attempt raced against its timer (the attempt is polled first, so an answer that is ready
-/// wins over a timeout that is ready too), judged; with the body read inside the attempt when
-/// the policy says so, and judged again if reading it failed.
-async fn judged<F>(
-    attempt: F,
-    mut timer: Pin<&mut crate::clock::AttemptTimer>,
+/// The body of an attempt's answer read inside the attempt (the policy's `buffer_body`), racing
+/// the attempt's timer; judged again if reading it failed: a body cut off is transient.
+async fn read_body(
+    outcome: reqwest_middleware::Result<Response>,
+    verdict: classify::Verdict,
+    max: usize,
+    timer: Pin<&mut crate::clock::AttemptTimer>,
     judging: &Judging<'_>,
     number: u32,
     limit: std::time::Duration,
-) -> (reqwest_middleware::Result<Response>, classify::Verdict)
-where
-    F: Future<Output = reqwest_middleware::Result<Response>> + Unpin,
-{
-    let timed_out = || middleware(crate::error::AttemptTimeout { after: limit });
-    let outcome = chain::race(attempt, timer.as_mut()).await;
-    let outcome = outcome.unwrap_or_else(|| Err(timed_out()));
-    let verdict = judging.verdict(&outcome, number);
-    let Some(limit) = body::to_read(judging.policy, &outcome, verdict) else {
+) -> (reqwest_middleware::Result<Response>, classify::Verdict) {
+    let Ok(response) = outcome else {
         return (outcome, verdict);
     };
-    let Ok(response) = outcome else {
-        unreachable!("only an answer's body is read")
-    };
-    // Boxed: the reading state is large, and most requests never need it.
-    let reading = Box::pin(body::buffer(response, limit));
-    match chain::race(reading, timer).await {
+    let reading = std::pin::pin!(body::buffer(response, max));
+    let outcome = match chain::race(reading, timer).await {
         // The same status and head: the verdict stands.
-        Some(Ok(read)) => (Ok(read), verdict),
-        // Another outcome, judged anew: a body cut off is transient.
-        Some(Err(e)) => {
-            let outcome = Err(reqwest_middleware::Error::Reqwest(e));
-            let verdict = judging.verdict(&outcome, number);
-            (outcome, verdict)
-        }
-        None => {
-            let outcome = Err(timed_out());
-            let verdict = judging.verdict(&outcome, number);
-            (outcome, verdict)
-        }
-    }
+        Some(Ok(read)) => return (Ok(read), verdict),
+        Some(Err(e)) => Err(reqwest_middleware::Error::Reqwest(e)),
+        None => Err(timed_out(limit)),
+    };
+    let verdict = judging.verdict(&outcome, number);
+    (outcome, verdict)
+}
+
+/// The error of an attempt that ran out of its time.
+fn timed_out(limit: std::time::Duration) -> reqwest_middleware::Error {
+    middleware(crate::error::AttemptTimeout { after: limit })
 }
 
 fn middleware(cause: impl std::error::Error + Send + Sync + 'static) -> reqwest_middleware::Error {

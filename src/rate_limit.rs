@@ -139,6 +139,11 @@ pub(crate) fn of_response(headers: &HeaderMap) -> Option<Quota> {
     parse(&joined)
 }
 
+/// Whether an answer has a `RateLimit` field at all: one lookup.
+pub(crate) fn is_in(headers: &HeaderMap) -> bool {
+    headers.contains_key(RATE_LIMIT)
+}
+
 /// How long a spent quota is believed at a time: after that one request is let through as a
 /// probe, whose answer says again (or does not), so one wrong answer cannot shut a dependency
 /// off for the day its reset may name.

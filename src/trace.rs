@@ -28,6 +28,7 @@ macro_rules! event_at {
 }
 
 /// The span of one logical request.
+#[inline]
 pub(crate) fn request_span(dependency: &str, request: &Request) -> tracing::Span {
     tracing::debug_span!(
         target: TARGET,

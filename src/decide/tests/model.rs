@@ -128,6 +128,9 @@ struct Script {
     budget: Option<BudgetSpec>,
     /// The throttle's K, if the dependency has one.
     throttle: Option<f64>,
+    /// The driver first asks for a stop that needs no time, as the middleware does; else it
+    /// always hands the time.
+    quick_stops: bool,
     requests: Vec<Request>,
 }
 
@@ -221,6 +224,7 @@ fn script(seed: u64) -> Script {
         rate_limit_fields: g.chance(85),
         budget,
         throttle,
+        quick_stops: g.chance(70),
         requests,
     }
 }
@@ -299,7 +303,9 @@ fn judged(outcome: Outcome, timed_out: bool) -> (Verdict, bool) {
     }
 }
 
-/// A throttle whose window outlasts every script: its counts are plain totals.
+/// A throttle whose window outlasts every script: its counts are plain totals. (Its slices
+/// outlast every attempt, so attempts are counted at their admission; the other case is
+/// `quota::a_throttle_with_slices_shorter_than_an_attempt_counts_it_at_its_end`.)
 fn long_throttle(k: f64) -> AdaptiveThrottle {
     AdaptiveThrottle::builder()
         .window(Duration::from_secs(12 * 3_600))
@@ -393,7 +399,15 @@ fn real(s: &Script) -> Run {
                 answer,
                 resend: can_resend.then_some(url),
             };
-            match d.after_attempt(observed, setup.time.now(), setup.time.wall, &rng) {
+            let quick = if s.quick_stops {
+                d.stop_without_time(&observed).map(Wait::Stop)
+            } else {
+                None
+            };
+            let next = quick.unwrap_or_else(|| {
+                d.after_attempt(observed, setup.time.now(), setup.time.wall, &rng)
+            });
+            match next {
                 Wait::Stop(stop) => {
                     trace.stop = Some(stop);
                     break;

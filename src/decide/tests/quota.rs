@@ -355,3 +355,70 @@ fn a_stamped_key_counts_only_when_the_first_attempt_is_sent() {
         "once per request, not per attempt"
     );
 }
+
+#[test]
+fn a_throttle_with_slices_shorter_than_an_attempt_counts_it_at_its_end() {
+    let mut s = Setup::new(policy(|p| p.attempt_timeout(secs(10))), None);
+    // Slices of 1 s; the attempt takes 3 s, so it is counted in the slice it ended in.
+    s.throttle = Some(
+        AdaptiveThrottle::builder()
+            .window(secs(12))
+            .build()
+            .unwrap(),
+    );
+    let throttle = s.throttle.clone().unwrap();
+    let start = s.time.now();
+    let mut d = s.decider(false);
+    begin(&mut d, &s.time);
+    s.time.advance(secs(3));
+    let ok = final_(StopReason::Succeeded, true);
+    assert_eq!(d.stop_without_time(&ok), None, "the count needs the time");
+    assert_eq!(d.after(ok, &s.time, TOP), Wait::Stop(StopReason::Succeeded));
+    // Eleven seconds on, the slice of the admission has left the window; the end's has not.
+    assert_eq!(throttle.counts(start + secs(12) + 500 * MS), (1, 1));
+    assert_eq!(throttle.counts(start + secs(15) + 500 * MS), (0, 0));
+}
+
+#[test]
+fn a_final_answer_needs_no_time_unless_the_quota_or_a_probe_has_something_to_take_in() {
+    let s = Setup::default();
+    let mut d = s.decider(false);
+    begin(&mut d, &s.time);
+    let ok = final_(StopReason::Succeeded, true);
+    assert_eq!(d.stop_without_time(&ok), Some(StopReason::Succeeded));
+    assert_eq!(
+        s.balance(),
+        10_000,
+        "the deposit is made, capped at the capacity"
+    );
+
+    let mut d = s.decider(false);
+    begin(&mut d, &s.time);
+    assert_eq!(
+        d.stop_without_time(&transient()),
+        None,
+        "a retry needs the time"
+    );
+    let headers = rate_limit(r#""q";r=5;t=1"#);
+    let answered = Observed {
+        verdict: Verdict::Final(StopReason::Succeeded),
+        answer: Some(answer(200, &headers)),
+        resend: Some(&URL),
+    };
+    assert_eq!(d.stop_without_time(&answered), None, "a field to take in");
+    let s = Setup::new(policy(|p| p.rate_limit_fields(false)), None);
+    let mut d = s.decider(false);
+    begin(&mut d, &s.time);
+    assert_eq!(d.stop_without_time(&answered), Some(StopReason::Succeeded));
+
+    let s = Setup::default();
+    spent(&s, "http://a.test/", secs(86_400));
+    s.time.advance(crate::rate_limit::BELIEF);
+    let mut probe = s.decider(false);
+    begin(&mut probe, &s.time);
+    assert_eq!(
+        probe.stop_without_time(&ok),
+        None,
+        "a probe's answer clears the quota"
+    );
+}
