@@ -60,17 +60,19 @@ pub(crate) fn to_read(
 /// How much of a transient answer's body is kept through the wait before a retry.
 pub(crate) const KEPT: usize = 64 * 1024;
 
-/// What is kept of a transient answer through the wait before its retry: the answer with its body
+/// What is kept of a transient outcome through the wait before its retry (an error as it is): the
+/// answer with its body
 /// read into memory, up to `limit` bytes, so that a stop after the wait (the budget, the
 /// throttle, the deadline) hands the caller the server's whole answer, and the connection is
 /// released rather than held while nobody reads it. A longer body, one cut off, or one still
 /// arriving when `timer` (the attempt's) fires, is dropped, and so is the `Content-Length`
 /// that promised it: the head never promises bytes that are gone.
 pub(crate) async fn keep<T: Future<Output = ()>>(
-    mut response: reqwest::Response,
+    outcome: reqwest_middleware::Result<reqwest::Response>,
     limit: usize,
     mut timer: Pin<&mut T>,
-) -> reqwest::Response {
+) -> reqwest_middleware::Result<reqwest::Response> {
+    let mut response = outcome?;
     if response.content_length().is_none_or(|n| n <= limit as u64) {
         let mut read = Vec::new();
         loop {
@@ -88,7 +90,7 @@ pub(crate) async fn keep<T: Future<Output = ()>>(
                 Some(Ok(Some(chunk))) if read.len().saturating_add(chunk.len()) <= limit => {
                     read.extend_from_slice(&chunk);
                 }
-                Some(Ok(None)) => return rebuild(response, |_| Body::from(read)),
+                Some(Ok(None)) => return Ok(rebuild(response, |_| Body::from(read))),
                 // Too long, cut off, or out of time.
                 _ => break,
             }
@@ -99,7 +101,7 @@ pub(crate) async fn keep<T: Future<Output = ()>>(
         Body::from(Bytes::new())
     });
     head.headers_mut().remove(http::header::CONTENT_LENGTH);
-    head
+    Ok(head)
 }
 
 /// The same response head (status, version, headers, URL, extensions) with a new body, made

@@ -1,5 +1,6 @@
 //! Running the rest of the chain for one attempt: the request marked as claimed while it runs,
-//! the attempt raced against its timer, and the copy kept for the next attempt.
+//! the attempt (and the body read inside it) raced against its timer, and the copy kept for the
+//! next attempt.
 //!
 //! # One layer retries
 //!
@@ -19,8 +20,23 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::Poll;
 
+use std::time::Duration;
+
 use http::Extensions;
 use reqwest::Request;
+
+use crate::classify::{Judging, Verdict};
+use crate::clock::AttemptTimer;
+
+/// Tells the middleware and transport beneath which attempt this is, before they see it (a first
+/// attempt carries nothing: [`RetryAttempt::of`](crate::RetryAttempt::of) reads its absence).
+#[inline]
+pub(crate) fn announce(extensions: &mut Extensions, span: &tracing::Span, number: u32) {
+    if number > 1 {
+        extensions.insert(crate::RetryAttempt { number });
+        span.record("http.request.resend_count", number - 1);
+    }
+}
 
 /// Whether an instance further out on this request's path already makes its attempts.
 pub(crate) fn claimed(extensions: &Extensions) -> bool {
@@ -116,4 +132,36 @@ pub(crate) fn race<F: Future + Unpin, T: Future<Output = ()>>(
         }
         timer.as_mut().poll(cx).map(|()| None)
     })
+}
+
+/// The body of an attempt's answer read inside the attempt (the policy's `buffer_body`, up to
+/// `max` bytes), racing the attempt's timer; judged again if reading it failed: a body cut off
+/// is transient. With the outcome and its verdict come how to judge it, the attempt's number
+/// and its time limit.
+pub(crate) async fn read_body(
+    (outcome, verdict, max, (judging, number, limit)): (
+        reqwest_middleware::Result<reqwest::Response>,
+        Verdict,
+        usize,
+        (&Judging<'_>, u32, Duration),
+    ),
+    timer: Pin<&mut AttemptTimer>,
+) -> (reqwest_middleware::Result<reqwest::Response>, Verdict) {
+    let Ok(response) = outcome else {
+        return (outcome, verdict);
+    };
+    let reading = std::pin::pin!(crate::body::buffer(response, max));
+    let outcome = match race(reading, timer).await {
+        // The same status and head: the verdict stands.
+        Some(Ok(read)) => return (Ok(read), verdict),
+        Some(Err(e)) => Err(reqwest_middleware::Error::Reqwest(e)),
+        None => Err(timed_out(limit)),
+    };
+    let verdict = judging.verdict(&outcome, number);
+    (outcome, verdict)
+}
+
+/// The error of an attempt that ran out of its time.
+pub(crate) fn timed_out(limit: Duration) -> reqwest_middleware::Error {
+    reqwest_middleware::Error::middleware(crate::error::AttemptTimeout { after: limit })
 }

@@ -305,6 +305,15 @@ impl SharedClock {
     }
 }
 
+impl SharedClock {
+    /// A wait on the clock: a hold before an attempt (which may come before any timer of the
+    /// request was made), or the wait before a retry.
+    pub(crate) async fn wait(&self, duration: Duration) -> Result<(), TimerUnavailable> {
+        self.checked_sleep(duration)?.await;
+        Ok(())
+    }
+}
+
 pin_project_lite::pin_project! {
     /// A per-attempt timeout as the middleware holds it: tokio's inline, any other clock's
     /// boxed. Ready when the timeout has passed.

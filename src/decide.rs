@@ -102,6 +102,28 @@ pub(crate) struct Observed<'a> {
     pub(crate) resend: Option<&'a Url>,
 }
 
+impl<'a> Observed<'a> {
+    /// What the core reads of an attempt's outcome with `verdict`; `resend`: where a copy of the
+    /// request would go, if one is at hand.
+    #[inline]
+    pub(crate) fn of(
+        outcome: &'a reqwest_middleware::Result<reqwest::Response>,
+        verdict: Verdict,
+        resend: Option<&'a Url>,
+    ) -> Self {
+        let answer = outcome.as_ref().ok().map(|r| Answer {
+            status: r.status(),
+            headers: r.headers(),
+            url: r.url(),
+        });
+        Observed {
+            verdict,
+            answer,
+            resend,
+        }
+    }
+}
+
 /// What the next attempt may do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Next {
@@ -188,11 +210,6 @@ impl<'a> Decider<'a> {
     /// The request's key was stamped by the middleware: counted once its first attempt is sent.
     pub(crate) fn key_stamped(&mut self) {
         self.stamped = true;
-    }
-
-    /// When the logical request started, on the clock it was given.
-    pub(crate) fn started(&self) -> Instant {
-        self.started
     }
 
     /// Attempts started so far.

@@ -133,6 +133,30 @@ pub struct RetryRecord {
 const REPLAYED: http::HeaderName = http::HeaderName::from_static("idempotent-replayed");
 
 impl RetryRecord {
+    /// The caller's outcome with this record: on the response, or in the error that wraps the
+    /// last one. The most common outcome, a first attempt's success without a key or a wait,
+    /// carries none: [`of`](Self::of) infers it, and the success path is spared an allocation
+    /// and a map insertion.
+    #[inline]
+    pub(crate) fn hand_back(
+        self,
+        outcome: reqwest_middleware::Result<reqwest::Response>,
+    ) -> reqwest_middleware::Result<reqwest::Response> {
+        match outcome {
+            Ok(mut response) => {
+                let inferred = self.attempts == 1
+                    && self.stop == StopReason::Succeeded
+                    && self.key.is_none()
+                    && self.waited.is_zero();
+                if !inferred {
+                    response.extensions_mut().insert(self);
+                }
+                Ok(response)
+            }
+            Err(last) => Err(RetryError::new(self.attempts, self.stop, self.key, last).into()),
+        }
+    }
+
     /// The record of the logical request that gave `response`.
     ///
     /// A response that succeeded (a status below 400) at its first attempt, without an

@@ -266,6 +266,28 @@ pub(crate) fn key_for(
     })
 }
 
+/// Puts a stamped `key` on the copy of the request an attempt sends (a caller's own key is on it
+/// already).
+#[inline]
+pub(crate) fn put_on(
+    keys: Option<&IdempotencyKeys>,
+    key: Option<&Key>,
+    sending: &mut reqwest::Request,
+) {
+    if let (
+        Some(keys),
+        Some(Key {
+            value,
+            stamped: true,
+        }),
+    ) = (keys, key)
+    {
+        sending
+            .headers_mut()
+            .insert(keys.header_name(), value.clone());
+    }
+}
+
 /// How many default keys are made at once.
 const BATCH: usize = 32;
 

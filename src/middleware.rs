@@ -6,12 +6,8 @@
 //! attempt may do (send within a timeout, hold for a spent quota, stop), sends a copy of the
 //! request down the chain racing that timeout on the injected clock, has `classify` judge the
 //! outcome, and hands the core the outcome and the time: it answers a wait, slept on the clock,
-//! or a stop. The core does the budget, quota and throttle accounting and the counting; this
-//! module holds no rule of its own.
-//!
-//! How one layer of several retries, and the others pass through, is `chain`'s; what to do next
-//! is `decide`'s; whether an outcome is transient and safe to repeat is `classify`'s; the key is
-//! `idempotency`'s; what is traced is `trace`'s.
+//! or a stop. This module holds no rule of its own: one layer retries (`chain`), the budget,
+//! quota and throttle accounting (`decide`), the verdict (`classify`), the key (`idempotency`).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -28,11 +24,11 @@ use crate::chain::{self, Claiming};
 use crate::classifier::{Classifier, RequestHead};
 use crate::classify::{self, Judging};
 use crate::clock::{Clock, SharedClock, TokioClock};
-use crate::decide::{Answer, Decider, Next as Step, Observed};
+use crate::decide::{Decider, Next as Step, Observed};
 use crate::dependency::{Dependency, HostMatch, RetryOverride};
-use crate::error::{InvalidConfig, RetryError, RetryRecord, StopReason};
+use crate::error::{InvalidConfig, RetryRecord, StopReason, nothing_sent};
 use crate::idempotency::{self, IdempotencyKeys, Key};
-use crate::observe::{RetryAttempt, RetryCounters, RetryObserver, url_without_query};
+use crate::observe::{RetryCounters, RetryObserver, url_without_query};
 use crate::policy::RetryPolicy;
 use crate::rng::{RandomSource, ThreadRng};
 use crate::schedule::Wait;
@@ -218,10 +214,16 @@ impl RetryMiddleware {
             .map_or(&self.default, |(_, dependency)| dependency)
     }
 
-    /// The logical request: its holds, attempts, waits and outcome. Its future is the one boxed
-    /// for the chain, so it is kept small: the request is held once (the copy kept for a retry),
-    /// everything of one attempt that is not needed across an `await` is scoped to a block that
-    /// ends before it, and the timer is polled in place.
+    /// The logical request: its holds, attempts, waits and outcome.
+    ///
+    /// Its future is the one boxed for the chain, so it is kept small (at most 1,032 bytes, the
+    /// largest size glibc's allocator keeps in its per-thread cache): the request is held once
+    /// (the copy kept for a retry); each attempt is a block that ends before the wait, so what
+    /// it holds takes no room while the request sleeps, and its timer (a real-time one under a
+    /// paused tokio clock) does not hold up the wait's auto-advance; inside it, the copy sent is
+    /// scoped out of the attempt's await, and what is judged ends before the body kept through
+    /// the wait is read; the rare states (an override, a body read, a kept answer) are boxed;
+    /// the timer is polled in place.
     fn execute<'a>(
         &'a self,
         request: Request,
@@ -234,214 +236,152 @@ impl RetryMiddleware {
         // last attempt, and none can be made of a body that is a stream.
         let mut kept = Some(request);
         async move {
-            // An override is boxed, which keeps the future small for the requests that have none.
             let (overriding, no_retries, refused) =
                 match RetryOverride::plan(extensions.get(), &dependency.policy) {
                     Ok((policy, no_retries)) => (policy, no_retries, None),
                     Err(invalid) => (None, false, Some(middleware(invalid))),
                 };
             let policy: &RetryPolicy = overriding.as_deref().unwrap_or(&dependency.policy);
-            let mut decider = Decider::start(
-                policy,
-                dependency.accounts(),
-                no_retries,
-                self.clock.get().now(),
-            );
+            let mut now = self.clock.get().now();
+            let mut decider = Decider::start(policy, dependency.accounts(), no_retries, now);
             let Some(request) = &kept else {
                 unreachable!("the request is kept until its first attempt");
             };
-            let key = match refused.map_or_else(
-                || {
-                    idempotency::key_for(self.keys.as_ref(), request.method(), request.headers())
-                        .map_err(|e| (StopReason::InvalidIdempotencyKey, middleware(e)))
-                },
-                |cause| Err((StopReason::InvalidOverride, cause)),
-            ) {
-                Ok(key) => key,
+            let mut sent = match self.prepare(dependency, request, refused, &mut decider) {
+                Ok(prepared) => prepared,
                 Err((stop, cause)) => return self.finish(&span, Err(cause), stop, &decider, None),
             };
-            if key.as_ref().is_some_and(|key| key.stamped) {
-                decider.key_stamped();
-            }
-            // Only a classifier needs the request after it has gone: its head is kept for it.
-            let head = dependency
-                .classifier
-                .as_ref()
-                .map(|c| (c, Box::new(RequestHead::of(request))));
-            let watcher = self.observer.as_ref().map(|observer| {
-                Box::new(Watcher {
-                    observer: &*observer.0,
-                    dependency: &dependency.name,
-                    method: request.method().clone(),
-                    url: url_without_query(request.url()),
-                })
-            });
-            let judging = Judging {
-                policy,
-                repeatable: key.is_some() || classify::is_idempotent(request.method()),
-                key: key.as_ref().map(|key| &key.value),
-                hook: head.as_ref().map(|(c, head)| (*c, &**head)),
-            };
-            // The last outcome, kept through a wait for a stop that may follow it; boxed, as only
-            // a retry needs room for it.
-            let mut previous: Option<Box<reqwest_middleware::Result<Response>>> = None;
-            let mut now = decider.started();
             loop {
-                let limit = match decider.next_attempt(
-                    now,
-                    kept.as_ref().map(Request::url),
-                    &*self.rng.0,
-                ) {
+                let url = kept.as_ref().map(Request::url);
+                let limit = match decider.next_attempt(now, url, &*self.rng.0) {
                     Step::Send(limit) => limit,
                     Step::Hold(hold) => {
-                        if let Err(missing) = self.pause(hold).await {
-                            let cause = Err(middleware(missing));
-                            return self.finish(
-                                &span,
-                                cause,
-                                StopReason::TimerUnavailable,
-                                &decider,
-                                key,
-                            );
+                        if let Err(missing) = self.clock.wait(hold).await {
+                            return self.no_timer(&span, missing, &decider, sent.key);
                         }
                         now = self.clock.get().now();
                         continue;
                     }
                     Step::Stop(stop) => {
-                        let outcome = previous
-                            .take()
-                            .map_or_else(|| Err(crate::error::nothing_sent(stop)), |kept| *kept);
-                        return self.finish(&span, outcome, stop, &decider, key);
+                        let outcome = sent.last_outcome(stop);
+                        return self.finish(&span, outcome, stop, &decider, sent.key);
                     }
                 };
-                drop(previous.take());
-                // One attempt, in a block that ends before the wait: what it holds takes no room
-                // in the future while it sleeps, and its timer (a real-time one under a paused
-                // tokio clock) does not hold up the wait's auto-advance.
+                drop(sent.previous.take());
+                // One attempt, in a block that ends before the wait (see above).
                 let delay = {
                     let timer = match self.clock.timeout(limit, Some(now)) {
                         Ok(timer) => timer,
-                        Err(missing) => {
-                            let cause = Err(middleware(missing));
-                            return self.finish(
-                                &span,
-                                cause,
-                                StopReason::TimerUnavailable,
-                                &decider,
-                                key,
-                            );
-                        }
+                        Err(missing) => return self.no_timer(&span, missing, &decider, sent.key),
                     };
                     let mut timer = std::pin::pin!(timer);
-                    // What is judged of the attempt ends with this block, before the body kept
-                    // through the wait is read: it takes no room in the future then.
                     let (outcome, delay) = {
                         let number = decider.attempts() + 1;
-                        if number > 1 {
-                            // For the middleware and transport beneath, before they see it.
-                            extensions.insert(RetryAttempt { number });
-                            span.record("http.request.resend_count", number - 1);
-                        }
-                        // Scoped: the copy sent is the chain's once it runs, and takes no room
-                        // in the future while the attempt is awaited.
+                        chain::announce(extensions, &span, number);
                         let attempt = {
-                            let mut sending =
-                                chain::take_attempt(&mut kept, decider.may_retry_after_next());
-                            if let (
-                                Some(keys),
-                                Some(Key {
-                                    value,
-                                    stamped: true,
-                                }),
-                            ) = (&self.keys, &key)
-                            {
-                                sending
-                                    .headers_mut()
-                                    .insert(keys.header_name(), value.clone());
-                            }
+                            let copy = decider.may_retry_after_next();
+                            let mut sending = chain::take_attempt(&mut kept, copy);
+                            idempotency::put_on(
+                                self.keys.as_ref(),
+                                sent.key.as_ref(),
+                                &mut sending,
+                            );
                             let id = chain::claim_id(extensions);
                             Claiming::new(id, &span, || next.clone().run(sending, extensions))
                         };
                         decider.attempt_started();
-                        let (outcome, verdict) = {
-                            let outcome = chain::race(attempt, timer.as_mut()).await;
-                            let outcome = outcome.unwrap_or_else(|| Err(timed_out(limit)));
-                            let verdict = judging.verdict(&outcome, number);
-                            match body::to_read(policy, &outcome, verdict) {
-                                None => (outcome, verdict),
-                                // Boxed: the reading state is large, and most requests never
-                                // need it.
-                                Some(max) => {
-                                    let read = read_body(
-                                        outcome,
-                                        verdict,
-                                        max,
-                                        timer.as_mut(),
-                                        &judging,
-                                        number,
-                                        limit,
-                                    );
-                                    Box::pin(read).await
-                                }
+                        let judging = sent.judging(policy);
+                        let outcome = chain::race(attempt, timer.as_mut()).await;
+                        let outcome = outcome.unwrap_or_else(|| Err(chain::timed_out(limit)));
+                        let verdict = judging.verdict(&outcome, number);
+                        let (outcome, verdict) = match body::to_read(policy, &outcome, verdict) {
+                            None => (outcome, verdict),
+                            Some(max) => {
+                                let read = (outcome, verdict, max, (&judging, number, limit));
+                                Box::pin(chain::read_body(read, timer.as_mut())).await
                             }
                         };
-                        let observed = Observed {
-                            verdict,
-                            answer: outcome.as_ref().ok().map(|r| Answer {
-                                status: r.status(),
-                                headers: r.headers(),
-                                url: r.url(),
-                            }),
-                            resend: kept.as_ref().map(Request::url),
-                        };
-                        let decision = match decider.stop_without_time(&observed) {
-                            Some(stop) => Wait::Stop(stop),
-                            None => decider.after_attempt(
-                                observed,
-                                self.clock.get().now(),
-                                self.clock.get().wall_now(),
-                                &*self.rng.0,
-                            ),
-                        };
-                        let floor = decider.floor();
-                        span.in_scope(|| {
-                            self.log.attempt(
-                                watcher.as_deref(),
-                                number,
-                                &outcome,
-                                verdict,
-                                decision,
-                                floor,
-                            )
-                        });
+                        let seen = Observed::of(&outcome, verdict, kept.as_ref().map(Request::url));
+                        let decision = self.decide_after(&mut decider, seen);
+                        let traced = (number, &outcome, verdict, decision, decider.floor());
+                        span.in_scope(|| self.log.attempt(sent.watcher.as_deref(), traced));
                         match decision {
                             Wait::Stop(stop) => {
-                                return self.finish(&span, outcome, stop, &decider, key);
+                                return self.finish(&span, outcome, stop, &decider, sent.key);
                             }
                             Wait::Sleep(delay) => (outcome, delay),
                         }
                     };
                     // Boxed: the reading state is large, and only a retry needs it.
-                    previous = Some(Box::new(match outcome {
-                        Ok(answer) => Ok(Box::pin(body::keep(answer, body::KEPT, timer)).await),
-                        Err(err) => Err(err),
-                    }));
+                    let kept_body = body::keep(outcome, body::KEPT, timer);
+                    sent.previous = Some(Box::new(Box::pin(kept_body).await));
                     delay
                 };
-                if let Err(missing) = self.pause(delay).await {
-                    let cause = Err(middleware(missing));
-                    return self.finish(&span, cause, StopReason::TimerUnavailable, &decider, key);
+                if let Err(missing) = self.clock.wait(delay).await {
+                    return self.no_timer(&span, missing, &decider, sent.key);
                 }
                 now = self.clock.get().now();
             }
         }
     }
 
-    /// A wait on the clock: a hold before an attempt (which may come before any timer of the
-    /// request was made), or the wait before a retry.
-    async fn pause(&self, wait: std::time::Duration) -> Result<(), crate::TimerUnavailable> {
-        self.clock.checked_sleep(wait)?.await;
-        Ok(())
+    /// What a request needs after it has gone, decided before its first attempt: its key, whether
+    /// it may be repeated, and what the classifier and the observer see of it.
+    #[inline]
+    fn prepare<'a>(
+        &'a self,
+        dependency: &'a Dependency,
+        request: &Request,
+        refused: Option<reqwest_middleware::Error>,
+        decider: &mut Decider<'_>,
+    ) -> Result<Sent<'a>, (StopReason, reqwest_middleware::Error)> {
+        if let Some(cause) = refused {
+            return Err((StopReason::InvalidOverride, cause));
+        }
+        let key = idempotency::key_for(self.keys.as_ref(), request.method(), request.headers())
+            .map_err(|e| (StopReason::InvalidIdempotencyKey, middleware(e)))?;
+        if key.as_ref().is_some_and(|key| key.stamped) {
+            decider.key_stamped();
+        }
+        Ok(Sent {
+            repeatable: key.is_some() || classify::is_idempotent(request.method()),
+            key,
+            // Only a classifier needs the request after it has gone: its head is kept for it.
+            head: (dependency.classifier.as_ref()).map(|c| (c, Box::new(RequestHead::of(request)))),
+            watcher: self.observer.as_ref().map(|observer| {
+                Box::new(Watcher {
+                    observer: &*observer.0,
+                    dependency: &dependency.name,
+                    method: request.method().clone(),
+                    url: url_without_query(request.url()),
+                })
+            }),
+            previous: None,
+        })
+    }
+
+    /// What follows an attempt, from the core: at once when nothing needs the time.
+    #[inline]
+    fn decide_after(&self, decider: &mut Decider<'_>, observed: Observed<'_>) -> Wait {
+        match decider.stop_without_time(&observed) {
+            Some(stop) => Wait::Stop(stop),
+            None => {
+                let clock = self.clock.get();
+                decider.after_attempt(observed, clock.now(), clock.wall_now(), &*self.rng.0)
+            }
+        }
+    }
+
+    /// The end of a request whose clock has no timer to wait or time an attempt with.
+    fn no_timer(
+        &self,
+        span: &tracing::Span,
+        missing: crate::TimerUnavailable,
+        decider: &Decider<'_>,
+        key: Option<Key>,
+    ) -> reqwest_middleware::Result<Response> {
+        let cause = Err(middleware(missing));
+        self.finish(span, cause, StopReason::TimerUnavailable, decider, key)
     }
 
     /// The caller's outcome, traced in the request's span: the response with its record, or the
@@ -456,40 +396,26 @@ impl RetryMiddleware {
     ) -> reqwest_middleware::Result<Response> {
         let _entered = span.enter();
         let (attempts, waited) = (decider.attempts(), decider.waited());
+        let status = match &outcome {
+            Ok(response) => Some(response.status()),
+            Err(err) => err.status(),
+        };
+        self.log
+            .trace_stop(attempts, stop, waited, status.map(|s| s.as_u16()));
         let key = key.map(|key| key.value);
-        match outcome {
-            Ok(mut response) => {
-                let status = Some(response.status().as_u16());
-                self.log.trace_stop(attempts, stop, waited, status);
-                // The most common outcome, a first attempt's success without a key, carries
-                // no record: `RetryRecord::of` infers it, and the success path is spared an
-                // allocation and a map insertion.
-                if attempts > 1
-                    || stop != StopReason::Succeeded
-                    || key.is_some()
-                    || !waited.is_zero()
-                {
-                    response.extensions_mut().insert(RetryRecord {
-                        attempts,
-                        stop,
-                        waited,
-                        key,
-                        replayed: false,
-                    });
-                }
-                Ok(response)
-            }
-            Err(err) => {
-                let err = RetryError::new(attempts, stop, key, err);
-                Err(self.log.stopped(attempts, waited, err).into())
-            }
-        }
+        let record = RetryRecord {
+            attempts,
+            stop,
+            waited,
+            key,
+            replayed: false,
+        };
+        record.hand_back(outcome)
     }
 }
 
-// Written out rather than with `async_trait`, whose future would hold the request twice more
-// (as a capture and as a local) and the logical request's future inside its own: this boxes
-// that future alone, and a request an outer instance already retries costs no box at all.
+// Not `async_trait`, whose future would hold the request twice more and box this one inside its
+// own: the logical request's future alone is boxed, and a request passed through costs none.
 impl Middleware for RetryMiddleware {
     fn handle<'life0, 'life1, 'life2, 'async_trait>(
         &'life0 self,
@@ -511,34 +437,36 @@ impl Middleware for RetryMiddleware {
     }
 }
 
-/// The body of an attempt's answer read inside the attempt (the policy's `buffer_body`), racing
-/// the attempt's timer; judged again if reading it failed: a body cut off is transient.
-async fn read_body(
-    outcome: reqwest_middleware::Result<Response>,
-    verdict: classify::Verdict,
-    max: usize,
-    timer: Pin<&mut crate::clock::AttemptTimer>,
-    judging: &Judging<'_>,
-    number: u32,
-    limit: std::time::Duration,
-) -> (reqwest_middleware::Result<Response>, classify::Verdict) {
-    let Ok(response) = outcome else {
-        return (outcome, verdict);
-    };
-    let reading = std::pin::pin!(body::buffer(response, max));
-    let outcome = match chain::race(reading, timer).await {
-        // The same status and head: the verdict stands.
-        Some(Ok(read)) => return (Ok(read), verdict),
-        Some(Err(e)) => Err(reqwest_middleware::Error::Reqwest(e)),
-        None => Err(timed_out(limit)),
-    };
-    let verdict = judging.verdict(&outcome, number);
-    (outcome, verdict)
+/// What one logical request keeps of itself while its attempts go, decided before the first.
+struct Sent<'a> {
+    key: Option<Key>,
+    /// The method is idempotent, or the request carries a key.
+    repeatable: bool,
+    /// The dependency's classifier, and the request's head for it to see.
+    head: Option<(&'a Shared<dyn Classifier>, Box<RequestHead>)>,
+    watcher: Option<Box<Watcher<'a>>>,
+    /// The last outcome, kept through a wait for a stop that may follow it; boxed, as only a
+    /// retry needs room for it.
+    previous: Option<Box<reqwest_middleware::Result<Response>>>,
 }
 
-/// The error of an attempt that ran out of its time.
-fn timed_out(limit: std::time::Duration) -> reqwest_middleware::Error {
-    middleware(crate::error::AttemptTimeout { after: limit })
+impl Sent<'_> {
+    /// What a stop before an attempt hands back: the last outcome, or what says nothing was sent.
+    fn last_outcome(&mut self, stop: StopReason) -> reqwest_middleware::Result<Response> {
+        self.previous
+            .take()
+            .map_or_else(|| Err(nothing_sent(stop)), |outcome| *outcome)
+    }
+
+    #[inline]
+    fn judging<'j>(&'j self, policy: &'j RetryPolicy) -> Judging<'j> {
+        Judging {
+            policy,
+            repeatable: self.repeatable,
+            key: self.key.as_ref().map(|key| &key.value),
+            hook: self.head.as_ref().map(|(c, head)| (*c, &**head)),
+        }
+    }
 }
 
 fn middleware(cause: impl std::error::Error + Send + Sync + 'static) -> reqwest_middleware::Error {

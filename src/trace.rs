@@ -7,7 +7,7 @@ use reqwest::{Request, Response};
 use tracing::Level;
 
 use crate::classify::{self, Fault, Verdict};
-use crate::error::{RetryError, StopReason};
+use crate::error::StopReason;
 use crate::observe::{AttemptErrorKind, RetryEvent, RetryObserver};
 use crate::schedule::Wait;
 
@@ -50,6 +50,16 @@ pub(crate) struct Watcher<'a> {
     pub(crate) url: String,
 }
 
+/// One attempt as traced: its number, outcome and verdict, the decision after it, and the floor
+/// that decision honoured.
+pub(crate) type Seen<'o> = (
+    u32,
+    &'o reqwest_middleware::Result<Response>,
+    Verdict,
+    Wait,
+    Option<Duration>,
+);
+
 /// The levels of the middleware's events; see
 /// [`RetryMiddleware::with_retry_log_level`](crate::RetryMiddleware::with_retry_log_level).
 #[derive(Debug, Clone, Copy)]
@@ -80,17 +90,7 @@ impl LogLevels {
         }
     }
 
-    /// Traces the end of a logical request, and hands back its error.
-    pub(crate) fn stopped(&self, attempts: u32, waited: Duration, err: RetryError) -> RetryError {
-        self.trace_stop(
-            attempts,
-            err.stop_reason(),
-            waited,
-            err.status().map(|s| s.as_u16()),
-        );
-        err
-    }
-
+    /// Traces the end of a logical request.
     pub(crate) fn trace_stop(
         &self,
         attempts: u32,
@@ -109,15 +109,8 @@ impl LogLevels {
     }
 
     /// Traces one attempt and tells the observer, if any, with the floor the decision honoured.
-    pub(crate) fn attempt(
-        &self,
-        watcher: Option<&Watcher<'_>>,
-        attempt: u32,
-        outcome: &reqwest_middleware::Result<Response>,
-        verdict: Verdict,
-        decision: Wait,
-        floor: Option<Duration>,
-    ) {
+    pub(crate) fn attempt(&self, watcher: Option<&Watcher<'_>>, seen: Seen<'_>) {
+        let (attempt, outcome, verdict, decision, floor) = seen;
         let (status, error) = match outcome {
             Ok(r) => (Some(r.status().as_u16()), None),
             Err(e) => (
