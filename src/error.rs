@@ -49,9 +49,9 @@ pub enum StopReason {
     /// policy invalid (0 attempts, a deadline under the backoff base); nothing was sent. The
     /// error's source says what to change.
     InvalidOverride,
-    /// The dependency said its quota is spent (a `RateLimit` field with `r=0`), and the reset is
-    /// further off than `max_retry_after`, or than the deadline leaves time for; nothing was
-    /// sent.
+    /// The origin said its quota is spent (a `RateLimit` field with `r=0`), and the reset is
+    /// further off than `max_retry_after`, or than the deadline leaves time for: before a first
+    /// attempt nothing was sent; before a retry the answer that spent it is returned.
     QuotaExhausted,
     /// The dependency's [`AdaptiveThrottle`](crate::AdaptiveThrottle) rejected the attempt
     /// locally, before anything was sent: the dependency has been turning attempts away. A
@@ -194,7 +194,8 @@ impl RetryRecord {
         self.stop
     }
 
-    /// The total time spent waiting between attempts, as measured by the middleware's clock.
+    /// The total time spent waiting, before the first attempt (a spent quota's hold) and between
+    /// attempts, as measured by the middleware's clock.
     pub fn waited(&self) -> Duration {
         self.waited
     }

@@ -93,20 +93,29 @@
 //!
 //! A server that sends the IETF draft's `RateLimit` field (`RateLimit: "default";r=0;t=12`: no
 //! request left under the policy `default`, reset in 12 s) has said what it will do with the
-//! next request. When an answer says a quota is spent, the dependency's next requests wait for
-//! the reset before their first attempt, on the middleware's clock; one whose wait would exceed
-//! `max_retry_after` or the deadline fails at once with [`StopReason::QuotaExhausted`], nothing
-//! sent. An answer with quota left clears the hold; a `Retry-After` on the same answer takes
-//! precedence; malformed fields are ignored. On by default
-//! ([`RetryPolicyBuilder::rate_limit_fields`] turns it off): it costs one header lookup per
-//! answer.
+//! next request. When an answer says a quota is spent, the next requests to that origin (scheme,
+//! host and port: another host or port of the same dependency is not held) wait for the reset
+//! before their first attempt, on the middleware's clock, with the jitter a `Retry-After` floor
+//! gets above it, so that they do not all come back at the reset instant. The hold is inside the
+//! request's deadline; one whose hold would exceed `max_retry_after` or what the deadline leaves
+//! fails at once with [`StopReason::QuotaExhausted`], nothing sent. A retry after an answer that
+//! spent the quota waits for its reset like a `Retry-After` floor, or stops with that reason.
+//!
+//! A spent quota is believed for at most 60 s at a time: after that one request goes through as
+//! a probe, and its answer renews the quota or clears it, so one wrong answer (a reset a day
+//! away) cannot shut a dependency off for a day. A probe whose caller gives up is given back.
+//! An answer with quota left clears the hold; a `Retry-After` on the same answer takes
+//! precedence; field lines on one answer are one list; malformed fields are ignored. On by
+//! default ([`RetryPolicyBuilder::rate_limit_fields`] turns it off): it costs one header lookup
+//! per answer.
 //!
 //! # Adaptive throttling (opt-in)
 //!
 //! The budget bounds what retries add; an overloaded dependency still gets every first attempt.
 //! An [`AdaptiveThrottle`] on a dependency ([`Dependency::with_throttle`]) counts, over a
 //! trailing window (2 minutes by default), the attempts asked and those the dependency accepted
-//! (any answer but 429, 502, 503 and 504), and rejects an attempt locally with probability
+//! (an answer whose status the policy does not retry; an attempt its caller gave up on while it
+//! was on the wire counts as asked and not accepted), and rejects an attempt locally with probability
 //! `max(0, (requests - K * accepts) / (requests + 1))` (K = 2 by default), the rule of Google's
 //! SRE book. A rejected attempt sends nothing: a first attempt fails with
 //! [`StopReason::Throttled`], a retry stops with it, and the `throttled` counter counts both.

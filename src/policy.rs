@@ -343,14 +343,17 @@ impl RetryPolicyBuilder {
 
     /// Whether the dependency's `RateLimit` fields (the IETF draft
     /// `draft-ietf-httpapi-ratelimit-headers`) are heeded. On, an answer that says a quota is
-    /// spent (`RateLimit: "default";r=0;t=12`) makes the dependency's next requests wait for the
-    /// reset before their first attempt, instead of sending what the server said it will
-    /// refuse; a request whose wait would be longer than `max_retry_after`, or not leave time for
-    /// an attempt within the deadline, fails at once with
-    /// [`StopReason::QuotaExhausted`](crate::StopReason::QuotaExhausted). An answer with quota
-    /// left clears it. The wait comes before the request's deadline starts. A `Retry-After` on
-    /// the same answer takes precedence, and malformed fields are ignored. On by default: a
-    /// server that sends the field has said what it will do with the next request.
+    /// spent (`RateLimit: "default";r=0;t=12`) makes the next requests to the same origin
+    /// (scheme, host, port) wait for the reset before their first attempt, with jitter above
+    /// it, instead of sending what the server said it will refuse; the wait is inside the
+    /// request's deadline, and a request whose wait would be longer than `max_retry_after`, or
+    /// not leave time for an attempt within the deadline, fails at once with
+    /// [`StopReason::QuotaExhausted`](crate::StopReason::QuotaExhausted). A retry waits for a
+    /// spent quota's reset as for a `Retry-After`. A spent quota is believed for 60 s at a time;
+    /// then one request goes as a probe, and its answer renews or clears it. An answer with
+    /// quota left clears it. A `Retry-After` on the same answer takes precedence, and malformed
+    /// fields are ignored. On by default: a server that sends the field has said what it will do
+    /// with the next request.
     pub fn rate_limit_fields(mut self, on: bool) -> Self {
         self.rate_limit_fields = on;
         self
