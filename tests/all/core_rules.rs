@@ -255,15 +255,14 @@ fn throttle() -> AdaptiveThrottle {
 
 #[tokio::test]
 async fn callers_that_give_up_on_a_slow_dependency_turn_the_throttle_on() {
-    let server =
-        RawServer::start(vec![Action::Delay(Duration::from_millis(300), ok("late"))]).await;
+    let server = RawServer::start(vec![Action::Delay(Duration::from_secs(2), ok("late"))]).await;
     let throttle = throttle();
     let clock = FakeClock::new();
     let client = client(on(&clock, RetryPolicy::default()).with_throttle(throttle.clone()));
 
     let given_up = (0..10).map(|_| {
         tokio::time::timeout(
-            Duration::from_millis(30),
+            Duration::from_millis(150),
             client.get(server.url("/")).send(),
         )
     });
@@ -486,7 +485,7 @@ async fn a_request_dropped_during_its_probe_gives_the_probe_back() {
                  connection: close\r\n\r\n";
     let server = RawServer::start(vec![
         Action::Respond(spent.into()),
-        Action::Delay(Duration::from_millis(300), ok("late")),
+        Action::Delay(Duration::from_secs(2), ok("late")),
         Action::Respond(ok("")),
     ])
     .await;
@@ -496,7 +495,7 @@ async fn a_request_dropped_during_its_probe_gives_the_probe_back() {
     clock.advance(Duration::from_secs(61));
 
     let dropped = tokio::time::timeout(
-        Duration::from_millis(30),
+        Duration::from_millis(150),
         client.get(server.url("/")).send(),
     )
     .await;
