@@ -507,3 +507,31 @@ async fn a_request_dropped_during_its_probe_gives_the_probe_back() {
     assert_eq!(server.requests(), 3);
     assert!(clock.sleeps().is_empty());
 }
+
+#[tokio::test]
+async fn a_key_is_counted_as_stamped_only_for_a_request_that_is_sent() {
+    let server = MockServer::start().await;
+    Mock::given(any())
+        .respond_with(ResponseTemplate::new(503))
+        .mount(&server)
+        .await;
+    // K = 1: after one attempt turned away, the lowest draw rejects the next.
+    let throttle = AdaptiveThrottle::builder().k(1.0).build().unwrap();
+    let clock = FakeClock::new();
+    let once = RetryPolicy::builder().max_attempts(1).build().unwrap();
+    let middleware = on(&clock, once).with_throttle(throttle);
+    let counters = middleware.counters().clone();
+    let client = client(middleware);
+
+    assert_eq!(client.get(server.uri()).send().await.unwrap().status(), 503);
+    let err = client
+        .post(server.uri())
+        .body("x")
+        .send()
+        .await
+        .unwrap_err();
+    assert_eq!(stop_of(&err), StopReason::Throttled);
+    assert_eq!(received(&server).await, 1);
+    let counts = counters.snapshot();
+    assert_eq!((counts.keys_stamped, counts.throttled), (0, 1));
+}
