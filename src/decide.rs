@@ -72,6 +72,10 @@ use crate::rng::RandomSource;
 use crate::schedule::{self, Wait};
 use crate::throttle::{self, AdaptiveThrottle};
 
+/// The most holds one request waits out before it gives up with
+/// [`StopReason::QuotaExhausted`].
+const MOST_HOLDS: u8 = 16;
+
 /// What a dependency's requests share: the accounts the core keeps.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Accounts<'a> {
@@ -163,6 +167,8 @@ pub(crate) struct Decider<'a> {
     admitted: Option<Instant>,
     /// That attempt is on the wire: sent, and not yet ended.
     on_wire: bool,
+    /// Holds answered so far.
+    holds: u8,
     /// The probe of a spent quota this request took, until its answer (boxed: rare, and the
     /// decider lives in every request's future).
     probe: Option<Box<ProbeTicket>>,
@@ -200,6 +206,7 @@ impl<'a> Decider<'a> {
             stamped: false,
             admitted: None,
             on_wire: false,
+            holds: 0,
             probe: None,
             floor: None,
             last_backoff: None,
@@ -280,7 +287,13 @@ impl<'a> Decider<'a> {
             match self.accounts.quota.gate(&Origin::of(url), now) {
                 Gate::Open => {}
                 Gate::Probe(ticket) => self.probe = Some(Box::new(ticket)),
+                // A clock whose sleeps pass no time would hold for ever: a few holds are all
+                // a request ever needs (one per reset or probe it waits for).
+                Gate::Held(_) if self.holds >= MOST_HOLDS => {
+                    return self.refuse(StopReason::QuotaExhausted);
+                }
                 Gate::Held(hold) => {
+                    self.holds += 1;
                     let retry = self.attempt.saturating_sub(1);
                     return match schedule::hold(self.policy, retry, hold, remaining, rng) {
                         Wait::Sleep(hold) => {

@@ -2,6 +2,7 @@
 //! jitter, per origin, a floor for a retry, probes, and what a dropped request gives back.
 
 use super::*;
+use crate::decide::MOST_HOLDS;
 use crate::rate_limit::Quota;
 
 fn spent(s: &Setup, url: &str, wait: Duration) {
@@ -420,5 +421,49 @@ fn a_final_answer_needs_no_time_unless_the_quota_or_a_probe_has_something_to_tak
         probe.stop_without_time(&ok),
         None,
         "a probe's answer clears the quota"
+    );
+}
+
+#[test]
+fn a_clock_whose_sleeps_pass_no_time_cannot_hold_a_request_for_ever() {
+    let s = Setup::default();
+    spent(&s, "http://a.test/", secs(5));
+    let mut d = s.decider(false);
+    let mut holds = 0;
+    // Bounded: the core stops after its own limit, or the test fails at 100.
+    for _ in 0..100 {
+        match d.next_attempt(s.time.now(), Some(&URL), TOP) {
+            Next::Hold(_) => holds += 1,
+            other => {
+                assert_eq!(other, Next::Stop(StopReason::QuotaExhausted));
+                break;
+            }
+        }
+    }
+    assert_eq!(holds, MOST_HOLDS);
+    assert_eq!(s.counts().attempts, 0);
+}
+
+#[test]
+fn a_retry_after_as_long_as_the_quota_s_reset_names_the_retry_after() {
+    let s = Setup::default();
+    let mut d = s.decider(false);
+    begin(&mut d, &s.time);
+    // Another answer spent the quota for exactly as long as this one's Retry-After asks.
+    spent(&s, "http://a.test/", secs(40));
+    let headers = retry_after("40");
+    assert_eq!(
+        d.after(asking(&headers), &s.time, TOP),
+        Wait::Stop(StopReason::RetryAfterTooLong)
+    );
+    // One second longer, and the quota is the reason.
+    let mut d = s.decider(false);
+    s.quota
+        .update(&Origin::of(&URL), Some(Quota::Left), s.time.now());
+    begin(&mut d, &s.time);
+    spent(&s, "http://a.test/", secs(41));
+    assert_eq!(
+        d.after(asking(&headers), &s.time, TOP),
+        Wait::Stop(StopReason::QuotaExhausted)
     );
 }
