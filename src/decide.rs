@@ -356,7 +356,7 @@ impl<'a> Decider<'a> {
             self.admitted.filter(|_| self.on_wire),
         ) {
             (Some(throttle), Some(admitted)) => {
-                if throttle.slice() < self.policy.attempt_timeout() {
+                if !self.counted_at_admission(throttle) {
                     return None;
                 }
                 Some((throttle, admitted))
@@ -393,10 +393,7 @@ impl<'a> Decider<'a> {
         rng: &dyn RandomSource,
     ) -> Wait {
         if let (Some(throttle), Some(admitted)) = (self.accounts.throttle, self.off_the_wire()) {
-            // Counted at the instant it was admitted when no attempt can outlast a slice of
-            // the window (the default: 10 s slices, 10 s attempt timeouts); at its end
-            // otherwise (a window of a few seconds, whose slices are shorter than an attempt).
-            let at = if throttle.slice() >= self.policy.attempt_timeout() {
+            let at = if self.counted_at_admission(throttle) {
                 admitted
             } else {
                 now
@@ -523,6 +520,13 @@ impl<'a> Decider<'a> {
         } else if stop == StopReason::Succeeded {
             budget.refund(self.last_cost);
         }
+    }
+
+    /// Whether `throttle` counts an attempt at the instant it admitted it: when no attempt can
+    /// outlast a slice of its window (the default: 10 s slices, 10 s attempt timeouts), which
+    /// spares a clock reading; at its end otherwise (a window of a few seconds).
+    fn counted_at_admission(&self, throttle: &AdaptiveThrottle) -> bool {
+        throttle.slice() >= self.policy.attempt_timeout()
     }
 
     /// The attempt on the wire has ended: when the throttle admitted it, if it did.

@@ -467,3 +467,28 @@ fn a_retry_after_as_long_as_the_quota_s_reset_names_the_retry_after() {
         Wait::Stop(StopReason::QuotaExhausted)
     );
 }
+
+#[test]
+fn a_throttle_whose_slices_last_an_attempt_timeout_counts_it_at_its_admission() {
+    // Slices of 1 s, attempts of at most 1 s: counted in the slice of the admission, at once.
+    let mut s = Setup::new(policy(|p| p.attempt_timeout(secs(1))), None);
+    s.throttle = Some(
+        AdaptiveThrottle::builder()
+            .window(secs(12))
+            .build()
+            .unwrap(),
+    );
+    let throttle = s.throttle.clone().unwrap();
+    let start = s.time.now();
+    // Half a slice in, so that the attempt ends in the next slice.
+    throttle.counts(start);
+    s.time.advance(500 * MS);
+    let mut d = s.decider(false);
+    begin(&mut d, &s.time);
+    s.time.advance(900 * MS);
+    let ok = final_(StopReason::Succeeded, true);
+    assert_eq!(d.stop_without_time(&ok), Some(StopReason::Succeeded));
+    // Twelve slices after the admission's, the count is gone; the end's slice would keep it.
+    assert_eq!(throttle.counts(start + secs(11) + 900 * MS), (1, 1));
+    assert_eq!(throttle.counts(start + secs(12) + 100 * MS), (0, 0));
+}
