@@ -49,7 +49,7 @@ pub(crate) async fn buffer(
 /// `buffer_body` on, the body of an answer that will not be retried. A 503's body would be read in
 /// full (up to the limit) only to be thrown away.
 pub(crate) fn to_read(
-    policy: &crate::RetryPolicy,
+    policy: &crate::policy::RetryPolicy,
     outcome: &reqwest_middleware::Result<reqwest::Response>,
     verdict: crate::classify::Verdict,
 ) -> Option<usize> {

@@ -33,7 +33,7 @@ use crate::clock::AttemptTimer;
 #[inline]
 pub(crate) fn announce(extensions: &mut Extensions, span: &tracing::Span, number: u32) {
     if number > 1 {
-        extensions.insert(crate::RetryAttempt { number });
+        extensions.insert(crate::observe::RetryAttempt { number });
         span.record("http.request.resend_count", number - 1);
     }
 }

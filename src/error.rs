@@ -550,9 +550,16 @@ struct NothingSent {
 /// rejection, the reason otherwise.
 pub(crate) fn nothing_sent(stop: StopReason) -> reqwest_middleware::Error {
     match stop {
-        StopReason::Throttled => {
-            reqwest_middleware::Error::middleware(crate::throttle::ThrottledLocally)
-        }
+        StopReason::Throttled => reqwest_middleware::Error::middleware(ThrottledLocally),
         _ => reqwest_middleware::Error::middleware(NothingSent { stop }),
     }
 }
+
+/// The error inside the [`RetryError`](crate::RetryError) of a first attempt the adaptive
+/// throttle rejected: nothing was sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "the attempt was rejected locally by the adaptive throttle: the dependency has been turning \
+     attempts away, and nothing was sent"
+)]
+pub struct ThrottledLocally;

@@ -343,6 +343,7 @@ pub use clock::{Clock, Sleep, TimerUnavailable, TokioClock};
 pub use dependency::{Dependency, RetryOverride};
 pub use error::{
     AttemptTimeout, InvalidConfig, RetryError, RetryErrorExt, RetryRecord, StopReason,
+    ThrottledLocally,
 };
 pub use idempotency::{
     IdempotencyKeys, IdempotencyKeysBuilder, InvalidKey, KeyFormat, KeySource, SeededKeys, UuidKeys,
@@ -353,7 +354,7 @@ pub use observe::{
 };
 pub use policy::{RetryPolicy, RetryPolicyBuilder};
 pub use rng::{RandomSource, SeededRng, ThreadRng};
-pub use throttle::{AdaptiveThrottle, AdaptiveThrottleBuilder, ThrottledLocally};
+pub use throttle::{AdaptiveThrottle, AdaptiveThrottleBuilder};
 
 /// The README's examples, compiled and run as doctests.
 #[cfg(doctest)]

@@ -445,7 +445,10 @@ mod tests {
             "no field: no change"
         );
         state.update(&b, Some(Quota::Spent(Duration::ZERO)), now);
-        assert!(!state.maybe_spent(), "nothing to wait for: the fast path at once");
+        assert!(
+            !state.maybe_spent(),
+            "nothing to wait for: the fast path at once"
+        );
         assert_eq!(state.gate(&b, now), Gate::Open);
     }
 

@@ -202,18 +202,12 @@ impl AdaptiveThrottle {
     }
 }
 
-/// The error inside the [`RetryError`](crate::RetryError) of a first attempt the adaptive
-/// throttle rejected: nothing was sent.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-#[error(
-    "the attempt was rejected locally by the adaptive throttle: the dependency has been turning \
-     attempts away, and nothing was sent"
-)]
-pub struct ThrottledLocally;
-
 /// Whether the dependency accepted an attempt: it answered (`status`), with a status the policy
 /// does not retry. The same set that makes a status worth a retry makes it a refusal here.
-pub(crate) fn accepted(status: Option<http::StatusCode>, policy: &crate::RetryPolicy) -> bool {
+pub(crate) fn accepted(
+    status: Option<http::StatusCode>,
+    policy: &crate::policy::RetryPolicy,
+) -> bool {
     status.is_some_and(|status| !policy.is_retryable_status(status))
 }
 

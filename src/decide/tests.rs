@@ -184,7 +184,7 @@ pub(super) fn begin(d: &mut Decider<'_>, time: &Time) -> Duration {
 }
 
 pub(super) fn policy(
-    f: impl FnOnce(crate::RetryPolicyBuilder) -> crate::RetryPolicyBuilder,
+    f: impl FnOnce(crate::policy::RetryPolicyBuilder) -> crate::policy::RetryPolicyBuilder,
 ) -> RetryPolicy {
     f(RetryPolicy::builder()).build().unwrap()
 }
