@@ -60,9 +60,8 @@ pub(crate) fn to_read(
 /// How much of a transient answer's body is kept through the wait before a retry.
 pub(crate) const KEPT: usize = 64 * 1024;
 
-/// What is kept of a transient outcome through the wait before its retry (an error as it is): the
-/// answer with its body
-/// read into memory, up to `limit` bytes, so that a stop after the wait (the budget, the
+/// What is kept of a transient outcome through the wait before its retry (an error as it is):
+/// the answer with its body read into memory, up to `limit` bytes, so that a stop after the wait (the budget, the
 /// throttle, the deadline) hands the caller the server's whole answer, and the connection is
 /// released rather than held while nobody reads it. A longer body, one cut off, or one still
 /// arriving when `timer` (the attempt's) fires, is dropped, and so is the `Content-Length`

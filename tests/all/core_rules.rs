@@ -437,12 +437,13 @@ async fn a_stop_after_the_wait_returns_the_transient_answer_whole() {
     assert_eq!(answer.text().await.unwrap(), body);
 }
 
-#[tokio::test]
-async fn a_body_too_long_to_keep_through_the_wait_is_not_promised_by_the_head() {
-    let body = "x".repeat(70 * 1024);
+/// A 503 with a body of `len` bytes, retried once and refused by the throttle after the wait:
+/// what the caller gets back.
+async fn after_a_wait_with_a_body_of(len: usize) -> (reqwest::Response, String) {
+    let body = "x".repeat(len);
     let server = MockServer::start().await;
     Mock::given(any())
-        .respond_with(ResponseTemplate::new(503).set_body_string(body))
+        .respond_with(ResponseTemplate::new(503).set_body_string(body.clone()))
         .mount(&server)
         .await;
     let throttle = AdaptiveThrottle::builder().k(1.0).build().unwrap();
@@ -451,12 +452,21 @@ async fn a_body_too_long_to_keep_through_the_wait_is_not_promised_by_the_head() 
         .with_clock(clock.clone())
         .with_rng(then_zero(0))
         .with_throttle(throttle);
-    let client = client(middleware);
-
-    let answer = client.get(server.uri()).send().await.unwrap();
+    let answer = client(middleware).get(server.uri()).send().await.unwrap();
     assert_eq!(answer.status(), 503);
-    assert!(answer.headers().get("content-length").is_none());
-    assert_eq!(answer.text().await.unwrap(), "");
+    assert_eq!(clock.sleeps().len(), 1);
+    (answer, body)
+}
+
+#[tokio::test]
+async fn a_body_of_64_kib_is_kept_through_the_wait_and_a_longer_one_is_not_promised() {
+    let (kept, body) = after_a_wait_with_a_body_of(64 * 1024).await;
+    assert_eq!(kept.headers()["content-length"], "65536");
+    assert_eq!(kept.text().await.unwrap(), body);
+
+    let (dropped, _) = after_a_wait_with_a_body_of(64 * 1024 + 1).await;
+    assert!(dropped.headers().get("content-length").is_none());
+    assert_eq!(dropped.text().await.unwrap(), "");
 }
 
 #[tokio::test]
