@@ -545,3 +545,28 @@ async fn a_key_is_counted_as_stamped_only_for_a_request_that_is_sent() {
     let counts = counters.snapshot();
     assert_eq!((counts.keys_stamped, counts.throttled), (0, 1));
 }
+
+#[tokio::test]
+async fn a_body_without_a_declared_length_is_kept_up_to_64_kib_too() {
+    for (len, kept) in [(1_000, true), (64 * 1024 + 1, false)] {
+        // Delimited by the connection's close: nothing says the length before the bytes come.
+        let mut answer = b"HTTP/1.1 503 Service Unavailable\r\nconnection: close\r\n\r\n".to_vec();
+        answer.extend(std::iter::repeat_n(b'x', len));
+        let server = RawServer::start(vec![Action::Respond(answer)]).await;
+        let throttle = AdaptiveThrottle::builder().k(1.0).build().unwrap();
+        let clock = FakeClock::new();
+        let middleware = RetryMiddleware::new(RetryPolicy::default())
+            .with_clock(clock.clone())
+            .with_rng(then_zero(0))
+            .with_throttle(throttle);
+        let answer = client(middleware)
+            .get(server.url("/"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(answer.status(), 503);
+        assert_eq!(server.requests(), 1);
+        let body = answer.bytes().await.unwrap();
+        assert_eq!(body.len(), if kept { len } else { 0 }, "{len} bytes");
+    }
+}
