@@ -334,6 +334,34 @@ mod tests {
     }
 
     #[test]
+    fn a_deadline_override_moves_a_following_max_retry_after_and_cuts_a_set_one() {
+        let secs = Duration::from_secs;
+        let following = RetryPolicy::default();
+        let moved = RetryOverride::Deadline(secs(120))
+            .policy(&following)
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            (moved.deadline(), moved.max_retry_after()),
+            (secs(120), secs(120))
+        );
+        let set = RetryPolicy::builder()
+            .max_retry_after(secs(20))
+            .build()
+            .unwrap();
+        let longer = RetryOverride::Deadline(secs(120))
+            .policy(&set)
+            .unwrap()
+            .unwrap();
+        assert_eq!(longer.max_retry_after(), secs(20), "kept");
+        let shorter = RetryOverride::Deadline(secs(10))
+            .policy(&set)
+            .unwrap()
+            .unwrap();
+        assert_eq!(shorter.max_retry_after(), secs(10), "cut to the deadline");
+    }
+
+    #[test]
     fn a_host_matches_any_port_and_any_case() {
         let m = HostMatch::parse("API.example.com").unwrap();
         assert!(m.matches(&url("http://api.example.com/x")));
