@@ -321,6 +321,23 @@ mod tests {
     }
 
     #[test]
+    fn a_window_of_12_ms_and_a_k_of_1_are_the_smallest_accepted() {
+        let smallest = AdaptiveThrottle::builder()
+            .window(Duration::from_millis(12))
+            .k(1.0)
+            .build()
+            .expect("the documented minimums");
+        assert_eq!(smallest.slice(), Duration::from_millis(1));
+        assert!(
+            AdaptiveThrottle::builder()
+                .window(Duration::from_micros(11_999))
+                .build()
+                .is_err()
+        );
+        assert!(AdaptiveThrottle::builder().k(0.999).build().is_err());
+    }
+
+    #[test]
     fn the_probability_is_the_sre_formula() {
         for (requests, accepts, k, expected) in [
             (0, 0, 2.0, 0.0),
