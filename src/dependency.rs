@@ -314,7 +314,11 @@ mod tests {
             1,
             "the same counters"
         );
-        assert!(dependency.without_budget().budget().is_none());
+        assert!(dependency.clone().without_budget().budget().is_none());
+        assert!(dependency.throttle().is_none());
+        let throttle = crate::AdaptiveThrottle::builder().build().unwrap();
+        let throttled = dependency.with_throttle(throttle.clone());
+        assert!(throttled.throttle().unwrap().same_account(&throttle));
         assert!(
             Dependency::new("x", policy).budget().is_some(),
             "a budget of its own"

@@ -537,6 +537,16 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_drawn_backoff_follows_the_policy_s_jitter() {
+        let policy = RetryPolicy::default();
+        let ms = Duration::from_millis;
+        assert_eq!(policy.draw_backoff(2, ms(100), &|| u64::MAX), ms(400));
+        assert_eq!(policy.draw_backoff(2, ms(100), &|| 0u64), Duration::ZERO);
+        let none = RetryPolicy::builder().jitter(Jitter::None).build().unwrap();
+        assert_eq!(none.draw_backoff(0, ms(100), &|| 0u64), ms(100));
+    }
+
+    #[test]
     fn the_backoff_ceiling_doubles_from_the_base_up_to_the_cap() {
         let policy = RetryPolicy::builder()
             .base_delay(Duration::from_millis(30))

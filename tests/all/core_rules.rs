@@ -316,10 +316,9 @@ async fn every_call_to_send_counts_as_a_request_held_or_refused_and_holds_count_
 
     client.get(server.uri()).send().await.unwrap();
     let held = client.get(server.uri()).send().await.unwrap();
-    assert_eq!(
-        RetryRecord::of(&held).unwrap().waited(),
-        Duration::from_secs(12)
-    );
+    let record = RetryRecord::of(&held).unwrap();
+    assert_eq!(record.waited(), Duration::from_secs(12));
+    assert!(!record.replayed(), "no Idempotent-Replayed on the answer");
     for _ in 0..3 {
         let err = client.get(server.uri()).send().await.unwrap_err();
         assert_eq!(stop_of(&err), StopReason::QuotaExhausted);
