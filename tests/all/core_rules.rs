@@ -4,8 +4,6 @@
 //! gave up; counters that count every `send()`; the whole answer after a wait; a per-request
 //! deadline that moves `max_retry_after` with it. Each of these once went wrong.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use reqwest_middleware::{ClientBuilder, ClientWithMiddleware};
@@ -389,45 +387,42 @@ async fn a_spent_quota_on_a_second_field_line_holds() {
     assert_eq!(clock.sleeps(), [Duration::from_secs(7)]);
 }
 
-/// A random source that gives `first` once, then 0 for ever.
-fn then_zero(first: u64) -> impl Fn() -> u64 + Send + Sync + 'static {
-    let calls = Arc::new(AtomicU64::new(0));
-    move || {
-        if calls.fetch_add(1, Ordering::Relaxed) == 0 {
-            first
-        } else {
-            0
-        }
-    }
+/// The default policy on `clock`, whose retry the throttle refuses after the wait: with K = 1,
+/// once one attempt was turned away, the lowest draw rejects the next.
+fn refusing_the_retry(clock: &FakeClock) -> RetryMiddleware {
+    let throttle = AdaptiveThrottle::builder().k(1.0).build().unwrap();
+    on(clock, RetryPolicy::default()).with_throttle(throttle)
 }
 
-#[tokio::test]
-async fn a_stop_after_the_wait_returns_the_transient_answer_whole() {
-    let body = "the service is draining; come back in a little while.\n";
+/// A 503 with `body`, retried once and refused by the throttle after the wait: what the caller
+/// gets back.
+async fn after_a_wait_with(body: &str) -> reqwest::Response {
     let server = MockServer::start().await;
     Mock::given(any())
         .respond_with(ResponseTemplate::new(503).set_body_string(body))
         .mount(&server)
         .await;
-    // K = 1: once one attempt was turned away, the retry is rejected by the lowest draw.
-    let throttle = AdaptiveThrottle::builder().k(1.0).build().unwrap();
     let clock = FakeClock::new();
-    let middleware = RetryMiddleware::new(RetryPolicy::default())
-        .with_clock(clock.clone())
-        .with_rng(then_zero(0))
-        .with_throttle(throttle);
-    let client = client(middleware);
-
-    let answer = client.get(server.uri()).send().await.unwrap();
-    assert_eq!(
-        RetryRecord::of(&answer).unwrap().stop_reason(),
-        StopReason::Throttled
-    );
+    let answer = client(refusing_the_retry(&clock))
+        .get(server.uri())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 503);
+    let record = RetryRecord::of(&answer).unwrap();
+    assert_eq!(record.stop_reason(), StopReason::Throttled);
     assert_eq!(
         clock.sleeps().len(),
         1,
         "it waited before the throttle refused"
     );
+    answer
+}
+
+#[tokio::test]
+async fn a_stop_after_the_wait_returns_the_transient_answer_whole() {
+    let body = "the service is draining; come back in a little while.\n";
+    let answer = after_a_wait_with(body).await;
     assert_eq!(answer.content_length(), Some(body.len() as u64));
     assert_eq!(
         answer.headers()["content-length"],
@@ -436,34 +431,14 @@ async fn a_stop_after_the_wait_returns_the_transient_answer_whole() {
     assert_eq!(answer.text().await.unwrap(), body);
 }
 
-/// A 503 with a body of `len` bytes, retried once and refused by the throttle after the wait:
-/// what the caller gets back.
-async fn after_a_wait_with_a_body_of(len: usize) -> (reqwest::Response, String) {
-    let body = "x".repeat(len);
-    let server = MockServer::start().await;
-    Mock::given(any())
-        .respond_with(ResponseTemplate::new(503).set_body_string(body.clone()))
-        .mount(&server)
-        .await;
-    let throttle = AdaptiveThrottle::builder().k(1.0).build().unwrap();
-    let clock = FakeClock::new();
-    let middleware = RetryMiddleware::new(RetryPolicy::default())
-        .with_clock(clock.clone())
-        .with_rng(then_zero(0))
-        .with_throttle(throttle);
-    let answer = client(middleware).get(server.uri()).send().await.unwrap();
-    assert_eq!(answer.status(), 503);
-    assert_eq!(clock.sleeps().len(), 1);
-    (answer, body)
-}
-
 #[tokio::test]
 async fn a_body_of_64_kib_is_kept_through_the_wait_and_a_longer_one_is_not_promised() {
-    let (kept, body) = after_a_wait_with_a_body_of(64 * 1024).await;
+    let body = "x".repeat(64 * 1024);
+    let kept = after_a_wait_with(&body).await;
     assert_eq!(kept.headers()["content-length"], "65536");
     assert_eq!(kept.text().await.unwrap(), body);
 
-    let (dropped, _) = after_a_wait_with_a_body_of(64 * 1024 + 1).await;
+    let dropped = after_a_wait_with(&"x".repeat(64 * 1024 + 1)).await;
     assert!(dropped.headers().get("content-length").is_none());
     assert_eq!(dropped.text().await.unwrap(), "");
 }
@@ -552,13 +527,7 @@ async fn a_body_without_a_declared_length_is_kept_up_to_64_kib_too() {
         let mut answer = b"HTTP/1.1 503 Service Unavailable\r\nconnection: close\r\n\r\n".to_vec();
         answer.extend(std::iter::repeat_n(b'x', len));
         let server = RawServer::start(vec![Action::Respond(answer)]).await;
-        let throttle = AdaptiveThrottle::builder().k(1.0).build().unwrap();
-        let clock = FakeClock::new();
-        let middleware = RetryMiddleware::new(RetryPolicy::default())
-            .with_clock(clock.clone())
-            .with_rng(then_zero(0))
-            .with_throttle(throttle);
-        let answer = client(middleware)
+        let answer = client(refusing_the_retry(&FakeClock::new()))
             .get(server.url("/"))
             .send()
             .await

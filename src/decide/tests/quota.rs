@@ -11,6 +11,21 @@ fn spent(s: &Setup, url: &str, wait: Duration) {
         .update(&origin, Some(Quota::Spent(wait)), s.time.now());
 }
 
+/// A quota spent for a day whose 60 s of belief have run out: the next request probes it.
+fn unbelieved(s: &Setup) {
+    spent(s, "http://a.test/", secs(86_400));
+    s.time.advance(crate::rate_limit::BELIEF);
+}
+
+/// The next attempt of `d`, which must be sent at once with the default timeout, is sent.
+fn send(d: &mut Decider<'_>, s: &Setup) {
+    assert_eq!(
+        d.next_attempt(s.time.now(), Some(&URL), TOP),
+        Next::Send(secs(10))
+    );
+    d.attempt_started();
+}
+
 fn rate_limit(value: &'static str) -> HeaderMap {
     let mut headers = HeaderMap::new();
     headers.insert("ratelimit", HeaderValue::from_static(value));
@@ -190,15 +205,10 @@ fn a_request_dropped_during_a_hold_before_its_retry_gives_the_tokens_back() {
 #[test]
 fn a_probe_goes_once_the_belief_runs_out_and_a_dropped_probe_is_given_back() {
     let s = Setup::default();
-    spent(&s, "http://a.test/", secs(86_400));
-    s.time.advance(crate::rate_limit::BELIEF);
+    unbelieved(&s);
     {
         let mut probe = s.decider(false);
-        assert_eq!(
-            probe.next_attempt(s.time.now(), Some(&URL), TOP),
-            Next::Send(secs(10))
-        );
-        probe.attempt_started();
+        send(&mut probe, &s);
         // While the probe is out, the others are held for another minute: longer than they may.
         let mut other = s.decider(false);
         assert_eq!(
@@ -208,11 +218,7 @@ fn a_probe_goes_once_the_belief_runs_out_and_a_dropped_probe_is_given_back() {
     }
     // The probe was dropped on the wire: the next request is the probe.
     let mut probe = s.decider(false);
-    assert_eq!(
-        probe.next_attempt(s.time.now(), Some(&URL), TOP),
-        Next::Send(secs(10))
-    );
-    probe.attempt_started();
+    send(&mut probe, &s);
     // Its answer, with quota left or without a field, clears the quota for everyone.
     let ok = final_(StopReason::Succeeded, true);
     assert_eq!(
@@ -225,14 +231,9 @@ fn a_probe_goes_once_the_belief_runs_out_and_a_dropped_probe_is_given_back() {
 #[test]
 fn a_probe_that_gets_no_answer_keeps_the_quota_believed_another_minute() {
     let s = Setup::default();
-    spent(&s, "http://a.test/", secs(86_400));
-    s.time.advance(crate::rate_limit::BELIEF);
+    unbelieved(&s);
     let mut probe = s.decider(false);
-    assert_eq!(
-        probe.next_attempt(s.time.now(), Some(&URL), TOP),
-        Next::Send(secs(10))
-    );
-    probe.attempt_started();
+    send(&mut probe, &s);
     let broken = final_(StopReason::NotRetryable, false);
     probe.after(broken, &s.time, TOP);
     drop(probe);
@@ -321,8 +322,7 @@ fn a_throttle_rejection_gives_back_a_retry_s_tokens_and_a_probe() {
         begin(&mut d, &s.time);
         d.after(transient(), &s.time, TOP);
     }
-    spent(&s, "http://a.test/", secs(86_400));
-    s.time.advance(crate::rate_limit::BELIEF);
+    unbelieved(&s);
     let mut d = s.decider(false);
     assert_eq!(
         d.next_attempt(s.time.now(), Some(&URL), &|| 0u64),
@@ -413,8 +413,7 @@ fn a_final_answer_needs_no_time_unless_the_quota_or_a_probe_has_something_to_tak
     assert_eq!(d.stop_without_time(&answered), Some(StopReason::Succeeded));
 
     let s = Setup::default();
-    spent(&s, "http://a.test/", secs(86_400));
-    s.time.advance(crate::rate_limit::BELIEF);
+    unbelieved(&s);
     let mut probe = s.decider(false);
     begin(&mut probe, &s.time);
     assert_eq!(
