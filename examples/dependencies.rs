@@ -56,9 +56,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             .floor_per_sec(0.0)
             .build()?,
     );
-    let (payments_counters, cache_counters) =
-        (payments.counters().clone(), cache.counters().clone());
-    let cache_budget = cache.budget().expect("set above").clone();
+    // Clones share the counts: these are read after the middleware has the originals.
+    let (payments_counters, cache_counters) = (payments.clone(), cache.clone());
 
     let client = ClientBuilder::new(reqwest::Client::new())
         .with(
@@ -94,7 +93,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("\n");
 
     for (name, counters) in [("payments", &payments_counters), ("cache", &cache_counters)] {
-        let c = counters.snapshot();
+        let c = counters.counters();
         println!(
             "{name:<9} requests {:>3}  attempts {:>3}  retries {:>3}  budget refusals {:>3}  \
              deadline stops {:>2}  keys stamped {:>2}",
@@ -103,9 +102,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     println!(
         "\nThe cache's budget paid for {} retries and refused {}: its outage cost {} attempts for 10 lookups, not 20.",
-        cache_budget.retries(),
-        cache_budget.refusals(),
-        cache_counters.snapshot().attempts
+        cache_counters.counters().retries,
+        cache_counters.counters().budget_refusals,
+        cache_counters.counters().attempts
     );
     Ok(())
 }

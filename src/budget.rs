@@ -61,8 +61,7 @@ const MILLI: u64 = 1_000;
 
 /// What kind of failure a retry follows; kinds may cost differently.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum RetryKind {
+pub(crate) enum RetryKind {
     /// A throttling answer (429): the server is shedding load on purpose and will recover.
     Throttled,
     /// A timeout: the most expensive kind of failure for a struggling server.
@@ -73,23 +72,26 @@ pub enum RetryKind {
 
 /// A shared retry budget: a lock-free token bucket. Clones share the same bucket.
 ///
-/// One budget per dependency is the usual scope: build it once and hand clones to every client
-/// (and every [`RetryMiddleware`](crate::RetryMiddleware)) that calls that dependency, so their
-/// retries draw on one account.
+/// Every [`Dependency`](crate::Dependency) has one of its own, [`RetryBudget::default()`]; set one
+/// with [`Dependency::with_budget`](crate::Dependency::with_budget) to choose its size, or to
+/// share one account between dependencies that call the same service (clients in different
+/// parts of a program, say).
+///
+/// Three ways to make one, each for its own need: [`default()`](Self::default) for about 10 %
+/// extra load, [`ratio`](Self::ratio) for another share, [`aws_like`](Self::aws_like) for the
+/// AWS SDKs' accounting, and [`builder`](Self::builder) (which starts from `default()`'s settings)
+/// to set each amount.
 ///
 /// ```
-/// use reqwest_middleware::ClientBuilder;
-/// use reqwest_safe_retry::{RetryBudget, RetryMiddleware, RetryPolicy};
+/// use reqwest_safe_retry::{Dependency, RetryBudget, RetryMiddleware, RetryPolicy};
 ///
-/// let payments = RetryBudget::default(); // about 10 % extra load at most
-/// let client_a = ClientBuilder::new(reqwest::Client::new())
-///     .with(RetryMiddleware::new(RetryPolicy::default()).with_budget(payments.clone()))
-///     .build();
-/// let client_b = ClientBuilder::new(reqwest::Client::new())
-///     .with(RetryMiddleware::new(RetryPolicy::default()).with_budget(payments.clone()))
-///     .build();
-/// assert_eq!(payments.balance(), 10.0); // both clients draw on these 10 tokens
-/// # drop((client_a, client_b));
+/// let shared = RetryBudget::ratio(0.05)?; // retries add at most about 5 % to the load
+/// let orders = Dependency::new("orders", RetryPolicy::default()).with_budget(shared.clone());
+/// let refunds = Dependency::new("refunds", RetryPolicy::default()).with_budget(shared.clone());
+/// let middleware = RetryMiddleware::new(orders).route("refunds.internal", refunds)?;
+/// assert_eq!(shared.balance(), 10.0); // both dependencies draw on these 10 tokens
+/// # drop(middleware);
+/// # Ok::<(), reqwest_safe_retry::InvalidConfig>(())
 /// ```
 #[derive(Clone)]
 pub struct RetryBudget {
@@ -173,7 +175,8 @@ impl RetryBudget {
     }
 
     /// The balance in milli-tokens, exactly.
-    pub fn balance_milli(&self) -> u64 {
+    #[cfg(test)]
+    pub(crate) fn balance_milli(&self) -> u64 {
         self.inner.tokens.get()
     }
 
@@ -183,26 +186,26 @@ impl RetryBudget {
     }
 
     /// Retries the budget has paid for.
-    pub fn retries(&self) -> u64 {
+    #[cfg(test)]
+    pub(crate) fn retries(&self) -> u64 {
         self.inner.retries.load(Ordering::Relaxed)
     }
 
     /// Retries the budget has refused.
-    pub fn refusals(&self) -> u64 {
+    #[cfg(test)]
+    pub(crate) fn refusals(&self) -> u64 {
         self.inner.refusals.load(Ordering::Relaxed)
     }
 
     /// Whether `other` is a clone of this budget (the same bucket).
-    pub fn same_bucket(&self, other: &RetryBudget) -> bool {
+    #[cfg(test)]
+    pub(crate) fn same_bucket(&self, other: &RetryBudget) -> bool {
         Arc::ptr_eq(&self.inner, &other.inner)
     }
 
     /// Withdraws the cost of one retry after a failure of `kind`, or refuses it; returns the cost
     /// paid, in milli-tokens. `now` is the caller's clock reading, for the time floor.
-    ///
-    /// The middleware calls this itself; it is public for code that retries other transports
-    /// against the same budget.
-    pub fn try_withdraw(&self, kind: RetryKind, now: Instant) -> Option<u64> {
+    pub(crate) fn try_withdraw(&self, kind: RetryKind, now: Instant) -> Option<u64> {
         let inner = &*self.inner;
         inner.refill(now);
         let cost = match kind {
@@ -221,11 +224,8 @@ impl RetryBudget {
 
     /// Gives back `cost` milli-tokens from a withdrawal whose retry was never started (the
     /// request was dropped during its backoff, or stopped before the attempt): the balance gets
-    /// them back (up to the capacity) and [`retries`](Self::retries) no longer counts it.
-    ///
-    /// The middleware calls this itself, from a guard that runs however the request ends; it
-    /// is public for code that retries other transports against the same budget.
-    pub fn cancel_withdrawal(&self, cost: u64) {
+    /// them back (up to the capacity) and the count of retries paid for no longer counts it.
+    pub(crate) fn cancel_withdrawal(&self, cost: u64) {
         let inner = &*self.inner;
         inner.tokens.deposit(cost, inner.config.capacity);
         // Saturating: a cancel without its withdrawal must not wrap the count.
@@ -239,7 +239,7 @@ impl RetryBudget {
     ///
     /// This is all a success costs the budget: one atomic load while the bucket is full (the
     /// usual state of a healthy dependency), one compare-and-swap while it refills.
-    pub fn deposit_first_attempt(&self) {
+    pub(crate) fn deposit_first_attempt(&self) {
         let inner = &*self.inner;
         let (amount, capacity) = (inner.config.deposit, inner.config.capacity);
         if amount > 0 && inner.tokens.get() < capacity {
@@ -249,7 +249,7 @@ impl RetryBudget {
 
     /// Records a success (a response below 400) after retries whose last retry cost `cost`
     /// milli-tokens: refunds it if the budget refunds on success.
-    pub fn refund(&self, cost: u64) {
+    pub(crate) fn refund(&self, cost: u64) {
         let inner = &*self.inner;
         if inner.config.refund {
             inner.tokens.deposit(cost, inner.config.capacity);
@@ -306,8 +306,8 @@ impl fmt::Debug for RetryBudget {
         f.debug_struct("RetryBudget")
             .field("balance", &self.balance())
             .field("capacity", &self.capacity())
-            .field("retries", &self.retries())
-            .field("refusals", &self.refusals())
+            .field("retries", &self.inner.retries.load(Ordering::Relaxed))
+            .field("refusals", &self.inner.refusals.load(Ordering::Relaxed))
             .finish()
     }
 }

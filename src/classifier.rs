@@ -37,7 +37,7 @@ pub enum Outcome<'a> {
     Error(&'a reqwest_middleware::Error),
 }
 
-/// One attempt, as a [`Classifier`] sees it: the request and its outcome, and what the default
+/// One attempt, as a [classifier](crate::Dependency::with_classifier) sees it: the request and its outcome, and what the default
 /// rules make of it.
 #[derive(Debug, Clone, Copy)]
 pub struct Attempt<'a> {
@@ -97,38 +97,9 @@ impl<'a> Attempt<'a> {
     }
 }
 
-/// Decides which outcomes are transient for one dependency, wider or narrower than the default
-/// rules.
-///
-/// The default rules (see the crate docs) call a timeout, a refused or reset connection, a
-/// response cut short, and a status in the policy's set (429, 502, 503, 504 by default; 409 for
-/// a keyed request) transient, and everything else final. A classifier on a
-/// [`Dependency`](crate::Dependency) replaces that one question, with the request and the
-/// outcome in view: "a 503 from `/reports` is final", "this error of my own middleware is
-/// transient", "a 200 whose `X-Status` says `pending` is worth another try".
-///
-/// It answers only whether the outcome is transient. Whether repeating is *safe* stays the
-/// middleware's rule, and a classifier cannot loosen it: a request that is neither idempotent
-/// nor keyed is repeated only when nothing of it reached the server (a connect error), however
-/// loudly a classifier says "transient". The attempt limit, the deadline, `Retry-After` and the
-/// budget apply as always.
-///
-/// Any `Fn(&Attempt<'_>) -> Retryable` closure that is `Send + Sync` is one:
-///
-/// ```
-/// use reqwest_safe_retry::{Attempt, Dependency, Retryable, RetryPolicy};
-///
-/// // 503s from the report endpoint are final (it sheds load for minutes); 500s from the
-/// // search endpoint are transient; the default rules for everything else.
-/// let classify = |attempt: &Attempt<'_>| match (attempt.url().path(), attempt.status()) {
-///     ("/reports", Some(s)) if s.as_u16() == 503 => Retryable::Fatal,
-///     ("/search", Some(s)) if s.as_u16() == 500 => Retryable::Transient,
-///     _ => attempt.default_verdict(),
-/// };
-/// let dependency = Dependency::new("api", RetryPolicy::default()).with_classifier(classify);
-/// # drop(dependency);
-/// ```
-pub trait Classifier: Send + Sync + 'static {
+/// The classifier as a dependency keeps it: any `Fn(&Attempt<'_>) -> Retryable` closure; see
+/// [`Dependency::with_classifier`](crate::Dependency::with_classifier).
+pub(crate) trait Classifier: Send + Sync + 'static {
     /// Whether `attempt`'s outcome is transient. Called once per attempt, before the safety
     /// rule and the limits (with `buffer_body`, once more if reading the body fails, on that
     /// error); keep it quick, it runs on the request's task.

@@ -412,7 +412,7 @@ mod tests {
     #[test]
     fn errors_are_judged_by_their_fault_and_the_method() {
         let timeout = || {
-            reqwest_middleware::Error::middleware(crate::AttemptTimeout {
+            reqwest_middleware::Error::middleware(crate::error::AttemptTimeout {
                 after: std::time::Duration::from_secs(1),
             })
         };

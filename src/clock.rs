@@ -352,8 +352,7 @@ impl fmt::Debug for SharedClock {
      runtime built with enable_time() or enable_all(), or give the middleware another Clock \
      (with_clock)"
 )]
-#[non_exhaustive]
-pub struct TimerUnavailable;
+pub(crate) struct TimerUnavailable;
 
 #[cfg(feature = "test-util")]
 pub use fake::FakeClock;
@@ -447,7 +446,8 @@ mod fake {
         }
 
         /// The sum of every sleep requested so far (saturating).
-        pub fn total_slept(&self) -> Duration {
+        #[cfg(test)]
+        pub(crate) fn total_slept(&self) -> Duration {
             self.state()
                 .sleeps
                 .iter()

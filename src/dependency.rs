@@ -11,30 +11,47 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::budget::RetryBudget;
-use crate::classifier::Classifier;
+use crate::classifier::{Attempt, Classifier, Retryable};
 use crate::decide::Accounts;
 use crate::error::InvalidConfig;
-use crate::observe::{MetricKeys, RetryCounters};
+use crate::idempotency::IdempotencyKeys;
+use crate::observe::{CounterSnapshot, MetricKeys, RetryCounters};
 use crate::policy::RetryPolicy;
 use crate::rate_limit::QuotaState;
 use crate::shared::Shared;
 use crate::throttle::AdaptiveThrottle;
 
-/// One dependency's retry settings: a name (for counters, metrics and traces), a policy, a
-/// budget of its own unless one is shared on purpose, and counters.
+/// One dependency's retry settings: a name (for counters, metrics and logs), a policy, a budget
+/// of its own unless one is shared on purpose, counters, idempotency keys, and optionally a
+/// classifier and a throttle. Hand it to [`RetryMiddleware::new`](crate::RetryMiddleware::new)
+/// or [`route`](crate::RetryMiddleware::route).
+///
+/// Clones share everything that changes while requests run: the budget, the counters, the
+/// throttle and what the server's `RateLimit` fields said. Keep a clone to read
+/// [`counters`](Self::counters) after handing one to the middleware.
 ///
 /// ```
 /// use std::time::Duration;
-/// use reqwest_safe_retry::{Dependency, RetryBudget, RetryPolicy};
+/// use reqwest_middleware::ClientBuilder;
+/// use reqwest_safe_retry::{Dependency, RetryBudget, RetryMiddleware, RetryPolicy, Retryable};
 ///
-/// let cache = Dependency::new(
-///     "cache",
-///     RetryPolicy::builder().max_attempts(2).deadline(Duration::from_millis(300)).build()?,
-/// );
-/// let shared = RetryBudget::default();
-/// let payments = Dependency::new("payments", RetryPolicy::default()).with_budget(shared.clone());
-/// assert!(payments.budget().unwrap().same_bucket(&shared));
-/// assert!(!cache.budget().unwrap().same_bucket(&shared));
+/// let payments = Dependency::new("payments", RetryPolicy::default())
+///     .with_budget(RetryBudget::aws_like());
+/// // A second client of the same service shares the budget: it is a clone of the dependency.
+/// let inventory = Dependency::new(
+///     "inventory",
+///     RetryPolicy::builder().max_attempts(4).deadline(Duration::from_secs(5)).build()?,
+/// )
+/// .with_classifier(|attempt| match attempt.status() {
+///     // This service answers 500 while a node restarts.
+///     Some(status) if status.as_u16() == 500 => Retryable::Transient,
+///     _ => attempt.default_verdict(),
+/// });
+/// let middleware = RetryMiddleware::new(payments.clone())
+///     .route("inventory.internal", inventory.clone())?;
+/// let client = ClientBuilder::new(reqwest::Client::new()).with(middleware).build();
+/// assert_eq!(payments.counters().requests, 0);
+/// # drop(client);
 /// # Ok::<(), reqwest_safe_retry::InvalidConfig>(())
 /// ```
 #[derive(Debug, Clone)]
@@ -46,13 +63,22 @@ pub struct Dependency {
     pub(crate) metric_keys: MetricKeys,
     pub(crate) classifier: Option<Shared<dyn Classifier>>,
     pub(crate) throttle: Option<AdaptiveThrottle>,
+    pub(crate) keys: Option<IdempotencyKeys>,
     /// What the dependency's `RateLimit` fields last said; clones share it.
     pub(crate) quota: Arc<QuotaState>,
 }
 
+impl From<RetryPolicy> for Dependency {
+    /// A dependency named `default` with `policy`, as [`Dependency::new`] makes it.
+    fn from(policy: RetryPolicy) -> Self {
+        Dependency::new("default", policy)
+    }
+}
+
 impl Dependency {
-    /// A dependency with `policy`, a new default budget ([`RetryBudget::default()`]) of its own,
-    /// and new counters.
+    /// A dependency named `name` with `policy`, a new default budget ([`RetryBudget::default()`])
+    /// of its own, new counters, the default idempotency keys ([`IdempotencyKeys::default()`]:
+    /// a random UUID on each POST and PATCH), no classifier and no throttle.
     pub fn new(name: &str, policy: RetryPolicy) -> Self {
         Dependency {
             name: Arc::from(name),
@@ -62,49 +88,84 @@ impl Dependency {
             metric_keys: MetricKeys::new(name),
             classifier: None,
             throttle: None,
+            keys: Some(IdempotencyKeys::default()),
             quota: Arc::default(),
         }
     }
 
-    /// Draws this dependency's retries from `budget` (pass a clone to share one).
+    /// Draws this dependency's retries from `budget`. Pass clones of one budget to dependencies
+    /// that call the same service through different names, so their retries share one account.
     pub fn with_budget(mut self, budget: RetryBudget) -> Self {
         self.budget = Some(budget);
         self
     }
 
-    /// Retries without a budget.
+    /// Retries without a budget: only the attempt limit and the deadline bound them, so during
+    /// an outage every request makes all its attempts. For a dependency whose load you own.
     pub fn without_budget(mut self) -> Self {
         self.budget = None;
         self
     }
 
-    /// Decides which of this dependency's outcomes are transient with `classifier` instead of
-    /// the default rules; see [`Classifier`]. The safety rule still holds: a request that is
-    /// neither idempotent nor keyed is repeated only when nothing of it reached the server.
-    pub fn with_classifier(mut self, classifier: impl Classifier) -> Self {
-        self.classifier = Some(Shared(Arc::new(classifier)));
+    /// Decides which of this dependency's outcomes are transient with `classify` instead of the
+    /// default rules. It answers only whether a failure may go differently next time:
+    /// [`Attempt::default_verdict`] is what the default rules say, to return for every case it
+    /// has no rule of its own for.
+    ///
+    /// The default rules call a timeout, a host name that could not be resolved, a refused or
+    /// reset connection, a response cut short, and a status in the policy's set (429, 502, 503,
+    /// 504 by default; 409 for a keyed request) transient, and everything else final. Whether
+    /// repeating is *safe* stays the middleware's rule, and a classifier cannot loosen it: a
+    /// request that is neither idempotent nor keyed is repeated only when nothing of it reached
+    /// the server, however loudly `classify` says "transient". The attempt limit, the deadline,
+    /// `Retry-After` and the budget apply as always. It runs once per attempt (with
+    /// `buffer_body`, once more if reading the body fails), on the request's task: keep it quick.
+    ///
+    /// ```
+    /// use reqwest_safe_retry::{Dependency, Retryable, RetryPolicy};
+    ///
+    /// // 503s from the report endpoint are final (it sheds load for minutes); 500s from the
+    /// // search endpoint are transient; the default rules for everything else.
+    /// let api = Dependency::new("api", RetryPolicy::default()).with_classifier(|attempt| {
+    ///     match (attempt.url().path(), attempt.status().map(|s| s.as_u16())) {
+    ///         ("/reports", Some(503)) => Retryable::Fatal,
+    ///         ("/search", Some(500)) => Retryable::Transient,
+    ///         _ => attempt.default_verdict(),
+    ///     }
+    /// });
+    /// # drop(api);
+    /// ```
+    pub fn with_classifier<F>(mut self, classify: F) -> Self
+    where
+        F: Fn(&Attempt<'_>) -> Retryable + Send + Sync + 'static,
+    {
+        self.classifier = Some(Shared(Arc::new(classify)));
         self
     }
 
     /// Throttles this dependency's attempts with `throttle` (pass a clone to share one account
-    /// between clients); see [`AdaptiveThrottle`]. Off by default.
+    /// between dependencies); see [`AdaptiveThrottle`]. Off by default.
     pub fn with_throttle(mut self, throttle: AdaptiveThrottle) -> Self {
         self.throttle = Some(throttle);
         self
     }
 
-    /// The adaptive throttle, if any.
-    pub fn throttle(&self) -> Option<&AdaptiveThrottle> {
-        self.throttle.as_ref()
-    }
-
-    /// Counts into `counters` (pass a clone to keep reading them).
-    pub fn with_counters(mut self, counters: RetryCounters) -> Self {
-        self.counters = counters;
+    /// Stamps and recognises this dependency's idempotency keys as `keys` says: another header
+    /// name, the quoted form, other methods, your own key source.
+    pub fn with_idempotency_keys(mut self, keys: IdempotencyKeys) -> Self {
+        self.keys = Some(keys);
         self
     }
 
-    /// The name used in counters, metrics and traces.
+    /// Neither stamps nor looks for idempotency keys, for a server that refuses unknown
+    /// headers: whether a request may be repeated then depends on its method alone, so POST and
+    /// PATCH are retried only when nothing of them was sent.
+    pub fn without_idempotency_keys(mut self) -> Self {
+        self.keys = None;
+        self
+    }
+
+    /// The name used in counters, metrics and logs.
     pub fn name(&self) -> &str {
         &self.name
     }
@@ -114,14 +175,21 @@ impl Dependency {
         &self.policy
     }
 
-    /// The budget, if any.
+    /// The budget, if any: its [`balance`](RetryBudget::balance) shows how much retrying is left.
     pub fn budget(&self) -> Option<&RetryBudget> {
         self.budget.as_ref()
     }
 
-    /// The counters; clones share the counts.
-    pub fn counters(&self) -> &RetryCounters {
-        &self.counters
+    /// The adaptive throttle, if any.
+    pub fn throttle(&self) -> Option<&AdaptiveThrottle> {
+        self.throttle.as_ref()
+    }
+
+    /// The counts so far of every request through this dependency and its clones: requests,
+    /// attempts, retries, budget refusals and the rest. With the `metrics` feature the same
+    /// counts also go to the `metrics` facade.
+    pub fn counters(&self) -> CounterSnapshot {
+        self.counters.snapshot()
     }
 
     /// What the decision core keeps for this dependency's requests.
@@ -220,24 +288,26 @@ impl HostMatch {
 /// let soon = std::time::Duration::from_secs(2);
 /// client.get("http://127.0.0.1:8080/quote").with_extension(RetryOverride::Deadline(soon)).send().await?;
 ///
-/// // A whole policy of its own.
-/// let patient = RetryPolicy::builder().max_attempts(6).build().expect("a valid policy");
-/// client.get("http://127.0.0.1:8080/report").with_extension(RetryOverride::Policy(patient)).send().await?;
 /// # Ok(()) }
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum RetryOverride {
-    /// Send once, with the dependency's timeouts; never retry.
+    /// Send once, with the dependency's timeouts; never retry. The record and the error say
+    /// [`StopReason::RetriesDisabled`](crate::StopReason::RetriesDisabled), so a log tells a
+    /// call that must not be repeated from one whose attempts ran out. The same as
+    /// `MaxAttempts(1)` in every other way.
     NoRetries,
-    /// Use this policy instead of the dependency's; the dependency's budget still pays.
-    Policy(RetryPolicy),
-    /// The dependency's policy with at most this many attempts, the first included.
+    /// The dependency's policy with at most this many attempts, the first included (at least
+    /// 1; 0 stops the request before sending with
+    /// [`StopReason::InvalidOverride`](crate::StopReason::InvalidOverride)).
     MaxAttempts(u32),
     /// The dependency's policy with this total deadline, and everything that follows from it:
     /// the attempt timeouts, and a `max_retry_after` left to follow the deadline (the default),
     /// which follows this one. A `max_retry_after` set apart from the deadline is kept, lowered
-    /// to this deadline if it is above it.
+    /// to this deadline if it is above it. It never fails a call: a deadline under a
+    /// millisecond is a millisecond, and one no longer than the policy's `base_delay` leaves
+    /// room for no retry, so the request makes one attempt.
     Deadline(Duration),
 }
 
@@ -270,17 +340,21 @@ impl RetryOverride {
     ) -> Result<Option<RetryPolicy>, InvalidConfig> {
         let changed = match *self {
             RetryOverride::NoRetries => return Ok(None),
-            RetryOverride::Policy(own) => return Ok(Some(own)),
             RetryOverride::MaxAttempts(attempts) => policy.to_builder().max_attempts(attempts),
-            // A `max_retry_after` left to follow the deadline follows the new one; one set
-            // apart from it is kept, cut to the new deadline.
-            RetryOverride::Deadline(deadline) if policy.max_retry_after() == policy.deadline() => {
-                policy.to_builder().deadline(deadline)
+            RetryOverride::Deadline(deadline) => {
+                let deadline = deadline.max(Duration::from_millis(1));
+                let mut changed = policy.to_builder();
+                // A `max_retry_after` left to follow the deadline follows the new one (the
+                // builder leaves it unset); one set apart from it is kept, cut to the new
+                // deadline.
+                if policy.max_retry_after() != policy.deadline() {
+                    changed = changed.max_retry_after(policy.max_retry_after().min(deadline));
+                }
+                if policy.base_delay() >= deadline {
+                    changed = changed.max_attempts(1);
+                }
+                changed.deadline(deadline)
             }
-            RetryOverride::Deadline(deadline) => policy
-                .to_builder()
-                .max_retry_after(policy.max_retry_after().min(deadline))
-                .deadline(deadline),
         };
         changed
             .build()
@@ -298,30 +372,32 @@ mod tests {
     }
 
     #[test]
-    fn a_dependency_gives_back_what_it_was_built_with() {
+    fn a_dependency_gives_back_what_it_was_built_with_and_its_clones_share_the_counts() {
         let policy = RetryPolicy::builder().max_attempts(5).build().unwrap();
         let budget = RetryBudget::aws_like();
-        let counters = RetryCounters::new();
-        let dependency = Dependency::new("payments", policy)
-            .with_budget(budget.clone())
-            .with_counters(counters.clone());
+        let dependency = Dependency::new("payments", policy).with_budget(budget.clone());
         assert_eq!(dependency.name(), "payments");
         assert_eq!(*dependency.policy(), policy);
         assert!(dependency.budget().unwrap().same_bucket(&budget));
-        counters.add(crate::observe::Count::Request, &MetricKeys::new("payments"));
-        assert_eq!(
-            dependency.counters().snapshot().requests,
-            1,
-            "the same counters"
-        );
+        let clone = dependency.clone();
+        clone
+            .counters
+            .add(crate::observe::Count::Request, &MetricKeys::new("payments"));
+        assert_eq!(dependency.counters().requests, 1, "the same counters");
         assert!(dependency.clone().without_budget().budget().is_none());
         assert!(dependency.throttle().is_none());
+        assert!(dependency.keys.is_some(), "keys by default");
+        assert!(dependency.clone().without_idempotency_keys().keys.is_none());
         let throttle = crate::AdaptiveThrottle::builder().build().unwrap();
         let throttled = dependency.with_throttle(throttle.clone());
         assert!(throttled.throttle().unwrap().same_account(&throttle));
-        assert!(
-            Dependency::new("x", policy).budget().is_some(),
-            "a budget of its own"
+        let fresh = Dependency::new("x", policy);
+        assert!(fresh.budget().is_some(), "a budget of its own");
+        assert!(!fresh.budget().unwrap().same_bucket(&budget));
+        let from_policy = Dependency::from(policy);
+        assert_eq!(
+            (from_policy.name(), *from_policy.policy()),
+            ("default", policy)
         );
     }
 
@@ -332,7 +408,7 @@ mod tests {
             format!("{plain:?}").contains("classifier: None"),
             "{plain:?}"
         );
-        let hooked = plain.with_classifier(|a: &crate::Attempt<'_>| a.default_verdict());
+        let hooked = plain.with_classifier(|a| a.default_verdict());
         let debug = format!("{hooked:?}");
         assert!(debug.contains("classifier: Some(Classifier)"), "{debug}");
     }

@@ -224,7 +224,7 @@ impl RetryRecord {
 ///
 /// if let Err(err) = client.get("http://127.0.0.1:9/").send().await {
 ///     let retry = RetryError::of(&err).expect("every error of the middleware is a RetryError");
-///     if retry.is_connect() {
+///     if retry.failed_to_connect() {
 ///         eprintln!("unreachable after {} attempts ({})", retry.attempts(), retry.stop_reason());
 ///     }
 /// }
@@ -270,7 +270,8 @@ impl RetryError {
         }
     }
 
-    /// How many attempts were made, the first included.
+    /// How many attempts were made, the first included. [`RetryErrorExt::attempts`] is `None`
+    /// for an error that did not come from this middleware.
     pub fn attempts(&self) -> u32 {
         self.attempts
     }
@@ -291,18 +292,26 @@ impl RetryError {
     }
 
     /// Whether the last attempt timed out: reqwest's own timeout (set on the client or the
-    /// request) or the policy's per-attempt timeout ([`AttemptTimeout`]).
-    pub fn is_timeout(&self) -> bool {
+    /// request) or the policy's per-attempt timeout. [`RetryErrorExt::timed_out`] asks the
+    /// same of a `reqwest_middleware::Error`, from this middleware or not.
+    #[doc(alias = "is_timeout")]
+    pub fn timed_out(&self) -> bool {
         self.last.is_timeout() || AttemptTimeout::is(&self.last)
     }
 
-    /// Whether the last attempt failed to connect.
-    pub fn is_connect(&self) -> bool {
+    /// Whether the last attempt failed to connect (the host name could not be resolved, or the
+    /// connection was refused): nothing of the request was sent.
+    /// [`RetryErrorExt::failed_to_connect`] asks the same of any `reqwest_middleware::Error`.
+    #[doc(alias = "is_connect")]
+    pub fn failed_to_connect(&self) -> bool {
         self.last.is_connect()
     }
 
-    /// The status code the last error carries, if any.
-    pub fn status(&self) -> Option<StatusCode> {
+    /// The status code the last attempt's error carries, if any (reqwest's `error_for_status`
+    /// in an inner middleware makes one). [`RetryErrorExt::last_status`] asks the same of any
+    /// `reqwest_middleware::Error`.
+    #[doc(alias = "status")]
+    pub fn last_status(&self) -> Option<StatusCode> {
         self.last.status()
     }
 
@@ -315,8 +324,10 @@ impl RetryError {
 impl RetryError {
     /// The same error without any URL: the last attempt's error forgets it (reqwest's
     /// `without_url`), so neither [`url`](Self::url) nor the message shows it, nor its query
-    /// (which may carry a token).
-    pub fn without_url(mut self) -> Self {
+    /// (which may carry a token). [`RetryErrorExt::strip_url`] does the same to any
+    /// `reqwest_middleware::Error`.
+    #[doc(alias = "without_url")]
+    pub fn strip_url(mut self) -> Self {
         self.last = strip_url(self.last);
         self
     }
@@ -379,7 +390,7 @@ fn strip_url(err: reqwest_middleware::Error) -> reqwest_middleware::Error {
     match err {
         reqwest_middleware::Error::Reqwest(e) => e.without_url().into(),
         reqwest_middleware::Error::Middleware(e) => match e.downcast::<RetryError>() {
-            Ok(retry) => retry.without_url().into(),
+            Ok(retry) => retry.strip_url().into(),
             Err(other) => reqwest_middleware::Error::Middleware(other),
         },
     }
@@ -414,7 +425,7 @@ fn strip_url(err: reqwest_middleware::Error) -> reqwest_middleware::Error {
 /// The trait is sealed: it is implemented for `reqwest_middleware::Error` only.
 pub trait RetryErrorExt: sealed::Sealed + Sized {
     /// Whether the last attempt timed out: reqwest's own timeout or the policy's per-attempt
-    /// timeout ([`AttemptTimeout`]). `reqwest_middleware::Error::is_timeout`, for any error.
+    /// timeout. `reqwest_middleware::Error::is_timeout`, for any error.
     #[doc(alias = "is_timeout")]
     fn timed_out(&self) -> bool;
 
@@ -445,15 +456,15 @@ mod sealed {
 
 impl RetryErrorExt for reqwest_middleware::Error {
     fn timed_out(&self) -> bool {
-        RetryError::of(self).map_or_else(|| self.is_timeout(), RetryError::is_timeout)
+        RetryError::of(self).map_or_else(|| self.is_timeout(), RetryError::timed_out)
     }
 
     fn failed_to_connect(&self) -> bool {
-        RetryError::of(self).map_or_else(|| self.is_connect(), RetryError::is_connect)
+        RetryError::of(self).map_or_else(|| self.is_connect(), RetryError::failed_to_connect)
     }
 
     fn last_status(&self) -> Option<StatusCode> {
-        RetryError::of(self).map_or_else(|| self.status(), RetryError::status)
+        RetryError::of(self).map_or_else(|| self.status(), RetryError::last_status)
     }
 
     fn attempts(&self) -> Option<u32> {
@@ -472,13 +483,13 @@ impl RetryErrorExt for reqwest_middleware::Error {
 /// The error of an attempt that outlasted its timeout: the policy's
 /// [`attempt_timeout`](crate::RetryPolicyBuilder::attempt_timeout), cut to what the deadline
 /// left. Found as the [`last_error`](RetryError::last_error) of a [`RetryError`], which then
-/// answers `is_timeout()` with `true`.
+/// answers `timed_out()` with `true`.
 ///
 /// Its [`source`](std::error::Error::source) is an [`io::Error`](std::io::Error) of kind
 /// [`TimedOut`](std::io::ErrorKind::TimedOut), so code that walks an error's sources looking for
 /// a timeout finds this one too.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct AttemptTimeout {
+pub(crate) struct AttemptTimeout {
     pub(crate) after: Duration,
 }
 
@@ -496,11 +507,6 @@ impl std::error::Error for AttemptTimeout {
 }
 
 impl AttemptTimeout {
-    /// The timeout the attempt had.
-    pub fn after(&self) -> Duration {
-        self.after
-    }
-
     /// Whether `err` is an attempt timeout.
     pub(crate) fn is(err: &reqwest_middleware::Error) -> bool {
         matches!(err, reqwest_middleware::Error::Middleware(e) if e.is::<AttemptTimeout>())
@@ -562,4 +568,4 @@ pub(crate) fn nothing_sent(stop: StopReason) -> reqwest_middleware::Error {
     "the attempt was rejected locally by the adaptive throttle: the dependency has been turning \
      attempts away, and nothing was sent"
 )]
-pub struct ThrottledLocally;
+pub(crate) struct ThrottledLocally;

@@ -53,14 +53,6 @@ pub enum KeyFormat {
     Quoted,
 }
 
-impl KeyFormat {
-    /// The old name of [`KeyFormat::Bare`]: a Structured Field Token cannot start with a
-    /// digit, and a UUID often does, so the bare form was never a Token.
-    #[deprecated(since = "0.2.0", note = "renamed to `KeyFormat::Bare`")]
-    #[allow(non_upper_case_globals)]
-    pub const Token: KeyFormat = KeyFormat::Bare;
-}
-
 /// Where new keys come from.
 ///
 /// Any `Fn() -> String` closure that is `Send + Sync` is a `KeySource`:
@@ -85,25 +77,6 @@ where
 {
     fn next_key(&self) -> String {
         self()
-    }
-}
-
-/// Random version 4 UUIDs from a generator seeded by the operating system: the default key
-/// source.
-#[derive(Debug, Clone, Copy, Default)]
-#[non_exhaustive]
-pub struct UuidKeys;
-
-impl UuidKeys {
-    /// Creates the default key source.
-    pub const fn new() -> Self {
-        UuidKeys
-    }
-}
-
-impl KeySource for UuidKeys {
-    fn next_key(&self) -> String {
-        random_uuid().to_string()
     }
 }
 
@@ -160,14 +133,14 @@ impl KeySource for SeededKeys {
 /// when a required key is missing. `422` and `400` are never retried.
 ///
 /// ```
-/// use reqwest_safe_retry::{IdempotencyKeys, KeyFormat, RetryMiddleware, RetryPolicy};
+/// use reqwest_safe_retry::{Dependency, IdempotencyKeys, KeyFormat, RetryPolicy};
 ///
 /// let keys = IdempotencyKeys::builder()
 ///     .format(KeyFormat::Quoted)
 ///     .build()
 ///     .expect("valid key settings");
-/// let middleware = RetryMiddleware::new(RetryPolicy::default()).with_idempotency_keys(keys);
-/// # drop(middleware);
+/// let payments = Dependency::new("payments", RetryPolicy::default()).with_idempotency_keys(keys);
+/// # drop(payments);
 /// ```
 #[derive(Clone)]
 pub struct IdempotencyKeys {
@@ -337,14 +310,6 @@ fn new_batch() -> Bytes {
     Bytes::from_owner(text)
 }
 
-/// A version 4 UUID from the thread-local generator of `rand` (seeded by the operating system),
-/// which spares a system call per key.
-fn random_uuid() -> uuid::Uuid {
-    let mut bytes = [0u8; 16];
-    rand::Rng::fill_bytes(&mut rand::rng(), &mut bytes);
-    uuid::Builder::from_random_bytes(bytes).into_uuid()
-}
-
 impl Default for IdempotencyKeys {
     fn default() -> Self {
         IdempotencyKeysBuilder::default()
@@ -380,7 +345,7 @@ impl fmt::Debug for IdempotencyKeys {
 /// | [`header_name`](Self::header_name) | `Idempotency-Key` |
 /// | [`format`](Self::format) | [`KeyFormat::Bare`] |
 /// | [`stamp_methods`](Self::stamp_methods) | POST, PATCH |
-/// | [`key_source`](Self::key_source) | [`UuidKeys`] (random UUID v4) |
+/// | [`key_source`](Self::key_source) | a random UUID v4 from the operating system's entropy |
 #[derive(Clone)]
 pub struct IdempotencyKeysBuilder {
     header: String,
@@ -485,7 +450,7 @@ impl IdempotencyKeysBuilder {
 /// source or set by the caller; the request is not sent.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("idempotency key {key:?} cannot be sent as a {format:?} key: {rule}")]
-pub struct InvalidKey {
+pub(crate) struct InvalidKey {
     key: String,
     format: KeyFormat,
     rule: &'static str,
@@ -493,12 +458,14 @@ pub struct InvalidKey {
 
 impl InvalidKey {
     /// The key that was rejected (lossily decoded, if it was not UTF-8).
-    pub fn key(&self) -> &str {
+    #[cfg(test)]
+    pub(crate) fn key(&self) -> &str {
         &self.key
     }
 
     /// The rule it broke.
-    pub fn rule(&self) -> &'static str {
+    #[cfg(test)]
+    pub(crate) fn rule(&self) -> &'static str {
         self.rule
     }
 }
@@ -773,21 +740,6 @@ mod tests {
     }
 
     #[test]
-    fn uuid_keys_are_distinct_version_4_uuids() {
-        let keys = UuidKeys::new();
-        let drawn: Vec<String> = (0..100).map(|_| keys.next_key()).collect();
-        let mut distinct = drawn.clone();
-        distinct.sort();
-        distinct.dedup();
-        assert_eq!(distinct.len(), 100);
-        for key in &drawn {
-            let uuid = uuid::Uuid::parse_str(key).unwrap();
-            assert_eq!(uuid.get_version_num(), 4, "{key}");
-            assert_eq!(key.len(), 36);
-        }
-    }
-
-    #[test]
     fn the_default_key_values_are_distinct_and_well_formed() {
         for (format, len) in [(KeyFormat::Quoted, 38), (KeyFormat::Bare, 36)] {
             let keys = IdempotencyKeys::builder().format(format).build().unwrap();
@@ -861,13 +813,6 @@ mod tests {
         assert_eq!(uuid.get_version_num(), 4);
         assert_eq!(uuid.hyphenated().to_string(), text, "lowercase, hyphenated");
         assert_ne!(keys.new_value().unwrap(), value);
-    }
-
-    #[test]
-    #[allow(deprecated)]
-    fn the_old_name_of_the_bare_format_still_names_it() {
-        assert_eq!(KeyFormat::Token, KeyFormat::Bare);
-        assert!(matches!(KeyFormat::Bare, KeyFormat::Token));
     }
 
     #[test]

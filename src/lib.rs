@@ -335,25 +335,18 @@ mod throttle;
 mod trace;
 
 pub use backoff::Jitter;
-pub use budget::{RetryBudget, RetryBudgetBuilder, RetryKind};
-pub use classifier::{Attempt, Classifier, Outcome, Retryable};
+pub use budget::{RetryBudget, RetryBudgetBuilder};
+pub use classifier::{Attempt, Outcome, Retryable};
 #[cfg(feature = "test-util")]
 pub use clock::FakeClock;
-pub use clock::{Clock, Sleep, TimerUnavailable, TokioClock};
+pub use clock::{Clock, Sleep, TokioClock};
 pub use dependency::{Dependency, RetryOverride};
-pub use error::{
-    AttemptTimeout, InvalidConfig, RetryError, RetryErrorExt, RetryRecord, StopReason,
-    ThrottledLocally,
-};
-pub use idempotency::{
-    IdempotencyKeys, IdempotencyKeysBuilder, InvalidKey, KeyFormat, KeySource, SeededKeys, UuidKeys,
-};
+pub use error::{InvalidConfig, RetryError, RetryErrorExt, RetryRecord, StopReason};
+pub use idempotency::{IdempotencyKeys, IdempotencyKeysBuilder, KeyFormat, KeySource, SeededKeys};
 pub use middleware::RetryMiddleware;
-pub use observe::{
-    AttemptErrorKind, CounterSnapshot, RetryAttempt, RetryCounters, RetryEvent, RetryObserver,
-};
+pub use observe::{AttemptErrorKind, CounterSnapshot, RetryAttempt, RetryEvent};
 pub use policy::{RetryPolicy, RetryPolicyBuilder};
-pub use rng::{RandomSource, SeededRng, ThreadRng};
+pub use rng::{RandomSource, SeededRng};
 pub use throttle::{AdaptiveThrottle, AdaptiveThrottleBuilder};
 
 /// The README's examples, compiled and run as doctests.

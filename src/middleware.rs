@@ -19,7 +19,6 @@ use reqwest_middleware::{Middleware, Next};
 use tracing::Level;
 
 use crate::body;
-use crate::budget::RetryBudget;
 use crate::chain::{self, Claiming};
 use crate::classifier::{Classifier, RequestHead};
 use crate::classify::{self, Judging};
@@ -27,66 +26,78 @@ use crate::clock::{Clock, SharedClock, TokioClock};
 use crate::decide::{Decider, Next as Step, Observed};
 use crate::dependency::{Dependency, HostMatch, RetryOverride};
 use crate::error::{InvalidConfig, RetryRecord, StopReason, nothing_sent};
-use crate::idempotency::{self, IdempotencyKeys, Key};
-use crate::observe::{RetryCounters, RetryObserver, url_without_query};
+use crate::idempotency::{self, Key};
+use crate::observe::{Observer, RetryEvent};
 use crate::policy::RetryPolicy;
 use crate::rng::{RandomSource, ThreadRng};
 use crate::schedule::Wait;
 use crate::shared::Shared;
-use crate::throttle::AdaptiveThrottle;
 use crate::trace::{self, LogLevels, Watcher};
 
 /// A [`reqwest_middleware::Middleware`] that retries transient failures when repeating is safe.
 ///
+/// Hand it a [`RetryPolicy`] for one dependency with its defaults, or a [`Dependency`] that names
+/// it and carries its own budget, classifier, throttle and idempotency keys; [`route`](Self::route)
+/// sends other hosts through other dependencies. Everything per dependency is set on
+/// [`Dependency`]; the middleware's own setters are for what all of its dependencies share: the
+/// clock, the random source, the observer and the log levels.
+///
 /// ```
 /// use reqwest_middleware::ClientBuilder;
-/// use reqwest_safe_retry::{RetryMiddleware, RetryPolicy};
+/// use reqwest_safe_retry::{Dependency, RetryMiddleware, RetryPolicy};
 ///
-/// let client = ClientBuilder::new(reqwest::Client::new())
+/// // One dependency with every default.
+/// let simple = ClientBuilder::new(reqwest::Client::new())
 ///     .with(RetryMiddleware::new(RetryPolicy::default()))
 ///     .build();
-/// # drop(client);
+///
+/// // A named one: keep a clone to read its counters.
+/// let payments = Dependency::new("payments", RetryPolicy::default());
+/// let client = ClientBuilder::new(reqwest::Client::new())
+///     .with(RetryMiddleware::new(payments.clone()))
+///     .build();
+/// assert_eq!(payments.counters().requests, 0);
+/// # drop((simple, client));
 /// ```
 ///
 /// # Default
 ///
 /// | part | default |
 /// |---|---|
-/// | dependency | one, named `default`, with the policy given to [`new`](Self::new); [`for_dependency`](Self::for_dependency) names it, [`route`](Self::route) adds others by host |
-/// | retry budget | a new [`RetryBudget::default()`] per dependency: about 10 % extra load ([`with_budget`](Self::with_budget), [`without_budget`](Self::without_budget)) |
-/// | clock | [`TokioClock`] ([`with_clock`](Self::with_clock)) |
-/// | random source | [`ThreadRng`] ([`with_rng`](Self::with_rng)) |
-/// | idempotency keys | [`IdempotencyKeys::default()`]: a bare random UUID on POST and PATCH ([`with_idempotency_keys`](Self::with_idempotency_keys), [`without_idempotency_keys`](Self::without_idempotency_keys)) |
+/// | dependency | the one given to [`new`](Self::new) (a policy alone is a dependency named `default` with the [`Dependency::new`] defaults); [`route`](Self::route) adds others by host |
+/// | clock | tokio's timer and the system's wall clock ([`with_clock`](Self::with_clock)) |
+/// | random source | the thread's generator ([`with_rng`](Self::with_rng)) |
 /// | observer | none ([`with_observer`](Self::with_observer)) |
 /// | log levels | INFO for a retry, WARN for a give-up, DEBUG for the rest ([`with_retry_log_level`](Self::with_retry_log_level), [`with_give_up_log_level`](Self::with_give_up_log_level)) |
 ///
-/// In tests, use `FakeClock`, [`SeededRng`](crate::SeededRng) and
-/// [`SeededKeys`](crate::SeededKeys).
+/// In tests, use `FakeClock` (feature `test-util`) and [`SeededRng`](crate::SeededRng).
 #[derive(Debug, Clone)]
 pub struct RetryMiddleware {
     default: Dependency,
     routes: Vec<(HostMatch, Dependency)>,
     clock: SharedClock,
     rng: Shared<dyn RandomSource>,
-    keys: Option<IdempotencyKeys>,
-    observer: Option<Shared<dyn RetryObserver>>,
+    observer: Option<Shared<dyn Observer>>,
     log: LogLevels,
 }
 
-impl RetryMiddleware {
-    /// Creates the middleware with `policy` for every request, as a dependency named `default`.
-    pub fn new(policy: RetryPolicy) -> Self {
-        RetryMiddleware::for_dependency(Dependency::new("default", policy))
+impl Default for RetryMiddleware {
+    /// The middleware for [`RetryPolicy::default()`], as [`new`](Self::new) makes it.
+    fn default() -> Self {
+        RetryMiddleware::new(RetryPolicy::default())
     }
+}
 
-    /// Creates the middleware with `dependency` for every request not routed elsewhere.
-    pub fn for_dependency(dependency: Dependency) -> Self {
+impl RetryMiddleware {
+    /// Creates the middleware with `dependency` for every request not [routed](Self::route)
+    /// elsewhere: a [`Dependency`], or a [`RetryPolicy`] alone (a dependency named `default`
+    /// with a budget, counters and idempotency keys of its own).
+    pub fn new(dependency: impl Into<Dependency>) -> Self {
         RetryMiddleware {
-            default: dependency,
+            default: dependency.into(),
             routes: Vec::new(),
             clock: SharedClock::new(TokioClock::new()),
             rng: Shared(Arc::new(ThreadRng::new())),
-            keys: Some(IdempotencyKeys::default()),
             observer: None,
             log: LogLevels::default(),
         }
@@ -116,68 +127,49 @@ impl RetryMiddleware {
         Ok(self)
     }
 
-    /// Uses `clock` for every wait and every reading of the time.
+    /// Uses `clock` for every wait and every reading of the time, for all dependencies. Tests
+    /// pass a `FakeClock` (feature `test-util`); under tokio's paused clock the default already
+    /// takes no real time.
     pub fn with_clock(mut self, clock: impl Clock) -> Self {
         self.clock = SharedClock::new(clock);
         self
     }
 
-    /// Draws jitter from `rng`.
+    /// Draws jitter from `rng`: a [`SeededRng`](crate::SeededRng) makes every wait repeat
+    /// exactly from run to run.
     pub fn with_rng(mut self, rng: impl RandomSource) -> Self {
         self.rng = Shared(Arc::new(rng));
         self
     }
 
-    /// Stamps and recognises idempotency keys as `keys` says.
-    pub fn with_idempotency_keys(mut self, keys: IdempotencyKeys) -> Self {
-        self.keys = Some(keys);
-        self
-    }
-
-    /// Neither stamps nor looks for idempotency keys: whether a request may be repeated depends
-    /// on its method alone, and POST and PATCH are retried only on connect errors.
-    pub fn without_idempotency_keys(mut self) -> Self {
-        self.keys = None;
-        self
-    }
-
-    /// Draws the default dependency's retries from `budget`. Pass clones of one budget to every
-    /// middleware that calls the same dependency, so they share one account.
-    pub fn with_budget(mut self, budget: RetryBudget) -> Self {
-        self.default.budget = Some(budget);
-        self
-    }
-
-    /// Retries the default dependency without a budget: only the attempt limit and the deadline
-    /// bound them. During an outage every request then makes `max_attempts` attempts.
-    pub fn without_budget(mut self) -> Self {
-        self.default.budget = None;
-        self
-    }
-
-    /// Decides which outcomes are transient for the default dependency with `classifier`
-    /// instead of the default rules; see [`Classifier`]. The safety rule still holds.
-    pub fn with_classifier(mut self, classifier: impl Classifier) -> Self {
-        self.default.classifier = Some(Shared(Arc::new(classifier)));
-        self
-    }
-
-    /// Throttles the default dependency's attempts with `throttle`; see [`AdaptiveThrottle`].
-    pub fn with_throttle(mut self, throttle: AdaptiveThrottle) -> Self {
-        self.default.throttle = Some(throttle);
-        self
-    }
-
-    /// Calls `observer` after every attempt with the decision about the next one.
-    pub fn with_observer(mut self, observer: impl RetryObserver) -> Self {
+    /// Calls `observer` after every attempt with the decision about the next one: to record
+    /// waits and stops in a test, or to export them as your own metrics. For counts alone,
+    /// [`Dependency::counters`] needs no hook.
+    ///
+    /// ```
+    /// use std::sync::{Arc, Mutex};
+    /// use reqwest_safe_retry::{RetryMiddleware, RetryPolicy};
+    ///
+    /// let delays = Arc::new(Mutex::new(Vec::new()));
+    /// let seen = delays.clone();
+    /// let middleware = RetryMiddleware::new(RetryPolicy::default()).with_observer(move |event| {
+    ///     seen.lock().unwrap().extend(event.delay);
+    /// });
+    /// # drop(middleware);
+    /// ```
+    pub fn with_observer<F>(mut self, observer: F) -> Self
+    where
+        F: Fn(&RetryEvent<'_>) + Send + Sync + 'static,
+    {
         self.observer = Some(Shared(Arc::new(observer)));
         self
     }
 
     /// The level of the event for an attempt that a retry follows, and of the end of a request
-    /// that was retried; INFO by default, so a retry leaves a trace at the usual level. The
-    /// other attempts' events, and the end of a request that went as its first attempt went,
-    /// stay at DEBUG.
+    /// that was retried and then succeeded; INFO by default, so a retry leaves a trace at the
+    /// usual level. A success is never logged above INFO, whatever this says. The other
+    /// attempts' events, and the end of a request that went as its first attempt went, stay at
+    /// DEBUG.
     pub fn with_retry_log_level(mut self, level: Level) -> Self {
         self.log.retry = level;
         self
@@ -191,23 +183,8 @@ impl RetryMiddleware {
         self
     }
 
-    /// The default dependency's policy.
-    pub fn policy(&self) -> &RetryPolicy {
-        &self.default.policy
-    }
-
-    /// The default dependency's budget, if any.
-    pub fn budget(&self) -> Option<&RetryBudget> {
-        self.default.budget.as_ref()
-    }
-
-    /// The default dependency's counters; clones share the counts.
-    pub fn counters(&self) -> &RetryCounters {
-        &self.default.counters
-    }
-
     /// The dependency a request to `url` goes through.
-    pub fn dependency_for(&self, url: &reqwest::Url) -> &Dependency {
+    fn dependency_for(&self, url: &reqwest::Url) -> &Dependency {
         self.routes
             .iter()
             .find(|(host, _)| host.matches(url))
@@ -249,7 +226,10 @@ impl RetryMiddleware {
             };
             let mut sent = match self.prepare(dependency, request, refused, &mut decider) {
                 Ok(prepared) => prepared,
-                Err((stop, cause)) => return self.finish(&span, Err(cause), stop, &decider, None),
+                Err((stop, cause, watcher)) => {
+                    let outcome = Err(cause);
+                    return self.finish(&span, outcome, stop, &decider, None, watcher.as_deref());
+                }
             };
             loop {
                 let url = kept.as_ref().map(Request::url);
@@ -257,14 +237,15 @@ impl RetryMiddleware {
                     Step::Send(limit) => limit,
                     Step::Hold(hold) => {
                         if let Err(missing) = self.clock.wait(hold).await {
-                            return self.no_timer(&span, missing, &decider, sent.key);
+                            return self.no_timer(&span, missing, &decider, sent);
                         }
                         now = self.clock.get().now();
                         continue;
                     }
                     Step::Stop(stop) => {
                         let outcome = sent.last_outcome(stop);
-                        return self.finish(&span, outcome, stop, &decider, sent.key);
+                        let watcher = sent.watcher.as_deref();
+                        return self.finish(&span, outcome, stop, &decider, sent.key, watcher);
                     }
                 };
                 drop(sent.previous.take());
@@ -272,7 +253,7 @@ impl RetryMiddleware {
                 let delay = {
                     let timer = match self.clock.timeout(limit, Some(now)) {
                         Ok(timer) => timer,
-                        Err(missing) => return self.no_timer(&span, missing, &decider, sent.key),
+                        Err(missing) => return self.no_timer(&span, missing, &decider, sent),
                     };
                     let mut timer = std::pin::pin!(timer);
                     let (outcome, delay) = {
@@ -282,7 +263,7 @@ impl RetryMiddleware {
                             let copy = decider.may_retry_after_next();
                             let mut sending = chain::take_attempt(&mut kept, copy);
                             idempotency::put_on(
-                                self.keys.as_ref(),
+                                dependency.keys.as_ref(),
                                 sent.key.as_ref(),
                                 &mut sending,
                             );
@@ -307,7 +288,8 @@ impl RetryMiddleware {
                         span.in_scope(|| self.log.attempt(sent.watcher.as_deref(), traced));
                         match decision {
                             Wait::Stop(stop) => {
-                                return self.finish(&span, outcome, stop, &decider, sent.key);
+                                let (key, watcher) = (sent.key, sent.watcher.as_deref());
+                                return self.finish(&span, outcome, stop, &decider, key, watcher);
                             }
                             Wait::Sleep(delay) => (outcome, delay),
                         }
@@ -318,7 +300,7 @@ impl RetryMiddleware {
                     delay
                 };
                 if let Err(missing) = self.clock.wait(delay).await {
-                    return self.no_timer(&span, missing, &decider, sent.key);
+                    return self.no_timer(&span, missing, &decider, sent);
                 }
                 now = self.clock.get().now();
             }
@@ -334,12 +316,27 @@ impl RetryMiddleware {
         request: &Request,
         refused: Option<reqwest_middleware::Error>,
         decider: &mut Decider<'_>,
-    ) -> Result<Sent<'a>, (StopReason, reqwest_middleware::Error)> {
+    ) -> Result<Sent<'a>, Unsent<'a>> {
+        // Who watches: the observer, and the events when a subscriber takes them; only then is
+        // the request's name (method, host, path) copied for them.
+        let watcher = (self.observer.is_some() || self.log.enabled()).then(|| {
+            Box::new(Watcher::of(
+                self.observer.as_ref().map(|observer| &*observer.0),
+                &dependency.name,
+                request,
+            ))
+        });
         if let Some(cause) = refused {
-            return Err((StopReason::InvalidOverride, cause));
+            return Err((StopReason::InvalidOverride, cause, watcher));
         }
-        let key = idempotency::key_for(self.keys.as_ref(), request.method(), request.headers())
-            .map_err(|e| (StopReason::InvalidIdempotencyKey, middleware(e)))?;
+        let key = match idempotency::key_for(
+            dependency.keys.as_ref(),
+            request.method(),
+            request.headers(),
+        ) {
+            Ok(key) => key,
+            Err(e) => return Err((StopReason::InvalidIdempotencyKey, middleware(e), watcher)),
+        };
         if key.as_ref().is_some_and(|key| key.stamped) {
             decider.key_stamped();
         }
@@ -348,14 +345,7 @@ impl RetryMiddleware {
             key,
             // Only a classifier needs the request after it has gone: its head is kept for it.
             head: (dependency.classifier.as_ref()).map(|c| (c, Box::new(RequestHead::of(request)))),
-            watcher: self.observer.as_ref().map(|observer| {
-                Box::new(Watcher {
-                    observer: &*observer.0,
-                    dependency: &dependency.name,
-                    method: request.method().clone(),
-                    url: url_without_query(request.url()),
-                })
-            }),
+            watcher,
             previous: None,
         })
     }
@@ -376,12 +366,20 @@ impl RetryMiddleware {
     fn no_timer(
         &self,
         span: &tracing::Span,
-        missing: crate::TimerUnavailable,
+        missing: crate::clock::TimerUnavailable,
         decider: &Decider<'_>,
-        key: Option<Key>,
+        sent: Sent<'_>,
     ) -> reqwest_middleware::Result<Response> {
         let cause = Err(middleware(missing));
-        self.finish(span, cause, StopReason::TimerUnavailable, decider, key)
+        let (key, watcher) = (sent.key, sent.watcher.as_deref());
+        self.finish(
+            span,
+            cause,
+            StopReason::TimerUnavailable,
+            decider,
+            key,
+            watcher,
+        )
     }
 
     /// The caller's outcome, traced in the request's span: the response with its record, or the
@@ -393,6 +391,7 @@ impl RetryMiddleware {
         stop: StopReason,
         decider: &Decider<'_>,
         key: Option<Key>,
+        watcher: Option<&Watcher<'_>>,
     ) -> reqwest_middleware::Result<Response> {
         let _entered = span.enter();
         let (attempts, waited) = (decider.attempts(), decider.waited());
@@ -401,7 +400,7 @@ impl RetryMiddleware {
             Err(err) => err.status(),
         };
         self.log
-            .trace_stop(attempts, stop, waited, status.map(|s| s.as_u16()));
+            .trace_stop(watcher, attempts, stop, waited, status.map(|s| s.as_u16()));
         let key = key.map(|key| key.value);
         let record = RetryRecord {
             attempts,
@@ -436,6 +435,13 @@ impl Middleware for RetryMiddleware {
         Box::pin(self.execute(request, extensions, next))
     }
 }
+
+/// A request stopped before its first attempt: why, the error that says so, and who watches.
+type Unsent<'a> = (
+    StopReason,
+    reqwest_middleware::Error,
+    Option<Box<Watcher<'a>>>,
+);
 
 /// What one logical request keeps of itself while its attempts go, decided before the first.
 struct Sent<'a> {
@@ -479,21 +485,27 @@ mod tests {
     use crate::observe::{Count, RetryEvent};
 
     #[test]
-    fn the_middleware_gives_back_its_default_dependency_s_parts() {
+    fn the_middleware_routes_to_its_default_dependency_and_its_debug_names_the_hooks() {
         let policy = RetryPolicy::builder().max_attempts(5).build().unwrap();
-        let budget = RetryBudget::aws_like();
-        let middleware = RetryMiddleware::new(policy).with_budget(budget.clone());
-        assert_eq!(*middleware.policy(), policy);
-        assert!(middleware.budget().unwrap().same_bucket(&budget));
-        assert!(middleware.clone().without_budget().budget().is_none());
-        let counters = middleware.counters().clone();
-        counters.add(Count::Request, &middleware.default.metric_keys);
-        assert_eq!(middleware.counters().snapshot().requests, 1);
-        let url = reqwest::Url::parse("http://unrouted.example/").unwrap();
-        assert_eq!(middleware.dependency_for(&url).name(), "default");
+        let payments = Dependency::new("payments", policy);
+        let middleware = RetryMiddleware::new(payments.clone())
+            .route("api.example.com", Dependency::new("api", policy))
+            .unwrap();
+        let url = |s: &str| reqwest::Url::parse(s).unwrap();
+        let unrouted = middleware.dependency_for(&url("http://unrouted.example/"));
+        assert_eq!(unrouted.name(), "payments");
+        unrouted.counters.add(Count::Request, &unrouted.metric_keys);
+        assert_eq!(
+            payments.counters().requests,
+            1,
+            "the dependency given, shared"
+        );
+        let routed = middleware.dependency_for(&url("http://API.example.com:8080/x"));
+        assert_eq!(routed.name(), "api");
+        assert_eq!(RetryMiddleware::default().default.name(), "default");
         let observed = middleware.with_observer(|_: &RetryEvent<'_>| {});
         let debug = format!("{observed:?}");
-        assert!(debug.contains("observer: Some(RetryObserver)"), "{debug}");
+        assert!(debug.contains("observer: Some(Observer)"), "{debug}");
         assert!(debug.contains("clock: Clock"), "{debug}");
         assert!(debug.contains("rng: RandomSource"), "{debug}");
     }

@@ -1,7 +1,7 @@
 //! What the retries are doing: counters to read or export, and a hook on every decision.
 //!
 //! Counters are plain relaxed atomics, one set per dependency, readable at any time with
-//! [`RetryCounters::snapshot`] and exportable without any extra dependency. With the `metrics`
+//! [`Dependency::counters`](crate::Dependency::counters) and exportable without any extra dependency. With the `metrics`
 //! feature the same counts also go to the [`metrics`](https://docs.rs/metrics) facade, which the
 //! Rust exporters (Prometheus, StatsD, OpenTelemetry bridges) plug into.
 //!
@@ -29,7 +29,7 @@ use crate::error::StopReason;
 
 /// Counters for one dependency. Clones share the same counts.
 #[derive(Clone, Default)]
-pub struct RetryCounters {
+pub(crate) struct RetryCounters {
     inner: Arc<Counts>,
 }
 
@@ -45,7 +45,7 @@ struct Counts {
     throttled: AtomicU64,
 }
 
-/// The counts of a [`RetryCounters`] at one moment.
+/// One dependency's counts at one moment, from [`Dependency::counters`](crate::Dependency::counters).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct CounterSnapshot {
@@ -69,12 +69,12 @@ pub struct CounterSnapshot {
 
 impl RetryCounters {
     /// New counters, all zero.
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         RetryCounters::default()
     }
 
     /// Reads every count.
-    pub fn snapshot(&self) -> CounterSnapshot {
+    pub(crate) fn snapshot(&self) -> CounterSnapshot {
         let c = &*self.inner;
         let read = |a: &AtomicU64| a.load(Ordering::Relaxed);
         CounterSnapshot {
@@ -236,7 +236,7 @@ pub enum AttemptErrorKind {
     /// graceful GOAWAY's last stream).
     NotProcessed,
     /// An error that repeating would not change (TLS, a builder or redirect error, another
-    /// middleware's error), unless a [`Classifier`](crate::Classifier) said otherwise.
+    /// middleware's error), unless the dependency's classifier said otherwise.
     Permanent,
 }
 
@@ -254,7 +254,8 @@ impl AttemptErrorKind {
     }
 }
 
-/// One decision of the middleware, as the [`RetryObserver`] hook sees it.
+/// One decision of the middleware, as the observer given to
+/// [`RetryMiddleware::with_observer`](crate::RetryMiddleware::with_observer) sees it.
 #[derive(Debug, Clone, Copy)]
 #[non_exhaustive]
 pub struct RetryEvent<'a> {
@@ -297,36 +298,18 @@ pub(crate) fn url_without_query(url: &reqwest::Url) -> String {
     out
 }
 
-/// A hook called on every retry decision: after each attempt, with what happens next.
-///
-/// Any `Fn(&RetryEvent<'_>)` closure that is `Send + Sync` is one:
-///
-/// ```
-/// use std::sync::atomic::{AtomicU64, Ordering};
-/// use std::sync::Arc;
-/// use reqwest_safe_retry::{RetryEvent, RetryMiddleware, RetryPolicy};
-///
-/// let waits = Arc::new(AtomicU64::new(0));
-/// let seen = waits.clone();
-/// let middleware = RetryMiddleware::new(RetryPolicy::default()).with_observer(
-///     move |event: &RetryEvent<'_>| {
-///         if let Some(delay) = event.delay {
-///             seen.fetch_add(delay.as_millis() as u64, Ordering::Relaxed);
-///         }
-///     },
-/// );
-/// # drop(middleware);
-/// ```
-pub trait RetryObserver: Send + Sync + 'static {
+/// The observer as the middleware keeps it: any `Fn(&RetryEvent<'_>)` closure; see
+/// [`RetryMiddleware::with_observer`](crate::RetryMiddleware::with_observer).
+pub(crate) trait Observer: Send + Sync + 'static {
     /// Called once per attempt, after the decision about the next one.
     fn on_decision(&self, event: &RetryEvent<'_>);
 }
 
-impl crate::shared::Named for dyn RetryObserver {
-    const NAME: &'static str = "RetryObserver";
+impl crate::shared::Named for dyn Observer {
+    const NAME: &'static str = "Observer";
 }
 
-impl<F> RetryObserver for F
+impl<F> Observer for F
 where
     F: Fn(&RetryEvent<'_>) + Send + Sync + 'static,
 {

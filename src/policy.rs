@@ -9,9 +9,8 @@ use std::time::Duration;
 
 use http::StatusCode;
 
-use crate::backoff::{self, Jitter};
+use crate::backoff::Jitter;
 use crate::error::InvalidConfig;
-use crate::rng::RandomSource;
 
 /// The area named in this module's configuration errors.
 const POLICY: &str = "retry policy";
@@ -113,26 +112,6 @@ impl RetryPolicy {
         self.buffer_body
     }
 
-    /// A wait drawn as the middleware draws the one before retry `retry` (0 for the first) when
-    /// the server set no `Retry-After`: under [`backoff_ceiling`](Self::backoff_ceiling), as the
-    /// policy's [`Jitter`] says. `previous` is the last such wait of the same request (the base
-    /// delay before the first retry); only decorrelated jitter reads it. For a preview of a
-    /// schedule, or a simulation of many clients.
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use reqwest_safe_retry::{Jitter, RetryPolicy};
-    ///
-    /// let policy = RetryPolicy::builder().jitter(Jitter::None).build()?;
-    /// let base = policy.base_delay();
-    /// assert_eq!(policy.draw_backoff(2, base, &|| 0u64), Duration::from_millis(400));
-    /// # Ok::<(), reqwest_safe_retry::InvalidConfig>(())
-    /// ```
-    pub fn draw_backoff(&self, retry: u32, previous: Duration, rng: &dyn RandomSource) -> Duration {
-        self.jitter
-            .draw(self.base_delay, self.max_delay, retry, previous, rng)
-    }
-
     /// A builder holding every setting of this policy, to change a few and build another:
     /// `build()` on it unchanged gives this policy back. A `max_retry_after` equal to the
     /// deadline follows the deadline in the builder, as it does when left unset.
@@ -163,23 +142,6 @@ impl RetryPolicy {
             statuses: (400..=599).filter(|c| self.statuses.contains(*c)).collect(),
             buffer_body: self.buffer_body,
         }
-    }
-
-    /// The ceiling of the wait before retry `retry` (0 for the first retry):
-    /// `min(max_delay, base_delay * 2^retry)`, saturating. The actual wait is drawn from
-    /// `[0, ceiling]`.
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use reqwest_safe_retry::RetryPolicy;
-    ///
-    /// let policy = RetryPolicy::default();
-    /// assert_eq!(policy.backoff_ceiling(0), Duration::from_millis(100));
-    /// assert_eq!(policy.backoff_ceiling(3), Duration::from_millis(800));
-    /// assert_eq!(policy.backoff_ceiling(1_000), Duration::from_secs(10));
-    /// ```
-    pub fn backoff_ceiling(&self, retry: u32) -> Duration {
-        backoff::ceiling(self.base_delay, self.max_delay, retry)
     }
 }
 
@@ -535,29 +497,6 @@ impl fmt::Debug for StatusSet {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_drawn_backoff_follows_the_policy_s_jitter() {
-        let policy = RetryPolicy::default();
-        let ms = Duration::from_millis;
-        assert_eq!(policy.draw_backoff(2, ms(100), &|| u64::MAX), ms(400));
-        assert_eq!(policy.draw_backoff(2, ms(100), &|| 0u64), Duration::ZERO);
-        let none = RetryPolicy::builder().jitter(Jitter::None).build().unwrap();
-        assert_eq!(none.draw_backoff(0, ms(100), &|| 0u64), ms(100));
-    }
-
-    #[test]
-    fn the_backoff_ceiling_doubles_from_the_base_up_to_the_cap() {
-        let policy = RetryPolicy::builder()
-            .base_delay(Duration::from_millis(30))
-            .max_delay(Duration::from_millis(200))
-            .build()
-            .unwrap();
-        let ceilings: Vec<u64> = (0..5)
-            .map(|retry| policy.backoff_ceiling(retry).as_millis() as u64)
-            .collect();
-        assert_eq!(ceilings, [30, 60, 120, 200, 200]);
-    }
 
     #[test]
     fn defaults_are_the_documented_ones() {

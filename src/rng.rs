@@ -72,11 +72,11 @@ where
 /// fleet of clients needs. Use [`SeededRng`] where runs must repeat.
 #[derive(Debug, Clone, Copy, Default)]
 #[non_exhaustive]
-pub struct ThreadRng;
+pub(crate) struct ThreadRng;
 
 impl ThreadRng {
     /// Creates the default random source.
-    pub const fn new() -> Self {
+    pub(crate) const fn new() -> Self {
         ThreadRng
     }
 }

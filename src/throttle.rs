@@ -143,8 +143,9 @@ impl AdaptiveThrottle {
         AdaptiveThrottleBuilder::default()
     }
 
-    /// The probability that an attempt asked now is rejected, by the rule above, over the
-    /// window as it stands at `now`.
+    /// The probability that an attempt asked at `now` is rejected, by the rule above, over the
+    /// window as it stands then: to watch how hard the throttle sheds. `now` is a reading of
+    /// the middleware's clock ([`Clock::now`](crate::Clock::now)).
     pub fn rejection_probability(&self, now: Instant) -> f64 {
         let mut window = self.lock();
         window.slide(now, self.inner.slice);
@@ -152,7 +153,8 @@ impl AdaptiveThrottle {
         probability(requests, accepts, self.inner.k)
     }
 
-    /// `(requests, accepts)` over the window as it stands at `now`.
+    /// `(requests, accepts)` over the window as it stands at `now` (a reading of the
+    /// middleware's clock): the counts the probability is computed from.
     pub fn counts(&self, now: Instant) -> (u64, u64) {
         let mut window = self.lock();
         window.slide(now, self.inner.slice);
@@ -194,7 +196,8 @@ impl AdaptiveThrottle {
     }
 
     /// Whether two throttles share one account.
-    pub fn same_account(&self, other: &AdaptiveThrottle) -> bool {
+    #[cfg(test)]
+    pub(crate) fn same_account(&self, other: &AdaptiveThrottle) -> bool {
         Arc::ptr_eq(&self.inner, &other.inner)
     }
 

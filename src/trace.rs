@@ -8,7 +8,7 @@ use tracing::Level;
 
 use crate::classify::{self, Fault, Verdict};
 use crate::error::StopReason;
-use crate::observe::{AttemptErrorKind, RetryEvent, RetryObserver};
+use crate::observe::{AttemptErrorKind, Observer, RetryEvent, url_without_query};
 use crate::schedule::Wait;
 
 /// The tracing target of every span and event, whatever module emits them.
@@ -41,13 +41,59 @@ pub(crate) fn request_span(dependency: &str, request: &Request) -> tracing::Span
     )
 }
 
-/// Who watches the attempts of one request: the observer, with the request's dependency,
-/// method and URL (without its query), kept for it after the request has gone.
+/// Whether an event at `level` would be taken now, as [`event_at!`] would emit it.
+fn enabled_at(level: Level) -> bool {
+    match level {
+        Level::ERROR => tracing::enabled!(target: TARGET, Level::ERROR),
+        Level::WARN => tracing::enabled!(target: TARGET, Level::WARN),
+        Level::INFO => tracing::enabled!(target: TARGET, Level::INFO),
+        Level::DEBUG => tracing::enabled!(target: TARGET, Level::DEBUG),
+        _ => tracing::enabled!(target: TARGET, Level::TRACE),
+    }
+}
+
+/// Who watches the attempts of one request (the observer, the events), with what names the
+/// request for them, kept after the request has gone: its dependency, its method, and its URL
+/// without user info, query or fragment.
 pub(crate) struct Watcher<'a> {
-    pub(crate) observer: &'a dyn RetryObserver,
+    pub(crate) observer: Option<&'a dyn Observer>,
     pub(crate) dependency: &'a str,
     pub(crate) method: http::Method,
+    /// `scheme://host[:port]/path`, as the observer sees it.
     pub(crate) url: String,
+    /// The host and port, the port always written (the scheme's default if the URL has none).
+    pub(crate) host: String,
+    /// Where the path starts in `url`.
+    path_at: usize,
+}
+
+impl<'a> Watcher<'a> {
+    pub(crate) fn of(
+        observer: Option<&'a dyn Observer>,
+        dependency: &'a str,
+        request: &Request,
+    ) -> Self {
+        let url = request.url();
+        let seen = url_without_query(url);
+        let host = match (url.host_str(), url.port_or_known_default()) {
+            (Some(host), Some(port)) => format!("{host}:{port}"),
+            (host, None) => host.unwrap_or("").to_owned(),
+            (None, Some(port)) => format!(":{port}"),
+        };
+        Watcher {
+            observer,
+            dependency,
+            method: request.method().clone(),
+            path_at: seen.len() - url.path().len(),
+            url: seen,
+            host,
+        }
+    }
+
+    /// The request's path, without its query.
+    pub(crate) fn path(&self) -> &str {
+        &self.url[self.path_at..]
+    }
 }
 
 /// One attempt as traced: its number, outcome and verdict, the decision after it, and the floor
@@ -80,11 +126,20 @@ impl Default for LogLevels {
 }
 
 impl LogLevels {
+    /// Whether a subscriber takes any of the middleware's events now: one that takes none at
+    /// the least verbose of the levels chosen takes none at all.
+    pub(crate) fn enabled(&self) -> bool {
+        enabled_at(self.retry.min(self.give_up))
+    }
+
     /// The level of a request's end: a give-up at `give_up`, the end of a retried request at
-    /// `retry`, a request that went as its first attempt went at DEBUG.
+    /// `retry` (a success at INFO at most), a request that went as its first attempt went at
+    /// DEBUG.
     fn of_stop(&self, attempts: u32, stop: StopReason) -> Level {
         match stop {
-            StopReason::Succeeded | StopReason::NotRetryable if attempts > 1 => self.retry,
+            // `Level` orders by verbosity: the greater of the two is the quieter one here.
+            StopReason::Succeeded if attempts > 1 => self.retry.max(Level::INFO),
+            StopReason::NotRetryable if attempts > 1 => self.retry,
             StopReason::Succeeded | StopReason::NotRetryable => Level::DEBUG,
             _ => self.give_up,
         }
@@ -93,6 +148,7 @@ impl LogLevels {
     /// Traces the end of a logical request.
     pub(crate) fn trace_stop(
         &self,
+        watcher: Option<&Watcher<'_>>,
         attempts: u32,
         stop: StopReason,
         waited: Duration,
@@ -100,6 +156,10 @@ impl LogLevels {
     ) {
         event_at!(
             self.of_stop(attempts, stop),
+            dependency = watcher.map(|w| w.dependency),
+            method = watcher.map(|w| w.method.as_str()),
+            host = watcher.map(|w| w.host.as_str()),
+            path = watcher.map(Watcher::path),
             attempts,
             reason = stop.as_str(),
             status,
@@ -134,6 +194,10 @@ impl LogLevels {
         };
         event_at!(
             level,
+            dependency = watcher.map(|w| w.dependency),
+            method = watcher.map(|w| w.method.as_str()),
+            host = watcher.map(|w| w.host.as_str()),
+            path = watcher.map(Watcher::path),
             attempt,
             status,
             error = error.map(|e| e.as_str()),
@@ -141,8 +205,8 @@ impl LogLevels {
             delay_ms = delay.map(millis),
             "attempt finished"
         );
-        if let Some(watcher) = watcher {
-            watcher.observer.on_decision(&RetryEvent {
+        if let Some((watcher, observer)) = watcher.and_then(|w| Some((w, w.observer?))) {
+            observer.on_decision(&RetryEvent {
                 dependency: watcher.dependency,
                 method: &watcher.method,
                 url: &watcher.url,

@@ -33,7 +33,7 @@ use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use reqwest::header::{HeaderName, HeaderValue};
 use reqwest_middleware::{ClientBuilder, ClientWithMiddleware, Middleware, Next};
-use reqwest_safe_retry::{RetryBudget, RetryMiddleware, RetryPolicy};
+use reqwest_safe_retry::{Dependency, RetryBudget, RetryMiddleware, RetryPolicy};
 use tokio::net::TcpListener;
 
 /// The body every client sends: 26 bytes of JSON.
@@ -147,8 +147,8 @@ pub fn clients() -> Vec<Labelled> {
     fn chain() -> ClientBuilder {
         ClientBuilder::new(reqwest::Client::new())
     }
-    fn ours() -> RetryMiddleware {
-        RetryMiddleware::new(RetryPolicy::default())
+    fn ours(dependency: impl FnOnce(Dependency) -> Dependency) -> RetryMiddleware {
+        RetryMiddleware::new(dependency(Dependency::new("bench", RetryPolicy::default())))
     }
     vec![
         ("(a) bare reqwest", || Client::Bare(reqwest::Client::new())),
@@ -157,19 +157,23 @@ pub fn clients() -> Vec<Labelled> {
             Client::Chain(chain().with(reqwest_retry(false)).build())
         }),
         ("(d) this crate", || {
-            Client::Chain(chain().with(ours()).build())
+            Client::Chain(chain().with(ours(|d| d)).build())
         }),
         ("(e) without keys", || {
-            Client::Chain(chain().with(ours().without_idempotency_keys()).build())
+            Client::Chain(
+                chain()
+                    .with(ours(Dependency::without_idempotency_keys))
+                    .build(),
+            )
         }),
         ("(g) (d) + throttle", || {
             let throttle = reqwest_safe_retry::AdaptiveThrottle::default();
-            Client::Chain(chain().with(ours().with_throttle(throttle)).build())
+            Client::Chain(chain().with(ours(|d| d.with_throttle(throttle))).build())
         }),
         ("(f) (e) + a fixed header", || {
             Client::Chain(
                 chain()
-                    .with(ours().without_idempotency_keys())
+                    .with(ours(Dependency::without_idempotency_keys))
                     .with(FixedKeyHeader)
                     .build(),
             )
@@ -229,7 +233,9 @@ pub fn retrying_clients() -> Vec<Labelled> {
             let budget = RetryBudget::builder().capacity(1e12).build().unwrap();
             Client::Chain(
                 chain()
-                    .with(RetryMiddleware::new(zero).with_budget(budget))
+                    .with(RetryMiddleware::new(
+                        Dependency::new("bench", zero).with_budget(budget),
+                    ))
                     .build(),
             )
         }),

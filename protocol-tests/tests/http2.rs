@@ -13,7 +13,7 @@ use std::time::Duration;
 use protocol_tests::h2_server::{H2, H2Server, h2_client};
 use reqwest_middleware::{ClientBuilder, ClientWithMiddleware};
 use reqwest_safe_retry::{
-    FakeClock, RetryError, RetryMiddleware, RetryPolicy, RetryRecord, StopReason,
+    Dependency, FakeClock, RetryError, RetryMiddleware, RetryPolicy, RetryRecord, StopReason,
 };
 
 /// Without idempotency keys: whether a POST may be repeated rests on the protocol alone.
@@ -25,9 +25,8 @@ fn client(own_retries: bool) -> ClientWithMiddleware {
         .unwrap();
     ClientBuilder::new(h2_client(own_retries))
         .with(
-            RetryMiddleware::new(policy)
-                .with_clock(FakeClock::new())
-                .without_idempotency_keys(),
+            RetryMiddleware::new(Dependency::new("default", policy).without_idempotency_keys())
+                .with_clock(FakeClock::new()),
         )
         .build()
 }

@@ -5,7 +5,8 @@
 use protocol_tests::{Identity, Tls, TlsServer, tls_client};
 use reqwest_middleware::ClientBuilder;
 use reqwest_safe_retry::{
-    FakeClock, RetryError, RetryErrorExt, RetryMiddleware, RetryPolicy, RetryRecord, StopReason,
+    Dependency, FakeClock, RetryError, RetryErrorExt, RetryMiddleware, RetryPolicy, RetryRecord,
+    StopReason,
 };
 
 fn with_retries(client: reqwest::Client) -> reqwest_middleware::ClientWithMiddleware {
@@ -75,9 +76,10 @@ async fn a_reset_during_the_handshake_is_retried_for_an_unkeyed_post_too() {
     let server = TlsServer::start(&identity, vec![Tls::ResetInHandshake, Tls::Answer]).await;
     let client = ClientBuilder::new(tls_client(std::slice::from_ref(&identity.cert)))
         .with(
-            RetryMiddleware::new(RetryPolicy::default())
-                .with_clock(FakeClock::new())
-                .without_idempotency_keys(),
+            RetryMiddleware::new(
+                Dependency::new("default", RetryPolicy::default()).without_idempotency_keys(),
+            )
+            .with_clock(FakeClock::new()),
         )
         .build();
 

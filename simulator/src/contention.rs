@@ -13,7 +13,7 @@ use std::collections::BinaryHeap;
 use std::time::Duration;
 
 pub use reqwest_safe_retry::Jitter;
-use reqwest_safe_retry::{RetryPolicy, SeededRng};
+use reqwest_safe_retry::{RandomSource, SeededRng};
 
 /// The four jitter strategies, in the order of the AWS study.
 pub const JITTERS: [Jitter; 4] = [
@@ -65,22 +65,40 @@ pub struct ContentionReport {
     pub unfinished: u32,
 }
 
+/// A wait drawn uniformly from `[0, max]`.
+fn uniform(rng: &SeededRng, max: Duration) -> Duration {
+    let span = u128::from(u64::try_from(max.as_nanos()).unwrap_or(u64::MAX)) + 1;
+    let nanos = (u128::from(rng.next_u64()) * span) >> 64;
+    Duration::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX))
+}
+
 /// Calls per client after which a run gives up.
 const MAX_CALLS_PER_CLIENT: u64 = 10_000;
 
 impl Contention {
+    /// The wait before retry `retry` (0 for the first) under the scenario's strategy, as the
+    /// crate documents each [`Jitter`]: the ceiling `min(cap, base * 2^retry)`; none draws the
+    /// ceiling itself, equal draws from its upper half, full from all of it, and decorrelated
+    /// from `[base, 3 * previous]`, capped.
+    fn backoff(&self, retry: u32, previous: Duration, rng: &SeededRng) -> Duration {
+        let ceiling = self
+            .base
+            .saturating_mul(1u32.checked_shl(retry).unwrap_or(u32::MAX))
+            .min(self.cap);
+        match self.jitter {
+            Jitter::None => ceiling,
+            Jitter::Equal => ceiling / 2 + uniform(rng, ceiling - ceiling / 2),
+            Jitter::Decorrelated => {
+                let top = previous.saturating_mul(3).max(self.base);
+                (self.base + uniform(rng, top - self.base)).min(self.cap)
+            }
+            _ => uniform(rng, ceiling),
+        }
+    }
+
     /// Runs until every client has written, or until the clients have made 10,000 calls each.
     pub fn run(&self) -> ContentionReport {
         let rng = SeededRng::new(self.seed);
-        // The library's own backoff: its policy's draw, with this scenario's settings.
-        let policy = RetryPolicy::builder()
-            .base_delay(self.base)
-            .max_delay(self.cap)
-            .jitter(self.jitter)
-            .deadline(Duration::MAX)
-            .max_retry_after(Duration::ZERO)
-            .build()
-            .expect("a base below the cap and an unbounded deadline make a valid policy");
         // (time of the next call, client); the heap pops the earliest, ties by client number.
         let mut calls: BinaryHeap<Reverse<(Duration, u32)>> = (0..self.clients)
             .map(|c| Reverse((Duration::ZERO, c)))
@@ -103,7 +121,7 @@ impl Contention {
                 continue;
             }
             let i = client as usize;
-            let wait = policy.draw_backoff(retries[i], previous[i], &rng);
+            let wait = self.backoff(retries[i], previous[i], &rng);
             previous[i] = wait;
             retries[i] = retries[i].saturating_add(1);
             calls.push(Reverse((at + wait, client)));

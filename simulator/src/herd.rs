@@ -9,9 +9,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::{Backend, VirtualTime, block_on_paused, client_with};
-use reqwest_safe_retry::RetryMiddleware;
 use reqwest_safe_retry::RetryPolicy;
 use reqwest_safe_retry::SeededRng;
+use reqwest_safe_retry::{Dependency, RetryMiddleware};
 
 /// The herd scenario's settings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -66,10 +66,9 @@ impl Herd {
             .build()
             .expect("a positive deadline and the default statuses make a valid policy");
         // No budget: the herd is about timing, and a budget would let only a few clients retry.
-        let middleware = RetryMiddleware::new(policy)
+        let middleware = RetryMiddleware::new(Dependency::new("herd", policy).without_budget())
             .with_clock(VirtualTime)
-            .with_rng(SeededRng::new(self.seed))
-            .without_budget();
+            .with_rng(SeededRng::new(self.seed));
         let clients = self.clients;
         let arrivals = block_on_paused(async {
             // Made inside the paused runtime, so its time zero is the simulation's.

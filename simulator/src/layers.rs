@@ -14,8 +14,8 @@ use reqwest::{Request, Response};
 use reqwest_middleware::{ClientBuilder, Middleware, Next};
 
 use super::{Backend, VirtualTime, block_on_paused};
-use reqwest_safe_retry::RetryMiddleware;
 use reqwest_safe_retry::RetryPolicy;
+use reqwest_safe_retry::{Dependency, RetryMiddleware};
 
 /// The layers scenario's settings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -92,9 +92,8 @@ impl Layers {
             for _ in 0..self.depth {
                 builder = if self.single_layer_rule {
                     builder.with(
-                        RetryMiddleware::new(policy)
-                            .with_clock(VirtualTime)
-                            .without_budget(),
+                        RetryMiddleware::new(Dependency::new("layer", policy).without_budget())
+                            .with_clock(VirtualTime),
                     )
                 } else {
                     builder.with(PlainRetry {

@@ -62,8 +62,8 @@ pub use layers::{Layers, LayersReport};
 pub use metastable::{Clients, Metastable, MetastableReport};
 
 use reqwest_safe_retry::RetryBudget;
-use reqwest_safe_retry::RetryMiddleware;
 use reqwest_safe_retry::RetryPolicy;
+use reqwest_safe_retry::{Dependency, RetryMiddleware};
 use reqwest_safe_retry::{RandomSource, SeededRng};
 
 /// How the simulated dependency answers each attempt.
@@ -156,13 +156,14 @@ impl OpenLoop {
             };
             (if fails { 503 } else { 200 }, None)
         }));
-        let mut middleware = RetryMiddleware::new(self.policy)
+        let dependency = Dependency::new("service", self.policy);
+        let dependency = match &self.budget {
+            Some(budget) => dependency.with_budget(budget.clone()),
+            None => dependency.without_budget(),
+        };
+        let middleware = RetryMiddleware::new(dependency.clone())
             .with_clock(VirtualTime)
             .with_rng(SeededRng::new(self.seed));
-        middleware = match &self.budget {
-            Some(budget) => middleware.with_budget(budget.clone()),
-            None => middleware.without_budget(),
-        };
         let client = client_with(middleware, backend.clone());
 
         let total = u64::from(self.rate_per_sec).saturating_mul(self.duration.as_secs())
@@ -185,7 +186,7 @@ impl OpenLoop {
             attempts: attempts_per_second.iter().sum(),
             succeeded,
             attempts_per_second,
-            budget_refusals: self.budget.as_ref().map_or(0, RetryBudget::refusals),
+            budget_refusals: dependency.counters().budget_refusals,
         }
     }
 }

@@ -17,7 +17,9 @@ use std::time::Duration;
 use http::Extensions;
 use reqwest::{Request, Response};
 use reqwest_middleware::{Middleware, Next};
-use reqwest_safe_retry::{AdaptiveThrottle, RetryBudget, RetryMiddleware, RetryPolicy, SeededRng};
+use reqwest_safe_retry::{
+    AdaptiveThrottle, Dependency, RetryBudget, RetryMiddleware, RetryPolicy, SeededRng,
+};
 
 use super::{VirtualTime, answer, arrive, block_on_paused, client_with, offer};
 
@@ -199,23 +201,24 @@ impl Metastable {
             .deadline(self.attempt_timeout * 10)
             .build()
             .expect("3 attempts of a second within 10 s make a valid policy");
-        let mut middleware = RetryMiddleware::new(policy)
-            .with_clock(VirtualTime)
-            .with_rng(SeededRng::new(self.seed));
-        middleware = match self.clients {
-            Clients::NoRetries | Clients::RetriesWithoutBudget => middleware.without_budget(),
-            Clients::RetriesWithBudget => middleware.with_budget(RetryBudget::default()),
+        let dependency = Dependency::new("service", policy);
+        let dependency = match self.clients {
+            Clients::NoRetries | Clients::RetriesWithoutBudget => dependency.without_budget(),
+            Clients::RetriesWithBudget => dependency.with_budget(RetryBudget::default()),
             Clients::BudgetAndThrottle => {
                 let throttle = AdaptiveThrottle::builder()
                     .window(self.throttle_window)
                     .k(self.throttle_k)
                     .build()
                     .expect("the scenario's throttle settings are valid");
-                middleware
+                dependency
                     .with_budget(RetryBudget::default())
                     .with_throttle(throttle)
             }
         };
+        let middleware = RetryMiddleware::new(dependency)
+            .with_clock(VirtualTime)
+            .with_rng(SeededRng::new(self.seed));
         let client = client_with(middleware, queue.clone());
 
         let total = u64::from(self.offered) * self.duration.as_secs();

@@ -10,7 +10,8 @@ use http::Extensions;
 use reqwest::{Request, Response};
 use reqwest_middleware::{ClientBuilder, Middleware, Next};
 use reqwest_safe_retry::{
-    Clock, RetryBudget, RetryMiddleware, RetryPolicy, RetryRecord, SeededRng, Sleep, StopReason,
+    Clock, Dependency, RetryBudget, RetryMiddleware, RetryPolicy, RetryRecord, SeededRng, Sleep,
+    StopReason,
 };
 use wiremock::matchers::any;
 use wiremock::{Mock, MockServer, ResponseTemplate};
@@ -22,12 +23,12 @@ use wiremock::{Mock, MockServer, ResponseTemplate};
 async fn after_an_outage_ten_good_requests_pay_for_the_next_retry() {
     let server = MockServer::start().await;
     let budget = RetryBudget::builder().floor_per_sec(0.0).build().unwrap();
+    let dependency = Dependency::new("default", RetryPolicy::default()).with_budget(budget.clone());
     let client = ClientBuilder::new(reqwest::Client::new())
         .with(
-            RetryMiddleware::new(RetryPolicy::default())
+            RetryMiddleware::new(dependency.clone())
                 .with_clock(reqwest_safe_retry::FakeClock::new())
-                .with_rng(SeededRng::new(1))
-                .with_budget(budget.clone()),
+                .with_rng(SeededRng::new(1)),
         )
         .build();
     let failing = || async {
@@ -43,18 +44,18 @@ async fn after_an_outage_ten_good_requests_pay_for_the_next_retry() {
     // Bounded: ten tokens pay for ten requests' first retries; a budget that never refuses
     // fails here after twenty requests instead of looping for ever.
     for _ in 0..20 {
-        if budget.refusals() > 0 {
+        if dependency.counters().budget_refusals > 0 {
             break;
         }
         client.get(server.uri()).send().await.unwrap();
     }
     assert_eq!(
-        budget.refusals(),
+        dependency.counters().budget_refusals,
         1,
         "the eleventh request's retry is refused"
     );
-    assert_eq!(budget.retries(), 10);
-    assert_eq!(budget.balance_milli(), 0);
+    assert_eq!(dependency.counters().retries, 10);
+    assert_eq!(budget.balance(), 0.0);
 
     for good in 1..=10 {
         server.reset().await;
@@ -145,14 +146,15 @@ async fn retries_waiting_in_backoff_never_exceed_what_the_bucket_holds() {
         .floor_per_sec(0.0)
         .build()
         .unwrap();
+    let dependency = Dependency::new(
+        "default",
+        RetryPolicy::builder().max_attempts(5).build().unwrap(),
+    )
+    .with_budget(budget.clone());
     let clock = CountingClock::default();
     let (most, dead) = (clock.most.clone(), Arc::new(Dead::default()));
     let client = ClientBuilder::new(reqwest::Client::new())
-        .with(
-            RetryMiddleware::new(RetryPolicy::builder().max_attempts(5).build().unwrap())
-                .with_clock(clock)
-                .with_budget(budget.clone()),
-        )
+        .with(RetryMiddleware::new(dependency.clone()).with_clock(clock))
         .with_arc(dead.clone())
         .build();
 
@@ -171,6 +173,6 @@ async fn retries_waiting_in_backoff_never_exceed_what_the_bucket_holds() {
         most.load(Ordering::SeqCst)
     );
     assert!(most.load(Ordering::SeqCst) > 0);
-    assert_eq!(budget.retries(), CAPACITY as u64);
+    assert_eq!(dependency.counters().retries, CAPACITY as u64);
     assert_eq!(dead.attempts.load(Ordering::SeqCst), 1_000 + CAPACITY);
 }

@@ -5,8 +5,8 @@ use std::sync::{Arc, Mutex};
 
 use reqwest_middleware::{ClientBuilder, ClientWithMiddleware};
 use reqwest_safe_retry::{
-    Attempt, Classifier, Dependency, FakeClock, Outcome, RetryError, RetryMiddleware, RetryPolicy,
-    RetryRecord, Retryable, SeededRng, StopReason,
+    Attempt, Dependency, FakeClock, Outcome, RetryError, RetryMiddleware, RetryPolicy, RetryRecord,
+    Retryable, SeededRng, StopReason,
 };
 use wiremock::matchers::path;
 use wiremock::{Mock, MockServer, ResponseTemplate};
@@ -15,15 +15,19 @@ use crate::support::{self, Action, RawServer, always};
 
 /// A client whose default dependency classifies with `classifier`, on a fake clock, without a
 /// budget, with or without idempotency keys.
-fn client(classifier: impl Classifier, keys: bool) -> ClientWithMiddleware {
-    let mut middleware = RetryMiddleware::new(support::policy())
-        .with_clock(FakeClock::new())
-        .with_rng(SeededRng::new(3))
+fn client<F>(classifier: F, keys: bool) -> ClientWithMiddleware
+where
+    F: Fn(&Attempt<'_>) -> Retryable + Send + Sync + 'static,
+{
+    let mut dependency = Dependency::new("default", support::policy())
         .with_classifier(classifier)
         .without_budget();
     if !keys {
-        middleware = middleware.without_idempotency_keys();
+        dependency = dependency.without_idempotency_keys();
     }
+    let middleware = RetryMiddleware::new(dependency)
+        .with_clock(FakeClock::new())
+        .with_rng(SeededRng::new(3));
     ClientBuilder::new(reqwest::Client::new())
         .with(middleware)
         .build()
@@ -248,11 +252,9 @@ async fn a_classifier_can_make_another_middleware_s_error_transient() {
     };
     let server = always(200).await;
     let build = |hook: bool, calls: Arc<Mutex<u32>>| {
-        let mut middleware = RetryMiddleware::new(support::policy())
-            .with_clock(FakeClock::new())
-            .without_budget();
+        let mut dependency = Dependency::new("default", support::policy()).without_budget();
         if hook {
-            middleware = middleware.with_classifier(|a: &Attempt<'_>| match a.outcome() {
+            dependency = dependency.with_classifier(|a| match a.outcome() {
                 Outcome::Error(e) if e.to_string().contains("token service busy") => {
                     Retryable::Transient
                 }
@@ -260,7 +262,7 @@ async fn a_classifier_can_make_another_middleware_s_error_transient() {
             });
         }
         ClientBuilder::new(reqwest::Client::new())
-            .with(middleware)
+            .with(RetryMiddleware::new(dependency).with_clock(FakeClock::new()))
             .with(fails_twice(calls))
             .build()
     };
@@ -298,9 +300,8 @@ async fn a_classifier_belongs_to_its_dependency() {
         .without_budget();
     let client = ClientBuilder::new(reqwest::Client::new())
         .with(
-            RetryMiddleware::new(support::policy())
+            RetryMiddleware::new(Dependency::new("default", support::policy()).without_budget())
                 .with_clock(FakeClock::new())
-                .without_budget()
                 .route(&a.address().to_string(), strict)
                 .unwrap(),
         )
@@ -323,12 +324,13 @@ async fn with_buffer_body_the_classifier_is_asked_once_per_attempt() {
     let policy = RetryPolicy::builder().buffer_body(1024).build().unwrap();
     let client = ClientBuilder::new(reqwest::Client::new())
         .with(
-            RetryMiddleware::new(policy)
-                .with_clock(FakeClock::new())
-                .with_classifier(move |a: &Attempt<'_>| {
+            RetryMiddleware::new(Dependency::new("default", policy).with_classifier(
+                move |a: &Attempt<'_>| {
                     *count.lock().unwrap() += 1;
                     a.default_verdict()
-                }),
+                },
+            ))
+            .with_clock(FakeClock::new()),
         )
         .build();
 

@@ -244,7 +244,9 @@ async fn a_caller_s_invalid_key_fails_before_anything_is_sent() {
         .build()
         .unwrap();
     let client = ClientBuilder::new(reqwest::Client::new())
-        .with(RetryMiddleware::new(support::policy()).with_idempotency_keys(quoted))
+        .with(RetryMiddleware::new(
+            Dependency::new("default", support::policy()).with_idempotency_keys(quoted),
+        ))
         .build();
     for value in ["order-42", "order 42"] {
         let err = client

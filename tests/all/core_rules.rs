@@ -25,8 +25,8 @@ fn client(middleware: RetryMiddleware) -> ClientWithMiddleware {
 }
 
 /// The default policy on a fake clock, with every jitter draw at its lowest (the exact floor).
-fn on(clock: &FakeClock, policy: RetryPolicy) -> RetryMiddleware {
-    RetryMiddleware::new(policy)
+fn on(clock: &FakeClock, dependency: impl Into<Dependency>) -> RetryMiddleware {
+    RetryMiddleware::new(dependency)
         .with_clock(clock.clone())
         .with_rng(|| 0u64)
 }
@@ -256,7 +256,10 @@ async fn callers_that_give_up_on_a_slow_dependency_turn_the_throttle_on() {
     let server = RawServer::start(vec![Action::Delay(Duration::from_secs(2), ok("late"))]).await;
     let throttle = throttle();
     let clock = FakeClock::new();
-    let client = client(on(&clock, RetryPolicy::default()).with_throttle(throttle.clone()));
+    let client = client(on(
+        &clock,
+        Dependency::from(RetryPolicy::default()).with_throttle(throttle.clone()),
+    ));
 
     let given_up = (0..10).map(|_| {
         tokio::time::timeout(
@@ -280,13 +283,12 @@ async fn an_attempt_whose_classifier_panicked_counts_for_the_throttle() {
         .await;
     let throttle = throttle();
     let clock = FakeClock::new();
-    let middleware = on(&clock, RetryPolicy::default())
-        .with_throttle(throttle.clone())
-        .with_classifier(
-            |_: &reqwest_safe_retry::Attempt<'_>| -> reqwest_safe_retry::Retryable {
-                panic!("a classifier's bug")
-            },
-        );
+    let middleware = on(
+        &clock,
+        Dependency::from(RetryPolicy::default())
+            .with_throttle(throttle.clone())
+            .with_classifier(|_| -> reqwest_safe_retry::Retryable { panic!("a classifier's bug") }),
+    );
     let client = client(middleware);
 
     let url = server.uri();
@@ -308,8 +310,8 @@ async fn every_call_to_send_counts_as_a_request_held_or_refused_and_holds_count_
     )
     .await;
     let clock = FakeClock::new();
-    let middleware = on(&clock, RetryPolicy::default());
-    let counters = middleware.counters().clone();
+    let dependency = Dependency::from(RetryPolicy::default());
+    let middleware = on(&clock, dependency.clone());
     let client = client(middleware);
 
     client.get(server.uri()).send().await.unwrap();
@@ -328,7 +330,7 @@ async fn every_call_to_send_counts_as_a_request_held_or_refused_and_holds_count_
         .await
         .unwrap_err();
     assert_eq!(stop_of(&err), StopReason::InvalidOverride);
-    let counts = counters.snapshot();
+    let counts = dependency.counters();
     assert_eq!((counts.requests, counts.attempts), (6, 2));
 }
 
@@ -340,14 +342,14 @@ async fn a_retry_waits_for_the_quota_its_own_answer_spent() {
     )
     .await;
     let clock = FakeClock::new();
-    let middleware = on(&clock, RetryPolicy::default());
-    let counters = middleware.counters().clone();
+    let dependency = Dependency::from(RetryPolicy::default());
+    let middleware = on(&clock, dependency.clone());
     let client = client(middleware);
 
     let answer = client.get(server.uri()).send().await.unwrap();
     assert_eq!(answer.status(), 200);
     assert_eq!(clock.sleeps(), [Duration::from_secs(5)]);
-    assert_eq!(counters.snapshot().retry_after_honoured, 1);
+    assert_eq!(dependency.counters().retry_after_honoured, 1);
 }
 
 #[tokio::test]
@@ -391,7 +393,10 @@ async fn a_spent_quota_on_a_second_field_line_holds() {
 /// once one attempt was turned away, the lowest draw rejects the next.
 fn refusing_the_retry(clock: &FakeClock) -> RetryMiddleware {
     let throttle = AdaptiveThrottle::builder().k(1.0).build().unwrap();
-    on(clock, RetryPolicy::default()).with_throttle(throttle)
+    on(
+        clock,
+        Dependency::from(RetryPolicy::default()).with_throttle(throttle),
+    )
 }
 
 /// A 503 with `body`, retried once and refused by the throttle after the wait: what the caller
@@ -503,8 +508,8 @@ async fn a_key_is_counted_as_stamped_only_for_a_request_that_is_sent() {
     let throttle = AdaptiveThrottle::builder().k(1.0).build().unwrap();
     let clock = FakeClock::new();
     let once = RetryPolicy::builder().max_attempts(1).build().unwrap();
-    let middleware = on(&clock, once).with_throttle(throttle);
-    let counters = middleware.counters().clone();
+    let dependency = Dependency::from(once).with_throttle(throttle);
+    let middleware = on(&clock, dependency.clone());
     let client = client(middleware);
 
     assert_eq!(client.get(server.uri()).send().await.unwrap().status(), 503);
@@ -516,7 +521,7 @@ async fn a_key_is_counted_as_stamped_only_for_a_request_that_is_sent() {
         .unwrap_err();
     assert_eq!(stop_of(&err), StopReason::Throttled);
     assert_eq!(received(&server).await, 1);
-    let counts = counters.snapshot();
+    let counts = dependency.counters();
     assert_eq!((counts.keys_stamped, counts.throttled), (0, 1));
 }
 

@@ -47,7 +47,7 @@ async fn two_hosts_in_one_client_get_their_own_policies_and_budgets() {
         .unwrap();
     let a_dep = Dependency::new("a", attempts(2)).with_budget(small.clone());
     let b_dep = Dependency::new("b", attempts(4));
-    let (a_counters, b_counters) = (a_dep.counters().clone(), b_dep.counters().clone());
+    let (a_counters, b_counters) = (a_dep.clone(), b_dep.clone());
     let b_budget = b_dep.budget().unwrap().clone();
     let client = build(
         RetryMiddleware::new(attempts(1))
@@ -61,34 +61,44 @@ async fn two_hosts_in_one_client_get_their_own_policies_and_budgets() {
     for _ in 0..3 {
         client.get(a.uri()).send().await.unwrap();
     }
-    assert_eq!((small.retries(), small.refusals()), (2, 1));
+    assert_eq!(
+        (
+            a_counters.counters().retries,
+            a_counters.counters().budget_refusals
+        ),
+        (2, 1)
+    );
     assert_eq!(a.received_requests().await.unwrap().len(), 2 + 2 + 1);
 
     // b's retries are untouched by a's empty bucket: four attempts, three paid retries.
     let response = client.get(b.uri()).send().await.unwrap();
     assert_eq!(RetryRecord::of(&response).unwrap().attempts(), 4);
     assert_eq!(b.received_requests().await.unwrap().len(), 4);
-    assert_eq!(b_budget.retries(), 3);
-    assert_eq!(b_budget.refusals(), 0);
-    assert_eq!(a_counters.snapshot().budget_refusals, 1);
-    assert_eq!(b_counters.snapshot().budget_refusals, 0);
-    assert_eq!(b_counters.snapshot().requests, 1);
+    assert_eq!(b_counters.counters().retries, 3);
+    assert!(
+        b_budget.balance() < b_budget.capacity() && small.balance() < 1.0,
+        "each bucket paid for its own dependency's retries"
+    );
+    assert_eq!(a_counters.counters().budget_refusals, 1);
+    assert_eq!(b_counters.counters().budget_refusals, 0);
+    assert_eq!(b_counters.counters().requests, 1);
 }
 
 #[tokio::test]
 async fn unrouted_hosts_use_the_default_dependency() {
     let server = always(503).await;
     let routed = Dependency::new("elsewhere", attempts(5));
-    let middleware = RetryMiddleware::new(attempts(2))
+    let default = Dependency::from(attempts(2));
+    let middleware = RetryMiddleware::new(default.clone())
         .route("api.example.com", routed)
         .unwrap();
-    let counters = middleware.counters().clone();
+    let counters = default;
     let client = build(middleware);
 
     client.get(server.uri()).send().await.unwrap();
 
     assert_eq!(server.received_requests().await.unwrap().len(), 2);
-    assert_eq!(counters.snapshot().attempts, 2);
+    assert_eq!(counters.counters().attempts, 2);
 }
 
 #[tokio::test]
@@ -108,7 +118,7 @@ async fn a_request_can_turn_retries_off_or_change_the_policy() {
 
     let patient = client
         .get(server.uri())
-        .with_extension(RetryOverride::Policy(attempts(5)))
+        .with_extension(RetryOverride::MaxAttempts(5))
         .send()
         .await
         .unwrap();
@@ -134,10 +144,9 @@ async fn a_request_can_change_only_its_attempts_or_its_deadline() {
         .unwrap();
     let client = ClientBuilder::new(reqwest::Client::new())
         .with(
-            RetryMiddleware::new(policy)
+            RetryMiddleware::new(Dependency::new("default", policy).without_budget())
                 .with_clock(clock.clone())
-                .with_rng(|| u64::MAX)
-                .without_budget(),
+                .with_rng(|| u64::MAX),
         )
         .build();
 
@@ -172,35 +181,70 @@ async fn a_request_can_change_only_its_attempts_or_its_deadline() {
 }
 
 #[tokio::test]
-async fn an_override_that_makes_the_policy_invalid_fails_before_sending_and_says_why() {
+async fn an_override_of_no_attempts_fails_before_sending_and_says_why() {
     let server = always(200).await;
     let client = build(RetryMiddleware::new(RetryPolicy::default()));
-    for (set, says) in [
-        (
-            RetryOverride::MaxAttempts(0),
-            "MaxAttempts(0): max_attempts must be at least 1",
-        ),
-        (
-            RetryOverride::Deadline(Duration::from_millis(50)),
-            "Deadline(50ms): base_delay (100ms) must be below the deadline (50ms)",
-        ),
+    let err = client
+        .get(server.uri())
+        .with_extension(RetryOverride::MaxAttempts(0))
+        .send()
+        .await
+        .unwrap_err();
+    let retry = RetryError::of(&err).unwrap();
+    assert_eq!(retry.stop_reason(), StopReason::InvalidOverride);
+    assert_eq!(retry.attempts(), 0);
+    let source = std::error::Error::source(retry).unwrap().to_string();
+    assert!(
+        source
+            .starts_with("invalid retry override: MaxAttempts(0): max_attempts must be at least 1"),
+        "{source}"
+    );
+    assert!(server.received_requests().await.unwrap().is_empty());
+}
+
+/// A deadline override at or below the base delay (100 ms) leaves no room for a retry: the
+/// request makes one attempt, and succeeds when that one does. On a fake clock, whose time
+/// stands still while a request is on the wire, so a 1 ms attempt timeout cannot cut a loopback
+/// answer on a loaded machine.
+#[tokio::test]
+async fn a_deadline_override_too_short_for_a_retry_sends_once_and_never_fails_the_call() {
+    let fine = always(200).await;
+    let down = always(503).await;
+    let client = build(RetryMiddleware::new(RetryPolicy::default()));
+    for deadline in [
+        Duration::from_millis(1),
+        Duration::from_millis(50),
+        Duration::ZERO,
     ] {
-        let err = client
-            .get(server.uri())
-            .with_extension(set)
+        let response = client
+            .get(fine.uri())
+            .with_extension(RetryOverride::Deadline(deadline))
             .send()
             .await
-            .unwrap_err();
-        let retry = RetryError::of(&err).unwrap();
-        assert_eq!(retry.stop_reason(), StopReason::InvalidOverride);
-        assert_eq!(retry.attempts(), 0);
-        let source = std::error::Error::source(retry).unwrap().to_string();
-        assert!(
-            source.starts_with(&format!("invalid retry override: {says}")),
-            "{source}"
+            .unwrap();
+        assert_eq!(response.status(), 200, "{deadline:?}");
+        let record = RetryRecord::of(&response).unwrap();
+        assert_eq!(
+            (record.attempts(), record.stop_reason()),
+            (1, StopReason::Succeeded)
+        );
+
+        let response = client
+            .get(down.uri())
+            .with_extension(RetryOverride::Deadline(deadline))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 503);
+        let record = RetryRecord::of(&response).unwrap();
+        assert_eq!(
+            (record.attempts(), record.stop_reason()),
+            (1, StopReason::AttemptsExhausted),
+            "{deadline:?}"
         );
     }
-    assert!(server.received_requests().await.unwrap().is_empty());
+    assert_eq!(fine.received_requests().await.unwrap().len(), 3);
+    assert_eq!(down.received_requests().await.unwrap().len(), 3);
 }
 
 fn nested(layers: usize) -> ClientWithMiddleware {
@@ -285,10 +329,10 @@ async fn scripted_scenario(name: &str) -> CounterSnapshot {
         .await;
 
     let dependency = Dependency::new(name, RetryPolicy::default());
-    let counters = dependency.counters().clone();
+    let counters = dependency.clone();
     let client = ClientBuilder::new(reqwest::Client::new())
         .with(
-            RetryMiddleware::for_dependency(dependency)
+            RetryMiddleware::new(dependency)
                 .with_clock(FakeClock::new())
                 .with_rng(|| u64::MAX),
         )
@@ -298,18 +342,14 @@ async fn scripted_scenario(name: &str) -> CounterSnapshot {
     client.get(url("/flaky")).send().await.unwrap();
     client.post(url("/orders")).body("x").send().await.unwrap();
     client.get(url("/down")).send().await.unwrap();
-    let slow = RetryPolicy::builder()
-        .base_delay(Duration::from_secs(1))
-        .deadline(Duration::from_millis(1500))
-        .build()
-        .unwrap();
+    // Waits of 100 ms, then 200 ms (the top of each draw): the second ends past 150 ms.
     client
         .get(url("/slow"))
-        .with_extension(RetryOverride::Policy(slow))
+        .with_extension(RetryOverride::Deadline(Duration::from_millis(150)))
         .send()
         .await
         .unwrap();
-    counters.snapshot()
+    counters.counters()
 }
 
 fn expected() -> CounterSnapshot {
@@ -335,7 +375,7 @@ async fn the_observer_sees_every_decision() {
     let events = Arc::new(Mutex::new(Vec::new()));
     let seen = events.clone();
     let client = build(
-        RetryMiddleware::for_dependency(Dependency::new("observed", attempts(3))).with_observer(
+        RetryMiddleware::new(Dependency::new("observed", attempts(3))).with_observer(
             move |e: &RetryEvent<'_>| {
                 seen.lock().unwrap().push((
                     e.dependency.to_owned(),
@@ -546,11 +586,12 @@ async fn the_metrics_facade_sees_the_same_counts() {
 async fn a_routed_dependency_counts_apart_from_the_default() {
     let server = always(200).await;
     let routed = Dependency::new("routed", attempts(3));
-    let routed_counters = routed.counters().clone();
-    let middleware = RetryMiddleware::new(attempts(3))
+    let routed_counters = routed.clone();
+    let default = Dependency::from(attempts(3));
+    let middleware = RetryMiddleware::new(default.clone())
         .route(&host_port(&server), routed)
         .unwrap();
-    let default_counters = middleware.counters().clone();
+    let default_counters = default;
     let client = build(middleware);
 
     client.get(server.uri()).send().await.unwrap();
@@ -560,7 +601,7 @@ async fn a_routed_dependency_counts_apart_from_the_default() {
         .await
         .unwrap_err();
 
-    assert_eq!(routed_counters.snapshot().requests, 1);
-    assert_eq!(default_counters.snapshot().requests, 1);
-    assert_eq!(default_counters.snapshot().attempts, 3);
+    assert_eq!(routed_counters.counters().requests, 1);
+    assert_eq!(default_counters.counters().requests, 1);
+    assert_eq!(default_counters.counters().attempts, 3);
 }

@@ -19,8 +19,8 @@ use http::Extensions;
 use reqwest::{Request, Response};
 use reqwest_middleware::{ClientBuilder, Middleware, Next};
 use reqwest_safe_retry::{
-    Clock, CounterSnapshot, FakeClock, RetryBudget, RetryError, RetryMiddleware, RetryPolicy,
-    RetryRecord, SeededRng, Sleep,
+    Clock, CounterSnapshot, Dependency, FakeClock, RetryBudget, RetryError, RetryMiddleware,
+    RetryPolicy, RetryRecord, SeededRng, Sleep,
 };
 
 /// 1,500 in a debug build (the test command), all 10,000 in release.
@@ -162,11 +162,11 @@ fn run(seed: u64, http: &reqwest::Client) -> (Outcome, u32) {
             .floor_per_sec(0.0)
             .build()
             .unwrap();
-        let middleware = RetryMiddleware::new(policy)
+        let dependency = Dependency::new("default", policy).with_budget(budget.clone());
+        let middleware = RetryMiddleware::new(dependency.clone())
             .with_clock(Suspending(clock.clone()))
-            .with_rng(SeededRng::new(seed ^ layer as u64))
-            .with_budget(budget.clone());
-        counters.push(middleware.counters().clone());
+            .with_rng(SeededRng::new(seed ^ layer as u64));
+        counters.push(dependency);
         if layer == 0 {
             outer_max = max_attempts;
             outer_budget = Some(budget);
@@ -226,9 +226,9 @@ fn run(seed: u64, http: &reqwest::Client) -> (Outcome, u32) {
         arrivals,
         sleeps: clock.sleeps(),
         finished,
-        counts: counters.iter().map(|c| c.snapshot()).collect(),
-        budget_retries: budget.retries(),
-        balance: budget.balance_milli(),
+        counts: counters.iter().map(Dependency::counters).collect(),
+        budget_retries: counters[0].counters().retries,
+        balance: (budget.balance() * 1000.0).round() as u64,
     };
     (outcome, outer_max)
 }

@@ -4,8 +4,8 @@ use std::time::Duration;
 
 use reqwest_middleware::ClientBuilder;
 use reqwest_safe_retry::{
-    FakeClock, IdempotencyKeys, KeySource, RetryError, RetryErrorExt, RetryMiddleware, RetryPolicy,
-    SeededKeys, StopReason,
+    Dependency, FakeClock, IdempotencyKeys, KeySource, RetryError, RetryErrorExt, RetryMiddleware,
+    RetryPolicy, SeededKeys, StopReason,
 };
 
 use crate::support::{self, Action, RawServer};
@@ -122,7 +122,7 @@ async fn a_retry_error_strips_its_own_url() {
     let reqwest_middleware::Error::Middleware(inner) = err else {
         panic!("the middleware's error");
     };
-    let retry = inner.downcast::<RetryError>().unwrap().without_url();
+    let retry = inner.downcast::<RetryError>().unwrap().strip_url();
     assert_eq!(retry.url(), None);
     assert!(!retry.to_string().contains("k=v"), "{retry}");
 }
@@ -160,10 +160,10 @@ async fn a_status_error_from_further_in_is_final_and_keeps_its_status() {
 
     let retry = RetryError::of(&err).unwrap();
     assert_eq!(
-        retry.status(),
+        retry.last_status(),
         Some(reqwest::StatusCode::SERVICE_UNAVAILABLE)
     );
-    assert_eq!(err.last_status(), retry.status());
+    assert_eq!(err.last_status(), retry.last_status());
     assert_eq!(retry.stop_reason(), StopReason::NotRetryable);
     assert_eq!(server.received_requests().await.unwrap().len(), 1);
 }
@@ -179,9 +179,10 @@ async fn a_keyed_request_s_error_carries_its_key() {
     let expected = SeededKeys::new(9).next_key();
     let client = ClientBuilder::new(reqwest::Client::new())
         .with(
-            RetryMiddleware::new(support::policy())
-                .with_clock(FakeClock::new())
-                .with_idempotency_keys(keys),
+            RetryMiddleware::new(
+                Dependency::new("default", support::policy()).with_idempotency_keys(keys),
+            )
+            .with_clock(FakeClock::new()),
         )
         .build();
 

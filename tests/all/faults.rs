@@ -35,7 +35,7 @@ async fn resets_on_every_attempt_exhaust_the_attempts() {
     let retry = RetryError::of(&err).unwrap();
     assert_eq!(retry.attempts(), 3);
     assert_eq!(retry.stop_reason(), StopReason::AttemptsExhausted);
-    assert!(!retry.is_timeout());
+    assert!(!retry.timed_out());
     assert!(retry.url().is_some_and(|u| u.as_str() == server.url("/")));
 }
 
@@ -65,7 +65,7 @@ async fn a_refused_port_is_retried() {
         .unwrap_err();
 
     let retry = RetryError::of(&err).unwrap();
-    assert!(retry.is_connect());
+    assert!(retry.failed_to_connect());
     assert_eq!(retry.attempts(), 3);
     assert_eq!(clock.sleeps().len(), 2);
 }
@@ -107,7 +107,7 @@ async fn timeouts_on_every_attempt_surface_as_a_timeout_error() {
     let err = client.get(server.url("/")).send().await.unwrap_err();
 
     let retry = RetryError::of(&err).unwrap();
-    assert!(retry.is_timeout(), "{retry}");
+    assert!(retry.timed_out(), "{retry}");
     assert_eq!(retry.attempts(), 3);
     assert_eq!(server.requests(), 3);
 }
@@ -134,7 +134,7 @@ async fn a_shorter_timeout_on_the_request_wins() {
     let took = started.elapsed();
 
     let retry = RetryError::of(&err).unwrap();
-    assert!(retry.is_timeout(), "{retry}");
+    assert!(retry.timed_out(), "{retry}");
     assert_eq!(retry.attempts(), 3);
     // Three cuts of 150 ms, not one wait of the policy's 5 s.
     assert!(took >= Duration::from_millis(450), "{took:?}");

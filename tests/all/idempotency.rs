@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use reqwest_middleware::{ClientBuilder, ClientWithMiddleware};
 use reqwest_safe_retry::{
-    FakeClock, IdempotencyKeys, KeyFormat, RetryError, RetryMiddleware, RetryPolicy, RetryRecord,
-    SeededKeys, SeededRng, StopReason,
+    Dependency, FakeClock, IdempotencyKeys, KeyFormat, RetryError, RetryMiddleware, RetryPolicy,
+    RetryRecord, SeededKeys, SeededRng, StopReason,
 };
 use tokio::sync::Semaphore;
 use wiremock::matchers::any;
@@ -19,11 +19,13 @@ use crate::support;
 /// far above any healthy service's would rightly exhaust a budget.
 fn keyed_client(policy: RetryPolicy, keys: IdempotencyKeys) -> (ClientWithMiddleware, FakeClock) {
     let clock = FakeClock::new();
-    let middleware = RetryMiddleware::new(policy)
-        .with_clock(clock.clone())
-        .with_rng(SeededRng::new(11))
-        .with_idempotency_keys(keys)
-        .without_budget();
+    let middleware = RetryMiddleware::new(
+        Dependency::new("default", policy)
+            .with_idempotency_keys(keys)
+            .without_budget(),
+    )
+    .with_clock(clock.clone())
+    .with_rng(SeededRng::new(11));
     (
         ClientBuilder::new(reqwest::Client::new())
             .with(middleware)
@@ -104,9 +106,8 @@ async fn concurrent_copies_of_one_key_make_one_effect_and_all_get_the_original()
         .unwrap();
     let client = ClientBuilder::new(reqwest::Client::new())
         .with(
-            RetryMiddleware::new(policy)
-                .with_rng(SeededRng::new(3))
-                .without_budget(),
+            RetryMiddleware::new(Dependency::new("default", policy).without_budget())
+                .with_rng(SeededRng::new(3)),
         )
         .build();
 

@@ -69,7 +69,7 @@ async fn a_post_without_a_key_that_hits_a_refused_port_is_retried() {
         .unwrap_err();
 
     let retry = RetryError::of(&err).expect("a RetryError");
-    assert!(retry.is_connect(), "{retry}");
+    assert!(retry.failed_to_connect(), "{retry}");
     assert_eq!(retry.attempts(), 3);
     assert_eq!(retry.stop_reason(), StopReason::AttemptsExhausted);
     assert_eq!(clock.sleeps().len(), 2);

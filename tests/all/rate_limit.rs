@@ -3,7 +3,9 @@
 use std::time::Duration;
 
 use reqwest_middleware::ClientBuilder;
-use reqwest_safe_retry::{FakeClock, RetryError, RetryMiddleware, RetryPolicy, StopReason};
+use reqwest_safe_retry::{
+    Dependency, FakeClock, RetryError, RetryMiddleware, RetryPolicy, StopReason,
+};
 use wiremock::matchers::any;
 use wiremock::{Mock, MockServer, ResponseTemplate};
 
@@ -123,8 +125,8 @@ async fn spent_for(secs: u64) -> MockServer {
 #[tokio::test(start_paused = true)]
 async fn a_request_dropped_while_its_quota_is_held_sends_nothing_and_counts_no_attempt() {
     let server = spent_for(5).await;
-    let middleware = RetryMiddleware::new(RetryPolicy::default());
-    let counters = middleware.counters().clone();
+    let counters = Dependency::from(RetryPolicy::default());
+    let middleware = RetryMiddleware::new(counters.clone());
     let client = ClientBuilder::new(reqwest::Client::new())
         .with(middleware)
         .build();
@@ -136,11 +138,11 @@ async fn a_request_dropped_while_its_quota_is_held_sends_nothing_and_counts_no_a
     assert!(dropped.is_err(), "held for 5 s, dropped after 1 s");
     assert_eq!(server.received_requests().await.unwrap().len(), 1);
     assert_eq!(
-        counters.snapshot().requests,
+        counters.counters().requests,
         2,
         "the dropped one was a call to send()"
     );
-    assert_eq!(counters.snapshot().attempts, 1);
+    assert_eq!(counters.counters().attempts, 1);
     // Then one that waits out the rest of the hold in virtual time, not in real time.
     let virtual_start = tokio::time::Instant::now();
     client.get(server.uri()).send().await.unwrap();

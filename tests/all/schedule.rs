@@ -3,7 +3,7 @@
 use std::time::{Duration, Instant};
 
 use reqwest_middleware::ClientBuilder;
-use reqwest_safe_retry::{FakeClock, RetryMiddleware, RetryPolicy, SeededRng};
+use reqwest_safe_retry::{Dependency, FakeClock, RetryMiddleware, RetryPolicy, SeededRng};
 use wiremock::MockServer;
 
 async fn always_503() -> MockServer {
@@ -113,10 +113,9 @@ async fn limits_at_the_end_of_the_duration_range_do_not_panic() {
     let clock = FakeClock::new();
     let client = ClientBuilder::new(reqwest::Client::new())
         .with(
-            RetryMiddleware::new(policy)
+            RetryMiddleware::new(Dependency::new("default", policy).without_budget())
                 .with_clock(clock.clone())
-                .with_rng(|| u64::MAX)
-                .without_budget(),
+                .with_rng(|| u64::MAX),
         )
         .build();
 

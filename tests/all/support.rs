@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use reqwest_middleware::{ClientBuilder, ClientWithMiddleware};
-use reqwest_safe_retry::{FakeClock, RetryMiddleware, RetryPolicy, SeededRng};
+use reqwest_safe_retry::{Dependency, FakeClock, RetryMiddleware, RetryPolicy, SeededRng};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use wiremock::matchers::any;
@@ -55,10 +55,10 @@ pub fn client() -> (ClientWithMiddleware, FakeClock) {
 /// A client that neither stamps nor recognises idempotency keys: safety by method alone.
 pub fn unkeyed_client() -> (ClientWithMiddleware, FakeClock) {
     let clock = FakeClock::new();
-    let middleware = RetryMiddleware::new(policy())
-        .with_clock(clock.clone())
-        .with_rng(SeededRng::new(7))
-        .without_idempotency_keys();
+    let middleware =
+        RetryMiddleware::new(Dependency::new("default", policy()).without_idempotency_keys())
+            .with_clock(clock.clone())
+            .with_rng(SeededRng::new(7));
     let client = ClientBuilder::new(reqwest::Client::new())
         .with(middleware)
         .build();

@@ -4,8 +4,8 @@ use std::time::Duration;
 
 use reqwest_middleware::ClientBuilder;
 use reqwest_safe_retry::{
-    AdaptiveThrottle, Clock, FakeClock, RetryError, RetryMiddleware, RetryPolicy, RetryRecord,
-    StopReason, ThrottledLocally,
+    AdaptiveThrottle, Clock, Dependency, FakeClock, RetryError, RetryMiddleware, RetryPolicy,
+    RetryRecord, StopReason,
 };
 
 use crate::support::always;
@@ -24,11 +24,14 @@ async fn a_rejected_first_attempt_sends_nothing_and_says_why() {
     let server = always(503).await;
     let throttle = throttle();
     let clock = FakeClock::new();
-    let middleware = RetryMiddleware::new(RetryPolicy::builder().max_attempts(1).build().unwrap())
+    let counters = Dependency::new(
+        "default",
+        RetryPolicy::builder().max_attempts(1).build().unwrap(),
+    )
+    .with_throttle(throttle.clone());
+    let middleware = RetryMiddleware::new(counters.clone())
         .with_clock(clock.clone())
-        .with_rng(|| 0u64)
-        .with_throttle(throttle.clone());
-    let counters = middleware.counters().clone();
+        .with_rng(|| 0u64);
     let client = ClientBuilder::new(reqwest::Client::new())
         .with(middleware)
         .build();
@@ -45,13 +48,13 @@ async fn a_rejected_first_attempt_sends_nothing_and_says_why() {
         std::error::Error::source(retry)
             .unwrap()
             .to_string()
-            .contains(&ThrottledLocally.to_string()),
+            .contains("rejected locally by the adaptive throttle"),
         "{err}"
     );
     // Nothing of it reached the server; it counts as a request all the same.
     assert_eq!(server.received_requests().await.unwrap().len(), 1);
     assert_eq!(throttle.counts(clock.now()), (2, 0));
-    let counts = counters.snapshot();
+    let counts = counters.counters();
     assert_eq!(
         (counts.requests, counts.attempts, counts.throttled),
         (2, 1, 1)
@@ -62,11 +65,10 @@ async fn a_rejected_first_attempt_sends_nothing_and_says_why() {
 async fn a_rejected_retry_hands_back_the_last_answer() {
     let server = always(503).await;
     let throttle = throttle();
-    let middleware = RetryMiddleware::new(RetryPolicy::default())
+    let counters = Dependency::new("default", RetryPolicy::default()).with_throttle(throttle);
+    let middleware = RetryMiddleware::new(counters.clone())
         .with_clock(FakeClock::new())
-        .with_rng(|| 0u64)
-        .with_throttle(throttle);
-    let counters = middleware.counters().clone();
+        .with_rng(|| 0u64);
     let client = ClientBuilder::new(reqwest::Client::new())
         .with(middleware)
         .build();
@@ -80,7 +82,7 @@ async fn a_rejected_retry_hands_back_the_last_answer() {
         (1, StopReason::Throttled)
     );
     assert_eq!(server.received_requests().await.unwrap().len(), 1);
-    let counts = counters.snapshot();
+    let counts = counters.counters();
     // The retry was paid for and then given back: no retry counted, the budget whole.
     assert_eq!(
         (counts.attempts, counts.retries, counts.throttled),
@@ -96,10 +98,11 @@ async fn a_dependency_that_accepts_is_never_throttled() {
     let clock = FakeClock::new();
     let client = ClientBuilder::new(reqwest::Client::new())
         .with(
-            RetryMiddleware::new(RetryPolicy::default())
-                .with_clock(clock.clone())
-                .with_rng(|| 0u64)
-                .with_throttle(throttle.clone()),
+            RetryMiddleware::new(
+                Dependency::new("default", RetryPolicy::default()).with_throttle(throttle.clone()),
+            )
+            .with_clock(clock.clone())
+            .with_rng(|| 0u64),
         )
         .build();
 
@@ -123,9 +126,10 @@ async fn an_attempt_dropped_in_flight_counts_as_a_request_without_an_accept() {
     let clock = FakeClock::new();
     let client = ClientBuilder::new(reqwest::Client::new())
         .with(
-            RetryMiddleware::new(RetryPolicy::default())
-                .with_clock(clock.clone())
-                .with_throttle(throttle.clone()),
+            RetryMiddleware::new(
+                Dependency::new("default", RetryPolicy::default()).with_throttle(throttle.clone()),
+            )
+            .with_clock(clock.clone()),
         )
         .build();
 

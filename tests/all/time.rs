@@ -224,7 +224,7 @@ async fn a_slow_server_is_stopped_by_the_deadline_in_real_time() {
     let retry = RetryError::of(&err).unwrap();
     assert_eq!(retry.stop_reason(), StopReason::DeadlineReached, "{retry}");
     assert_eq!(retry.attempts(), 3);
-    assert!(retry.is_timeout());
+    assert!(retry.timed_out());
     assert!(retry.to_string().contains("deadline reached"), "{retry}");
     assert!(took >= deadline - Duration::from_millis(5), "{took:?}");
     assert!(took < deadline + Duration::from_millis(150), "{took:?}");

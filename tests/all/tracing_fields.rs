@@ -81,7 +81,9 @@ impl Subscriber for Capture {
     }
 
     fn enabled(&self, metadata: &Metadata<'_>) -> bool {
-        metadata.target() == "reqwest_safe_retry" && CAPTURING.with(|c| c.get())
+        metadata.target() == "reqwest_safe_retry"
+            && CAPTURING.with(|c| c.get())
+            && *metadata.level() <= LEVEL.with(|l| l.get())
     }
 
     fn new_span(&self, span: &Attributes<'_>) -> Id {
@@ -133,6 +135,8 @@ impl Subscriber for Capture {
 
 thread_local! {
     static CAPTURING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    /// The most verbose level this thread's capture takes, as a subscriber's level filter.
+    static LEVEL: std::cell::Cell<tracing::Level> = const { std::cell::Cell::new(tracing::Level::TRACE) };
 }
 
 /// The process-wide capture. A thread-local subscriber (`set_default`) is not enough here: tests
@@ -157,7 +161,7 @@ async fn a_retried_request_emits_the_documented_span_and_events() {
         crate::support::first_then(ResponseTemplate::new(503), 1, ResponseTemplate::new(200)).await;
     let client = ClientBuilder::new(reqwest::Client::new())
         .with(
-            RetryMiddleware::for_dependency(Dependency::new("inventory", RetryPolicy::default()))
+            RetryMiddleware::new(Dependency::new("inventory", RetryPolicy::default()))
                 .with_clock(FakeClock::new())
                 .with_rng(|| u64::MAX),
         )
@@ -281,9 +285,14 @@ async fn inner_middleware_sees_each_attempt_s_number() {
     let seen = Arc::new(Mutex::new(Vec::new()));
     let client = ClientBuilder::new(reqwest::Client::new())
         .with(
-            RetryMiddleware::new(RetryPolicy::builder().max_attempts(4).build().unwrap())
-                .with_clock(FakeClock::new())
+            RetryMiddleware::new(
+                Dependency::new(
+                    "default",
+                    RetryPolicy::builder().max_attempts(4).build().unwrap(),
+                )
                 .without_budget(),
+            )
+            .with_clock(FakeClock::new()),
         )
         .with(crate::support::Before({
             let seen = seen.clone();
@@ -325,7 +334,7 @@ async fn levels_of(
     let before = mine(&capture.events).len();
     CAPTURING.with(|c| c.set(true));
     let client = ClientBuilder::new(reqwest::Client::new())
-        .with(middleware.with_clock(FakeClock::new()).without_budget())
+        .with(middleware.with_clock(FakeClock::new()))
         .build();
     client.get(server.uri()).send().await.unwrap();
     CAPTURING.with(|c| c.set(false));
@@ -342,7 +351,10 @@ async fn levels_of(
 #[tokio::test(flavor = "current_thread")]
 async fn retries_and_give_ups_are_logged_at_their_levels() {
     use tracing::Level;
-    let two = || RetryMiddleware::new(RetryPolicy::builder().max_attempts(2).build().unwrap());
+    let two = || {
+        let policy = RetryPolicy::builder().max_attempts(2).build().unwrap();
+        RetryMiddleware::new(Dependency::from(policy).without_budget())
+    };
 
     let recovers =
         crate::support::first_then(ResponseTemplate::new(503), 1, ResponseTemplate::new(200)).await;
@@ -376,4 +388,66 @@ async fn retries_and_give_ups_are_logged_at_their_levels() {
         levels_of(quiet, &down).await.0,
         [Level::DEBUG, Level::DEBUG, Level::ERROR]
     );
+
+    // A success after a retry is never logged above INFO, whatever the retry's level.
+    let loud = || two().with_retry_log_level(Level::WARN);
+    let recovers =
+        crate::support::first_then(ResponseTemplate::new(503), 1, ResponseTemplate::new(200)).await;
+    assert_eq!(
+        levels_of(loud(), &recovers).await.0,
+        [Level::WARN, Level::DEBUG, Level::INFO]
+    );
+    assert_eq!(
+        levels_of(loud(), &down).await.0,
+        [Level::WARN, Level::DEBUG, Level::WARN]
+    );
+}
+
+/// With a subscriber at INFO, the retry's and the give-up's events say what was retried
+/// themselves (the span, at DEBUG, is not there): the dependency, the method, the host with its
+/// port, and the path, never the query.
+#[tokio::test(flavor = "current_thread")]
+async fn at_info_the_retry_and_give_up_events_name_the_dependency_method_host_and_path() {
+    let capture = capture();
+    let server = crate::support::always(503).await;
+    let policy = RetryPolicy::builder().max_attempts(2).build().unwrap();
+    let client = ClientBuilder::new(reqwest::Client::new())
+        .with(
+            RetryMiddleware::new(Dependency::new("payments", policy).without_budget())
+                .with_clock(FakeClock::new()),
+        )
+        .build();
+    let before = mine(&capture.events).len();
+    let spans_before = mine(&capture.spans).len();
+    LEVEL.with(|l| l.set(tracing::Level::INFO));
+    CAPTURING.with(|c| c.set(true));
+    let url = format!("{}/orders/7?token=secret-123#frag", server.uri());
+    let response = client.post(url).body("{}").send().await.unwrap();
+    CAPTURING.with(|c| c.set(false));
+    LEVEL.with(|l| l.set(tracing::Level::TRACE));
+
+    assert_eq!(response.status(), 503);
+    assert_eq!(mine(&capture.spans).len(), spans_before, "no span at INFO");
+    let events = mine(&capture.events)[before..].to_vec();
+    let levels: Vec<_> = events.iter().map(|e| (e.level, e.name.as_str())).collect();
+    assert_eq!(
+        levels,
+        [
+            (tracing::Level::INFO, "attempt finished"),
+            (tracing::Level::WARN, "retrying stopped"),
+        ]
+    );
+    let host = format!("127.0.0.1:{}", server.address().port());
+    for event in &events {
+        assert_eq!(event.field("dependency"), Some("payments"), "{event:?}");
+        assert_eq!(event.field("method"), Some("POST"), "{event:?}");
+        assert_eq!(event.field("host"), Some(host.as_str()), "{event:?}");
+        assert_eq!(event.field("path"), Some("/orders/7"), "{event:?}");
+        for (name, value) in &event.fields {
+            assert!(
+                !value.contains("secret") && !value.contains("token") && !value.contains("frag"),
+                "{name} = {value}"
+            );
+        }
+    }
 }
