@@ -225,10 +225,55 @@ fn reqwest_fault(err: &reqwest::Error) -> Option<Fault> {
     let cause = err.source().and_then(chain_fault);
     if err.is_connect() {
         // Only causes known to be passing make a connect error transient: a certificate that
-        // failed to verify, or a name that does not resolve, will fail the same way again.
-        return cause.map(|_| Fault::Connect);
+        // failed to verify will fail the same way again. A name that did not resolve is
+        // transient: resolvers time out and lose their upstreams, and nothing was sent.
+        if cause.is_some() || err.source().is_some_and(resolution_failed) {
+            return Some(Fault::Connect);
+        }
+        return None;
     }
     cause
+}
+
+/// What hyper's connector calls the error of a name that could not be resolved, whatever the
+/// resolver (the system's, hickory's, or one given to reqwest's `dns_resolver`) said.
+const DNS_ERROR: &str = "dns error";
+
+/// Whether `err` or one of its sources is a failure to resolve the host name. hyper's
+/// connector error is not public, so it is known by its message, written into a fixed buffer
+/// (no allocation, and a message of any length is compared in bounded time).
+fn resolution_failed(err: &(dyn std::error::Error + 'static)) -> bool {
+    let mut source = Some(err);
+    // Bounded: no real chain is this deep, and a cycle must not loop for ever.
+    for _ in 0..64 {
+        let Some(cause) = source else {
+            return false;
+        };
+        if displays_as(cause, DNS_ERROR) {
+            return true;
+        }
+        source = cause.source();
+    }
+    false
+}
+
+/// Whether `value` displays exactly as `text`.
+fn displays_as(value: &dyn std::fmt::Display, text: &str) -> bool {
+    /// Compares what is written with the rest of `text`, and stops at the first difference.
+    struct Compare<'t>(&'t str);
+    impl std::fmt::Write for Compare<'_> {
+        fn write_str(&mut self, s: &str) -> std::fmt::Result {
+            match self.0.strip_prefix(s) {
+                Some(rest) => {
+                    self.0 = rest;
+                    Ok(())
+                }
+                None => Err(std::fmt::Error),
+            }
+        }
+    }
+    let mut compare = Compare(text);
+    std::fmt::write(&mut compare, format_args!("{value}")).is_ok() && compare.0.is_empty()
 }
 
 /// The first transient cause found in `err` or its sources.
@@ -407,6 +452,60 @@ mod tests {
             hook: None,
         };
         judging.verdict(&Err(err), 1)
+    }
+
+    #[test]
+    fn a_message_is_compared_whole_however_it_is_written() {
+        /// Writes its parts one by one, as a `Display` of several `write!`s does.
+        struct Parts(&'static [&'static str]);
+        impl std::fmt::Display for Parts {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                self.0.iter().try_for_each(|part| f.write_str(part))
+            }
+        }
+        assert!(displays_as(&Parts(&["dns error"]), DNS_ERROR));
+        assert!(displays_as(&Parts(&["dns", " ", "error"]), DNS_ERROR));
+        assert!(!displays_as(&Parts(&["dns"]), DNS_ERROR), "a prefix");
+        assert!(
+            !displays_as(&Parts(&["dns error: more"]), DNS_ERROR),
+            "longer"
+        );
+        assert!(
+            !displays_as(&Parts(&["dns error", "!"]), DNS_ERROR),
+            "longer"
+        );
+        assert!(!displays_as(&Parts(&["tcp connect error"]), DNS_ERROR));
+        assert!(displays_as(&Parts(&[]), ""));
+    }
+
+    #[test]
+    fn a_resolution_failure_is_found_anywhere_in_the_chain() {
+        #[derive(Debug)]
+        struct Wrap(&'static str, Option<Box<Wrap>>);
+        impl std::fmt::Display for Wrap {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(self.0)
+            }
+        }
+        impl std::error::Error for Wrap {
+            fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+                self.1.as_deref().map(|e| e as _)
+            }
+        }
+        let deep = Wrap(
+            "client error (Connect)",
+            Some(Box::new(Wrap(
+                "dns error",
+                Some(Box::new(Wrap("no upstream", None))),
+            ))),
+        );
+        assert!(resolution_failed(&deep));
+        assert!(resolution_failed(&Wrap("dns error", None)));
+        let refused = Wrap(
+            "client error (Connect)",
+            Some(Box::new(Wrap("tcp connect error", None))),
+        );
+        assert!(!resolution_failed(&refused));
     }
 
     #[test]

@@ -414,6 +414,28 @@ mod tests {
     }
 
     #[test]
+    fn a_deadline_override_never_fails_and_too_short_a_one_means_one_attempt() {
+        let ms = Duration::from_millis;
+        let policy = RetryPolicy::default(); // base 100 ms, 3 attempts
+        let of = |d| RetryOverride::Deadline(d).policy(&policy).unwrap().unwrap();
+        for (deadline, effective, attempts) in [
+            (Duration::ZERO, ms(1), 1),
+            (ms(1), ms(1), 1),
+            (ms(100), ms(100), 1),
+            (ms(101), ms(101), 3),
+        ] {
+            let overridden = of(deadline);
+            assert_eq!(
+                (overridden.deadline(), overridden.max_attempts()),
+                (effective, attempts),
+                "{deadline:?}"
+            );
+            assert_eq!(overridden.max_retry_after(), effective, "follows the deadline");
+            assert_eq!(overridden.base_delay(), policy.base_delay());
+        }
+    }
+
+    #[test]
     fn a_deadline_override_moves_a_following_max_retry_after_and_cuts_a_set_one() {
         let secs = Duration::from_secs;
         let following = RetryPolicy::default();

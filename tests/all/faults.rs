@@ -167,3 +167,79 @@ async fn a_post_without_a_key_whose_connection_is_reset_is_not_retried() {
     assert_eq!(retry.attempts(), 1);
     assert_eq!(retry.stop_reason(), StopReason::NotSafeToRetry);
 }
+
+/// A resolver that knows no name, as one that lost its upstream fails every lookup; it counts
+/// the lookups. No query leaves the machine.
+#[derive(Debug, Default)]
+struct NoSuchHost(std::sync::atomic::AtomicU32);
+
+impl reqwest::dns::Resolve for NoSuchHost {
+    fn resolve(&self, name: reqwest::dns::Name) -> reqwest::dns::Resolving {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let name = name.as_str().to_owned();
+        Box::pin(async move {
+            let lost = std::io::Error::other(format!("{name}: the resolver has no upstream"));
+            Err(lost.into())
+        })
+    }
+}
+
+/// Nothing is sent when a name does not resolve, so a GET and an unkeyed POST alike make the
+/// policy's attempts, and the budget pays for each retry and refuses the ones it cannot pay.
+#[tokio::test]
+async fn a_host_name_that_cannot_be_resolved_is_retried_for_every_method_within_the_budget() {
+    use reqwest_safe_retry::{Dependency, FakeClock, RetryBudget, RetryMiddleware, SeededRng};
+    let resolver = std::sync::Arc::new(NoSuchHost::default());
+    let one_retry = RetryBudget::builder()
+        .capacity(1.0)
+        .floor_per_sec(0.0)
+        .build()
+        .unwrap();
+    let dependency = Dependency::new("payments", support::policy())
+        .without_idempotency_keys()
+        .with_budget(RetryBudget::builder().capacity(4.0).build().unwrap());
+    let client = |dependency: &Dependency| {
+        let inner = reqwest::Client::builder()
+            .dns_resolver(resolver.clone())
+            .build()
+            .unwrap();
+        reqwest_middleware::ClientBuilder::new(inner)
+            .with(
+                RetryMiddleware::new(dependency.clone())
+                    .with_clock(FakeClock::new())
+                    .with_rng(SeededRng::new(1)),
+            )
+            .build()
+    };
+    let url = "http://payments.invalid/orders?id=7";
+
+    let payments = client(&dependency);
+    for method in [reqwest::Method::GET, reqwest::Method::POST] {
+        let err = payments
+            .request(method.clone(), url)
+            .body("{}")
+            .send()
+            .await
+            .unwrap_err();
+        let retry = RetryError::of(&err).unwrap();
+        assert_eq!(
+            (retry.attempts(), retry.stop_reason()),
+            (3, StopReason::AttemptsExhausted),
+            "{method}: {err}"
+        );
+        assert!(retry.failed_to_connect(), "{err}");
+    }
+    assert_eq!(resolver.0.load(std::sync::atomic::Ordering::SeqCst), 6);
+    let counts = dependency.counters();
+    assert_eq!((counts.attempts, counts.retries), (6, 4));
+
+    // A budget of one token pays for one retry; the next is refused.
+    let poor = Dependency::new("poor", support::policy()).with_budget(one_retry);
+    let err = client(&poor).post(url).body("{}").send().await.unwrap_err();
+    let retry = RetryError::of(&err).unwrap();
+    assert_eq!(
+        (retry.attempts(), retry.stop_reason()),
+        (2, StopReason::BudgetExhausted)
+    );
+    assert_eq!(resolver.0.load(std::sync::atomic::Ordering::SeqCst), 8);
+}
