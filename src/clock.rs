@@ -394,6 +394,7 @@ mod fake {
     /// # }
     /// ```
     #[derive(Debug, Clone)]
+    #[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
     pub struct FakeClock {
         inner: Arc<Mutex<State>>,
     }

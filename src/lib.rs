@@ -3,7 +3,8 @@
 //! `reqwest-safe-retry` is a [`reqwest_middleware`] middleware that stamps one stable
 //! `Idempotency-Key` on each POST and PATCH and reuses it on every attempt, so a server that
 //! dedupes on the key performs the effect once; it retries only transient failures (timeouts,
-//! refused or reset connections, responses cut off before the end, and the statuses 429, 502,
+//! host names that did not resolve, refused or reset connections, responses cut off before the
+//! end, and the statuses 429, 502,
 //! 503 and 504, plus 409 "still in progress" on a keyed request), only when repeating the request
 //! is safe, with capped full jitter between attempts. Its clock and its random source are
 //! injected, so every retry schedule can be tested instantly and reproducibly.
@@ -27,8 +28,9 @@
 //!
 //! # What is retried
 //!
-//! - **Transport faults**: timeouts (the request's and the policy's per-attempt timeout), refused,
-//!   reset or aborted connections, broken pipes, and a server closing the connection before a full
+//! - **Transport faults**: timeouts (the request's and the policy's per-attempt timeout), a host
+//!   name that could not be resolved (whatever the resolver), refused, reset or aborted
+//!   connections, broken pipes, and a server closing the connection before a full
 //!   response. Never: TLS certificate failures and other permanent connect errors, builder,
 //!   redirect and decode errors, and errors from other middleware.
 //! - **Statuses** in the policy's set [429, 502, 503, 504], and `409` on a request that carries an
@@ -36,13 +38,14 @@
 //!   400 and 422 included, is final and returned as it is.
 //!   [`RetryPolicyBuilder::also_retry_statuses`] adds to the set;
 //!   [`RetryPolicyBuilder::retryable_statuses`] replaces it.
-//! - **Your own rules**: a [`Classifier`] on a dependency sees each attempt's request and
-//!   outcome and says whether it is transient, wider or narrower than the rules above, which it
-//!   can delegate to. It cannot override the next rule.
+//! - **Your own rules**: a classifier closure on a dependency
+//!   ([`Dependency::with_classifier`]) sees each [`Attempt`]'s request and outcome and says
+//!   whether it is transient, wider or narrower than the rules above, which it can delegate to.
+//!   It cannot override the next rule.
 //! - **Only when repeating is safe**: GET, HEAD, OPTIONS, TRACE, PUT and DELETE are retried, and
 //!   so is any request that carries an idempotency key. A request of another method without a
-//!   key is retried only when the failure happened while connecting, before any byte reached the
-//!   server.
+//!   key is retried only when the failure happened before any byte reached the server (the name
+//!   did not resolve, the connection was refused).
 //! - **Only when the body can be sent again**: a request whose body is a stream is sent once,
 //!   unchanged, and its record says [`StopReason::BodyNotCloneable`].
 //!
@@ -52,7 +55,8 @@
 //! accept it: `Idempotency-Key: 8e03…`) before the first attempt, and every attempt carries the
 //! identical value. A key the caller set is kept byte for byte. [`IdempotencyKeys`] changes the
 //! header name, the format (bare, or quoted as the IETF draft asks: see [`KeyFormat`]), the
-//! stamped methods and the key source; [`RetryMiddleware::without_idempotency_keys`] turns keys
+//! stamped methods and the key source, per dependency
+//! ([`Dependency::with_idempotency_keys`]); [`Dependency::without_idempotency_keys`] turns keys
 //! off. The [`RetryRecord`] or [`RetryError`] of a request tells which key it used, and whether
 //! the server answered with a replay (`Idempotent-Replayed: true`).
 //!
@@ -85,9 +89,9 @@
 //! dependency is healthy every transient failure is retried; during an outage the bucket runs dry
 //! after a short burst and the load on the dependency tends to the offered load, not to
 //! `max_attempts` times it. The default is a ratio budget of about 10 % extra load, one per
-//! middleware; share one budget between every client of a dependency with
-//! [`RetryMiddleware::with_budget`] and clones of it. See [`RetryBudget`] for the presets and
-//! the rules.
+//! dependency, shared by the dependency's clones; share one between dependencies with
+//! [`Dependency::with_budget`] and clones of it. See [`RetryBudget`] for the presets and the
+//! rules.
 //!
 //! # RateLimit fields
 //!
@@ -129,10 +133,14 @@
 //!
 //! # Per dependency, per request
 //!
-//! A [`Dependency`] bundles a name, a policy, a budget of its own and counters. Give each
-//! dependency its own client (`RetryMiddleware::for_dependency`), or route by host within one
-//! client with [`RetryMiddleware::route`]. A [`RetryOverride`] in a request's extensions
-//! (`.with_extension(RetryOverride::NoRetries)`) changes the policy for that call alone.
+//! A [`Dependency`] bundles a name, a policy, a budget of its own, counters, idempotency keys,
+//! and optionally a classifier and a throttle: everything per dependency is set on it. Give each
+//! dependency its own client (`RetryMiddleware::new(dependency)`), or route by host within one
+//! client with [`RetryMiddleware::route`]. The middleware's own setters are for what all its
+//! dependencies share: the clock, the random source, the observer and the log levels. A
+//! [`RetryOverride`] in a request's extensions (`.with_extension(RetryOverride::NoRetries)`)
+//! changes the attempts or the deadline for that call alone, and never fails a call the policy
+//! would have sent.
 //!
 //! # One layer retries
 //!
@@ -153,21 +161,27 @@
 //!
 //! # Observability
 //!
-//! [`RetryCounters`] (per dependency, read with [`RetryCounters::snapshot`]) count logical
-//! requests, attempts, retries, budget refusals, deadline stops, `Retry-After` waits honoured and
-//! keys stamped; with the `metrics` feature they also go to the `metrics` facade. A
-//! [`RetryObserver`] is called after every attempt with the decision. `tracing` output, with the
-//! target `reqwest_safe_retry`, is at DEBUG except where a retry or a give-up shows: an attempt
-//! that a retry follows, and the end of a retried request, at INFO
-//! ([`RetryMiddleware::with_retry_log_level`]); the end of a request whose failure was not
-//! retried (or not again), at WARN ([`RetryMiddleware::with_give_up_log_level`]). A request that
-//! went as its first attempt went leaves nothing above DEBUG.
+//! Counters per dependency ([`Dependency::counters`], a [`CounterSnapshot`]) count logical
+//! requests, attempts, retries, budget refusals, deadline stops, `Retry-After` waits honoured,
+//! keys stamped and throttled attempts; with the `metrics` feature they also go to the
+//! `metrics` facade. An observer closure ([`RetryMiddleware::with_observer`]) is called after
+//! every attempt with a [`RetryEvent`]. `tracing` output, with the target `reqwest_safe_retry`,
+//! is at DEBUG except where a retry or a give-up shows: an attempt that a retry follows, and the
+//! end of a retried request, at INFO ([`RetryMiddleware::with_retry_log_level`]; a success is
+//! never logged above INFO); the end of a request whose failure was not retried (or not again),
+//! at WARN ([`RetryMiddleware::with_give_up_log_level`]). A request that went as its first
+//! attempt went leaves nothing above DEBUG. The events carry what names the request themselves,
+//! so a subscriber at INFO shows what was retried without the span (which is at DEBUG):
+//!
+//! ```text
+//! INFO reqwest_safe_retry: attempt finished dependency="inventory" method="GET" host="inventory.internal:443" path="/items" attempt=1 status=503 decision="status" delay_ms=74
+//! ```
 //!
 //! | kind | name | fields |
 //! |---|---|---|
 //! | span | `reqwest_safe_retry.request`, one per logical request | `dependency`, `method`, `host`, `path` (never the query), `http.request.resend_count` (recorded at each retry: 1, 2...) |
-//! | event | `attempt finished`, one per attempt | `attempt` (from 1), `status`, `error` (`timeout`, `connect`, `reset`, `incomplete`, `permanent`), `decision` (why it is retried, or the stop reason), `delay_ms` (the wait before the next attempt) |
-//! | event | `retrying stopped`, one per logical request | `attempts`, `reason` ([`StopReason::as_str`]), `status` (the last response's, if any), `waited_ms` |
+//! | event | `attempt finished`, one per attempt | `dependency`, `method`, `host` (with the port, the scheme's default if the URL has none), `path` (never the query), `attempt` (from 1), `status`, `error` (`timeout`, `connect`, `reset`, `incomplete`, `permanent`), `decision` (why it is retried, or the stop reason), `delay_ms` (the wait before the next attempt) |
+//! | event | `retrying stopped`, one per logical request | `dependency`, `method`, `host`, `path`, `attempts`, `reason` ([`StopReason::as_str`]), `status` (the last response's, if any), `waited_ms` |
 //!
 //! # Outcomes
 //!
@@ -176,19 +190,19 @@
 //! success at the first attempt without a key (which carries none, sparing the success path an
 //! allocation), inferred. An error is returned as a [`RetryError`] inside
 //! [`reqwest_middleware::Error::Middleware`]; [`RetryError::of`] finds it, and it answers
-//! `is_timeout()`, `is_connect()`, `status()` and `url()` for the last attempt, with the attempt
-//! count and the stop reason. `reqwest_middleware::Error`'s own `is_timeout()`, `is_connect()`
-//! and `status()` cannot see inside a middleware's error; [`RetryErrorExt`] asks the same of any
-//! `reqwest_middleware::Error` (`timed_out()`, `failed_to_connect()`, `last_status()`,
-//! `attempts()`, `stop_reason()`, `strip_url()`). The message names the last error and its root
+//! `timed_out()`, `failed_to_connect()`, `last_status()` and `url()` for the last attempt, with
+//! the attempt count and the stop reason. `reqwest_middleware::Error`'s own `is_timeout()`,
+//! `is_connect()` and `status()` cannot see inside a middleware's error; [`RetryErrorExt`] asks
+//! the same questions, by the same names, of any `reqwest_middleware::Error` (`timed_out()`,
+//! `failed_to_connect()`, `last_status()`, `attempts()`, `stop_reason()`, `strip_url()`). The message names the last error and its root
 //! cause ("Connection refused") once.
 //!
 //! The policy's per-attempt timeout covers an attempt from sending until the response head (or,
 //! with `buffer_body`, the whole body) has arrived; it is enforced by the middleware on its
 //! [`Clock`]. Timeouts set on the `reqwest::Client` or on one request still apply as reqwest
 //! applies them, and count as transient failures too. An attempt cut by the policy's timeout
-//! fails with an [`AttemptTimeout`], whose source is an `io::Error` of kind `TimedOut`, and
-//! [`RetryError::is_timeout`] is `true` for either kind.
+//! fails with an error ("attempt timed out after 20ms") whose source is an `io::Error` of kind
+//! `TimedOut`, and [`RetryError::timed_out`] is `true` for either kind.
 //!
 //! # Cancellation
 //!
@@ -227,9 +241,12 @@
 //! - **[`FakeClock`]** (feature `test-util`) with a [`SeededRng`]: every wait takes no real
 //!   time and is recorded, and the same seed gives the same waits on every run. Per-attempt
 //!   timeouts run on the same virtual time: they fire only when the test moves it
-//!   ([`FakeClock::advance`], or another request's sleep), never while a real server is
+//!   (`FakeClock::advance`, or another request's sleep), never while a real server is
 //!   answering. A `FakeClock` never reads real time (the retry budget's refill included) and
-//!   needs no tokio timer.
+//!   needs no tokio timer. Its wall time starts at 2026-01-01T00:00:00Z on every run: a test
+//!   that builds a `Retry-After` date from `SystemTime::now()` sets it first with
+//!   `FakeClock::set_wall_time(SystemTime::now())`, or the date reads as years away and the
+//!   request stops with [`StopReason::RetryAfterTooLong`].
 //! - **tokio's paused clock** (`#[tokio::test(start_paused = true)]`) with the default
 //!   [`TokioClock`]: backoff waits and the deadline run on tokio's virtual time. Per-attempt
 //!   timeouts are then measured in real time, and while an attempt is waiting for a real server
@@ -303,6 +320,12 @@
 //!
 //! Deterministic simulations of retry traffic, with their charts, live in the repository's
 //! `simulator` workspace member, not in this crate: `docs/simulations.md` shows them.
+// `FakeClock` is behind `test-util`: without it, its links in these docs go to docs.rs.
+#![cfg_attr(feature = "test-util", doc = "\n\n[`FakeClock`]: crate::FakeClock")]
+#![cfg_attr(
+    not(feature = "test-util"),
+    doc = "\n\n[`FakeClock`]: https://docs.rs/reqwest-safe-retry/latest/reqwest_safe_retry/struct.FakeClock.html"
+)]
 #![deny(
     missing_docs,
     missing_debug_implementations,

@@ -42,8 +42,8 @@ const SLICES: usize = 12;
 /// rejected; past that, the client sheds the excess itself. Rejected attempts count as requests
 /// too, so the probability settles instead of swinging.
 ///
-/// Off unless a dependency is given one ([`Dependency::with_throttle`](crate::Dependency::with_throttle),
-/// [`RetryMiddleware::with_throttle`](crate::RetryMiddleware::with_throttle)). It composes with
+/// Off unless a dependency is given one
+/// ([`Dependency::with_throttle`](crate::Dependency::with_throttle)). It composes with
 /// the budget: the budget bounds retries, the throttle bounds every attempt, first attempts
 /// included. An attempt it rejects never reaches the network: a first attempt fails with
 /// [`StopReason::Throttled`](crate::StopReason::Throttled) and 0 attempts, a retry stops the
