@@ -430,7 +430,11 @@ mod tests {
                 (effective, attempts),
                 "{deadline:?}"
             );
-            assert_eq!(overridden.max_retry_after(), effective, "follows the deadline");
+            assert_eq!(
+                overridden.max_retry_after(),
+                effective,
+                "follows the deadline"
+            );
             assert_eq!(overridden.base_delay(), policy.base_delay());
         }
     }

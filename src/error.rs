@@ -194,8 +194,9 @@ impl RetryRecord {
         self.stop
     }
 
-    /// The total time spent waiting, before the first attempt (a spent quota's hold) and between
-    /// attempts, as measured by the middleware's clock.
+    /// The total time this request spent waiting, before the first attempt (a spent quota's
+    /// hold) and between attempts, as measured by the middleware's clock: what a caller can
+    /// read in production. A test on a `FakeClock` sees each wait in `FakeClock::sleeps`.
     pub fn waited(&self) -> Duration {
         self.waited
     }

@@ -345,6 +345,8 @@ mod clock;
 mod decide;
 mod dependency;
 mod error;
+#[cfg(feature = "test-util")]
+mod fake_clock;
 mod idempotency;
 mod middleware;
 mod observe;
@@ -360,11 +362,11 @@ mod trace;
 pub use backoff::Jitter;
 pub use budget::{RetryBudget, RetryBudgetBuilder};
 pub use classifier::{Attempt, Outcome, Retryable};
-#[cfg(feature = "test-util")]
-pub use clock::FakeClock;
 pub use clock::{Clock, Sleep, TokioClock};
 pub use dependency::{Dependency, RetryOverride};
 pub use error::{InvalidConfig, RetryError, RetryErrorExt, RetryRecord, StopReason};
+#[cfg(feature = "test-util")]
+pub use fake_clock::FakeClock;
 pub use idempotency::{IdempotencyKeys, IdempotencyKeysBuilder, KeyFormat, KeySource, SeededKeys};
 pub use middleware::RetryMiddleware;
 pub use observe::{AttemptErrorKind, CounterSnapshot, RetryAttempt, RetryEvent};

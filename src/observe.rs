@@ -276,7 +276,8 @@ pub struct RetryEvent<'a> {
     /// date in the past), or the reset of a quota its `RateLimit` field says is spent, whichever
     /// is longer. `None` for an answer that is not retried.
     pub retry_after: Option<Duration>,
-    /// The wait before the next attempt, if there is one.
+    /// The wait before the next attempt, if there is one, as decided (the request's total is
+    /// [`RetryRecord::waited`](crate::RetryRecord::waited)).
     pub delay: Option<Duration>,
     /// Why the next attempt will not be made, if it will not.
     pub stop: Option<StopReason>,
