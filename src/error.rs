@@ -1,12 +1,13 @@
 //! What the caller learns when a logical request ends: how many attempts ran and why retrying
 //! stopped.
 //!
-//! A response always comes back as `Ok`, whatever its status, with a [`RetryRecord`] in its
-//! extensions. An error comes back as a [`RetryError`] inside
-//! [`reqwest_middleware::Error::Middleware`]; [`RetryError::of`] finds it, and it still answers
-//! the questions one asks a `reqwest::Error` (`is_timeout()`, `is_connect()`, `status()`,
-//! `url()`). [`RetryErrorExt`] asks them of the `reqwest_middleware::Error` itself, whose own
-//! methods of those names cannot see inside a middleware's error.
+//! A response always comes back as `Ok`, whatever its status, with a record (`record.rs`). An
+//! error comes back as a [`RetryError`] inside [`reqwest_middleware::Error::Middleware`];
+//! [`RetryError::of`] finds it, and it answers the questions one asks a `reqwest::Error`, by
+//! the names [`RetryErrorExt`] asks them of any `reqwest_middleware::Error` (whose own methods
+//! cannot see inside a middleware's error): `timed_out()`, `failed_to_connect()`,
+//! `last_status()`, `strip_url()`. Also here: the stop reasons, the configuration error, and the
+//! causes the middleware puts in its errors.
 
 use std::fmt;
 use std::time::Duration;
@@ -105,111 +106,6 @@ impl fmt::Display for StopReason {
             }
             StopReason::TimerUnavailable => "no timer to time the attempt with",
         })
-    }
-}
-
-/// The record of one logical request, found in the extensions of the response it returned.
-///
-/// ```no_run
-/// # async fn run(client: reqwest_middleware::ClientWithMiddleware) -> reqwest_middleware::Result<()> {
-/// use reqwest_safe_retry::RetryRecord;
-///
-/// let response = client.get("http://127.0.0.1:8080/").send().await?;
-/// if let Some(record) = RetryRecord::of(&response) {
-///     println!("{} attempt(s), stopped because {}", record.attempts(), record.stop_reason());
-/// }
-/// # Ok(()) }
-/// ```
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RetryRecord {
-    pub(crate) attempts: u32,
-    pub(crate) stop: StopReason,
-    pub(crate) waited: Duration,
-    pub(crate) key: Option<HeaderValue>,
-    pub(crate) replayed: bool,
-}
-
-/// The header a server following the Stripe convention sets on a replayed response.
-const REPLAYED: http::HeaderName = http::HeaderName::from_static("idempotent-replayed");
-
-impl RetryRecord {
-    /// The caller's outcome with this record: on the response, or in the error that wraps the
-    /// last one. The most common outcome, a first attempt's success without a key or a wait,
-    /// carries none: [`of`](Self::of) infers it, and the success path is spared an allocation
-    /// and a map insertion.
-    #[inline]
-    pub(crate) fn hand_back(
-        self,
-        outcome: reqwest_middleware::Result<reqwest::Response>,
-    ) -> reqwest_middleware::Result<reqwest::Response> {
-        match outcome {
-            Ok(mut response) => {
-                let inferred = self.attempts == 1
-                    && self.stop == StopReason::Succeeded
-                    && self.key.is_none()
-                    && self.waited.is_zero();
-                if !inferred {
-                    response.extensions_mut().insert(self);
-                }
-                Ok(response)
-            }
-            Err(last) => Err(RetryError::new(self.attempts, self.stop, self.key, last).into()),
-        }
-    }
-
-    /// The record of the logical request that gave `response`.
-    ///
-    /// A response that succeeded (a status below 400) at its first attempt, without an
-    /// idempotency key, carries no record: the success path is spared its allocation, and this
-    /// returns what it would have said (1 attempt, [`StopReason::Succeeded`], no wait, no key).
-    /// Every other response from the middleware carries one. `None` for a response of 400 or
-    /// above without a record: it did not pass through the middleware. A success that did not
-    /// pass through it gets the first-attempt record too: it also made one attempt.
-    pub fn of(response: &reqwest::Response) -> Option<RetryRecord> {
-        let mut record = match response.extensions().get::<RetryRecord>() {
-            Some(record) => record.clone(),
-            None if response.status().as_u16() < 400 => RetryRecord {
-                attempts: 1,
-                stop: StopReason::Succeeded,
-                waited: Duration::ZERO,
-                key: None,
-                replayed: false,
-            },
-            None => return None,
-        };
-        record.replayed = response
-            .headers()
-            .get(REPLAYED)
-            .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"true"));
-        Some(record)
-    }
-
-    /// How many attempts were made, the first included.
-    pub fn attempts(&self) -> u32 {
-        self.attempts
-    }
-
-    /// Why no further attempt was made.
-    pub fn stop_reason(&self) -> StopReason {
-        self.stop
-    }
-
-    /// The total time this request spent waiting, before the first attempt (a spent quota's
-    /// hold) and between attempts, as measured by the middleware's clock: what a caller can
-    /// read in production. A test on a `FakeClock` sees each wait in `FakeClock::sleeps`.
-    pub fn waited(&self) -> Duration {
-        self.waited
-    }
-
-    /// The idempotency header value every attempt carried (stamped or the caller's own), if any.
-    pub fn idempotency_key(&self) -> Option<&HeaderValue> {
-        self.key.as_ref()
-    }
-
-    /// Whether the server marked the response as a replay of a stored one
-    /// (`Idempotent-Replayed: true`): the effect happened earlier, not on this attempt.
-    pub fn replayed(&self) -> bool {
-        self.replayed
     }
 }
 
@@ -570,3 +466,162 @@ pub(crate) fn nothing_sent(stop: StopReason) -> reqwest_middleware::Error {
      attempts away, and nothing was sent"
 )]
 pub(crate) struct ThrottledLocally;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An error with a cause, as a transport's error has one.
+    #[derive(Debug, thiserror::Error)]
+    #[error("connecting failed")]
+    struct Outer(#[source] std::io::Error);
+
+    fn refused() -> reqwest_middleware::Error {
+        let io = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "Connection refused");
+        reqwest_middleware::Error::middleware(Outer(io))
+    }
+
+    #[test]
+    fn every_stop_reason_has_a_distinct_name_and_a_sentence() {
+        use StopReason::*;
+        let all = [
+            Succeeded,
+            NotRetryable,
+            NotSafeToRetry,
+            BodyNotCloneable,
+            AttemptsExhausted,
+            InvalidIdempotencyKey,
+            DeadlineReached,
+            RetryAfterTooLong,
+            BudgetExhausted,
+            RetriesDisabled,
+            InvalidOverride,
+            Throttled,
+            QuotaExhausted,
+            TimerUnavailable,
+        ];
+        let mut names: Vec<&str> = all.iter().map(StopReason::as_str).collect();
+        let mut sentences: Vec<String> = all.iter().map(ToString::to_string).collect();
+        assert!(
+            names
+                .iter()
+                .all(|n| n.chars().all(|c| c.is_ascii_lowercase() || c == '_'))
+        );
+        assert_eq!(StopReason::DeadlineReached.as_str(), "deadline_reached");
+        assert_eq!(
+            StopReason::RetriesDisabled.to_string(),
+            "retries are disabled for this request"
+        );
+        names.sort_unstable();
+        names.dedup();
+        sentences.sort_unstable();
+        sentences.dedup();
+        assert_eq!((names.len(), sentences.len()), (all.len(), all.len()));
+    }
+
+    #[test]
+    fn a_retry_error_says_its_attempts_reason_last_error_and_root_cause_once() {
+        let key = HeaderValue::from_static("k-1");
+        let err = RetryError::new(
+            3,
+            StopReason::AttemptsExhausted,
+            Some(key.clone()),
+            refused(),
+        );
+        assert_eq!(
+            err.to_string(),
+            "request failed after 3 attempts (attempts exhausted): connecting failed: \
+             Connection refused"
+        );
+        assert_eq!(
+            (err.attempts(), err.stop_reason()),
+            (3, StopReason::AttemptsExhausted)
+        );
+        assert_eq!(err.idempotency_key(), Some(&key));
+        assert!(!err.timed_out() && !err.failed_to_connect());
+        assert_eq!((err.last_status(), err.url()), (None, None));
+        let source = std::error::Error::source(&err).unwrap();
+        assert_eq!(source.to_string(), "connecting failed");
+        let one = RetryError::new(1, StopReason::NotRetryable, None, refused());
+        assert!(
+            one.to_string()
+                .starts_with("request failed after 1 attempt ("),
+            "{one}"
+        );
+        assert_eq!(one.into_last_error().to_string(), "connecting failed");
+    }
+
+    #[test]
+    fn a_cause_that_already_names_its_root_does_not_repeat_it() {
+        let io = std::io::Error::other("no route");
+        let err = RetryError::new(
+            1,
+            StopReason::NotRetryable,
+            None,
+            reqwest_middleware::Error::middleware(io),
+        );
+        assert_eq!(
+            err.to_string(),
+            "request failed after 1 attempt (the failure is not retryable): no route"
+        );
+    }
+
+    #[test]
+    fn the_error_is_found_again_in_the_middleware_s_error_and_answers_there() {
+        let wrapped: reqwest_middleware::Error =
+            RetryError::new(2, StopReason::DeadlineReached, None, refused()).into();
+        let found = RetryError::of(&wrapped).unwrap();
+        assert_eq!(found.attempts(), 2);
+        assert_eq!(wrapped.attempts(), Some(2));
+        assert_eq!(wrapped.stop_reason(), Some(StopReason::DeadlineReached));
+        assert!(RetryError::of(&refused()).is_none());
+        assert_eq!(
+            (refused().attempts(), refused().stop_reason()),
+            (None, None)
+        );
+        let stripped = wrapped.strip_url();
+        assert_eq!(RetryError::of(&stripped).unwrap().attempts(), 2);
+    }
+
+    #[test]
+    fn an_attempt_timeout_is_a_timeout_down_to_its_io_source() {
+        let timeout = AttemptTimeout {
+            after: Duration::from_millis(20),
+        };
+        assert_eq!(timeout.to_string(), "attempt timed out after 20ms");
+        let io = std::error::Error::source(&timeout).unwrap();
+        let io = io.downcast_ref::<std::io::Error>().unwrap();
+        assert_eq!(io.kind(), std::io::ErrorKind::TimedOut);
+        let err = reqwest_middleware::Error::middleware(timeout);
+        assert!(AttemptTimeout::is(&err));
+        assert!(!AttemptTimeout::is(&refused()));
+        let retry = RetryError::new(3, StopReason::AttemptsExhausted, None, err);
+        assert!(retry.timed_out());
+    }
+
+    #[test]
+    fn a_stop_with_nothing_sent_says_so_and_a_throttled_one_says_why() {
+        let quota = nothing_sent(StopReason::QuotaExhausted).to_string();
+        assert!(quota.ends_with(": nothing was sent for it"), "{quota}");
+        assert!(
+            quota.starts_with(&StopReason::QuotaExhausted.to_string()),
+            "{quota}"
+        );
+        let throttled = nothing_sent(StopReason::Throttled).to_string();
+        assert!(
+            throttled.contains("rejected locally by the adaptive throttle"),
+            "{throttled}"
+        );
+    }
+
+    #[test]
+    fn a_configuration_error_names_its_area_and_the_fix() {
+        let err = InvalidConfig::new("retry policy", "max_attempts must be at least 1".into());
+        assert_eq!(err.area(), "retry policy");
+        assert_eq!(err.message(), "max_attempts must be at least 1");
+        assert_eq!(
+            err.to_string(),
+            "invalid retry policy: max_attempts must be at least 1"
+        );
+    }
+}

@@ -352,6 +352,7 @@ mod middleware;
 mod observe;
 mod policy;
 mod rate_limit;
+mod record;
 mod retry_after;
 mod rng;
 mod schedule;
@@ -364,13 +365,14 @@ pub use budget::{RetryBudget, RetryBudgetBuilder};
 pub use classifier::{Attempt, Outcome, Retryable};
 pub use clock::{Clock, Sleep, TokioClock};
 pub use dependency::{Dependency, RetryOverride};
-pub use error::{InvalidConfig, RetryError, RetryErrorExt, RetryRecord, StopReason};
+pub use error::{InvalidConfig, RetryError, RetryErrorExt, StopReason};
 #[cfg(feature = "test-util")]
 pub use fake_clock::FakeClock;
 pub use idempotency::{IdempotencyKeys, IdempotencyKeysBuilder, KeyFormat, KeySource, SeededKeys};
 pub use middleware::RetryMiddleware;
 pub use observe::{AttemptErrorKind, CounterSnapshot, RetryAttempt, RetryEvent};
 pub use policy::{RetryPolicy, RetryPolicyBuilder};
+pub use record::RetryRecord;
 pub use rng::{RandomSource, SeededRng};
 pub use throttle::{AdaptiveThrottle, AdaptiveThrottleBuilder};
 

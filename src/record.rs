@@ -1,0 +1,113 @@
+//! The record of one logical request that ended in a response: how many attempts, why it
+//! stopped, how long it waited, which key it carried, and whether the server replayed it.
+
+use std::time::Duration;
+
+use http::HeaderValue;
+
+use crate::error::{RetryError, StopReason};
+
+/// The record of one logical request, found in the extensions of the response it returned.
+///
+/// ```no_run
+/// # async fn run(client: reqwest_middleware::ClientWithMiddleware) -> reqwest_middleware::Result<()> {
+/// use reqwest_safe_retry::RetryRecord;
+///
+/// let response = client.get("http://127.0.0.1:8080/").send().await?;
+/// if let Some(record) = RetryRecord::of(&response) {
+///     println!("{} attempt(s), stopped because {}", record.attempts(), record.stop_reason());
+/// }
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RetryRecord {
+    pub(crate) attempts: u32,
+    pub(crate) stop: StopReason,
+    pub(crate) waited: Duration,
+    pub(crate) key: Option<HeaderValue>,
+    pub(crate) replayed: bool,
+}
+
+/// The header a server following the Stripe convention sets on a replayed response.
+const REPLAYED: http::HeaderName = http::HeaderName::from_static("idempotent-replayed");
+
+impl RetryRecord {
+    /// The caller's outcome with this record: on the response, or in the error that wraps the
+    /// last one. The most common outcome, a first attempt's success without a key or a wait,
+    /// carries none: [`of`](Self::of) infers it, and the success path is spared an allocation
+    /// and a map insertion.
+    #[inline]
+    pub(crate) fn hand_back(
+        self,
+        outcome: reqwest_middleware::Result<reqwest::Response>,
+    ) -> reqwest_middleware::Result<reqwest::Response> {
+        match outcome {
+            Ok(mut response) => {
+                let inferred = self.attempts == 1
+                    && self.stop == StopReason::Succeeded
+                    && self.key.is_none()
+                    && self.waited.is_zero();
+                if !inferred {
+                    response.extensions_mut().insert(self);
+                }
+                Ok(response)
+            }
+            Err(last) => Err(RetryError::new(self.attempts, self.stop, self.key, last).into()),
+        }
+    }
+
+    /// The record of the logical request that gave `response`.
+    ///
+    /// A response that succeeded (a status below 400) at its first attempt, without an
+    /// idempotency key, carries no record: the success path is spared its allocation, and this
+    /// returns what it would have said (1 attempt, [`StopReason::Succeeded`], no wait, no key).
+    /// Every other response from the middleware carries one. `None` for a response of 400 or
+    /// above without a record: it did not pass through the middleware. A success that did not
+    /// pass through it gets the first-attempt record too: it also made one attempt.
+    pub fn of(response: &reqwest::Response) -> Option<RetryRecord> {
+        let mut record = match response.extensions().get::<RetryRecord>() {
+            Some(record) => record.clone(),
+            None if response.status().as_u16() < 400 => RetryRecord {
+                attempts: 1,
+                stop: StopReason::Succeeded,
+                waited: Duration::ZERO,
+                key: None,
+                replayed: false,
+            },
+            None => return None,
+        };
+        record.replayed = response
+            .headers()
+            .get(REPLAYED)
+            .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"true"));
+        Some(record)
+    }
+
+    /// How many attempts were made, the first included.
+    pub fn attempts(&self) -> u32 {
+        self.attempts
+    }
+
+    /// Why no further attempt was made.
+    pub fn stop_reason(&self) -> StopReason {
+        self.stop
+    }
+
+    /// The total time this request spent waiting, before the first attempt (a spent quota's
+    /// hold) and between attempts, as measured by the middleware's clock: what a caller can
+    /// read in production. A test on a `FakeClock` sees each wait in `FakeClock::sleeps`.
+    pub fn waited(&self) -> Duration {
+        self.waited
+    }
+
+    /// The idempotency header value every attempt carried (stamped or the caller's own), if any.
+    pub fn idempotency_key(&self) -> Option<&HeaderValue> {
+        self.key.as_ref()
+    }
+
+    /// Whether the server marked the response as a replay of a stored one
+    /// (`Idempotent-Replayed: true`): the effect happened earlier, not on this attempt.
+    pub fn replayed(&self) -> bool {
+        self.replayed
+    }
+}
