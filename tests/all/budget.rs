@@ -1,4 +1,6 @@
-//! The retry budget: recovery, and charge-before-sleep under concurrency. Its effect on whole
+//! The retry budget: recovery, charge-before-sleep under concurrency, tokens given back by
+//! requests dropped in their backoff, no real time in a fake clock's budget, what earns (answers,
+//! not errors) and what refunds. Its effect on whole
 //! traffic (bounded amplification in an outage, no cost when healthy) is tested in the
 //! simulator's `tests/budget.rs`.
 
@@ -10,11 +12,13 @@ use http::Extensions;
 use reqwest::{Request, Response};
 use reqwest_middleware::{ClientBuilder, Middleware, Next};
 use reqwest_safe_retry::{
-    Clock, Dependency, RetryBudget, RetryMiddleware, RetryPolicy, RetryRecord, SeededRng, Sleep,
-    StopReason,
+    Clock, Dependency, FakeClock, RetryBudget, RetryError, RetryMiddleware, RetryPolicy,
+    RetryRecord, SeededRng, Sleep, StopReason,
 };
 use wiremock::matchers::any;
 use wiremock::{Mock, MockServer, ResponseTemplate};
+
+use crate::support;
 
 /// An outage that empties a budget, then a recovered service: the budget admits a retry again
 /// after exactly as many good first attempts as its documentation promises (ten, at a ratio of
@@ -175,4 +179,183 @@ async fn retries_waiting_in_backoff_never_exceed_what_the_bucket_holds() {
     assert!(most.load(Ordering::SeqCst) > 0);
     assert_eq!(dependency.counters().retries, CAPACITY as u64);
     assert_eq!(dead.attempts.load(Ordering::SeqCst), 1_000 + CAPACITY);
+}
+
+/// Twenty-one callers each give up after 100 ms, while their retries wait 1 s: the ten that got
+/// tokens are dropped mid-backoff. None of their retries happened, so none stays paid for or
+/// counted, and the next request's retry is granted.
+#[tokio::test]
+async fn requests_dropped_during_their_backoff_give_their_tokens_back() {
+    let server = support::always(503).await;
+    let budget = RetryBudget::builder()
+        .capacity(10.0)
+        .floor_per_sec(0.0)
+        .build()
+        .unwrap();
+    let slow_backoff = RetryPolicy::builder()
+        .base_delay(Duration::from_secs(1))
+        .max_delay(Duration::from_secs(1))
+        .build()
+        .unwrap();
+    // The top of every draw (a second's wait) until the last request, which draws no wait.
+    let draw = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(u64::MAX));
+    let drawn = draw.clone();
+    let counters = Dependency::new("default", slow_backoff).with_budget(budget.clone());
+    let middleware = RetryMiddleware::new(counters.clone())
+        .with_rng(move || drawn.load(std::sync::atomic::Ordering::Relaxed));
+    let client = ClientBuilder::new(reqwest::Client::new())
+        .with(middleware)
+        .build();
+
+    let mut callers = tokio::task::JoinSet::new();
+    for _ in 0..21 {
+        let (client, url) = (client.clone(), server.uri());
+        callers.spawn(async move {
+            tokio::time::timeout(Duration::from_millis(100), client.get(url).send()).await
+        });
+    }
+    let (mut gave_up, mut refused) = (0, 0);
+    while let Some(done) = callers.join_next().await {
+        match done.unwrap() {
+            Err(_elapsed) => gave_up += 1,
+            Ok(response) => {
+                let record = RetryRecord::of(&response.unwrap()).unwrap();
+                assert_eq!(record.stop_reason(), StopReason::BudgetExhausted);
+                refused += 1;
+            }
+        }
+    }
+
+    assert_eq!((gave_up, refused), (10, 11));
+    assert_eq!(server.received_requests().await.unwrap().len(), 21);
+    assert_eq!(budget.balance(), 10.0);
+    let counts = counters.counters();
+    assert_eq!((counts.attempts, counts.retries), (21, 0));
+
+    // The next request gets its retry (a fast one: it draws no wait).
+    let flaky =
+        support::first_then(ResponseTemplate::new(503), 1, ResponseTemplate::new(200)).await;
+    draw.store(0, std::sync::atomic::Ordering::Relaxed);
+    let response = client.get(flaky.uri()).send().await.unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(RetryRecord::of(&response).unwrap().attempts(), 2);
+    assert_eq!(counters.counters().retries, 1);
+}
+
+/// What one request does with a budget that starts empty and earns twenty tokens a second, on
+/// a fake clock: `gap` of real time passes between building the budget and the clock.
+async fn attempts_and_sleeps_after(gap: Duration) -> (u32, Vec<Duration>) {
+    let server =
+        support::first_then(ResponseTemplate::new(503), 2, ResponseTemplate::new(200)).await;
+    let budget = RetryBudget::builder()
+        .initial(0.0)
+        .floor_per_sec(20.0)
+        .build()
+        .unwrap();
+    tokio::time::sleep(gap).await;
+    let clock = FakeClock::new();
+    let client = ClientBuilder::new(reqwest::Client::new())
+        .with(
+            RetryMiddleware::new(
+                Dependency::new("default", RetryPolicy::default()).with_budget(budget),
+            )
+            .with_clock(clock.clone())
+            .with_rng(SeededRng::new(3)),
+        )
+        .build();
+    let response = client.get(server.uri()).send().await.unwrap();
+    let attempts = RetryRecord::of(&response).unwrap().attempts();
+    (attempts, clock.sleeps())
+}
+
+#[tokio::test]
+async fn real_time_never_leaks_into_a_budget_on_a_fake_clock() {
+    let (without_gap, with_gap) = tokio::join!(
+        attempts_and_sleeps_after(Duration::ZERO),
+        // Two tokens' worth of real time, had it leaked.
+        attempts_and_sleeps_after(Duration::from_millis(110)),
+    );
+    assert_eq!(without_gap, with_gap);
+    // An empty budget on virtual time zero: the first retry is refused.
+    assert_eq!(without_gap, (1, vec![]));
+}
+
+/// Fails every request before it reaches the network: an error, not an answer.
+#[derive(Debug)]
+struct Refuses;
+
+#[async_trait::async_trait]
+impl Middleware for Refuses {
+    async fn handle(
+        &self,
+        _: Request,
+        _: &mut Extensions,
+        _: Next<'_>,
+    ) -> reqwest_middleware::Result<Response> {
+        Err(reqwest_middleware::Error::middleware(
+            std::io::Error::other("refused by policy"),
+        ))
+    }
+}
+
+#[tokio::test]
+async fn permanent_errors_earn_the_budget_nothing_and_answers_do() {
+    let budget = RetryBudget::builder()
+        .initial(0.0)
+        .floor_per_sec(0.0)
+        .build()
+        .unwrap();
+    let ours = || {
+        RetryMiddleware::new(
+            Dependency::new("default", support::policy()).with_budget(budget.clone()),
+        )
+        .with_clock(FakeClock::new())
+    };
+    // The refusing middleware sits after ours: its error is the attempt's outcome.
+    let refusing = ClientBuilder::new(reqwest::Client::new())
+        .with(ours())
+        .with(Refuses)
+        .build();
+    let plain = ClientBuilder::new(reqwest::Client::new())
+        .with(ours())
+        .build();
+    let looping = MockServer::start().await;
+    Mock::given(any())
+        .respond_with(ResponseTemplate::new(302).insert_header("location", "/again"))
+        .mount(&looping)
+        .await;
+
+    for _ in 0..5 {
+        assert!(refusing.get(looping.uri()).send().await.is_err());
+        let err = plain.get(looping.uri()).send().await.unwrap_err();
+        assert!(RetryError::of(&err).unwrap().last_error().is_redirect());
+    }
+    assert_eq!(budget.balance(), 0.0, "ten errors earned something");
+
+    let missing = support::always(404).await;
+    for _ in 0..10 {
+        plain.get(missing.uri()).send().await.unwrap();
+    }
+    assert_eq!(budget.balance(), 1.0, "ten answers earn one token");
+}
+
+#[tokio::test]
+async fn only_a_success_after_retries_refunds_its_retry() {
+    let budget = RetryBudget::aws_like();
+    let client = ClientBuilder::new(reqwest::Client::new())
+        .with(
+            RetryMiddleware::new(
+                Dependency::new("default", support::policy()).with_budget(budget.clone()),
+            )
+            .with_clock(FakeClock::new()),
+        )
+        .build();
+    let then_404 =
+        support::first_then(ResponseTemplate::new(503), 1, ResponseTemplate::new(404)).await;
+    client.get(then_404.uri()).send().await.unwrap();
+    assert_eq!(budget.balance(), 495.0, "a 404 after a retry is no success");
+    let then_200 =
+        support::first_then(ResponseTemplate::new(503), 1, ResponseTemplate::new(200)).await;
+    client.get(then_200.uri()).send().await.unwrap();
+    assert_eq!(budget.balance(), 495.0, "paid 5, refunded 5");
 }

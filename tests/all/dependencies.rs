@@ -267,7 +267,7 @@ async fn three_nested_layers_make_three_attempts_not_twenty_seven() {
     for round in 1..=4 {
         let response = client.get(server.uri()).send().await.unwrap();
         assert_eq!(response.status(), 503);
-        // The innermost layer's record reaches the caller untouched.
+        // The outermost layer made the attempts (the inner ones passed each through): its record.
         let record = RetryRecord::of(&response).unwrap();
         assert_eq!(record.attempts(), 3);
         assert_eq!(record.stop_reason(), StopReason::AttemptsExhausted);
@@ -283,7 +283,7 @@ async fn three_nested_layers_against_a_dead_socket_make_three_attempts() {
     let err = client.get(server.url("/")).send().await.unwrap_err();
 
     assert_eq!(server.requests(), 3);
-    // The innermost layer's error, not wrapped again by the outer ones.
+    // The outermost layer's error, the last attempt's inside it, not wrapped again by inner ones.
     let retry = RetryError::of(&err).unwrap();
     assert_eq!(retry.attempts(), 3);
     assert_eq!(retry.stop_reason(), StopReason::AttemptsExhausted);

@@ -1,4 +1,5 @@
-//! What code written against plain reqwest can ask of the middleware's errors.
+//! What code written against plain reqwest can ask of the middleware's errors, the
+//! middleware's own timeout included.
 
 use std::time::Duration;
 
@@ -203,4 +204,41 @@ async fn a_keyed_request_s_error_carries_its_key() {
         .await
         .unwrap_err();
     assert_eq!(RetryError::of(&unkeyed).unwrap().idempotency_key(), None);
+}
+
+/// The question generic code asks of any error: is there a timeout somewhere in its sources?
+fn timed_out_somewhere(err: &(dyn std::error::Error + 'static)) -> bool {
+    let mut source = Some(err);
+    // Bounded: no real chain is this deep.
+    for _ in 0..32 {
+        let Some(cause) = source else {
+            return false;
+        };
+        if let Some(io) = cause.downcast_ref::<std::io::Error>() {
+            if io.kind() == std::io::ErrorKind::TimedOut {
+                return true;
+            }
+        }
+        source = cause.source();
+    }
+    false
+}
+
+#[tokio::test]
+async fn the_middleware_s_own_timeout_is_a_timeout_to_generic_checks() {
+    let slow = Action::Delay(Duration::from_millis(300), support::ok("late"));
+    let server = RawServer::start(vec![slow]).await;
+    let client = support::real_time_client(Duration::from_millis(20));
+
+    let err = client.get(server.url("/")).send().await.unwrap_err();
+
+    let retry = RetryError::of(&err).unwrap();
+    assert!(retry.timed_out());
+    assert!(timed_out_somewhere(&err), "{err:?}");
+    assert_eq!(server.requests(), 3);
+    // The last attempt's error is the middleware's own, and says how long the attempt had.
+    let reqwest_middleware::Error::Middleware(last) = retry.last_error() else {
+        panic!("not the middleware's timeout: {:?}", retry.last_error());
+    };
+    assert_eq!(last.to_string(), "attempt timed out after 20ms");
 }

@@ -348,3 +348,8 @@ where
         }
     }
 }
+
+/// A whole 503 response that closes the connection.
+pub fn unavailable() -> Vec<u8> {
+    b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\nconnection: close\r\n\r\n".to_vec()
+}

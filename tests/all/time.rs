@@ -1,4 +1,5 @@
-//! `Retry-After` and the total deadline, in virtual time (and one real slow server).
+//! `Retry-After` and the total deadline, in virtual time (and one real slow server); tokio's
+//! paused clock with the default clock; a runtime without tokio's timer.
 
 use std::time::{Duration, Instant, SystemTime};
 
@@ -228,4 +229,99 @@ async fn a_slow_server_is_stopped_by_the_deadline_in_real_time() {
     assert!(retry.to_string().contains("deadline reached"), "{retry}");
     assert!(took >= deadline - Duration::from_millis(5), "{took:?}");
     assert!(took < deadline + Duration::from_millis(150), "{took:?}");
+}
+
+/// The way many users test: tokio's clock paused, the default clock, a real server. Backoff
+/// takes no real time, and tokio's auto-advance does not cut the attempts waiting for the
+/// server.
+#[tokio::test(start_paused = true)]
+async fn tokio_s_paused_clock_works_with_the_default_clock_against_a_real_server() {
+    let server =
+        support::first_then(ResponseTemplate::new(503), 2, ResponseTemplate::new(200)).await;
+    let client = ClientBuilder::new(reqwest::Client::new())
+        .with(RetryMiddleware::new(RetryPolicy::default()).with_rng(|| u64::MAX))
+        .build();
+
+    let (virtual_start, real_start) = (tokio::time::Instant::now(), Instant::now());
+    let response = client.get(server.uri()).send().await.unwrap();
+
+    assert_eq!(response.status(), 200, "{:?}", RetryRecord::of(&response));
+    assert_eq!(RetryRecord::of(&response).unwrap().attempts(), 3);
+    assert_eq!(server.received_requests().await.unwrap().len(), 3);
+    // The waits (100 ms and 200 ms at their ceiling) passed in virtual time...
+    assert!(virtual_start.elapsed() >= Duration::from_millis(300));
+    // ...and the attempts were not cut by an auto-advance to their 10 s timeout.
+    assert!(virtual_start.elapsed() < Duration::from_secs(10));
+    assert!(real_start.elapsed() < Duration::from_secs(5));
+}
+
+/// Under a paused clock the per-attempt timeout is measured in real time, so it still cuts a
+/// server that is really too slow.
+#[tokio::test(start_paused = true)]
+async fn under_a_paused_clock_the_attempt_timeout_is_real_time() {
+    let slow = Action::Delay(Duration::from_millis(300), support::ok("late"));
+    let server = RawServer::start(vec![slow, Action::Respond(support::ok("on time"))]).await;
+    let policy = RetryPolicy::builder()
+        .attempt_timeout(Duration::from_millis(40))
+        .build()
+        .unwrap();
+    let client = ClientBuilder::new(reqwest::Client::new())
+        .with(RetryMiddleware::new(policy))
+        .build();
+
+    let real_start = Instant::now();
+    let response = client.get(server.url("/")).send().await.unwrap();
+
+    assert_eq!(response.text().await.unwrap(), "on time");
+    assert_eq!(server.requests(), 2);
+    assert!(
+        real_start.elapsed() < Duration::from_millis(280),
+        "{:?}",
+        real_start.elapsed()
+    );
+}
+
+/// A server on a runtime of its own, for a client on a runtime without tokio's timer.
+fn server_elsewhere(script: Vec<Action>) -> (RawServer, std::thread::JoinHandle<()>) {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let thread = std::thread::spawn(move || {
+        let runtime = tokio::runtime::Runtime::new().unwrap();
+        runtime.block_on(async move {
+            tx.send(RawServer::start(script).await).unwrap();
+            tokio::time::sleep(Duration::from_secs(5)).await;
+        });
+    });
+    (rx.recv().unwrap(), thread)
+}
+
+#[test]
+fn a_runtime_without_a_timer_works_with_a_fake_clock_and_fails_clearly_with_tokio_s() {
+    let (server, _thread) = server_elsewhere(vec![
+        Action::Respond(support::unavailable()),
+        Action::Respond(support::ok("ok")),
+    ]);
+    let no_timer = tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .build()
+        .unwrap();
+    no_timer.block_on(async {
+        let clock = FakeClock::new();
+        let client = ClientBuilder::new(reqwest::Client::new())
+            .with(RetryMiddleware::new(RetryPolicy::default()).with_clock(clock.clone()))
+            .build();
+        let response = client.get(server.url("/")).send().await.unwrap();
+        assert_eq!(response.status(), 200);
+        assert_eq!(server.requests(), 2);
+        assert_eq!(clock.sleeps().len(), 1);
+
+        let client = ClientBuilder::new(reqwest::Client::new())
+            .with(RetryMiddleware::new(RetryPolicy::default()))
+            .build();
+        let err = client.get(server.url("/")).send().await.unwrap_err();
+        let retry = RetryError::of(&err).unwrap();
+        assert_eq!(retry.stop_reason(), StopReason::TimerUnavailable);
+        assert_eq!(retry.attempts(), 0);
+        assert!(err.to_string().contains("enable_time()"), "{err}");
+        assert_eq!(server.requests(), 2, "nothing was sent");
+    });
 }

@@ -1,0 +1,145 @@
+//! One layer retries: nested instances make the outermost's attempts whatever their timing,
+//! inner ones count nothing, and a request a middleware makes of its own is retried by its own
+//! instance.
+
+use std::time::Duration;
+
+use http::Extensions;
+use reqwest::{Request, Response};
+use reqwest_middleware::{ClientBuilder, ClientWithMiddleware, Middleware, Next};
+use reqwest_safe_retry::{
+    Dependency, FakeClock, RetryMiddleware, RetryPolicy, RetryRecord, SeededRng, StopReason,
+};
+use wiremock::ResponseTemplate;
+
+use crate::support::{self, Action, RawServer};
+
+/// `layers` instances on the real clock, each with a 100 ms attempt timeout, 3 attempts and
+/// waits of at most 2 ms, in front of `url`.
+fn nested_on_the_real_clock(layers: usize) -> ClientWithMiddleware {
+    let policy = RetryPolicy::builder()
+        .max_attempts(3)
+        .attempt_timeout(Duration::from_millis(100))
+        .base_delay(Duration::from_millis(1))
+        .max_delay(Duration::from_millis(2))
+        .build()
+        .unwrap();
+    let mut builder = ClientBuilder::new(reqwest::Client::new());
+    for layer in 0..layers {
+        builder = builder.with(
+            RetryMiddleware::new(Dependency::new("default", policy).without_budget())
+                .with_rng(SeededRng::new(layer as u64)),
+        );
+    }
+    builder.build()
+}
+
+/// Each attempt takes 40 ms and gets a 503: an inner loop of three such attempts outlasts an
+/// outer instance's 100 ms attempt timeout. If the outer timer could cut the inner loop and be
+/// retried, one `send()` would make up to 3^layers attempts, and the caller would see a timeout.
+#[tokio::test]
+async fn nested_instances_make_one_layers_attempts_whatever_their_timeouts() {
+    for layers in [2, 3] {
+        let slow = Action::Delay(Duration::from_millis(40), support::unavailable());
+        let server = RawServer::start(vec![slow]).await;
+        let client = nested_on_the_real_clock(layers);
+
+        let response = client.get(server.url("/")).send().await.unwrap();
+
+        assert_eq!(response.status(), 503, "{layers} layers");
+        assert_eq!(server.requests(), 3, "{layers} layers");
+        let record = RetryRecord::of(&response).unwrap();
+        assert_eq!(record.attempts(), 3);
+        assert_eq!(record.stop_reason(), StopReason::AttemptsExhausted);
+    }
+}
+
+/// The outermost instance is the one that retries: its policy and its counters apply, and the
+/// inner ones pass the request through without counting it.
+#[tokio::test]
+async fn the_outermost_instance_retries_and_the_inner_ones_count_nothing() {
+    let server = support::always(503).await;
+    let clock = FakeClock::new();
+    let outer_counts = Dependency::from(RetryPolicy::builder().max_attempts(4).build().unwrap());
+    let inner_counts = Dependency::from(RetryPolicy::builder().max_attempts(2).build().unwrap());
+    let outer = RetryMiddleware::new(outer_counts.clone())
+        .with_clock(clock.clone())
+        .with_rng(SeededRng::new(1));
+    let inner = RetryMiddleware::new(inner_counts.clone()).with_clock(clock.clone());
+    let client = ClientBuilder::new(reqwest::Client::new())
+        .with(outer)
+        .with(inner)
+        .build();
+
+    let response = client.get(server.uri()).send().await.unwrap();
+
+    assert_eq!(RetryRecord::of(&response).unwrap().attempts(), 4);
+    assert_eq!(server.received_requests().await.unwrap().len(), 4);
+    assert_eq!(outer_counts.counters().attempts, 4);
+    assert_eq!(inner_counts.counters().attempts, 0);
+    assert_eq!(inner_counts.counters().requests, 0);
+}
+
+/// A middleware of the chain that makes a request of its own (here, fetching a token) through
+/// another client with this middleware: that request is not the one the outer instance already
+/// retries, so its own instance retries it.
+struct FetchesAToken {
+    tokens: ClientWithMiddleware,
+    url: String,
+}
+
+#[async_trait::async_trait]
+impl Middleware for FetchesAToken {
+    async fn handle(
+        &self,
+        mut request: Request,
+        extensions: &mut Extensions,
+        next: Next<'_>,
+    ) -> reqwest_middleware::Result<Response> {
+        let token = self.tokens.get(&self.url).send().await?;
+        let attempts = RetryRecord::of(&token).unwrap().attempts();
+        request
+            .headers_mut()
+            .insert("x-token-attempts", attempts.to_string().parse().unwrap());
+        next.run(request, extensions).await
+    }
+}
+
+#[tokio::test]
+async fn a_request_a_middleware_makes_of_its_own_is_retried_by_its_own_instance() {
+    let tokens =
+        support::first_then(ResponseTemplate::new(503), 1, ResponseTemplate::new(200)).await;
+    let api = support::first_then(ResponseTemplate::new(503), 1, ResponseTemplate::new(200)).await;
+    let clock = FakeClock::new();
+    let retrying = || {
+        RetryMiddleware::new(RetryPolicy::default())
+            .with_clock(clock.clone())
+            .with_rng(SeededRng::new(3))
+    };
+    let token_client = ClientBuilder::new(reqwest::Client::new())
+        .with(retrying())
+        .build();
+    let client = ClientBuilder::new(reqwest::Client::new())
+        .with(retrying())
+        .with(FetchesAToken {
+            tokens: token_client,
+            url: tokens.uri(),
+        })
+        .build();
+
+    let response = client.get(api.uri()).send().await.unwrap();
+
+    assert_eq!(response.status(), 200);
+    assert_eq!(RetryRecord::of(&response).unwrap().attempts(), 2);
+    // Each of the outer instance's two attempts fetched a token: the first fetch met the
+    // token server's 503 and was retried by the token client's own instance.
+    assert_eq!(tokens.received_requests().await.unwrap().len(), 3);
+    let seen: Vec<String> = api
+        .received_requests()
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.headers["x-token-attempts"].to_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(seen, ["2", "1"]);
+}
