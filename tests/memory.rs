@@ -48,10 +48,12 @@ const MB: f64 = 1_000_000.0;
 /// Answers the first two connections with a 503 whose body is 100 MB of zeros, written for as
 /// long as the client takes it, and the third with a small 200. Returns its address and, per
 /// 503, the bytes of body it managed to hand to the socket.
-async fn server() -> (std::net::SocketAddr, Arc<[AtomicU64; 2]>) {
+async fn server() -> (std::net::SocketAddr, Arc<[AtomicU64; 3]>) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let sent: Arc<[AtomicU64; 2]> = Arc::new([AtomicU64::new(0), AtomicU64::new(0)]);
+    // The bytes each 503's writer sent, and how many writers have finished.
+    let sent: Arc<[AtomicU64; 3]> =
+        Arc::new([AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)]);
     let counts = sent.clone();
     tokio::spawn(async move {
         for n in 0..3 {
@@ -85,6 +87,7 @@ async fn server() -> (std::net::SocketAddr, Arc<[AtomicU64; 2]>) {
                     written += chunk.len() as u64;
                     counts[n].store(written, Ordering::SeqCst);
                 }
+                counts[2].fetch_add(1, Ordering::SeqCst);
             });
         }
     });
@@ -110,9 +113,15 @@ async fn a_retried_response_s_body_is_dropped_not_buffered() {
     assert_eq!(response.status(), 200);
     assert_eq!(RetryRecord::of(&response).unwrap().attempts(), 3);
     assert_eq!(response.text().await.unwrap(), "ok");
-    // Give the server's writers a moment to notice the hang-ups and stop counting.
-    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    let moved: Vec<u64> = sent.iter().map(|n| n.load(Ordering::SeqCst)).collect();
+    // Wait until both writers have seen the hang-up and stopped counting (bounded: 5 s).
+    for _ in 0..500 {
+        if sent[2].load(Ordering::SeqCst) == 2 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert_eq!(sent[2].load(Ordering::SeqCst), 2, "both writers finished");
+    let moved: Vec<u64> = sent[..2].iter().map(|n| n.load(Ordering::SeqCst)).collect();
     println!(
         "per 503 with a 100 MB body: {:.1} MB and {:.1} MB reached the socket; \
          peak memory during the request {:.2} MB",

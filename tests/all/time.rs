@@ -202,7 +202,7 @@ async fn a_slow_server_is_stopped_by_the_deadline_in_real_time() {
     let server = RawServer::start(vec![
         Action::Respond(unavailable.clone()),
         Action::Respond(unavailable),
-        Action::Delay(Duration::from_secs(2), support::ok("too late")),
+        Action::Delay(Duration::from_secs(10), support::ok("too late")),
     ])
     .await;
     let deadline = Duration::from_millis(200);
@@ -228,7 +228,8 @@ async fn a_slow_server_is_stopped_by_the_deadline_in_real_time() {
     assert!(retry.timed_out());
     assert!(retry.to_string().contains("deadline reached"), "{retry}");
     assert!(took >= deadline - Duration::from_millis(5), "{took:?}");
-    assert!(took < deadline + Duration::from_millis(150), "{took:?}");
+    // Far below the 10 s server, with seconds of slack for a loaded machine.
+    assert!(took < deadline + Duration::from_secs(3), "{took:?}");
 }
 
 /// The way many users test: tokio's clock paused, the default clock, a real server. Backoff
@@ -259,7 +260,7 @@ async fn tokio_s_paused_clock_works_with_the_default_clock_against_a_real_server
 /// server that is really too slow.
 #[tokio::test(start_paused = true)]
 async fn under_a_paused_clock_the_attempt_timeout_is_real_time() {
-    let slow = Action::Delay(Duration::from_millis(300), support::ok("late"));
+    let slow = Action::Delay(Duration::from_secs(10), support::ok("late"));
     let server = RawServer::start(vec![slow, Action::Respond(support::ok("on time"))]).await;
     let policy = RetryPolicy::builder()
         .attempt_timeout(Duration::from_millis(40))
@@ -274,8 +275,9 @@ async fn under_a_paused_clock_the_attempt_timeout_is_real_time() {
 
     assert_eq!(response.text().await.unwrap(), "on time");
     assert_eq!(server.requests(), 2);
+    // One cut at 40 ms, not the 10 s server: seconds of slack for a loaded machine.
     assert!(
-        real_start.elapsed() < Duration::from_millis(280),
+        real_start.elapsed() < Duration::from_secs(5),
         "{:?}",
         real_start.elapsed()
     );
