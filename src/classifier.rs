@@ -2,7 +2,7 @@
 //!
 //! The default rules (see the crate docs) call a timeout, a refused or reset connection, a
 //! response cut short, and a status in the policy's set (429, 502, 503, 504 by default; 409 for
-//! a keyed request) transient, and everything else final. A [`Classifier`] on a
+//! a keyed request) transient, and everything else final. A classifier on a
 //! [`Dependency`](crate::Dependency) replaces that one question, with the request and the
 //! outcome in view: "a 503 from `/reports` is final", "this error of my own middleware is
 //! transient", "a 200 whose `X-Status` says `pending` is worth another try".
@@ -82,7 +82,8 @@ impl<'a> Attempt<'a> {
         self.outcome
     }
 
-    /// The response's status, if the server answered.
+    /// The response's status, if the server answered: a shorthand for matching
+    /// [`outcome`](Self::outcome) on [`Outcome::Response`].
     pub fn status(&self) -> Option<StatusCode> {
         match self.outcome {
             Outcome::Response(response) => Some(response.status()),

@@ -90,7 +90,8 @@ pub trait Clock: Send + Sync + 'static {
 pub struct TokioClock;
 
 impl TokioClock {
-    /// Creates the production clock.
+    /// Creates the production clock; `const`, so a `static` can hold one (`Default` gives the
+    /// same).
     pub const fn new() -> Self {
         TokioClock
     }

@@ -69,7 +69,8 @@ pub struct Dependency {
 }
 
 impl From<RetryPolicy> for Dependency {
-    /// A dependency named `default` with `policy`, as [`Dependency::new`] makes it.
+    /// A dependency named `default` with `policy`, as [`Dependency::new`] makes it: so that
+    /// [`RetryMiddleware::new`](crate::RetryMiddleware::new) takes a policy alone.
     fn from(policy: RetryPolicy) -> Self {
         Dependency::new("default", policy)
     }

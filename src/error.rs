@@ -65,7 +65,9 @@ pub enum StopReason {
 }
 
 impl StopReason {
-    /// A short, stable, lowercase name, as used in tracing events.
+    /// A short, stable, lowercase name (`deadline_reached`), as the tracing events' `reason`
+    /// field has it: for metrics labels and log queries. Its `Display` is a sentence for people
+    /// ("the deadline was reached").
     pub fn as_str(&self) -> &'static str {
         match self {
             StopReason::Succeeded => "succeeded",
@@ -173,7 +175,8 @@ impl RetryError {
         self.attempts
     }
 
-    /// Why no further attempt was made.
+    /// Why no further attempt was made. [`RetryErrorExt::stop_reason`] is `None` for an error
+    /// that did not come from this middleware.
     pub fn stop_reason(&self) -> StopReason {
         self.stop
     }

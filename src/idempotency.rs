@@ -53,7 +53,8 @@ pub enum KeyFormat {
     Quoted,
 }
 
-/// Where new keys come from.
+/// Where new keys come from, for keys of your own making (a prefix your server expects, say);
+/// the default, random UUIDs, needs none, and [`SeededKeys`] repeats its keys from run to run.
 ///
 /// Any `Fn() -> String` closure that is `Send + Sync` is a `KeySource`:
 ///
@@ -311,6 +312,9 @@ fn new_batch() -> Bytes {
 }
 
 impl Default for IdempotencyKeys {
+    /// The keys every [`Dependency`](crate::Dependency) starts with: what
+    /// `IdempotencyKeys::builder().build()` makes, a bare random UUID on POST and PATCH in
+    /// `Idempotency-Key`.
     fn default() -> Self {
         IdempotencyKeysBuilder::default()
             .build()

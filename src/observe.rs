@@ -214,7 +214,9 @@ impl RetryAttempt {
         self.number
     }
 
-    /// How many times the request was sent before this attempt: `number() - 1`.
+    /// How many times the request was sent before this attempt: `number() - 1`, under the name
+    /// OpenTelemetry gives it (`http.request.resend_count`), for code that reports that
+    /// attribute.
     pub fn resend_count(&self) -> u32 {
         self.number - 1
     }

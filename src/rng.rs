@@ -12,7 +12,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-/// A source of uniformly distributed 64-bit values, shared by all requests of a middleware.
+/// A source of uniformly distributed 64-bit values, shared by all requests of a middleware:
+/// implement it (or pass a closure) to control jitter; [`SeededRng`] is the one tests usually
+/// want.
 ///
 /// Named so that it imports beside `rand::Rng`. Any `Fn() -> u64` closure that is
 /// `Send + Sync` is a `RandomSource`, which is handy in tests:
@@ -87,7 +89,9 @@ impl RandomSource for ThreadRng {
     }
 }
 
-/// A deterministic, lock-free random source: the same seed gives the same sequence.
+/// A deterministic, lock-free random source: the same seed gives the same sequence, so a test's
+/// waits repeat exactly. Production needs none: the default draws from the thread's generator,
+/// seeded by the operating system, so clients of a fleet do not draw alike.
 ///
 /// Clones share one sequence. The generator is SplitMix64 over an atomic counter: statistically
 /// sound for jitter, not for cryptography.

@@ -304,6 +304,8 @@ impl AdaptiveThrottleBuilder {
 }
 
 impl Default for AdaptiveThrottle {
+    /// The throttle with the documented defaults (a 2-minute window, K = 2): what
+    /// `AdaptiveThrottle::builder().build()` makes, without the `Result`.
     fn default() -> Self {
         AdaptiveThrottleBuilder::default()
             .build()
