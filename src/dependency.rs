@@ -205,6 +205,38 @@ impl Dependency {
     }
 }
 
+/// The dependencies of one middleware: the default, and others by host, tried in the order they
+/// were added.
+#[derive(Debug, Clone)]
+pub(crate) struct Routes {
+    default: Dependency,
+    routes: Vec<(HostMatch, Dependency)>,
+}
+
+impl Routes {
+    pub(crate) fn new(default: Dependency) -> Self {
+        Routes {
+            default,
+            routes: Vec::new(),
+        }
+    }
+
+    /// Sends requests to `host` through `dependency`; see
+    /// [`RetryMiddleware::route`](crate::RetryMiddleware::route).
+    pub(crate) fn add(&mut self, host: &str, dependency: Dependency) -> Result<(), InvalidConfig> {
+        self.routes.push((HostMatch::parse(host)?, dependency));
+        Ok(())
+    }
+
+    /// The dependency a request to `url` goes through.
+    pub(crate) fn pick(&self, url: &reqwest::Url) -> &Dependency {
+        self.routes
+            .iter()
+            .find(|(host, _)| host.matches(url))
+            .map_or(&self.default, |(_, dependency)| dependency)
+    }
+}
+
 /// Which requests a routed dependency serves: a host, and optionally a port.
 #[derive(Debug, Clone)]
 pub(crate) struct HostMatch {
@@ -400,6 +432,41 @@ mod tests {
             (from_policy.name(), *from_policy.policy()),
             ("default", policy)
         );
+    }
+
+    #[test]
+    fn requests_go_to_the_first_matching_route_or_the_default() {
+        let policy = RetryPolicy::default();
+        let payments = Dependency::new("payments", policy);
+        let mut routes = Routes::new(payments.clone());
+        routes
+            .add("api.example.com", Dependency::new("api", policy))
+            .unwrap();
+        routes
+            .add("api.example.com:8080", Dependency::new("later", policy))
+            .unwrap();
+        routes
+            .add("127.0.0.1:9000", Dependency::new("local", policy))
+            .unwrap();
+        let pick = |s: &str| routes.pick(&url(s)).name().to_owned();
+        assert_eq!(pick("http://unrouted.example/"), "payments");
+        assert_eq!(
+            pick("http://API.example.com:8080/x"),
+            "api",
+            "the first match wins"
+        );
+        assert_eq!(pick("http://127.0.0.1:9000/"), "local");
+        assert_eq!(pick("http://127.0.0.1:9001/"), "payments");
+        let unrouted = routes.pick(&url("http://unrouted.example/"));
+        unrouted
+            .counters
+            .add(crate::observe::Count::Request, &unrouted.metric_keys);
+        assert_eq!(
+            payments.counters().requests,
+            1,
+            "the dependency given, shared"
+        );
+        assert!(routes.add("http://x.example", payments).is_err());
     }
 
     #[test]

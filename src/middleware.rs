@@ -24,7 +24,7 @@ use crate::classifier::{Classifier, RequestHead};
 use crate::classify::{self, Judging};
 use crate::clock::{Clock, SharedClock, TokioClock};
 use crate::decide::{Decider, Next as Step, Observed};
-use crate::dependency::{Dependency, HostMatch, RetryOverride};
+use crate::dependency::{Dependency, RetryOverride, Routes};
 use crate::error::{InvalidConfig, StopReason, nothing_sent};
 use crate::idempotency::{self, Key};
 use crate::observe::{Observer, RetryEvent};
@@ -74,8 +74,7 @@ use crate::trace::{self, LogLevels, Watcher};
 /// In tests, use `FakeClock` (feature `test-util`) and [`SeededRng`](crate::SeededRng).
 #[derive(Debug, Clone)]
 pub struct RetryMiddleware {
-    default: Dependency,
-    routes: Vec<(HostMatch, Dependency)>,
+    dependencies: Routes,
     clock: SharedClock,
     rng: Shared<dyn RandomSource>,
     observer: Option<Shared<dyn Observer>>,
@@ -95,8 +94,7 @@ impl RetryMiddleware {
     /// with a budget, counters and idempotency keys of its own).
     pub fn new(dependency: impl Into<Dependency>) -> Self {
         RetryMiddleware {
-            default: dependency.into(),
-            routes: Vec::new(),
+            dependencies: Routes::new(dependency.into()),
             clock: SharedClock::new(TokioClock::new()),
             rng: Shared(Arc::new(ThreadRng::new())),
             observer: None,
@@ -124,7 +122,7 @@ impl RetryMiddleware {
     /// (`"http://127.0.0.1:8080"`), a path, or a port that is not a number up to 65535. The
     /// message says what to write instead.
     pub fn route(mut self, host: &str, dependency: Dependency) -> Result<Self, InvalidConfig> {
-        self.routes.push((HostMatch::parse(host)?, dependency));
+        self.dependencies.add(host, dependency)?;
         Ok(self)
     }
 
@@ -184,14 +182,6 @@ impl RetryMiddleware {
         self
     }
 
-    /// The dependency a request to `url` goes through.
-    fn dependency_for(&self, url: &reqwest::Url) -> &Dependency {
-        self.routes
-            .iter()
-            .find(|(host, _)| host.matches(url))
-            .map_or(&self.default, |(_, dependency)| dependency)
-    }
-
     /// The logical request: its holds, attempts, waits and outcome.
     ///
     /// Its future is the one boxed for the chain, so it is kept small (at most 1,032 bytes, the
@@ -208,7 +198,7 @@ impl RetryMiddleware {
         extensions: &'a mut Extensions,
         next: Next<'a>,
     ) -> impl Future<Output = reqwest_middleware::Result<Response>> + Send + 'a {
-        let dependency = self.dependency_for(request.url());
+        let dependency = self.dependencies.pick(request.url());
         let span = trace::request_span(&dependency.name, &request);
         // A copy is kept for the next attempt while the request goes out; none is made for the
         // last attempt, and none can be made of a body that is a stream.
@@ -483,29 +473,13 @@ fn middleware(cause: impl std::error::Error + Send + Sync + 'static) -> reqwest_
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::observe::{Count, RetryEvent};
+    use crate::observe::RetryEvent;
 
     #[test]
-    fn the_middleware_routes_to_its_default_dependency_and_its_debug_names_the_hooks() {
-        let policy = RetryPolicy::builder().max_attempts(5).build().unwrap();
-        let payments = Dependency::new("payments", policy);
-        let middleware = RetryMiddleware::new(payments.clone())
-            .route("api.example.com", Dependency::new("api", policy))
-            .unwrap();
-        let url = |s: &str| reqwest::Url::parse(s).unwrap();
-        let unrouted = middleware.dependency_for(&url("http://unrouted.example/"));
-        assert_eq!(unrouted.name(), "payments");
-        unrouted.counters.add(Count::Request, &unrouted.metric_keys);
-        assert_eq!(
-            payments.counters().requests,
-            1,
-            "the dependency given, shared"
-        );
-        let routed = middleware.dependency_for(&url("http://API.example.com:8080/x"));
-        assert_eq!(routed.name(), "api");
-        assert_eq!(RetryMiddleware::default().default.name(), "default");
-        let observed = middleware.with_observer(|_: &RetryEvent<'_>| {});
+    fn the_middleware_s_debug_names_its_hooks_without_asking_them() {
+        let observed = RetryMiddleware::default().with_observer(|_: &RetryEvent<'_>| {});
         let debug = format!("{observed:?}");
+        assert!(debug.contains("name: \"default\""), "{debug}");
         assert!(debug.contains("observer: Some(Observer)"), "{debug}");
         assert!(debug.contains("clock: Clock"), "{debug}");
         assert!(debug.contains("rng: RandomSource"), "{debug}");
