@@ -224,15 +224,17 @@ fn reqwest_fault(err: &reqwest::Error) -> Option<Fault> {
     }
     let cause = err.source().and_then(chain_fault);
     if err.is_connect() {
-        // Only causes known to be passing make a connect error transient: a certificate that
-        // failed to verify will fail the same way again. A name that did not resolve is
-        // transient: resolvers time out and lose their upstreams, and nothing was sent.
-        if cause.is_some() || err.source().is_some_and(resolution_failed) {
-            return Some(Fault::Connect);
-        }
-        return None;
+        return connect_fault(cause, err);
     }
     cause
+}
+
+/// What a connect error stands for. Only causes known to be passing make it transient: a
+/// certificate that failed to verify will fail the same way again. A name that did not resolve
+/// is transient: resolvers time out and lose their upstreams, and nothing was sent.
+fn connect_fault(cause: Option<Fault>, err: &reqwest::Error) -> Option<Fault> {
+    let passing = cause.is_some() || err.source().is_some_and(resolution_failed);
+    passing.then_some(Fault::Connect)
 }
 
 /// What hyper's connector calls the error of a name that could not be resolved, whatever the

@@ -451,3 +451,52 @@ async fn at_info_the_retry_and_give_up_events_name_the_dependency_method_host_an
         }
     }
 }
+
+/// Whatever levels the retries and give-ups are logged at, a subscriber that takes exactly
+/// those levels gets events that name the request.
+#[tokio::test(flavor = "current_thread")]
+async fn at_every_level_the_events_a_subscriber_takes_name_the_request() {
+    use tracing::Level;
+    let capture = capture();
+    let server = crate::support::always(503).await;
+    for level in [
+        Level::ERROR,
+        Level::WARN,
+        Level::INFO,
+        Level::DEBUG,
+        Level::TRACE,
+    ] {
+        let policy = RetryPolicy::builder().max_attempts(2).build().unwrap();
+        let client = ClientBuilder::new(reqwest::Client::new())
+            .with(
+                RetryMiddleware::new(Dependency::new("orders", policy).without_budget())
+                    .with_clock(FakeClock::new())
+                    .with_retry_log_level(level)
+                    .with_give_up_log_level(level),
+            )
+            .build();
+        let before = mine(&capture.events).len();
+        LEVEL.with(|l| l.set(level));
+        CAPTURING.with(|c| c.set(true));
+        client
+            .get(format!("{}/o?k=v", server.uri()))
+            .send()
+            .await
+            .unwrap();
+        CAPTURING.with(|c| c.set(false));
+        LEVEL.with(|l| l.set(Level::TRACE));
+
+        let events = mine(&capture.events)[before..].to_vec();
+        let at_level: Vec<_> = events.iter().filter(|e| e.level == level).collect();
+        // The retry's event and the give-up's, at least.
+        assert!(at_level.len() >= 2, "{level}: {events:?}");
+        for event in at_level {
+            assert_eq!(
+                event.field("dependency"),
+                Some("orders"),
+                "{level}: {event:?}"
+            );
+            assert_eq!(event.field("path"), Some("/o"), "{level}: {event:?}");
+        }
+    }
+}
