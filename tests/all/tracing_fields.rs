@@ -381,6 +381,22 @@ async fn retries_and_give_ups_are_logged_at_their_levels() {
         [Level::DEBUG, Level::DEBUG]
     );
 
+    // A final answer at once is no give-up; after a retry, it ends at the retry's level.
+    let missing = crate::support::always(404).await;
+    assert_eq!(
+        levels_of(two(), &missing).await,
+        (vec![Level::DEBUG, Level::DEBUG], Some("404".to_owned()))
+    );
+    let gone =
+        crate::support::first_then(ResponseTemplate::new(503), 1, ResponseTemplate::new(404)).await;
+    assert_eq!(
+        levels_of(two(), &gone).await,
+        (
+            vec![Level::INFO, Level::DEBUG, Level::INFO],
+            Some("404".to_owned())
+        )
+    );
+
     let quiet = two()
         .with_retry_log_level(Level::DEBUG)
         .with_give_up_log_level(Level::ERROR);
