@@ -21,6 +21,7 @@ use std::io;
 use http::{HeaderValue, Method, StatusCode};
 use reqwest::Response;
 
+use crate::advice;
 use crate::budget::RetryKind;
 use crate::classifier::{Attempt, Classifier, Outcome, RequestHead, Retryable};
 use crate::error::StopReason;
@@ -33,8 +34,9 @@ pub(crate) enum Verdict {
     /// A transient failure that is safe to repeat: what a retry after it costs, and the reason
     /// for the trace.
     Transient(RetryKind, &'static str),
-    /// No retry: [`StopReason::Succeeded`], [`StopReason::NotRetryable`] or
-    /// [`StopReason::NotSafeToRetry`].
+    /// No retry: [`StopReason::Succeeded`], [`StopReason::NotRetryable`],
+    /// [`StopReason::NotSafeToRetry`], [`StopReason::ServerDeclinedRetry`] or
+    /// [`StopReason::ReplayedFailure`].
     Final(StopReason),
 }
 
@@ -59,18 +61,13 @@ impl Judging<'_> {
         outcome: &reqwest_middleware::Result<Response>,
         number: u32,
     ) -> Verdict {
-        let keyed = self.key.is_some();
         let fault = match outcome {
             Ok(_) => None,
             Err(err) => transport_fault(err),
         };
-        let by_default = match outcome {
-            Ok(response) => is_transient_status(
-                response.status(),
-                |s| self.policy.is_retryable_status(s),
-                keyed,
-            ),
-            Err(_) => fault.is_some(),
+        let (by_default, declined) = match outcome {
+            Ok(response) => self.answer_is_transient(response),
+            Err(_) => (fault.is_some(), false),
         };
         let transient = match self.hook {
             None => by_default,
@@ -95,8 +92,38 @@ impl Judging<'_> {
             }
         };
         match outcome {
-            Ok(response) => status_verdict(response.status(), transient, self.repeatable),
+            Ok(response) => match status_verdict(response.status(), transient, self.repeatable) {
+                Verdict::Final(StopReason::NotRetryable) if declined => {
+                    Verdict::Final(StopReason::ServerDeclinedRetry)
+                }
+                // Every further attempt with the key would be answered with the same replay.
+                Verdict::Transient(..) if advice::replayed(response.headers()) => {
+                    Verdict::Final(StopReason::ReplayedFailure)
+                }
+                verdict => verdict,
+            },
             Err(_) => error_verdict(fault, transient, self.repeatable),
+        }
+    }
+
+    /// Whether an answer is a transient failure by the default rules: its status in the
+    /// policy's set (409 for a keyed request), unless the server's own verdict, when the policy
+    /// heeds it, says otherwise. The second value: the server's `false` made a failure final
+    /// that the status alone would have retried.
+    #[inline]
+    fn answer_is_transient(&self, response: &Response) -> (bool, bool) {
+        let status = response.status();
+        let keyed = self.key.is_some();
+        let by_status = is_transient_status(status, |s| self.policy.is_retryable_status(s), keyed);
+        // A success is final whatever the server adds: its verdict speaks of failures (and a
+        // success, the common answer, costs no header lookup).
+        if status.as_u16() < 400 || !self.policy.should_retry_fields() {
+            return (by_status, false);
+        }
+        match advice::should_retry(response.headers()) {
+            Some(true) => (by_status || advice::may_be_made_transient(status), false),
+            Some(false) => (false, by_status),
+            None => (by_status, false),
         }
     }
 }
@@ -442,6 +469,166 @@ mod tests {
         };
         let response = http::Response::builder().status(status).body("").unwrap();
         judging.verdict(&Ok(Response::from(response)), 1)
+    }
+
+    /// A classifier that answers this, or delegates to the default verdict.
+    const DELEGATES: Option<Option<Retryable>> = Some(None);
+
+    /// The verdict on a response with `status` and header `lines`, for a request that is
+    /// (repeatable, keyed), under `policy`, with a classifier if any (see [`DELEGATES`]).
+    fn judge_answer(
+        policy: &RetryPolicy,
+        status: u16,
+        lines: &[(&'static str, &'static str)],
+        (repeatable, keyed): (bool, bool),
+        classifier: Option<Option<Retryable>>,
+    ) -> Verdict {
+        let key = HeaderValue::from_static("k");
+        let answer = classifier.flatten();
+        let hook: Shared<dyn Classifier> = Shared(std::sync::Arc::new(move |a: &Attempt<'_>| {
+            answer.unwrap_or(a.default_verdict())
+        }));
+        let head = RequestHead {
+            method: Method::GET,
+            url: "http://127.0.0.1/".parse().unwrap(),
+            headers: http::HeaderMap::new(),
+        };
+        let judging = Judging {
+            policy,
+            repeatable,
+            key: keyed.then_some(&key),
+            hook: classifier.is_some().then_some((&hook, &head)),
+        };
+        let mut response = http::Response::builder().status(status);
+        for (name, value) in lines {
+            response = response.header(*name, *value);
+        }
+        judging.verdict(&Ok(Response::from(response.body("").unwrap())), 1)
+    }
+
+    #[test]
+    fn the_server_s_verdict_turns_a_failure_final_or_transient_within_the_safety_rule() {
+        use StopReason::*;
+        let policy = RetryPolicy::default();
+        let (no, yes) = ([("x-should-retry", "false")], [("x-should-retry", "true")]);
+        let stripe_yes = [("stripe-should-retry", "true")];
+        let retried = Verdict::Transient(RetryKind::Other, "status");
+        let safe = (true, false);
+        let cases: &[(u16, &[(&str, &str)], (bool, bool), Verdict)] = &[
+            (503, &no, safe, Verdict::Final(ServerDeclinedRetry)),
+            (429, &no, safe, Verdict::Final(ServerDeclinedRetry)),
+            // Keyed 409 (the original in flight) is the status rule's too.
+            (409, &no, (true, true), Verdict::Final(ServerDeclinedRetry)),
+            // A failure the status would not retry anyway stays not retryable.
+            (500, &no, safe, Verdict::Final(NotRetryable)),
+            (200, &no, safe, Verdict::Final(Succeeded)),
+            (500, &yes, safe, retried),
+            (408, &stripe_yes, safe, retried),
+            (503, &yes, safe, retried),
+            (
+                429,
+                &yes,
+                safe,
+                Verdict::Transient(RetryKind::Throttled, "status"),
+            ),
+            // Never a success, a malformed request or a reused key.
+            (200, &yes, safe, Verdict::Final(Succeeded)),
+            (302, &yes, safe, Verdict::Final(Succeeded)),
+            (400, &yes, safe, Verdict::Final(NotRetryable)),
+            (422, &yes, (true, true), Verdict::Final(NotRetryable)),
+            // Never a request that is not safe to repeat.
+            (500, &yes, (false, false), Verdict::Final(NotSafeToRetry)),
+            (503, &no, (false, false), Verdict::Final(ServerDeclinedRetry)),
+        ];
+        for (status, lines, who, verdict) in cases {
+            assert_eq!(
+                judge_answer(&policy, *status, lines, *who, None),
+                *verdict,
+                "{status} {lines:?} {who:?}"
+            );
+        }
+        // Turned off, the status alone decides.
+        let deaf = RetryPolicy::builder()
+            .should_retry_fields(false)
+            .build()
+            .unwrap();
+        assert_eq!(judge_answer(&deaf, 503, &no, safe, None), retried);
+        assert_eq!(
+            judge_answer(&deaf, 500, &yes, safe, None),
+            Verdict::Final(NotRetryable)
+        );
+    }
+
+    #[test]
+    fn a_classifier_sees_the_server_s_verdict_and_has_the_last_word() {
+        use StopReason::*;
+        let policy = RetryPolicy::default();
+        let (no, yes) = ([("x-should-retry", "false")], [("x-should-retry", "true")]);
+        let safe = (true, false);
+        let retried = Verdict::Transient(RetryKind::Other, "status");
+        // Delegating to the default verdict: the server's.
+        assert_eq!(judge_answer(&policy, 500, &yes, safe, DELEGATES), retried);
+        assert_eq!(
+            judge_answer(&policy, 503, &no, safe, DELEGATES),
+            Verdict::Final(ServerDeclinedRetry)
+        );
+        // Overruling it.
+        assert_eq!(
+            judge_answer(&policy, 503, &no, safe, Some(Some(Retryable::Transient))),
+            retried
+        );
+        assert_eq!(
+            judge_answer(&policy, 500, &yes, safe, Some(Some(Retryable::Fatal))),
+            Verdict::Final(NotRetryable)
+        );
+        // Agreeing with the server's false: the server's reason.
+        assert_eq!(
+            judge_answer(&policy, 503, &no, safe, Some(Some(Retryable::Fatal))),
+            Verdict::Final(ServerDeclinedRetry)
+        );
+        // Within the safety rule, whatever it says.
+        assert_eq!(
+            judge_answer(&policy, 500, &yes, (false, false), Some(Some(Retryable::Transient))),
+            Verdict::Final(NotSafeToRetry)
+        );
+    }
+
+    #[test]
+    fn a_replayed_transient_answer_is_final_and_a_replayed_success_is_a_success() {
+        use StopReason::*;
+        let policy = RetryPolicy::default();
+        let replayed = [("idempotent-replayed", "true")];
+        let keyed = (true, true);
+        for status in [429, 502, 503, 504, 409] {
+            assert_eq!(
+                judge_answer(&policy, status, &replayed, keyed, None),
+                Verdict::Final(ReplayedFailure),
+                "{status}"
+            );
+        }
+        // Even where the server or a classifier says retry: no attempt can change a replay.
+        let both = [("idempotent-replayed", "true"), ("x-should-retry", "true")];
+        assert_eq!(
+            judge_answer(&policy, 500, &both, keyed, None),
+            Verdict::Final(ReplayedFailure)
+        );
+        assert_eq!(
+            judge_answer(&policy, 503, &replayed, keyed, Some(Some(Retryable::Transient))),
+            Verdict::Final(ReplayedFailure)
+        );
+        assert_eq!(
+            judge_answer(&policy, 201, &replayed, keyed, None),
+            Verdict::Final(Succeeded)
+        );
+        assert_eq!(
+            judge_answer(&policy, 422, &replayed, keyed, None),
+            Verdict::Final(NotRetryable)
+        );
+        let not_a_replay = [("idempotent-replayed", "false")];
+        assert_eq!(
+            judge_answer(&policy, 503, &not_a_replay, keyed, None),
+            Verdict::Transient(RetryKind::Other, "status")
+        );
     }
 
     /// The verdict on an attempt that ended in `err`.

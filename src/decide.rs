@@ -413,11 +413,11 @@ impl<'a> Decider<'a> {
             }
             Verdict::Transient(kind, _) => kind,
         };
-        // What the server asked for is reported whatever follows; a quota may raise it below.
+        // What the server asked for (`retry-after-ms`, `x-ms-retry-after-ms` or `Retry-After`)
+        // is reported whatever follows; a quota may raise it below.
         self.floor = observed
             .answer
-            .and_then(|answer| answer.headers.get(http::header::RETRY_AFTER))
-            .and_then(|value| retry_after::parse(value.as_bytes(), wall));
+            .and_then(|answer| retry_after::floor(answer.headers, wall));
         let stop = if self.retries_disabled {
             StopReason::RetriesDisabled
         } else if self.attempt >= self.max_attempts {

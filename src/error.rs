@@ -28,6 +28,15 @@ pub enum StopReason {
     /// The failure was transient, but repeating the request could repeat its effect: a
     /// non-idempotent method without an idempotency key, after bytes may have reached the server.
     NotSafeToRetry,
+    /// The server answered with a failure it had stored under the request's idempotency key,
+    /// replayed (`Idempotent-Replayed: true`): it answers every further attempt with that key
+    /// the same way, so none is made. Its answer is returned.
+    ReplayedFailure,
+    /// The server said its failure is not worth another attempt (`x-should-retry: false`, or
+    /// `stripe-should-retry: false`), though its status is in the retryable set; its answer is
+    /// returned. See
+    /// [`RetryPolicyBuilder::should_retry_fields`](crate::RetryPolicyBuilder::should_retry_fields).
+    ServerDeclinedRetry,
     /// The request body is a stream that cannot be sent twice; the request was sent once.
     BodyNotCloneable,
     /// Every allowed attempt was made.
@@ -73,6 +82,8 @@ impl StopReason {
             StopReason::Succeeded => "succeeded",
             StopReason::NotRetryable => "not_retryable",
             StopReason::NotSafeToRetry => "not_safe_to_retry",
+            StopReason::ReplayedFailure => "replayed_failure",
+            StopReason::ServerDeclinedRetry => "server_declined_retry",
             StopReason::BodyNotCloneable => "body_not_cloneable",
             StopReason::AttemptsExhausted => "attempts_exhausted",
             StopReason::InvalidIdempotencyKey => "invalid_idempotency_key",
@@ -94,6 +105,8 @@ impl fmt::Display for StopReason {
             StopReason::Succeeded => "succeeded",
             StopReason::NotRetryable => "the failure is not retryable",
             StopReason::NotSafeToRetry => "retrying could repeat the request's effect",
+            StopReason::ReplayedFailure => "the server replayed a failure stored under the key",
+            StopReason::ServerDeclinedRetry => "the server said not to retry",
             StopReason::BodyNotCloneable => "the request body cannot be sent twice",
             StopReason::AttemptsExhausted => "attempts exhausted",
             StopReason::InvalidIdempotencyKey => "the idempotency key cannot be sent",
@@ -491,6 +504,8 @@ mod tests {
             Succeeded,
             NotRetryable,
             NotSafeToRetry,
+            ReplayedFailure,
+            ServerDeclinedRetry,
             BodyNotCloneable,
             AttemptsExhausted,
             InvalidIdempotencyKey,
@@ -511,6 +526,11 @@ mod tests {
                 .all(|n| n.chars().all(|c| c.is_ascii_lowercase() || c == '_'))
         );
         assert_eq!(StopReason::DeadlineReached.as_str(), "deadline_reached");
+        assert_eq!(StopReason::ReplayedFailure.as_str(), "replayed_failure");
+        assert_eq!(
+            StopReason::ServerDeclinedRetry.as_str(),
+            "server_declined_retry"
+        );
         assert_eq!(
             StopReason::RetriesDisabled.to_string(),
             "retries are disabled for this request"

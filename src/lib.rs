@@ -335,6 +335,7 @@
 #![forbid(unsafe_code)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+mod advice;
 mod backoff;
 mod body;
 mod budget;

@@ -42,6 +42,7 @@ pub struct RetryPolicy {
     max_retry_after: Duration,
     retry_after_jitter: bool,
     rate_limit_fields: bool,
+    should_retry_fields: bool,
     statuses: StatusSet,
     buffer_body: Option<usize>,
 }
@@ -101,6 +102,12 @@ impl RetryPolicy {
         self.rate_limit_fields
     }
 
+    /// Whether a server's own verdict on a failure (`x-should-retry`, `stripe-should-retry`) is
+    /// followed; see [`RetryPolicyBuilder::should_retry_fields`].
+    pub fn should_retry_fields(&self) -> bool {
+        self.should_retry_fields
+    }
+
     /// Whether a response with this status is a transient failure worth retrying.
     pub fn is_retryable_status(&self, status: StatusCode) -> bool {
         self.statuses.contains(status.as_u16())
@@ -139,6 +146,7 @@ impl RetryPolicy {
                 .then_some(self.max_retry_after),
             retry_after_jitter: self.retry_after_jitter,
             rate_limit_fields: self.rate_limit_fields,
+            should_retry_fields: self.should_retry_fields,
             statuses: (400..=599).filter(|c| self.statuses.contains(*c)).collect(),
             buffer_body: self.buffer_body,
         }
@@ -166,6 +174,7 @@ impl fmt::Debug for RetryPolicy {
             .field("max_retry_after", &self.max_retry_after)
             .field("retry_after_jitter", &self.retry_after_jitter)
             .field("rate_limit_fields", &self.rate_limit_fields)
+            .field("should_retry_fields", &self.should_retry_fields)
             .field("retryable_statuses", &self.statuses)
             .field("buffer_body", &self.buffer_body)
             .finish()
@@ -187,6 +196,7 @@ impl fmt::Debug for RetryPolicy {
 /// | [`max_retry_after`](Self::max_retry_after) | the deadline (30 s) |
 /// | [`retry_after_jitter`](Self::retry_after_jitter) | on |
 /// | [`rate_limit_fields`](Self::rate_limit_fields) | on |
+/// | [`should_retry_fields`](Self::should_retry_fields) | on |
 /// | [`retryable_statuses`](Self::retryable_statuses) | 429, 502, 503, 504 |
 /// | [`buffer_body`](Self::buffer_body) | off |
 #[derive(Debug, Clone)]
@@ -201,6 +211,7 @@ pub struct RetryPolicyBuilder {
     max_retry_after: Option<Duration>,
     retry_after_jitter: bool,
     rate_limit_fields: bool,
+    should_retry_fields: bool,
     statuses: Vec<u16>,
     buffer_body: Option<usize>,
 }
@@ -217,6 +228,7 @@ impl RetryPolicyBuilder {
             max_retry_after: None,
             retry_after_jitter: true,
             rate_limit_fields: true,
+            should_retry_fields: true,
             statuses: vec![429, 502, 503, 504],
             buffer_body: None,
         }
@@ -318,6 +330,29 @@ impl RetryPolicyBuilder {
     /// with the next request.
     pub fn rate_limit_fields(mut self, on: bool) -> Self {
         self.rate_limit_fields = on;
+        self
+    }
+
+    /// Whether a server's own verdict on a failure is followed: the `x-should-retry` field that
+    /// the generated SDKs of the large LLM and payment APIs obey, and Stripe's
+    /// `stripe-should-retry`, each `true` or `false` (any case; any other value, or lines that
+    /// disagree, are ignored).
+    ///
+    /// - `false` makes a failure final, even one whose status is in the retryable set: a 503
+    ///   so marked is returned after one attempt, with
+    ///   [`StopReason::ServerDeclinedRetry`](crate::StopReason::ServerDeclinedRetry).
+    /// - `true` makes a failure (a status of 400 or above) transient, even one outside the set:
+    ///   a 500 or a 408 so marked is retried like a 503. Not a 400 or a 422: they say the
+    ///   request itself is wrong, or its key was used for another request, and sending it
+    ///   unchanged cannot go differently.
+    ///
+    /// The server's verdict speaks of what is transient, never of what is safe: a request that
+    /// is neither idempotent nor keyed is not repeated, whatever it says. A dependency's
+    /// classifier sees the verdict in [`Attempt::default_verdict`](crate::Attempt::default_verdict)
+    /// and has the last word. A success is final whatever the fields say. On by default: a
+    /// server that sends them knows its answer better than a status code does.
+    pub fn should_retry_fields(mut self, on: bool) -> Self {
+        self.should_retry_fields = on;
         self
     }
 
@@ -454,6 +489,7 @@ impl RetryPolicyBuilder {
             max_retry_after,
             retry_after_jitter: self.retry_after_jitter,
             rate_limit_fields: self.rate_limit_fields,
+            should_retry_fields: self.should_retry_fields,
             statuses,
             buffer_body: self.buffer_body,
         })
@@ -510,6 +546,8 @@ mod tests {
         assert!(p.retry_after_jitter());
         assert_eq!(p.jitter(), Jitter::Full);
         assert_eq!(p.buffer_body_limit(), None);
+        assert!(p.rate_limit_fields());
+        assert!(p.should_retry_fields());
         let retryable: Vec<u16> = (100..=599)
             .filter(|c| p.is_retryable_status(StatusCode::from_u16(*c).unwrap()))
             .collect();
@@ -657,6 +695,8 @@ mod tests {
                 .deadline(Duration::from_secs(4))
                 .max_retry_after(Duration::from_secs(2))
                 .retry_after_jitter(false)
+                .rate_limit_fields(false)
+                .should_retry_fields(false)
                 .retryable_statuses([408, 599])
                 .buffer_body(64)
                 .build()

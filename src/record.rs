@@ -28,9 +28,6 @@ pub struct RetryRecord {
     pub(crate) replayed: bool,
 }
 
-/// The header a server following the Stripe convention sets on a replayed response.
-const REPLAYED: http::HeaderName = http::HeaderName::from_static("idempotent-replayed");
-
 impl RetryRecord {
     /// The caller's outcome with this record: on the response, or in the error that wraps the
     /// last one. The most common outcome, a first attempt's success without a key or a wait,
@@ -76,10 +73,7 @@ impl RetryRecord {
             },
             None => return None,
         };
-        record.replayed = response
-            .headers()
-            .get(REPLAYED)
-            .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"true"));
+        record.replayed = crate::advice::replayed(response.headers());
         Some(record)
     }
 
