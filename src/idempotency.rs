@@ -149,6 +149,7 @@ pub struct IdempotencyKeys {
     format: KeyFormat,
     methods: Vec<Method>,
     source: Option<Arc<dyn KeySource>>,
+    namespace: uuid::Uuid,
 }
 
 impl IdempotencyKeys {
@@ -165,6 +166,12 @@ impl IdempotencyKeys {
     /// How keys are written into the header.
     pub fn format(&self) -> KeyFormat {
         self.format
+    }
+
+    /// The namespace that keys derived from a [`NaturalKey`] are made in; see
+    /// [`IdempotencyKeysBuilder::derive_namespace`].
+    pub fn derive_namespace(&self) -> u128 {
+        self.namespace.as_u128()
     }
 
     /// Whether a request with this method, and no key of its own, gets one.
@@ -191,9 +198,85 @@ impl IdempotencyKeys {
         let text = format_key(&key, self.format)?;
         HeaderValue::from_maybe_shared(Bytes::from_owner(text)).map_err(|_| InvalidKey {
             key,
-            format: self.format,
+            format: Some(self.format),
             rule: QUOTED_TEXT,
         })
+    }
+
+    /// The key derived from `natural`: the name-based UUID (version 5) of its bytes in the
+    /// namespace, in the configured format.
+    fn derived_value(&self, natural: &NaturalKey) -> Result<HeaderValue, InvalidKey> {
+        if natural.0.is_empty() {
+            return Err(InvalidKey {
+                key: String::new(),
+                format: Some(self.format),
+                rule: EMPTY,
+            });
+        }
+        let uuid = uuid::Uuid::new_v5(&self.namespace, natural.0.as_bytes());
+        let mut slot = [b'"'; SLOT];
+        uuid.hyphenated().encode_lower(&mut slot[1..37]);
+        let text = match self.format {
+            KeyFormat::Quoted => &slot[..],
+            KeyFormat::Bare => &slot[1..37],
+        };
+        // Hex digits, hyphens and quotes: a valid header value by construction.
+        Ok(HeaderValue::from_bytes(text)
+            .unwrap_or_else(|_| unreachable!("a formatted UUID is a valid header value")))
+    }
+}
+
+/// The natural key of one operation (an order id and a step, a queue message's id), from which
+/// the middleware derives the request's idempotency key, the same in every process and on
+/// every run.
+///
+/// A key the middleware stamps lives as long as one call to `send()`. When the same operation
+/// may be sent again from outside it, by a job that is re-run after its process crashed (a
+/// queue redelivering the message, a cron trying again), a fresh key would make it a new
+/// operation to the server, and the effect would happen twice. Put a `NaturalKey` in the
+/// request's extensions instead: the key is then derived from it, and the re-run sends the
+/// same key as the run that crashed, so a server that dedupes on it performs the effect once
+/// and replays its answer.
+///
+/// ```
+/// # async fn charge(client: reqwest_middleware::ClientWithMiddleware, order: u64) -> reqwest_middleware::Result<()> {
+/// use reqwest_safe_retry::NaturalKey;
+///
+/// // The same order and step give the same key, whichever process sends it and however often.
+/// client
+///     .post("http://127.0.0.1:8080/charges")
+///     .with_extension(NaturalKey::new(format!("order-{order}/charge")))
+///     .body(r#"{"amount": 4200}"#)
+///     .send()
+///     .await?;
+/// # Ok(()) }
+/// ```
+///
+/// The key is the name-based UUID (version 5) of the natural key's UTF-8 bytes in the
+/// dependency's [namespace](IdempotencyKeysBuilder::derive_namespace), in its
+/// [`KeyFormat`]: what any UUID library computes from the same two, so a worker in another
+/// language can send the same key. It is put on every attempt, whatever the method, and the
+/// [`RetryRecord`](crate::RetryRecord) or [`RetryError`](crate::RetryError) shows it. A key
+/// header the caller set on the request wins over it, as over a stamped key.
+///
+/// Name the operation, not only the thing it acts on: `order-42/charge` and `order-42/refund`
+/// are two operations, and one natural key for both would make the server replay the charge's
+/// answer to the refund. An empty natural key, or one on a dependency
+/// [without keys](crate::Dependency::without_idempotency_keys), fails the request before
+/// anything is sent, with
+/// [`StopReason::InvalidIdempotencyKey`](crate::StopReason::InvalidIdempotencyKey).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct NaturalKey(String);
+
+impl NaturalKey {
+    /// The natural key `key`: an operation's name that is the same every time it is sent.
+    pub fn new(key: impl Into<String>) -> Self {
+        NaturalKey(key.into())
+    }
+
+    /// The natural key as given.
+    pub fn as_str(&self) -> &str {
+        &self.0
     }
 }
 
@@ -206,21 +289,31 @@ pub(crate) struct Key {
     pub(crate) stamped: bool,
 }
 
-/// The key of a request: the caller's own, kept byte for byte, or a new one if `keys` stamp its
-/// method; none without `keys`.
+/// The key of a request: the caller's own, kept byte for byte; or one derived from its
+/// `natural` key, whatever its method; or a new one if `keys` stamp its method. None without
+/// `keys`.
 ///
 /// # Errors
 ///
 /// [`InvalidKey`] when the caller's key cannot be sent as it is (empty, or not in the configured
-/// form: another parser would read it differently and defeat the server's dedupe), or a custom
-/// source made one that cannot be.
+/// form: another parser would read it differently and defeat the server's dedupe), a custom
+/// source made one that cannot be, or the natural key is empty or asks for a key of a
+/// dependency without keys.
 pub(crate) fn key_for(
     keys: Option<&IdempotencyKeys>,
     method: &Method,
     headers: &http::HeaderMap,
+    natural: Option<&NaturalKey>,
 ) -> Result<Option<Key>, InvalidKey> {
     let Some(keys) = keys else {
-        return Ok(None);
+        return match natural {
+            None => Ok(None),
+            Some(natural) => Err(InvalidKey {
+                key: natural.0.clone(),
+                format: None,
+                rule: KEYS_OFF,
+            }),
+        };
     };
     if let Some(own) = headers.get(keys.header_name()) {
         check_caller_value(own, keys.format())?;
@@ -228,6 +321,14 @@ pub(crate) fn key_for(
             value: own.clone(),
             stamped: false,
         }));
+    }
+    if let Some(natural) = natural {
+        return keys.derived_value(natural).map(|value| {
+            Some(Key {
+                value,
+                stamped: true,
+            })
+        });
     }
     if !keys.stamps(method) {
         return Ok(None);
@@ -336,6 +437,7 @@ impl fmt::Debug for IdempotencyKeys {
                     "uuid v4"
                 },
             )
+            .field("derive_namespace", &self.namespace)
             .finish()
     }
 }
@@ -350,13 +452,19 @@ impl fmt::Debug for IdempotencyKeys {
 /// | [`format`](Self::format) | [`KeyFormat::Bare`] |
 /// | [`stamp_methods`](Self::stamp_methods) | POST, PATCH |
 /// | [`key_source`](Self::key_source) | a random UUID v4 from the operating system's entropy |
+/// | [`derive_namespace`](Self::derive_namespace) | `761624f8-19f0-4ca5-81cb-8475aedcde4c`, the same in every release |
 #[derive(Clone)]
 pub struct IdempotencyKeysBuilder {
     header: String,
     format: KeyFormat,
     methods: Vec<Method>,
     source: Option<Arc<dyn KeySource>>,
+    namespace: uuid::Uuid,
 }
+
+/// The namespace of derived keys unless one is set: `761624f8-19f0-4ca5-81cb-8475aedcde4c`,
+/// fixed for good, since changing it would change every derived key.
+const DEFAULT_NAMESPACE: uuid::Uuid = uuid::Uuid::from_u128(0x761624f8_19f0_4ca5_81cb_8475aedcde4c);
 
 impl Default for IdempotencyKeysBuilder {
     fn default() -> Self {
@@ -365,6 +473,7 @@ impl Default for IdempotencyKeysBuilder {
             format: KeyFormat::Bare,
             methods: vec![Method::POST, Method::PATCH],
             source: None,
+            namespace: DEFAULT_NAMESPACE,
         }
     }
 }
@@ -376,6 +485,7 @@ impl fmt::Debug for IdempotencyKeysBuilder {
             .field("format", &self.format)
             .field("methods", &self.methods)
             .field("custom_source", &self.source.is_some())
+            .field("derive_namespace", &self.namespace)
             .finish()
     }
 }
@@ -401,9 +511,29 @@ impl IdempotencyKeysBuilder {
         self
     }
 
-    /// Where new keys come from.
+    /// Where new keys come from. Keys derived from a [`NaturalKey`] do not come from it.
     pub fn key_source(mut self, source: impl KeySource) -> Self {
         self.source = Some(Arc::new(source));
+        self
+    }
+
+    /// The namespace, a UUID as a number, that keys derived from a [`NaturalKey`] are made in:
+    /// the name-based UUID of a natural key depends on it. Set it to the namespace another
+    /// sender of the same operations uses (a worker in another language computing
+    /// `uuid5(namespace, natural_key)`), so both send the same key; keep it fixed, since
+    /// changing it changes every derived key.
+    ///
+    /// ```
+    /// use reqwest_safe_retry::IdempotencyKeys;
+    ///
+    /// let keys = IdempotencyKeys::builder()
+    ///     .derive_namespace(0x6ba7b811_9dad_11d1_80b4_00c04fd430c8)
+    ///     .build()?;
+    /// assert_eq!(keys.derive_namespace(), 0x6ba7b811_9dad_11d1_80b4_00c04fd430c8);
+    /// # Ok::<(), reqwest_safe_retry::InvalidConfig>(())
+    /// ```
+    pub fn derive_namespace(mut self, namespace: u128) -> Self {
+        self.namespace = uuid::Uuid::from_u128(namespace);
         self
     }
 
@@ -446,19 +576,39 @@ impl IdempotencyKeysBuilder {
             format: self.format,
             methods: self.methods,
             source: self.source,
+            namespace: self.namespace,
         })
     }
 }
 
 /// A key that cannot be sent in the configured format (an empty one included), from the key
-/// source or set by the caller; the request is not sent.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("idempotency key {key:?} cannot be sent as a {format:?} key: {rule}")]
+/// source, set by the caller, or asked for with a [`NaturalKey`]; the request is not sent.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct InvalidKey {
     key: String,
-    format: KeyFormat,
+    /// The configured format, if the dependency has keys.
+    format: Option<KeyFormat>,
     rule: &'static str,
 }
+
+impl fmt::Display for InvalidKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.format {
+            Some(format) => write!(
+                f,
+                "idempotency key {:?} cannot be sent as a {format:?} key: {}",
+                self.key, self.rule
+            ),
+            None => write!(
+                f,
+                "idempotency key {:?} cannot be sent: {}",
+                self.key, self.rule
+            ),
+        }
+    }
+}
+
+impl std::error::Error for InvalidKey {}
 
 impl InvalidKey {
     /// The key that was rejected (lossily decoded, if it was not UTF-8).
@@ -475,6 +625,9 @@ impl InvalidKey {
 }
 
 const EMPTY: &str = "an empty key cannot tell one request from another";
+const KEYS_OFF: &str = "the request carries a NaturalKey, but its dependency sends no \
+     idempotency keys (without_idempotency_keys): turn keys on for it, or send the request \
+     without the NaturalKey";
 const QUOTED_TEXT: &str = "a Structured Field String holds printable ASCII (0x20-0x7E), with '\"' \
      and '\\' escaped by a backslash";
 const QUOTES: &str = "a quoted key (the configured format) must start and end with '\"'";
@@ -488,7 +641,7 @@ const BARE_TEXT: &str = "a bare key must be visible ASCII (0x21-0x7E), without s
 pub(crate) fn format_key(key: &str, format: KeyFormat) -> Result<String, InvalidKey> {
     let invalid = |rule| InvalidKey {
         key: key.to_owned(),
-        format,
+        format: Some(format),
         rule,
     };
     if key.is_empty() {
@@ -538,7 +691,7 @@ pub(crate) fn check_caller_value(value: &HeaderValue, format: KeyFormat) -> Resu
         None => Ok(()),
         Some(rule) => Err(InvalidKey {
             key: String::from_utf8_lossy(bytes).into_owned(),
-            format,
+            format: Some(format),
             rule,
         }),
     }
@@ -731,7 +884,8 @@ mod tests {
         assert_eq!(
             format!("{builder:?}"),
             "IdempotencyKeysBuilder { header: \"idempotency-key\", format: Bare, \
-             methods: [POST], custom_source: true }"
+             methods: [POST], custom_source: true, \
+             derive_namespace: 761624f8-19f0-4ca5-81cb-8475aedcde4c }"
         );
         let keys = builder.build().unwrap();
         assert_eq!(keys.format(), KeyFormat::Bare);
@@ -739,7 +893,7 @@ mod tests {
         assert_eq!(
             format!("{keys:?}"),
             "IdempotencyKeys { header: \"idempotency-key\", format: Bare, methods: [POST], \
-             source: \"custom\" }"
+             source: \"custom\", derive_namespace: 761624f8-19f0-4ca5-81cb-8475aedcde4c }"
         );
     }
 
@@ -860,5 +1014,89 @@ mod tests {
             .build()
             .unwrap();
         assert_eq!(keys.new_value().unwrap_err().key(), "bad\nkey");
+    }
+
+    /// The key `keys` give a request with `method`, header `own` if any, and natural key.
+    fn derived(
+        keys: Option<&IdempotencyKeys>,
+        method: Method,
+        own: Option<&'static str>,
+        natural: &str,
+    ) -> Result<Option<Key>, InvalidKey> {
+        let mut headers = http::HeaderMap::new();
+        if let Some(own) = own {
+            headers.insert(DEFAULT_HEADER, HeaderValue::from_static(own));
+        }
+        key_for(keys, &method, &headers, Some(&NaturalKey::new(natural)))
+    }
+
+    #[test]
+    fn a_derived_key_is_the_uuid_v5_of_the_natural_key_in_the_namespace() {
+        // Computed apart, by Python's `uuid.uuid5(UUID("761624f8-..."), name)`.
+        let keys = IdempotencyKeys::default();
+        let table = [
+            ("order-42/charge", "a84c0017-db11-533d-b2ac-49d735995854"),
+            ("order-42/refund", "ca258721-a919-551f-83fd-088ec02ff84e"),
+            ("commande-42/é", "f81d1706-bcd4-5ab8-ae78-e78365db7af9"),
+        ];
+        for (natural, uuid) in table {
+            let key = derived(Some(&keys), Method::POST, None, natural)
+                .unwrap()
+                .unwrap();
+            assert_eq!(key.value, uuid, "{natural}");
+            assert!(key.stamped, "put on each attempt by the middleware");
+        }
+        // Another namespace, another key: here RFC 9562's URL namespace.
+        let url = IdempotencyKeys::builder()
+            .derive_namespace(0x6ba7b811_9dad_11d1_80b4_00c04fd430c8)
+            .build()
+            .unwrap();
+        let key = derived(Some(&url), Method::POST, None, "order-42/charge");
+        assert_eq!(
+            key.unwrap().unwrap().value,
+            "7ac176ad-6896-53cd-b650-c6b87028e76f"
+        );
+        let quoted = IdempotencyKeys::builder()
+            .format(KeyFormat::Quoted)
+            .build()
+            .unwrap();
+        let key = derived(Some(&quoted), Method::POST, None, "order-42/charge");
+        assert_eq!(
+            key.unwrap().unwrap().value,
+            "\"a84c0017-db11-533d-b2ac-49d735995854\""
+        );
+    }
+
+    #[test]
+    fn a_natural_key_keys_any_method_and_yields_to_the_caller_s_own_header() {
+        let none_stamped = IdempotencyKeys::builder()
+            .stamp_methods([])
+            .build()
+            .unwrap();
+        for method in [Method::GET, Method::DELETE, Method::POST] {
+            let key = derived(Some(&none_stamped), method.clone(), None, "job-7");
+            assert!(key.unwrap().is_some(), "{method}");
+        }
+        let own = derived(Some(&none_stamped), Method::POST, Some("mine-1"), "job-7")
+            .unwrap()
+            .unwrap();
+        assert_eq!((own.value.as_bytes(), own.stamped), (&b"mine-1"[..], false));
+    }
+
+    #[test]
+    fn an_empty_natural_key_or_one_without_keys_is_refused_with_what_to_do() {
+        let empty = derived(Some(&IdempotencyKeys::default()), Method::POST, None, "");
+        assert_eq!(empty.unwrap_err().rule(), EMPTY);
+        let off = derived(None, Method::POST, None, "order-42/charge").unwrap_err();
+        assert_eq!(
+            off.to_string(),
+            "idempotency key \"order-42/charge\" cannot be sent: the request carries a \
+             NaturalKey, but its dependency sends no idempotency keys (without_idempotency_keys): \
+             turn keys on for it, or send the request without the NaturalKey"
+        );
+        // Without a natural key, no keys means no key and no error.
+        let headers = http::HeaderMap::new();
+        assert!(key_for(None, &Method::POST, &headers, None).unwrap().is_none());
+        assert_eq!(NaturalKey::new("a/b").as_str(), "a/b");
     }
 }

@@ -369,7 +369,9 @@ pub use dependency::{Dependency, RetryOverride};
 pub use error::{InvalidConfig, RetryError, RetryErrorExt, StopReason};
 #[cfg(feature = "test-util")]
 pub use fake_clock::FakeClock;
-pub use idempotency::{IdempotencyKeys, IdempotencyKeysBuilder, KeyFormat, KeySource, SeededKeys};
+pub use idempotency::{
+    IdempotencyKeys, IdempotencyKeysBuilder, KeyFormat, KeySource, NaturalKey, SeededKeys,
+};
 pub use middleware::RetryMiddleware;
 pub use observe::{AttemptErrorKind, CounterSnapshot, RetryAttempt, RetryEvent};
 pub use policy::{RetryPolicy, RetryPolicyBuilder};

@@ -26,7 +26,7 @@ use crate::clock::{Clock, SharedClock, TokioClock};
 use crate::decide::{Decider, Next as Step, Observed};
 use crate::dependency::{Dependency, RetryOverride, Routes};
 use crate::error::{InvalidConfig, StopReason, nothing_sent};
-use crate::idempotency::{self, Key};
+use crate::idempotency::{self, Key, NaturalKey};
 use crate::observe::{Observer, RetryEvent};
 use crate::policy::RetryPolicy;
 use crate::record::RetryRecord;
@@ -215,7 +215,9 @@ impl RetryMiddleware {
             let Some(request) = &kept else {
                 unreachable!("the request is kept until its first attempt");
             };
-            let mut sent = match self.prepare(dependency, request, refused, &mut decider) {
+            let natural = extensions.get::<NaturalKey>();
+            let mut sent = match self.prepare(dependency, request, natural, refused, &mut decider)
+            {
                 Ok(prepared) => prepared,
                 Err((stop, cause, watcher)) => {
                     let outcome = Err(cause);
@@ -305,6 +307,7 @@ impl RetryMiddleware {
         &'a self,
         dependency: &'a Dependency,
         request: &Request,
+        natural: Option<&NaturalKey>,
         refused: Option<reqwest_middleware::Error>,
         decider: &mut Decider<'_>,
     ) -> Result<Sent<'a>, Unsent<'a>> {
@@ -324,6 +327,7 @@ impl RetryMiddleware {
             dependency.keys.as_ref(),
             request.method(),
             request.headers(),
+            natural,
         ) {
             Ok(key) => key,
             Err(e) => return Err((StopReason::InvalidIdempotencyKey, middleware(e), watcher)),
