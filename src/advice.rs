@@ -103,7 +103,10 @@ mod tests {
             (&[("x-should-retry", b"tru\te")], None),
             // Lines that agree, or one that says something beside ones that do not.
             (
-                &[("x-should-retry", b"true"), ("stripe-should-retry", b"TRUE")],
+                &[
+                    ("x-should-retry", b"true"),
+                    ("stripe-should-retry", b"TRUE"),
+                ],
                 Some(true),
             ),
             (
@@ -116,7 +119,10 @@ mod tests {
                 None,
             ),
             (
-                &[("x-should-retry", b"false"), ("stripe-should-retry", b"true")],
+                &[
+                    ("x-should-retry", b"false"),
+                    ("stripe-should-retry", b"true"),
+                ],
                 None,
             ),
         ];
@@ -143,7 +149,10 @@ mod tests {
             (&[("idempotent-replayed", b"1")], false),
             (&[("idempotent-replayed", b"")], false),
             (
-                &[("idempotent-replayed", b"false"), ("idempotent-replayed", b"true")],
+                &[
+                    ("idempotent-replayed", b"false"),
+                    ("idempotent-replayed", b"true"),
+                ],
                 true,
             ),
         ];

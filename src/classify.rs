@@ -538,7 +538,12 @@ mod tests {
             (422, &yes, (true, true), Verdict::Final(NotRetryable)),
             // Never a request that is not safe to repeat.
             (500, &yes, (false, false), Verdict::Final(NotSafeToRetry)),
-            (503, &no, (false, false), Verdict::Final(ServerDeclinedRetry)),
+            (
+                503,
+                &no,
+                (false, false),
+                Verdict::Final(ServerDeclinedRetry),
+            ),
         ];
         for (status, lines, who, verdict) in cases {
             assert_eq!(
@@ -588,7 +593,13 @@ mod tests {
         );
         // Within the safety rule, whatever it says.
         assert_eq!(
-            judge_answer(&policy, 500, &yes, (false, false), Some(Some(Retryable::Transient))),
+            judge_answer(
+                &policy,
+                500,
+                &yes,
+                (false, false),
+                Some(Some(Retryable::Transient))
+            ),
             Verdict::Final(NotSafeToRetry)
         );
     }
@@ -613,7 +624,13 @@ mod tests {
             Verdict::Final(ReplayedFailure)
         );
         assert_eq!(
-            judge_answer(&policy, 503, &replayed, keyed, Some(Some(Retryable::Transient))),
+            judge_answer(
+                &policy,
+                503,
+                &replayed,
+                keyed,
+                Some(Some(Retryable::Transient))
+            ),
             Verdict::Final(ReplayedFailure)
         );
         assert_eq!(

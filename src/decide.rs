@@ -246,7 +246,8 @@ impl<'a> Decider<'a> {
         self.accounts.counters.add(count, self.accounts.metric_keys);
     }
 
-    fn remaining(&self, now: Instant) -> Duration {
+    /// The time left at `now` before the request's deadline.
+    pub(crate) fn remaining(&self, now: Instant) -> Duration {
         if now == self.started {
             // The first attempt without a hold, as nearly every request's: no subtraction.
             return self.policy.deadline();

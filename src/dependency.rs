@@ -10,6 +10,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::attempt_headers::{self, AttemptHeaders};
 use crate::budget::RetryBudget;
 use crate::classifier::{Attempt, Classifier, Retryable};
 use crate::decide::Accounts;
@@ -66,6 +67,8 @@ pub struct Dependency {
     pub(crate) keys: Option<IdempotencyKeys>,
     /// What the dependency's `RateLimit` fields last said; clones share it.
     pub(crate) quota: Arc<QuotaState>,
+    /// The attempt number and time-left headers, if any are sent.
+    pub(crate) attempt_headers: AttemptHeaders,
 }
 
 impl From<RetryPolicy> for Dependency {
@@ -91,6 +94,7 @@ impl Dependency {
             throttle: None,
             keys: Some(IdempotencyKeys::default()),
             quota: Arc::default(),
+            attempt_headers: AttemptHeaders::default(),
         }
     }
 
@@ -164,6 +168,54 @@ impl Dependency {
     pub fn without_idempotency_keys(mut self) -> Self {
         self.keys = None;
         self
+    }
+
+    /// Sends the attempt's number (`1`, `2`, `3`...) in the header `name` on every attempt, so
+    /// the server can tell a retry from a first attempt: to count retries, or to turn them away
+    /// first when it is overloaded. Servers use their own names for it (`x-envoy-attempt-count`,
+    /// `gccl-attempt-count`, `x-stainless-retry-count` counts from 0); pick the one yours reads.
+    /// Off by default. The value replaces a header of the same name the caller set.
+    ///
+    /// ```
+    /// use reqwest_safe_retry::{Dependency, RetryPolicy};
+    ///
+    /// let search = Dependency::new("search", RetryPolicy::default())
+    ///     .with_attempt_header("x-attempt")?
+    ///     .with_deadline_header("x-deadline-ms")?;
+    /// # drop(search);
+    /// # Ok::<(), reqwest_safe_retry::InvalidConfig>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`InvalidConfig`] when `name` is not a valid header name, is a standard field
+    /// (`Content-Type`, `Authorization`...), or is the name of the dependency's idempotency key
+    /// or deadline header.
+    pub fn with_attempt_header(mut self, name: &str) -> Result<Self, InvalidConfig> {
+        let taken = [self.key_header(), self.attempt_headers.deadline.as_ref()];
+        self.attempt_headers.attempt = Some(attempt_headers::header_name("attempt", name, &taken)?);
+        Ok(self)
+    }
+
+    /// Sends, in the header `name` on every attempt, the whole milliseconds left before the
+    /// request's deadline when the attempt is sent (`29950`), so the server can drop work the
+    /// client will have given up on, as Envoy's `x-envoy-expected-rq-timeout-ms` does. It
+    /// decreases from the deadline across attempts; an attempt's own timeout may end it
+    /// sooner. Off by default. The value replaces a header of the same name the caller set.
+    ///
+    /// # Errors
+    ///
+    /// [`InvalidConfig`] when `name` is not a valid header name, is a standard field, or is the
+    /// name of the dependency's idempotency key or attempt header.
+    pub fn with_deadline_header(mut self, name: &str) -> Result<Self, InvalidConfig> {
+        let taken = [self.key_header(), self.attempt_headers.attempt.as_ref()];
+        self.attempt_headers.deadline =
+            Some(attempt_headers::header_name("deadline", name, &taken)?);
+        Ok(self)
+    }
+
+    fn key_header(&self) -> Option<&http::HeaderName> {
+        self.keys.as_ref().map(IdempotencyKeys::header_name)
     }
 
     /// The name used in counters, metrics and logs.

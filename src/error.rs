@@ -446,7 +446,8 @@ impl InvalidConfig {
         InvalidConfig { area, message }
     }
 
-    /// What was built: `retry policy`, `retry budget`, `idempotency keys` or `route`.
+    /// What was built: `retry policy`, `retry budget`, `idempotency keys`, `route` or
+    /// `attempt headers`.
     pub fn area(&self) -> &'static str {
         self.area
     }

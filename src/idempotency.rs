@@ -734,7 +734,7 @@ fn quoted_rule(bytes: &[u8]) -> Option<&'static str> {
 /// Standard fields that mean something else. A key header of one of these names would make
 /// every request that carries the field (a JSON POST's `Content-Type`) count as keyed, and so be
 /// retried as if the server could dedupe it.
-const STANDARD_FIELDS: &[&str] = &[
+pub(crate) const STANDARD_FIELDS: &[&str] = &[
     "accept",
     "accept-charset",
     "accept-encoding",
@@ -1096,7 +1096,11 @@ mod tests {
         );
         // Without a natural key, no keys means no key and no error.
         let headers = http::HeaderMap::new();
-        assert!(key_for(None, &Method::POST, &headers, None).unwrap().is_none());
+        assert!(
+            key_for(None, &Method::POST, &headers, None)
+                .unwrap()
+                .is_none()
+        );
         assert_eq!(NaturalKey::new("a/b").as_str(), "a/b");
     }
 }

@@ -336,6 +336,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod advice;
+mod attempt_headers;
 mod backoff;
 mod body;
 mod budget;

@@ -216,8 +216,7 @@ impl RetryMiddleware {
                 unreachable!("the request is kept until its first attempt");
             };
             let natural = extensions.get::<NaturalKey>();
-            let mut sent = match self.prepare(dependency, request, natural, refused, &mut decider)
-            {
+            let mut sent = match self.prepare(dependency, request, natural, refused, &mut decider) {
                 Ok(prepared) => prepared,
                 Err((stop, cause, watcher)) => {
                     let outcome = Err(cause);
@@ -260,6 +259,10 @@ impl RetryMiddleware {
                                 sent.key.as_ref(),
                                 &mut sending,
                             );
+                            let headers = &dependency.attempt_headers;
+                            if headers.are_on() {
+                                headers.put_on(&mut sending, number, decider.remaining(now));
+                            }
                             let id = chain::claim_id(extensions);
                             Claiming::new(id, &span, || next.clone().run(sending, extensions))
                         };

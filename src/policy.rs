@@ -563,7 +563,7 @@ mod tests {
             format!("{p:?}"),
             "RetryPolicy { max_attempts: 3, base_delay: 100ms, max_delay: 10s, jitter: Full, \
              attempt_timeout: 10s, deadline: 30s, max_retry_after: 30s, \
-             retry_after_jitter: true, rate_limit_fields: true, \
+             retry_after_jitter: true, rate_limit_fields: true, should_retry_fields: true, \
              retryable_statuses: {429, 502, 503, 504}, \
              buffer_body: Some(1024) }"
         );

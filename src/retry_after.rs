@@ -263,8 +263,25 @@ mod tests {
     #[test]
     fn malformed_millisecond_values_are_ignored() {
         for value in [
-            "", " ", "-5", "-0", "+5", "1.", ".5", "1..5", "1.5.5", "1e3", "1E3", "0x10", "inf",
-            "NaN", "5 ms", "12 34", "1,500", "1500, 1500", "١٥٠٠",
+            "",
+            " ",
+            "-5",
+            "-0",
+            "+5",
+            "1.",
+            ".5",
+            "1..5",
+            "1.5.5",
+            "1e3",
+            "1E3",
+            "0x10",
+            "inf",
+            "NaN",
+            "5 ms",
+            "12 34",
+            "1,500",
+            "1500, 1500",
+            "١٥٠٠",
         ] {
             assert_eq!(parse_millis(value.as_bytes()), None, "{value:?}");
         }
@@ -296,8 +313,14 @@ mod tests {
         let table: &[(&[(&str, &str)], Option<Duration>)] = &[
             (&[], None),
             (&[("retry-after", "2")], secs(2)),
-            (&[("retry-after", "2"), ("retry-after-ms", "1500")], ms(1500)),
-            (&[("x-ms-retry-after-ms", "700"), ("retry-after", "9")], ms(700)),
+            (
+                &[("retry-after", "2"), ("retry-after-ms", "1500")],
+                ms(1500),
+            ),
+            (
+                &[("x-ms-retry-after-ms", "700"), ("retry-after", "9")],
+                ms(700),
+            ),
             (
                 &[("x-ms-retry-after-ms", "700"), ("retry-after-ms", "300")],
                 ms(300),
@@ -326,8 +349,14 @@ mod tests {
     #[test]
     fn a_field_on_several_lines_asks_for_its_largest_valid_value() {
         let table: &[(&[(&str, &str)], Option<Duration>)] = &[
-            (&[("retry-after-ms", "100"), ("retry-after-ms", "900")], ms(900)),
-            (&[("retry-after-ms", "900"), ("retry-after-ms", "100")], ms(900)),
+            (
+                &[("retry-after-ms", "100"), ("retry-after-ms", "900")],
+                ms(900),
+            ),
+            (
+                &[("retry-after-ms", "900"), ("retry-after-ms", "100")],
+                ms(900),
+            ),
             (&[("retry-after-ms", "x"), ("retry-after-ms", "40")], ms(40)),
             (&[("retry-after", "1"), ("retry-after", "7")], secs(7)),
             (
@@ -338,7 +367,10 @@ mod tests {
                 secs(9),
             ),
             (
-                &[("x-ms-retry-after-ms", "5"), ("x-ms-retry-after-ms", "99999999999999999999")],
+                &[
+                    ("x-ms-retry-after-ms", "5"),
+                    ("x-ms-retry-after-ms", "99999999999999999999"),
+                ],
                 Some(Duration::MAX),
             ),
         ];

@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use reqwest_middleware::{ClientBuilder, ClientWithMiddleware};
 use reqwest_safe_retry::{
-    Dependency, FakeClock, IdempotencyKeys, KeyFormat, RetryError, RetryMiddleware, RetryPolicy,
-    RetryRecord, SeededKeys, SeededRng, StopReason,
+    Dependency, FakeClock, IdempotencyKeys, KeyFormat, NaturalKey, RetryError, RetryMiddleware,
+    RetryPolicy, RetryRecord, SeededKeys, SeededRng, StopReason,
 };
 use tokio::sync::Semaphore;
 use wiremock::matchers::any;
@@ -587,4 +587,120 @@ async fn the_default_key_passes_a_server_that_validates_like_drf_idempotency() {
             .load(std::sync::atomic::Ordering::Relaxed),
         3
     );
+}
+
+/// Waits, in real time and for 10 s at most, until `done` holds.
+async fn until(what: &str, done: impl Fn() -> bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !done() {
+        assert!(std::time::Instant::now() < deadline, "never: {what}");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
+/// A job that charges order 42: a POST whose key, with `natural`, is derived from the order
+/// and the step. It runs once, its process crashes after the server took the POST on and before
+/// the answer, and it is run again by a new process (a queue redelivering it). Returns the
+/// second run's response, and the keys the server saw.
+async fn crash_and_rerun(
+    server: &ReferenceServer,
+    gate: &Semaphore,
+    natural: bool,
+) -> (reqwest::Response, Vec<Vec<u8>>) {
+    let job = |client: ClientWithMiddleware| {
+        let mut request = client
+            .post(server.url("/orders"))
+            .body("{\"order\":42,\"amount\":4200}");
+        if natural {
+            request = request.with_extension(NaturalKey::new("order-42/charge"));
+        }
+        request.send()
+    };
+    let (first, _) = keyed_client(support::policy(), IdempotencyKeys::default());
+    let run = tokio::spawn(job(first));
+    until("the server took the first run's POST on", || {
+        server.claims() == 1
+    })
+    .await;
+    // The crash: the first run's client, its connection and its future are gone.
+    run.abort();
+    assert!(run.await.unwrap_err().is_cancelled());
+    gate.add_permits(2);
+    until("the first run's effect is done", || {
+        server.effects().len() == 1
+    })
+    .await;
+
+    let (second, _) = keyed_client(support::policy(), IdempotencyKeys::default());
+    let response = job(second).await.unwrap();
+    let keys = server
+        .arrivals()
+        .into_iter()
+        .filter_map(|a| a.key)
+        .collect();
+    (response, keys)
+}
+
+#[tokio::test]
+async fn a_job_re_run_after_a_crash_sends_its_derived_key_again_and_the_effect_happens_once() {
+    let gate = Arc::new(Semaphore::new(0));
+    let server = ReferenceServer::start_with_gate(Link::Clean, Some(gate.clone())).await;
+
+    let (response, keys) = crash_and_rerun(&server, &gate, true).await;
+
+    let record = RetryRecord::of(&response).unwrap();
+    assert!(
+        record.replayed(),
+        "the second run got the first run's answer"
+    );
+    assert_eq!(server.effects().len(), 1, "one charge");
+    // The UUID v5 of "order-42/charge" in the default namespace, on both runs.
+    let derived = b"a84c0017-db11-533d-b2ac-49d735995854".to_vec();
+    assert_eq!(keys, [derived.clone(), derived.clone()]);
+    assert_eq!(record.idempotency_key().unwrap().as_bytes(), derived);
+    let original = server.original_response("anonymous", &derived).unwrap();
+    assert_is_original(&received(response).await, &original);
+}
+
+#[tokio::test]
+async fn without_a_natural_key_the_re_run_is_a_new_operation_and_charges_twice() {
+    let gate = Arc::new(Semaphore::new(0));
+    let server = ReferenceServer::start_with_gate(Link::Clean, Some(gate.clone())).await;
+
+    let (response, keys) = crash_and_rerun(&server, &gate, false).await;
+
+    // What derived keys are for: a stamped key lives for one send() in one process.
+    assert!(!RetryRecord::of(&response).unwrap().replayed());
+    assert_eq!(server.effects().len(), 2);
+    assert_eq!(keys.len(), 2);
+    assert_ne!(keys[0], keys[1]);
+}
+
+#[tokio::test]
+async fn a_natural_key_on_a_dependency_without_keys_is_refused_before_sending() {
+    let server = support::always(201).await;
+    let clock = FakeClock::new();
+    let client = ClientBuilder::new(reqwest::Client::new())
+        .with(
+            RetryMiddleware::new(
+                Dependency::new("default", support::policy()).without_idempotency_keys(),
+            )
+            .with_clock(clock),
+        )
+        .build();
+
+    let err = client
+        .post(server.uri())
+        .with_extension(NaturalKey::new("order-42/charge"))
+        .send()
+        .await
+        .unwrap_err();
+
+    let retry = RetryError::of(&err).unwrap();
+    assert_eq!(
+        (retry.attempts(), retry.stop_reason()),
+        (0, StopReason::InvalidIdempotencyKey)
+    );
+    assert!(err.to_string().contains("turn keys on"), "{err}");
+    assert!(server.received_requests().await.unwrap().is_empty());
 }

@@ -1,5 +1,6 @@
 //! Integration tests: the middleware against real servers on 127.0.0.1.
 
+mod attempt_headers;
 mod bodies;
 mod budget;
 mod classifier;
@@ -16,6 +17,7 @@ mod properties;
 mod rate_limit;
 mod reference_server;
 mod schedule;
+mod server_says;
 mod statuses;
 mod support;
 mod throttle;

@@ -1,5 +1,5 @@
-//! Properties of the schedule over random scripts of responses, `Retry-After` values and
-//! settings, in virtual time.
+//! Properties of the schedule over random scripts of responses, `Retry-After` values (in
+//! seconds, dates and the millisecond fields) and settings, in virtual time.
 //!
 //! A scripted middleware at the end of the chain stands in for the network: each attempt takes
 //! a scripted time on the fake clock (cut, as the middleware cuts it on the wire, at the smaller
@@ -24,6 +24,12 @@ enum RetryAfter {
     /// An HTTP-date this many seconds from the fake wall clock (negative: in the past).
     DateAhead(i64),
     Garbage(&'static str),
+    /// `retry-after-ms`, or Azure's `x-ms-retry-after-ms` (true), in milliseconds.
+    Millis(u64, bool),
+    /// `retry-after-ms` beside a `Retry-After` in seconds: the milliseconds win.
+    MillisOverSeconds(u64, u64),
+    /// A `retry-after-ms` that is not valid beside a `Retry-After`: the seconds count.
+    GarbageMillisOverSeconds(&'static str, u64),
 }
 
 #[derive(Debug, Clone)]
@@ -83,6 +89,26 @@ impl Middleware for Script {
         if !timed_out {
             let value = match step.retry_after {
                 RetryAfter::None => None,
+                RetryAfter::Millis(ms, azure) => {
+                    floor = Some(Duration::from_millis(ms));
+                    let name = if azure {
+                        "x-ms-retry-after-ms"
+                    } else {
+                        "retry-after-ms"
+                    };
+                    response = response.header(name, ms.to_string());
+                    None
+                }
+                RetryAfter::MillisOverSeconds(ms, s) => {
+                    floor = Some(Duration::from_millis(ms));
+                    response = response.header("retry-after-ms", ms.to_string());
+                    Some(s.to_string())
+                }
+                RetryAfter::GarbageMillisOverSeconds(g, s) => {
+                    floor = Some(Duration::from_secs(s));
+                    response = response.header("retry-after-ms", g);
+                    Some(s.to_string())
+                }
                 RetryAfter::Seconds(s) => {
                     floor = Some(Duration::from_secs(s));
                     Some(s.to_string())
@@ -118,6 +144,13 @@ fn retry_after() -> impl Strategy<Value = RetryAfter> {
         2 => (-30i64..90).prop_map(RetryAfter::DateAhead),
         1 => prop_oneof![Just("-1"), Just("1.5"), Just(""), Just("later"), Just("9 9")]
             .prop_map(RetryAfter::Garbage),
+        2 => (0u64..90_000, any::<bool>()).prop_map(|(ms, azure)| RetryAfter::Millis(ms, azure)),
+        1 => (0u64..5_000, 0u64..90).prop_map(|(ms, s)| RetryAfter::MillisOverSeconds(ms, s)),
+        1 => (
+            prop_oneof![Just("-1"), Just("1e3"), Just("soon"), Just("1."), Just("")],
+            0u64..90,
+        )
+            .prop_map(|(g, s)| RetryAfter::GarbageMillisOverSeconds(g, s)),
     ]
 }
 
@@ -257,6 +290,9 @@ proptest! {
             if let Some(floor) = before.floor {
                 prop_assert!(*sleep >= floor, "slept {sleep:?} under a floor of {floor:?}");
                 prop_assert!(floor <= settings.max_retry_after);
+                // Nor later than the floor with the widest jitter above it: the field that
+                // counts is the one read (milliseconds before seconds).
+                prop_assert!(*sleep <= floor + settings.cap, "slept {sleep:?} over a floor of {floor:?}");
             }
         }
     }

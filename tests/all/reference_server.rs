@@ -128,6 +128,11 @@ impl ReferenceServer {
         self.inner.arrivals.lock().unwrap().clone()
     }
 
+    /// The keys claimed so far, in progress or completed: the requests the server has taken on.
+    pub fn claims(&self) -> usize {
+        self.inner.claims.lock().unwrap().len()
+    }
+
     /// The `409 in progress` answers sent so far.
     pub fn conflicts(&self) -> usize {
         self.inner.conflicts.load(Ordering::SeqCst)

@@ -516,3 +516,50 @@ async fn at_every_level_the_events_a_subscriber_takes_name_the_request() {
         }
     }
 }
+
+/// A replayed failure and a failure the server marked not worth retrying are give-ups: at WARN,
+/// with a reason of their own on both events.
+#[tokio::test(flavor = "current_thread")]
+async fn a_replayed_or_declined_failure_is_a_give_up_with_its_own_reason() {
+    let capture = capture();
+    let cases = [
+        ("idempotent-replayed", "true", "replayed_failure"),
+        ("x-should-retry", "false", "server_declined_retry"),
+    ];
+    for (name, value, reason) in cases {
+        let server = crate::support::first_then(
+            ResponseTemplate::new(503).insert_header(name, value),
+            0,
+            ResponseTemplate::new(503).insert_header(name, value),
+        )
+        .await;
+        let before = mine(&capture.events).len();
+        CAPTURING.with(|c| c.set(true));
+        LEVEL.with(|l| l.set(tracing::Level::DEBUG));
+        let client = ClientBuilder::new(reqwest::Client::new())
+            .with(
+                RetryMiddleware::new(Dependency::new("payments", RetryPolicy::default()))
+                    .with_clock(FakeClock::new()),
+            )
+            .build();
+        client.post(server.uri()).body("x").send().await.unwrap();
+        CAPTURING.with(|c| c.set(false));
+        LEVEL.with(|l| l.set(tracing::Level::TRACE));
+
+        let events = mine(&capture.events)[before..].to_vec();
+        let seen: Vec<_> = events
+            .iter()
+            .map(|e| (e.level, e.name.as_str(), e.field("decision"), e.field("reason")))
+            .collect();
+        assert_eq!(
+            seen,
+            [
+                (tracing::Level::DEBUG, "attempt finished", Some(reason), None),
+                (tracing::Level::WARN, "retrying stopped", None, Some(reason)),
+            ],
+            "{name}: {value}"
+        );
+        assert_eq!(events[1].field("dependency"), Some("payments"));
+        assert_eq!(events[1].field("attempts"), Some("1"));
+    }
+}

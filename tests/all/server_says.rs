@@ -1,0 +1,279 @@
+//! What real servers say beyond the RFCs, heeded through the whole chain on loopback, in
+//! virtual time: millisecond `Retry-After` fields (Azure's, and the generated SDKs'), a
+//! server's own verdict on its failure (`x-should-retry`, `stripe-should-retry`), and a failure
+//! replayed under the request's key.
+
+use std::time::Duration;
+
+use reqwest_safe_retry::{RetryPolicy, RetryRecord, StopReason};
+use wiremock::ResponseTemplate;
+
+use crate::support::{self, client, client_with, unkeyed_client};
+
+/// The jitter above a floor is the first retry's backoff window: [0, 100 ms] by default.
+const FIRST_WINDOW: Duration = Duration::from_millis(100);
+
+/// A server that answers 503 with `headers` once, then 200.
+async fn once_then_ok(headers: &[(&str, &str)]) -> wiremock::MockServer {
+    let mut first = ResponseTemplate::new(503);
+    for (name, value) in headers {
+        first = first.append_header(*name, *value);
+    }
+    support::first_then(first, 1, ResponseTemplate::new(200)).await
+}
+
+/// A server that answers every request with `template`.
+async fn answering(template: ResponseTemplate) -> wiremock::MockServer {
+    support::first_then(template.clone(), 0, template).await
+}
+
+/// The one wait before the retry that a 503 with `headers` brings, then 200.
+async fn wait_after(headers: &[(&str, &str)]) -> Duration {
+    let server = once_then_ok(headers).await;
+    let (client, clock) = client();
+    let response = client.get(server.uri()).send().await.unwrap();
+    assert_eq!(response.status(), 200, "{headers:?}");
+    assert_eq!(RetryRecord::of(&response).unwrap().attempts(), 2);
+    let sleeps = clock.sleeps();
+    assert_eq!(sleeps.len(), 1, "{headers:?}");
+    sleeps[0]
+}
+
+#[tokio::test]
+async fn retry_after_ms_is_a_floor_with_the_first_window_of_jitter_above_it() {
+    for name in ["retry-after-ms", "x-ms-retry-after-ms", "Retry-After-Ms"] {
+        let wait = wait_after(&[(name, "1500")]).await;
+        let floor = Duration::from_millis(1500);
+        assert!(wait >= floor, "{name}: {wait:?}");
+        assert!(wait <= floor + FIRST_WINDOW, "{name}: {wait:?}");
+    }
+}
+
+#[tokio::test]
+async fn milliseconds_come_before_retry_after_and_retry_after_ms_before_azure_s_spelling() {
+    let read = |wait: Duration, floor: u64| {
+        let floor = Duration::from_millis(floor);
+        wait >= floor && wait <= floor + FIRST_WINDOW
+    };
+    let wait = wait_after(&[("retry-after", "9"), ("retry-after-ms", "250")]).await;
+    assert!(read(wait, 250), "{wait:?}");
+    let wait = wait_after(&[("x-ms-retry-after-ms", "4000"), ("retry-after-ms", "250")]).await;
+    assert!(read(wait, 250), "{wait:?}");
+    // A value that is not valid counts as absent: the next field is read.
+    let wait = wait_after(&[("retry-after-ms", "-250"), ("retry-after", "3")]).await;
+    assert!(read(wait, 3000), "{wait:?}");
+    // A field on several lines asks for its largest valid value.
+    let wait = wait_after(&[("retry-after-ms", "200"), ("retry-after-ms", "700")]).await;
+    assert!(read(wait, 700), "{wait:?}");
+}
+
+#[tokio::test]
+async fn hostile_millisecond_values_neither_panic_nor_stall_and_fall_back_to_the_backoff() {
+    // Under the backoff's first window, as with no floor at all.
+    for value in [
+        "-1", "1e3", "1.", ".5", "0x10", "NaN", "inf", "1500 ms", "1,500", "", "+7",
+    ] {
+        let wait = wait_after(&[("retry-after-ms", value)]).await;
+        assert!(wait <= FIRST_WINDOW, "{value:?}: {wait:?}");
+    }
+    // Fractions round up to the nanosecond.
+    let wait = wait_after(&[("retry-after-ms", "1500.0000001")]).await;
+    assert!(wait > Duration::from_millis(1500), "{wait:?}");
+}
+
+#[tokio::test]
+async fn a_millisecond_floor_past_the_deadline_or_beyond_64_bits_returns_the_answer_at_once() {
+    for value in [
+        "30000",
+        "18446744073709551615",
+        "99999999999999999999999999",
+    ] {
+        for header in ["retry-after-ms", "x-ms-retry-after-ms"] {
+            // With a Retry-After that alone would have been waited for.
+            let server = support::first_then(
+                ResponseTemplate::new(503)
+                    .insert_header(header, value)
+                    .insert_header("retry-after", "1"),
+                1,
+                ResponseTemplate::new(200),
+            )
+            .await;
+            let (client, clock) = client();
+
+            let response = client.get(server.uri()).send().await.unwrap();
+
+            let record = RetryRecord::of(&response).unwrap();
+            assert_eq!(response.status(), 503);
+            assert_eq!(
+                (record.attempts(), record.stop_reason()),
+                (1, StopReason::RetryAfterTooLong),
+                "{header}: {value}"
+            );
+            assert!(clock.sleeps().is_empty(), "{header}: {value}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_503_the_server_marks_not_worth_retrying_is_returned_after_one_attempt() {
+    for name in ["x-should-retry", "stripe-should-retry"] {
+        let server = support::first_then(
+            ResponseTemplate::new(503)
+                .insert_header(name, "false")
+                .set_body_string("deploy rolled back"),
+            1,
+            ResponseTemplate::new(200),
+        )
+        .await;
+        let (client, clock) = client();
+
+        let response = client.get(server.uri()).send().await.unwrap();
+
+        let record = RetryRecord::of(&response).unwrap();
+        assert_eq!(
+            (record.attempts(), record.stop_reason()),
+            (1, StopReason::ServerDeclinedRetry),
+            "{name}"
+        );
+        assert_eq!(server.received_requests().await.unwrap().len(), 1);
+        assert!(clock.sleeps().is_empty());
+        assert_eq!(response.text().await.unwrap(), "deploy rolled back");
+    }
+}
+
+#[tokio::test]
+async fn a_500_the_server_marks_worth_retrying_gets_the_policy_s_attempts_when_safe() {
+    let server =
+        answering(ResponseTemplate::new(500).insert_header("x-should-retry", "true")).await;
+    let (client, clock) = client();
+
+    let get = client.get(server.uri()).send().await.unwrap();
+    let record = RetryRecord::of(&get).unwrap();
+    assert_eq!(
+        (record.attempts(), record.stop_reason()),
+        (3, StopReason::AttemptsExhausted)
+    );
+    assert_eq!(clock.sleeps().len(), 2);
+    assert_eq!(server.received_requests().await.unwrap().len(), 3);
+
+    // An unkeyed POST may have acted: sent once, whatever the server says.
+    let (unkeyed, clock) = unkeyed_client();
+    let post = unkeyed.post(server.uri()).body("x").send().await.unwrap();
+    let record = RetryRecord::of(&post).unwrap();
+    assert_eq!(
+        (record.attempts(), record.stop_reason()),
+        (1, StopReason::NotSafeToRetry)
+    );
+    assert!(clock.sleeps().is_empty());
+    assert_eq!(server.received_requests().await.unwrap().len(), 4);
+}
+
+#[tokio::test]
+async fn with_the_server_s_verdict_turned_off_the_status_alone_decides() {
+    let deaf = RetryPolicy::builder()
+        .attempt_timeout(Duration::from_secs(5))
+        .should_retry_fields(false)
+        .build()
+        .unwrap();
+    let server = support::first_then(
+        ResponseTemplate::new(503).insert_header("x-should-retry", "false"),
+        1,
+        ResponseTemplate::new(500).insert_header("x-should-retry", "true"),
+    )
+    .await;
+    let (client, _clock) = client_with(deaf);
+
+    let response = client.get(server.uri()).send().await.unwrap();
+
+    let record = RetryRecord::of(&response).unwrap();
+    assert_eq!(response.status(), 500);
+    assert_eq!(
+        (record.attempts(), record.stop_reason()),
+        (2, StopReason::NotRetryable)
+    );
+}
+
+#[tokio::test]
+async fn hostile_verdicts_are_ignored_and_the_status_decides() {
+    for value in [
+        "1",
+        "yes",
+        "",
+        "truee",
+        "true, false",
+        "tru\u{e9}",
+        "FALSE true",
+    ] {
+        let server =
+            answering(ResponseTemplate::new(503).insert_header("x-should-retry", value)).await;
+        let (client, _clock) = client();
+        let response = client.get(server.uri()).send().await.unwrap();
+        let record = RetryRecord::of(&response).unwrap();
+        assert_eq!(
+            (record.attempts(), record.stop_reason()),
+            (3, StopReason::AttemptsExhausted),
+            "{value:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_replayed_503_stops_after_one_attempt_with_its_own_reason_and_its_body() {
+    let server = answering(
+        ResponseTemplate::new(503)
+            .insert_header("idempotent-replayed", "true")
+            .insert_header("retry-after", "1")
+            .set_body_string("stored under the key"),
+    )
+    .await;
+    let (client, clock) = client();
+
+    // A keyed POST, as a job re-run with a key whose first run got a 503 sends it.
+    let response = client
+        .post(server.uri())
+        .header("idempotency-key", "job-7")
+        .body("x")
+        .send()
+        .await
+        .unwrap();
+
+    let record = RetryRecord::of(&response).unwrap();
+    assert_eq!(
+        (record.attempts(), record.stop_reason()),
+        (1, StopReason::ReplayedFailure)
+    );
+    assert!(record.replayed());
+    assert!(clock.sleeps().is_empty());
+    assert_eq!(server.received_requests().await.unwrap().len(), 1);
+    assert_eq!(response.status(), 503);
+    assert_eq!(response.text().await.unwrap(), "stored under the key");
+}
+
+#[tokio::test]
+async fn a_503_stored_at_the_first_attempt_and_replayed_at_the_second_ends_there() {
+    let server = support::first_then(
+        ResponseTemplate::new(503),
+        1,
+        ResponseTemplate::new(503).insert_header("idempotent-replayed", "true"),
+    )
+    .await;
+    let (client, clock) = client();
+
+    let response = client.post(server.uri()).body("x").send().await.unwrap();
+
+    let record = RetryRecord::of(&response).unwrap();
+    assert_eq!(
+        (record.attempts(), record.stop_reason()),
+        (2, StopReason::ReplayedFailure)
+    );
+    assert_eq!(clock.sleeps().len(), 1);
+    let keys: Vec<_> = server
+        .received_requests()
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.headers["idempotency-key"].clone())
+        .collect();
+    assert_eq!(keys.len(), 2);
+    assert_eq!(keys[0], keys[1]);
+}
