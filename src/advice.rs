@@ -75,6 +75,9 @@ mod tests {
     use super::*;
     use http::HeaderValue;
 
+    /// Header lines, name and value, in order.
+    type Lines = &'static [(&'static str, &'static [u8])];
+
     fn headers(lines: &[(&'static str, &[u8])]) -> HeaderMap {
         let mut map = HeaderMap::new();
         for (name, value) in lines {
@@ -85,7 +88,7 @@ mod tests {
 
     #[test]
     fn the_verdict_is_true_or_false_in_either_field_and_nothing_else() {
-        let table: &[(&[(&str, &[u8])], Option<bool>)] = &[
+        let table: &[(Lines, Option<bool>)] = &[
             (&[], None),
             (&[("x-should-retry", b"true")], Some(true)),
             (&[("x-should-retry", b"false")], Some(false)),
@@ -141,7 +144,7 @@ mod tests {
 
     #[test]
     fn a_replay_is_marked_true_on_some_line() {
-        let table: &[(&[(&str, &[u8])], bool)] = &[
+        let table: &[(Lines, bool)] = &[
             (&[], false),
             (&[("idempotent-replayed", b"true")], true),
             (&[("idempotent-replayed", b"True")], true),

@@ -510,40 +510,38 @@ mod tests {
     fn the_server_s_verdict_turns_a_failure_final_or_transient_within_the_safety_rule() {
         use StopReason::*;
         let policy = RetryPolicy::default();
-        let (no, yes) = ([("x-should-retry", "false")], [("x-should-retry", "true")]);
-        let stripe_yes = [("stripe-should-retry", "true")];
+        const NO: [(&str, &str); 1] = [("x-should-retry", "false")];
+        const YES: [(&str, &str); 1] = [("x-should-retry", "true")];
+        let (no, yes) = (&NO, &YES);
+        let stripe_yes = &[("stripe-should-retry", "true")];
         let retried = Verdict::Transient(RetryKind::Other, "status");
         let safe = (true, false);
-        let cases: &[(u16, &[(&str, &str)], (bool, bool), Verdict)] = &[
-            (503, &no, safe, Verdict::Final(ServerDeclinedRetry)),
-            (429, &no, safe, Verdict::Final(ServerDeclinedRetry)),
+        type Lines<'a> = &'a [(&'a str, &'a str)];
+        let cases: &[(u16, Lines<'_>, (bool, bool), Verdict)] = &[
+            (503, no, safe, Verdict::Final(ServerDeclinedRetry)),
+            (429, no, safe, Verdict::Final(ServerDeclinedRetry)),
             // Keyed 409 (the original in flight) is the status rule's too.
-            (409, &no, (true, true), Verdict::Final(ServerDeclinedRetry)),
+            (409, no, (true, true), Verdict::Final(ServerDeclinedRetry)),
             // A failure the status would not retry anyway stays not retryable.
-            (500, &no, safe, Verdict::Final(NotRetryable)),
-            (200, &no, safe, Verdict::Final(Succeeded)),
-            (500, &yes, safe, retried),
-            (408, &stripe_yes, safe, retried),
-            (503, &yes, safe, retried),
+            (500, no, safe, Verdict::Final(NotRetryable)),
+            (200, no, safe, Verdict::Final(Succeeded)),
+            (500, yes, safe, retried),
+            (408, stripe_yes, safe, retried),
+            (503, yes, safe, retried),
             (
                 429,
-                &yes,
+                yes,
                 safe,
                 Verdict::Transient(RetryKind::Throttled, "status"),
             ),
             // Never a success, a malformed request or a reused key.
-            (200, &yes, safe, Verdict::Final(Succeeded)),
-            (302, &yes, safe, Verdict::Final(Succeeded)),
-            (400, &yes, safe, Verdict::Final(NotRetryable)),
-            (422, &yes, (true, true), Verdict::Final(NotRetryable)),
+            (200, yes, safe, Verdict::Final(Succeeded)),
+            (302, yes, safe, Verdict::Final(Succeeded)),
+            (400, yes, safe, Verdict::Final(NotRetryable)),
+            (422, yes, (true, true), Verdict::Final(NotRetryable)),
             // Never a request that is not safe to repeat.
-            (500, &yes, (false, false), Verdict::Final(NotSafeToRetry)),
-            (
-                503,
-                &no,
-                (false, false),
-                Verdict::Final(ServerDeclinedRetry),
-            ),
+            (500, yes, (false, false), Verdict::Final(NotSafeToRetry)),
+            (503, no, (false, false), Verdict::Final(ServerDeclinedRetry)),
         ];
         for (status, lines, who, verdict) in cases {
             assert_eq!(
@@ -557,9 +555,9 @@ mod tests {
             .should_retry_fields(false)
             .build()
             .unwrap();
-        assert_eq!(judge_answer(&deaf, 503, &no, safe, None), retried);
+        assert_eq!(judge_answer(&deaf, 503, no, safe, None), retried);
         assert_eq!(
-            judge_answer(&deaf, 500, &yes, safe, None),
+            judge_answer(&deaf, 500, yes, safe, None),
             Verdict::Final(NotRetryable)
         );
     }

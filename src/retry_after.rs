@@ -299,6 +299,9 @@ mod tests {
         assert_eq!(parse_millis(fraction.as_bytes()), ms(2));
     }
 
+    /// Header lines, name and value, in order.
+    type Lines = &'static [(&'static str, &'static str)];
+
     /// Headers with these lines, in order.
     fn headers(lines: &[(&'static str, &str)]) -> HeaderMap {
         let mut map = HeaderMap::new();
@@ -310,7 +313,7 @@ mod tests {
 
     #[test]
     fn milliseconds_come_before_retry_after_in_azure_s_order() {
-        let table: &[(&[(&str, &str)], Option<Duration>)] = &[
+        let table: &[(Lines, Option<Duration>)] = &[
             (&[], None),
             (&[("retry-after", "2")], secs(2)),
             (
@@ -348,7 +351,7 @@ mod tests {
 
     #[test]
     fn a_field_on_several_lines_asks_for_its_largest_valid_value() {
-        let table: &[(&[(&str, &str)], Option<Duration>)] = &[
+        let table: &[(Lines, Option<Duration>)] = &[
             (
                 &[("retry-after-ms", "100"), ("retry-after-ms", "900")],
                 ms(900),

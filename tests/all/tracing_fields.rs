@@ -549,12 +549,24 @@ async fn a_replayed_or_declined_failure_is_a_give_up_with_its_own_reason() {
         let events = mine(&capture.events)[before..].to_vec();
         let seen: Vec<_> = events
             .iter()
-            .map(|e| (e.level, e.name.as_str(), e.field("decision"), e.field("reason")))
+            .map(|e| {
+                (
+                    e.level,
+                    e.name.as_str(),
+                    e.field("decision"),
+                    e.field("reason"),
+                )
+            })
             .collect();
         assert_eq!(
             seen,
             [
-                (tracing::Level::DEBUG, "attempt finished", Some(reason), None),
+                (
+                    tracing::Level::DEBUG,
+                    "attempt finished",
+                    Some(reason),
+                    None
+                ),
                 (tracing::Level::WARN, "retrying stopped", None, Some(reason)),
             ],
             "{name}: {value}"
