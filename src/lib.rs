@@ -38,6 +38,13 @@
 //!   400 and 422 included, is final and returned as it is.
 //!   [`RetryPolicyBuilder::also_retry_statuses`] adds to the set;
 //!   [`RetryPolicyBuilder::retryable_statuses`] replaces it.
+//! - **What the server says of its answer**: `x-should-retry: false` (or Stripe's
+//!   `stripe-should-retry`) makes a failure final, a 503 included
+//!   ([`StopReason::ServerDeclinedRetry`]); `true` makes a failure transient, a 500 or 408
+//!   included (not a 400 or 422). An answer the server replayed under the request's key
+//!   (`Idempotent-Replayed: true`) ends the retrying at once ([`StopReason::ReplayedFailure`]):
+//!   every further attempt with the key would get the same answer.
+//!   [`RetryPolicyBuilder::should_retry_fields`] turns the verdict off.
 //! - **Your own rules**: a classifier closure on a dependency
 //!   ([`Dependency::with_classifier`]) sees each [`Attempt`]'s request and outcome and says
 //!   whether it is transient, wider or narrower than the rules above, which it can delegate to.
@@ -60,6 +67,12 @@
 //! off. The [`RetryRecord`] or [`RetryError`] of a request tells which key it used, and whether
 //! the server answered with a replay (`Idempotent-Replayed: true`).
 //!
+//! A stamped key lives as long as one call to `send()`. A job that may be sent again from
+//! outside it (re-run after its process crashed, a queue redelivering its message) carries a
+//! [`NaturalKey`] in its extensions instead (`.with_extension(NaturalKey::new("order-42/charge"))`):
+//! its key is then derived from it (a name-based UUID in the configured form), the same on
+//! every run, so the server performs the effect once however often the job runs.
+//!
 //! A key only helps if the server dedupes on it. The [`IdempotencyKeys`] docs say when to supply
 //! your own key (a natural one, such as an order id) and what the server must do for the
 //! exactly-once guarantee to hold.
@@ -69,7 +82,8 @@
 //! - **Backoff**: capped full jitter, a wait drawn from `[0, min(max_delay, base_delay * 2^retry)]`
 //!   [base 100 ms, cap 10 s]; [`Jitter`] has the others (equal, decorrelated, none).
 //! - **`Retry-After`** on a retryable response, in seconds or as an HTTP-date (read against the
-//!   clock's wall time), is a floor: the next attempt never starts earlier than the server asked.
+//!   clock's wall time), is a floor; so are the millisecond fields `retry-after-ms` and Azure's
+//!   `x-ms-retry-after-ms`, read before it in that order, as Azure's SDK reads them: the next attempt never starts earlier than the server asked.
 //!   The backoff draw is added above it, so clients that got the same header do not return as
 //!   one herd. A server asking for more than [`RetryPolicyBuilder::max_retry_after`] [the
 //!   deadline], or for more than the deadline leaves, gets its response returned at once; so does
@@ -130,6 +144,14 @@
 //! into errors of its own: a dependency that fails for other reasons than load (a bad deploy
 //! answering 503 to everything) gets fewer attempts too, and a client with little traffic learns
 //! slowly. It costs a lock and two updates of the window per attempt.
+//!
+//! # Telling the server which attempt it is answering (opt-in)
+//!
+//! [`Dependency::with_attempt_header`] sends the attempt's number (`1`, `2`, `3`) on every
+//! attempt, and [`Dependency::with_deadline_header`] the whole milliseconds left before the
+//! request's deadline, under names of your choice (`x-envoy-attempt-count`,
+//! `x-envoy-expected-rq-timeout-ms`...): a server can then count retries, turn them away first
+//! when it is overloaded, and drop work the client will have given up on.
 //!
 //! # Per dependency, per request
 //!
