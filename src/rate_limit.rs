@@ -118,12 +118,12 @@ fn split_outside_quotes(text: &str, sep: char) -> impl Iterator<Item = &str> {
     cuts.into_iter()
 }
 
-/// What a response says of the quota, if it says anything: nothing when it has a `Retry-After`,
-/// which takes precedence. Field lines are one list (RFC 9110 section 5.3): every line is read.
+/// What a response says of the quota, if it says anything: nothing when it has a `Retry-After`
+/// (or a millisecond one), which takes precedence. Field lines are one list (RFC 9110 section 5.3): every line is read.
 pub(crate) fn of_response(headers: &HeaderMap) -> Option<Quota> {
     // Most answers have no RateLimit field: one lookup for them.
     let first = headers.get(RATE_LIMIT)?;
-    if headers.contains_key(http::header::RETRY_AFTER) {
+    if crate::retry_after::is_asked(headers) {
         return None;
     }
     let mut lines = headers.get_all(RATE_LIMIT).iter();
@@ -382,8 +382,11 @@ mod tests {
         let mut headers = HeaderMap::new();
         headers.insert("ratelimit", r#""default";r=0;t=12"#.parse().unwrap());
         assert_eq!(of_response(&headers), secs(12));
-        headers.insert(http::header::RETRY_AFTER, "3".parse().unwrap());
-        assert_eq!(of_response(&headers), None);
+        for name in ["retry-after", "retry-after-ms", "x-ms-retry-after-ms"] {
+            let mut asked = headers.clone();
+            asked.insert(name, "3".parse().unwrap());
+            assert_eq!(of_response(&asked), None, "{name}");
+        }
     }
 
     fn origin(url: &str) -> Origin {

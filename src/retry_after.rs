@@ -52,6 +52,14 @@ pub(crate) fn floor(headers: &HeaderMap, wall_now: SystemTime) -> Option<Duratio
         })
 }
 
+/// Whether the answer asks for a wait in any of the three fields, valid or not: a `RateLimit`
+/// field beside it then says nothing (the server's explicit wait takes precedence).
+pub(crate) fn is_asked(headers: &HeaderMap) -> bool {
+    headers.contains_key(http::header::RETRY_AFTER)
+        || headers.contains_key(RETRY_AFTER_MS)
+        || headers.contains_key(X_MS_RETRY_AFTER_MS)
+}
+
 /// The largest valid value of the field `name` over its lines.
 fn largest(
     headers: &HeaderMap,

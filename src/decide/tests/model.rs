@@ -1,7 +1,7 @@
 //! Model-based test of the decision core: random scripts (policies, budgets, outcomes,
-//! `Retry-After` values, `RateLimit` fields from two origins, attempt durations, oversleeping
-//! clocks, an adaptive throttle, cancellations at random points: during a hold, an attempt or a
-//! wait) run through the real [`Decider`] and through a small reference model of the contract
+//! `Retry-After` values in seconds and milliseconds, `RateLimit` fields from two origins, attempt
+//! durations, oversleeping clocks, an adaptive throttle, cancellations at random points: during
+//! a hold, an attempt or a wait) run through the real [`Decider`] and through a small reference model of the contract
 //! written from `DESIGN.md`, and every difference, or a broken invariant, fails with the seed
 //! that found it and the number of scripts.
 //!
@@ -73,6 +73,9 @@ struct Step {
     takes: Duration,
     /// `Retry-After` in seconds, or garbage.
     retry_after: Option<Result<u64, &'static str>>,
+    /// `retry-after-ms` (or Azure's `x-ms-retry-after-ms`, when `true`) in milliseconds, or
+    /// garbage: read before `Retry-After`.
+    retry_after_ms: Option<(Result<u64, &'static str>, bool)>,
     /// A `RateLimit` field on the answer: remaining, and seconds to the reset.
     rate_limit: Option<(u64, u64)>,
     /// A `RateLimit` field (remaining, reset) that another request to the same origin got
@@ -175,6 +178,11 @@ fn script(seed: u64) -> Script {
                         2 => Some(Err(["-1", "soon", "1.5", ""][g.upto(3) as usize])),
                         _ => None,
                     },
+                    retry_after_ms: match g.upto(9) {
+                        0..=1 => Some((Ok(g.upto(40_000)), g.chance(50))),
+                        2 => Some((Err(["-1", "1e3", "1.", "soon"][g.upto(3) as usize]), false)),
+                        _ => None,
+                    },
                     rate_limit: match g.upto(9) {
                         // Spent: soon, past the belief, a day away, or with nothing to wait for.
                         0..=2 => Some((0, g.upto(20))),
@@ -271,6 +279,16 @@ struct Run {
     quota: [Option<Duration>; 2],
 }
 
+/// The floor a step's answer asks for: its valid millisecond field, else its valid
+/// `Retry-After`.
+fn asked_floor(step: &Step) -> Option<Duration> {
+    let millis = step.retry_after_ms.and_then(|(v, _)| v.ok());
+    let secs = step.retry_after.and_then(Result::ok);
+    millis
+        .map(Duration::from_millis)
+        .or(secs.map(Duration::from_secs))
+}
+
 /// The headers of a step's answer.
 fn headers(step: &Step) -> HeaderMap {
     let mut headers = HeaderMap::new();
@@ -280,6 +298,18 @@ fn headers(step: &Step) -> HeaderMap {
             Err(garbage) => HeaderValue::from_static(garbage),
         };
         headers.insert(http::header::RETRY_AFTER, value);
+    }
+    if let Some((v, azure)) = step.retry_after_ms {
+        let value = match v {
+            Ok(ms) => HeaderValue::from_str(&ms.to_string()).unwrap(),
+            Err(garbage) => HeaderValue::from_static(garbage),
+        };
+        let name = if azure {
+            "x-ms-retry-after-ms"
+        } else {
+            "retry-after-ms"
+        };
+        headers.insert(name, value);
     }
     if let Some((r, t)) = step.rate_limit {
         let value = format!("\"q\";r={r};t={t}");
@@ -643,8 +673,10 @@ fn model(s: &Script) -> Run {
                         w.quota[o] = None;
                     }
                 }
-                // A Retry-After on the same answer takes precedence over the field.
-                if let Some(said) = step.rate_limit.filter(|_| step.retry_after.is_none()) {
+                // A Retry-After (in seconds or milliseconds) on the same answer takes precedence
+                // over the field.
+                let asked = step.retry_after.is_some() || step.retry_after_ms.is_some();
+                if let Some(said) = step.rate_limit.filter(|_| !asked) {
                     w.said(o, said, now);
                 }
             }
@@ -672,11 +704,7 @@ fn model(s: &Script) -> Run {
             } else if left.is_zero() {
                 StopReason::DeadlineReached
             } else {
-                let retry_after = step
-                    .retry_after
-                    .filter(|_| answered)
-                    .and_then(Result::ok)
-                    .map(Duration::from_secs);
+                let retry_after = asked_floor(step).filter(|_| answered);
                 let quota = if s.rate_limit_fields {
                     w.hold(o, now)
                 } else {
@@ -782,8 +810,8 @@ fn check_invariants(s: &Script, run: &Run) -> Result<(), String> {
                 if previous + took + wait >= s.deadline {
                     return Err(format!("wait {i} ends at or past the deadline"));
                 }
-                let floor = match (step.retry_after, step.takes > trace.attempts[i - 1].1) {
-                    (Some(Ok(secs)), false) => Duration::from_secs(secs),
+                let floor = match (asked_floor(step), step.takes > trace.attempts[i - 1].1) {
+                    (Some(floor), false) => floor,
                     _ => Duration::ZERO,
                 };
                 if start < previous + took + floor {
