@@ -5,8 +5,7 @@ use std::time::Duration;
 
 use reqwest_middleware::{ClientBuilder, ClientWithMiddleware};
 use reqwest_safe_retry::{
-    Dependency, FakeClock, RetryMiddleware, RetryOverride, RetryPolicy, RetryRecord, SeededRng,
-    StopReason,
+    Dependency, FakeClock, RetryMiddleware, RetryOverride, RetryPolicy, SeededRng, StopReason,
 };
 
 use crate::support;
@@ -56,9 +55,8 @@ async fn the_attempt_header_reads_1_2_3_and_the_deadline_header_the_milliseconds
         .await
         .unwrap();
 
-    let record = RetryRecord::of(&response).unwrap();
     assert_eq!(
-        (record.attempts(), record.stop_reason()),
+        support::ended(&response),
         (3, StopReason::AttemptsExhausted)
     );
     let attempts = values(&server, "x-attempt").await;

@@ -102,10 +102,9 @@ async fn a_millisecond_floor_past_the_deadline_or_beyond_64_bits_returns_the_ans
 
             let response = client.get(server.uri()).send().await.unwrap();
 
-            let record = RetryRecord::of(&response).unwrap();
             assert_eq!(response.status(), 503);
             assert_eq!(
-                (record.attempts(), record.stop_reason()),
+                support::ended(&response),
                 (1, StopReason::RetryAfterTooLong),
                 "{header}: {value}"
             );
@@ -129,9 +128,8 @@ async fn a_503_the_server_marks_not_worth_retrying_is_returned_after_one_attempt
 
         let response = client.get(server.uri()).send().await.unwrap();
 
-        let record = RetryRecord::of(&response).unwrap();
         assert_eq!(
-            (record.attempts(), record.stop_reason()),
+            support::ended(&response),
             (1, StopReason::ServerDeclinedRetry),
             "{name}"
         );
@@ -148,22 +146,14 @@ async fn a_500_the_server_marks_worth_retrying_gets_the_policy_s_attempts_when_s
     let (client, clock) = client();
 
     let get = client.get(server.uri()).send().await.unwrap();
-    let record = RetryRecord::of(&get).unwrap();
-    assert_eq!(
-        (record.attempts(), record.stop_reason()),
-        (3, StopReason::AttemptsExhausted)
-    );
+    assert_eq!(support::ended(&get), (3, StopReason::AttemptsExhausted));
     assert_eq!(clock.sleeps().len(), 2);
     assert_eq!(server.received_requests().await.unwrap().len(), 3);
 
     // An unkeyed POST may have acted: sent once, whatever the server says.
     let (unkeyed, clock) = unkeyed_client();
     let post = unkeyed.post(server.uri()).body("x").send().await.unwrap();
-    let record = RetryRecord::of(&post).unwrap();
-    assert_eq!(
-        (record.attempts(), record.stop_reason()),
-        (1, StopReason::NotSafeToRetry)
-    );
+    assert_eq!(support::ended(&post), (1, StopReason::NotSafeToRetry));
     assert!(clock.sleeps().is_empty());
     assert_eq!(server.received_requests().await.unwrap().len(), 4);
 }
@@ -185,12 +175,8 @@ async fn with_the_server_s_verdict_turned_off_the_status_alone_decides() {
 
     let response = client.get(server.uri()).send().await.unwrap();
 
-    let record = RetryRecord::of(&response).unwrap();
     assert_eq!(response.status(), 500);
-    assert_eq!(
-        (record.attempts(), record.stop_reason()),
-        (2, StopReason::NotRetryable)
-    );
+    assert_eq!(support::ended(&response), (2, StopReason::NotRetryable));
 }
 
 #[tokio::test]
@@ -208,9 +194,8 @@ async fn hostile_verdicts_are_ignored_and_the_status_decides() {
             answering(ResponseTemplate::new(503).insert_header("x-should-retry", value)).await;
         let (client, _clock) = client();
         let response = client.get(server.uri()).send().await.unwrap();
-        let record = RetryRecord::of(&response).unwrap();
         assert_eq!(
-            (record.attempts(), record.stop_reason()),
+            support::ended(&response),
             (3, StopReason::AttemptsExhausted),
             "{value:?}"
         );
@@ -237,12 +222,8 @@ async fn a_replayed_503_stops_after_one_attempt_with_its_own_reason_and_its_body
         .await
         .unwrap();
 
-    let record = RetryRecord::of(&response).unwrap();
-    assert_eq!(
-        (record.attempts(), record.stop_reason()),
-        (1, StopReason::ReplayedFailure)
-    );
-    assert!(record.replayed());
+    assert_eq!(support::ended(&response), (1, StopReason::ReplayedFailure));
+    assert!(RetryRecord::of(&response).unwrap().replayed());
     assert!(clock.sleeps().is_empty());
     assert_eq!(server.received_requests().await.unwrap().len(), 1);
     assert_eq!(response.status(), 503);
@@ -261,11 +242,7 @@ async fn a_503_stored_at_the_first_attempt_and_replayed_at_the_second_ends_there
 
     let response = client.post(server.uri()).body("x").send().await.unwrap();
 
-    let record = RetryRecord::of(&response).unwrap();
-    assert_eq!(
-        (record.attempts(), record.stop_reason()),
-        (2, StopReason::ReplayedFailure)
-    );
+    assert_eq!(support::ended(&response), (2, StopReason::ReplayedFailure));
     assert_eq!(clock.sleeps().len(), 1);
     let keys: Vec<_> = server
         .received_requests()

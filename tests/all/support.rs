@@ -297,6 +297,12 @@ pub async fn refused_url() -> String {
     format!("http://127.0.0.1:{}/", refused_port().await)
 }
 
+/// How a logical request that ended in `response` ended: its attempts and its stop reason.
+pub fn ended(response: &reqwest::Response) -> (u32, reqwest_safe_retry::StopReason) {
+    let record = reqwest_safe_retry::RetryRecord::of(response).expect("a record");
+    (record.attempts(), record.stop_reason())
+}
+
 /// A wiremock server on 127.0.0.1 that answers every request with `code`.
 pub async fn always(code: u16) -> MockServer {
     first_then(ResponseTemplate::new(code), 0, ResponseTemplate::new(code)).await
