@@ -64,6 +64,7 @@ use reqwest::Url;
 use crate::budget::{RetryBudget, RetryKind};
 use crate::classify::Verdict;
 use crate::error::StopReason;
+use crate::latency::LatencyWindow;
 use crate::observe::{Count, MetricKeys, RetryCounters};
 use crate::policy::RetryPolicy;
 use crate::rate_limit::{self, Gate, Origin, ProbeTicket, QuotaState};
@@ -84,6 +85,8 @@ pub(crate) struct Accounts<'a> {
     pub(crate) metric_keys: &'a MetricKeys,
     pub(crate) throttle: Option<&'a AdaptiveThrottle>,
     pub(crate) quota: &'a QuotaState,
+    /// The latency window, when the policy measures it.
+    pub(crate) latency: Option<&'a LatencyWindow>,
 }
 
 /// The dependency's answer to an attempt: what the core reads of it.
@@ -104,6 +107,8 @@ pub(crate) struct Observed<'a> {
     pub(crate) answer: Option<Answer<'a>>,
     /// Where a copy of the request would go, when one is at hand for another attempt.
     pub(crate) resend: Option<&'a Url>,
+    /// The attempt timed out (the policy's attempt timeout, or reqwest's).
+    pub(crate) timed_out: bool,
 }
 
 impl<'a> Observed<'a> {
@@ -120,10 +125,17 @@ impl<'a> Observed<'a> {
             headers: r.headers(),
             url: r.url(),
         });
+        let timed_out = match outcome {
+            Ok(_) => false,
+            Err(err) => {
+                crate::classify::transport_fault(err) == Some(crate::classify::Fault::Timeout)
+            }
+        };
         Observed {
             verdict,
             answer,
             resend,
+            timed_out,
         }
     }
 }
@@ -177,6 +189,11 @@ pub(crate) struct Decider<'a> {
     /// The last backoff drawn (without a floor), for decorrelated jitter.
     last_backoff: Option<Duration>,
     pending: Option<Pending>,
+    /// When the last attempt was allowed to go, and its time limit.
+    sent_at: Instant,
+    last_limit: Duration,
+    /// The last attempt timed out: the next one gets twice its limit.
+    last_timed_out: bool,
 }
 
 impl<'a> Decider<'a> {
@@ -211,6 +228,9 @@ impl<'a> Decider<'a> {
             floor: None,
             last_backoff: None,
             pending: None,
+            sent_at: now,
+            last_limit: Duration::ZERO,
+            last_timed_out: false,
         }
     }
 
@@ -313,7 +333,40 @@ impl<'a> Decider<'a> {
             }
             self.admitted = Some(now);
         }
-        Next::Send(self.policy.attempt_timeout().min(remaining))
+        let limit = self.attempt_timeout(now).min(remaining);
+        self.sent_at = now;
+        self.last_limit = limit;
+        Next::Send(limit)
+    }
+
+    /// The next attempt's timeout before the deadline cuts it: the policy's, or one from the
+    /// measured latency; after a timeout, twice the last attempt's limit, up to the policy's.
+    fn attempt_timeout(&self, now: Instant) -> Duration {
+        let fixed = self.policy.attempt_timeout();
+        let Some(window) = self.accounts.latency else {
+            return fixed;
+        };
+        let timeout = self.policy.timeout_for(window.percentiles(now).slow);
+        if self.last_timed_out {
+            return timeout.max(self.last_limit.saturating_mul(2)).min(fixed);
+        }
+        timeout
+    }
+
+    /// What the attempt that just ended at `now` says of the dependency's latency: an answer's
+    /// time (unless its status is retried: a fast failure), or a timeout.
+    fn measure(&mut self, observed: &Observed<'_>, now: Instant) {
+        self.last_timed_out = observed.timed_out;
+        let Some(window) = self.accounts.latency else {
+            return;
+        };
+        if observed.timed_out {
+            window.timed_out(now);
+        } else if let Some(answer) = observed.answer {
+            if !self.policy.is_retryable_status(answer.status) {
+                window.answered(now.saturating_duration_since(self.sent_at), now);
+            }
+        }
     }
 
     /// Stops before an attempt: gives back what no attempt will use, counts a deadline stop.
@@ -352,6 +405,10 @@ impl<'a> Decider<'a> {
         let Verdict::Final(stop) = observed.verdict else {
             return None;
         };
+        if self.accounts.latency.is_some() {
+            // The answer's time is measured.
+            return None;
+        }
         let throttle = match (
             self.accounts.throttle,
             self.admitted.filter(|_| self.on_wire),
@@ -393,6 +450,7 @@ impl<'a> Decider<'a> {
         wall: SystemTime,
         rng: &dyn RandomSource,
     ) -> Wait {
+        self.measure(&observed, now);
         if let (Some(throttle), Some(admitted)) = (self.accounts.throttle, self.off_the_wire()) {
             let at = if self.counted_at_admission(throttle) {
                 admitted

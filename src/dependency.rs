@@ -16,6 +16,7 @@ use crate::classifier::{Attempt, Classifier, Retryable};
 use crate::decide::Accounts;
 use crate::error::InvalidConfig;
 use crate::idempotency::IdempotencyKeys;
+use crate::latency::LatencyWindow;
 use crate::observe::{CounterSnapshot, MetricKeys, RetryCounters};
 use crate::policy::RetryPolicy;
 use crate::rate_limit::QuotaState;
@@ -69,6 +70,8 @@ pub struct Dependency {
     pub(crate) quota: Arc<QuotaState>,
     /// The attempt number and time-left headers, if any are sent.
     pub(crate) attempt_headers: AttemptHeaders,
+    /// What the dependency's attempts take, when its policy measures it; clones share it.
+    pub(crate) latency: Option<Arc<LatencyWindow>>,
 }
 
 impl From<RetryPolicy> for Dependency {
@@ -95,6 +98,10 @@ impl Dependency {
             keys: Some(IdempotencyKeys::default()),
             quota: Arc::default(),
             attempt_headers: AttemptHeaders::default(),
+            latency: policy.measures_latency().then(|| {
+                let extra_load = policy.hedge_reads().map_or(0.05, |(load, _)| load);
+                Arc::new(LatencyWindow::new(extra_load))
+            }),
         }
     }
 
@@ -253,6 +260,7 @@ impl Dependency {
             metric_keys: &self.metric_keys,
             throttle: self.throttle.as_ref(),
             quota: &self.quota,
+            latency: self.latency.as_deref(),
         }
     }
 }

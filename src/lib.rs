@@ -372,6 +372,7 @@ mod error;
 #[cfg(feature = "test-util")]
 mod fake_clock;
 mod idempotency;
+mod latency;
 mod middleware;
 mod observe;
 mod policy;

@@ -45,6 +45,24 @@ pub struct RetryPolicy {
     should_retry_fields: bool,
     statuses: StatusSet,
     buffer_body: Option<usize>,
+    latency_timeout: Option<LatencyTimeout>,
+    hedging: Option<Hedging>,
+}
+
+/// The attempt timeout from measured latency: `multiplier x p99.9`, never below `floor`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct LatencyTimeout {
+    /// The multiplier in thousandths (`Eq` for the policy; 2.0 is 2,000).
+    multiplier_milli: u32,
+    floor: Duration,
+}
+
+/// Hedged reads: a second copy after `p(1 - extra_load)`, at most `max_delay`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Hedging {
+    /// The extra load in millionths (5 % is 50,000).
+    extra_load_ppm: u32,
+    max_delay: Duration,
 }
 
 impl RetryPolicy {
@@ -108,6 +126,38 @@ impl RetryPolicy {
         self.should_retry_fields
     }
 
+    /// The attempt timeout from measured latency, if on: its multiplier of the p99.9 and its
+    /// floor; see [`RetryPolicyBuilder::timeout_from_latency`].
+    pub fn timeout_from_latency(&self) -> Option<(f64, Duration)> {
+        self.latency_timeout
+            .map(|t| (f64::from(t.multiplier_milli) / 1_000.0, t.floor))
+    }
+
+    /// Hedged reads, if on: the extra load they may add and the longest delay before the
+    /// hedge; see [`RetryPolicyBuilder::hedge_reads`].
+    pub fn hedge_reads(&self) -> Option<(f64, Duration)> {
+        self.hedging
+            .map(|h| (f64::from(h.extra_load_ppm) / 1_000_000.0, h.max_delay))
+    }
+
+    /// Whether this policy measures its dependency's latency (for its timeouts or its hedges).
+    pub(crate) fn measures_latency(&self) -> bool {
+        self.latency_timeout.is_some() || self.hedging.is_some()
+    }
+
+    /// The attempt timeout for a window whose p99.9 is `slow` (if it is believed): the
+    /// multiplier of it, between the floor and the fixed attempt timeout; the fixed one when
+    /// off or not believed.
+    pub(crate) fn timeout_for(&self, slow: Option<Duration>) -> Duration {
+        match (self.latency_timeout, slow) {
+            (Some(t), Some(slow)) => {
+                let measured = slow.saturating_mul(t.multiplier_milli) / 1_000;
+                measured.max(t.floor).min(self.attempt_timeout)
+            }
+            _ => self.attempt_timeout,
+        }
+    }
+
     /// Whether a response with this status is a transient failure worth retrying.
     pub fn is_retryable_status(&self, status: StatusCode) -> bool {
         self.statuses.contains(status.as_u16())
@@ -147,6 +197,8 @@ impl RetryPolicy {
             retry_after_jitter: self.retry_after_jitter,
             rate_limit_fields: self.rate_limit_fields,
             should_retry_fields: self.should_retry_fields,
+            latency_timeout: self.timeout_from_latency(),
+            hedging: self.hedge_reads(),
             statuses: (400..=599).filter(|c| self.statuses.contains(*c)).collect(),
             buffer_body: self.buffer_body,
         }
@@ -177,6 +229,8 @@ impl fmt::Debug for RetryPolicy {
             .field("should_retry_fields", &self.should_retry_fields)
             .field("retryable_statuses", &self.statuses)
             .field("buffer_body", &self.buffer_body)
+            .field("timeout_from_latency", &self.timeout_from_latency())
+            .field("hedge_reads", &self.hedge_reads())
             .finish()
     }
 }
@@ -199,6 +253,8 @@ impl fmt::Debug for RetryPolicy {
 /// | [`should_retry_fields`](Self::should_retry_fields) | on |
 /// | [`retryable_statuses`](Self::retryable_statuses) | 429, 502, 503, 504 |
 /// | [`buffer_body`](Self::buffer_body) | off |
+/// | [`timeout_from_latency`](Self::timeout_from_latency) | off (when on: 2 x p99.9) |
+/// | [`hedge_reads`](Self::hedge_reads) | off (when on: after the p95, 5 % extra load) |
 #[derive(Debug, Clone)]
 pub struct RetryPolicyBuilder {
     max_attempts: u32,
@@ -214,6 +270,10 @@ pub struct RetryPolicyBuilder {
     should_retry_fields: bool,
     statuses: Vec<u16>,
     buffer_body: Option<usize>,
+    /// `(multiplier, floor)`.
+    latency_timeout: Option<(f64, Duration)>,
+    /// `(extra_load, max_delay)`.
+    hedging: Option<(f64, Duration)>,
 }
 
 impl RetryPolicyBuilder {
@@ -231,6 +291,8 @@ impl RetryPolicyBuilder {
             should_retry_fields: true,
             statuses: vec![429, 502, 503, 504],
             buffer_body: None,
+            latency_timeout: None,
+            hedging: None,
         }
     }
 
@@ -401,6 +463,70 @@ impl RetryPolicyBuilder {
         self
     }
 
+    /// Takes each attempt's timeout from the dependency's measured latency: `multiplier` times
+    /// the p99.9 of its recent answers (2 is a good start), never below `floor`, never above the
+    /// fixed [`attempt_timeout`](Self::attempt_timeout), which also serves until enough is
+    /// measured. Off by default.
+    ///
+    /// Turn it on for a dependency that answers much faster than its fixed timeout: an attempt
+    /// stuck on a dead connection is then cut after a few times its usual latency, not after the
+    /// fixed 10 s, and retried. A retry after a timeout gets twice the last attempt's timeout
+    /// (up to the fixed one), so a brownout that slows every answer is let through while the
+    /// measurement catches up.
+    ///
+    /// What is measured, per dependency over the last 30 s: the latency of every answer whose
+    /// status the policy does not retry (fast failures would drag the percentile down).
+    /// Timeouts are counted apart: they bring the next reading forward, and when more than 5 %
+    /// of the window's attempts time out the fixed timeout serves again. The window needs 100
+    /// answers to be used. It costs a reading of the clock per attempt and two atomic additions
+    /// per answer.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use reqwest_safe_retry::RetryPolicy;
+    ///
+    /// let policy = RetryPolicy::builder()
+    ///     .timeout_from_latency(2.0, Duration::from_millis(50))
+    ///     .build()?;
+    /// assert_eq!(policy.timeout_from_latency(), Some((2.0, Duration::from_millis(50))));
+    /// # Ok::<(), reqwest_safe_retry::InvalidConfig>(())
+    /// ```
+    pub fn timeout_from_latency(mut self, multiplier: f64, floor: Duration) -> Self {
+        self.latency_timeout = Some((multiplier, floor));
+        self
+    }
+
+    /// Hedges reads: when a GET, HEAD or OPTIONS request without an idempotency key has waited
+    /// longer than the `1 - extra_load` percentile of its dependency's recent answers (the p95
+    /// for 0.05), and at most `max_delay`, a second copy is sent; the first answer wins and the
+    /// other copy is cancelled. Off by default.
+    ///
+    /// Turn it on for reads whose tail latency matters (a page that waits on many of them): a
+    /// dependency that answers 1 % of attempts a hundred times slower than the rest then costs
+    /// its callers a little more than the p95, for about `extra_load` more requests. A hedge
+    /// draws from the dependency's retry budget like a retry, so hedges and retries together
+    /// stay under one extra-load ceiling; the throttle, a spent quota and the deadline apply to
+    /// it. When one copy fails transiently while the other is still out, the request waits for
+    /// the other before it retries. Never a keyed or streaming request, nor another method: a
+    /// second copy of a write is a second write. The latency is measured as for
+    /// [`timeout_from_latency`](Self::timeout_from_latency); nothing is hedged until 100
+    /// answers are measured.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use reqwest_safe_retry::RetryPolicy;
+    ///
+    /// let policy = RetryPolicy::builder()
+    ///     .hedge_reads(0.05, Duration::from_millis(100))
+    ///     .build()?;
+    /// assert_eq!(policy.hedge_reads(), Some((0.05, Duration::from_millis(100))));
+    /// # Ok::<(), reqwest_safe_retry::InvalidConfig>(())
+    /// ```
+    pub fn hedge_reads(mut self, extra_load: f64, max_delay: Duration) -> Self {
+        self.hedging = Some((extra_load, max_delay));
+        self
+    }
+
     /// Validates the settings and builds the policy.
     ///
     /// # Errors
@@ -408,7 +534,9 @@ impl RetryPolicyBuilder {
     /// [`InvalidConfig`], with a message that names the setting to change, when `max_attempts`
     /// is 0, `max_delay` is below `base_delay`, `base_delay` is not below the deadline,
     /// `attempt_timeout` or `deadline` is under a millisecond, `max_retry_after` exceeds the
-    /// deadline, or a retryable status is not a failure (outside 400-599).
+    /// deadline, a retryable status is not a failure (outside 400-599), the latency timeout's
+    /// multiplier is not from 1 to 1,000 or its floor is zero or above the attempt timeout, or
+    /// the hedges' extra load is not above 0 and at most 0.5 or their delay is zero.
     pub fn build(self) -> Result<RetryPolicy, InvalidConfig> {
         self.checked()
     }
@@ -479,6 +607,11 @@ impl RetryPolicyBuilder {
             }
             statuses.insert(code);
         }
+        let latency_timeout = self
+            .latency_timeout
+            .map(|t| self.checked_latency_timeout(t))
+            .transpose()?;
+        let hedging = self.hedging.map(checked_hedging).transpose()?;
         Ok(RetryPolicy {
             max_attempts: self.max_attempts,
             base_delay: self.base_delay,
@@ -492,8 +625,63 @@ impl RetryPolicyBuilder {
             should_retry_fields: self.should_retry_fields,
             statuses,
             buffer_body: self.buffer_body,
+            latency_timeout,
+            hedging,
         })
     }
+
+    fn checked_latency_timeout(
+        &self,
+        (multiplier, floor): (f64, Duration),
+    ) -> Result<LatencyTimeout, InvalidConfig> {
+        if !(1.0..=1_000.0).contains(&multiplier) {
+            return Err(InvalidConfig::new(
+                POLICY,
+                format!(
+                    "timeout_from_latency's multiplier ({multiplier}) must be from 1 to 1000: \
+                     below 1 most attempts of a steady dependency would time out (2 is usual)"
+                ),
+            ));
+        }
+        if floor.is_zero() || floor > self.attempt_timeout {
+            return Err(InvalidConfig::new(
+                POLICY,
+                format!(
+                    "timeout_from_latency's floor ({floor:?}) must be above zero and at most the \
+                     attempt_timeout ({:?}), which caps the measured timeout",
+                    self.attempt_timeout
+                ),
+            ));
+        }
+        Ok(LatencyTimeout {
+            multiplier_milli: (multiplier * 1_000.0).round() as u32,
+            floor,
+        })
+    }
+}
+
+fn checked_hedging((extra_load, max_delay): (f64, Duration)) -> Result<Hedging, InvalidConfig> {
+    if !(extra_load > 0.0 && extra_load <= 0.5) {
+        return Err(InvalidConfig::new(
+            POLICY,
+            format!(
+                "hedge_reads' extra load ({extra_load}) must be above 0 and at most 0.5: it is \
+                 the share of requests that get a second copy (0.05 is usual)"
+            ),
+        ));
+    }
+    if max_delay.is_zero() {
+        return Err(InvalidConfig::new(
+            POLICY,
+            "hedge_reads' max_delay must be above zero, or every read would be sent twice at \
+             once"
+                .into(),
+        ));
+    }
+    Ok(Hedging {
+        extra_load_ppm: (extra_load * 1_000_000.0).round() as u32,
+        max_delay,
+    })
 }
 
 impl Default for RetryPolicyBuilder {
@@ -565,7 +753,7 @@ mod tests {
              attempt_timeout: 10s, deadline: 30s, max_retry_after: 30s, \
              retry_after_jitter: true, rate_limit_fields: true, should_retry_fields: true, \
              retryable_statuses: {429, 502, 503, 504}, \
-             buffer_body: Some(1024) }"
+             buffer_body: Some(1024), timeout_from_latency: None, hedge_reads: None }"
         );
     }
 

@@ -129,6 +129,7 @@ impl Setup {
             metric_keys: &self.keys,
             throttle: self.throttle.as_ref(),
             quota: &self.quota,
+            latency: None,
         }
     }
 
@@ -146,6 +147,7 @@ pub(super) fn transient() -> Observed<'static> {
         verdict: Verdict::Transient(RetryKind::Other, "status"),
         answer: Some(answer(503, &NO_HEADERS)),
         resend: Some(&URL),
+        timed_out: false,
     }
 }
 
@@ -170,6 +172,7 @@ pub(super) fn final_(stop: StopReason, answered: bool) -> Observed<'static> {
         verdict: Verdict::Final(stop),
         answer: answered.then(|| answer(200, &NO_HEADERS)),
         resend: Some(&URL),
+        timed_out: false,
     }
 }
 

@@ -11,6 +11,7 @@ mod driver_model;
 mod errors;
 mod faults;
 mod idempotency;
+mod latency;
 mod layers;
 mod methods;
 mod properties;

@@ -428,6 +428,7 @@ fn real(s: &Script) -> Run {
                 verdict,
                 answer,
                 resend: can_resend.then_some(url),
+                timed_out,
             };
             let quick = if s.quick_stops {
                 d.stop_without_time(&observed).map(Wait::Stop)

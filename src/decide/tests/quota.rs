@@ -302,6 +302,7 @@ fn what_the_throttle_counts_as_accepted_follows_the_policy_s_statuses() {
             verdict,
             answer: Some(answer(status, &headers)),
             resend: Some(&URL),
+            timed_out: false,
         };
         d.after(observed, &s.time, TOP);
     }
@@ -405,6 +406,7 @@ fn a_final_answer_needs_no_time_unless_the_quota_or_a_probe_has_something_to_tak
         verdict: Verdict::Final(StopReason::Succeeded),
         answer: Some(answer(200, &headers)),
         resend: Some(&URL),
+        timed_out: false,
     };
     assert_eq!(d.stop_without_time(&answered), None, "a field to take in");
     let s = Setup::new(policy(|p| p.rate_limit_fields(false)), None);

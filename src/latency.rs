@@ -1,0 +1,428 @@
+//! What a dependency's attempts take: a sliding window of their latencies, and the attempt
+//! timeout and hedging delay read from it.
+//!
+//! # Why measured, and why these samples
+//!
+//! A fixed attempt timeout is a guess. Against a dependency that answers in 20 ms, 10 s holds a
+//! caller for 10 s on a dead connection before the retry that would have answered at once; set
+//! low instead, a brownout turns every slow answer into a timeout and a retry. So a dependency
+//! that opts in gets its timeout from what its attempts take: `k x p99.9` of the recent answers,
+//! never below a floor, never above the policy's fixed timeout, which also serves until the
+//! window holds [`MIN_SAMPLES`] answers.
+//!
+//! The window holds the latencies of *answers* (any status: a quick 503 would drag the
+//! percentile down, so answers with a status the policy retries are left out). A timeout is not
+//! a latency: it says only "longer than the limit". Recorded at its limit, as some systems do,
+//! it makes the percentile the limit itself as soon as more than 0.1 % of attempts never answer
+//! (dead connections), and the timeout then doubles at each refresh until it reaches its cap:
+//! the measured timeout would be lost exactly where it helps most. So a timeout is counted
+//! apart. It brings the next refresh forward (a brownout is seen at once, through the answers
+//! that a retry's longer timeout lets through), and when more than [`MAX_TIMEOUT_SHARE`] of the
+//! window's attempts timed out the window is not believed and the fixed timeout serves again
+//! until answers refill it: a dependency whose answers all outlast the measured timeout is
+//! never starved of answers.
+//!
+//! # How
+//!
+//! [`SLICES`] slices of [`SLICE`] each (30 s in all), each a log-linear histogram of
+//! microseconds with [`SUB_BUCKETS`] buckets per power of two (a bucket's width is at most an
+//! eighth of its value): recording is two relaxed atomic additions, from any number of requests
+//! at once, with no lock. A slice is emptied when time comes back round to it; a sample recorded
+//! at that instant by another thread may be lost, which a window of thousands of samples does
+//! not notice. The percentiles are read at most once a [`REFRESH`] (or after a timeout) by
+//! whichever request finds them due, and kept: a request reads two atomics.
+//!
+//! A percentile is reported as the upper edge of its bucket, so it is never below the true one
+//! and at most an eighth above it.
+
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+/// Slices in the window.
+pub(crate) const SLICES: usize = 10;
+/// How long one slice counts: the window is `SLICES * SLICE` (30 s).
+pub(crate) const SLICE: Duration = Duration::from_secs(3);
+/// The percentiles are read again at most this often, unless a timeout asks for it sooner.
+pub(crate) const REFRESH: Duration = Duration::from_secs(1);
+/// The answers the window must hold before its percentiles are used.
+pub(crate) const MIN_SAMPLES: u64 = 100;
+/// The share of the window's attempts that may time out before the window is not believed.
+pub(crate) const MAX_TIMEOUT_SHARE: f64 = 0.05;
+/// Buckets per power of two: 2^3.
+const SUB_BITS: u32 = 3;
+pub(crate) const SUB_BUCKETS: usize = 1 << SUB_BITS;
+/// Microseconds up to 2^36 (about 19 hours) are told apart; longer ones share the last bucket.
+const TOP_BIT: u32 = 36;
+const BUCKETS: usize = ((TOP_BIT - SUB_BITS + 1) as usize + 1) * SUB_BUCKETS;
+/// No slice held yet.
+const EMPTY: u64 = u64::MAX;
+
+/// The bucket of a latency of `micros`.
+fn bucket(micros: u64) -> usize {
+    let micros = micros.min((1 << (TOP_BIT + 1)) - 1);
+    if micros < SUB_BUCKETS as u64 {
+        return micros as usize;
+    }
+    let top = 63 - micros.leading_zeros();
+    let shift = top - SUB_BITS;
+    let sub = (micros >> shift) as usize & (SUB_BUCKETS - 1);
+    (shift as usize + 1) * SUB_BUCKETS + sub
+}
+
+/// The smallest latency, in microseconds, above every latency in bucket `index`.
+fn upper_edge(index: usize) -> u64 {
+    let (octave, sub) = (index / SUB_BUCKETS, (index % SUB_BUCKETS) as u64);
+    if octave == 0 {
+        return sub + 1;
+    }
+    let shift = octave as u32 - 1;
+    (SUB_BUCKETS as u64 + sub + 1) << shift
+}
+
+/// One slice of the window.
+#[derive(Debug)]
+struct Slice {
+    /// Which slice of time (its number since the window's origin) it holds; `EMPTY` at first.
+    epoch: AtomicU64,
+    counts: Box<[AtomicU64]>,
+    timeouts: AtomicU64,
+}
+
+impl Slice {
+    fn new() -> Slice {
+        Slice {
+            epoch: AtomicU64::new(EMPTY),
+            counts: (0..BUCKETS).map(|_| AtomicU64::new(0)).collect(),
+            timeouts: AtomicU64::new(0),
+        }
+    }
+
+    /// The slice, emptied first if it held an older slice of time than `epoch`.
+    fn at(&self, epoch: u64) -> &Slice {
+        let held = self.epoch.load(Ordering::Acquire);
+        if held != epoch
+            && self
+                .epoch
+                .compare_exchange(held, epoch, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+        {
+            for count in &*self.counts {
+                count.store(0, Ordering::Relaxed);
+            }
+            self.timeouts.store(0, Ordering::Relaxed);
+        }
+        self
+    }
+}
+
+/// What the window last read of itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Percentiles {
+    /// The attempt timeout's percentile (p99.9), if the window is believed.
+    pub(crate) slow: Option<Duration>,
+    /// The hedging percentile (`p(1 - m)`), if the window is believed.
+    pub(crate) hedge: Option<Duration>,
+}
+
+/// The latency window of one dependency, shared by its clones.
+#[derive(Debug)]
+pub(crate) struct LatencyWindow {
+    /// The hedging percentile's rank, `1 - m`.
+    hedge_rank: f64,
+    origin: OnceLock<Instant>,
+    slices: Box<[Slice]>,
+    /// The percentiles last read, in microseconds plus one (0: not believed).
+    slow: AtomicU64,
+    hedge: AtomicU64,
+    /// When (microseconds since the origin) the percentiles are next due.
+    due: AtomicU64,
+    /// A timeout was counted since they were last read.
+    stale: AtomicBool,
+}
+
+impl LatencyWindow {
+    /// A window whose hedging percentile is `p(1 - extra_load)`.
+    pub(crate) fn new(extra_load: f64) -> LatencyWindow {
+        LatencyWindow {
+            hedge_rank: 1.0 - extra_load,
+            origin: OnceLock::new(),
+            slices: (0..SLICES).map(|_| Slice::new()).collect(),
+            slow: AtomicU64::new(0),
+            hedge: AtomicU64::new(0),
+            due: AtomicU64::new(0),
+            stale: AtomicBool::new(false),
+        }
+    }
+
+    /// Microseconds from the window's origin (its first use) to `now`.
+    fn micros(&self, now: Instant) -> u64 {
+        let origin = *self.origin.get_or_init(|| now);
+        u64::try_from(now.saturating_duration_since(origin).as_micros()).unwrap_or(u64::MAX)
+    }
+
+    fn slice(&self, at: u64) -> &Slice {
+        let epoch = at / SLICE.as_micros() as u64;
+        self.slices[(epoch % SLICES as u64) as usize].at(epoch)
+    }
+
+    /// Counts an answer that took `took`, at `now`.
+    pub(crate) fn answered(&self, took: Duration, now: Instant) {
+        let micros = u64::try_from(took.as_micros()).unwrap_or(u64::MAX);
+        let at = self.micros(now);
+        self.slice(at).counts[bucket(micros)].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts an attempt that timed out, at `now`: the percentiles are read again at the next
+    /// question.
+    pub(crate) fn timed_out(&self, now: Instant) {
+        let at = self.micros(now);
+        self.slice(at).timeouts.fetch_add(1, Ordering::Relaxed);
+        self.stale.store(true, Ordering::Relaxed);
+    }
+
+    /// The percentiles at `now`: as last read, or read again when due.
+    pub(crate) fn percentiles(&self, now: Instant) -> Percentiles {
+        let at = self.micros(now);
+        let due = self.due.load(Ordering::Relaxed);
+        if (at >= due || self.stale.load(Ordering::Relaxed))
+            && self
+                .due
+                .compare_exchange(
+                    due,
+                    at.saturating_add(REFRESH.as_micros() as u64),
+                    Ordering::Relaxed,
+                    Ordering::Relaxed,
+                )
+                .is_ok()
+        {
+            self.stale.store(false, Ordering::Relaxed);
+            let read = self.read(at);
+            self.slow.store(encode(read.slow), Ordering::Relaxed);
+            self.hedge.store(encode(read.hedge), Ordering::Relaxed);
+            return read;
+        }
+        Percentiles {
+            slow: decode(self.slow.load(Ordering::Relaxed)),
+            hedge: decode(self.hedge.load(Ordering::Relaxed)),
+        }
+    }
+
+    /// Reads the percentiles from the slices still in the window at `at`.
+    fn read(&self, at: u64) -> Percentiles {
+        let newest = at / SLICE.as_micros() as u64;
+        let live = |slice: &&Slice| {
+            let epoch = slice.epoch.load(Ordering::Acquire);
+            epoch != EMPTY && epoch <= newest && newest - epoch < SLICES as u64
+        };
+        let mut counts = vec![0u64; BUCKETS];
+        let mut timeouts = 0u64;
+        for slice in self.slices.iter().filter(live) {
+            for (sum, count) in counts.iter_mut().zip(&*slice.counts) {
+                *sum += count.load(Ordering::Relaxed);
+            }
+            timeouts += slice.timeouts.load(Ordering::Relaxed);
+        }
+        let answers: u64 = counts.iter().sum();
+        let believed = answers >= MIN_SAMPLES
+            && (timeouts as f64) <= MAX_TIMEOUT_SHARE * (answers + timeouts) as f64;
+        if !believed {
+            return Percentiles {
+                slow: None,
+                hedge: None,
+            };
+        }
+        Percentiles {
+            slow: Some(quantile(&counts, answers, 0.999)),
+            hedge: Some(quantile(&counts, answers, self.hedge_rank)),
+        }
+    }
+}
+
+/// The `q` quantile of `answers` samples in `counts`: the upper edge of the bucket that holds
+/// the sample of rank `ceil(q * answers)`.
+fn quantile(counts: &[u64], answers: u64, q: f64) -> Duration {
+    let rank = ((q * answers as f64).ceil() as u64).clamp(1, answers);
+    let mut seen = 0;
+    for (index, count) in counts.iter().enumerate() {
+        seen += count;
+        if seen >= rank {
+            return Duration::from_micros(upper_edge(index));
+        }
+    }
+    Duration::from_micros(upper_edge(counts.len() - 1))
+}
+
+fn encode(value: Option<Duration>) -> u64 {
+    value.map_or(0, |d| {
+        u64::try_from(d.as_micros()).unwrap_or(u64::MAX - 1) + 1
+    })
+}
+
+fn decode(value: u64) -> Option<Duration> {
+    value.checked_sub(1).map(Duration::from_micros)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    #[test]
+    fn buckets_are_contiguous_and_each_at_most_an_eighth_wide() {
+        let mut last = 0;
+        for micros in (0..100_000u64).chain([1 << 20, (1 << 36) - 1, 1 << 36, u64::MAX]) {
+            let index = bucket(micros);
+            assert!(index < BUCKETS, "{micros}");
+            assert!(index >= last || micros >= 1 << 20, "{micros}");
+            last = index;
+            let upper = upper_edge(index);
+            if micros < 1 << (TOP_BIT + 1) {
+                assert!(upper > micros, "{micros}: {upper}");
+                assert!(upper - micros <= micros / 8 + 1, "{micros}: {upper}");
+            }
+        }
+        for index in 0..BUCKETS - 1 {
+            // The next bucket starts where this one ends.
+            assert_eq!(bucket(upper_edge(index)), index + 1, "{index}");
+            assert_eq!(bucket(upper_edge(index) - 1), index, "{index}");
+        }
+    }
+
+    #[test]
+    fn an_empty_or_thin_window_is_not_believed() {
+        let window = LatencyWindow::new(0.05);
+        let start = Instant::now();
+        assert_eq!(window.percentiles(start).slow, None);
+        for _ in 0..MIN_SAMPLES - 1 {
+            window.answered(ms(20), start);
+        }
+        assert_eq!(window.read(0).slow, None);
+        window.answered(ms(20), start);
+        let read = window.read(0);
+        assert!(read.slow.is_some() && read.hedge.is_some());
+    }
+
+    #[test]
+    fn a_window_of_20_ms_answers_reads_20_ms_within_an_eighth() {
+        let window = LatencyWindow::new(0.05);
+        let start = Instant::now();
+        for _ in 0..1_000 {
+            window.answered(ms(20), start);
+        }
+        let read = window.read(0);
+        let slow = read.slow.unwrap();
+        assert!(slow > ms(20) && slow <= ms(20) + ms(20) / 8, "{slow:?}");
+        assert_eq!(read.hedge, read.slow);
+    }
+
+    #[test]
+    fn percentiles_are_kept_until_due_and_read_again_after_a_timeout() {
+        let window = LatencyWindow::new(0.05);
+        let start = Instant::now();
+        assert_eq!(window.percentiles(start).slow, None);
+        for _ in 0..200 {
+            window.answered(ms(10), start);
+        }
+        // Not due yet: what was read stands.
+        assert_eq!(window.percentiles(start + ms(999)).slow, None);
+        let due = window.percentiles(start + REFRESH).slow.unwrap();
+        assert!(due > ms(10) && due <= ms(12), "{due:?}");
+        // Slower answers, and a timeout that brings the reading forward.
+        for _ in 0..10 {
+            window.answered(ms(80), start + REFRESH);
+        }
+        assert_eq!(window.percentiles(start + REFRESH).slow, Some(due));
+        window.timed_out(start + REFRESH);
+        let read = window.percentiles(start + REFRESH).slow.unwrap();
+        assert!(read > ms(80) && read <= ms(90), "{read:?}");
+    }
+
+    #[test]
+    fn a_window_whose_attempts_mostly_time_out_is_not_believed() {
+        let window = LatencyWindow::new(0.05);
+        let start = Instant::now();
+        for _ in 0..1_000 {
+            window.answered(ms(5), start);
+        }
+        // 5 % of the attempts: still believed.
+        for _ in 0..52 {
+            window.timed_out(start);
+        }
+        assert!(window.read(0).slow.is_some());
+        window.timed_out(start);
+        assert_eq!(window.read(0).slow, None);
+    }
+
+    #[test]
+    fn slices_leave_the_window_after_30_s() {
+        let window = LatencyWindow::new(0.05);
+        let start = Instant::now();
+        for _ in 0..200 {
+            window.answered(ms(500), start);
+        }
+        for _ in 0..200 {
+            window.answered(ms(5), start + SLICE * 9);
+        }
+        let at = |d: Duration| window.micros(start + d);
+        // Both in the window: the slow half sets p99.9.
+        assert!(window.read(at(SLICE * 9)).slow.unwrap() >= ms(500));
+        // The first slice has left it.
+        let later = window.read(at(SLICE * 10)).slow.unwrap();
+        assert!(later <= ms(6), "{later:?}");
+        // A slice reused for a later time is emptied first.
+        window.answered(ms(5), start + SLICE * 10);
+        let reused = &window.slices[0];
+        assert_eq!(reused.epoch.load(Ordering::Relaxed), 10);
+        let held: u64 = reused
+            .counts
+            .iter()
+            .map(|c| c.load(Ordering::Relaxed))
+            .sum();
+        assert_eq!(held, 1);
+        // A whole window of silence: nothing left.
+        assert_eq!(window.read(at(SLICE * 30)).slow, None);
+    }
+
+    mod properties {
+        use super::*;
+        use proptest::prelude::*;
+
+        /// The exact `q` quantile of `samples` (rank `ceil(q * n)`), in microseconds.
+        fn exact(samples: &mut [u64], q: f64) -> u64 {
+            samples.sort_unstable();
+            let rank = ((q * samples.len() as f64).ceil() as usize).clamp(1, samples.len());
+            samples[rank - 1]
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(if cfg!(debug_assertions) { 64 } else { 2_000 }))]
+
+            /// Against the exact quantiles of any samples: never below, at most an eighth above.
+            #[test]
+            fn percentiles_bound_the_exact_ones(
+                mut samples in proptest::collection::vec(
+                    prop_oneof![0u64..100, 100u64..100_000, 100_000u64..60_000_000],
+                    MIN_SAMPLES as usize..2_000,
+                ),
+                m in 0.01f64..0.5,
+            ) {
+                let window = LatencyWindow::new(m);
+                let start = Instant::now();
+                for s in &samples {
+                    window.answered(Duration::from_micros(*s), start);
+                }
+                let read = window.read(0);
+                for (got, q) in [(read.slow.unwrap(), 0.999), (read.hedge.unwrap(), 1.0 - m)] {
+                    let exact = exact(&mut samples, q);
+                    let got = got.as_micros() as u64;
+                    prop_assert!(got > exact, "q {}: {} <= {}", q, got, exact);
+                    prop_assert!(got <= exact + exact / 8 + 1, "q {}: {} vs {}", q, got, exact);
+                }
+            }
+        }
+    }
+}

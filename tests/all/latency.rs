@@ -1,0 +1,133 @@
+//! Attempts that follow measured latency, through the whole chain on loopback, in virtual time:
+//! an inner middleware stands in for the network's delay by moving the `FakeClock` before the
+//! request reaches the real server, so the attempt's timer sees exactly that latency.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use reqwest_middleware::{ClientBuilder, ClientWithMiddleware};
+use reqwest_safe_retry::{
+    Dependency, FakeClock, RetryError, RetryMiddleware, RetryPolicy, SeededRng, StopReason,
+};
+
+use crate::support::{self, Before};
+
+/// The latency the next attempts take, in microseconds of virtual time.
+#[derive(Clone, Default)]
+struct Latency(Arc<AtomicU64>);
+
+impl Latency {
+    fn set(&self, d: Duration) {
+        self.0.store(d.as_micros() as u64, Ordering::SeqCst);
+    }
+}
+
+/// A client of `policy` whose attempts each take the current `latency` on `clock`.
+fn client(policy: RetryPolicy, clock: &FakeClock, latency: &Latency) -> ClientWithMiddleware {
+    let (moved, took) = (clock.clone(), latency.clone());
+    ClientBuilder::new(reqwest::Client::new())
+        .with(
+            RetryMiddleware::new(Dependency::new("search", policy).without_budget())
+                .with_clock(clock.clone())
+                .with_rng(SeededRng::new(3)),
+        )
+        .with(Before(move |_: &mut http::Extensions| {
+            moved.advance(Duration::from_micros(took.0.load(Ordering::SeqCst)));
+            None
+        }))
+        .build()
+}
+
+/// 2 x p99.9 with a 5 ms floor, under a fixed 100 ms attempt timeout.
+fn measured() -> RetryPolicy {
+    RetryPolicy::builder()
+        .attempt_timeout(Duration::from_millis(100))
+        .timeout_from_latency(2.0, Duration::from_millis(5))
+        .build()
+        .unwrap()
+}
+
+/// The time limit of the last attempt of a request that timed out on every attempt, as its
+/// error says it ("attempt timed out after 40.96ms").
+async fn limits_of_a_request_that_never_answers_in_time(
+    client: &ClientWithMiddleware,
+    url: &str,
+) -> String {
+    let err = client.get(url).send().await.unwrap_err();
+    let retry = RetryError::of(&err).unwrap();
+    assert_eq!(
+        (retry.attempts(), retry.stop_reason()),
+        (3, StopReason::AttemptsExhausted)
+    );
+    assert!(retry.timed_out());
+    retry.last_error().to_string()
+}
+
+#[tokio::test]
+async fn the_timeout_follows_20_ms_answers_to_twice_their_p99_9_doubling_after_a_timeout() {
+    let server = support::always(200).await;
+    let clock = FakeClock::new();
+    let latency = Latency::default();
+    let client = client(measured(), &clock, &latency);
+
+    // Empty: the fixed timeout, 100 ms, cuts a 150 ms attempt and lets a 90 ms one through.
+    latency.set(Duration::from_millis(150));
+    let last = limits_of_a_request_that_never_answers_in_time(&client, &server.uri()).await;
+    assert_eq!(last, "attempt timed out after 100ms");
+    latency.set(Duration::from_millis(90));
+    assert_eq!(client.get(server.uri()).send().await.unwrap().status(), 200);
+
+    // A window of 20 ms answers (and the one of 90 ms): the p99.9 is read as the upper edge of
+    // 20 ms's bucket, 20.48 ms, and the timeout is twice that.
+    latency.set(Duration::from_millis(20));
+    for _ in 0..1_200 {
+        client.get(server.uri()).send().await.unwrap();
+    }
+    latency.set(Duration::from_millis(40));
+    assert_eq!(client.get(server.uri()).send().await.unwrap().status(), 200);
+    latency.set(Duration::from_millis(200));
+    let last = limits_of_a_request_that_never_answers_in_time(&client, &server.uri()).await;
+    // 40.96 ms, then twice that after each timeout, capped by the fixed 100 ms.
+    assert_eq!(last, "attempt timed out after 100ms");
+    let policy = RetryPolicy::builder()
+        .max_attempts(2)
+        .attempt_timeout(Duration::from_millis(100))
+        .timeout_from_latency(2.0, Duration::from_millis(5))
+        .build()
+        .unwrap();
+    let two = self::client(policy, &clock, &latency);
+    latency.set(Duration::from_millis(20));
+    for _ in 0..150 {
+        two.get(server.uri()).send().await.unwrap();
+    }
+    clock.advance(Duration::from_secs(1));
+    // 40.96 ms cuts the first attempt, 81.92 ms the second.
+    latency.set(Duration::from_millis(90));
+    let err = two.get(server.uri()).send().await.unwrap_err();
+    assert_eq!(
+        RetryError::of(&err).unwrap().last_error().to_string(),
+        "attempt timed out after 81.92ms"
+    );
+}
+
+#[tokio::test]
+async fn the_measured_timeout_never_goes_below_its_floor() {
+    let server = support::always(200).await;
+    let clock = FakeClock::new();
+    let latency = Latency::default();
+    let client = client(measured(), &clock, &latency);
+    latency.set(Duration::from_millis(1));
+    for _ in 0..150 {
+        client.get(server.uri()).send().await.unwrap();
+    }
+    // The percentiles are read at most once a second.
+    clock.advance(Duration::from_secs(1));
+    // Twice 1 ms's bucket would be 2.048 ms: the floor, 5 ms, lets a 4 ms answer through.
+    latency.set(Duration::from_millis(4));
+    assert_eq!(client.get(server.uri()).send().await.unwrap().status(), 200);
+    // 5 ms cuts a 6 ms attempt; its retry gets 10 ms and answers.
+    latency.set(Duration::from_millis(6));
+    let response = client.get(server.uri()).send().await.unwrap();
+    assert_eq!(support::ended(&response), (2, StopReason::Succeeded));
+}
