@@ -1046,11 +1046,16 @@ mod tests {
             assert_eq!(key.value, uuid, "{natural}");
             assert!(key.stamped, "put on each attempt by the middleware");
         }
+        assert_eq!(
+            keys.derive_namespace(),
+            0x761624f8_19f0_4ca5_81cb_8475aedcde4c
+        );
         // Another namespace, another key: here RFC 9562's URL namespace.
         let url = IdempotencyKeys::builder()
             .derive_namespace(0x6ba7b811_9dad_11d1_80b4_00c04fd430c8)
             .build()
             .unwrap();
+        assert_eq!(url.derive_namespace(), 0x6ba7b811_9dad_11d1_80b4_00c04fd430c8);
         let key = derived(Some(&url), Method::POST, None, "order-42/charge");
         assert_eq!(
             key.unwrap().unwrap().value,
