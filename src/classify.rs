@@ -221,6 +221,17 @@ pub(crate) fn is_idempotent(method: &Method) -> bool {
     )
 }
 
+/// Whether `request` may be hedged (a second copy sent while the first is out): a read (GET,
+/// HEAD, OPTIONS) without an idempotency key, whose body, if any, can be sent twice. Two copies
+/// of a write are two writes; two copies of a keyed request race for one key.
+pub(crate) fn may_be_hedged(request: &reqwest::Request, keyed: bool) -> bool {
+    matches!(
+        *request.method(),
+        Method::GET | Method::HEAD | Method::OPTIONS
+    ) && !keyed
+        && request.body().is_none_or(|body| body.as_bytes().is_some())
+}
+
 /// Whether `status` is a transient failure under a policy's status set; 409 counts only for a
 /// request carrying an idempotency key (the original is still in flight on the server).
 pub(crate) fn is_transient_status(

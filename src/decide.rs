@@ -151,6 +151,18 @@ pub(crate) enum Next {
     Stop(StopReason),
 }
 
+/// The second copy of an attempt (a hedge), until the attempt's outcome is taken in; boxed in
+/// the decider, as few requests send one.
+#[derive(Debug)]
+struct Hedge {
+    /// What it withdrew from the budget, given back if the request is dropped with it out.
+    cost: u64,
+    /// When the throttle admitted it, if there is a throttle.
+    admitted: Option<Instant>,
+    /// When it was sent.
+    sent_at: Instant,
+}
+
 /// A retry paid for whose attempt has not started.
 #[derive(Debug, Clone, Copy)]
 struct Pending {
@@ -194,6 +206,14 @@ pub(crate) struct Decider<'a> {
     last_limit: Duration,
     /// The last attempt timed out: the next one gets twice its limit.
     last_timed_out: bool,
+    /// The request may be hedged (a read without a key, whose body can be sent twice).
+    hedgeable: bool,
+    /// When the attempt last allowed may be hedged, if it may.
+    hedge_after: Option<Duration>,
+    /// The hedge on the wire, until the attempt's outcome is taken in.
+    hedge: Option<Box<Hedge>>,
+    /// The last outcome taken in came from a hedge.
+    hedge_answered: bool,
 }
 
 impl<'a> Decider<'a> {
@@ -231,7 +251,27 @@ impl<'a> Decider<'a> {
             sent_at: now,
             last_limit: Duration::ZERO,
             last_timed_out: false,
+            hedgeable: false,
+            hedge_after: None,
+            hedge: None,
+            hedge_answered: false,
         }
+    }
+
+    /// The request may be hedged, if its policy hedges reads: it is a read without a key whose
+    /// body can be sent twice (`classify::may_be_hedged`).
+    pub(crate) fn allow_hedges(&mut self) {
+        self.hedgeable = self.policy.hedge_reads().is_some();
+    }
+
+    /// How long after the attempt last allowed a hedge of it may be sent, if one may.
+    pub(crate) fn hedge_after(&self) -> Option<Duration> {
+        self.hedge_after
+    }
+
+    /// Whether the outcome last taken in came from a hedge.
+    pub(crate) fn hedge_answered(&self) -> bool {
+        self.hedge_answered
     }
 
     /// The request's key was stamped by the middleware: counted once its first attempt is sent.
@@ -333,24 +373,104 @@ impl<'a> Decider<'a> {
             }
             self.admitted = Some(now);
         }
-        let limit = self.attempt_timeout(now).min(remaining);
+        let Some(window) = self.accounts.latency else {
+            let limit = self.policy.attempt_timeout().min(remaining);
+            self.last_limit = limit;
+            return Next::Send(limit);
+        };
+        let measured = window.percentiles(now);
+        let limit = self.attempt_timeout(measured.slow).min(remaining);
         self.sent_at = now;
         self.last_limit = limit;
+        self.hedge_after = self
+            .policy
+            .hedge_delay(measured.hedge)
+            .filter(|after| self.hedgeable && *after < limit);
         Next::Send(limit)
     }
 
-    /// The next attempt's timeout before the deadline cuts it: the policy's, or one from the
-    /// measured latency; after a timeout, twice the last attempt's limit, up to the policy's.
-    fn attempt_timeout(&self, now: Instant) -> Duration {
-        let fixed = self.policy.attempt_timeout();
-        let Some(window) = self.accounts.latency else {
-            return fixed;
-        };
-        let timeout = self.policy.timeout_for(window.percentiles(now).slow);
+    /// The next attempt's timeout before the deadline cuts it, for a window whose p99.9 is
+    /// `slow`: the policy's, or one from the measured latency; after a timeout, twice the last
+    /// attempt's limit, up to the policy's.
+    fn attempt_timeout(&self, slow: Option<Duration>) -> Duration {
+        let timeout = self.policy.timeout_for(slow);
         if self.last_timed_out {
+            let fixed = self.policy.attempt_timeout();
             return timeout.max(self.last_limit.saturating_mul(2)).min(fixed);
         }
         timeout
+    }
+
+    /// Whether a hedge of the attempt on the wire may go at `now`, to `resend`: its time limit
+    /// if so. It is paid for from the budget like a retry, and the deadline, the origin's
+    /// quota (no hold, no probe: a hedge only ever goes through an open gate) and the throttle
+    /// apply to it. At most one per attempt.
+    pub(crate) fn hedge(
+        &mut self,
+        now: Instant,
+        resend: &Url,
+        rng: &dyn RandomSource,
+    ) -> Option<Duration> {
+        if self.hedge.is_some() || self.hedge_after.is_none() {
+            return None;
+        }
+        let remaining = self.remaining(now);
+        if remaining.is_zero() {
+            return None;
+        }
+        if self.quota_in_question() {
+            match self.accounts.quota.gate(&Origin::of(resend), now) {
+                Gate::Open => {}
+                Gate::Probe(ticket) => {
+                    self.accounts.quota.give_back(&ticket);
+                    return None;
+                }
+                Gate::Held(_) => return None,
+            }
+        }
+        let cost = self.withdraw(RetryKind::Other, now)?;
+        let admitted = match self.accounts.throttle {
+            None => None,
+            Some(throttle) if throttle.admit(now, rng) => Some(now),
+            Some(_) => {
+                if let Some(budget) = self.accounts.budget {
+                    budget.cancel_withdrawal(cost);
+                }
+                return None;
+            }
+        };
+        self.count(Count::Hedge);
+        self.hedge = Some(Box::new(Hedge {
+            cost,
+            admitted,
+            sent_at: now,
+        }));
+        Some(self.last_limit.min(remaining))
+    }
+
+    /// The hedge's outcome, not the first copy's, is the one about to be taken in: its time
+    /// is measured and its admission counted, and the first copy is the one given up.
+    pub(crate) fn hedge_won(&mut self) {
+        let Some(hedge) = self.hedge.as_deref_mut() else {
+            return;
+        };
+        // With a throttle both copies were admitted (without one, neither): the hedge's
+        // admission is now the one the outcome settles, the first copy's the one given up.
+        std::mem::swap(&mut self.sent_at, &mut hedge.sent_at);
+        std::mem::swap(&mut self.admitted, &mut hedge.admitted);
+        self.hedge_answered = true;
+        self.count(Count::HedgeWon);
+    }
+
+    /// Ends the hedge of the attempt just ended: the copy that did not answer was given up
+    /// (the throttle counts it as not accepted); what it cost stays spent.
+    fn settle_hedge(&mut self) {
+        let Some(hedge) = self.hedge.take() else {
+            return;
+        };
+        if let (Some(throttle), Some(admitted)) = (self.accounts.throttle, hedge.admitted) {
+            throttle.finished(admitted, false);
+        }
     }
 
     /// What the attempt that just ended at `now` says of the dependency's latency: an answer's
@@ -382,6 +502,7 @@ impl<'a> Decider<'a> {
     /// it (and the retry, which now uses its tokens; and a stamped key, on the first).
     pub(crate) fn attempt_started(&mut self) {
         self.attempt += 1;
+        self.hedge_answered = false;
         self.count(Count::Attempt);
         self.on_wire = self.admitted.is_some();
         if self.attempt == 1 && self.stamped {
@@ -406,7 +527,7 @@ impl<'a> Decider<'a> {
             return None;
         };
         if self.accounts.latency.is_some() {
-            // The answer's time is measured.
+            // The answer's time is measured (and a hedge, if any, settled).
             return None;
         }
         let throttle = match (
@@ -450,6 +571,7 @@ impl<'a> Decider<'a> {
         wall: SystemTime,
         rng: &dyn RandomSource,
     ) -> Wait {
+        self.settle_hedge();
         self.measure(&observed, now);
         if let (Some(throttle), Some(admitted)) = (self.accounts.throttle, self.off_the_wire()) {
             let at = if self.counted_at_admission(throttle) {
@@ -600,6 +722,16 @@ impl<'a> Decider<'a> {
     fn give_back(&mut self) {
         if let (Some(pending), Some(budget)) = (self.pending.take(), self.accounts.budget) {
             budget.cancel_withdrawal(pending.cost);
+        }
+        if let Some(hedge) = self.hedge.take() {
+            // Out when the request was dropped: its tokens come back, and the throttle counts
+            // it as given up.
+            if let Some(budget) = self.accounts.budget {
+                budget.cancel_withdrawal(hedge.cost);
+            }
+            if let (Some(throttle), Some(admitted)) = (self.accounts.throttle, hedge.admitted) {
+                throttle.finished(admitted, false);
+            }
         }
         if let Some(ticket) = self.probe.take() {
             self.accounts.quota.give_back(&ticket);

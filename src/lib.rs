@@ -371,6 +371,7 @@ mod dependency;
 mod error;
 #[cfg(feature = "test-util")]
 mod fake_clock;
+mod hedge;
 mod idempotency;
 mod latency;
 mod middleware;

@@ -26,6 +26,7 @@ use crate::clock::{Clock, SharedClock, TokioClock};
 use crate::decide::{Decider, Next as Step, Observed};
 use crate::dependency::{Dependency, RetryOverride, Routes};
 use crate::error::{InvalidConfig, StopReason, nothing_sent};
+use crate::hedge;
 use crate::idempotency::{self, Key, NaturalKey};
 use crate::observe::{Observer, RetryEvent};
 use crate::policy::RetryPolicy;
@@ -251,31 +252,52 @@ impl RetryMiddleware {
                     let (outcome, delay) = {
                         let number = decider.attempts() + 1;
                         chain::announce(extensions, &span, number);
-                        let attempt = {
-                            let copy = decider.may_retry_after_next();
-                            let mut sending = chain::take_attempt(&mut kept, copy);
-                            idempotency::put_on(
-                                dependency.keys.as_ref(),
-                                sent.key.as_ref(),
-                                &mut sending,
-                            );
-                            let headers = &dependency.attempt_headers;
-                            if headers.are_on() {
-                                headers.put_on(&mut sending, number, decider.remaining(now));
-                            }
-                            let id = chain::claim_id(extensions);
-                            Claiming::new(id, &span, || next.clone().run(sending, extensions))
-                        };
-                        decider.attempt_started();
                         let judging = sent.judging(policy);
-                        let outcome = chain::race(attempt, timer.as_mut()).await;
-                        let outcome = outcome.unwrap_or_else(|| Err(chain::timed_out(limit)));
-                        let verdict = judging.verdict(&outcome, number);
-                        let (outcome, verdict) = match body::to_read(policy, &outcome, verdict) {
-                            None => (outcome, verdict),
-                            Some(max) => {
-                                let read = (outcome, verdict, max, (&judging, number, limit));
-                                Box::pin(chain::read_body(read, timer.as_mut())).await
+                        let headers = &dependency.attempt_headers;
+                        let (outcome, verdict) = if let Some(after) = decider.hedge_after() {
+                            // Boxed: only a hedged read needs room for two copies.
+                            let hedged = hedge::Hedged {
+                                kept: &mut kept,
+                                extensions,
+                                next: &next,
+                                span: &span,
+                                number,
+                                limit,
+                                after,
+                                headers,
+                                left: decider.remaining(now),
+                                judging: &judging,
+                                policy,
+                            };
+                            let (clock, rng) = (&self.clock, &*self.rng.0);
+                            let attempt =
+                                hedge::attempt(hedged, &mut decider, clock, rng, timer.as_mut());
+                            Box::pin(attempt).await
+                        } else {
+                            let attempt = {
+                                let copy = decider.may_retry_after_next();
+                                let mut sending = chain::take_attempt(&mut kept, copy);
+                                idempotency::put_on(
+                                    dependency.keys.as_ref(),
+                                    sent.key.as_ref(),
+                                    &mut sending,
+                                );
+                                if headers.are_on() {
+                                    headers.put_on(&mut sending, number, decider.remaining(now));
+                                }
+                                let id = chain::claim_id(extensions);
+                                Claiming::new(id, &span, || next.clone().run(sending, extensions))
+                            };
+                            decider.attempt_started();
+                            let outcome = chain::race(attempt, timer.as_mut()).await;
+                            let outcome = outcome.unwrap_or_else(|| Err(chain::timed_out(limit)));
+                            let verdict = judging.verdict(&outcome, number);
+                            match body::to_read(policy, &outcome, verdict) {
+                                None => (outcome, verdict),
+                                Some(max) => {
+                                    let read = (outcome, verdict, max, (&judging, number, limit));
+                                    Box::pin(chain::read_body(read, timer.as_mut())).await
+                                }
                             }
                         };
                         let seen = Observed::of(&outcome, verdict, kept.as_ref().map(Request::url));
@@ -337,6 +359,9 @@ impl RetryMiddleware {
         };
         if key.as_ref().is_some_and(|key| key.stamped) {
             decider.key_stamped();
+        }
+        if dependency.latency.is_some() && classify::may_be_hedged(request, key.is_some()) {
+            decider.allow_hedges();
         }
         Ok(Sent {
             repeatable: key.is_some() || classify::is_idempotent(request.method()),
@@ -406,6 +431,7 @@ impl RetryMiddleware {
             waited,
             key,
             replayed: false,
+            answered_by_hedge: decider.hedge_answered(),
         };
         record.hand_back(outcome)
     }

@@ -19,6 +19,8 @@
 //! | `reqwest_safe_retry_retry_after_honoured_total` | waits that honoured a `Retry-After` floor |
 //! | `reqwest_safe_retry_keys_stamped_total` | idempotency keys stamped by the middleware |
 //! | `reqwest_safe_retry_throttled_total` | attempts the adaptive throttle rejected locally |
+//! | `reqwest_safe_retry_hedges_total` | second copies of reads sent (hedges) |
+//! | `reqwest_safe_retry_hedges_won_total` | hedges whose answer was the one returned |
 
 use std::fmt;
 use std::sync::Arc;
@@ -43,6 +45,8 @@ struct Counts {
     retry_after_honoured: AtomicU64,
     keys_stamped: AtomicU64,
     throttled: AtomicU64,
+    hedges: AtomicU64,
+    hedges_won: AtomicU64,
 }
 
 /// One dependency's counts at one moment, from [`Dependency::counters`](crate::Dependency::counters).
@@ -65,6 +69,12 @@ pub struct CounterSnapshot {
     pub keys_stamped: u64,
     /// Attempts the adaptive throttle rejected locally, first attempts and retries.
     pub throttled: u64,
+    /// Second copies of reads sent (see
+    /// [`RetryPolicyBuilder::hedge_reads`](crate::RetryPolicyBuilder::hedge_reads)). They are
+    /// not counted in `attempts`: the dependency got `attempts + hedges` requests.
+    pub hedges: u64,
+    /// Hedges whose answer was the one returned (or retried after).
+    pub hedges_won: u64,
 }
 
 impl RetryCounters {
@@ -86,6 +96,8 @@ impl RetryCounters {
             retry_after_honoured: read(&c.retry_after_honoured),
             keys_stamped: read(&c.keys_stamped),
             throttled: read(&c.throttled),
+            hedges: read(&c.hedges),
+            hedges_won: read(&c.hedges_won),
         }
     }
 }
@@ -107,6 +119,8 @@ pub(crate) enum Count {
     RetryAfterHonoured = 5,
     KeyStamped = 6,
     Throttled = 7,
+    Hedge = 8,
+    HedgeWon = 9,
 }
 
 impl RetryCounters {
@@ -121,6 +135,8 @@ impl RetryCounters {
             Count::RetryAfterHonoured => &c.retry_after_honoured,
             Count::KeyStamped => &c.keys_stamped,
             Count::Throttled => &c.throttled,
+            Count::Hedge => &c.hedges,
+            Count::HedgeWon => &c.hedges_won,
         };
         counter.fetch_add(1, Ordering::Relaxed);
         keys.export(count);
@@ -131,7 +147,7 @@ impl RetryCounters {
 #[derive(Debug, Clone)]
 pub(crate) struct MetricKeys {
     #[cfg(feature = "metrics")]
-    keys: Arc<[metrics::Key; 8]>,
+    keys: Arc<[metrics::Key; 10]>,
 }
 
 impl MetricKeys {
@@ -151,6 +167,8 @@ impl MetricKeys {
                     key("reqwest_safe_retry_retry_after_honoured_total"),
                     key("reqwest_safe_retry_keys_stamped_total"),
                     key("reqwest_safe_retry_throttled_total"),
+                    key("reqwest_safe_retry_hedges_total"),
+                    key("reqwest_safe_retry_hedges_won_total"),
                 ]),
             }
         }
@@ -361,7 +379,8 @@ mod tests {
         assert_eq!(
             format!("{counters:?}"),
             "CounterSnapshot { requests: 1, attempts: 3, retries: 0, budget_refusals: 0, \
-             deadline_stops: 0, retry_after_honoured: 0, keys_stamped: 1, throttled: 0 }"
+             deadline_stops: 0, retry_after_honoured: 0, keys_stamped: 1, throttled: 0, \
+             hedges: 0, hedges_won: 0 }"
         );
     }
 }

@@ -158,6 +158,12 @@ impl RetryPolicy {
         }
     }
 
+    /// The hedging delay for a window whose hedging percentile is `at` (if believed): the
+    /// percentile, capped; none when off or not believed.
+    pub(crate) fn hedge_delay(&self, at: Option<Duration>) -> Option<Duration> {
+        Some(at?.min(self.hedging?.max_delay))
+    }
+
     /// Whether a response with this status is a transient failure worth retrying.
     pub fn is_retryable_status(&self, status: StatusCode) -> bool {
         self.statuses.contains(status.as_u16())

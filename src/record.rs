@@ -26,6 +26,7 @@ pub struct RetryRecord {
     pub(crate) waited: Duration,
     pub(crate) key: Option<HeaderValue>,
     pub(crate) replayed: bool,
+    pub(crate) answered_by_hedge: bool,
 }
 
 impl RetryRecord {
@@ -43,7 +44,8 @@ impl RetryRecord {
                 let inferred = self.attempts == 1
                     && self.stop == StopReason::Succeeded
                     && self.key.is_none()
-                    && self.waited.is_zero();
+                    && self.waited.is_zero()
+                    && !self.answered_by_hedge;
                 if !inferred {
                     response.extensions_mut().insert(self);
                 }
@@ -70,6 +72,7 @@ impl RetryRecord {
                 waited: Duration::ZERO,
                 key: None,
                 replayed: false,
+                answered_by_hedge: false,
             },
             None => return None,
         };
@@ -97,6 +100,13 @@ impl RetryRecord {
     /// The idempotency header value every attempt carried (stamped or the caller's own), if any.
     pub fn idempotency_key(&self) -> Option<&HeaderValue> {
         self.key.as_ref()
+    }
+
+    /// Whether the answer came from a hedge: the second copy of the last attempt, sent while
+    /// the first was slow (see
+    /// [`RetryPolicyBuilder::hedge_reads`](crate::RetryPolicyBuilder::hedge_reads)).
+    pub fn answered_by_hedge(&self) -> bool {
+        self.answered_by_hedge
     }
 
     /// Whether the server marked the response as a replay of a stored one

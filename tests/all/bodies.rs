@@ -27,7 +27,8 @@ impl http_body::Body for Chunks {
     }
 }
 
-fn streaming_body() -> reqwest::Body {
+/// A body of three chunks, as a stream.
+pub fn streaming_body() -> reqwest::Body {
     reqwest::Body::wrap(Chunks(
         [&b"first chunk, "[..], b"second chunk, ", b"last chunk"]
             .into_iter()

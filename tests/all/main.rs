@@ -10,6 +10,7 @@ mod dependencies;
 mod driver_model;
 mod errors;
 mod faults;
+mod hedging;
 mod idempotency;
 mod latency;
 mod layers;

@@ -1,0 +1,332 @@
+//! Hedged reads through the whole chain on loopback, in virtual time: a dependency whose
+//! window holds 10 ms answers hedges a read that has waited past its p95, the first answer wins
+//! and the server sees the other copy cancelled; no hedge where one is not safe or not paid
+//! for; a request dropped with two copies out gives back every token; nested instances hedge
+//! once.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use reqwest_middleware::{ClientBuilder, ClientWithMiddleware};
+use reqwest_safe_retry::{
+    Dependency, FakeClock, RetryBudget, RetryMiddleware, RetryPolicy, RetryRecord, SeededRng,
+    StopReason,
+};
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpListener;
+
+use crate::support::{self, Before};
+
+/// A server that holds the first request it gets (it never answers it, and notes when the
+/// client closes its connection) and answers every later one at once with 200.
+#[derive(Clone)]
+struct HoldsTheFirst {
+    url: String,
+    arrived: Arc<AtomicUsize>,
+    /// Connections closed by the client while the server held their request.
+    cancelled: Arc<AtomicUsize>,
+    /// The request paths, in the order they arrived.
+    paths: Arc<Mutex<Vec<String>>>,
+}
+
+impl HoldsTheFirst {
+    async fn start() -> HoldsTheFirst {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let server = HoldsTheFirst {
+            url: format!("http://{}/items", listener.local_addr().unwrap()),
+            arrived: Arc::default(),
+            cancelled: Arc::default(),
+            paths: Arc::default(),
+        };
+        let shared = server.clone();
+        tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                let shared = shared.clone();
+                tokio::spawn(async move {
+                    let Some(request) = support::read_request(&mut stream).await else {
+                        return;
+                    };
+                    shared.paths.lock().unwrap().push(request.path);
+                    if shared.arrived.fetch_add(1, Ordering::SeqCst) == 0 {
+                        // Held until the client gives up on it: a read of 0 bytes is its close.
+                        let mut byte = [0u8; 1];
+                        let read = tokio::io::AsyncReadExt::read(&mut stream, &mut byte).await;
+                        if matches!(read, Ok(0) | Err(_)) {
+                            shared.cancelled.fetch_add(1, Ordering::SeqCst);
+                        }
+                        return;
+                    }
+                    let _ = stream.write_all(&support::ok("fast")).await;
+                    let _ = stream.shutdown().await;
+                });
+            }
+        });
+        server
+    }
+
+    fn arrived(&self) -> usize {
+        self.arrived.load(Ordering::SeqCst)
+    }
+
+    fn cancelled(&self) -> usize {
+        self.cancelled.load(Ordering::SeqCst)
+    }
+}
+
+/// Hedges after the p95, at most 1 s; the fixed 5 s timeout.
+fn hedging() -> RetryPolicy {
+    RetryPolicy::builder()
+        .attempt_timeout(Duration::from_secs(5))
+        .hedge_reads(0.05, Duration::from_secs(1))
+        .build()
+        .unwrap()
+}
+
+/// A client of `dependency` on `clock` whose first copy of each request takes `first` of
+/// virtual time, and every other copy none.
+fn client(dependency: Dependency, clock: &FakeClock, first: Duration) -> ClientWithMiddleware {
+    let moved = clock.clone();
+    ClientBuilder::new(reqwest::Client::new())
+        .with(
+            RetryMiddleware::new(dependency)
+                .with_clock(clock.clone())
+                .with_rng(SeededRng::new(9)),
+        )
+        .with(Before(move |extensions: &mut http::Extensions| {
+            // The hedge carries a copy of the request's extensions, marked here as seen.
+            if extensions.get::<Seen>().is_none() {
+                extensions.insert(Seen);
+                moved.advance(first);
+            }
+            None
+        }))
+        .build()
+}
+
+/// Marks the extensions a copy has passed the latency stand-in with.
+#[derive(Clone)]
+struct Seen;
+
+/// Fills the dependency's window with 150 answers of 10 ms, and lets a second pass so that
+/// the window is read again: its p95 is then 10.24 ms (the upper edge of 10 ms's bucket).
+async fn fill(dependency: &Dependency, clock: &FakeClock) {
+    let server = support::always(200).await;
+    let client = client(dependency.clone(), clock, Duration::from_millis(10));
+    for _ in 0..150 {
+        client.get(server.uri()).send().await.unwrap();
+    }
+    clock.advance(Duration::from_secs(1));
+    assert_eq!(server.received_requests().await.unwrap().len(), 150);
+    assert_eq!(dependency.counters().hedges, 0, "none while filling");
+}
+
+#[tokio::test]
+async fn a_slow_first_copy_is_hedged_after_the_p95_and_the_fast_answer_wins() {
+    let clock = FakeClock::new();
+    let reads = Dependency::new("reads", hedging());
+    fill(&reads, &clock).await;
+    let server = HoldsTheFirst::start().await;
+    let before = reads.counters();
+    // The first copy has waited 50 ms (past the 10.24 ms p95) when it is polled.
+    let client = client(reads.clone(), &clock, Duration::from_millis(50));
+
+    let response = client.get(&server.url).send().await.unwrap();
+
+    let record = RetryRecord::of(&response).unwrap();
+    assert!(record.answered_by_hedge());
+    assert_eq!(
+        (record.attempts(), record.stop_reason()),
+        (1, StopReason::Succeeded)
+    );
+    assert_eq!(response.text().await.unwrap(), "fast");
+    assert_eq!(server.arrived(), 2);
+    let after = reads.counters();
+    assert_eq!(
+        (
+            after.hedges - before.hedges,
+            after.hedges_won - before.hedges_won
+        ),
+        (1, 1)
+    );
+    assert_eq!(
+        after.attempts - before.attempts,
+        1,
+        "a hedge is not an attempt"
+    );
+    // The slow copy was dropped, and its connection closed: the server sees it.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while server.cancelled() == 0 {
+        assert!(std::time::Instant::now() < deadline, "never cancelled");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    assert_eq!(server.cancelled(), 1);
+    // No wait was slept: the hedge went on the attempt's own time.
+    assert!(clock.sleeps().is_empty(), "{:?}", clock.sleeps());
+}
+
+#[tokio::test]
+async fn a_first_copy_that_answers_before_the_p95_is_not_hedged() {
+    let clock = FakeClock::new();
+    let reads = Dependency::new("reads", hedging());
+    fill(&reads, &clock).await;
+    let server = support::always(200).await;
+    let client = client(reads.clone(), &clock, Duration::from_millis(10));
+
+    let response = client.get(server.uri()).send().await.unwrap();
+
+    assert!(!RetryRecord::of(&response).unwrap().answered_by_hedge());
+    assert_eq!(reads.counters().hedges, 0);
+    assert_eq!(server.received_requests().await.unwrap().len(), 1);
+}
+
+/// Sends one request shaped by `build` through a dependency whose window says hedge after
+/// 10.24 ms, with a first copy that waits 50 ms and a server that answers it after 30 ms of
+/// real time: how many copies reached the server.
+async fn copies_sent(
+    dependency: Dependency,
+    build: impl FnOnce(&ClientWithMiddleware, &str) -> reqwest_middleware::RequestBuilder,
+) -> usize {
+    let clock = FakeClock::new();
+    fill(&dependency, &clock).await;
+    let server = support::RawServer::start(vec![support::Action::Delay(
+        Duration::from_millis(30),
+        support::ok("slow"),
+    )])
+    .await;
+    let client = client(dependency.clone(), &clock, Duration::from_millis(50));
+    let response = build(&client, &server.url("/items")).send().await.unwrap();
+    assert!(!RetryRecord::of(&response).unwrap().answered_by_hedge());
+    server.requests()
+}
+
+#[tokio::test]
+async fn no_hedge_for_a_write_a_keyed_read_a_stream_or_a_dry_budget() {
+    let reads = || Dependency::new("reads", hedging());
+    let post = copies_sent(reads(), |c, url| c.post(url).body("x")).await;
+    let keyed = copies_sent(reads(), |c, url| {
+        c.get(url).header("idempotency-key", "k-1")
+    })
+    .await;
+    let stream = copies_sent(reads(), |c, url| {
+        c.get(url).body(crate::bodies::streaming_body())
+    })
+    .await;
+    // A budget that earns nothing and holds nothing pays for no hedge.
+    let dry = RetryBudget::builder()
+        .capacity(1.0)
+        .initial(0.0)
+        .deposit_ratio(0.001)
+        .floor_per_sec(0.0)
+        .build()
+        .unwrap();
+    let broke = copies_sent(reads().with_budget(dry), |c, url| c.get(url)).await;
+    assert_eq!((post, keyed, stream, broke), (1, 1, 1, 1));
+    // And the same read, hedged, with a budget: two copies.
+    let paid = copies_sent(reads(), |c, url| c.get(url)).await;
+    assert_eq!(paid, 2);
+}
+
+#[tokio::test]
+async fn a_request_dropped_with_two_copies_out_gives_back_every_token() {
+    let clock = FakeClock::new();
+    let budget = RetryBudget::builder().floor_per_sec(0.0).build().unwrap();
+    let reads = Dependency::new("reads", hedging()).with_budget(budget.clone());
+    fill(&reads, &clock).await;
+    let full = budget.balance();
+    // Both copies are held: the first by the server, the second by a server that never
+    // answers at all.
+    let server = support::RawServer::start(vec![support::Action::Delay(
+        Duration::from_secs(3600),
+        support::ok("never"),
+    )])
+    .await;
+    let client = client(reads.clone(), &clock, Duration::from_millis(50));
+    let url = server.url("/items");
+    let request = tokio::spawn(async move { client.get(url).send().await });
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while server.requests() < 2 {
+        assert!(std::time::Instant::now() < deadline, "no hedge went");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    assert_eq!(budget.balance(), full - 1.0, "the hedge paid one token");
+
+    request.abort();
+    assert!(request.await.unwrap_err().is_cancelled());
+
+    assert_eq!(budget.balance(), full, "every token back");
+    assert_eq!(reads.counters().hedges, 1);
+    assert_eq!(reads.counters().hedges_won, 0);
+}
+
+#[tokio::test]
+async fn nested_instances_hedge_once() {
+    let clock = FakeClock::new();
+    let outer = Dependency::new("outer", hedging());
+    let inner = Dependency::new("inner", hedging());
+    fill(&outer, &clock).await;
+    fill(&inner, &clock).await;
+    let server = HoldsTheFirst::start().await;
+    let moved = clock.clone();
+    let client = ClientBuilder::new(reqwest::Client::new())
+        .with(RetryMiddleware::new(outer.clone()).with_clock(clock.clone()))
+        .with(RetryMiddleware::new(inner.clone()).with_clock(clock.clone()))
+        .with(Before(move |extensions: &mut http::Extensions| {
+            if extensions.get::<Seen>().is_none() {
+                extensions.insert(Seen);
+                moved.advance(Duration::from_millis(50));
+            }
+            None
+        }))
+        .build();
+    let inner_before = inner.counters();
+
+    let response = client.get(&server.url).send().await.unwrap();
+
+    assert!(RetryRecord::of(&response).unwrap().answered_by_hedge());
+    assert_eq!(
+        server.arrived(),
+        2,
+        "one first copy and one hedge, not four"
+    );
+    assert_eq!(outer.counters().hedges, 1);
+    assert_eq!(
+        inner.counters(),
+        inner_before,
+        "the inner instance passed both through"
+    );
+}
+
+#[tokio::test]
+async fn a_copy_that_fails_while_the_other_is_out_waits_for_the_other() {
+    let clock = FakeClock::new();
+    let reads = Dependency::new("reads", hedging());
+    fill(&reads, &clock).await;
+    // The first copy answers after 40 ms of real time; the hedge at once, with a 503.
+    let server = support::RawServer::start(vec![
+        support::Action::Delay(Duration::from_millis(40), support::ok("slow")),
+        support::Action::Respond(support::unavailable()),
+    ])
+    .await;
+    let client = client(reads.clone(), &clock, Duration::from_millis(50));
+
+    let response = client.get(server.url("/items")).send().await.unwrap();
+
+    let record = RetryRecord::of(&response).unwrap();
+    assert!(!record.answered_by_hedge());
+    assert_eq!(
+        (record.attempts(), record.stop_reason()),
+        (1, StopReason::Succeeded)
+    );
+    assert_eq!(response.text().await.unwrap(), "slow");
+    assert_eq!(
+        server.requests(),
+        2,
+        "no retry while the first copy was out"
+    );
+    assert!(clock.sleeps().is_empty());
+    assert_eq!(
+        (reads.counters().hedges, reads.counters().hedges_won),
+        (1, 0)
+    );
+}
