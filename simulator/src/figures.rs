@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use super::chart::{Chart, Series};
 use super::{
-    Clients, Contention, Herd, JITTERS, Jitter, Layers, Metastable, OpenLoop, Service, jitter_name,
+    Clients, Contention, DeadConnections, Herd, JITTERS, Jitter, Layers, Metastable, OpenLoop,
+    RATE_PER_SEC, Service, TailAtScale, jitter_name,
 };
 use reqwest_safe_retry::{RetryBudget, RetryPolicy};
 
@@ -45,6 +46,8 @@ pub fn figures_at(seed: u64, scale: Scale) -> Vec<Figure> {
     out.push(herd(seed, scale));
     out.push(layers());
     out.push(metastable(seed, scale));
+    out.push(tail(seed, scale));
+    out.push(dead_connections(seed, scale));
     out
 }
 
@@ -430,6 +433,149 @@ fn metastable(seed: u64, scale: Scale) -> Figure {
             series,
             steps: true,
             log_y: false,
+        },
+    }
+}
+
+/// The percentiles the tail figure reads, as numbers of nines: p50, p90, p99, p99.9, p99.99.
+const NINES: [(f64, &str); 5] = [
+    (0.5, "p50"),
+    (0.9, "p90"),
+    (0.99, "p99"),
+    (0.999, "p99.9"),
+    (0.9999, "p99.99"),
+];
+
+fn millis(d: Duration) -> f64 {
+    d.as_secs_f64() * 1_000.0
+}
+
+fn tail(seed: u64, scale: Scale) -> Figure {
+    let duration = match scale {
+        Scale::Full => Duration::from_secs(60),
+        Scale::Small => Duration::from_secs(5),
+    };
+    let run = |hedge| {
+        TailAtScale {
+            rate_per_sec: RATE_PER_SEC,
+            duration,
+            hedge,
+            seed,
+        }
+        .run()
+    };
+    let (without, with) = (run(false), run(true));
+    let mut table = format!(
+        "Tail at scale: {RATE_PER_SEC} requests/s for {} s; attempts take 8-12 ms, 1 % take 1 s; \
+         request latency (ms)\n",
+        duration.as_secs()
+    );
+    let _ = writeln!(
+        table,
+        "{:<28} {:>8} {:>8} {:>8} {:>8} {:>12}",
+        "client", "p50", "p99", "p99.9", "hedges", "extra load"
+    );
+    let mut series = Vec::new();
+    for (name, report) in [("no hedging", &without), ("hedged after the p95", &with)] {
+        let _ = writeln!(
+            table,
+            "{:<28} {:>8.1} {:>8.1} {:>8.1} {:>8} {:>11.2}%",
+            name,
+            millis(report.percentile(0.5)),
+            millis(report.percentile(0.99)),
+            millis(report.percentile(0.999)),
+            report.hedges,
+            report.extra_load() * 100.0
+        );
+        let points = NINES
+            .iter()
+            .map(|(q, _)| (-(1.0 - q).log10(), millis(report.percentile(*q))))
+            .collect();
+        series.push(Series::new(name, points).with_markers());
+    }
+    Figure {
+        file_name: "tail.svg",
+        table,
+        chart: Chart {
+            title: format!(
+                "Tail at scale: request latency by percentile, {RATE_PER_SEC}/s for {} s",
+                duration.as_secs()
+            ),
+            x_label: "percentile (nines: 0.3 = p50, 1 = p90, 2 = p99, 3 = p99.9, 4 = p99.99)"
+                .into(),
+            y_label: "request latency (ms, log scale)".into(),
+            series,
+            steps: false,
+            log_y: true,
+        },
+    }
+}
+
+fn dead_connections(seed: u64, scale: Scale) -> Figure {
+    let rate = match scale {
+        Scale::Full => RATE_PER_SEC,
+        Scale::Small => 20,
+    };
+    let duration = Duration::from_secs(60);
+    let run = |from_latency| {
+        DeadConnections {
+            rate_per_sec: rate,
+            duration,
+            from_latency,
+            seed,
+        }
+        .run()
+    };
+    let (fixed, measured) = (run(false), run(true));
+    let mut table = format!(
+        "Dead connections and a brownout: {rate} requests/s for 60 s; attempts take about 10 ms, \
+         0.5 % never answer, 5x slower from 15 s to 45 s; request latency (ms)\n"
+    );
+    let _ = writeln!(
+        table,
+        "{:<30} {:>8} {:>8} {:>10} {:>34}",
+        "attempt timeout", "p50", "p99", "p99.9", "brownout attempts cut that would answer"
+    );
+    let mut series = Vec::new();
+    for (name, report) in [
+        ("fixed 10 s", &fixed),
+        ("2 x p99.9, from latency", &measured),
+    ] {
+        let _ = writeln!(
+            table,
+            "{:<30} {:>8.1} {:>8.1} {:>10.1} {:>26} ({:.2}%)",
+            name,
+            millis(report.percentile(0.5)),
+            millis(report.percentile(0.99)),
+            millis(report.percentile(0.999)),
+            format!("{} of {}", report.brownout_cut, report.brownout_attempts),
+            report.brownout_cut_share() * 100.0
+        );
+        // The slowest request started in each second.
+        let mut worst = vec![Duration::ZERO; duration.as_secs() as usize];
+        for (start, took) in &report.timeline {
+            let second = (start.as_secs() as usize).min(worst.len() - 1);
+            worst[second] = worst[second].max(*took);
+        }
+        let points = worst
+            .iter()
+            .enumerate()
+            .map(|(s, took)| (s as f64, millis(*took).max(1.0)))
+            .collect();
+        series.push(Series::new(name, points));
+    }
+    Figure {
+        file_name: "dead_connections.svg",
+        table,
+        chart: Chart {
+            title: format!(
+                "Dead connections (0.5 %) and a 5x brownout (15-45 s): slowest request per second, {rate}/s"
+            ),
+            x_label: "request start (s)".into(),
+            y_label: "slowest request that started in the second (ms, log scale)".into(),
+            series,
+            steps: true,
+            log_y: true,
         },
     }
 }

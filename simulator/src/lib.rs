@@ -51,6 +51,7 @@ mod chart;
 mod contention;
 mod figures;
 mod herd;
+mod latency;
 mod layers;
 mod metastable;
 
@@ -58,6 +59,7 @@ pub use chart::{Chart, Series, Stroke};
 pub use contention::{Contention, ContentionReport, JITTERS, Jitter, jitter_name};
 pub use figures::{CONTENTION_SEEDS, Figure, Scale, figures, figures_at};
 pub use herd::{Herd, HerdReport};
+pub use latency::{DeadConnections, LatencyReport, RATE_PER_SEC, TailAtScale};
 pub use layers::{Layers, LayersReport};
 pub use metastable::{Clients, Metastable, MetastableReport};
 

@@ -121,7 +121,7 @@ fn the_same_seed_gives_byte_identical_figures() {
             .collect()
     };
     let (first, second) = (draw(), draw());
-    assert_eq!(first.len(), 6);
+    assert_eq!(first.len(), 8);
     assert_eq!(first, second);
     for svg in &first {
         assert!(svg.contains("</svg>"));
