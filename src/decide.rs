@@ -21,6 +21,8 @@
 //! | the throttle: admit before an attempt, count it when it ends or is dropped | here, on the [`AdaptiveThrottle`] |
 //! | charge before sleep, deposit, refund, give back | here, on the [`RetryBudget`] |
 //! | counters | here: a retry counts when its attempt starts, a stamped key when the first does |
+//! | the attempt's timeout from measured latency, doubled after a timeout | [`Decider::next_attempt`], on `latency::LatencyWindow` |
+//! | whether and when a hedge goes, what it costs, which copy's outcome counts | [`Decider::next_attempt`], [`Decider::hedge`], [`Decider::hedge_won`]; which requests may be hedged: `classify` |
 //!
 //! # Precedence
 //!
@@ -52,7 +54,8 @@
 //! caller's own timeout, a `select!`), or the deadline turns out to have passed when the wait
 //! ends, the decider's `Drop` gives the tokens back: a guard, not a convention. Nothing is
 //! counted for a retry until its attempt starts, so a dropped request leaves counters that
-//! count only what happened. The same guard gives back a quota probe that got no answer, and
+//! count only what happened. A hedge on the wire when the request is dropped gives its tokens
+//! back too (the caller gave up on both copies). The same guard gives back a quota probe that got no answer, and
 //! tells the throttle that an attempt on the wire got no accept: its caller gave up on it (the
 //! instant it was admitted stands for the instant it ended, as the core has no clock).
 

@@ -1055,7 +1055,10 @@ mod tests {
             .derive_namespace(0x6ba7b811_9dad_11d1_80b4_00c04fd430c8)
             .build()
             .unwrap();
-        assert_eq!(url.derive_namespace(), 0x6ba7b811_9dad_11d1_80b4_00c04fd430c8);
+        assert_eq!(
+            url.derive_namespace(),
+            0x6ba7b811_9dad_11d1_80b4_00c04fd430c8
+        );
         let key = derived(Some(&url), Method::POST, None, "order-42/charge");
         assert_eq!(
             key.unwrap().unwrap().value,

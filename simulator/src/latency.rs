@@ -115,7 +115,13 @@ impl TailAtScale {
                 Duration::from_micros(8_000 + (u * 4_000.0) as u64)
             })
         });
-        simulate(policy, (self.rate_per_sec, self.duration), draw, None, self.seed)
+        simulate(
+            policy,
+            (self.rate_per_sec, self.duration),
+            draw,
+            None,
+            self.seed,
+        )
     }
 }
 
@@ -138,9 +144,17 @@ impl DeadConnections {
             } else {
                 1.0
             };
-            Some(Duration::from_secs_f64(0.010 * (1.0 + exponential) * slowdown))
+            Some(Duration::from_secs_f64(
+                0.010 * (1.0 + exponential) * slowdown,
+            ))
         });
-        simulate(policy, (self.rate_per_sec, self.duration), draw, Some(brownout), self.seed)
+        simulate(
+            policy,
+            (self.rate_per_sec, self.duration),
+            draw,
+            Some(brownout),
+            self.seed,
+        )
     }
 }
 

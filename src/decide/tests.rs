@@ -11,6 +11,7 @@ use super::*;
 use crate::budget::RetryKind;
 use crate::observe::CounterSnapshot;
 
+mod hedges;
 mod model;
 mod quota;
 
@@ -93,6 +94,7 @@ pub(super) struct Setup {
     keys: MetricKeys,
     pub(super) throttle: Option<AdaptiveThrottle>,
     pub(super) quota: QuotaState,
+    pub(super) latency: Option<LatencyWindow>,
     pub(super) time: Time,
 }
 
@@ -105,6 +107,7 @@ impl Setup {
             keys: MetricKeys::new("test"),
             throttle: None,
             quota: QuotaState::default(),
+            latency: None,
             time: Time::new(),
         }
     }
@@ -129,7 +132,7 @@ impl Setup {
             metric_keys: &self.keys,
             throttle: self.throttle.as_ref(),
             quota: &self.quota,
-            latency: None,
+            latency: self.latency.as_ref(),
         }
     }
 
