@@ -154,16 +154,15 @@ pub(crate) enum Next {
     Stop(StopReason),
 }
 
-/// The second copy of an attempt (a hedge), until the attempt's outcome is taken in; boxed in
-/// the decider, as few requests send one.
+/// The second copy of an attempt (a hedge), until the attempt's outcome is taken in.
 #[derive(Debug)]
 struct Hedge {
     /// What it withdrew from the budget, given back if the request is dropped with it out.
     cost: u64,
     /// When the throttle admitted it, if there is a throttle.
     admitted: Option<Instant>,
-    /// When it was sent.
-    sent_at: Instant,
+    /// When it was sent (the window's time).
+    sent_at: u64,
 }
 
 /// A retry paid for whose attempt has not started.
@@ -183,9 +182,12 @@ pub(crate) struct Decider<'a> {
     started: Instant,
     /// Attempts started so far.
     attempt: u32,
-    waited: Duration,
-    /// The wait (sleep or hold) last answered, counted as waited when the next question comes.
-    asleep: Duration,
+    /// In nanoseconds, saturating (584 years): the decider lives in every request's future,
+    /// which is kept small.
+    waited: u64,
+    /// The wait (sleep or hold) last answered, counted as waited when the next question comes;
+    /// in nanoseconds, saturating.
+    asleep: u64,
     /// What the last started retry cost, for a refund on success.
     last_cost: u64,
     /// The request's key was stamped here: counted when the first attempt is sent.
@@ -204,19 +206,27 @@ pub(crate) struct Decider<'a> {
     /// The last backoff drawn (without a floor), for decorrelated jitter.
     last_backoff: Option<Duration>,
     pending: Option<Pending>,
-    /// When the last attempt was allowed to go, and its time limit.
-    sent_at: Instant,
-    last_limit: Duration,
-    /// The last attempt timed out: the next one gets twice its limit.
+    /// When the last attempt was allowed to go, in its dependency's latency window's time
+    /// (kept only when the dependency measures its latency).
+    sent_at: u64,
+    /// The last attempt's time limit, in microseconds (saturating), and whether it timed out:
+    /// a retry after a timeout gets twice the limit (kept only when latency is measured).
+    last_limit_us: u32,
     last_timed_out: bool,
-    /// The request may be hedged (a read without a key, whose body can be sent twice).
-    hedgeable: bool,
+    /// The hedging state of a request that may be hedged; boxed, as few requests may be, and
+    /// the decider lives in every request's future, which is kept small.
+    hedging: Option<Box<Hedging>>,
+}
+
+/// The hedging state of one request: when a hedge may go, and the one out.
+#[derive(Debug, Default)]
+struct Hedging {
     /// When the attempt last allowed may be hedged, if it may.
-    hedge_after: Option<Duration>,
+    after: Option<Duration>,
     /// The hedge on the wire, until the attempt's outcome is taken in.
-    hedge: Option<Box<Hedge>>,
+    out: Option<Hedge>,
     /// The last outcome taken in came from a hedge.
-    hedge_answered: bool,
+    answered: bool,
 }
 
 impl<'a> Decider<'a> {
@@ -240,8 +250,8 @@ impl<'a> Decider<'a> {
             retries_disabled,
             started: now,
             attempt: 0,
-            waited: Duration::ZERO,
-            asleep: Duration::ZERO,
+            waited: 0,
+            asleep: 0,
             last_cost: 0,
             stamped: false,
             admitted: None,
@@ -251,30 +261,41 @@ impl<'a> Decider<'a> {
             floor: None,
             last_backoff: None,
             pending: None,
-            sent_at: now,
-            last_limit: Duration::ZERO,
+            sent_at: 0,
+            last_limit_us: 0,
             last_timed_out: false,
-            hedgeable: false,
-            hedge_after: None,
-            hedge: None,
-            hedge_answered: false,
+            hedging: None,
         }
     }
 
     /// The request may be hedged, if its policy hedges reads: it is a read without a key whose
     /// body can be sent twice (`classify::may_be_hedged`).
     pub(crate) fn allow_hedges(&mut self) {
-        self.hedgeable = self.policy.hedge_reads().is_some();
+        if self.policy.hedge_reads().is_some() && self.accounts.latency.is_some() {
+            self.hedging = Some(Box::default());
+        }
     }
 
     /// How long after the attempt last allowed a hedge of it may be sent, if one may.
     pub(crate) fn hedge_after(&self) -> Option<Duration> {
-        self.hedge_after
+        self.hedging.as_deref()?.after
     }
 
     /// Whether the outcome last taken in came from a hedge.
     pub(crate) fn hedge_answered(&self) -> bool {
-        self.hedge_answered
+        self.hedging.as_deref().is_some_and(|h| h.answered)
+    }
+
+    /// The next attempt's timeout before the deadline cuts it, given the one from the measured
+    /// latency (if the window has one): it, or the policy's; after a timeout, twice the last
+    /// attempt's limit, up to the policy's.
+    fn measured_timeout(&self, measured: Option<Duration>) -> Duration {
+        let timeout = measured.unwrap_or(self.policy.attempt_timeout());
+        if self.last_timed_out {
+            let doubled = Duration::from_micros(u64::from(self.last_limit_us) * 2);
+            return timeout.max(doubled).min(self.policy.attempt_timeout());
+        }
+        timeout
     }
 
     /// The request's key was stamped by the middleware: counted once its first attempt is sent.
@@ -289,7 +310,7 @@ impl<'a> Decider<'a> {
 
     /// The time spent in finished waits and holds.
     pub(crate) fn waited(&self) -> Duration {
-        self.waited
+        Duration::from_nanos(self.waited)
     }
 
     /// The floor the last transient answer set (its `Retry-After`, or the reset of the quota
@@ -361,7 +382,7 @@ impl<'a> Decider<'a> {
                     let retry = self.attempt.saturating_sub(1);
                     return match schedule::hold(self.policy, retry, hold, remaining, rng) {
                         Wait::Sleep(hold) => {
-                            self.asleep = hold;
+                            self.asleep = nanos(hold);
                             Next::Hold(hold)
                         }
                         Wait::Stop(stop) => self.refuse(stop),
@@ -377,31 +398,16 @@ impl<'a> Decider<'a> {
             self.admitted = Some(now);
         }
         let Some(window) = self.accounts.latency else {
-            let limit = self.policy.attempt_timeout().min(remaining);
-            self.last_limit = limit;
-            return Next::Send(limit);
+            return Next::Send(self.policy.attempt_timeout().min(remaining));
         };
-        let measured = window.percentiles(now);
-        let limit = self.attempt_timeout(measured.slow).min(remaining);
-        self.sent_at = now;
-        self.last_limit = limit;
-        self.hedge_after = self
-            .policy
-            .hedge_delay(measured.hedge)
-            .filter(|after| self.hedgeable && *after < limit);
-        Next::Send(limit)
-    }
-
-    /// The next attempt's timeout before the deadline cuts it, for a window whose p99.9 is
-    /// `slow`: the policy's, or one from the measured latency; after a timeout, twice the last
-    /// attempt's limit, up to the policy's.
-    fn attempt_timeout(&self, slow: Option<Duration>) -> Duration {
-        let timeout = self.policy.timeout_for(slow);
-        if self.last_timed_out {
-            let fixed = self.policy.attempt_timeout();
-            return timeout.max(self.last_limit.saturating_mul(2)).min(fixed);
+        let (measured, at) = window.measured(now);
+        let limit = self.measured_timeout(measured.timeout).min(remaining);
+        self.sent_at = at;
+        self.last_limit_us = u32::try_from(limit.as_micros()).unwrap_or(u32::MAX);
+        if let Some(hedging) = self.hedging.as_deref_mut() {
+            hedging.after = measured.hedge_after.filter(|after| *after < limit);
         }
-        timeout
+        Next::Send(limit)
     }
 
     /// Whether a hedge of the attempt on the wire may go at `now`, to `resend`: its time limit
@@ -414,9 +420,12 @@ impl<'a> Decider<'a> {
         resend: &Url,
         rng: &dyn RandomSource,
     ) -> Option<Duration> {
-        if self.hedge.is_some() || self.hedge_after.is_none() {
-            return None;
-        }
+        let limit = match self.hedging.as_deref() {
+            Some(h) if h.out.is_none() && h.after.is_some() => {
+                Duration::from_micros(u64::from(self.last_limit_us))
+            }
+            _ => return None,
+        };
         let remaining = self.remaining(now);
         if remaining.is_zero() {
             return None;
@@ -443,32 +452,38 @@ impl<'a> Decider<'a> {
             }
         };
         self.count(Count::Hedge);
-        self.hedge = Some(Box::new(Hedge {
-            cost,
-            admitted,
-            sent_at: now,
-        }));
-        Some(self.last_limit.min(remaining))
+        let sent_at = self.accounts.latency.map_or(0, |window| window.micros(now));
+        if let Some(hedging) = self.hedging.as_deref_mut() {
+            hedging.out = Some(Hedge {
+                cost,
+                admitted,
+                sent_at,
+            });
+        }
+        Some(limit.min(remaining))
     }
 
     /// The hedge's outcome, not the first copy's, is the one about to be taken in: its time
     /// is measured and its admission counted, and the first copy is the one given up.
     pub(crate) fn hedge_won(&mut self) {
-        let Some(hedge) = self.hedge.as_deref_mut() else {
+        let Some(hedging) = self.hedging.as_deref_mut() else {
+            return;
+        };
+        let Some(hedge) = hedging.out.as_mut() else {
             return;
         };
         // With a throttle both copies were admitted (without one, neither): the hedge's
         // admission is now the one the outcome settles, the first copy's the one given up.
         std::mem::swap(&mut self.sent_at, &mut hedge.sent_at);
         std::mem::swap(&mut self.admitted, &mut hedge.admitted);
-        self.hedge_answered = true;
+        hedging.answered = true;
         self.count(Count::HedgeWon);
     }
 
     /// Ends the hedge of the attempt just ended: the copy that did not answer was given up
     /// (the throttle counts it as not accepted); what it cost stays spent.
     fn settle_hedge(&mut self) {
-        let Some(hedge) = self.hedge.take() else {
+        let Some(hedge) = self.hedging.as_deref_mut().and_then(|h| h.out.take()) else {
             return;
         };
         if let (Some(throttle), Some(admitted)) = (self.accounts.throttle, hedge.admitted) {
@@ -479,15 +494,15 @@ impl<'a> Decider<'a> {
     /// What the attempt that just ended at `now` says of the dependency's latency: an answer's
     /// time (unless its status is retried: a fast failure), or a timeout.
     fn measure(&mut self, observed: &Observed<'_>, now: Instant) {
-        self.last_timed_out = observed.timed_out;
         let Some(window) = self.accounts.latency else {
             return;
         };
+        self.last_timed_out = observed.timed_out;
         if observed.timed_out {
             window.timed_out(now);
         } else if let Some(answer) = observed.answer {
             if !self.policy.is_retryable_status(answer.status) {
-                window.answered(now.saturating_duration_since(self.sent_at), now);
+                window.answered_since(self.sent_at, now);
             }
         }
     }
@@ -505,7 +520,9 @@ impl<'a> Decider<'a> {
     /// it (and the retry, which now uses its tokens; and a stamped key, on the first).
     pub(crate) fn attempt_started(&mut self) {
         self.attempt += 1;
-        self.hedge_answered = false;
+        if let Some(hedging) = self.hedging.as_deref_mut() {
+            hedging.answered = false;
+        }
         self.count(Count::Attempt);
         self.on_wire = self.admitted.is_some();
         if self.attempt == 1 && self.stamped {
@@ -571,7 +588,7 @@ impl<'a> Decider<'a> {
         &mut self,
         observed: Observed<'_>,
         now: Instant,
-        wall: SystemTime,
+        wall: &dyn Fn() -> SystemTime,
         rng: &dyn RandomSource,
     ) -> Wait {
         self.settle_hedge();
@@ -677,7 +694,7 @@ impl<'a> Decider<'a> {
             cost,
             honours_floor: floor.is_some(),
         });
-        self.asleep = delay;
+        self.asleep = nanos(delay);
         Ok(delay)
     }
 
@@ -726,7 +743,7 @@ impl<'a> Decider<'a> {
         if let (Some(pending), Some(budget)) = (self.pending.take(), self.accounts.budget) {
             budget.cancel_withdrawal(pending.cost);
         }
-        if let Some(hedge) = self.hedge.take() {
+        if let Some(hedge) = self.hedging.as_deref_mut().and_then(|h| h.out.take()) {
             // Out when the request was dropped: its tokens come back, and the throttle counts
             // it as given up.
             if let Some(budget) = self.accounts.budget {
@@ -750,6 +767,11 @@ impl Drop for Decider<'_> {
             throttle.finished(admitted, false);
         }
     }
+}
+
+/// `d` in nanoseconds, saturating.
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
 #[cfg(test)]

@@ -98,10 +98,9 @@ impl Dependency {
             keys: Some(IdempotencyKeys::default()),
             quota: Arc::default(),
             attempt_headers: AttemptHeaders::default(),
-            latency: policy.measures_latency().then(|| {
-                let extra_load = policy.hedge_reads().map_or(0.05, |(load, _)| load);
-                Arc::new(LatencyWindow::new(extra_load))
-            }),
+            latency: policy
+                .measures_latency()
+                .then(|| Arc::new(LatencyWindow::new(&policy))),
         }
     }
 

@@ -36,8 +36,10 @@
 //! and at most an eighth above it.
 
 use std::sync::OnceLock;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
+
+use crate::policy::RetryPolicy;
 
 /// Slices in the window.
 pub(crate) const SLICES: usize = 10;
@@ -116,7 +118,7 @@ impl Slice {
     }
 }
 
-/// What the window last read of itself.
+/// The window's percentiles.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Percentiles {
     /// The attempt timeout's percentile (p99.9), if the window is believed.
@@ -125,38 +127,49 @@ pub(crate) struct Percentiles {
     pub(crate) hedge: Option<Duration>,
 }
 
+/// What the policy makes of the percentiles, as the window keeps it between readings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Measured {
+    /// The attempt timeout from latency, if the policy takes it and the window is believed.
+    pub(crate) timeout: Option<Duration>,
+    /// The hedging delay, if the policy hedges and the window is believed.
+    pub(crate) hedge_after: Option<Duration>,
+}
+
 /// The latency window of one dependency, shared by its clones.
 #[derive(Debug)]
 pub(crate) struct LatencyWindow {
+    /// The dependency's policy, which turns percentiles into a timeout and a hedging delay.
+    policy: RetryPolicy,
     /// The hedging percentile's rank, `1 - m`.
     hedge_rank: f64,
     origin: OnceLock<Instant>,
     slices: Box<[Slice]>,
-    /// The percentiles last read, in microseconds plus one (0: not believed).
-    slow: AtomicU64,
-    hedge: AtomicU64,
-    /// When (microseconds since the origin) the percentiles are next due.
+    /// What the policy made of the percentiles last read: the timeout in the low half and the
+    /// hedging delay in the high half, each in microseconds plus one (0: none); one atomic, so
+    /// a request reads both at once.
+    measured: AtomicU64,
+    /// When (microseconds since the origin) the percentiles are next due; 0 after a timeout,
+    /// which asks for them at once.
     due: AtomicU64,
-    /// A timeout was counted since they were last read.
-    stale: AtomicBool,
 }
 
 impl LatencyWindow {
-    /// A window whose hedging percentile is `p(1 - extra_load)`.
-    pub(crate) fn new(extra_load: f64) -> LatencyWindow {
+    /// The window of a dependency with `policy`.
+    pub(crate) fn new(policy: &RetryPolicy) -> LatencyWindow {
+        let extra_load = policy.hedge_reads().map_or(0.05, |(load, _)| load);
         LatencyWindow {
+            policy: *policy,
             hedge_rank: 1.0 - extra_load,
             origin: OnceLock::new(),
             slices: (0..SLICES).map(|_| Slice::new()).collect(),
-            slow: AtomicU64::new(0),
-            hedge: AtomicU64::new(0),
+            measured: AtomicU64::new(0),
             due: AtomicU64::new(0),
-            stale: AtomicBool::new(false),
         }
     }
 
-    /// Microseconds from the window's origin (its first use) to `now`.
-    fn micros(&self, now: Instant) -> u64 {
+    /// `now` as the window's time: microseconds from its origin (its first use).
+    pub(crate) fn micros(&self, now: Instant) -> u64 {
         let origin = *self.origin.get_or_init(|| now);
         u64::try_from(now.saturating_duration_since(origin).as_micros()).unwrap_or(u64::MAX)
     }
@@ -167,9 +180,21 @@ impl LatencyWindow {
     }
 
     /// Counts an answer that took `took`, at `now`.
+    #[cfg(test)]
     pub(crate) fn answered(&self, took: Duration, now: Instant) {
         let micros = u64::try_from(took.as_micros()).unwrap_or(u64::MAX);
         let at = self.micros(now);
+        self.count_answer(micros, at);
+    }
+
+    /// Counts an answer at `now` to an attempt sent at `sent` (the window's time, as
+    /// [`measured`](Self::measured) gave it): one reading of the time for both.
+    pub(crate) fn answered_since(&self, sent: u64, now: Instant) {
+        let at = self.micros(now);
+        self.count_answer(at.saturating_sub(sent), at);
+    }
+
+    fn count_answer(&self, micros: u64, at: u64) {
         self.slice(at).counts[bucket(micros)].fetch_add(1, Ordering::Relaxed);
     }
 
@@ -178,34 +203,40 @@ impl LatencyWindow {
     pub(crate) fn timed_out(&self, now: Instant) {
         let at = self.micros(now);
         self.slice(at).timeouts.fetch_add(1, Ordering::Relaxed);
-        self.stale.store(true, Ordering::Relaxed);
+        self.due.store(0, Ordering::Relaxed);
     }
 
-    /// The percentiles at `now`: as last read, or read again when due.
-    pub(crate) fn percentiles(&self, now: Instant) -> Percentiles {
+    /// What the policy makes of the percentiles at `now` (as last read, or read again when
+    /// due), and `now` as the window's time, for [`answered_since`](Self::answered_since).
+    pub(crate) fn measured(&self, now: Instant) -> (Measured, u64) {
         let at = self.micros(now);
         let due = self.due.load(Ordering::Relaxed);
-        if (at >= due || self.stale.load(Ordering::Relaxed))
+        if at >= due
             && self
                 .due
                 .compare_exchange(
                     due,
-                    at.saturating_add(REFRESH.as_micros() as u64),
+                    at.saturating_add(REFRESH.as_micros() as u64).max(1),
                     Ordering::Relaxed,
                     Ordering::Relaxed,
                 )
                 .is_ok()
         {
-            self.stale.store(false, Ordering::Relaxed);
             let read = self.read(at);
-            self.slow.store(encode(read.slow), Ordering::Relaxed);
-            self.hedge.store(encode(read.hedge), Ordering::Relaxed);
-            return read;
+            let measured = Measured {
+                timeout: read.slow.map(|slow| self.policy.timeout_for(Some(slow))),
+                hedge_after: self.policy.hedge_delay(read.hedge),
+            };
+            let packed = encode(measured.timeout) | encode(measured.hedge_after) << 32;
+            self.measured.store(packed, Ordering::Relaxed);
+            return (measured, at);
         }
-        Percentiles {
-            slow: decode(self.slow.load(Ordering::Relaxed)),
-            hedge: decode(self.hedge.load(Ordering::Relaxed)),
-        }
+        let packed = self.measured.load(Ordering::Relaxed);
+        let measured = Measured {
+            timeout: decode(packed & u64::from(u32::MAX)),
+            hedge_after: decode(packed >> 32),
+        };
+        (measured, at)
     }
 
     /// Reads the percentiles from the slices still in the window at `at`.
@@ -253,9 +284,12 @@ fn quantile(counts: &[u64], answers: u64, q: f64) -> Duration {
     Duration::from_micros(upper_edge(counts.len() - 1))
 }
 
+/// A duration in microseconds plus one, in 32 bits (0: none); longer than 71 minutes reads
+/// as 71 minutes.
 fn encode(value: Option<Duration>) -> u64 {
     value.map_or(0, |d| {
-        u64::try_from(d.as_micros()).unwrap_or(u64::MAX - 1) + 1
+        let micros = u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+        micros.min(u64::from(u32::MAX - 1)) + 1
     })
 }
 
@@ -269,6 +303,20 @@ mod tests {
 
     fn ms(n: u64) -> Duration {
         Duration::from_millis(n)
+    }
+
+    /// A window whose hedging percentile is `p(1 - m)`, with a policy that takes its timeout
+    /// as the p99.9 itself (x1, floor 1 us, under an hour) and hedges at the percentile.
+    fn window(m: f64) -> LatencyWindow {
+        let hour = Duration::from_secs(3_600);
+        let policy = RetryPolicy::builder()
+            .attempt_timeout(hour)
+            .deadline(hour)
+            .timeout_from_latency(1.0, Duration::from_micros(1))
+            .hedge_reads(m, hour)
+            .build()
+            .unwrap();
+        LatencyWindow::new(&policy)
     }
 
     #[test]
@@ -294,9 +342,9 @@ mod tests {
 
     #[test]
     fn an_empty_or_thin_window_is_not_believed() {
-        let window = LatencyWindow::new(0.05);
+        let window = window(0.05);
         let start = Instant::now();
-        assert_eq!(window.percentiles(start).slow, None);
+        assert_eq!(window.measured(start).0.timeout, None);
         for _ in 0..MIN_SAMPLES - 1 {
             window.answered(ms(20), start);
         }
@@ -308,7 +356,7 @@ mod tests {
 
     #[test]
     fn a_window_of_20_ms_answers_reads_20_ms_within_an_eighth() {
-        let window = LatencyWindow::new(0.05);
+        let window = window(0.05);
         let start = Instant::now();
         for _ in 0..1_000 {
             window.answered(ms(20), start);
@@ -321,29 +369,29 @@ mod tests {
 
     #[test]
     fn percentiles_are_kept_until_due_and_read_again_after_a_timeout() {
-        let window = LatencyWindow::new(0.05);
+        let window = window(0.05);
         let start = Instant::now();
-        assert_eq!(window.percentiles(start).slow, None);
+        assert_eq!(window.measured(start).0.timeout, None);
         for _ in 0..200 {
             window.answered(ms(10), start);
         }
         // Not due yet: what was read stands.
-        assert_eq!(window.percentiles(start + ms(999)).slow, None);
-        let due = window.percentiles(start + REFRESH).slow.unwrap();
+        assert_eq!(window.measured(start + ms(999)).0.timeout, None);
+        let due = window.measured(start + REFRESH).0.timeout.unwrap();
         assert!(due > ms(10) && due <= ms(12), "{due:?}");
         // Slower answers, and a timeout that brings the reading forward.
         for _ in 0..10 {
             window.answered(ms(80), start + REFRESH);
         }
-        assert_eq!(window.percentiles(start + REFRESH).slow, Some(due));
+        assert_eq!(window.measured(start + REFRESH).0.timeout, Some(due));
         window.timed_out(start + REFRESH);
-        let read = window.percentiles(start + REFRESH).slow.unwrap();
+        let read = window.measured(start + REFRESH).0.timeout.unwrap();
         assert!(read > ms(80) && read <= ms(90), "{read:?}");
     }
 
     #[test]
     fn a_window_whose_attempts_mostly_time_out_is_not_believed() {
-        let window = LatencyWindow::new(0.05);
+        let window = window(0.05);
         let start = Instant::now();
         for _ in 0..1_000 {
             window.answered(ms(5), start);
@@ -359,7 +407,7 @@ mod tests {
 
     #[test]
     fn slices_leave_the_window_after_30_s() {
-        let window = LatencyWindow::new(0.05);
+        let window = window(0.05);
         let start = Instant::now();
         for _ in 0..200 {
             window.answered(ms(500), start);
@@ -410,7 +458,7 @@ mod tests {
                 ),
                 m in 0.01f64..0.5,
             ) {
-                let window = LatencyWindow::new(m);
+                let window = window(m);
                 let start = Instant::now();
                 for s in &samples {
                     window.answered(Duration::from_micros(*s), start);

@@ -145,6 +145,30 @@
 //! answering 503 to everything) gets fewer attempts too, and a client with little traffic learns
 //! slowly. It costs a lock and two updates of the window per attempt.
 //!
+//! # Attempts that follow measured latency (opt-in)
+//!
+//! A dependency whose policy asks for it has the latency of its answers measured over the last
+//! 30 s (answers whose status is retried are left out; timeouts are counted apart), and two
+//! settings use it:
+//!
+//! - [`RetryPolicyBuilder::timeout_from_latency`]: each attempt's timeout is a multiple of the
+//!   p99.9 of the recent answers (2x is usual), between a floor and the fixed attempt timeout
+//!   (which serves until 100 answers are measured, or when more than 5 % of the window's
+//!   attempts timed out); a retry after a timeout gets twice the last limit. Turn it on for a
+//!   dependency that answers far faster than its fixed timeout: a dead connection then costs a
+//!   few times its usual latency instead of 10 s. It costs a reading of the clock per attempt
+//!   and two atomic additions per answer.
+//! - [`RetryPolicyBuilder::hedge_reads`]: a GET, HEAD or OPTIONS request without a key that
+//!   has waited past the `1 - m` percentile of the recent answers (capped by a fixed delay)
+//!   gets a second copy; the first answer wins and the other copy is cancelled. Hedges draw on
+//!   the retry budget like retries, and the throttle, a spent quota and the deadline apply to
+//!   them. Turn it on for reads whose tail latency matters. [`RetryRecord::answered_by_hedge`]
+//!   and the `hedges` and `hedges_won` counters say what it did.
+//!
+//! `docs/simulations.md` in the repository shows both at work: hedging cuts a 1 s p99.9 to
+//! 25 ms for 1 % more requests, and a timeout from latency cuts the p99.9 of a dependency with
+//! dead connections 27-fold while cutting 0.66 % of a brownout's slow answers.
+//!
 //! # Telling the server which attempt it is answering (opt-in)
 //!
 //! [`Dependency::with_attempt_header`] sends the attempt's number (`1`, `2`, `3`) on every

@@ -216,14 +216,21 @@ impl RetryMiddleware {
             let Some(request) = &kept else {
                 unreachable!("the request is kept until its first attempt");
             };
-            let natural = extensions.get::<NaturalKey>();
-            let mut sent = match self.prepare(dependency, request, natural, refused, &mut decider) {
-                Ok(prepared) => prepared,
-                Err((stop, cause, watcher)) => {
-                    let outcome = Err(cause);
-                    return self.finish(&span, outcome, stop, &decider, None, watcher.as_deref());
-                }
-            };
+            let mut sent =
+                match self.prepare(dependency, request, extensions, refused, &mut decider) {
+                    Ok(prepared) => prepared,
+                    Err((stop, cause, watcher)) => {
+                        let outcome = Err(cause);
+                        return self.finish(
+                            &span,
+                            outcome,
+                            stop,
+                            &decider,
+                            None,
+                            watcher.as_deref(),
+                        );
+                    }
+                };
             loop {
                 let url = kept.as_ref().map(Request::url);
                 let limit = match decider.next_attempt(now, url, &*self.rng.0) {
@@ -332,7 +339,7 @@ impl RetryMiddleware {
         &'a self,
         dependency: &'a Dependency,
         request: &Request,
-        natural: Option<&NaturalKey>,
+        extensions: &Extensions,
         refused: Option<reqwest_middleware::Error>,
         decider: &mut Decider<'_>,
     ) -> Result<Sent<'a>, Unsent<'a>> {
@@ -352,7 +359,7 @@ impl RetryMiddleware {
             dependency.keys.as_ref(),
             request.method(),
             request.headers(),
-            natural,
+            extensions.get::<NaturalKey>(),
         ) {
             Ok(key) => key,
             Err(e) => return Err((StopReason::InvalidIdempotencyKey, middleware(e), watcher)),
@@ -380,7 +387,7 @@ impl RetryMiddleware {
             Some(stop) => Wait::Stop(stop),
             None => {
                 let clock = self.clock.get();
-                decider.after_attempt(observed, clock.now(), clock.wall_now(), &*self.rng.0)
+                decider.after_attempt(observed, clock.now(), &|| clock.wall_now(), &*self.rng.0)
             }
         }
     }

@@ -41,13 +41,14 @@ const RETRY_AFTER_MS: HeaderName = HeaderName::from_static("retry-after-ms");
 const X_MS_RETRY_AFTER_MS: HeaderName = HeaderName::from_static("x-ms-retry-after-ms");
 
 /// The wait an answer's `headers` ask for: the first of `retry-after-ms`, `x-ms-retry-after-ms`
-/// and `Retry-After` (read against `wall_now`) with a valid value, or `None`.
-pub(crate) fn floor(headers: &HeaderMap, wall_now: SystemTime) -> Option<Duration> {
+/// and `Retry-After` (a date read against `wall_now()`, asked only then) with a valid value, or
+/// `None`.
+pub(crate) fn floor(headers: &HeaderMap, wall_now: &dyn Fn() -> SystemTime) -> Option<Duration> {
     largest(headers, RETRY_AFTER_MS, parse_millis)
         .or_else(|| largest(headers, X_MS_RETRY_AFTER_MS, parse_millis))
         .or_else(|| {
             largest(headers, http::header::RETRY_AFTER, |value| {
-                parse(value, wall_now)
+                parse(value, wall_now())
             })
         })
 }
@@ -353,7 +354,7 @@ mod tests {
             ),
         ];
         for (lines, expected) in table {
-            assert_eq!(floor(&headers(lines), now()), *expected, "{lines:?}");
+            assert_eq!(floor(&headers(lines), &now), *expected, "{lines:?}");
         }
     }
 
@@ -386,7 +387,7 @@ mod tests {
             ),
         ];
         for (lines, expected) in table {
-            assert_eq!(floor(&headers(lines), now()), *expected, "{lines:?}");
+            assert_eq!(floor(&headers(lines), &now), *expected, "{lines:?}");
         }
     }
 

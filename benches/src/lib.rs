@@ -170,6 +170,14 @@ pub fn clients() -> Vec<Labelled> {
             let throttle = reqwest_safe_retry::AdaptiveThrottle::default();
             Client::Chain(chain().with(ours(|d| d.with_throttle(throttle))).build())
         }),
+        ("(i) (e) + timeout from latency", || {
+            let policy = RetryPolicy::builder()
+                .timeout_from_latency(2.0, Duration::from_millis(1))
+                .build()
+                .unwrap();
+            let dependency = Dependency::new("bench", policy).without_idempotency_keys();
+            Client::Chain(chain().with(RetryMiddleware::new(dependency)).build())
+        }),
         ("(f) (e) + a fixed header", || {
             Client::Chain(
                 chain()

@@ -76,7 +76,7 @@ impl Drive for Decider<'_> {
     }
 
     fn after(&mut self, observed: Observed<'_>, time: &Time, rng: &dyn RandomSource) -> Wait {
-        self.after_attempt(observed, time.now(), time.wall, rng)
+        self.after_attempt(observed, time.now(), &|| time.wall, rng)
     }
 }
 

@@ -6,9 +6,10 @@
 use super::*;
 use crate::rate_limit::Quota;
 
-/// A window of 200 answers of 10 ms: believed, its p95 (and p99.9) 10.24 ms.
-fn filled() -> LatencyWindow {
-    let window = LatencyWindow::new(0.05);
+/// A window of 200 answers of 10 ms for a dependency with `policy`: believed, its p95 (and
+/// p99.9) 10.24 ms.
+fn filled(policy: &RetryPolicy) -> LatencyWindow {
+    let window = LatencyWindow::new(policy);
     let start = Instant::now();
     for _ in 0..200 {
         window.answered(Duration::from_millis(10), start);
@@ -37,7 +38,7 @@ fn budget(capacity: u64, initial: u64) -> RetryBudget {
 
 fn setup(policy: RetryPolicy, budget: Option<RetryBudget>) -> Setup {
     let mut setup = Setup::new(policy, budget);
-    setup.latency = Some(filled());
+    setup.latency = Some(filled(&policy));
     setup
 }
 
@@ -79,7 +80,7 @@ fn only_a_request_allowed_to_hedge_gets_a_hedging_delay_the_window_s_percentile_
     d.next(&off.time).unwrap();
     assert_eq!(d.hedge_after(), None);
     let mut empty = Setup::new(hedging(secs(1), 3), None);
-    empty.latency = Some(LatencyWindow::new(0.05));
+    empty.latency = Some(LatencyWindow::new(&hedging(secs(1), 3)));
     let mut d = empty.decider(false);
     d.allow_hedges();
     d.next(&empty.time).unwrap();

@@ -436,7 +436,7 @@ fn real(s: &Script) -> Run {
                 None
             };
             let next = quick.unwrap_or_else(|| {
-                d.after_attempt(observed, setup.time.now(), setup.time.wall, &rng)
+                d.after_attempt(observed, setup.time.now(), &|| setup.time.wall, &rng)
             });
             match next {
                 Wait::Stop(stop) => {
