@@ -177,7 +177,6 @@ struct Pending {
 pub(crate) struct Decider<'a> {
     policy: &'a RetryPolicy,
     accounts: Accounts<'a>,
-    max_attempts: u32,
     retries_disabled: bool,
     started: Instant,
     /// Attempts started so far.
@@ -204,7 +203,8 @@ pub(crate) struct Decider<'a> {
     /// The floor the last transient answer set: its `Retry-After`, or its quota's reset.
     floor: Option<Duration>,
     /// The last backoff drawn (without a floor), for decorrelated jitter.
-    last_backoff: Option<Duration>,
+    /// In nanoseconds, saturating; `u64::MAX` before the first (kept small: see `waited`).
+    last_backoff: u64,
     pending: Option<Pending>,
     /// When the last attempt was allowed to go, in its dependency's latency window's time
     /// (kept only when the dependency measures its latency).
@@ -242,11 +242,6 @@ impl<'a> Decider<'a> {
         Decider {
             policy,
             accounts,
-            max_attempts: if retries_disabled {
-                1
-            } else {
-                policy.max_attempts()
-            },
             retries_disabled,
             started: now,
             attempt: 0,
@@ -259,7 +254,7 @@ impl<'a> Decider<'a> {
             holds: 0,
             probe: None,
             floor: None,
-            last_backoff: None,
+            last_backoff: u64::MAX,
             pending: None,
             sent_at: 0,
             last_limit_us: 0,
@@ -303,6 +298,15 @@ impl<'a> Decider<'a> {
         self.stamped = true;
     }
 
+    /// The most attempts this request makes: 1 when it forbade retries.
+    fn max_attempts(&self) -> u32 {
+        if self.retries_disabled {
+            1
+        } else {
+            self.policy.max_attempts()
+        }
+    }
+
     /// Attempts started so far.
     pub(crate) fn attempts(&self) -> u32 {
         self.attempt
@@ -323,7 +327,7 @@ impl<'a> Decider<'a> {
     /// Whether another attempt may follow the next one: whether the driver needs to keep a copy
     /// of the request.
     pub(crate) fn may_retry_after_next(&self) -> bool {
-        self.attempt + 1 < self.max_attempts
+        self.attempt + 1 < self.max_attempts()
     }
 
     fn count(&self, count: Count) {
@@ -621,7 +625,7 @@ impl<'a> Decider<'a> {
             .and_then(|answer| retry_after::floor(answer.headers, wall));
         let stop = if self.retries_disabled {
             StopReason::RetriesDisabled
-        } else if self.attempt >= self.max_attempts {
+        } else if self.attempt >= self.max_attempts() {
             StopReason::AttemptsExhausted
         } else if let Some(url) = observed.resend {
             match self.schedule(kind, url, now, rng) {
@@ -673,11 +677,14 @@ impl<'a> Decider<'a> {
         let floor = retry_after.max(quota);
         self.floor = floor;
         let retry = self.attempt - 1;
-        let previous = self.last_backoff.unwrap_or(self.policy.base_delay());
+        let previous = match self.last_backoff {
+            u64::MAX => self.policy.base_delay(),
+            nanos => Duration::from_nanos(nanos),
+        };
         let (wait, backoff) =
             schedule::next_wait(self.policy, retry, previous, floor, remaining, rng);
-        if backoff.is_some() {
-            self.last_backoff = backoff;
+        if let Some(backoff) = backoff {
+            self.last_backoff = nanos(backoff).min(u64::MAX - 1);
         }
         let delay = match wait {
             Wait::Stop(StopReason::RetryAfterTooLong) if by_quota => {
