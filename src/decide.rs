@@ -266,7 +266,7 @@ impl<'a> Decider<'a> {
     /// The request may be hedged, if its policy hedges reads: it is a read without a key whose
     /// body can be sent twice (`classify::may_be_hedged`).
     pub(crate) fn allow_hedges(&mut self) {
-        if self.policy.hedge_reads().is_some() && self.accounts.latency.is_some() {
+        if self.policy.hedge_reads().is_some() {
             self.hedging = Some(Box::default());
         }
     }

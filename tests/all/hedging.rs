@@ -74,6 +74,15 @@ impl HoldsTheFirst {
     }
 }
 
+/// The answer to `request`, whose first copy the server holds: only a hedge can answer it,
+/// so a request still waiting after 10 s of real time was not hedged (a failure, not a hang).
+async fn hedged_in_time(request: reqwest_middleware::RequestBuilder) -> reqwest::Response {
+    tokio::time::timeout(Duration::from_secs(10), request.send())
+        .await
+        .expect("no hedge answered: the request waits on the held first copy")
+        .unwrap()
+}
+
 /// Hedges after the p95, at most 1 s; the fixed 5 s timeout.
 fn hedging() -> RetryPolicy {
     RetryPolicy::builder()
@@ -131,7 +140,7 @@ async fn a_slow_first_copy_is_hedged_after_the_p95_and_the_fast_answer_wins() {
     // The first copy has waited 50 ms (past the 10.24 ms p95) when it is polled.
     let client = client(reads.clone(), &clock, Duration::from_millis(50));
 
-    let response = client.get(&server.url).send().await.unwrap();
+    let response = hedged_in_time(client.get(&server.url)).await;
 
     let record = RetryRecord::of(&response).unwrap();
     assert!(record.answered_by_hedge());
@@ -281,7 +290,7 @@ async fn nested_instances_hedge_once() {
         .build();
     let inner_before = inner.counters();
 
-    let response = client.get(&server.url).send().await.unwrap();
+    let response = hedged_in_time(client.get(&server.url)).await;
 
     assert!(RetryRecord::of(&response).unwrap().answered_by_hedge());
     assert_eq!(
