@@ -73,6 +73,23 @@ fn only_a_request_allowed_to_hedge_gets_a_hedging_delay_the_window_s_percentile_
     d.allow_hedges();
     d.next(&capped.time).unwrap();
     assert_eq!(d.hedge_after(), Some(5 * MS));
+    // A hedge that could only go when the first copy times out is no hedge: a delay of the
+    // whole limit (what the deadline leaves) gives none, one a microsecond shorter one.
+    for (left, hedged) in [(10_240, false), (10_241, true)] {
+        let edge = setup(
+            hedging(secs(1), 3)
+                .to_builder()
+                .deadline(secs(1))
+                .build()
+                .unwrap(),
+            None,
+        );
+        let mut d = edge.decider(false);
+        d.allow_hedges();
+        edge.time.advance(secs(1) - Duration::from_micros(left));
+        assert_eq!(d.next(&edge.time), Ok(Duration::from_micros(left)));
+        assert_eq!(d.hedge_after().is_some(), hedged, "{left} us left");
+    }
     // A policy that does not hedge, or a window that is not believed: none.
     let off = Setup::new(RetryPolicy::default(), None);
     let mut d = off.decider(false);
