@@ -193,20 +193,13 @@ pub(crate) async fn attempt(
         if by_hedge {
             decider.hedge_won();
         }
+        // The body is read within the first copy's time, which began first: a hedge's answer
+        // gets a little less than its own limit, never more than the attempt's.
         let (outcome, verdict) = match body::to_read(policy, &outcome, verdict) {
             None => (outcome, verdict),
             Some(max) => {
-                let limit = match &second_timer {
-                    Some((_, hedge_limit)) if by_hedge => *hedge_limit,
-                    _ => limit,
-                };
                 let read = (outcome, verdict, max, (judging, number, limit));
-                match second_timer.as_mut() {
-                    Some((hedge_timer, _)) if by_hedge => {
-                        Box::pin(chain::read_body(read, hedge_timer.as_mut())).await
-                    }
-                    _ => Box::pin(chain::read_body(read, timer.as_mut())).await,
-                }
+                Box::pin(chain::read_body(read, timer.as_mut())).await
             }
         };
         return (outcome, verdict);

@@ -176,6 +176,29 @@ fn no_hedge_without_tokens_past_the_deadline_or_through_a_spent_quota() {
     assert_eq!(s.counts().hedges, 0);
 }
 
+#[test]
+fn a_hedge_the_throttle_turns_away_is_not_sent_and_costs_nothing() {
+    let mut s = setup(hedging(secs(1), 3), Some(budget(10, 5)));
+    let throttle = AdaptiveThrottle::default();
+    // A dependency that turned away its last 100 attempts: most are rejected locally.
+    for _ in 0..100 {
+        throttle.finished(s.time.now(), false);
+    }
+    s.throttle = Some(throttle);
+    let mut d = s.decider(false);
+    d.allow_hedges();
+    // The first attempt is admitted by the highest draw...
+    d.next(&s.time).unwrap();
+    d.attempt_started();
+    // ...and the hedge rejected by the lowest: not sent, its token back.
+    assert_eq!(d.hedge(s.time.now(), &URL, &|| 0u64), None);
+    assert_eq!(s.budget.as_ref().unwrap().balance(), 5.0);
+    assert_eq!(s.counts().hedges, 0);
+    // Admitted, it is sent and paid for.
+    assert_eq!(d.hedge(s.time.now(), &URL, TOP), Some(secs(1)));
+    assert_eq!(s.budget.as_ref().unwrap().balance(), 4.0);
+}
+
 /// SplitMix64, for the scripts.
 struct Gen(u64);
 
