@@ -109,8 +109,11 @@ pub fn start_on_own_thread(mode: Mode) -> SocketAddr {
 pub enum Client {
     /// (a): no middleware chain at all.
     Bare(reqwest::Client),
-    /// (b) to (e): a `reqwest-middleware` chain.
+    /// (b) to (g), (i): a `reqwest-middleware` chain.
     Chain(ClientWithMiddleware),
+    /// (h): a `reqwest-middleware` chain whose caller sets a fresh UUID v4 `Idempotency-Key` on
+    /// every POST by hand, as a user without this crate's keys would.
+    HandKeyed(ClientWithMiddleware),
 }
 
 impl Client {
@@ -119,6 +122,13 @@ impl Client {
         let response = match self {
             Client::Bare(c) => c.post(url).body(BODY).send().await.unwrap(),
             Client::Chain(c) => c.post(url).body(BODY).send().await.unwrap(),
+            Client::HandKeyed(c) => c
+                .post(url)
+                .header("idempotency-key", uuid::Uuid::new_v4().to_string())
+                .body(BODY)
+                .send()
+                .await
+                .unwrap(),
         };
         let status = response.status().as_u16();
         response.bytes().await.unwrap();
@@ -185,6 +195,9 @@ pub fn clients() -> Vec<Labelled> {
                     .with(FixedKeyHeader)
                     .build(),
             )
+        }),
+        ("(h) (b) + a key by hand", || {
+            Client::HandKeyed(chain().build())
         }),
     ]
 }
