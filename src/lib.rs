@@ -232,7 +232,7 @@
 //! # Outcomes
 //!
 //! A response is returned as `Ok`, whatever its status, with a [`RetryRecord`] (attempts, stop
-//! reason, time waited, key) that [`RetryRecord::of`] reads: from its extensions, or, for a
+//! reason, time waited, key, a replay, a hedge that answered) that [`RetryRecord::of`] reads: from its extensions, or, for a
 //! success at the first attempt without a key (which carries none, sparing the success path an
 //! allocation), inferred. An error is returned as a [`RetryError`] inside
 //! [`reqwest_middleware::Error::Middleware`]; [`RetryError::of`] finds it, and it answers

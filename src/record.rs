@@ -1,5 +1,6 @@
 //! The record of one logical request that ended in a response: how many attempts, why it
-//! stopped, how long it waited, which key it carried, and whether the server replayed it.
+//! stopped, how long it waited, which key it carried, whether the server replayed it, and
+//! whether a hedge answered.
 
 use std::time::Duration;
 
