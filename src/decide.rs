@@ -684,7 +684,9 @@ impl<'a> Decider<'a> {
         let (wait, backoff) =
             schedule::next_wait(self.policy, retry, previous, floor, remaining, rng);
         if let Some(backoff) = backoff {
-            self.last_backoff = nanos(backoff).min(u64::MAX - 1);
+            // One of 584 years or more saturates to the mark of none: no wait that long ends
+            // before a deadline, so no later draw reads it.
+            self.last_backoff = nanos(backoff);
         }
         let delay = match wait {
             Wait::Stop(StopReason::RetryAfterTooLong) if by_quota => {
