@@ -515,8 +515,8 @@ impl RetryPolicyBuilder {
     /// it. When one copy fails transiently while the other is still out, the request waits for
     /// the other before it retries. Never a keyed or streaming request, nor another method: a
     /// second copy of a write is a second write. The latency is measured as for
-    /// [`timeout_from_latency`](Self::timeout_from_latency); nothing is hedged until 100
-    /// answers are measured.
+    /// [`timeout_from_latency`](Self::timeout_from_latency), at the same cost; nothing is
+    /// hedged until 100 answers are measured.
     ///
     /// ```
     /// use std::time::Duration;
