@@ -459,6 +459,28 @@ impl RetryOverride {
 mod tests {
     use super::*;
 
+    #[test]
+    fn only_a_dependency_whose_policy_measures_latency_keeps_a_window() {
+        let ms = Duration::from_millis;
+        assert!(
+            Dependency::new("a", RetryPolicy::default())
+                .latency
+                .is_none()
+        );
+        let timeouts = RetryPolicy::builder().timeout_from_latency(2.0, ms(5));
+        let hedges = RetryPolicy::builder().hedge_reads(0.05, ms(50));
+        for measuring in [timeouts, hedges] {
+            let dependency = Dependency::new("b", measuring.build().unwrap());
+            assert!(dependency.latency.is_some());
+            // Clones share it.
+            let clone = dependency.clone();
+            assert!(std::sync::Arc::ptr_eq(
+                dependency.latency.as_ref().unwrap(),
+                clone.latency.as_ref().unwrap()
+            ));
+        }
+    }
+
     fn url(s: &str) -> reqwest::Url {
         reqwest::Url::parse(s).unwrap()
     }

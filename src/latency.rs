@@ -281,13 +281,14 @@ impl LatencyWindow {
 fn quantile(counts: &[u64], answers: u64, q: f64) -> Duration {
     let rank = ((q * answers as f64).ceil() as u64).clamp(1, answers);
     let mut seen = 0;
-    for (index, count) in counts.iter().enumerate() {
-        seen += count;
-        if seen >= rank {
-            return Duration::from_micros(upper_edge(index));
-        }
-    }
-    Duration::from_micros(upper_edge(counts.len() - 1))
+    let index = counts
+        .iter()
+        .position(|count| {
+            seen += count;
+            seen >= rank
+        })
+        .unwrap_or_else(|| unreachable!("the rank is at most the answers counted"));
+    Duration::from_micros(upper_edge(index))
 }
 
 /// A duration in microseconds plus one, in 32 bits (0: none); longer than 71 minutes reads
@@ -344,6 +345,18 @@ mod tests {
             assert_eq!(bucket(upper_edge(index)), index + 1, "{index}");
             assert_eq!(bucket(upper_edge(index) - 1), index, "{index}");
         }
+    }
+
+    #[test]
+    fn a_kept_value_saturates_at_71_minutes_within_its_own_half() {
+        let top = Duration::from_micros(u64::from(u32::MAX - 1));
+        for long in [top, Duration::from_secs(3 * 3_600), Duration::MAX] {
+            let packed = encode(Some(long)) | encode(Some(ms(5))) << 32;
+            assert_eq!(decode(packed & u64::from(u32::MAX)), Some(top), "{long:?}");
+            assert_eq!(decode(packed >> 32), Some(ms(5)), "{long:?}");
+        }
+        assert_eq!(encode(None), 0);
+        assert_eq!(decode(encode(Some(Duration::ZERO))), Some(Duration::ZERO));
     }
 
     #[test]

@@ -893,9 +893,21 @@ mod tests {
                 .should_retry_fields(false)
                 .retryable_statuses([408, 599])
                 .buffer_body(64)
+                .timeout_from_latency(2.5, Duration::from_millis(7))
+                .hedge_reads(0.125, Duration::from_millis(40))
                 .build()
                 .unwrap(),
         ];
+        assert_eq!(
+            policies[1].timeout_from_latency(),
+            Some((2.5, Duration::from_millis(7)))
+        );
+        assert_eq!(
+            policies[1].hedge_reads(),
+            Some((0.125, Duration::from_millis(40)))
+        );
+        assert_eq!(policies[0].timeout_from_latency(), None);
+        assert_eq!(policies[0].hedge_reads(), None);
         for policy in policies {
             assert_eq!(policy.to_builder().build().unwrap(), policy);
         }
