@@ -813,6 +813,51 @@ mod tests {
     }
 
     #[test]
+    fn latency_settings_out_of_range_are_rejected_with_what_to_change() {
+        let ms = Duration::from_millis;
+        let timeout = |k: f64, floor: Duration| {
+            RetryPolicy::builder()
+                .attempt_timeout(ms(100))
+                .timeout_from_latency(k, floor)
+                .build()
+        };
+        for k in [0.999, 0.0, -2.0, 1_000.001, f64::NAN, f64::INFINITY] {
+            let err = timeout(k, ms(5)).unwrap_err().to_string();
+            assert!(
+                err.contains("multiplier") && err.contains("from 1 to 1000"),
+                "{k}: {err}"
+            );
+        }
+        for k in [1.0, 2.0, 1_000.0] {
+            assert!(timeout(k, ms(5)).is_ok(), "{k}");
+        }
+        for floor in [Duration::ZERO, ms(100) + Duration::from_nanos(1), ms(101)] {
+            let err = timeout(2.0, floor).unwrap_err().to_string();
+            assert!(
+                err.contains("floor") && err.contains("at most the attempt_timeout"),
+                "{err}"
+            );
+        }
+        for floor in [Duration::from_nanos(1), ms(100)] {
+            assert!(timeout(2.0, floor).is_ok(), "{floor:?}");
+        }
+        let hedge = |m: f64, max: Duration| RetryPolicy::builder().hedge_reads(m, max).build();
+        for m in [0.0, -0.05, 0.500_001, 1.0, f64::NAN] {
+            let err = hedge(m, ms(10)).unwrap_err().to_string();
+            assert!(
+                err.contains("extra load") && err.contains("at most 0.5"),
+                "{m}: {err}"
+            );
+        }
+        for m in [0.000_001, 0.05, 0.5] {
+            assert!(hedge(m, ms(10)).is_ok(), "{m}");
+        }
+        let err = hedge(0.05, Duration::ZERO).unwrap_err().to_string();
+        assert!(err.contains("max_delay must be above zero"), "{err}");
+        assert!(hedge(0.05, Duration::from_nanos(1)).is_ok());
+    }
+
+    #[test]
     fn a_deadline_under_a_millisecond_is_rejected() {
         for deadline in [
             Duration::ZERO,
