@@ -192,10 +192,17 @@ impl LatencyWindow {
     }
 
     /// Counts an answer at `now` to an attempt sent at `sent` (the window's time, as
-    /// [`measured`](Self::measured) gave it): one reading of the time for both.
+    /// [`measured`](Self::measured) gave it): one reading of the time for both. An answer that
+    /// took no time on the clock is not counted: no real attempt answers within a microsecond,
+    /// and a clock that did not move (tokio's paused clock while a real server answers, a
+    /// `FakeClock` a test did not advance) says nothing of latency; counted, its zeros would
+    /// set the timeout at its floor and hedge every read at once.
     pub(crate) fn answered_since(&self, sent: u64, now: Instant) {
         let at = self.micros(now);
-        self.count_answer(at.saturating_sub(sent), at);
+        let took = at.saturating_sub(sent);
+        if took > 0 {
+            self.count_answer(took, at);
+        }
     }
 
     fn count_answer(&self, micros: u64, at: u64) {

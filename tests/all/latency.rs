@@ -131,3 +131,32 @@ async fn the_measured_timeout_never_goes_below_its_floor() {
     let response = client.get(server.uri()).send().await.unwrap();
     assert_eq!(support::ended(&response), (2, StopReason::Succeeded));
 }
+
+/// Under tokio's paused clock an attempt to a real server takes no time on the clock: the
+/// window counts nothing, so the fixed timeout serves and no read is hedged. Counted, its
+/// zeros would put every attempt's timeout at the floor (1 us here, in real time) and hedge
+/// every read at once.
+#[tokio::test(start_paused = true)]
+async fn under_tokio_s_paused_clock_the_window_counts_nothing_and_the_fixed_timeout_serves() {
+    let server = support::always(200).await;
+    let policy = RetryPolicy::builder()
+        .attempt_timeout(Duration::from_secs(5))
+        .timeout_from_latency(2.0, Duration::from_micros(1))
+        .hedge_reads(0.05, Duration::from_secs(1))
+        .build()
+        .unwrap();
+    let reads = Dependency::new("reads", policy);
+    let client = ClientBuilder::new(reqwest::Client::new())
+        .with(RetryMiddleware::new(reads.clone()))
+        .build();
+    for round in 0..3 {
+        for _ in 0..120 {
+            let response = client.get(server.uri()).send().await.unwrap();
+            assert_eq!(support::ended(&response), (1, StopReason::Succeeded));
+        }
+        // Past the next reading of the window.
+        tokio::time::advance(Duration::from_secs(2)).await;
+        assert_eq!(reads.counters().hedges, 0, "round {round}");
+    }
+    assert_eq!(reads.counters().attempts, 360);
+}
