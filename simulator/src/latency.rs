@@ -21,7 +21,7 @@ use reqwest::{Request, Response};
 use reqwest_middleware::{Middleware, Next};
 use reqwest_safe_retry::{Dependency, RandomSource, RetryMiddleware, RetryPolicy, SeededRng};
 
-use super::{VirtualTime, answer, block_on_paused, client_with};
+use super::{VirtualTime, answer, block_on_paused, client_with, offer};
 
 /// Requests a second at the standard settings of both scenarios.
 pub const RATE_PER_SEC: u32 = 200;
@@ -233,22 +233,11 @@ fn simulate(
             arrivals: arrivals.clone(),
         });
         let client = client_with(middleware, backend);
-        let interval = Duration::from_secs(1) / rate_per_sec.max(1);
-        let started = tokio::time::Instant::now();
-        let mut tasks = tokio::task::JoinSet::new();
-        for i in 0..total {
-            let at = started + interval * u32::try_from(i).unwrap_or(u32::MAX);
-            tokio::time::sleep_until(at).await;
-            let client = client.clone();
-            tasks.spawn(async move {
-                let sent = tokio::time::Instant::now();
-                let _ = client.get("http://127.0.0.1:9/").send().await;
-                (sent - started, sent.elapsed())
-            });
-        }
+        let mut tasks = offer(&client, total, rate_per_sec).await;
         let mut timeline = Vec::new();
         while let Some(done) = tasks.join_next().await {
-            timeline.push(done.expect("a request task does not panic"));
+            let (_, sent, finished) = done.expect("a request task does not panic");
+            timeline.push((sent, finished - sent));
         }
         timeline.sort();
         timeline

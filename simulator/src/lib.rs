@@ -173,7 +173,7 @@ impl OpenLoop {
         let mut tasks = offer(&client, total, self.rate_per_sec).await;
         let mut succeeded = 0;
         while let Some(done) = tasks.join_next().await {
-            succeeded += u64::from(done.is_ok_and(|(ok, _)| ok));
+            succeeded += u64::from(done.is_ok_and(|(ok, _, _)| ok));
         }
         let mut attempts_per_second = Vec::new();
         for at in backend.arrivals() {
@@ -242,13 +242,13 @@ fn client_with(
 
 /// Sends `total` logical GETs through `client`, `rate_per_sec` a second on a fixed schedule
 /// (open loop: whether earlier ones finished or not); each task answers whether its request
-/// succeeded, and when it finished (since the first was sent).
+/// succeeded, when it was sent and when it finished (both since the first was sent).
 async fn offer(
     client: &reqwest_middleware::ClientWithMiddleware,
     total: u64,
     rate_per_sec: u32,
-) -> tokio::task::JoinSet<(bool, Duration)> {
-    let interval = Duration::from_secs(1) / rate_per_sec;
+) -> tokio::task::JoinSet<(bool, Duration, Duration)> {
+    let interval = Duration::from_secs(1) / rate_per_sec.max(1);
     let started = tokio::time::Instant::now();
     let mut tasks = tokio::task::JoinSet::new();
     for i in 0..total {
@@ -256,11 +256,12 @@ async fn offer(
         tokio::time::sleep_until(at).await;
         let client = client.clone();
         tasks.spawn(async move {
+            let sent = started.elapsed();
             let ok = matches!(
                 client.get("http://127.0.0.1:9/").send().await,
                 Ok(response) if response.status().is_success()
             );
-            (ok, started.elapsed())
+            (ok, sent, started.elapsed())
         });
     }
     tasks

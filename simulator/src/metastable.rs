@@ -226,7 +226,7 @@ impl Metastable {
         let seconds = usize::try_from(self.duration.as_secs()).unwrap_or(usize::MAX) + 20;
         let mut goodput = vec![0u64; seconds];
         while let Some(done) = tasks.join_next().await {
-            if let Ok((true, at)) = done {
+            if let Ok((true, _, at)) = done {
                 let second = usize::try_from(at.as_secs()).unwrap_or(usize::MAX);
                 if let Some(slot) = goodput.get_mut(second) {
                     *slot += 1;

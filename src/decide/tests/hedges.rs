@@ -3,6 +3,7 @@
 //! after hedged attempts) against a reference model of what each event costs the budget, the
 //! throttle and the counters.
 
+use super::model::Gen;
 use super::*;
 use crate::rate_limit::Quota;
 
@@ -197,27 +198,6 @@ fn a_hedge_the_throttle_turns_away_is_not_sent_and_costs_nothing() {
     // Admitted, it is sent and paid for.
     assert_eq!(d.hedge(s.time.now(), &URL, TOP), Some(secs(1)));
     assert_eq!(s.budget.as_ref().unwrap().balance(), 4.0);
-}
-
-/// SplitMix64, for the scripts.
-struct Gen(u64);
-
-impl Gen {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    fn upto(&mut self, n: u64) -> u64 {
-        self.next() % (n + 1)
-    }
-
-    fn chance(&mut self, percent: u64) -> bool {
-        self.upto(99) < percent
-    }
 }
 
 /// What the reference model expects the shared accounts to hold.

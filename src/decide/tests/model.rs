@@ -13,11 +13,12 @@ use super::*;
 
 const SCRIPTS: u64 = 10_000;
 
-/// SplitMix64: the script generator (not the crate's, so the test does not lean on it).
-struct Gen(u64);
+/// SplitMix64: the script generator (not the crate's, so the test does not lean on it); the
+/// hedges' model draws its scripts from it too.
+pub(super) struct Gen(pub(super) u64);
 
 impl Gen {
-    fn next(&mut self) -> u64 {
+    pub(super) fn next(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
@@ -26,11 +27,11 @@ impl Gen {
     }
 
     /// Uniform in `0..=n`.
-    fn upto(&mut self, n: u64) -> u64 {
+    pub(super) fn upto(&mut self, n: u64) -> u64 {
         self.next() % (n + 1)
     }
 
-    fn chance(&mut self, percent: u64) -> bool {
+    pub(super) fn chance(&mut self, percent: u64) -> bool {
         self.upto(99) < percent
     }
 
