@@ -120,10 +120,12 @@ impl KeySource for SeededKeys {
 ///
 /// - **Let it stamp** (the default for POST and PATCH) when one call to `send()` is one
 ///   operation: the key then protects the retries this middleware makes.
-/// - **Supply your own** (set the header on the request; it is kept byte for byte) when the same
-///   operation may be sent again *outside* this middleware: after a crash, by a queue
-///   redelivering a job, or by a user pressing the button twice. Derive it from the operation (an
-///   order id, a payment intent id) so every sender computes the same key.
+/// - **Give the request a [`NaturalKey`]** (an order id and a step) when the same operation may
+///   be sent again *outside* this middleware: after a crash, by a queue redelivering a job, or by
+///   a user pressing the button twice. The key is derived from it, so every sender computes the
+///   same one.
+/// - **Set the header yourself** (it is kept byte for byte) only when the server wants a key of
+///   its own making, such as one it handed out earlier.
 ///
 /// # What the server must do
 ///
