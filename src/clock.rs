@@ -120,26 +120,23 @@ impl Clock for TokioClock {
     }
 }
 
-pin_project_lite::pin_project! {
-    /// [`TokioClock`]'s per-attempt timeout, made eagerly (so a missing time driver shows at
-    /// once) and polled in place: the middleware keeps it inline in its own future, with no
-    /// allocation and no future nested in another.
-    #[project = TokioTimeoutProj]
-    pub(crate) enum TokioTimeout {
-        /// tokio's clock runs: its timer, checked against real time when it fires.
-        Tokio {
-            #[pin]
-            sleep: tokio::time::Sleep,
-            real_start: Instant,
-            duration: Duration,
-        },
-        /// tokio's clock is paused: real time, on a helper thread.
-        Real { timer: RealTimer },
-    }
+/// [`TokioClock`]'s per-attempt timeout, made eagerly (so a missing time driver shows at once)
+/// and polled in place: the middleware keeps it inline in its own future, with no future nested
+/// in another.
+pub(crate) enum TokioTimeout {
+    /// tokio's clock runs: its timer, checked against real time when it fires.
+    Tokio {
+        sleep: Armed,
+        real_start: Instant,
+        duration: Duration,
+    },
+    /// tokio's clock is paused: real time, on a helper thread.
+    Real { timer: RealTimer },
 }
 
 impl TokioTimeout {
-    /// Arms a timeout of `duration`. Panics, as tokio does, on a runtime without a time driver.
+    /// Arms a timeout of `duration`. Panics, as tokio does, outside a runtime or on one without
+    /// a time driver.
     ///
     /// `read` is a reading of [`TokioClock`] taken earlier in the same poll, if there is one.
     pub(crate) fn new(duration: Duration, read: Option<Instant>) -> TokioTimeout {
@@ -156,10 +153,7 @@ impl TokioTimeout {
         }
         TokioTimeout::Tokio {
             // The deadline from the reading just made, rather than a third one.
-            sleep: match second.checked_add(duration) {
-                Some(deadline) => tokio::time::sleep_until(deadline),
-                None => tokio::time::sleep(duration),
-            },
+            sleep: Armed::until(second, duration),
             real_start: second.into_std(),
             duration,
         }
@@ -171,8 +165,8 @@ impl Future for TokioTimeout {
 
     /// Ready when the timeout has passed.
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        let left = match self.as_mut().project() {
-            TokioTimeoutProj::Tokio {
+        let left = match &mut *self {
+            TokioTimeout::Tokio {
                 sleep,
                 real_start,
                 duration,
@@ -187,12 +181,124 @@ impl Future for TokioTimeout {
                 }
                 *duration - real
             }
-            TokioTimeoutProj::Real { timer } => return Pin::new(timer).poll(cx),
+            TokioTimeout::Real { timer } => return Pin::new(timer).poll(cx),
         };
-        self.set(TokioTimeout::Real {
+        *self = TokioTimeout::Real {
             timer: RealTimer::start(left),
-        });
+        };
         self.poll(cx)
+    }
+}
+
+/// How many of tokio's timers a thread keeps armed for the attempts to come.
+const SPARE_TIMERS: usize = 64;
+
+/// tokio's timers that ended with their attempt, kept on the thread that dropped them, still in
+/// the timer wheel, for the runtime they belong to (a thread keeps one runtime's: another's
+/// replace them).
+///
+/// Making a tokio timer, putting it in the wheel and taking it out again costs more than the
+/// rest of a successful attempt's bookkeeping together: the wheel is behind a lock, taken twice.
+/// A spare one is moved to the next attempt's later deadline with one atomic operation (tokio
+/// files it anew only when its old deadline comes), so attempts that follow one another on a
+/// thread arm no timer of their own. An idle spare fires once at its last deadline and leaves
+/// the wheel.
+struct Spares {
+    runtime: Option<tokio::runtime::Id>,
+    timers: Vec<Pin<Box<tokio::time::Sleep>>>,
+}
+
+thread_local! {
+    static SPARES: std::cell::RefCell<Spares> = const {
+        std::cell::RefCell::new(Spares { runtime: None, timers: Vec::new() })
+    };
+}
+
+/// One attempt's tokio timer: a spare, or a new one; it goes back to the spares when the
+/// attempt ends.
+///
+/// A spare whose deadline is earlier than the attempt's is not moved at once: it fires early,
+/// once, and is then moved to the attempt's deadline. Attempts that follow one another with the
+/// same timeout thus move a spare once per timeout, not once per attempt.
+pub(crate) struct Armed {
+    sleep: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// The attempt's own deadline on tokio's clock; `None` beyond the `Instant` range.
+    deadline: Option<tokio::time::Instant>,
+    runtime: tokio::runtime::Id,
+}
+
+impl Armed {
+    /// A timer for `duration` from `start`, on the current runtime (panics outside one, or on
+    /// one without a time driver, as tokio does).
+    fn until(start: tokio::time::Instant, duration: Duration) -> Armed {
+        let runtime = tokio::runtime::Handle::current().id();
+        let deadline = start.checked_add(duration);
+        let spare = deadline.and_then(|_| {
+            SPARES
+                .try_with(|spares| {
+                    let mut spares = spares.borrow_mut();
+                    (spares.runtime == Some(runtime))
+                        .then(|| spares.timers.pop())
+                        .flatten()
+                })
+                .ok()
+                .flatten()
+        });
+        let sleep = match (spare, deadline) {
+            (Some(mut sleep), Some(deadline)) => {
+                // Later than this attempt's: it would fire too late, so it is moved now.
+                if sleep.deadline() > deadline {
+                    sleep.as_mut().reset(deadline);
+                }
+                sleep
+            }
+            (_, Some(deadline)) => Box::pin(tokio::time::sleep_until(deadline)),
+            // Beyond the `Instant` range: tokio's own far deadline.
+            (_, None) => Box::pin(tokio::time::sleep(duration)),
+        };
+        Armed {
+            sleep: Some(sleep),
+            deadline,
+            runtime,
+        }
+    }
+
+    /// Ready when tokio's clock has reached the deadline.
+    fn poll(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        let Some(sleep) = &mut self.sleep else {
+            return Poll::Pending;
+        };
+        std::task::ready!(sleep.as_mut().poll(cx));
+        match self.deadline {
+            // A spare that fired at an earlier attempt's deadline: moved to this one's. tokio
+            // fires it no earlier than that on its clock, so this happens once.
+            Some(deadline) if tokio::time::Instant::now() < deadline => {
+                sleep.as_mut().reset(deadline);
+                sleep.as_mut().poll(cx)
+            }
+            _ => Poll::Ready(()),
+        }
+    }
+}
+
+impl Drop for Armed {
+    fn drop(&mut self) {
+        let Some(sleep) = self.sleep.take() else {
+            return;
+        };
+        // Kept only while this thread's spares are for this runtime, or it has none; otherwise
+        // (or while the thread ends) dropped, which takes it out of the wheel.
+        let _ = SPARES.try_with(|spares| {
+            let mut spares = spares.borrow_mut();
+            if spares.runtime != Some(self.runtime) {
+                // Another runtime's spares (one that ended, most likely) make way.
+                spares.timers.clear();
+                spares.runtime = Some(self.runtime);
+            }
+            if spares.timers.len() < SPARE_TIMERS {
+                spares.timers.push(sleep);
+            }
+        });
     }
 }
 
@@ -358,6 +464,111 @@ pub(crate) struct TimerUnavailable;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// How many spare timers this thread keeps, and for which runtime.
+    fn spares() -> (usize, Option<tokio::runtime::Id>) {
+        SPARES.with(|s| {
+            let s = s.borrow();
+            (s.timers.len(), s.runtime)
+        })
+    }
+
+    #[tokio::test]
+    async fn an_ended_attempt_s_timer_is_kept_and_the_next_attempt_takes_it() {
+        let runtime = tokio::runtime::Handle::current().id();
+        drop(TokioTimeout::new(Duration::from_secs(30), None));
+        assert_eq!(spares(), (1, Some(runtime)));
+        let next = TokioTimeout::new(Duration::from_secs(30), None);
+        assert_eq!(spares().0, 0, "taken, not made anew");
+        drop(next);
+        assert_eq!(spares().0, 1);
+    }
+
+    #[tokio::test]
+    async fn a_thread_keeps_a_bounded_number_of_spares() {
+        let many: Vec<_> = (0..SPARE_TIMERS + 5)
+            .map(|_| TokioTimeout::new(Duration::from_secs(30), None))
+            .collect();
+        drop(many);
+        assert_eq!(spares().0, SPARE_TIMERS);
+    }
+
+    #[tokio::test]
+    async fn a_spare_set_for_an_earlier_deadline_fires_only_at_the_new_one() {
+        drop(TokioTimeout::new(Duration::from_millis(10), None));
+        let started = Instant::now();
+        let timeout = TokioTimeout::new(Duration::from_millis(60), None);
+        assert_eq!(spares().0, 0, "the spare was taken");
+        timeout.await;
+        let took = started.elapsed();
+        assert!(took >= Duration::from_millis(60), "{took:?}");
+    }
+
+    #[tokio::test]
+    async fn a_spare_set_for_a_later_deadline_is_moved_to_the_earlier_one() {
+        drop(TokioTimeout::new(Duration::from_secs(30), None));
+        let started = Instant::now();
+        let timeout = TokioTimeout::new(Duration::from_millis(20), None);
+        assert_eq!(spares().0, 0, "the spare was taken");
+        // Bounded: a spare left at its 30 s deadline would fail here, not hang.
+        tokio::time::timeout(Duration::from_secs(5), timeout)
+            .await
+            .expect("the timeout fired at its own deadline");
+        let took = started.elapsed();
+        assert!(took >= Duration::from_millis(20), "{took:?}");
+    }
+
+    #[tokio::test]
+    async fn a_clock_paused_under_a_spare_set_for_an_earlier_deadline_still_waits_in_real_time() {
+        drop(TokioTimeout::new(Duration::from_millis(5), None));
+        let real = Instant::now();
+        let timeout = TokioTimeout::new(Duration::from_millis(40), None);
+        tokio::time::pause();
+        // Auto-advance fires the spare at its old deadline, then at the attempt's own; the real
+        // remainder is still waited out.
+        timeout.await;
+        let took = real.elapsed();
+        assert!(took >= Duration::from_millis(39), "{took:?}");
+    }
+
+    #[tokio::test]
+    async fn a_spare_that_fired_while_kept_is_armed_again() {
+        drop(TokioTimeout::new(Duration::from_millis(1), None));
+        // Long enough for tokio to fire the kept timer (its tick is a millisecond).
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let started = Instant::now();
+        TokioTimeout::new(Duration::from_millis(30), None).await;
+        let took = started.elapsed();
+        assert!(took >= Duration::from_millis(30), "{took:?}");
+    }
+
+    #[test]
+    fn another_runtime_on_the_same_thread_does_not_take_an_ended_runtime_s_spares() {
+        let first = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        let first_id = first.handle().id();
+        first.block_on(async {
+            drop(TokioTimeout::new(Duration::from_secs(30), None));
+        });
+        drop(first);
+        assert_eq!(spares(), (1, Some(first_id)));
+        let second = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        let second_id = second.handle().id();
+        second.block_on(async {
+            let started = Instant::now();
+            // A spare of the ended runtime would panic when polled, or never fire.
+            let timeout = TokioTimeout::new(Duration::from_millis(20), None);
+            assert_eq!(spares(), (1, Some(first_id)), "not taken");
+            timeout.await;
+            assert!(started.elapsed() >= Duration::from_millis(20));
+        });
+        assert_eq!(spares(), (1, Some(second_id)), "replaced by this runtime's");
+    }
 
     #[tokio::test]
     async fn a_running_tokio_clock_times_attempts_on_tokio_s_timer() {

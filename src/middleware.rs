@@ -309,8 +309,10 @@ impl RetryMiddleware {
                         };
                         let seen = Observed::of(&outcome, verdict, kept.as_ref().map(Request::url));
                         let decision = self.decide_after(&mut decider, seen);
-                        let traced = (number, &outcome, verdict, decision, decider.floor());
-                        span.in_scope(|| self.log.attempt(sent.watcher.as_deref(), traced));
+                        if let Some(watcher) = sent.watcher.as_deref() {
+                            let traced = (number, &outcome, verdict, decision, decider.floor());
+                            span.in_scope(|| self.log.attempt(watcher, traced));
+                        }
                         match decision {
                             Wait::Stop(stop) => {
                                 let (key, watcher) = (sent.key, sent.watcher.as_deref());
@@ -423,14 +425,16 @@ impl RetryMiddleware {
         key: Option<Key>,
         watcher: Option<&Watcher<'_>>,
     ) -> reqwest_middleware::Result<Response> {
-        let _entered = span.enter();
         let (attempts, waited) = (decider.attempts(), decider.waited());
-        let status = match &outcome {
-            Ok(response) => Some(response.status()),
-            Err(err) => err.status(),
-        };
-        self.log
-            .trace_stop(watcher, attempts, stop, waited, status.map(|s| s.as_u16()));
+        if let Some(watcher) = watcher {
+            let _entered = span.enter();
+            let status = match &outcome {
+                Ok(response) => Some(response.status()),
+                Err(err) => err.status(),
+            };
+            let status = status.map(|s| s.as_u16());
+            self.log.trace_stop(watcher, attempts, stop, waited, status);
+        }
         let key = key.map(|key| key.value);
         let record = RetryRecord {
             attempts,

@@ -139,8 +139,12 @@ pub(crate) fn of_response(headers: &HeaderMap) -> Option<Quota> {
     parse(&joined)
 }
 
-/// Whether an answer has a `RateLimit` field at all: one lookup.
+/// Whether an answer has a `RateLimit` field at all. Asked of every answer: on the few fields
+/// most answers carry, comparing names costs less than hashing one for a lookup.
 pub(crate) fn is_in(headers: &HeaderMap) -> bool {
+    if headers.keys_len() <= 8 {
+        return headers.keys().any(|name| name == RATE_LIMIT);
+    }
     headers.contains_key(RATE_LIMIT)
 }
 

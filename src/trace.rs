@@ -148,7 +148,7 @@ impl LogLevels {
     /// Traces the end of a logical request.
     pub(crate) fn trace_stop(
         &self,
-        watcher: Option<&Watcher<'_>>,
+        watcher: &Watcher<'_>,
         attempts: u32,
         stop: StopReason,
         waited: Duration,
@@ -156,10 +156,10 @@ impl LogLevels {
     ) {
         event_at!(
             self.of_stop(attempts, stop),
-            dependency = watcher.map(|w| w.dependency),
-            method = watcher.map(|w| w.method.as_str()),
-            host = watcher.map(|w| w.host.as_str()),
-            path = watcher.map(Watcher::path),
+            dependency = watcher.dependency,
+            method = watcher.method.as_str(),
+            host = watcher.host.as_str(),
+            path = watcher.path(),
             attempts,
             reason = stop.as_str(),
             status,
@@ -169,7 +169,7 @@ impl LogLevels {
     }
 
     /// Traces one attempt and tells the observer, if any, with the floor the decision honoured.
-    pub(crate) fn attempt(&self, watcher: Option<&Watcher<'_>>, seen: Seen<'_>) {
+    pub(crate) fn attempt(&self, watcher: &Watcher<'_>, seen: Seen<'_>) {
         let (attempt, outcome, verdict, decision, floor) = seen;
         let (status, error) = match outcome {
             Ok(r) => (Some(r.status().as_u16()), None),
@@ -194,10 +194,10 @@ impl LogLevels {
         };
         event_at!(
             level,
-            dependency = watcher.map(|w| w.dependency),
-            method = watcher.map(|w| w.method.as_str()),
-            host = watcher.map(|w| w.host.as_str()),
-            path = watcher.map(Watcher::path),
+            dependency = watcher.dependency,
+            method = watcher.method.as_str(),
+            host = watcher.host.as_str(),
+            path = watcher.path(),
             attempt,
             status,
             error = error.map(|e| e.as_str()),
@@ -205,7 +205,7 @@ impl LogLevels {
             delay_ms = delay.map(millis),
             "attempt finished"
         );
-        if let Some((watcher, observer)) = watcher.and_then(|w| Some((w, w.observer?))) {
+        if let Some(observer) = watcher.observer {
             observer.on_decision(&RetryEvent {
                 dependency: watcher.dependency,
                 method: &watcher.method,
