@@ -373,34 +373,52 @@ const BATCH: usize = 32;
 const SLOT: usize = 38;
 
 thread_local! {
-    /// Keys made ahead on this thread, and how many of them are still unused.
-    static MADE_AHEAD: std::cell::RefCell<(Bytes, usize)> = const {
-        std::cell::RefCell::new((Bytes::new(), 0))
-    };
+    /// Keys made ahead on this thread.
+    static MADE_AHEAD: std::cell::RefCell<MadeAhead> = std::cell::RefCell::default();
+}
+
+/// A thread's batches of default keys: the batch keys are cut from, how many of them are still
+/// unused, and the two buffers batches are written into in turn.
+#[derive(Default)]
+struct MadeAhead {
+    batch: Bytes,
+    left: usize,
+    buffers: [bytes::BytesMut; 2],
+    next: usize,
 }
 
 /// The `range` of the next default key's slot (`..` quoted, `1..37` bare). Keys are made
 /// [`BATCH`] at a time into one reference-counted buffer, so a key costs no allocation of its
-/// own: every copy of it, on every attempt and in the record, shares the batch. (A key kept
-/// for long keeps its batch's 1.2 kB alive with it.)
+/// own: every copy of it, on every attempt and in the record, shares the batch. Batches are
+/// written into two buffers in turn, and a buffer is written over once none of the keys of the
+/// batch before last is still held (those of the last batch may still be, by a connection that
+/// has not yet dropped its request): keys made one request after another cost no allocation at
+/// all. (A key kept for long keeps its batch's 1.2 kB alive with it, and the buffer is then
+/// allocated anew.)
 fn next_batched_key(range: impl std::ops::RangeBounds<usize>) -> Bytes {
-    MADE_AHEAD.with_borrow_mut(|(batch, left)| {
-        if *left == 0 {
-            *batch = new_batch();
-            *left = BATCH;
+    MADE_AHEAD.with_borrow_mut(|made| {
+        if made.left == 0 {
+            let buffer = &mut made.buffers[made.next];
+            made.next ^= 1;
+            // Reclaims the buffer in place when no part of it is held, allocates otherwise.
+            buffer.reserve(SLOT * BATCH);
+            buffer.resize(SLOT * BATCH, 0);
+            fill_batch(buffer);
+            made.batch = buffer.split().freeze();
+            made.left = BATCH;
         }
-        *left -= 1;
-        let start = *left * SLOT;
-        batch.slice(start..start + SLOT).slice(range)
+        made.left -= 1;
+        let start = made.left * SLOT;
+        made.batch.slice(start..start + SLOT).slice(range)
     })
 }
 
-/// [`BATCH`] quoted UUIDs v4 from the thread-local generator of `rand` (seeded by the operating
-/// system, which spares a system call per key), one random draw for all of them.
-fn new_batch() -> Bytes {
+/// Writes [`BATCH`] quoted UUIDs v4 into `text` from the thread-local generator of `rand`
+/// (seeded by the operating system, which spares a system call per key), one random draw for
+/// all of them.
+fn fill_batch(text: &mut [u8]) {
     let mut random = [0u8; 16 * BATCH];
     rand::Rng::fill_bytes(&mut rand::rng(), &mut random);
-    let mut text = vec![0u8; SLOT * BATCH];
     for (bytes, slot) in random.chunks_exact(16).zip(text.chunks_exact_mut(SLOT)) {
         let bytes: [u8; 16] = bytes
             .try_into()
@@ -410,8 +428,6 @@ fn new_batch() -> Bytes {
         uuid.hyphenated().encode_lower(&mut slot[1..37]);
         slot[37] = b'"';
     }
-    // Shared from the start, so that slicing it never allocates.
-    Bytes::from_owner(text)
 }
 
 impl Default for IdempotencyKeys {
@@ -933,6 +949,20 @@ mod tests {
             assert_eq!(uuid::Uuid::parse_str(uuid).unwrap().get_version_num(), 4);
             assert!(seen.insert(uuid.to_owned()), "{uuid} was made twice");
         }
+    }
+
+    #[test]
+    fn a_key_still_held_keeps_its_value_when_its_batch_is_used_up_and_made_again() {
+        let keys = IdempotencyKeys::default();
+        let held = keys.new_value().unwrap();
+        let text = held.to_str().unwrap().to_owned();
+        let mut later = std::collections::HashSet::new();
+        for _ in 0..3 * BATCH {
+            later.insert(keys.new_value().unwrap().to_str().unwrap().to_owned());
+        }
+        assert_eq!(held.to_str().unwrap(), text, "its bytes were written over");
+        assert!(!later.contains(&text));
+        assert_eq!(later.len(), 3 * BATCH, "a key was made twice");
     }
 
     #[test]

@@ -100,8 +100,8 @@ fn the_success_path_allocates_no_more_than_reqwest_retry_plus_the_key() {
     // boxed future, the copy of the request kept for a retry)...
     assert!(e <= c, "(e) {e:.2} against (c) {c:.2}");
     // ...and a key one: its record on the response (its bytes are cut from a batch of 32 made
-    // at once, so each costs 1/32 of an allocation).
-    assert!(d <= c + 1.1, "(d) {d:.2} against (c) {c:.2}");
+    // at once, into a buffer that is written over once the batch before last is released).
+    assert!(d <= c + 1.0, "(d) {d:.2} against (c) {c:.2}");
     // Measuring latency for the attempt timeout allocates nothing per request: the window is
     // the dependency's, and the request's part of it lives in its future.
     assert!(latency <= e, "(i) {latency:.2} against (e) {e:.2}");
