@@ -23,6 +23,18 @@
 //! that ends with the attempt; while it runs, tokio does not auto-advance, so no other timer
 //! jumps virtual time forward under a pending attempt either. Backoff sleeps and the deadline
 //! stay on tokio's clock, so they still take no real time.
+//!
+//! # Spare timers
+//!
+//! Making a tokio timer, filing it in tokio's timer wheel and taking it out again costs more
+//! than the rest of a successful attempt's bookkeeping. So [`TokioClock`] keeps the timer of an
+//! attempt that ended on the thread that ended it (up to 64 per thread, for one runtime), still
+//! filed, and gives it to the next attempt there: a spare set for an earlier deadline fires once
+//! at it (the attempt's task is woken, finds its own deadline not reached, and moves the spare
+//! to it); one set for a later deadline is moved at once. An idle spare stays in the wheel
+//! until its last deadline, when it wakes the task that last waited on it once, for nothing.
+//! Under a clock paused later on the same runtime, auto-advance may fire such spares on its
+//! way to the timers that are waited for.
 
 use std::fmt;
 use std::future::Future;
