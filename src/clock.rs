@@ -509,11 +509,15 @@ mod tests {
     async fn a_spare_set_for_an_earlier_deadline_fires_only_at_the_new_one() {
         drop(TokioTimeout::new(Duration::from_millis(10), None));
         let started = Instant::now();
-        let timeout = TokioTimeout::new(Duration::from_millis(60), None);
+        let mut timeout = TokioTimeout::new(Duration::from_millis(60), None);
         assert_eq!(spares().0, 0, "the spare was taken");
-        timeout.await;
+        (&mut timeout).await;
         let took = started.elapsed();
         assert!(took >= Duration::from_millis(60), "{took:?}");
+        assert!(
+            matches!(timeout, TokioTimeout::Tokio { .. }),
+            "timed on tokio's timer to the end, not handed to the real-time one"
+        );
     }
 
     #[tokio::test]
@@ -585,10 +589,15 @@ mod tests {
     #[tokio::test]
     async fn a_running_tokio_clock_times_attempts_on_tokio_s_timer() {
         let started = Instant::now();
-        let timeout = TokioTimeout::new(Duration::from_millis(20), None);
+        let mut timeout = TokioTimeout::new(Duration::from_millis(20), None);
         assert!(matches!(timeout, TokioTimeout::Tokio { .. }));
-        timeout.await;
-        assert!(started.elapsed() >= Duration::from_millis(20));
+        (&mut timeout).await;
+        let took = started.elapsed();
+        assert!(took >= Duration::from_millis(20), "{took:?}");
+        assert!(
+            matches!(timeout, TokioTimeout::Tokio { .. }),
+            "timed on tokio's timer to the end, not handed to the real-time one"
+        );
     }
 
     #[tokio::test(start_paused = true)]
