@@ -401,7 +401,6 @@ fn next_batched_key(range: impl std::ops::RangeBounds<usize>) -> Bytes {
             let buffer = &mut made.buffers[made.next];
             made.next ^= 1;
             // Reclaims the buffer in place when no part of it is held, allocates otherwise.
-            buffer.reserve(SLOT * BATCH);
             buffer.resize(SLOT * BATCH, 0);
             fill_batch(buffer);
             made.batch = buffer.split().freeze();
@@ -963,6 +962,27 @@ mod tests {
         assert_eq!(held.to_str().unwrap(), text, "its bytes were written over");
         assert!(!later.contains(&text));
         assert_eq!(later.len(), 3 * BATCH, "a key was made twice");
+    }
+
+    #[test]
+    fn batches_alternate_between_two_buffers_each_reused_in_place_once_released() {
+        let keys = IdempotencyKeys::default();
+        // Where each batch's first key lies, every key dropped at once.
+        let mut firsts = Vec::new();
+        for i in 0..3 * BATCH {
+            let value = keys.new_value().unwrap();
+            if i % BATCH == 0 {
+                firsts.push(value.as_bytes().as_ptr() as usize);
+            }
+        }
+        assert_ne!(
+            firsts[0], firsts[1],
+            "the next batch is in the other buffer"
+        );
+        assert_eq!(
+            firsts[0], firsts[2],
+            "the batch before last's buffer, written over"
+        );
     }
 
     #[test]
