@@ -100,6 +100,9 @@ impl<F: Future + Unpin> Future for Claiming<'_, F> {
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<F::Output> {
         let _marked = Mark::set(self.id);
+        if self.span.is_disabled() {
+            return Pin::new(&mut self.run).poll(cx);
+        }
         let _entered = self.span.enter();
         Pin::new(&mut self.run).poll(cx)
     }
