@@ -18,6 +18,8 @@ struct Captured {
     name: String,
     target: String,
     fields: Vec<(String, String)>,
+    /// For an event, the span entered on its thread when it was recorded.
+    within: Option<u64>,
     /// The thread it was recorded on: each test reads only its own.
     thread: std::thread::ThreadId,
 }
@@ -96,6 +98,7 @@ impl Subscriber for Capture {
             name: span.metadata().name().to_owned(),
             target: span.metadata().target().to_owned(),
             fields,
+            within: None,
             thread: std::thread::current().id(),
         });
         Id::from_u64(id)
@@ -125,15 +128,22 @@ impl Subscriber for Capture {
             name: message,
             target: event.metadata().target().to_owned(),
             fields,
+            within: ENTERED.with(|e| e.borrow().last().copied()),
             thread: std::thread::current().id(),
         });
     }
 
-    fn enter(&self, _: &Id) {}
-    fn exit(&self, _: &Id) {}
+    fn enter(&self, id: &Id) {
+        ENTERED.with(|e| e.borrow_mut().push(id.into_u64()));
+    }
+    fn exit(&self, _: &Id) {
+        ENTERED.with(|e| e.borrow_mut().pop());
+    }
 }
 
 thread_local! {
+    /// The spans entered on this thread, innermost last.
+    static ENTERED: std::cell::RefCell<Vec<u64>> = const { std::cell::RefCell::new(Vec::new()) };
     static CAPTURING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
     /// The most verbose level this thread's capture takes, as a subscriber's level filter.
     static LEVEL: std::cell::Cell<tracing::Level> = const { std::cell::Cell::new(tracing::Level::TRACE) };
@@ -573,5 +583,60 @@ async fn a_replayed_or_declined_failure_is_a_give_up_with_its_own_reason() {
         );
         assert_eq!(events[1].field("dependency"), Some("payments"));
         assert_eq!(events[1].field("attempts"), Some("1"));
+    }
+}
+
+/// Emits an event of the crate's target from inside the chain, beneath the retry middleware.
+struct Beneath;
+
+impl reqwest_middleware::Middleware for Beneath {
+    fn handle<'a, 'b, 'c, 'd>(
+        &'a self,
+        request: reqwest::Request,
+        extensions: &'b mut http::Extensions,
+        next: reqwest_middleware::Next<'c>,
+    ) -> std::pin::Pin<
+        Box<
+            dyn std::future::Future<Output = reqwest_middleware::Result<reqwest::Response>>
+                + Send
+                + 'd,
+        >,
+    >
+    where
+        'a: 'd,
+        'b: 'd,
+        'c: 'd,
+        Self: 'd,
+    {
+        Box::pin(async move {
+            tracing::info!(target: "reqwest_safe_retry", "beneath, before sending");
+            let response = next.run(request, extensions).await;
+            tracing::info!(target: "reqwest_safe_retry", "beneath, answered");
+            response
+        })
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn what_the_chain_beneath_logs_is_within_the_request_s_span() {
+    let capture = capture();
+    CAPTURING.with(|c| c.set(true));
+    let server =
+        crate::support::first_then(ResponseTemplate::new(200), 0, ResponseTemplate::new(200)).await;
+    let client = ClientBuilder::new(reqwest::Client::new())
+        .with(RetryMiddleware::new(RetryPolicy::default()).with_clock(FakeClock::new()))
+        .with(Beneath)
+        .build();
+    client.get(server.uri()).send().await.unwrap();
+    CAPTURING.with(|c| c.set(false));
+    let spans = mine(&capture.spans);
+    assert_eq!(spans.len(), 1);
+    let beneath: Vec<_> = mine(&capture.events)
+        .into_iter()
+        .filter(|e| e.name.starts_with("beneath"))
+        .collect();
+    assert_eq!(beneath.len(), 2, "{beneath:?}");
+    for event in &beneath {
+        assert_eq!(event.within, Some(spans[0].id), "{event:?}");
     }
 }
