@@ -676,6 +676,55 @@ mod tests {
         );
     }
 
+    #[tokio::test(start_paused = true)]
+    async fn dropping_a_real_time_timer_tells_its_task_at_once() {
+        let TokioTimeout::Real { timer } = TokioTimeout::new(Duration::from_secs(30), None) else {
+            panic!("a paused clock timed on tokio's timer");
+        };
+        let cancel = timer.cancel.clone();
+        drop(timer);
+        assert!(*cancel.0.lock().unwrap(), "the blocking task was not told");
+    }
+
+    #[test]
+    fn a_runtime_without_a_timer_gets_an_error_even_with_another_runtime_s_spares_on_the_thread() {
+        let timed = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        timed.block_on(async { drop(TokioTimeout::new(Duration::from_secs(30), None)) });
+        assert_eq!(spares().0, 1);
+        let untimed = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        untimed.block_on(async {
+            let clock = SharedClock::new(TokioClock::new());
+            assert!(matches!(
+                clock.timeout(Duration::from_secs(1), None),
+                Err(TimerUnavailable)
+            ));
+        });
+        assert_eq!(spares().0, 1, "the other runtime's spare was not taken");
+    }
+
+    #[tokio::test]
+    async fn a_spare_from_an_attempt_dropped_while_it_waited_times_the_next_attempt() {
+        // The first attempt's task waits on its timer, then is dropped: the timer goes back to
+        // the spares with that task's waker registered in it.
+        let waiting = tokio::spawn(TokioTimeout::new(Duration::from_secs(30), None));
+        tokio::task::yield_now().await;
+        waiting.abort();
+        let _ = waiting.await;
+        assert_eq!(spares().0, 1);
+        let started = Instant::now();
+        let next = tokio::spawn(TokioTimeout::new(Duration::from_millis(20), None));
+        tokio::time::timeout(Duration::from_secs(5), next)
+            .await
+            .expect("the next attempt's timeout fired")
+            .unwrap();
+        assert!(started.elapsed() >= Duration::from_millis(20));
+    }
+
     #[test]
     fn the_stored_clock_debugs_without_the_user_s_type() {
         assert_eq!(

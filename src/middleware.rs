@@ -427,13 +427,7 @@ impl RetryMiddleware {
     ) -> reqwest_middleware::Result<Response> {
         let (attempts, waited) = (decider.attempts(), decider.waited());
         if let Some(watcher) = watcher {
-            let _entered = span.enter();
-            let status = match &outcome {
-                Ok(response) => Some(response.status()),
-                Err(err) => err.status(),
-            };
-            let status = status.map(|s| s.as_u16());
-            self.log.trace_stop(watcher, attempts, stop, waited, status);
+            span.in_scope(|| (self.log).trace_stop(watcher, attempts, stop, waited, &outcome));
         }
         let key = key.map(|key| key.value);
         let record = RetryRecord {

@@ -152,8 +152,12 @@ impl LogLevels {
         attempts: u32,
         stop: StopReason,
         waited: Duration,
-        status: Option<u16>,
+        outcome: &reqwest_middleware::Result<Response>,
     ) {
+        let status = match outcome {
+            Ok(response) => Some(response.status().as_u16()),
+            Err(err) => err.status().map(|s| s.as_u16()),
+        };
         event_at!(
             self.of_stop(attempts, stop),
             dependency = watcher.dependency,
