@@ -163,9 +163,43 @@ impl Dependency {
 
     /// Stamps and recognises this dependency's idempotency keys as `keys` says: another header
     /// name, the quoted form, other methods, your own key source.
-    pub fn with_idempotency_keys(mut self, keys: IdempotencyKeys) -> Self {
+    ///
+    /// ```
+    /// use reqwest_safe_retry::{Dependency, IdempotencyKeys, RetryPolicy};
+    ///
+    /// let keys = IdempotencyKeys::builder().header_name("X-Request-Key").build()?;
+    /// let payments = Dependency::new("payments", RetryPolicy::default()).with_idempotency_keys(keys)?;
+    /// # drop(payments);
+    /// # Ok::<(), reqwest_safe_retry::InvalidConfig>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`InvalidConfig`] when the keys' header is already the dependency's attempt or deadline
+    /// header ([`with_attempt_header`](Self::with_attempt_header),
+    /// [`with_deadline_header`](Self::with_deadline_header)): the attempt's number or the time
+    /// left would replace the key on every attempt, so each would carry a key of its own. Give
+    /// each header its own name, in whichever order the setters come.
+    pub fn with_idempotency_keys(mut self, keys: IdempotencyKeys) -> Result<Self, InvalidConfig> {
+        let name = keys.header_name();
+        let clash = [
+            ("attempt", self.attempt_headers.attempt.as_ref()),
+            ("deadline", self.attempt_headers.deadline.as_ref()),
+        ]
+        .into_iter()
+        .find(|(_, taken)| *taken == Some(name));
+        if let Some((what, _)) = clash {
+            return Err(InvalidConfig::new(
+                "attempt headers",
+                format!(
+                    "idempotency key header {:?} is already the dependency's {what} header: \
+                     give each its own name",
+                    name.as_str()
+                ),
+            ));
+        }
         self.keys = Some(keys);
-        self
+        Ok(self)
     }
 
     /// Neither stamps nor looks for idempotency keys, for a server that refuses unknown

@@ -142,7 +142,9 @@ impl KeySource for SeededKeys {
 ///     .format(KeyFormat::Quoted)
 ///     .build()
 ///     .expect("valid key settings");
-/// let payments = Dependency::new("payments", RetryPolicy::default()).with_idempotency_keys(keys);
+/// let payments = Dependency::new("payments", RetryPolicy::default())
+///     .with_idempotency_keys(keys)
+///     .expect("the key header is the only one named so");
 /// # drop(payments);
 /// ```
 #[derive(Clone)]

@@ -170,3 +170,66 @@ fn a_header_name_that_is_invalid_standard_or_taken_is_refused_with_what_to_do() 
         .unwrap_err();
     assert!(err.to_string().contains("give each its own name"), "{err}");
 }
+
+#[tokio::test]
+async fn no_order_of_setters_lets_an_attempt_or_deadline_header_replace_the_key() {
+    let unkeyed = || Dependency::new("payments", RetryPolicy::default()).without_idempotency_keys();
+    let keys = || reqwest_safe_retry::IdempotencyKeys::default();
+    // The attempt's number, or the time left, set first under the key's name: the keys after
+    // it are refused, naming both headers.
+    let err = unkeyed()
+        .with_attempt_header("Idempotency-Key")
+        .unwrap()
+        .with_idempotency_keys(keys())
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "invalid attempt headers: idempotency key header \"idempotency-key\" is already the \
+         dependency's attempt header: give each its own name"
+    );
+    let err = unkeyed()
+        .with_deadline_header("idempotency-key")
+        .unwrap()
+        .with_idempotency_keys(keys())
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("dependency's deadline header"),
+        "{err}"
+    );
+    // The keys first: the attempt header after them is refused, as before.
+    assert!(
+        unkeyed()
+            .with_idempotency_keys(keys())
+            .unwrap()
+            .with_attempt_header("Idempotency-Key")
+            .is_err()
+    );
+
+    // Every accepted order sends one key on every attempt, the record's.
+    let server = support::always(503).await;
+    let clock = FakeClock::new();
+    let dependency = unkeyed()
+        .with_attempt_header("x-attempt")
+        .unwrap()
+        .with_idempotency_keys(keys())
+        .unwrap()
+        .with_deadline_header("x-deadline-ms")
+        .unwrap();
+    let response = client_on(&clock, dependency)
+        .post(server.uri())
+        .send()
+        .await
+        .unwrap();
+    let record = reqwest_safe_retry::RetryRecord::of(&response).unwrap();
+    let key = record
+        .idempotency_key()
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .to_owned();
+    assert_eq!(values(&server, "idempotency-key").await, vec![Some(key); 3]);
+    assert_eq!(
+        values(&server, "x-attempt").await,
+        [Some("1"), Some("2"), Some("3")].map(|v| v.map(str::to_owned))
+    );
+}

@@ -245,7 +245,9 @@ async fn a_caller_s_invalid_key_fails_before_anything_is_sent() {
         .unwrap();
     let client = ClientBuilder::new(reqwest::Client::new())
         .with(RetryMiddleware::new(
-            Dependency::new("default", support::policy()).with_idempotency_keys(quoted),
+            Dependency::new("default", support::policy())
+                .with_idempotency_keys(quoted)
+                .unwrap(),
         ))
         .build();
     for value in ["order-42", "order 42"] {

@@ -181,7 +181,9 @@ async fn a_keyed_request_s_error_carries_its_key() {
     let client = ClientBuilder::new(reqwest::Client::new())
         .with(
             RetryMiddleware::new(
-                Dependency::new("default", support::policy()).with_idempotency_keys(keys),
+                Dependency::new("default", support::policy())
+                    .with_idempotency_keys(keys)
+                    .unwrap(),
             )
             .with_clock(FakeClock::new()),
         )

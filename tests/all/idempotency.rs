@@ -22,6 +22,7 @@ fn keyed_client(policy: RetryPolicy, keys: IdempotencyKeys) -> (ClientWithMiddle
     let middleware = RetryMiddleware::new(
         Dependency::new("default", policy)
             .with_idempotency_keys(keys)
+            .unwrap()
             .without_budget(),
     )
     .with_clock(clock.clone())
