@@ -54,8 +54,10 @@
 //! caller's own timeout, a `select!`), or the deadline turns out to have passed when the wait
 //! ends, the decider's `Drop` gives the tokens back: a guard, not a convention. Nothing is
 //! counted for a retry until its attempt starts, so a dropped request leaves counters that
-//! count only what happened. A hedge on the wire when the request is dropped gives its tokens
-//! back too (the caller gave up on both copies). The same guard gives back a quota probe that got no answer, and
+//! count only what happened. A hedge is a retry sent early, and costs what a retry costs once it
+//! is sent: dropped with it on the wire, the request keeps it paid for (the server got the copy
+//! whether or not its caller waits for it), and only a hedge never sent gives its tokens back.
+//! The same guard gives back a quota probe that got no answer, and
 //! tells the throttle that an attempt on the wire got no accept: its caller gave up on it (the
 //! instant it was admitted stands for the instant it ended, as the core has no clock).
 
@@ -408,8 +410,11 @@ impl<'a> Decider<'a> {
         let limit = self.measured_timeout(measured.timeout).min(remaining);
         self.sent_at = at;
         self.last_limit_us = u32::try_from(limit.as_micros()).unwrap_or(u32::MAX);
+        // A hedge is a retry sent early: only an attempt that a retry may follow is hedged
+        // (not the last one the limit allows, nor one of a request that forbade retries).
+        let may_follow = self.may_retry_after_next();
         if let Some(hedging) = self.hedging.as_deref_mut() {
-            hedging.after = measured.hedge_after.filter(|after| *after < limit);
+            hedging.after = (measured.hedge_after).filter(|after| may_follow && *after < limit);
         }
         Next::Send(limit)
     }
@@ -455,7 +460,6 @@ impl<'a> Decider<'a> {
                 return None;
             }
         };
-        self.count(Count::Hedge);
         let sent_at = self.accounts.latency.map_or(0, |window| window.micros(now));
         if let Some(hedging) = self.hedging.as_deref_mut() {
             hedging.out = Some(Hedge {
@@ -465,6 +469,24 @@ impl<'a> Decider<'a> {
             });
         }
         Some(limit.min(remaining))
+    }
+
+    /// The hedge [`hedge`](Self::hedge) allowed could not be sent (no timer for it): what it
+    /// withdrew comes back, and its admission counts nothing (the throttle's admission of a
+    /// copy not sent counts nothing, as for an attempt).
+    pub(crate) fn hedge_unsent(&mut self) {
+        let Some(hedge) = self.hedging.as_deref_mut().and_then(|h| h.out.take()) else {
+            return;
+        };
+        if let Some(budget) = self.accounts.budget {
+            budget.cancel_withdrawal(hedge.cost);
+        }
+    }
+
+    /// The hedge [`hedge`](Self::hedge) allowed is being sent: counted, and from now on what
+    /// it cost stays spent, whatever becomes of it.
+    pub(crate) fn hedge_started(&mut self) {
+        self.count(Count::Hedge);
     }
 
     /// The hedge's outcome, not the first copy's, is the one about to be taken in: its time
@@ -753,11 +775,8 @@ impl<'a> Decider<'a> {
             budget.cancel_withdrawal(pending.cost);
         }
         if let Some(hedge) = self.hedging.as_deref_mut().and_then(|h| h.out.take()) {
-            // Out when the request was dropped: its tokens come back, and the throttle counts
-            // it as given up.
-            if let Some(budget) = self.accounts.budget {
-                budget.cancel_withdrawal(hedge.cost);
-            }
+            // Out when the request was dropped: it was sent, so what it cost stays spent (as a
+            // retry's does once sent), and the throttle counts it as given up.
             if let (Some(throttle), Some(admitted)) = (self.accounts.throttle, hedge.admitted) {
                 throttle.finished(admitted, false);
             }

@@ -56,6 +56,7 @@ pub(crate) struct Hedged<'s, 'a> {
     pub(crate) limit: Duration,
     pub(crate) after: Duration,
     pub(crate) headers: &'s AttemptHeaders,
+    /// What is left before the deadline when the first copy is sent.
     pub(crate) left: Duration,
     pub(crate) judging: &'s Judging<'s>,
     pub(crate) policy: &'s RetryPolicy,
@@ -98,7 +99,8 @@ pub(crate) async fn attempt(
     let mut second_extensions = extensions.clone();
     let second_id = chain::claim_id(&second_extensions);
     let mut spare = Some(&mut second_extensions);
-    let copy = |kept: &mut Option<Request>| {
+    // Each copy's headers say what is left at its own send.
+    let copy = |kept: &mut Option<Request>, left: Duration| {
         let mut sending = chain::take_attempt(kept, true);
         if headers.are_on() {
             headers.put_on(&mut sending, number, left);
@@ -108,7 +110,7 @@ pub(crate) async fn attempt(
     // Armed as the first copy starts (a middleware may take time before its future is
     // polled); without a timer there is no hedge, and the first copy goes on alone.
     let mut due = clock.timeout(after, None).ok().map(Box::pin);
-    let sending = copy(kept);
+    let sending = copy(kept, left);
     let id = chain::claim_id(extensions);
     let mut first = Some(Claiming::new(id, span, || {
         next.clone().run(sending, extensions)
@@ -154,13 +156,14 @@ pub(crate) async fn attempt(
                 let Some(hedge_limit) = url.and_then(|url| decider.hedge(now, url, rng)) else {
                     continue;
                 };
-                let Ok(hedge_timer) = clock.timeout(hedge_limit, Some(now)) else {
+                let (Ok(hedge_timer), Some(running)) =
+                    (clock.timeout(hedge_limit, Some(now)), spare.take())
+                else {
+                    decider.hedge_unsent();
                     continue;
                 };
-                let Some(running) = spare.take() else {
-                    continue;
-                };
-                let sending = copy(kept);
+                let sending = copy(kept, decider.remaining(now));
+                decider.hedge_started();
                 second = Some(Claiming::new(second_id, span, || {
                     next.clone().run(sending, running)
                 }));

@@ -513,9 +513,15 @@ impl RetryPolicyBuilder {
     /// Turn it on for reads whose tail latency matters (a page that waits on many of them): a
     /// dependency that answers 1 % of attempts a hundred times slower than the rest then costs
     /// its callers a little more than the p95, for about `extra_load` more requests. A hedge
+    /// is a retry sent early, and whatever forbids or limits a retry forbids or limits it: only
+    /// an attempt that a retry may follow is hedged (not the last one `max_attempts` allows,
+    /// nor a request with [`RetryOverride::NoRetries`](crate::RetryOverride::NoRetries)); it
     /// draws from the dependency's retry budget like a retry, so hedges and retries together
     /// stay under one extra-load ceiling; the throttle, a spent quota and the deadline apply to
-    /// it. When one copy fails transiently while the other is still out, the request waits for
+    /// it. Its cost is committed once it is sent, whether or not its caller waits for its
+    /// answer: a request dropped with a hedge out keeps it paid for (the server got it), and
+    /// only a hedge never sent gives its token back. Its time-left header, if the dependency
+    /// sends one, is read at its own send. When one copy fails transiently while the other is still out, the request waits for
     /// the other before it retries. Never a keyed or streaming request, nor another method: a
     /// second copy of a write is a second write. The latency is measured as for
     /// [`timeout_from_latency`](Self::timeout_from_latency), at the same cost; nothing is

@@ -28,6 +28,8 @@ struct HoldsTheFirst {
     cancelled: Arc<AtomicUsize>,
     /// The request paths, in the order they arrived.
     paths: Arc<Mutex<Vec<String>>>,
+    /// The `x-deadline-ms` header of each request, in the order they arrived.
+    left: Arc<Mutex<Vec<Option<String>>>>,
 }
 
 impl HoldsTheFirst {
@@ -38,6 +40,7 @@ impl HoldsTheFirst {
             arrived: Arc::default(),
             cancelled: Arc::default(),
             paths: Arc::default(),
+            left: Arc::default(),
         };
         let shared = server.clone();
         tokio::spawn(async move {
@@ -47,6 +50,9 @@ impl HoldsTheFirst {
                     let Some(request) = support::read_request(&mut stream).await else {
                         return;
                     };
+                    let left = request.header("x-deadline-ms");
+                    let left = left.map(|v| String::from_utf8_lossy(v).into_owned());
+                    shared.left.lock().unwrap().push(left);
                     shared.paths.lock().unwrap().push(request.path);
                     if shared.arrived.fetch_add(1, Ordering::SeqCst) == 0 {
                         // Held until the client gives up on it: a read of 0 bytes is its close.
@@ -237,7 +243,89 @@ async fn no_hedge_for_a_write_a_keyed_read_a_stream_or_a_dry_budget() {
 }
 
 #[tokio::test]
-async fn a_request_dropped_with_two_copies_out_gives_back_every_token() {
+async fn a_read_that_must_not_be_repeated_is_not_hedged() {
+    use reqwest_safe_retry::RetryOverride;
+    let reads = || Dependency::new("reads", hedging());
+    let no_retries = copies_sent(reads(), |c, url| {
+        c.get(url).with_extension(RetryOverride::NoRetries)
+    })
+    .await;
+    let one_attempt = copies_sent(reads(), |c, url| {
+        c.get(url).with_extension(RetryOverride::MaxAttempts(1))
+    })
+    .await;
+    let policy = hedging().to_builder().max_attempts(1).build().unwrap();
+    let single = copies_sent(Dependency::new("reads", policy), |c, url| c.get(url)).await;
+    assert_eq!((no_retries, one_attempt, single), (1, 1, 1));
+}
+
+#[tokio::test]
+async fn a_hedge_carries_the_time_left_at_its_own_send() {
+    let clock = FakeClock::new();
+    let reads = Dependency::new("reads", hedging())
+        .with_deadline_header("x-deadline-ms")
+        .unwrap();
+    fill(&reads, &clock).await;
+    let server = HoldsTheFirst::start().await;
+    // The first copy goes with the whole 30 s; the hedge 50 ms later on the clock.
+    let client = client(reads.clone(), &clock, Duration::from_millis(50));
+
+    let response = hedged_in_time(client.get(&server.url)).await;
+
+    assert!(RetryRecord::of(&response).unwrap().answered_by_hedge());
+    let left = server.left.lock().unwrap().clone();
+    assert_eq!(left, [Some("30000".to_owned()), Some("29950".to_owned())]);
+}
+
+#[tokio::test]
+async fn hedges_whose_callers_give_up_stay_paid_for_so_a_dry_budget_stops_them() {
+    let clock = FakeClock::new();
+    let budget = RetryBudget::builder()
+        .capacity(10.0)
+        .initial(10.0)
+        .floor_per_sec(0.0)
+        .build()
+        .unwrap();
+    let reads = Dependency::new("reads", hedging()).with_budget(budget.clone());
+    fill(&reads, &clock).await;
+    assert_eq!(budget.balance(), 10.0);
+    // Every copy is held: each read is given up by its caller with both copies out.
+    let server = support::RawServer::start(vec![support::Action::Delay(
+        Duration::from_secs(3600),
+        support::ok("never"),
+    )])
+    .await;
+    let client = client(reads.clone(), &clock, Duration::from_millis(50));
+    let mut copies = Vec::new();
+    for round in 0..12 {
+        let before = server.requests();
+        let url = server.url("/items");
+        let sending = client.clone();
+        let request = tokio::spawn(async move { sending.get(url).send().await });
+        // Two copies while a token pays for the hedge, then one; a read whose hedge was not
+        // paid for is given up once its one copy has arrived.
+        let want = if round < 10 { 2 } else { 1 };
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while server.requests() < before + want {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "round {round}: no copy"
+            );
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        // Time for a hedge that should not go to go.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        request.abort();
+        assert!(request.await.unwrap_err().is_cancelled());
+        copies.push(server.requests() - before);
+    }
+    assert_eq!(copies, [2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 1, 1]);
+    assert_eq!(budget.balance(), 0.0, "every hedge sent stayed paid for");
+    assert_eq!(reads.counters().hedges, 10);
+}
+
+#[tokio::test]
+async fn a_request_dropped_with_two_copies_out_keeps_its_hedge_paid_for() {
     let clock = FakeClock::new();
     let budget = RetryBudget::builder().floor_per_sec(0.0).build().unwrap();
     let reads = Dependency::new("reads", hedging()).with_budget(budget.clone());
@@ -263,7 +351,11 @@ async fn a_request_dropped_with_two_copies_out_gives_back_every_token() {
     request.abort();
     assert!(request.await.unwrap_err().is_cancelled());
 
-    assert_eq!(budget.balance(), full, "every token back");
+    assert_eq!(
+        budget.balance(),
+        full - 1.0,
+        "the hedge was sent: it stays paid for"
+    );
     assert_eq!(reads.counters().hedges, 1);
     assert_eq!(reads.counters().hedges_won, 0);
 }

@@ -115,6 +115,9 @@ fn a_hedge_is_paid_for_counted_once_and_its_limit_is_the_attempt_s_cut_to_the_de
     s.time.advance(20 * MS);
     assert_eq!(d.hedge(s.time.now(), &URL, TOP), Some(secs(1)));
     assert_eq!(s.budget.as_ref().unwrap().balance(), 1.0);
+    // Counted when it is sent.
+    assert_eq!(s.counts().hedges, 0);
+    d.hedge_started();
     // At most one per attempt.
     assert_eq!(d.hedge(s.time.now(), &URL, TOP), None);
     assert_eq!(s.counts().hedges, 1);
@@ -134,6 +137,69 @@ fn a_hedge_is_paid_for_counted_once_and_its_limit_is_the_attempt_s_cut_to_the_de
     );
     // Spent: the hedge was made. (The first attempt's success deposited 0.1.)
     assert_eq!(s.budget.as_ref().unwrap().balance(), 1.1);
+}
+
+#[test]
+fn a_hedge_is_a_retry_sent_early_so_only_an_attempt_a_retry_may_follow_is_hedged() {
+    // One attempt allowed, or retries forbidden: no hedge of it.
+    for (max_attempts, retries_disabled) in [(1, false), (3, true)] {
+        let s = setup(hedging(secs(1), max_attempts), Some(budget(10, 10)));
+        let mut d = s.decider(retries_disabled);
+        d.allow_hedges();
+        d.next(&s.time).unwrap();
+        assert_eq!(
+            d.hedge_after(),
+            None,
+            "{max_attempts} attempts, {retries_disabled}"
+        );
+        d.attempt_started();
+        assert_eq!(d.hedge(s.time.now(), &URL, TOP), None);
+        assert_eq!(s.budget.as_ref().unwrap().balance(), 10.0);
+    }
+    // Two attempts: the first may be hedged, the last not.
+    let s = setup(hedging(secs(1), 2), Some(budget(10, 10)));
+    let mut d = s.decider(false);
+    d.allow_hedges();
+    d.next(&s.time).unwrap();
+    assert!(d.hedge_after().is_some());
+    d.attempt_started();
+    assert!(matches!(
+        d.after(answered(503), &s.time, TOP),
+        Wait::Sleep(_)
+    ));
+    d.next(&s.time).unwrap();
+    assert_eq!(d.hedge_after(), None, "the last attempt");
+}
+
+#[test]
+fn a_hedge_sent_stays_paid_for_when_its_caller_gives_up_and_one_not_sent_costs_nothing() {
+    let s = setup(hedging(secs(1), 3), Some(budget(10, 5)));
+    let mut d = s.decider(false);
+    d.allow_hedges();
+    d.next(&s.time).unwrap();
+    d.attempt_started();
+    assert!(d.hedge(s.time.now(), &URL, TOP).is_some());
+    d.hedge_started();
+    drop(d);
+    assert_eq!(
+        s.budget.as_ref().unwrap().balance(),
+        4.0,
+        "committed once sent"
+    );
+    assert_eq!(s.counts().hedges, 1);
+    // Allowed, but no timer to send it with: its token comes back, and nothing is counted.
+    let mut d = s.decider(false);
+    d.allow_hedges();
+    d.next(&s.time).unwrap();
+    d.attempt_started();
+    assert!(d.hedge(s.time.now(), &URL, TOP).is_some());
+    assert_eq!(s.budget.as_ref().unwrap().balance(), 3.0);
+    d.hedge_unsent();
+    assert_eq!(s.budget.as_ref().unwrap().balance(), 4.0);
+    assert_eq!(s.counts().hedges, 1);
+    // Given back once: the guard has nothing left to give.
+    drop(d);
+    assert_eq!(s.budget.as_ref().unwrap().balance(), 4.0);
 }
 
 #[test]
@@ -255,7 +321,8 @@ fn run_script(seed: u64) -> Result<(), String> {
                 .next(&s.time)
                 .map_err(|stop| format!("request {request}: attempt {n} stopped: {stop:?}"))?;
             let after = d.hedge_after();
-            if after.is_some() != hedgeable {
+            // Only an attempt that a retry may follow is hedged.
+            if after.is_some() != (hedgeable && n < max_attempts) {
                 return Err(format!("request {request}: hedge_after {after:?}"));
             }
             if let Some(after) = after {
@@ -275,6 +342,7 @@ fn run_script(seed: u64) -> Result<(), String> {
                     return Err(format!("hedge {sent:?} with {} milli-tokens", want.balance));
                 }
                 if affordable {
+                    d.hedge_started();
                     hedged = true;
                     want.balance -= 1000;
                     want.hedges += 1;
@@ -291,12 +359,9 @@ fn run_script(seed: u64) -> Result<(), String> {
             let status = match ending {
                 Ending::Dropped => {
                     drop(d);
-                    // Every copy out counts as a request the dependency did not accept, and
-                    // the hedge's token comes back.
+                    // Every copy out counts as a request the dependency did not accept; the
+                    // hedge was sent, so its token stays spent.
                     want.throttle.0 += 1 + u64::from(hedged);
-                    if hedged {
-                        want.balance += 1000;
-                    }
                     break;
                 }
                 Ending::First(status) => status,
