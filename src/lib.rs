@@ -122,8 +122,9 @@
 //! A spent quota is believed for at most 60 s at a time: after that one request goes through as
 //! a probe, and its answer renews the quota or clears it, so one wrong answer (a reset a day
 //! away) cannot shut a dependency off for a day. A probe whose caller gives up is given back.
-//! An answer with quota left clears the hold; a `Retry-After` on the same answer takes
-//! precedence; field lines on one answer are one list; malformed fields are ignored. On by
+//! An answer with quota left clears the hold; a valid `Retry-After` (or millisecond wait) on
+//! the same answer takes precedence, and one that cannot be read leaves the quota in force;
+//! field lines on one answer are one list; malformed fields are ignored. On by
 //! default ([`RetryPolicyBuilder::rate_limit_fields`] turns it off): it costs one header lookup
 //! per answer.
 //!

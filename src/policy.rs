@@ -393,8 +393,9 @@ impl RetryPolicyBuilder {
     /// [`StopReason::QuotaExhausted`](crate::StopReason::QuotaExhausted). A retry waits for a
     /// spent quota's reset as for a `Retry-After`. A spent quota is believed for 60 s at a time;
     /// then one request goes as a probe, and its answer renews or clears it. An answer with
-    /// quota left clears it. A `Retry-After` on the same answer takes precedence, and malformed
-    /// fields are ignored. On by default: a server that sends the field has said what it will do
+    /// quota left clears it. A valid `Retry-After` (or `retry-after-ms`) on the same answer takes
+    /// precedence; malformed fields are ignored, a malformed wait beside a `RateLimit` too, so
+    /// the quota stays in force. On by default: a server that sends the field has said what it will do
     /// with the next request.
     pub fn rate_limit_fields(mut self, on: bool) -> Self {
         self.rate_limit_fields = on;

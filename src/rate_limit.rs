@@ -6,8 +6,8 @@
 //! (a String or a Token) with the parameters `r` (remaining) and `t` (seconds until reset),
 //! both non-negative integers. `RateLimit-Policy` describes the policies (quota, window) and is
 //! not needed to act on `RateLimit`. A member without `r`, or with a malformed value, is ignored;
-//! so is a field that cannot be read at all. A `Retry-After` on the same response takes
-//! precedence. Field lines on one answer are one list.
+//! so is a field that cannot be read at all. A valid `Retry-After` (or millisecond wait) on the same response
+//! takes precedence; one that cannot be read is absent, for this rule as for the wait. Field lines on one answer are one list.
 //!
 //! # Per origin, believed for a minute at a time
 //!
@@ -118,8 +118,8 @@ fn split_outside_quotes(text: &str, sep: char) -> impl Iterator<Item = &str> {
     cuts.into_iter()
 }
 
-/// What a response says of the quota, if it says anything: nothing when it has a `Retry-After`
-/// (or a millisecond one), which takes precedence. Field lines are one list (RFC 9110 section 5.3): every line is read.
+/// What a response says of the quota, if it says anything: nothing when it has a valid
+/// `Retry-After` (or a millisecond one), which takes precedence. Field lines are one list (RFC 9110 section 5.3): every line is read.
 pub(crate) fn of_response(headers: &HeaderMap) -> Option<Quota> {
     // Most answers have no RateLimit field: one lookup for them.
     let first = headers.get(RATE_LIMIT)?;
@@ -390,7 +390,20 @@ mod tests {
             let mut asked = headers.clone();
             asked.insert(name, "3".parse().unwrap());
             assert_eq!(of_response(&asked), None, "{name}");
+            // A value that cannot be read is no wait: the field beside it stays in force.
+            for unreadable in ["soon", "1.5e3", "-1", ""] {
+                let mut bad = headers.clone();
+                bad.insert(name, unreadable.parse().unwrap());
+                assert_eq!(of_response(&bad), secs(12), "{name}: {unreadable:?}");
+            }
         }
+        // A date in the past is a valid wait of none: it takes precedence too.
+        let mut past = headers.clone();
+        past.insert(
+            "retry-after",
+            "Thu, 01 Jan 1970 00:00:00 GMT".parse().unwrap(),
+        );
+        assert_eq!(of_response(&past), None);
     }
 
     fn origin(url: &str) -> Origin {

@@ -53,12 +53,14 @@ pub(crate) fn floor(headers: &HeaderMap, wall_now: &dyn Fn() -> SystemTime) -> O
         })
 }
 
-/// Whether the answer asks for a wait in any of the three fields, valid or not: a `RateLimit`
-/// field beside it then says nothing (the server's explicit wait takes precedence).
+/// Whether the answer asks for a wait with a valid value in any of the three fields: a
+/// `RateLimit` field beside it then says nothing (the server's explicit wait takes precedence).
+/// Read by the one parser that reads the wait itself, so a value that cannot be read (`soon`,
+/// `1.5` seconds) is absent here as it is there, and leaves the `RateLimit` beside it in force.
+/// Whether a value is valid does not depend on the time: a date in the past is a valid wait of
+/// zero.
 pub(crate) fn is_asked(headers: &HeaderMap) -> bool {
-    headers.contains_key(http::header::RETRY_AFTER)
-        || headers.contains_key(RETRY_AFTER_MS)
-        || headers.contains_key(X_MS_RETRY_AFTER_MS)
+    floor(headers, &|| SystemTime::UNIX_EPOCH).is_some()
 }
 
 /// The largest valid value of the field `name` over its lines.

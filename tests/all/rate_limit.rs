@@ -101,6 +101,52 @@ async fn retry_after_takes_precedence_over_the_field() {
     assert!(clock.sleeps().is_empty());
 }
 
+/// A wait field that cannot be read is absent for every rule: the `RateLimit` beside it stays
+/// in force, for the retry of a 429 and for the next first attempt after a 200.
+#[tokio::test]
+async fn an_unreadable_wait_field_leaves_the_field_beside_it_in_force() {
+    let server = MockServer::start().await;
+    Mock::given(any())
+        .respond_with(
+            ResponseTemplate::new(429)
+                .insert_header("ratelimit", r#""d";r=0;t=5"#)
+                .insert_header("retry-after-ms", "soon"),
+        )
+        .up_to_n_times(1)
+        .mount(&server)
+        .await;
+    Mock::given(any())
+        .respond_with(ResponseTemplate::new(200))
+        .mount(&server)
+        .await;
+    let (retrying, clock) = client(RetryPolicy::default());
+    let response = retrying.get(server.uri()).send().await.unwrap();
+    assert_eq!(response.status(), 200);
+    // The retry waited for the reset (the rng draws 0: no jitter above the floor).
+    assert_eq!(clock.sleeps(), [Duration::from_secs(5)]);
+
+    let server = MockServer::start().await;
+    Mock::given(any())
+        .respond_with(
+            ResponseTemplate::new(200)
+                .insert_header("ratelimit", r#""d";r=0;t=5"#)
+                .insert_header("retry-after", "1.5"),
+        )
+        .up_to_n_times(1)
+        .mount(&server)
+        .await;
+    Mock::given(any())
+        .respond_with(ResponseTemplate::new(200))
+        .mount(&server)
+        .await;
+    let (client, clock) = self::client(RetryPolicy::default());
+    client.get(server.uri()).send().await.unwrap();
+    client.get(server.uri()).send().await.unwrap();
+    // The second request was held until the reset before anything was sent.
+    assert_eq!(clock.sleeps(), [Duration::from_secs(5)]);
+    assert_eq!(server.received_requests().await.unwrap().len(), 2);
+}
+
 /// A server whose first answer says the quota is spent for `secs` seconds, and whose later
 /// answers have quota left.
 async fn spent_for(secs: u64) -> MockServer {
