@@ -675,9 +675,9 @@ fn model(s: &Script) -> Run {
                         w.quota[o] = None;
                     }
                 }
-                // A Retry-After (in seconds or milliseconds) on the same answer takes precedence
-                // over the field.
-                let asked = step.retry_after.is_some() || step.retry_after_ms.is_some();
+                // A valid Retry-After (in seconds or milliseconds) on the same answer takes
+                // precedence over the field; one that cannot be read is absent.
+                let asked = asked_floor(step).is_some();
                 if let Some(said) = step.rate_limit.filter(|_| !asked) {
                     w.said(o, said, now);
                 }
