@@ -21,7 +21,9 @@
 //! it to every later one, marked `Idempotent-Replayed: true`. Some store failures too, a 503
 //! included: then every further attempt with the key gets the same 503, whatever waits, and a
 //! retry only spends the budget and the caller's time. A replayed transient answer ends the
-//! retrying at once.
+//! retrying at once, but only under a key that was sent before (`classify` asks): a request
+//! without a key has nothing stored under it, and neither has a key made for this request
+//! before its first attempt, so there the marker (a proxy's echo, say) means nothing.
 
 use http::{HeaderMap, HeaderName, StatusCode};
 

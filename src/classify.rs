@@ -49,6 +49,11 @@ pub(crate) struct Judging<'a> {
     /// The method is idempotent, or the request carries a key.
     pub(crate) repeatable: bool,
     pub(crate) key: Option<&'a HeaderValue>,
+    /// The key was sent before this attempt (by an earlier attempt that may have reached the
+    /// server, or, for a caller's own or a derived key, perhaps by an earlier run): only then
+    /// can the server hold an original under it, still in flight (a 409) or stored and
+    /// replayed (`Idempotent-Replayed`).
+    pub(crate) key_sent: bool,
     /// The dependency's classifier, and the request's head for it to see.
     pub(crate) hook: Option<(&'a Shared<dyn Classifier>, &'a RequestHead)>,
 }
@@ -102,8 +107,9 @@ impl Judging<'_> {
                 Verdict::Final(StopReason::NotRetryable) if declined => {
                     Verdict::Final(StopReason::ServerDeclinedRetry)
                 }
-                // Every further attempt with the key would be answered with the same replay.
-                Verdict::Transient(..) if advice::replayed(response.headers()) => {
+                // Every further attempt with the key would be answered with the same replay;
+                // under a key never sent, or none, the marker means nothing.
+                Verdict::Transient(..) if self.key_sent && advice::replayed(response.headers()) => {
                     Verdict::Final(StopReason::ReplayedFailure)
                 }
                 verdict => verdict,
@@ -113,14 +119,17 @@ impl Judging<'_> {
     }
 
     /// Whether an answer is a transient failure by the default rules: its status in the
-    /// policy's set (409 for a keyed request), unless the server's own verdict, when the policy
+    /// policy's set (409 under a key sent before: the original is still in flight), unless the server's own verdict, when the policy
     /// heeds it, says otherwise. The second value: the server's `false` made a failure final
     /// that the status alone would have retried.
     #[inline]
     fn answer_is_transient(&self, response: &Response) -> (bool, bool) {
         let status = response.status();
-        let keyed = self.key.is_some();
-        let by_status = is_transient_status(status, |s| self.policy.is_retryable_status(s), keyed);
+        let by_status = is_transient_status(
+            status,
+            |s| self.policy.is_retryable_status(s),
+            self.key_sent,
+        );
         // A success is final whatever the server adds: its verdict speaks of failures (and a
         // success, the common answer, costs no header lookup).
         if status.as_u16() < 400 || !self.policy.should_retry_fields() {
@@ -238,14 +247,24 @@ pub(crate) fn may_be_hedged(request: &reqwest::Request, keyed: bool) -> bool {
         && request.body().is_none_or(|body| body.as_bytes().is_some())
 }
 
-/// Whether `status` is a transient failure under a policy's status set; 409 counts only for a
-/// request carrying an idempotency key (the original is still in flight on the server).
+/// Whether `status` is a transient failure under a policy's status set; 409 counts only under
+/// an idempotency key that was sent before (the original is still in flight on the server): a
+/// 409 under a key no server has seen is the server's own conflict, final.
 pub(crate) fn is_transient_status(
     status: StatusCode,
     in_set: impl Fn(StatusCode) -> bool,
-    keyed: bool,
+    key_sent: bool,
 ) -> bool {
-    in_set(status) || (keyed && status == StatusCode::CONFLICT)
+    in_set(status) || (key_sent && status == StatusCode::CONFLICT)
+}
+
+/// Whether an attempt that ended in `outcome` may have reached the server, and with it the
+/// key it carried: anything but a failure that certainly sent nothing.
+pub(crate) fn may_have_reached(outcome: &reqwest_middleware::Result<Response>) -> bool {
+    match outcome {
+        Ok(_) => true,
+        Err(err) => !transport_fault(err).is_some_and(Fault::nothing_sent),
+    }
 }
 
 /// The transient fault behind `err`, or `None` when the error is permanent.
@@ -482,6 +501,7 @@ mod tests {
             policy: &policy,
             repeatable,
             key: keyed.then_some(&key),
+            key_sent: keyed,
             hook: None,
         };
         let response = http::Response::builder().status(status).body("").unwrap();
@@ -514,6 +534,7 @@ mod tests {
             policy,
             repeatable,
             key: keyed.then_some(&key),
+            key_sent: keyed,
             hook: classifier.is_some().then_some((&hook, &head)),
         };
         let mut response = http::Response::builder().status(status);
@@ -663,6 +684,54 @@ mod tests {
         );
     }
 
+    #[test]
+    fn a_409_or_a_replay_under_a_key_never_sent_is_the_server_s_own_answer() {
+        use StopReason::*;
+        let policy = RetryPolicy::default();
+        let key = HeaderValue::from_static("k");
+        let judge = |status: u16, key: Option<&HeaderValue>, key_sent: bool, replayed: bool| {
+            let judging = Judging {
+                policy: &policy,
+                repeatable: true,
+                key,
+                key_sent,
+                hook: None,
+            };
+            let mut response = http::Response::builder().status(status);
+            if replayed {
+                response = response.header("idempotent-replayed", "true");
+            }
+            let response = Response::from(response.body("").unwrap());
+            judging.verdict(&Ok(response), 1)
+        };
+        let retried = Verdict::Transient(RetryKind::Other, "status");
+        // A key just made, on its first attempt: the 409 is a conflict, the marker nothing.
+        assert_eq!(
+            judge(409, Some(&key), false, false),
+            Verdict::Final(NotRetryable)
+        );
+        assert_eq!(judge(503, Some(&key), false, true), retried);
+        // Sent before: in flight, and a stored failure.
+        assert_eq!(judge(409, Some(&key), true, false), retried);
+        assert_eq!(
+            judge(503, Some(&key), true, true),
+            Verdict::Final(ReplayedFailure)
+        );
+        // No key at all: a 503 marked replayed is retried like any other.
+        assert_eq!(judge(503, None, false, true), retried);
+        assert_eq!(judge(409, None, false, false), Verdict::Final(NotRetryable));
+    }
+
+    #[test]
+    fn only_an_error_that_certainly_sent_nothing_kept_the_key_from_the_server() {
+        let ok = Response::from(http::Response::new(""));
+        assert!(may_have_reached(&Ok(ok)));
+        let timeout = Err(crate::chain::timed_out(std::time::Duration::from_millis(5)));
+        assert!(may_have_reached(&timeout));
+        let other = Err(reqwest_middleware::Error::middleware(io::Error::other("x")));
+        assert!(may_have_reached(&other));
+    }
+
     /// The verdict on an attempt that ended in `err`.
     fn judge_error(err: reqwest_middleware::Error, repeatable: bool) -> Verdict {
         let policy = RetryPolicy::default();
@@ -670,6 +739,7 @@ mod tests {
             policy: &policy,
             repeatable,
             key: None,
+            key_sent: false,
             hook: None,
         };
         judging.verdict(&Err(err), 1)

@@ -30,7 +30,9 @@ pub enum StopReason {
     NotSafeToRetry,
     /// The server answered with a failure it had stored under the request's idempotency key,
     /// replayed (`Idempotent-Replayed: true`): it answers every further attempt with that key
-    /// the same way, so none is made. Its answer is returned.
+    /// the same way, so none is made. Its answer is returned. Only under a key sent before
+    /// (an earlier attempt's, a caller's own, a derived one): without a key, or on the first
+    /// answer under a key just made, the marker means nothing.
     ReplayedFailure,
     /// The server said its failure is not worth another attempt (`x-should-retry: false`, or
     /// `stripe-should-retry: false`), though its status is in the retryable set; its answer is

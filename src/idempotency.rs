@@ -291,6 +291,10 @@ pub(crate) struct Key {
     /// Made here: it is put on each attempt's copy as it is sent (the caller's own is already on
     /// the request), and counted as stamped once an attempt is sent.
     pub(crate) stamped: bool,
+    /// Made new for this request (a random key): no server can have seen it before its first
+    /// attempt. A caller's own key, or one derived from a natural key, may have been sent by an
+    /// earlier run.
+    pub(crate) fresh: bool,
 }
 
 /// The key of a request: the caller's own, kept byte for byte; or one derived from its
@@ -324,6 +328,7 @@ pub(crate) fn key_for(
         return Ok(Some(Key {
             value: own.clone(),
             stamped: false,
+            fresh: false,
         }));
     }
     if let Some(natural) = natural {
@@ -331,6 +336,7 @@ pub(crate) fn key_for(
             Some(Key {
                 value,
                 stamped: true,
+                fresh: false,
             })
         });
     }
@@ -341,6 +347,7 @@ pub(crate) fn key_for(
         Some(Key {
             value,
             stamped: true,
+            fresh: true,
         })
     })
 }
@@ -358,6 +365,7 @@ pub(crate) fn put_on(
         Some(Key {
             value,
             stamped: true,
+            ..
         }),
     ) = (keys, key)
     {

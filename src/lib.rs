@@ -5,7 +5,7 @@
 //! dedupes on the key performs the effect once; it retries only transient failures (timeouts,
 //! host names that did not resolve, refused or reset connections, responses cut off before the
 //! end, and the statuses 429, 502,
-//! 503 and 504, plus 409 "still in progress" on a keyed request), only when repeating the request
+//! 503 and 504, plus 409 "still in progress" under a key sent before), only when repeating the request
 //! is safe, with capped full jitter between attempts. Its clock and its random source are
 //! injected, so every retry schedule can be tested instantly and reproducibly.
 //!
@@ -33,9 +33,12 @@
 //!   connections, broken pipes, and a server closing the connection before a full
 //!   response. Never: TLS certificate failures and other permanent connect errors, builder,
 //!   redirect and decode errors, and errors from other middleware.
-//! - **Statuses** in the policy's set [429, 502, 503, 504], and `409` on a request that carries an
-//!   idempotency key (the server is still working on the first copy). Any other response, 500,
-//!   400 and 422 included, is final and returned as it is.
+//! - **Statuses** in the policy's set [429, 502, 503, 504], and `409` under an idempotency key
+//!   that was sent before this attempt (the server is still working on the first copy): an
+//!   earlier attempt's, the caller's own key, or one derived from a [`NaturalKey`] (a crashed
+//!   run may have sent it). A first attempt's 409 under a key the middleware has just made is
+//!   the server's own conflict, final: no server can hold an original under it. Any other
+//!   response, 500, 400 and 422 included, is final and returned as it is.
 //!   [`RetryPolicyBuilder::also_retry_statuses`] adds to the set;
 //!   [`RetryPolicyBuilder::retryable_statuses`] replaces it.
 //! - **What the server says of its answer**: `x-should-retry: false` (or Stripe's
@@ -43,7 +46,10 @@
 //!   ([`StopReason::ServerDeclinedRetry`]); `true` makes a failure transient, a 500 or 408
 //!   included (not a 400 or 422). An answer the server replayed under the request's key
 //!   (`Idempotent-Replayed: true`) ends the retrying at once ([`StopReason::ReplayedFailure`]):
-//!   every further attempt with the key would get the same answer.
+//!   every further attempt with the key would get the same answer. The marker counts only
+//!   under a key sent before, as for a 409: on a request without a key (a GET) or the first
+//!   answer under a key just made, it means nothing (a proxy may echo it) and the answer is
+//!   judged by its status.
 //!   [`RetryPolicyBuilder::should_retry_fields`] turns the verdict off.
 //! - **Your own rules**: a classifier closure on a dependency
 //!   ([`Dependency::with_classifier`]) sees each [`Attempt`]'s request and outcome and says

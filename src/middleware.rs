@@ -307,6 +307,9 @@ impl RetryMiddleware {
                                 }
                             }
                         };
+                        if sent.key.is_some() && !sent.key_sent {
+                            sent.key_sent = classify::may_have_reached(&outcome);
+                        }
                         let seen = Observed::of(&outcome, verdict, kept.as_ref().map(Request::url));
                         let decision = self.decide_after(&mut decider, seen);
                         if let Some(watcher) = sent.watcher.as_deref() {
@@ -374,6 +377,7 @@ impl RetryMiddleware {
         }
         Ok(Sent {
             repeatable: key.is_some() || classify::is_idempotent(request.method()),
+            key_sent: key.as_ref().is_some_and(|key| !key.fresh),
             key,
             // Only a classifier needs the request after it has gone: its head is kept for it.
             head: (dependency.classifier.as_ref()).map(|c| (c, Box::new(RequestHead::of(request)))),
@@ -475,6 +479,9 @@ type Unsent<'a> = (
 /// What one logical request keeps of itself while its attempts go, decided before the first.
 struct Sent<'a> {
     key: Option<Key>,
+    /// The key has been sent: a caller's own or a derived one (perhaps by an earlier run), or
+    /// a new one once an attempt may have reached the server.
+    key_sent: bool,
     /// The method is idempotent, or the request carries a key.
     repeatable: bool,
     /// The dependency's classifier, and the request's head for it to see.
@@ -499,6 +506,7 @@ impl Sent<'_> {
             policy,
             repeatable: self.repeatable,
             key: self.key.as_ref().map(|key| &key.value),
+            key_sent: self.key_sent,
             hook: self.head.as_ref().map(|(c, head)| (*c, &**head)),
         }
     }

@@ -430,7 +430,8 @@ impl RetryPolicyBuilder {
     /// [`also_retry_statuses`](Self::also_retry_statuses).
     ///
     /// Statuses outside the set are final and reach the caller after one attempt. A 409 is
-    /// retried for a keyed request whatever the set (the original is still in flight).
+    /// retried under an idempotency key sent before this attempt whatever the set (the
+    /// original is still in flight); under a key just made, or none, it is final.
     pub fn retryable_statuses(mut self, statuses: impl IntoIterator<Item = u16>) -> Self {
         self.statuses = statuses.into_iter().collect();
         self

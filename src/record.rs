@@ -77,7 +77,8 @@ impl RetryRecord {
             },
             None => return None,
         };
-        record.replayed = crate::advice::replayed(response.headers());
+        // Under no key the marker means nothing (a proxy may echo it).
+        record.replayed = record.key.is_some() && crate::advice::replayed(response.headers());
         Some(record)
     }
 
@@ -111,7 +112,8 @@ impl RetryRecord {
     }
 
     /// Whether the server marked the response as a replay of a stored one
-    /// (`Idempotent-Replayed: true`): the effect happened earlier, not on this attempt.
+    /// (`Idempotent-Replayed: true`): the effect happened earlier, not on this attempt. Always
+    /// `false` for a request that carried no key: the marker then means nothing.
     pub fn replayed(&self) -> bool {
         self.replayed
     }

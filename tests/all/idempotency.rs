@@ -379,14 +379,59 @@ async fn a_keyed_post_is_retried_on_503_with_the_same_key() {
 }
 
 #[tokio::test]
-async fn a_keyed_409_is_retried_and_an_unkeyed_one_is_not() {
+async fn a_409_is_retried_only_under_a_key_sent_before_and_an_unkeyed_one_is_not() {
     let server =
         support::first_then(ResponseTemplate::new(409), 2, ResponseTemplate::new(201)).await;
     let (client, _) = support::client();
 
-    let keyed = client.post(server.uri()).body("x").send().await.unwrap();
+    // The caller's own key, which an earlier run may have sent: the original is in flight.
+    let keyed = client
+        .post(server.uri())
+        .header("idempotency-key", "order-7");
+    let keyed = keyed.body("x").send().await.unwrap();
     assert_eq!(keyed.status(), 201);
     assert_eq!(RetryRecord::of(&keyed).unwrap().attempts(), 3);
+    let received = server.received_requests().await.unwrap();
+    assert!(
+        received
+            .iter()
+            .all(|r| r.headers["idempotency-key"] == "order-7")
+    );
+
+    // A key the middleware has just made: no server can hold an original under it, so the
+    // first attempt's 409 is the server's own conflict, final.
+    server.reset().await;
+    Mock::given(any())
+        .respond_with(ResponseTemplate::new(409))
+        .mount(&server)
+        .await;
+    let fresh = client.post(server.uri()).body("x").send().await.unwrap();
+    assert_eq!(fresh.status(), 409);
+    assert_eq!(
+        support::ended(&fresh),
+        (1, reqwest_safe_retry::StopReason::NotRetryable)
+    );
+    assert_eq!(server.received_requests().await.unwrap().len(), 1);
+
+    // Once an attempt with it has gone, the key has been sent: a 409 after a 503 is in flight.
+    server.reset().await;
+    Mock::given(any())
+        .respond_with(ResponseTemplate::new(503))
+        .up_to_n_times(1)
+        .mount(&server)
+        .await;
+    Mock::given(any())
+        .respond_with(ResponseTemplate::new(409))
+        .up_to_n_times(1)
+        .mount(&server)
+        .await;
+    Mock::given(any())
+        .respond_with(ResponseTemplate::new(201))
+        .mount(&server)
+        .await;
+    let later = client.post(server.uri()).body("x").send().await.unwrap();
+    assert_eq!(later.status(), 201);
+    assert_eq!(RetryRecord::of(&later).unwrap().attempts(), 3);
 
     server.reset().await;
     Mock::given(any())
@@ -396,6 +441,42 @@ async fn a_keyed_409_is_retried_and_an_unkeyed_one_is_not() {
     let unkeyed = client.get(server.uri()).send().await.unwrap();
     assert_eq!(unkeyed.status(), 409);
     assert_eq!(server.received_requests().await.unwrap().len(), 1);
+}
+
+#[tokio::test]
+async fn a_derived_key_s_first_409_is_in_flight_since_a_crashed_run_may_have_sent_it() {
+    let server =
+        support::first_then(ResponseTemplate::new(409), 1, ResponseTemplate::new(201)).await;
+    let (client, _) = support::client();
+    let job = client
+        .post(server.uri())
+        .with_extension(NaturalKey::new("order-7/charge"));
+    let response = job.body("x").send().await.unwrap();
+    assert_eq!(response.status(), 201);
+    assert_eq!(RetryRecord::of(&response).unwrap().attempts(), 2);
+}
+
+#[tokio::test]
+async fn a_replay_marker_on_an_answer_to_a_request_without_a_key_means_nothing() {
+    let server = support::always(503).await;
+    server.reset().await;
+    Mock::given(any())
+        .respond_with(ResponseTemplate::new(503).insert_header("idempotent-replayed", "true"))
+        .mount(&server)
+        .await;
+    let (client, _) = support::client();
+    // A GET carries no key: a proxy's echo of the marker does not turn its retries off.
+    let response = client.get(server.uri()).send().await.unwrap();
+    assert_eq!(
+        support::ended(&response),
+        (3, StopReason::AttemptsExhausted)
+    );
+    assert!(!RetryRecord::of(&response).unwrap().replayed());
+    assert_eq!(server.received_requests().await.unwrap().len(), 3);
+    // Under a key just made, the first answer cannot be a replay either; the second can.
+    let response = client.post(server.uri()).body("x").send().await.unwrap();
+    assert_eq!(support::ended(&response), (2, StopReason::ReplayedFailure));
+    assert!(RetryRecord::of(&response).unwrap().replayed());
 }
 
 #[tokio::test]

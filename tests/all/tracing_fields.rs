@@ -552,7 +552,11 @@ async fn a_replayed_or_declined_failure_is_a_give_up_with_its_own_reason() {
                     .with_clock(FakeClock::new()),
             )
             .build();
-        client.post(server.uri()).body("x").send().await.unwrap();
+        // A caller's own key, which an earlier run may have sent: a replay under it is one.
+        let post = client
+            .post(server.uri())
+            .header("idempotency-key", "order-7");
+        post.body("x").send().await.unwrap();
         CAPTURING.with(|c| c.set(false));
         LEVEL.with(|l| l.set(tracing::Level::TRACE));
 
