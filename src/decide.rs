@@ -419,6 +419,26 @@ impl<'a> Decider<'a> {
         Next::Send(limit)
     }
 
+    /// The attempt on the wire reached its time limit at `now`: `None` cuts it there (it timed
+    /// out); `Some(more)` lets it run `more` longer, up to the fixed attempt timeout (and the
+    /// deadline). Only a limit from measured latency below the fixed timeout is a guess worth
+    /// a second look: while the dependency's cuts are few (its window's allowance), the attempt
+    /// is a straggler and is cut, so a retry may answer sooner; past the allowance, attempts
+    /// reaching their limits together are a brownout, and each runs on instead of becoming a
+    /// retry that the budget pays for and that meets the same slowness.
+    pub(crate) fn at_limit(&mut self, now: Instant) -> Option<Duration> {
+        let window = self.accounts.latency?;
+        let limit = Duration::from_micros(u64::from(self.last_limit_us));
+        let more = (self.policy.attempt_timeout())
+            .saturating_sub(limit)
+            .min(self.remaining(now));
+        if more.is_zero() || window.take_cut(now) {
+            return None;
+        }
+        self.last_limit_us = u32::try_from((limit + more).as_micros()).unwrap_or(u32::MAX);
+        Some(more)
+    }
+
     /// Whether a hedge of the attempt on the wire may go at `now`, to `resend`: its time limit
     /// if so. It is paid for from the budget like a retry, and the deadline, the origin's
     /// quota (no hold, no probe: a hedge only ever goes through an open gate) and the throttle

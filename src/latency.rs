@@ -35,6 +35,16 @@
 //! hedging delay) is kept in one atomic: a request reads two (that one, and when the next
 //! reading is due).
 //!
+//! # Cutting at the measured limit
+//!
+//! A measured limit is a guess that an attempt outlasting nearly every answer is a straggler.
+//! When every answer slows at once (a brownout) the guess is wrong for every attempt in
+//! flight, and cutting them all would turn each into a retry the budget must pay for, against
+//! the same slowness. So an attempt is cut at its measured limit only while the cuts this
+//! second are within an allowance ([`MIN_CUTS`], or [`CUT_SHARE`] of the answer rate if more);
+//! past it, the attempt runs on to the fixed timeout. Asked only when a limit is reached: the
+//! success path pays nothing for it.
+//!
 //! A percentile is reported as the upper edge of its bucket, so it is never below the true one
 //! and at most an eighth above it.
 
@@ -54,6 +64,11 @@ pub(crate) const REFRESH: Duration = Duration::from_secs(1);
 pub(crate) const MIN_SAMPLES: u64 = 100;
 /// The share of the window's attempts that may time out before the window is not believed.
 pub(crate) const MAX_TIMEOUT_SHARE: f64 = 0.05;
+/// The fewest attempts a second that may be cut at a measured limit below the fixed timeout;
+/// more when the dependency answers more than [`MIN_CUTS`] / [`CUT_SHARE`] a second.
+pub(crate) const MIN_CUTS: u32 = 2;
+/// The share of the window's answer rate that may be cut at a measured limit each second.
+pub(crate) const CUT_SHARE: f64 = 0.01;
 /// Buckets per power of two: 2^3.
 const SUB_BITS: u32 = 3;
 pub(crate) const SUB_BUCKETS: usize = 1 << SUB_BITS;
@@ -156,6 +171,11 @@ pub(crate) struct LatencyWindow {
     /// When (microseconds since the origin) the percentiles are next due; 0 after a timeout,
     /// which asks for them at once.
     due: AtomicU64,
+    /// The attempts that may be cut at a measured limit each second, as last read.
+    cut_allowance: AtomicU32,
+    /// The second (of the window's time) of the last cut in the high half, the cuts made in it
+    /// in the low half.
+    cuts: AtomicU64,
 }
 
 impl LatencyWindow {
@@ -169,7 +189,32 @@ impl LatencyWindow {
             slices: (0..SLICES).map(|_| Slice::new()).collect(),
             measured: AtomicU64::new(0),
             due: AtomicU64::new(0),
+            cut_allowance: AtomicU32::new(MIN_CUTS),
+            cuts: AtomicU64::new(0),
         }
+    }
+
+    /// Whether an attempt that reached its measured limit at `now` may be cut there: while few
+    /// are (at most the allowance this second), an attempt that outlasts nearly every answer
+    /// is a straggler, and a retry answers sooner. Past it, the attempts reaching their limits
+    /// together say that the dependency slowed for everyone (a brownout): cutting them would
+    /// only turn each into a retry, so they run on to the fixed timeout. Asked only when a
+    /// limit is reached.
+    pub(crate) fn take_cut(&self, now: Instant) -> bool {
+        let second = self.micros(now) / 1_000_000;
+        let allowance = self.cut_allowance.load(Ordering::Relaxed);
+        self.cuts
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |packed| {
+                let (epoch, taken) = (packed >> 32, packed & u64::from(u32::MAX));
+                if epoch != second {
+                    Some(second << 32 | 1)
+                } else if taken < u64::from(allowance) {
+                    Some(packed + 1)
+                } else {
+                    None
+                }
+            })
+            .is_ok()
     }
 
     /// `now` as the window's time: microseconds from its origin (its first use).
@@ -268,6 +313,11 @@ impl LatencyWindow {
             timeouts += slice.timeouts.load(Ordering::Relaxed);
         }
         let answers: u64 = counts.iter().sum();
+        // The answer rate over the window, of which a share may be cut each second.
+        let per_second = answers as f64 / (SLICES as f64 * SLICE.as_secs_f64());
+        let allowance = (per_second * CUT_SHARE) as u32;
+        self.cut_allowance
+            .store(allowance.max(MIN_CUTS), Ordering::Relaxed);
         let believed = answers >= MIN_SAMPLES
             && (timeouts as f64) <= MAX_TIMEOUT_SHARE * (answers + timeouts) as f64;
         if !believed {

@@ -479,8 +479,15 @@ impl RetryPolicyBuilder {
     /// Turn it on for a dependency that answers much faster than its fixed timeout: an attempt
     /// stuck on a dead connection is then cut after a few times its usual latency, not after the
     /// fixed 10 s, and retried. A retry after a timeout gets twice the last attempt's timeout
-    /// (up to the fixed one), so a brownout that slows every answer is let through while the
-    /// measurement catches up.
+    /// (up to the fixed one).
+    ///
+    /// What a brownout costs: only a few attempts a second are cut at the measured limit (2, or
+    /// 1 % of the dependency's answer rate if more); an attempt that reaches its limit past that
+    /// allowance runs on to the fixed timeout instead. So when every answer suddenly slows
+    /// (many attempts reaching their limits together), at most the allowance becomes retries
+    /// each second, paid from the budget, and the rest are answered as the fixed timeout would
+    /// have answered them, while the measurement catches up. A hedged read is cut at its limit
+    /// whatever the allowance: its hedge is its second chance.
     ///
     /// What is measured, per dependency over the last 30 s: the latency of every answer whose
     /// status the policy does not retry (fast failures would drag the percentile down).

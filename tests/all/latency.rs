@@ -160,3 +160,109 @@ async fn under_tokio_s_paused_clock_the_window_counts_nothing_and_the_fixed_time
     }
     assert_eq!(reads.counters().attempts, 360);
 }
+
+/// A server on 127.0.0.1 that answers each request with 200 after the current `delay` of real
+/// time, and counts the requests that arrived.
+#[derive(Clone, Default)]
+struct Slowing {
+    delay: Latency,
+    arrived: Arc<AtomicU64>,
+}
+
+impl Slowing {
+    async fn start(&self) -> String {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/", listener.local_addr().unwrap());
+        let shared = self.clone();
+        tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                let shared = shared.clone();
+                tokio::spawn(async move {
+                    if support::read_request(&mut stream).await.is_none() {
+                        return;
+                    }
+                    shared.arrived.fetch_add(1, Ordering::SeqCst);
+                    let delay = shared.delay.0.load(Ordering::SeqCst);
+                    tokio::time::sleep(Duration::from_micros(delay)).await;
+                    let _ =
+                        tokio::io::AsyncWriteExt::write_all(&mut stream, &support::ok("x")).await;
+                    let _ = tokio::io::AsyncWriteExt::shutdown(&mut stream).await;
+                });
+            }
+        });
+        url
+    }
+
+    fn arrived(&self) -> u64 {
+        self.arrived.load(Ordering::SeqCst)
+    }
+}
+
+/// Real time: the window measures what loopback answers take. Warm at 5 ms, then every answer
+/// twelve times slower with 16 requests in flight and a 10-token budget: the measured limit
+/// cuts a few (the window's allowance), the rest run on to the fixed timeout, so no request
+/// fails that the fixed timeout serves and the brownout costs few extra arrivals. (Before,
+/// every attempt was cut at the measured limit at once, and again at twice it: two retries a
+/// request, which the budget could pay for ten of.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_brownout_under_the_timeout_from_latency_fails_no_request_the_fixed_timeout_serves() {
+    let server = Slowing::default();
+    server.delay.set(Duration::from_millis(5));
+    let url = server.start().await;
+    let policy = RetryPolicy::builder()
+        .attempt_timeout(Duration::from_secs(2))
+        .timeout_from_latency(2.0, Duration::from_millis(10))
+        .base_delay(Duration::from_millis(1))
+        .max_delay(Duration::from_millis(5))
+        .build()
+        .unwrap();
+    let budget = reqwest_safe_retry::RetryBudget::builder()
+        .capacity(10.0)
+        .initial(10.0)
+        .build()
+        .unwrap();
+    let search = Dependency::new("search", policy).with_budget(budget);
+    let client = ClientBuilder::new(reqwest::Client::new())
+        .with(RetryMiddleware::new(search.clone()).with_rng(SeededRng::new(3)))
+        .build();
+    // Warm for a little over a second (the window is read at most once a second), four at a
+    // time: a few hundred answers of about 5 ms.
+    let warm_until = std::time::Instant::now() + Duration::from_millis(1_100);
+    let warming: Vec<_> = (0..4)
+        .map(|_| {
+            let (client, url) = (client.clone(), url.clone());
+            tokio::spawn(async move {
+                let mut sent = 0;
+                while std::time::Instant::now() < warm_until && sent < 1_000 {
+                    client.get(&url).send().await.unwrap();
+                    sent += 1;
+                }
+            })
+        })
+        .collect();
+    for warm in warming {
+        warm.await.unwrap();
+    }
+    assert!(search.counters().requests >= 100, "{:?}", search.counters());
+
+    server.delay.set(Duration::from_millis(60));
+    let before = server.arrived();
+    let batch: Vec<_> = (0..16)
+        .map(|_| {
+            let (client, url) = (client.clone(), url.clone());
+            tokio::spawn(async move { client.get(&url).send().await.map(|r| r.status()) })
+        })
+        .collect();
+    let mut failed = 0;
+    for request in batch {
+        match request.await.unwrap() {
+            Ok(status) if status == 200 => {}
+            _ => failed += 1,
+        }
+    }
+    let arrivals = server.arrived() - before;
+    assert_eq!(failed, 0, "arrivals {arrivals}, {:?}", search.counters());
+    // At most 1.25 arrivals a request: 16 first attempts and at most 4 retries (the allowance
+    // of 2 cuts a second, over at most two seconds of the window's time).
+    assert!(arrivals <= 20, "{arrivals} arrivals for 16 requests");
+}

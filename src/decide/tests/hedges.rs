@@ -436,3 +436,89 @@ fn two_thousand_scripts_of_hedges_match_the_model() {
         }
     }
 }
+
+/// 2 x p99.9 with a 1 ms floor, under a fixed 1 s timeout.
+fn measuring() -> RetryPolicy {
+    RetryPolicy::builder()
+        .attempt_timeout(secs(1))
+        .timeout_from_latency(2.0, MS)
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn at_a_measured_limit_a_few_attempts_are_cut_and_a_burst_runs_on_to_the_fixed_timeout() {
+    let s = setup(measuring(), Some(budget(10, 10)));
+    let mut deciders: Vec<_> = (0..16).map(|_| s.decider(false)).collect();
+    for d in &mut deciders {
+        // Twice the p99.9 of 10 ms answers (10.24 ms).
+        assert_eq!(d.next(&s.time), Ok(Duration::from_micros(20_480)));
+        d.attempt_started();
+    }
+    // Every answer ten times slower: all sixteen reach their limit together.
+    s.time.advance(21 * MS);
+    let at_limit: Vec<_> = deciders
+        .iter_mut()
+        .map(|d| d.at_limit(s.time.now()))
+        .collect();
+    let more = secs(1) - Duration::from_micros(20_480);
+    let mut expected = vec![None, None];
+    expected.extend([Some(more); 14]);
+    assert_eq!(
+        at_limit,
+        expected,
+        "the window's allowance: {}",
+        crate::latency::MIN_CUTS
+    );
+    // One that ran on has the fixed timeout: at it, it is cut whatever the allowance.
+    assert_eq!(deciders[2].at_limit(s.time.now()), None);
+    // The next second has its allowance again.
+    s.time.advance(secs(1));
+    let mut d = s.decider(false);
+    d.next(&s.time).unwrap();
+    d.attempt_started();
+    assert_eq!(d.at_limit(s.time.now()), None);
+    // A limit the deadline cut leaves nothing to run on for.
+    let short = setup(
+        measuring()
+            .to_builder()
+            .base_delay(MS)
+            .max_delay(MS)
+            .deadline(15 * MS)
+            .build()
+            .unwrap(),
+        None,
+    );
+    let mut d = short.decider(false);
+    assert_eq!(d.next(&short.time), Ok(15 * MS));
+    d.attempt_started();
+    for _ in 0..3 {
+        short.latency.as_ref().unwrap().take_cut(short.time.now());
+    }
+    short.time.advance(15 * MS);
+    assert_eq!(d.at_limit(short.time.now()), None);
+    // Without a measured limit, the fixed timeout cuts.
+    let fixed = Setup::new(RetryPolicy::default(), None);
+    let mut d = fixed.decider(false);
+    d.next(&fixed.time).unwrap();
+    d.attempt_started();
+    assert_eq!(d.at_limit(fixed.time.now()), None);
+}
+
+#[test]
+fn the_cut_allowance_is_a_share_of_the_answer_rate_and_never_below_its_floor() {
+    let policy = measuring();
+    let window = LatencyWindow::new(&policy);
+    let start = Instant::now();
+    // 30,000 answers over the window: 1,000 a second, of which 1 % may be cut each second.
+    for _ in 0..30_000 {
+        window.answered(Duration::from_millis(10), start);
+    }
+    window.measured(start);
+    let cuts = (0..20).filter(|_| window.take_cut(start)).count();
+    assert_eq!(cuts, 10);
+    let quiet = LatencyWindow::new(&policy);
+    quiet.measured(start);
+    let cuts = (0..20).filter(|_| quiet.take_cut(start)).count();
+    assert_eq!(cuts, crate::latency::MIN_CUTS as usize);
+}
