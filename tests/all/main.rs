@@ -1,5 +1,6 @@
 //! Integration tests: the middleware against real servers on 127.0.0.1.
 
+mod across_features;
 mod attempt_headers;
 mod bodies;
 mod budget;
