@@ -277,7 +277,7 @@ struct Copies {
     entered: u32,
     answered: u32,
     cancel: bool,
-    hedge_answered: bool,
+    hedge_ended: bool,
 }
 
 #[derive(Debug, Default)]
@@ -386,6 +386,9 @@ impl Middleware for Wire {
         let (seen, clock) = (self.seen.clone(), self.clock.clone());
         let (cancel, slow) = (req.cancel, req.slow_first && copy == 0);
         Box::pin(async move {
+            // A hedge that ends, answered or given up (its own timer, a win of the first
+            // copy), lets a first copy waiting for it go on.
+            let _ended = (copy == 1).then(|| HedgeEnded(seen.clone(), r));
             let outcome = next.run(request, extensions).await;
             {
                 let mut seen = seen.lock().unwrap();
@@ -394,9 +397,6 @@ impl Middleware for Wire {
                 if cancel == Cancel::AfterAnswer(copy) {
                     copies.cancel = true;
                 }
-                if copy == 1 {
-                    copies.hedge_answered = true;
-                }
             }
             clock.advance(latency);
             yields(1).await;
@@ -404,9 +404,9 @@ impl Middleware for Wire {
                 // A hedge, if one goes, enters within a few polls: wait for its answer.
                 yields(3).await;
                 let hedged = || seen.lock().unwrap().copies[&r].entered > 1;
-                let answered = || seen.lock().unwrap().copies[&r].hedge_answered;
+                let ended = || seen.lock().unwrap().copies[&r].hedge_ended;
                 let until = std::time::Instant::now() + Duration::from_secs(2);
-                while hedged() && !answered() && std::time::Instant::now() < until {
+                while hedged() && !ended() && std::time::Instant::now() < until {
                     tokio::time::sleep(Duration::from_micros(200)).await;
                 }
             }
@@ -462,6 +462,17 @@ impl Measuring {
             entry.1 = Some(self.clock.now());
         }
         entry.0.clone()
+    }
+}
+
+/// Marks request `.1`'s hedge as ended when dropped.
+struct HedgeEnded(Shared, usize);
+
+impl Drop for HedgeEnded {
+    fn drop(&mut self) {
+        if let Ok(mut seen) = self.0.lock() {
+            seen.copies.entry(self.1).or_default().hedge_ended = true;
+        }
     }
 }
 
