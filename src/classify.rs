@@ -732,6 +732,21 @@ mod tests {
         assert!(may_have_reached(&other));
     }
 
+    #[tokio::test]
+    async fn a_refused_connection_kept_the_key_from_the_server() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        drop(listener);
+        let refused = reqwest::Client::new()
+            .get(format!("http://127.0.0.1:{port}/"))
+            .send()
+            .await
+            .unwrap_err();
+        assert!(!may_have_reached(&Err(reqwest_middleware::Error::Reqwest(
+            refused
+        ))));
+    }
+
     /// The verdict on an attempt that ended in `err`.
     fn judge_error(err: reqwest_middleware::Error, repeatable: bool) -> Verdict {
         let policy = RetryPolicy::default();

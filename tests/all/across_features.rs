@@ -426,6 +426,9 @@ const MEASURING_DEADLINE: Duration = Duration::from_secs(10);
 /// answers grow old. Filling one takes a hundred requests: too many for every script.
 struct Measuring {
     clock: FakeClock,
+    /// One client beneath every script's chain (each script's server has an origin, and so
+    /// connections, of its own): making one is most of what a script would cost.
+    http: reqwest::Client,
     /// By `(hedging, latency_timeout)`: the dependency and when it was last warmed.
     warmed: HashMap<(bool, bool), (Dependency, Option<std::time::Instant>)>,
 }
@@ -458,7 +461,7 @@ impl Measuring {
             .1
             .is_none_or(|warmed| now - warmed > Duration::from_secs(20))
         {
-            warm(&entry.0, &self.clock).await;
+            warm(&entry.0, &self.clock, &self.http).await;
             entry.1 = Some(self.clock.now());
         }
         entry.0.clone()
@@ -557,8 +560,8 @@ impl Middleware for Answers10ms {
 }
 
 /// The window of a dependency that measures latency, filled with 10 ms answers and read.
-async fn warm(dependency: &Dependency, clock: &FakeClock) {
-    let warmer = ClientBuilder::new(reqwest::Client::new())
+async fn warm(dependency: &Dependency, clock: &FakeClock, http: &reqwest::Client) {
+    let warmer = ClientBuilder::new(http.clone())
         .with(RetryMiddleware::new(dependency.clone()).with_clock(clock.clone()))
         .with(Answers10ms(clock.clone()))
         .build();
@@ -626,7 +629,7 @@ async fn run(seed: u64, measuring: &mut Measuring) -> Result<(), String> {
     let clock = measuring.clock.clone();
     let seen: Shared = Arc::default();
     let url = serve(script.clone(), seen.clone(), clock.clone()).await;
-    let client: ClientWithMiddleware = ClientBuilder::new(reqwest::Client::new())
+    let client: ClientWithMiddleware = ClientBuilder::new(measuring.http.clone())
         .with(
             RetryMiddleware::new(dependency.clone())
                 .with_clock(clock.clone())
@@ -889,6 +892,7 @@ async fn every_feature_keeps_the_others_promises_over_random_scripts() {
         .unwrap_or(0);
     let mut measuring = Measuring {
         clock: FakeClock::new(),
+        http: reqwest::Client::new(),
         warmed: HashMap::new(),
     };
     for seed in first..first + scripts {

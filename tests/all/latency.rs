@@ -161,6 +161,31 @@ async fn under_tokio_s_paused_clock_the_window_counts_nothing_and_the_fixed_time
     assert_eq!(reads.counters().attempts, 360);
 }
 
+#[tokio::test]
+async fn past_the_cut_allowance_an_attempt_runs_on_to_the_fixed_timeout() {
+    let server = support::always(200).await;
+    let clock = FakeClock::new();
+    let latency = Latency::default();
+    let client = client(measured(), &clock, &latency);
+    latency.set(Duration::from_millis(20));
+    for _ in 0..150 {
+        client.get(server.uri()).send().await.unwrap();
+    }
+    clock.advance(Duration::from_secs(1));
+    // 60 ms answers: the first two attempts this second are cut at 40.96 ms (the allowance)
+    // and retried within twice that; after them, an attempt runs on to the fixed 100 ms and
+    // is answered.
+    latency.set(Duration::from_millis(60));
+    for expected in [2, 2, 1] {
+        let response = client.get(server.uri()).send().await.unwrap();
+        assert_eq!(support::ended(&response), (expected, StopReason::Succeeded));
+    }
+    // One slower than the fixed timeout is cut there, and the error says so.
+    latency.set(Duration::from_millis(150));
+    let last = limits_of_a_request_that_never_answers_in_time(&client, &server.uri()).await;
+    assert_eq!(last, "attempt timed out after 100ms");
+}
+
 /// A server on 127.0.0.1 that answers each request with 200 after the current `delay` of real
 /// time, and counts the requests that arrived.
 #[derive(Clone, Default)]
