@@ -137,6 +137,32 @@ pub(crate) fn race<F: Future + Unpin, T: Future<Output = ()>>(
     })
 }
 
+/// Polls `work` until it finishes, or `timer` fires first (`None`) and `at_limit` gives no
+/// longer timer to run on with: called each time the timer fires, it answers the timer that
+/// replaces it, or `None` to cut the attempt there. `work` is polled first.
+pub(crate) fn race_on<F, L>(
+    mut work: F,
+    mut timer: Pin<&mut AttemptTimer>,
+    mut at_limit: L,
+) -> impl Future<Output = Option<F::Output>>
+where
+    F: Future + Unpin,
+    L: FnMut() -> Option<AttemptTimer>,
+{
+    std::future::poll_fn(move |cx| {
+        if let Poll::Ready(done) = Pin::new(&mut work).poll(cx) {
+            return Poll::Ready(Some(done));
+        }
+        while timer.as_mut().poll(cx).is_ready() {
+            match at_limit() {
+                Some(longer) => timer.set(longer),
+                None => return Poll::Ready(None),
+            }
+        }
+        Poll::Pending
+    })
+}
+
 /// The body of an attempt's answer read inside the attempt (the policy's `buffer_body`, up to
 /// `max` bytes), racing the attempt's timer; judged again if reading it failed: a body cut off
 /// is transient. With the outcome and its verdict come how to judge it, the attempt's number

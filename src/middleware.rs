@@ -296,22 +296,17 @@ impl RetryMiddleware {
                                 Claiming::new(id, &span, || next.clone().run(sending, extensions))
                             };
                             decider.attempt_started();
-                            let mut attempt = attempt;
-                            let mut outcome = chain::race(&mut attempt, timer.as_mut()).await;
                             let mut limit = limit;
                             // At its limit, the core cuts the attempt or lets it run on (once:
                             // then it has the fixed timeout).
-                            if outcome.is_none() {
+                            let at_limit = || {
                                 let now = self.clock.get().now();
-                                if let Some(more) = decider.at_limit(now) {
-                                    if let Ok(longer) = self.clock.timeout(more, Some(now)) {
-                                        timer.set(longer);
-                                        limit += more;
-                                        outcome = chain::race(&mut attempt, timer.as_mut()).await;
-                                    }
-                                }
-                            }
-                            drop(attempt);
+                                let more = decider.at_limit(now)?;
+                                let longer = self.clock.timeout(more, Some(now)).ok()?;
+                                limit += more;
+                                Some(longer)
+                            };
+                            let outcome = chain::race_on(attempt, timer.as_mut(), at_limit).await;
                             let outcome = outcome.unwrap_or_else(|| Err(chain::timed_out(limit)));
                             let verdict = judging.verdict(&outcome, number);
                             match body::to_read(policy, &outcome, verdict) {
