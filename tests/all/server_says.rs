@@ -254,3 +254,21 @@ async fn a_503_stored_at_the_first_attempt_and_replayed_at_the_second_ends_there
     assert_eq!(keys.len(), 2);
     assert_eq!(keys[0], keys[1]);
 }
+
+/// A success is final whatever the server's verdict says, with a classifier that delegates to
+/// the default rules as without one: `x-should-retry: true` speaks of failures.
+#[tokio::test]
+async fn a_success_marked_should_retry_is_a_success_under_a_delegating_classifier() {
+    use reqwest_middleware::ClientBuilder;
+    use reqwest_safe_retry::{Dependency, FakeClock, RetryMiddleware};
+    let server =
+        answering(ResponseTemplate::new(200).insert_header("x-should-retry", "true")).await;
+    let delegating = Dependency::new("default", support::policy())
+        .with_classifier(|attempt| attempt.default_verdict());
+    let client = ClientBuilder::new(reqwest::Client::new())
+        .with(RetryMiddleware::new(delegating).with_clock(FakeClock::new()))
+        .build();
+    let response = client.get(server.uri()).send().await.unwrap();
+    assert_eq!(support::ended(&response), (1, StopReason::Succeeded));
+    assert_eq!(server.received_requests().await.unwrap().len(), 1);
+}
