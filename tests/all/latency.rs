@@ -286,6 +286,7 @@ async fn a_brownout_under_the_timeout_from_latency_fails_no_request_the_fixed_ti
         }
     }
     let arrivals = server.arrived() - before;
+    eprintln!("brownout: {arrivals} arrivals for 16 requests, {failed} failed");
     assert_eq!(failed, 0, "arrivals {arrivals}, {:?}", search.counters());
     // At most 1.25 arrivals a request: 16 first attempts and at most 4 retries (the allowance
     // of 2 cuts a second, over at most two seconds of the window's time).
