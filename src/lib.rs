@@ -163,13 +163,18 @@
 //!   (which serves until 100 answers are measured, or when more than 5 % of the window's
 //!   attempts timed out); a retry after a timeout gets twice the last limit. Turn it on for a
 //!   dependency that answers far faster than its fixed timeout: a dead connection then costs a
-//!   few times its usual latency instead of 10 s. It costs about 400 instructions per request
-//!   (one more reading of the clock, and an atomic addition per answer) and no allocation.
+//!   few times its usual latency instead of 10 s. Only a few attempts a second are cut at the
+//!   measured limit (2, or 1 % of the answer rate); past that an attempt runs on to the fixed
+//!   timeout, so a brownout that slows every answer costs at most those retries. It costs
+//!   about 400 instructions per request (one more reading of the clock, and an atomic addition
+//!   per answer) and no allocation.
 //! - [`RetryPolicyBuilder::hedge_reads`]: a GET, HEAD or OPTIONS request without a key that
 //!   has waited past the `1 - m` percentile of the recent answers (capped by a fixed delay)
-//!   gets a second copy; the first answer wins and the other copy is cancelled. Hedges draw on
-//!   the retry budget like retries, and the throttle, a spent quota and the deadline apply to
-//!   them. Turn it on for reads whose tail latency matters. [`RetryRecord::answered_by_hedge`]
+//!   gets a second copy; the first answer wins and the other copy is cancelled. A hedge is a
+//!   retry sent early: only an attempt a retry may follow is hedged (not under
+//!   [`RetryOverride::NoRetries`], not the last attempt allowed), hedges draw on the retry
+//!   budget like retries, once sent they stay paid for, and the throttle, a spent quota and the
+//!   deadline apply to them. Turn it on for reads whose tail latency matters. [`RetryRecord::answered_by_hedge`]
 //!   and the `hedges` and `hedges_won` counters say what it did.
 //!
 //! `docs/simulations.md` in the repository shows both at work: hedging cuts a 1 s p99.9 to
@@ -261,8 +266,10 @@
 //!
 //! A request may be dropped at any await (the caller's own timeout, a `select!`). A retry is
 //! paid for before its wait; if the request is dropped during the wait, a guard gives the
-//! tokens back, and a retry is counted only when its attempt starts. So whatever point a
-//! request is dropped at, the budget and the counters show only what happened.
+//! tokens back, and a retry is counted only when its attempt starts. A copy already sent (an
+//! attempt, or a hedge) stays paid for: the server got it, whether or not its caller waits.
+//! So whatever point a request is dropped at, the budget and the counters show only what
+//! happened.
 //!
 //! # HTTP/2, and reqwest's own retries
 //!
