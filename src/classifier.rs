@@ -1,7 +1,7 @@
 //! A hook to say which outcomes are transient: wider or narrower than the default rules.
 //!
 //! The default rules (see the crate docs) call a timeout, a refused or reset connection, a
-//! response cut short, and a status in the policy's set (429, 502, 503, 504 by default; 409 for
+//! response cut short, and a status in the policy's set (408, 429, 502, 503, 504 by default; 409 for
 //! a keyed request) transient, and everything else final. A classifier on a
 //! [`Dependency`](crate::Dependency) replaces that one question, with the request and the
 //! outcome in view: "a 503 from `/reports` is final", "this error of my own middleware is

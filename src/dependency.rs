@@ -124,8 +124,8 @@ impl Dependency {
     /// has no rule of its own for.
     ///
     /// The default rules call a timeout, a host name that could not be resolved, a refused or
-    /// reset connection, a response cut short, and a status in the policy's set (429, 502, 503,
-    /// 504 by default; 409 under a key sent before) transient, and everything else final. Whether
+    /// reset connection, a response cut short, and a status in the policy's set (408, 429, 502,
+    /// 503, 504 by default; 409 under a key sent before) transient, and everything else final. Whether
     /// repeating is *safe* stays the middleware's rule, and a classifier cannot loosen it: a
     /// request that is neither idempotent nor keyed is repeated only when nothing of it reached
     /// the server, however loudly `classify` says "transient". The attempt limit, the deadline,

@@ -4,7 +4,7 @@
 //! `Idempotency-Key` on each POST and PATCH and reuses it on every attempt, so a server that
 //! dedupes on the key performs the effect once; it retries only transient failures (timeouts,
 //! host names that did not resolve, refused or reset connections, responses cut off before the
-//! end, and the statuses 429, 502,
+//! end, and the statuses 408, 429, 502,
 //! 503 and 504, plus 409 "still in progress" under a key sent before), only when repeating the request
 //! is safe, with capped full jitter between attempts. Its clock and its random source are
 //! injected, so every retry schedule can be tested instantly and reproducibly.
@@ -33,7 +33,7 @@
 //!   connections, broken pipes, and a server closing the connection before a full
 //!   response. Never: TLS certificate failures and other permanent connect errors, builder,
 //!   redirect and decode errors, and errors from other middleware.
-//! - **Statuses** in the policy's set [429, 502, 503, 504], and `409` under an idempotency key
+//! - **Statuses** in the policy's set [408, 429, 502, 503, 504], and `409` under an idempotency key
 //!   that was sent before this attempt (the server is still working on the first copy): an
 //!   earlier attempt's, the caller's own key, or one derived from a [`NaturalKey`] (a crashed
 //!   run may have sent it). A first attempt's 409 under a key the middleware has just made is
@@ -43,7 +43,7 @@
 //!   [`RetryPolicyBuilder::retryable_statuses`] replaces it.
 //! - **What the server says of its answer**: `x-should-retry: false` (or Stripe's
 //!   `stripe-should-retry`) makes a failure final, a 503 included
-//!   ([`StopReason::ServerDeclinedRetry`]); `true` makes a failure transient, a 500 or 408
+//!   ([`StopReason::ServerDeclinedRetry`]); `true` makes a failure transient, a 500
 //!   included (not a 400 or 422). An answer the server replayed under the request's key
 //!   (`Idempotent-Replayed: true`) ends the retrying at once ([`StopReason::ReplayedFailure`]):
 //!   every further attempt with the key would get the same answer. The marker counts only

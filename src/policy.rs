@@ -257,7 +257,7 @@ impl fmt::Debug for RetryPolicy {
 /// | [`retry_after_jitter`](Self::retry_after_jitter) | on |
 /// | [`rate_limit_fields`](Self::rate_limit_fields) | on |
 /// | [`should_retry_fields`](Self::should_retry_fields) | on |
-/// | [`retryable_statuses`](Self::retryable_statuses) | 429, 502, 503, 504 |
+/// | [`retryable_statuses`](Self::retryable_statuses) | 408, 429, 502, 503, 504 |
 /// | [`buffer_body`](Self::buffer_body) | off |
 /// | [`timeout_from_latency`](Self::timeout_from_latency) | off (when on: 2 x p99.9) |
 /// | [`hedge_reads`](Self::hedge_reads) | off (when on: after the p95, 5 % extra load) |
@@ -295,7 +295,7 @@ impl RetryPolicyBuilder {
             retry_after_jitter: true,
             rate_limit_fields: true,
             should_retry_fields: true,
-            statuses: vec![429, 502, 503, 504],
+            statuses: vec![408, 429, 502, 503, 504],
             buffer_body: None,
             latency_timeout: None,
             hedging: None,
@@ -411,7 +411,7 @@ impl RetryPolicyBuilder {
     ///   so marked is returned after one attempt, with
     ///   [`StopReason::ServerDeclinedRetry`](crate::StopReason::ServerDeclinedRetry).
     /// - `true` makes a failure (a status of 400 or above) transient, even one outside the set:
-    ///   a 500 or a 408 so marked is retried like a 503. Not a 400 or a 422: they say the
+    ///   a 500 so marked is retried like a 503. Not a 400 or a 422: they say the
     ///   request itself is wrong, or its key was used for another request, and sending it
     ///   unchanged cannot go differently.
     ///
@@ -425,8 +425,8 @@ impl RetryPolicyBuilder {
         self
     }
 
-    /// Replaces the set of response statuses that are retried (429, 502, 503 and 504 by
-    /// default). Each must be a failure, in 400-599. To keep the defaults and retry more, use
+    /// Replaces the set of response statuses that are retried (408, 429, 502, 503 and
+    /// 504 by default). Each must be a failure, in 400-599. To keep the defaults and retry more, use
     /// [`also_retry_statuses`](Self::also_retry_statuses).
     ///
     /// Statuses outside the set are final and reach the caller after one attempt. A 409 is
@@ -443,7 +443,7 @@ impl RetryPolicyBuilder {
     /// use http::StatusCode;
     /// use reqwest_safe_retry::RetryPolicy;
     ///
-    /// let policy = RetryPolicy::builder().also_retry_statuses([408, 500]).build()?;
+    /// let policy = RetryPolicy::builder().also_retry_statuses([500]).build()?;
     /// for code in [408, 429, 500, 502, 503, 504] {
     ///     assert!(policy.is_retryable_status(StatusCode::from_u16(code).unwrap()));
     /// }
@@ -763,7 +763,7 @@ mod tests {
         let retryable: Vec<u16> = (100..=599)
             .filter(|c| p.is_retryable_status(StatusCode::from_u16(*c).unwrap()))
             .collect();
-        assert_eq!(retryable, [429, 502, 503, 504]);
+        assert_eq!(retryable, [408, 429, 502, 503, 504]);
         assert_eq!(RetryPolicy::builder().build().unwrap(), p);
     }
 
@@ -776,7 +776,7 @@ mod tests {
             "RetryPolicy { max_attempts: 3, base_delay: 100ms, max_delay: 10s, jitter: Full, \
              attempt_timeout: 10s, deadline: 30s, max_retry_after: 30s, \
              retry_after_jitter: true, rate_limit_fields: true, should_retry_fields: true, \
-             retryable_statuses: {429, 502, 503, 504}, \
+             retryable_statuses: {408, 429, 502, 503, 504}, \
              buffer_body: Some(1024), timeout_from_latency: None, hedge_reads: None }"
         );
     }

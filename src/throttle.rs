@@ -15,7 +15,7 @@
 //! rejected locally count as requests too, so the probability settles instead of swinging.
 //!
 //! An attempt counts as accepted when the dependency answered with a status outside the policy's
-//! retryable set (429, 502, 503 and 504 by default); a timeout, a connection error, one of those
+//! retryable set (408, 429, 502, 503 and 504 by default); a timeout, a connection error, one of those
 //! statuses, or an attempt on the wire when its caller gave up counts as turned away. An attempt
 //! rejected here, or never sent, counts as nothing beyond the rejection.
 

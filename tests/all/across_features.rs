@@ -101,7 +101,7 @@ impl Answer {
 }
 
 fn answer(g: &mut Gen) -> Answer {
-    let status = g.pick(&[200, 201, 409, 422, 429, 500, 503, 503, 504]);
+    let status = g.pick(&[200, 201, 408, 409, 422, 429, 500, 503, 504]);
     let mut headers = Vec::new();
     match g.upto(9) {
         0 => headers.push(("retry-after", g.upto(2).to_string())),
@@ -584,7 +584,7 @@ fn judged(answer: &Answer, repeatable: bool, keyed: bool, key_sent: bool) -> Jud
     if status < 400 {
         return Judged::Final(StopReason::Succeeded);
     }
-    let in_set = [429, 502, 503, 504].contains(&status) || (key_sent && status == 409);
+    let in_set = [408, 429, 502, 503, 504].contains(&status) || (key_sent && status == 409);
     let (transient, declined) = match answer.header("x-should-retry") {
         Some("true") => (in_set || (status != 400 && status != 422), false),
         Some("false") => (false, in_set),

@@ -40,6 +40,7 @@ status_tests! {
     unauthorized_401_is_not_retried: 401 => 1, NotRetryable;
     forbidden_403_is_not_retried: 403 => 1, NotRetryable;
     not_found_404_is_not_retried: 404 => 1, NotRetryable;
+    request_timeout_408_is_retried: 408 => 3, AttemptsExhausted;
     conflict_409_without_a_key_is_not_retried: 409 => 1, NotRetryable;
     unprocessable_422_is_not_retried: 422 => 1, NotRetryable;
     too_many_requests_429_is_retried: 429 => 3, AttemptsExhausted;
@@ -49,6 +50,25 @@ status_tests! {
     unavailable_503_is_retried: 503 => 3, AttemptsExhausted;
     gateway_timeout_504_is_retried: 504 => 3, AttemptsExhausted;
     version_505_is_not_retried: 505 => 1, NotRetryable;
+}
+
+/// RFC 9110 (15.5.9): a server that timed out waiting for the request lets the client repeat
+/// it, within the safety rules: an unkeyed POST may have been acted on, and goes once.
+#[tokio::test]
+async fn a_408_is_retried_where_repeating_is_safe_and_not_on_an_unkeyed_post() {
+    let server = support::always(408).await;
+    let (client, _clock) = support::unkeyed_client();
+
+    let read = client.get(server.uri()).send().await.unwrap();
+    let record = RetryRecord::of(&read).unwrap();
+    assert_eq!((record.attempts(), record.stop_reason()), (3, StopReason::AttemptsExhausted));
+    assert_eq!(server.received_requests().await.unwrap().len(), 3);
+
+    let write = client.post(server.uri()).body("x").send().await.unwrap();
+    assert_eq!(write.status(), 408);
+    let record = RetryRecord::of(&write).unwrap();
+    assert_eq!((record.attempts(), record.stop_reason()), (1, StopReason::NotSafeToRetry));
+    assert_eq!(server.received_requests().await.unwrap().len(), 4);
 }
 
 #[tokio::test]
