@@ -31,7 +31,9 @@
 //! 1. a final verdict: [`Succeeded`](StopReason::Succeeded),
 //!    [`NotRetryable`](StopReason::NotRetryable) or [`NotSafeToRetry`](StopReason::NotSafeToRetry);
 //! 2. the request forbade retries: [`RetriesDisabled`](StopReason::RetriesDisabled);
-//! 3. the last allowed attempt was made: [`AttemptsExhausted`](StopReason::AttemptsExhausted);
+//! 3. the last allowed attempt was made: [`AttemptsExhausted`](StopReason::AttemptsExhausted),
+//!    or [`DeadlineReached`](StopReason::DeadlineReached) when the request's deadline was too
+//!    short for any retry and so allowed one;
 //! 4. no copy of the request can be sent: [`BodyNotCloneable`](StopReason::BodyNotCloneable);
 //! 5. the deadline has passed: [`DeadlineReached`](StopReason::DeadlineReached);
 //! 6. the schedule: a `Retry-After` too long
@@ -167,6 +169,17 @@ struct Hedge {
     sent_at: u64,
 }
 
+/// What caps a request's attempts besides its policy: what its override said.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Cap {
+    /// The policy's attempts.
+    Policy,
+    /// One attempt: the request forbade retries.
+    NoRetries,
+    /// One attempt: the request's deadline leaves no room for a retry's wait.
+    Deadline,
+}
+
 /// A retry paid for whose attempt has not started.
 #[derive(Debug, Clone, Copy)]
 struct Pending {
@@ -179,7 +192,7 @@ struct Pending {
 pub(crate) struct Decider<'a> {
     policy: &'a RetryPolicy,
     accounts: Accounts<'a>,
-    retries_disabled: bool,
+    cap: Cap,
     started: Instant,
     /// Attempts started so far.
     attempt: u32,
@@ -237,14 +250,14 @@ impl<'a> Decider<'a> {
     pub(crate) fn start(
         policy: &'a RetryPolicy,
         accounts: Accounts<'a>,
-        retries_disabled: bool,
+        cap: Cap,
         now: Instant,
     ) -> Self {
         accounts.counters.add(Count::Request, accounts.metric_keys);
         Decider {
             policy,
             accounts,
-            retries_disabled,
+            cap,
             started: now,
             attempt: 0,
             waited: 0,
@@ -302,7 +315,7 @@ impl<'a> Decider<'a> {
 
     /// The most attempts this request makes: 1 when it forbade retries.
     fn max_attempts(&self) -> u32 {
-        if self.retries_disabled {
+        if self.cap == Cap::NoRetries {
             1
         } else {
             self.policy.max_attempts()
@@ -665,10 +678,14 @@ impl<'a> Decider<'a> {
         self.floor = observed
             .answer
             .and_then(|answer| retry_after::floor(answer.headers, wall));
-        let stop = if self.retries_disabled {
+        let stop = if self.cap == Cap::NoRetries {
             StopReason::RetriesDisabled
         } else if self.attempt >= self.max_attempts() {
-            StopReason::AttemptsExhausted
+            // A deadline too short for any retry's wait is what allowed the one attempt.
+            match self.cap {
+                Cap::Deadline => StopReason::DeadlineReached,
+                _ => StopReason::AttemptsExhausted,
+            }
         } else if let Some(url) = observed.resend {
             match self.schedule(kind, url, now, rng) {
                 Ok(delay) => return Wait::Sleep(delay),

@@ -13,7 +13,7 @@ use std::time::Duration;
 use crate::attempt_headers::{self, AttemptHeaders};
 use crate::budget::RetryBudget;
 use crate::classifier::{Attempt, Classifier, Retryable};
-use crate::decide::Accounts;
+use crate::decide::{Accounts, Cap};
 use crate::error::InvalidConfig;
 use crate::idempotency::IdempotencyKeys;
 use crate::latency::LatencyWindow;
@@ -393,100 +393,214 @@ impl HostMatch {
     }
 }
 
-/// A per-request change of retry behaviour, set in the request's extensions.
-///
-/// The narrow ones change one setting of the dependency's policy and keep the rest; for more
-/// than one, build a whole policy from the dependency's with
-/// [`RetryPolicy::to_builder`]. A narrow override that would make the policy invalid (0
-/// attempts, a deadline under the backoff base) fails the request before anything is sent,
-/// with [`StopReason::InvalidOverride`](crate::StopReason::InvalidOverride) and a message that
-/// says what to change.
+/// A per-request change of retry behaviour, set in the request's extensions: one value that
+/// says everything this call changes, each setting over the dependency's policy, the rest kept.
 ///
 /// ```
 /// # async fn run(client: reqwest_middleware::ClientWithMiddleware) -> reqwest_middleware::Result<()> {
-/// use reqwest_safe_retry::{RetryOverride, RetryPolicy};
+/// use std::time::Duration;
+/// use reqwest_safe_retry::RetryOverride;
 ///
 /// // One call that must not be repeated, whatever the policy says.
-/// client.get("http://127.0.0.1:8080/once").with_extension(RetryOverride::NoRetries).send().await?;
+/// let once = RetryOverride::new().no_retries();
+/// client.get("http://127.0.0.1:8080/once").with_extension(once).send().await?;
 ///
-/// // One call that may try harder, or must finish sooner, than the dependency's policy says.
-/// client.get("http://127.0.0.1:8080/report").with_extension(RetryOverride::MaxAttempts(6)).send().await?;
-/// let soon = std::time::Duration::from_secs(2);
-/// client.get("http://127.0.0.1:8080/quote").with_extension(RetryOverride::Deadline(soon)).send().await?;
-///
+/// // One call that may try harder and longer than the dependency's policy says.
+/// let patient = RetryOverride::new()
+///     .max_attempts(6)
+///     .deadline(Duration::from_secs(60));
+/// client.get("http://127.0.0.1:8080/report").with_extension(patient).send().await?;
 /// # Ok(()) }
 /// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum RetryOverride {
-    /// Send once, with the dependency's timeouts; never retry. The record and the error say
-    /// [`StopReason::RetriesDisabled`](crate::StopReason::RetriesDisabled), so a log tells a
-    /// call that must not be repeated from one whose attempts ran out. The same as
-    /// `MaxAttempts(1)` in every other way.
-    NoRetries,
-    /// The dependency's policy with at most this many attempts, the first included (at least
-    /// 1; 0 stops the request before sending with
-    /// [`StopReason::InvalidOverride`](crate::StopReason::InvalidOverride)).
-    MaxAttempts(u32),
-    /// The dependency's policy with this total deadline, and everything that follows from it:
-    /// the attempt timeouts, and a `max_retry_after` left to follow the deadline (the default),
-    /// which follows this one. A `max_retry_after` set apart from the deadline is kept, lowered
-    /// to this deadline if it is above it. It never fails a call: a deadline under a
-    /// millisecond is a millisecond, and one no longer than the policy's `base_delay` leaves
-    /// room for no retry, so the request makes one attempt.
-    Deadline(Duration),
+///
+/// A request carries at most one (extensions hold one value per type: a second
+/// `with_extension` replaces the first), so say everything in one. An override is checked
+/// before anything is sent: one that contradicts itself (`no_retries` with `max_attempts` other
+/// than 1) or makes the policy invalid (0 attempts, an attempt timeout under a millisecond)
+/// fails the request with [`StopReason::InvalidOverride`](crate::StopReason::InvalidOverride)
+/// and a message that names the setting and says what to change. A deadline never fails a call
+/// (see [`deadline`](Self::deadline)).
+///
+/// Only this type is read from a request's extensions. A [`RetryPolicy`], a
+/// [`RetryPolicyBuilder`](crate::RetryPolicyBuilder), a [`Dependency`], a [`RetryBudget`] or
+/// [`IdempotencyKeys`] put there fails the request before sending, with
+/// [`StopReason::InvalidOverride`](crate::StopReason::InvalidOverride) and a message that says
+/// to use this type (or a dependency of its own), rather than being ignored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RetryOverride {
+    no_retries: bool,
+    max_attempts: Option<u32>,
+    deadline: Option<Duration>,
+    attempt_timeout: Option<Duration>,
 }
 
 impl RetryOverride {
-    /// The policy a request with `over` (if any) runs under, from its dependency's `policy`,
-    /// and whether it forbids retries: `None` keeps the dependency's policy.
+    /// An override that changes nothing yet: the dependency's policy as it is.
+    pub const fn new() -> Self {
+        RetryOverride {
+            no_retries: false,
+            max_attempts: None,
+            deadline: None,
+            attempt_timeout: None,
+        }
+    }
+
+    /// Send once, with the dependency's timeouts; never retry (nor hedge). The record and the
+    /// error say [`StopReason::RetriesDisabled`](crate::StopReason::RetriesDisabled), so a log
+    /// tells a call that must not be repeated from one whose attempts ran out. The same as
+    /// `max_attempts(1)` in every other way; with another `max_attempts` it is a contradiction,
+    /// refused before sending.
+    pub const fn no_retries(mut self) -> Self {
+        self.no_retries = true;
+        self
+    }
+
+    /// At most this many attempts, the first included (at least 1; 0 stops the request before
+    /// sending with [`StopReason::InvalidOverride`](crate::StopReason::InvalidOverride)).
+    pub const fn max_attempts(mut self, attempts: u32) -> Self {
+        self.max_attempts = Some(attempts);
+        self
+    }
+
+    /// This total deadline instead of the policy's, from the call to `send()`, and everything
+    /// that follows from it: the attempt timeouts are cut to what it leaves, and a
+    /// `max_retry_after` left to follow the deadline (the default) follows this one; one set
+    /// apart from the deadline is kept, lowered to this deadline if it is above it.
+    ///
+    /// It never fails a call. A deadline under a millisecond is a millisecond. One no longer
+    /// than the policy's `base_delay` leaves no room for a retry's wait: the request makes one
+    /// attempt, and if that attempt fails in a way that would have been retried, the record and
+    /// the error say [`StopReason::DeadlineReached`](crate::StopReason::DeadlineReached) (the
+    /// deadline is what ended it), and the `deadline_stops` counter counts it.
+    pub const fn deadline(mut self, deadline: Duration) -> Self {
+        self.deadline = Some(deadline);
+        self
+    }
+
+    /// This per-attempt timeout instead of the policy's (at least 1 ms), still cut to what the
+    /// deadline leaves.
+    pub const fn attempt_timeout(mut self, timeout: Duration) -> Self {
+        self.attempt_timeout = Some(timeout);
+        self
+    }
+
+    /// The plan of a request with these `extensions` under its dependency's `policy`: the
+    /// policy it runs under (`None`: the dependency's own), and what caps its attempts.
     /// The policy is boxed: the requests without an override, nearly all, do not carry room
     /// for one.
     #[inline]
     pub(crate) fn plan(
-        over: Option<&RetryOverride>,
+        extensions: &http::Extensions,
         policy: &RetryPolicy,
-    ) -> Result<(Option<Box<RetryPolicy>>, bool), InvalidConfig> {
-        match over {
-            None => Ok((None, false)),
-            Some(RetryOverride::NoRetries) => Ok((None, true)),
-            Some(over) => over.boxed(policy).map(|policy| (policy, false)),
+    ) -> Result<(Option<Box<RetryPolicy>>, Cap), InvalidConfig> {
+        if extensions.is_empty() {
+            return Ok((None, Cap::Policy));
+        }
+        Self::planned(extensions, policy)
+    }
+
+    fn planned(
+        extensions: &http::Extensions,
+        policy: &RetryPolicy,
+    ) -> Result<(Option<Box<RetryPolicy>>, Cap), InvalidConfig> {
+        misplaced(extensions)?;
+        match extensions.get::<RetryOverride>() {
+            None => Ok((None, Cap::Policy)),
+            Some(over) => over
+                .policy(policy)
+                .map(|(changed, cap)| (changed.map(Box::new), cap)),
         }
     }
 
-    fn boxed(&self, policy: &RetryPolicy) -> Result<Option<Box<RetryPolicy>>, InvalidConfig> {
-        self.policy(policy).map(|policy| policy.map(Box::new))
-    }
-
-    /// The policy a request with this override runs under, from its dependency's `policy`;
-    /// `None` for [`NoRetries`](Self::NoRetries), which keeps the policy and forbids retries.
+    /// The policy a request with this override runs under, from its dependency's `policy`
+    /// (`None`: unchanged), and what caps its attempts.
     pub(crate) fn policy(
         &self,
         policy: &RetryPolicy,
-    ) -> Result<Option<RetryPolicy>, InvalidConfig> {
-        let changed = match *self {
-            RetryOverride::NoRetries => return Ok(None),
-            RetryOverride::MaxAttempts(attempts) => policy.to_builder().max_attempts(attempts),
-            RetryOverride::Deadline(deadline) => {
-                let deadline = deadline.max(Duration::from_millis(1));
-                let mut changed = policy.to_builder();
-                // A `max_retry_after` left to follow the deadline follows the new one (the
-                // builder leaves it unset); one set apart from it is kept, cut to the new
-                // deadline.
-                if policy.max_retry_after() != policy.deadline() {
-                    changed = changed.max_retry_after(policy.max_retry_after().min(deadline));
-                }
-                if policy.base_delay() >= deadline {
-                    changed = changed.max_attempts(1);
-                }
-                changed.deadline(deadline)
-            }
+    ) -> Result<(Option<RetryPolicy>, Cap), InvalidConfig> {
+        let refuse = |message: String| InvalidConfig::new("retry override", message);
+        if let (true, Some(attempts @ (0 | 2..))) = (self.no_retries, self.max_attempts) {
+            return Err(refuse(format!(
+                "no_retries() and max_attempts({attempts}) contradict each other: keep one"
+            )));
+        }
+        if self.max_attempts == Some(0) {
+            return Err(refuse(
+                "max_attempts(0) leaves no attempt: use at least 1 (1 sends once)".to_owned(),
+            ));
+        }
+        let mut cap = if self.no_retries {
+            Cap::NoRetries
+        } else {
+            Cap::Policy
         };
-        changed
-            .build()
-            .map(Some)
-            .map_err(|e| InvalidConfig::new("retry override", format!("{self:?}: {}", e.message())))
+        // `no_retries` is one attempt, which the decider enforces: the policy changes only
+        // for what else is said.
+        let attempts = self.max_attempts.filter(|_| !self.no_retries);
+        if attempts.is_none() && self.deadline.is_none() && self.attempt_timeout.is_none() {
+            return Ok((None, cap));
+        }
+        let mut changed = policy.to_builder();
+        if self.no_retries {
+            changed = changed.max_attempts(1);
+        }
+        if let Some(attempts) = attempts {
+            changed = changed.max_attempts(attempts);
+        }
+        let attempts = attempts.unwrap_or(policy.max_attempts());
+        if let Some(deadline) = self.deadline {
+            let deadline = deadline.max(Duration::from_millis(1));
+            // A `max_retry_after` left to follow the deadline follows the new one (the
+            // builder leaves it unset); one set apart from it is kept, cut to the new deadline.
+            if policy.max_retry_after() != policy.deadline() {
+                changed = changed.max_retry_after(policy.max_retry_after().min(deadline));
+            }
+            if policy.base_delay() >= deadline && attempts > 1 && !self.no_retries {
+                changed = changed.max_attempts(1);
+                cap = Cap::Deadline;
+            }
+            changed = changed.deadline(deadline);
+        }
+        if let Some(timeout) = self.attempt_timeout {
+            changed = changed.attempt_timeout(timeout);
+        }
+        let changed = changed.build().map_err(|e| {
+            let setting = match self.attempt_timeout {
+                Some(timeout) if e.message().starts_with("attempt_timeout") => {
+                    format!("attempt_timeout({timeout:?})")
+                }
+                _ => format!("{self:?}"),
+            };
+            refuse(format!("{setting}: {}", e.message()))
+        })?;
+        Ok((Some(changed), cap))
     }
+}
+
+/// A value of this crate's own in a request's extensions that is not read there: refused, so
+/// that a setting the caller meant is never silently ignored.
+fn misplaced(extensions: &http::Extensions) -> Result<(), InvalidConfig> {
+    let found = if extensions.get::<RetryPolicy>().is_some() {
+        "a RetryPolicy"
+    } else if extensions.get::<crate::RetryPolicyBuilder>().is_some() {
+        "a RetryPolicyBuilder"
+    } else if extensions.get::<Dependency>().is_some() {
+        "a Dependency"
+    } else if extensions.get::<RetryBudget>().is_some() {
+        "a RetryBudget"
+    } else if extensions.get::<IdempotencyKeys>().is_some() {
+        "an IdempotencyKeys"
+    } else {
+        return Ok(());
+    };
+    Err(InvalidConfig::new(
+        "retry override",
+        format!(
+            "{found} in a request's extensions is not read: say what this request changes with \
+             a RetryOverride (RetryOverride::new().max_attempts(6).deadline(..)), or send it \
+             through a Dependency of its own (RetryMiddleware::route)"
+        ),
+    ))
 }
 
 #[cfg(test)]
@@ -600,17 +714,18 @@ mod tests {
     fn a_deadline_override_never_fails_and_too_short_a_one_means_one_attempt() {
         let ms = Duration::from_millis;
         let policy = RetryPolicy::default(); // base 100 ms, 3 attempts
-        let of = |d| RetryOverride::Deadline(d).policy(&policy).unwrap().unwrap();
-        for (deadline, effective, attempts) in [
-            (Duration::ZERO, ms(1), 1),
-            (ms(1), ms(1), 1),
-            (ms(100), ms(100), 1),
-            (ms(101), ms(101), 3),
+        let of = |d| RetryOverride::new().deadline(d).policy(&policy).unwrap();
+        for (deadline, effective, attempts, cap) in [
+            (Duration::ZERO, ms(1), 1, Cap::Deadline),
+            (ms(1), ms(1), 1, Cap::Deadline),
+            (ms(100), ms(100), 1, Cap::Deadline),
+            (ms(101), ms(101), 3, Cap::Policy),
         ] {
-            let overridden = of(deadline);
+            let (overridden, got) = of(deadline);
+            let overridden = overridden.unwrap();
             assert_eq!(
-                (overridden.deadline(), overridden.max_attempts()),
-                (effective, attempts),
+                (overridden.deadline(), overridden.max_attempts(), got),
+                (effective, attempts, cap),
                 "{deadline:?}"
             );
             assert_eq!(
@@ -620,16 +735,33 @@ mod tests {
             );
             assert_eq!(overridden.base_delay(), policy.base_delay());
         }
+        // One attempt by the caller's own choice is not the deadline's doing.
+        let (_, cap) = RetryOverride::new()
+            .max_attempts(1)
+            .deadline(ms(50))
+            .policy(&policy)
+            .unwrap();
+        assert_eq!(cap, Cap::Policy);
+        let (_, cap) = RetryOverride::new()
+            .no_retries()
+            .deadline(ms(50))
+            .policy(&policy)
+            .unwrap();
+        assert_eq!(cap, Cap::NoRetries);
     }
 
     #[test]
     fn a_deadline_override_moves_a_following_max_retry_after_and_cuts_a_set_one() {
         let secs = Duration::from_secs;
-        let following = RetryPolicy::default();
-        let moved = RetryOverride::Deadline(secs(120))
-            .policy(&following)
-            .unwrap()
-            .unwrap();
+        let of = |d, p: &RetryPolicy| {
+            RetryOverride::new()
+                .deadline(d)
+                .policy(p)
+                .unwrap()
+                .0
+                .unwrap()
+        };
+        let moved = of(secs(120), &RetryPolicy::default());
         assert_eq!(
             (moved.deadline(), moved.max_retry_after()),
             (secs(120), secs(120))
@@ -638,16 +770,67 @@ mod tests {
             .max_retry_after(secs(20))
             .build()
             .unwrap();
-        let longer = RetryOverride::Deadline(secs(120))
-            .policy(&set)
-            .unwrap()
+        assert_eq!(of(secs(120), &set).max_retry_after(), secs(20), "kept");
+        assert_eq!(
+            of(secs(10), &set).max_retry_after(),
+            secs(10),
+            "cut to the deadline"
+        );
+    }
+
+    #[test]
+    fn settings_combine_and_a_contradiction_or_an_invalid_one_is_named() {
+        let secs = Duration::from_secs;
+        let policy = RetryPolicy::default();
+        let (combined, cap) = RetryOverride::new()
+            .max_attempts(6)
+            .deadline(secs(60))
+            .attempt_timeout(secs(2))
+            .policy(&policy)
             .unwrap();
-        assert_eq!(longer.max_retry_after(), secs(20), "kept");
-        let shorter = RetryOverride::Deadline(secs(10))
-            .policy(&set)
-            .unwrap()
-            .unwrap();
-        assert_eq!(shorter.max_retry_after(), secs(10), "cut to the deadline");
+        let combined = combined.unwrap();
+        assert_eq!(
+            (
+                combined.max_attempts(),
+                combined.deadline(),
+                combined.attempt_timeout(),
+                cap
+            ),
+            (6, secs(60), secs(2), Cap::Policy)
+        );
+        assert_eq!(combined.base_delay(), policy.base_delay(), "the rest kept");
+        assert_eq!(
+            RetryOverride::new().policy(&policy).unwrap(),
+            (None, Cap::Policy),
+            "nothing to change: the dependency's own policy"
+        );
+        assert_eq!(
+            RetryOverride::new()
+                .no_retries()
+                .max_attempts(1)
+                .policy(&policy)
+                .unwrap(),
+            (None, Cap::NoRetries)
+        );
+        for (over, message) in [
+            (
+                RetryOverride::new().no_retries().max_attempts(6),
+                "invalid retry override: no_retries() and max_attempts(6) contradict each \
+                 other: keep one",
+            ),
+            (
+                RetryOverride::new().max_attempts(0).deadline(secs(5)),
+                "invalid retry override: max_attempts(0) leaves no attempt: use at least 1 \
+                 (1 sends once)",
+            ),
+            (
+                RetryOverride::new().attempt_timeout(Duration::from_micros(10)),
+                "invalid retry override: attempt_timeout(10µs): attempt_timeout",
+            ),
+        ] {
+            let err = over.policy(&policy).unwrap_err().to_string();
+            assert!(err.starts_with(message), "{err}");
+        }
     }
 
     #[test]

@@ -47,19 +47,23 @@ pub enum StopReason {
     /// configured format, or the caller set one that is not (empty, unquoted where quotes are
     /// expected, spaces in a bare key...). Nothing was sent.
     InvalidIdempotencyKey,
-    /// The total deadline was reached, or the next wait would have ended at or past it.
+    /// The total deadline was reached, or the next wait would have ended at or past it; or the
+    /// request's [`RetryOverride::deadline`](crate::RetryOverride::deadline) was too short for
+    /// any retry's wait, so its one attempt was the last.
     DeadlineReached,
     /// The server's `Retry-After` asked for a wait longer than `max_retry_after`, or longer than
     /// the deadline leaves; its response is returned.
     RetryAfterTooLong,
     /// The retry budget refused to pay for another retry.
     BudgetExhausted,
-    /// The request's [`RetryOverride::NoRetries`](crate::RetryOverride::NoRetries) forbade
+    /// The request's [`RetryOverride::no_retries`](crate::RetryOverride::no_retries) forbade
     /// retries.
     RetriesDisabled,
-    /// The request's [`RetryOverride`](crate::RetryOverride) would make its dependency's
-    /// policy invalid (0 attempts, a deadline under the backoff base); nothing was sent. The
-    /// error's source says what to change.
+    /// The request's [`RetryOverride`](crate::RetryOverride) contradicts itself or would make
+    /// its dependency's policy invalid (0 attempts, an attempt timeout under a millisecond), or
+    /// the request carries another of this crate's settings where only a `RetryOverride` is
+    /// read (a `RetryPolicy`, say); nothing was sent. The error's source says what to change.
+    /// A deadline never makes an override invalid.
     InvalidOverride,
     /// The origin said its quota is spent (a `RateLimit` field with `r=0`), and the reset is
     /// further off than `max_retry_after`, or than the deadline leaves time for: before a first

@@ -172,7 +172,7 @@
 //!   has waited past the `1 - m` percentile of the recent answers (capped by a fixed delay)
 //!   gets a second copy; the first answer wins and the other copy is cancelled. A hedge is a
 //!   retry sent early: only an attempt a retry may follow is hedged (not under
-//!   [`RetryOverride::NoRetries`], not the last attempt allowed), hedges draw on the retry
+//!   [`RetryOverride::no_retries`], not the last attempt allowed), hedges draw on the retry
 //!   budget like retries, once sent they stay paid for, and the throttle, a spent quota and the
 //!   deadline apply to them. Turn it on for reads whose tail latency matters. [`RetryRecord::answered_by_hedge`]
 //!   and the `hedges` and `hedges_won` counters say what it did.
@@ -196,9 +196,12 @@
 //! dependency its own client (`RetryMiddleware::new(dependency)`), or route by host within one
 //! client with [`RetryMiddleware::route`]. The middleware's own setters are for what all its
 //! dependencies share: the clock, the random source, the observer and the log levels. A
-//! [`RetryOverride`] in a request's extensions (`.with_extension(RetryOverride::NoRetries)`)
-//! changes the attempts or the deadline for that call alone, and never fails a call the policy
-//! would have sent.
+//! [`RetryOverride`] in a request's extensions changes the attempts, the deadline and the
+//! attempt timeout for that call alone, all in one value
+//! (`.with_extension(RetryOverride::new().max_attempts(6).deadline(Duration::from_secs(60)))`);
+//! one that contradicts itself fails the call before sending, with a message that names the
+//! setting, and so does a `RetryPolicy` (or another setting of this crate) put on a request
+//! instead, which is never silently ignored.
 //!
 //! # One layer retries
 //!
@@ -239,7 +242,7 @@
 //! |---|---|---|
 //! | span | `reqwest_safe_retry.request`, one per logical request | `dependency`, `method`, `host`, `path` (never the query), `http.request.resend_count` (recorded at each retry: 1, 2...) |
 //! | event | `attempt finished`, one per attempt | `dependency`, `method`, `host` (with the port, the scheme's default if the URL has none), `path` (never the query), `attempt` (from 1), `status`, `error` (`timeout`, `connect`, `reset`, `incomplete`, `permanent`), `decision` (why it is retried, or the stop reason), `delay_ms` (the wait before the next attempt) |
-//! | event | `retrying stopped`, one per logical request | `dependency`, `method`, `host`, `path`, `attempts`, `reason` ([`StopReason::as_str`]), `status` (the last response's, if any), `waited_ms` |
+//! | event | `retrying stopped`, one per logical request | `dependency`, `method`, `host`, `path`, `attempts`, `reason` ([`StopReason::as_str`]), `status` (the last response's, if any), `error` (the last attempt's error kind, as above; none when nothing was sent), `waited_ms` |
 //!
 //! # Outcomes
 //!

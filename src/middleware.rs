@@ -23,7 +23,7 @@ use crate::chain::{self, Claiming};
 use crate::classifier::{Classifier, RequestHead};
 use crate::classify::{self, Judging};
 use crate::clock::{Clock, SharedClock, TokioClock};
-use crate::decide::{Decider, Next as Step, Observed};
+use crate::decide::{Cap, Decider, Next as Step, Observed};
 use crate::dependency::{Dependency, RetryOverride, Routes};
 use crate::error::{InvalidConfig, StopReason, nothing_sent};
 use crate::hedge;
@@ -205,14 +205,14 @@ impl RetryMiddleware {
         // last attempt, and none can be made of a body that is a stream.
         let mut kept = Some(request);
         async move {
-            let (overriding, no_retries, refused) =
-                match RetryOverride::plan(extensions.get(), &dependency.policy) {
-                    Ok((policy, no_retries)) => (policy, no_retries, None),
-                    Err(invalid) => (None, false, Some(middleware(invalid))),
+            let (overriding, cap, refused) =
+                match RetryOverride::plan(extensions, &dependency.policy) {
+                    Ok((policy, cap)) => (policy, cap, None),
+                    Err(invalid) => (None, Cap::Policy, Some(middleware(invalid))),
                 };
             let policy: &RetryPolicy = overriding.as_deref().unwrap_or(&dependency.policy);
             let mut now = self.clock.get().now();
-            let mut decider = Decider::start(policy, dependency.accounts(), no_retries, now);
+            let mut decider = Decider::start(policy, dependency.accounts(), cap, now);
             let Some(request) = &kept else {
                 unreachable!("the request is kept until its first attempt");
             };

@@ -524,7 +524,7 @@ impl RetryPolicyBuilder {
     /// its callers a little more than the p95, for about `extra_load` more requests. A hedge
     /// is a retry sent early, and whatever forbids or limits a retry forbids or limits it: only
     /// an attempt that a retry may follow is hedged (not the last one `max_attempts` allows,
-    /// nor a request with [`RetryOverride::NoRetries`](crate::RetryOverride::NoRetries)); it
+    /// nor a request with [`RetryOverride::no_retries`](crate::RetryOverride::no_retries)); it
     /// draws from the dependency's retry budget like a retry, so hedges and retries together
     /// stay under one extra-load ceiling; the throttle, a spent quota and the deadline apply to
     /// it. Its cost is committed once it is sent, whether or not its caller waits for its

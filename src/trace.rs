@@ -154,9 +154,14 @@ impl LogLevels {
         waited: Duration,
         outcome: &reqwest_middleware::Result<Response>,
     ) {
-        let status = match outcome {
-            Ok(response) => Some(response.status().as_u16()),
-            Err(err) => err.status().map(|s| s.as_u16()),
+        // What went wrong at the last attempt: its status, or its error's kind (none when
+        // nothing was sent: the reason says why).
+        let (status, error) = match outcome {
+            Ok(response) => (Some(response.status().as_u16()), None),
+            Err(err) => (
+                err.status().map(|s| s.as_u16()),
+                (attempts > 0).then(|| error_kind(err)),
+            ),
         };
         event_at!(
             self.of_stop(attempts, stop),
@@ -167,6 +172,7 @@ impl LogLevels {
             attempts,
             reason = stop.as_str(),
             status,
+            error = error.map(|e| e.as_str()),
             waited_ms = millis(waited),
             "retrying stopped"
         );
@@ -177,10 +183,7 @@ impl LogLevels {
         let (attempt, outcome, verdict, decision, floor) = seen;
         let (status, error) = match outcome {
             Ok(r) => (Some(r.status().as_u16()), None),
-            Err(e) => (
-                e.status().map(|s| s.as_u16()),
-                Some(classify::transport_fault(e).map_or(AttemptErrorKind::Permanent, Fault::kind)),
-            ),
+            Err(e) => (e.status().map(|s| s.as_u16()), Some(error_kind(e))),
         };
         let (delay, stop) = match decision {
             Wait::Sleep(delay) => (Some(delay), None),
@@ -227,4 +230,9 @@ impl LogLevels {
 
 fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// The kind of an attempt's error, as the events' `error` field names it.
+fn error_kind(err: &reqwest_middleware::Error) -> AttemptErrorKind {
+    classify::transport_fault(err).map_or(AttemptErrorKind::Permanent, Fault::kind)
 }

@@ -120,7 +120,11 @@ impl Setup {
         Decider::start(
             &self.policy,
             self.accounts(),
-            retries_disabled,
+            if retries_disabled {
+                Cap::NoRetries
+            } else {
+                Cap::Policy
+            },
             self.time.now(),
         )
     }
@@ -345,6 +349,30 @@ fn retries_disabled_stops_a_transient_failure_and_nothing_else() {
     begin(&mut d, &s.time);
     let next = d.after(final_(StopReason::Succeeded, true), &s.time, TOP);
     assert_eq!(next, Wait::Stop(StopReason::Succeeded));
+    assert_eq!(s.balance(), 10_000);
+}
+
+/// A request whose deadline left room for no retry's wait (the override cut it to one
+/// attempt): its transient failure stops with the deadline as the reason, counted as a
+/// deadline stop; a final outcome keeps its own reason.
+#[test]
+fn one_attempt_allowed_by_a_short_deadline_ends_with_the_deadline() {
+    let s = Setup::new(
+        policy(|p| p.max_attempts(1).deadline(Duration::from_millis(50))),
+        Some(RetryBudget::default()),
+    );
+    let mut d = Decider::start(&s.policy, s.accounts(), Cap::Deadline, s.time.now());
+    begin(&mut d, &s.time);
+    assert_eq!(
+        d.after(transient(), &s.time, TOP),
+        Wait::Stop(StopReason::DeadlineReached)
+    );
+    assert_eq!(s.counts().deadline_stops, 1);
+    let mut d = Decider::start(&s.policy, s.accounts(), Cap::Deadline, s.time.now());
+    begin(&mut d, &s.time);
+    let next = d.after(final_(StopReason::Succeeded, true), &s.time, TOP);
+    assert_eq!(next, Wait::Stop(StopReason::Succeeded));
+    assert_eq!(s.counts().deadline_stops, 1);
     assert_eq!(s.balance(), 10_000);
 }
 

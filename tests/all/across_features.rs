@@ -145,11 +145,35 @@ enum Cancel {
     AfterPolls(u32),
 }
 
+/// What a request's override says, as the model reads it; several settings may come together.
+#[derive(Debug, Clone, Copy, Default)]
+struct Over {
+    no_retries: bool,
+    max_attempts: Option<u32>,
+    deadline: Option<Duration>,
+}
+
+impl Over {
+    fn sent(self) -> RetryOverride {
+        let mut over = RetryOverride::new();
+        if self.no_retries {
+            over = over.no_retries();
+        }
+        if let Some(n) = self.max_attempts {
+            over = over.max_attempts(n);
+        }
+        if let Some(d) = self.deadline {
+            over = over.deadline(d);
+        }
+        over
+    }
+}
+
 #[derive(Debug, Clone)]
 struct Req {
     method: reqwest::Method,
     key: KeyUse,
-    overriding: Option<RetryOverride>,
+    overriding: Option<Over>,
     cancel: Cancel,
     answers: Vec<Answer>,
     /// Each copy's latency on the clock (the last repeats).
@@ -226,12 +250,27 @@ fn script(seed: u64) -> Script {
                 2 if config.keys => KeyUse::Natural,
                 _ => KeyUse::None,
             };
+            let deadline = |g: &mut Gen| {
+                Duration::from_millis(config.base.as_millis() as u64 + 1 + g.upto(5_000))
+            };
             let overriding = match g.upto(9) {
-                0 => Some(RetryOverride::NoRetries),
-                1 => Some(RetryOverride::MaxAttempts(1 + g.upto(2) as u32)),
-                2 => Some(RetryOverride::Deadline(Duration::from_millis(
-                    config.base.as_millis() as u64 + 1 + g.upto(5_000),
-                ))),
+                0 => Some(Over {
+                    no_retries: true,
+                    ..Over::default()
+                }),
+                1 => Some(Over {
+                    max_attempts: Some(1 + g.upto(2) as u32),
+                    ..Over::default()
+                }),
+                2 => Some(Over {
+                    deadline: Some(deadline(&mut g)),
+                    ..Over::default()
+                }),
+                3 => Some(Over {
+                    max_attempts: Some(1 + g.upto(2) as u32),
+                    deadline: Some(deadline(&mut g)),
+                    ..Over::default()
+                }),
                 _ => None,
             };
             let cancel = match g.upto(9) {
@@ -660,7 +699,7 @@ async fn run(seed: u64, measuring: &mut Measuring) -> Result<(), String> {
             KeyUse::None => {}
         }
         if let Some(overriding) = req.overriding {
-            builder = builder.with_extension(overriding);
+            builder = builder.with_extension(overriding.sent());
         }
         if req.method != reqwest::Method::GET {
             builder = builder.body("x");
@@ -760,8 +799,13 @@ async fn run(seed: u64, measuring: &mut Measuring) -> Result<(), String> {
         };
         let repeatable = keyed || req.method != reqwest::Method::POST;
         let forbidden = match req.overriding {
-            Some(RetryOverride::NoRetries) => true,
-            Some(RetryOverride::MaxAttempts(n)) => n == 1,
+            Some(Over {
+                no_retries: true, ..
+            }) => true,
+            Some(Over {
+                max_attempts: Some(n),
+                ..
+            }) => n == 1,
             _ => c.max_attempts == 1,
         };
         if (forbidden || !repeatable) && mine.len() > 1 {
@@ -784,7 +828,9 @@ async fn run(seed: u64, measuring: &mut Measuring) -> Result<(), String> {
         }
         // 4. No time-left header above what is left, at each copy's arrival.
         let deadline = match req.overriding {
-            Some(RetryOverride::Deadline(d)) => d,
+            Some(Over {
+                deadline: Some(d), ..
+            }) => d,
             _ => c.deadline,
         };
         for a in &mine {

@@ -85,7 +85,7 @@ async fn the_deadline_header_follows_a_per_request_deadline() {
 
     client
         .get(server.uri())
-        .with_extension(RetryOverride::Deadline(Duration::from_millis(2_500)))
+        .with_extension(RetryOverride::new().deadline(Duration::from_millis(2_500)))
         .send()
         .await
         .unwrap();

@@ -325,7 +325,7 @@ async fn every_call_to_send_counts_as_a_request_held_or_refused_and_holds_count_
     }
     let err = client
         .get(server.uri())
-        .with_extension(RetryOverride::MaxAttempts(0))
+        .with_extension(RetryOverride::new().max_attempts(0))
         .send()
         .await
         .unwrap_err();
@@ -460,7 +460,7 @@ async fn a_per_request_deadline_moves_max_retry_after_with_it() {
 
     let answer = client
         .get(server.uri())
-        .with_extension(RetryOverride::Deadline(Duration::from_secs(120)))
+        .with_extension(RetryOverride::new().deadline(Duration::from_secs(120)))
         .send()
         .await
         .unwrap();

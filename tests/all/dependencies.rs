@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use reqwest_middleware::{ClientBuilder, ClientWithMiddleware};
+use reqwest_safe_retry::RetryErrorExt;
 use reqwest_safe_retry::{
     CounterSnapshot, Dependency, FakeClock, RetryBudget, RetryError, RetryEvent, RetryMiddleware,
     RetryOverride, RetryPolicy, RetryRecord, SeededRng, StopReason,
@@ -108,7 +109,7 @@ async fn a_request_can_turn_retries_off_or_change_the_policy() {
 
     let once = client
         .get(server.uri())
-        .with_extension(RetryOverride::NoRetries)
+        .with_extension(RetryOverride::new().no_retries())
         .send()
         .await
         .unwrap();
@@ -118,7 +119,7 @@ async fn a_request_can_turn_retries_off_or_change_the_policy() {
 
     let patient = client
         .get(server.uri())
-        .with_extension(RetryOverride::MaxAttempts(5))
+        .with_extension(RetryOverride::new().max_attempts(5))
         .send()
         .await
         .unwrap();
@@ -152,7 +153,7 @@ async fn a_request_can_change_only_its_attempts_or_its_deadline() {
 
     let more = client
         .get(server.uri())
-        .with_extension(RetryOverride::MaxAttempts(6))
+        .with_extension(RetryOverride::new().max_attempts(6))
         .send()
         .await
         .unwrap();
@@ -169,7 +170,7 @@ async fn a_request_can_change_only_its_attempts_or_its_deadline() {
     clock.clear_sleeps();
     let sooner = client
         .get(server.uri())
-        .with_extension(RetryOverride::Deadline(Duration::from_millis(1_500)))
+        .with_extension(RetryOverride::new().deadline(Duration::from_millis(1_500)))
         .send()
         .await
         .unwrap();
@@ -186,7 +187,7 @@ async fn an_override_of_no_attempts_fails_before_sending_and_says_why() {
     let client = build(RetryMiddleware::new(RetryPolicy::default()));
     let err = client
         .get(server.uri())
-        .with_extension(RetryOverride::MaxAttempts(0))
+        .with_extension(RetryOverride::new().max_attempts(0))
         .send()
         .await
         .unwrap_err();
@@ -194,16 +195,128 @@ async fn an_override_of_no_attempts_fails_before_sending_and_says_why() {
     assert_eq!(retry.stop_reason(), StopReason::InvalidOverride);
     assert_eq!(retry.attempts(), 0);
     let source = std::error::Error::source(retry).unwrap().to_string();
-    assert!(
-        source
-            .starts_with("invalid retry override: MaxAttempts(0): max_attempts must be at least 1"),
-        "{source}"
+    assert_eq!(
+        source,
+        "invalid retry override: max_attempts(0) leaves no attempt: use at least 1 (1 sends once)"
     );
     assert!(server.received_requests().await.unwrap().is_empty());
 }
 
+/// "6 attempts and a 60 s deadline" for one call, in one value: both hold. The dependency's
+/// 3 s deadline alone would stop the sixth attempt's way (1 s waits), and its 3 attempts would
+/// stop before that.
+#[tokio::test]
+async fn one_override_combines_attempts_and_a_deadline() {
+    let server = always(503).await;
+    let clock = FakeClock::new();
+    let policy = RetryPolicy::builder()
+        .max_attempts(3)
+        .base_delay(Duration::from_secs(1))
+        .max_delay(Duration::from_secs(1))
+        .deadline(Duration::from_secs(3))
+        .build()
+        .unwrap();
+    let client = ClientBuilder::new(reqwest::Client::new())
+        .with(
+            RetryMiddleware::new(Dependency::new("default", policy).without_budget())
+                .with_clock(clock.clone())
+                .with_rng(|| u64::MAX),
+        )
+        .build();
+    let send = |over: RetryOverride| client.get(server.uri()).with_extension(over).send();
+
+    let only_attempts = send(RetryOverride::new().max_attempts(6)).await.unwrap();
+    let record = RetryRecord::of(&only_attempts).unwrap();
+    assert_eq!(
+        (record.attempts(), record.stop_reason()),
+        (3, StopReason::DeadlineReached),
+        "the dependency's 3 s deadline still holds"
+    );
+    clock.clear_sleeps();
+
+    let both = RetryOverride::new()
+        .max_attempts(6)
+        .deadline(Duration::from_secs(60));
+    let response = send(both).await.unwrap();
+    let record = RetryRecord::of(&response).unwrap();
+    assert_eq!(
+        (record.attempts(), record.stop_reason()),
+        (6, StopReason::AttemptsExhausted)
+    );
+    assert_eq!(record.waited(), Duration::from_secs(5));
+    assert_eq!(clock.sleeps(), [Duration::from_secs(1); 5]);
+    assert_eq!(server.received_requests().await.unwrap().len(), 3 + 6);
+}
+
+/// What the docs lead a user to build, a whole policy, put on a request: never ignored. The
+/// request fails before sending and the message says what to use; so does any other of the
+/// crate's settings put there.
+#[tokio::test]
+async fn a_policy_or_another_setting_on_a_request_fails_it_before_sending() {
+    let server = always(503).await;
+    let client = build(RetryMiddleware::new(attempts(3)));
+    let policy = RetryPolicy::builder().max_attempts(6).build().unwrap();
+    let budget = reqwest_safe_retry::RetryBudget::default();
+    let refused = [
+        (
+            client.get(server.uri()).with_extension(policy.clone()),
+            "a RetryPolicy",
+        ),
+        (
+            client.get(server.uri()).with_extension(policy.to_builder()),
+            "a RetryPolicyBuilder",
+        ),
+        (
+            client
+                .get(server.uri())
+                .with_extension(Dependency::new("other", policy)),
+            "a Dependency",
+        ),
+        (
+            client.get(server.uri()).with_extension(budget),
+            "a RetryBudget",
+        ),
+        (
+            client
+                .get(server.uri())
+                .with_extension(reqwest_safe_retry::IdempotencyKeys::default()),
+            "an IdempotencyKeys",
+        ),
+    ];
+    for (request, found) in refused {
+        let err = request.send().await.unwrap_err();
+        let retry = RetryError::of(&err).unwrap();
+        assert_eq!(
+            (retry.stop_reason(), retry.attempts()),
+            (StopReason::InvalidOverride, 0)
+        );
+        let source = std::error::Error::source(retry).unwrap().to_string();
+        assert_eq!(
+            source,
+            format!(
+                "invalid retry override: {found} in a request's extensions is not read: say \
+                 what this request changes with a RetryOverride \
+                 (RetryOverride::new().max_attempts(6).deadline(..)), or send it through a \
+                 Dependency of its own (RetryMiddleware::route)"
+            )
+        );
+    }
+    assert!(server.received_requests().await.unwrap().is_empty());
+    // Beside a RetryOverride too: the policy is not read, whatever else the request says.
+    let err = client
+        .get(server.uri())
+        .with_extension(RetryOverride::new().max_attempts(2))
+        .with_extension(RetryPolicy::default())
+        .send()
+        .await
+        .unwrap_err();
+    assert_eq!(err.stop_reason(), Some(StopReason::InvalidOverride));
+    assert!(server.received_requests().await.unwrap().is_empty());
+}
+
 /// A deadline override at or below the base delay (100 ms) leaves no room for a retry: the
-/// request makes one attempt, and succeeds when that one does. On a fake clock, whose time
+/// request makes one attempt, and succeeds when that one does; when it fails, the deadline is
+/// what ended it, and the record says so. On a fake clock, whose time
 /// stands still while a request is on the wire, so a 1 ms attempt timeout cannot cut a loopback
 /// answer on a loaded machine.
 #[tokio::test]
@@ -218,7 +331,7 @@ async fn a_deadline_override_too_short_for_a_retry_sends_once_and_never_fails_th
     ] {
         let response = client
             .get(fine.uri())
-            .with_extension(RetryOverride::Deadline(deadline))
+            .with_extension(RetryOverride::new().deadline(deadline))
             .send()
             .await
             .unwrap();
@@ -231,7 +344,7 @@ async fn a_deadline_override_too_short_for_a_retry_sends_once_and_never_fails_th
 
         let response = client
             .get(down.uri())
-            .with_extension(RetryOverride::Deadline(deadline))
+            .with_extension(RetryOverride::new().deadline(deadline))
             .send()
             .await
             .unwrap();
@@ -239,7 +352,7 @@ async fn a_deadline_override_too_short_for_a_retry_sends_once_and_never_fails_th
         let record = RetryRecord::of(&response).unwrap();
         assert_eq!(
             (record.attempts(), record.stop_reason()),
-            (1, StopReason::AttemptsExhausted),
+            (1, StopReason::DeadlineReached),
             "{deadline:?}"
         );
     }
@@ -345,7 +458,7 @@ async fn scripted_scenario(name: &str) -> CounterSnapshot {
     // Waits of 100 ms, then 200 ms (the top of each draw): the second ends past 150 ms.
     client
         .get(url("/slow"))
-        .with_extension(RetryOverride::Deadline(Duration::from_millis(150)))
+        .with_extension(RetryOverride::new().deadline(Duration::from_millis(150)))
         .send()
         .await
         .unwrap();

@@ -247,11 +247,12 @@ async fn a_read_that_must_not_be_repeated_is_not_hedged() {
     use reqwest_safe_retry::RetryOverride;
     let reads = || Dependency::new("reads", hedging());
     let no_retries = copies_sent(reads(), |c, url| {
-        c.get(url).with_extension(RetryOverride::NoRetries)
+        c.get(url).with_extension(RetryOverride::new().no_retries())
     })
     .await;
     let one_attempt = copies_sent(reads(), |c, url| {
-        c.get(url).with_extension(RetryOverride::MaxAttempts(1))
+        c.get(url)
+            .with_extension(RetryOverride::new().max_attempts(1))
     })
     .await;
     let policy = hedging().to_builder().max_attempts(1).build().unwrap();

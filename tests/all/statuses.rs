@@ -61,13 +61,19 @@ async fn a_408_is_retried_where_repeating_is_safe_and_not_on_an_unkeyed_post() {
 
     let read = client.get(server.uri()).send().await.unwrap();
     let record = RetryRecord::of(&read).unwrap();
-    assert_eq!((record.attempts(), record.stop_reason()), (3, StopReason::AttemptsExhausted));
+    assert_eq!(
+        (record.attempts(), record.stop_reason()),
+        (3, StopReason::AttemptsExhausted)
+    );
     assert_eq!(server.received_requests().await.unwrap().len(), 3);
 
     let write = client.post(server.uri()).body("x").send().await.unwrap();
     assert_eq!(write.status(), 408);
     let record = RetryRecord::of(&write).unwrap();
-    assert_eq!((record.attempts(), record.stop_reason()), (1, StopReason::NotSafeToRetry));
+    assert_eq!(
+        (record.attempts(), record.stop_reason()),
+        (1, StopReason::NotSafeToRetry)
+    );
     assert_eq!(server.received_requests().await.unwrap().len(), 4);
 }
 

@@ -285,6 +285,66 @@ async fn failed_attempts_name_their_error_kind_in_events_and_the_observer() {
     );
 }
 
+/// A give-up at WARN says what went wrong itself: the last attempt's error kind, or its
+/// status; a request stopped before sending anything names no error, its reason says why.
+#[tokio::test(flavor = "current_thread")]
+async fn a_give_up_names_the_last_attempt_s_error_or_status() {
+    let capture = capture();
+    let dry = || {
+        let budget = reqwest_safe_retry::RetryBudget::builder()
+            .initial(0.0)
+            .floor_per_sec(0.0)
+            .build()
+            .unwrap();
+        Dependency::new("inventory", RetryPolicy::default()).with_budget(budget)
+    };
+    let client = ClientBuilder::new(reqwest::Client::new())
+        .with(RetryMiddleware::new(dry()).with_clock(FakeClock::new()))
+        .build();
+    let server = crate::support::always(503).await;
+    let refused = crate::support::refused_url().await;
+    let before = mine(&capture.events).len();
+    LEVEL.with(|l| l.set(tracing::Level::WARN));
+    CAPTURING.with(|c| c.set(true));
+    client.get(refused).send().await.unwrap_err();
+    client.get(server.uri()).send().await.unwrap();
+    client
+        .get(server.uri())
+        .with_extension(reqwest_safe_retry::RetryOverride::new().max_attempts(0))
+        .send()
+        .await
+        .unwrap_err();
+    CAPTURING.with(|c| c.set(false));
+    LEVEL.with(|l| l.set(tracing::Level::TRACE));
+
+    let stops: Vec<_> = mine(&capture.events)[before..]
+        .iter()
+        .map(|e| {
+            let field = |name| e.field(name).map(str::to_owned);
+            (e.level, field("reason"), field("error"), field("status"))
+        })
+        .collect();
+    let owned = |s: &str| Some(s.to_owned());
+    assert_eq!(
+        stops,
+        [
+            (
+                tracing::Level::WARN,
+                owned("budget_exhausted"),
+                owned("connect"),
+                None
+            ),
+            (
+                tracing::Level::WARN,
+                owned("budget_exhausted"),
+                None,
+                owned("503")
+            ),
+            (tracing::Level::WARN, owned("invalid_override"), None, None),
+        ]
+    );
+}
+
 /// An inner middleware reads each attempt's number from its extensions, and the span records
 /// every retry's resend count.
 #[tokio::test(flavor = "current_thread")]

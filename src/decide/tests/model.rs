@@ -384,7 +384,11 @@ fn real(s: &Script) -> Run {
         let mut d = Decider::start(
             &setup.policy,
             setup.accounts(),
-            request.retries_disabled,
+            if request.retries_disabled {
+                Cap::NoRetries
+            } else {
+                Cap::Policy
+            },
             began,
         );
         // Bounded: each pass makes an attempt, holds or stops, and a request has at most six
