@@ -259,7 +259,7 @@ async fn a_policy_or_another_setting_on_a_request_fails_it_before_sending() {
     let budget = reqwest_safe_retry::RetryBudget::default();
     let refused = [
         (
-            client.get(server.uri()).with_extension(policy.clone()),
+            client.get(server.uri()).with_extension(policy),
             "a RetryPolicy",
         ),
         (
