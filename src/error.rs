@@ -153,6 +153,10 @@ pub struct RetryError {
     attempts: u32,
     stop: StopReason,
     key: Option<HeaderValue>,
+    waited: Duration,
+    /// The request's URL, for a last error that carries none (an attempt timeout, another
+    /// middleware's error, nothing sent).
+    url: Option<Url>,
     last: reqwest_middleware::Error,
 }
 
@@ -167,8 +171,27 @@ impl RetryError {
             attempts,
             stop,
             key,
+            waited: Duration::ZERO,
+            url: None,
             last,
         }
+    }
+
+    /// With the time the request waited, and its URL where the last error has none.
+    pub(crate) fn with(mut self, waited: Duration, url: Option<&Url>) -> Self {
+        self.waited = waited;
+        if self.last.url().is_none() {
+            self.url = url.cloned();
+        }
+        self
+    }
+
+    /// The total time the request spent waiting, before its first attempt (a spent quota's
+    /// hold) and between attempts, on the middleware's clock, as
+    /// [`RetryRecord::waited`](crate::RetryRecord::waited) says of a response.
+    /// [`RetryErrorExt::waited`] asks the same of a `reqwest_middleware::Error`.
+    pub fn waited(&self) -> Duration {
+        self.waited
     }
 
     /// The idempotency header value the attempts carried, if any. Send it again with the same
@@ -234,9 +257,13 @@ impl RetryError {
         self.last.status()
     }
 
-    /// The URL of the last attempt, if known.
+    /// The URL of the last attempt, whatever ended it: the URL the last error carries (a
+    /// redirect may have moved it), else the request's (the policy's attempt timeout cut it,
+    /// another middleware failed it, or nothing was sent). `None` only after
+    /// [`strip_url`](Self::strip_url). [`RetryErrorExt::last_url`] asks the same of a
+    /// `reqwest_middleware::Error`.
     pub fn url(&self) -> Option<&Url> {
-        self.last.url()
+        self.last.url().or(self.url.as_ref())
     }
 }
 
@@ -248,6 +275,7 @@ impl RetryError {
     #[doc(alias = "without_url")]
     pub fn strip_url(mut self) -> Self {
         self.last = strip_url(self.last);
+        self.url = None;
         self
     }
 }
@@ -362,6 +390,15 @@ pub trait RetryErrorExt: sealed::Sealed + Sized {
     /// Why retrying stopped, if the error came from this middleware.
     fn stop_reason(&self) -> Option<StopReason>;
 
+    /// How long the request waited before and between its attempts, if the error came from
+    /// this middleware ([`RetryError::waited`]).
+    fn waited(&self) -> Option<Duration>;
+
+    /// The URL of the last attempt, whatever ended it ([`RetryError::url`]); for another
+    /// error, its own `url()`. (Not `url`: `reqwest_middleware::Error`'s own method of that
+    /// name would be called first, and it cannot see inside a middleware's error.)
+    fn last_url(&self) -> Option<&Url>;
+
     /// The error without any URL, inside this middleware's error too. `without_url`, for any
     /// error.
     #[doc(alias = "without_url")]
@@ -392,6 +429,14 @@ impl RetryErrorExt for reqwest_middleware::Error {
 
     fn stop_reason(&self) -> Option<StopReason> {
         RetryError::of(self).map(RetryError::stop_reason)
+    }
+
+    fn waited(&self) -> Option<Duration> {
+        RetryError::of(self).map(RetryError::waited)
+    }
+
+    fn last_url(&self) -> Option<&Url> {
+        RetryError::of(self).map_or_else(|| self.url(), RetryError::url)
     }
 
     fn strip_url(self) -> Self {

@@ -251,12 +251,14 @@
 //! success at the first attempt without a key (which carries none, sparing the success path an
 //! allocation), inferred. An error is returned as a [`RetryError`] inside
 //! [`reqwest_middleware::Error::Middleware`]; [`RetryError::of`] finds it, and it answers
-//! `timed_out()`, `failed_to_connect()`, `last_status()` and `url()` for the last attempt, with
-//! the attempt count and the stop reason. `reqwest_middleware::Error`'s own `is_timeout()`,
-//! `is_connect()` and `status()` cannot see inside a middleware's error; [`RetryErrorExt`] asks
-//! the same questions, by the same names, of any `reqwest_middleware::Error` (`timed_out()`,
-//! `failed_to_connect()`, `last_status()`, `attempts()`, `stop_reason()`, `strip_url()`). The message names the last error and its root
-//! cause ("Connection refused") once.
+//! `timed_out()`, `failed_to_connect()`, `last_status()` and `url()` for the last attempt
+//! (the URL whatever ended it, the policy's own timeout included), with the attempt count, the
+//! stop reason, the key and the time waited (`waited()`, as on a record).
+//! `reqwest_middleware::Error`'s own `is_timeout()`, `is_connect()`, `status()` and `url()`
+//! cannot see inside a middleware's error; [`RetryErrorExt`] asks the same questions of any
+//! `reqwest_middleware::Error` (`timed_out()`, `failed_to_connect()`, `last_status()`,
+//! `last_url()`, `attempts()`, `stop_reason()`, `waited()`, `strip_url()`). The message names
+//! the last error and its root cause ("Connection refused") once.
 //!
 //! The policy's per-attempt timeout covers an attempt from sending until the response head (or,
 //! with `buffer_body`, the whole body) has arrived; it is enforced by the middleware on its

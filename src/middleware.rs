@@ -14,7 +14,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use http::Extensions;
-use reqwest::{Request, Response};
+use reqwest::{Request, Response, Url};
 use reqwest_middleware::{Middleware, Next};
 use tracing::Level;
 
@@ -220,32 +220,34 @@ impl RetryMiddleware {
                 match self.prepare(dependency, request, extensions, refused, &mut decider) {
                     Ok(prepared) => prepared,
                     Err((stop, cause, watcher)) => {
-                        let outcome = Err(cause);
-                        return self.finish(
-                            &span,
-                            outcome,
-                            stop,
-                            &decider,
-                            None,
-                            watcher.as_deref(),
-                        );
+                        let ends = (None, watcher.as_deref(), Some(request.url()));
+                        return self.finish(&span, Err(cause), stop, &decider, ends);
                     }
                 };
+            // The request's URL once the request itself went out as its last attempt: for an
+            // error that has none. Boxed, as only a last attempt needs it.
+            let mut gone: Option<Box<Url>> = None;
             loop {
                 let url = kept.as_ref().map(Request::url);
                 let limit = match decider.next_attempt(now, url, &*self.rng.0) {
                     Step::Send(limit) => limit,
                     Step::Hold(hold) => {
                         if let Err(missing) = self.clock.wait(hold).await {
-                            return self.no_timer(&span, missing, &decider, sent);
+                            return self.no_timer(
+                                &span,
+                                missing,
+                                &decider,
+                                sent,
+                                url_of(&kept, &gone),
+                            );
                         }
                         now = self.clock.get().now();
                         continue;
                     }
                     Step::Stop(stop) => {
                         let outcome = sent.last_outcome(stop);
-                        let watcher = sent.watcher.as_deref();
-                        return self.finish(&span, outcome, stop, &decider, sent.key, watcher);
+                        let ends = sent.ends(url_of(&kept, &gone));
+                        return self.finish(&span, outcome, stop, &decider, ends);
                     }
                 };
                 drop(sent.previous.take());
@@ -253,7 +255,15 @@ impl RetryMiddleware {
                 let delay = {
                     let timer = match self.clock.timeout(limit, Some(now)) {
                         Ok(timer) => timer,
-                        Err(missing) => return self.no_timer(&span, missing, &decider, sent),
+                        Err(missing) => {
+                            return self.no_timer(
+                                &span,
+                                missing,
+                                &decider,
+                                sent,
+                                url_of(&kept, &gone),
+                            );
+                        }
                     };
                     let mut timer = std::pin::pin!(timer);
                     let (outcome, delay) = {
@@ -284,6 +294,10 @@ impl RetryMiddleware {
                             let attempt = {
                                 let copy = decider.may_retry_after_next();
                                 let mut sending = chain::take_attempt(&mut kept, copy);
+                                if kept.is_none() {
+                                    // The last attempt: its URL, for an error without one.
+                                    gone = Some(Box::new(sending.url().clone()));
+                                }
                                 idempotency::put_on(
                                     dependency.keys.as_ref(),
                                     sent.key.as_ref(),
@@ -328,8 +342,8 @@ impl RetryMiddleware {
                         }
                         match decision {
                             Wait::Stop(stop) => {
-                                let (key, watcher) = (sent.key, sent.watcher.as_deref());
-                                return self.finish(&span, outcome, stop, &decider, key, watcher);
+                                let ends = sent.ends(url_of(&kept, &gone));
+                                return self.finish(&span, outcome, stop, &decider, ends);
                             }
                             Wait::Sleep(delay) => (outcome, delay),
                         }
@@ -340,7 +354,7 @@ impl RetryMiddleware {
                     delay
                 };
                 if let Err(missing) = self.clock.wait(delay).await {
-                    return self.no_timer(&span, missing, &decider, sent);
+                    return self.no_timer(&span, missing, &decider, sent, url_of(&kept, &gone));
                 }
                 now = self.clock.get().now();
             }
@@ -414,18 +428,12 @@ impl RetryMiddleware {
         span: &tracing::Span,
         missing: crate::clock::TimerUnavailable,
         decider: &Decider<'_>,
-        sent: Sent<'_>,
+        mut sent: Sent<'_>,
+        url: Option<&Url>,
     ) -> reqwest_middleware::Result<Response> {
         let cause = Err(middleware(missing));
-        let (key, watcher) = (sent.key, sent.watcher.as_deref());
-        self.finish(
-            span,
-            cause,
-            StopReason::TimerUnavailable,
-            decider,
-            key,
-            watcher,
-        )
+        let stop = StopReason::TimerUnavailable;
+        self.finish(span, cause, stop, decider, sent.ends(url))
     }
 
     /// The caller's outcome, traced in the request's span: the response with its record, or the
@@ -436,8 +444,7 @@ impl RetryMiddleware {
         outcome: reqwest_middleware::Result<Response>,
         stop: StopReason,
         decider: &Decider<'_>,
-        key: Option<Key>,
-        watcher: Option<&Watcher<'_>>,
+        (key, watcher, url): Ends<'_, '_>,
     ) -> reqwest_middleware::Result<Response> {
         let (attempts, waited) = (decider.attempts(), decider.waited());
         if let Some(watcher) = watcher {
@@ -452,7 +459,7 @@ impl RetryMiddleware {
             replayed: false,
             answered_by_hedge: decider.hedge_answered(),
         };
-        record.hand_back(outcome)
+        record.hand_back(outcome, url)
     }
 }
 
@@ -486,6 +493,9 @@ type Unsent<'a> = (
     Option<Box<Watcher<'a>>>,
 );
 
+/// What a request's end needs of it besides its outcome: its key, who watches, and its URL.
+type Ends<'s, 'a> = (Option<Key>, Option<&'s Watcher<'a>>, Option<&'s Url>);
+
 /// What one logical request keeps of itself while its attempts go, decided before the first.
 struct Sent<'a> {
     key: Option<Key>,
@@ -502,7 +512,12 @@ struct Sent<'a> {
     previous: Option<Box<reqwest_middleware::Result<Response>>>,
 }
 
-impl Sent<'_> {
+impl<'a> Sent<'a> {
+    /// What the request's end needs, with its URL.
+    fn ends<'s>(&'s mut self, url: Option<&'s Url>) -> Ends<'s, 'a> {
+        (self.key.take(), self.watcher.as_deref(), url)
+    }
+
     /// What a stop before an attempt hands back: the last outcome, or what says nothing was sent.
     fn last_outcome(&mut self, stop: StopReason) -> reqwest_middleware::Result<Response> {
         self.previous
@@ -520,6 +535,11 @@ impl Sent<'_> {
             hook: self.head.as_ref().map(|(c, head)| (*c, &**head)),
         }
     }
+}
+
+/// The request's URL: from the request still kept, or the one that went as the last attempt.
+fn url_of<'s>(kept: &'s Option<Request>, gone: &'s Option<Box<Url>>) -> Option<&'s Url> {
+    kept.as_ref().map(Request::url).or(gone.as_deref())
 }
 
 fn middleware(cause: impl std::error::Error + Send + Sync + 'static) -> reqwest_middleware::Error {

@@ -39,6 +39,7 @@ impl RetryRecord {
     pub(crate) fn hand_back(
         self,
         outcome: reqwest_middleware::Result<reqwest::Response>,
+        url: Option<&reqwest::Url>,
     ) -> reqwest_middleware::Result<reqwest::Response> {
         match outcome {
             Ok(mut response) => {
@@ -52,7 +53,10 @@ impl RetryRecord {
                 }
                 Ok(response)
             }
-            Err(last) => Err(RetryError::new(self.attempts, self.stop, self.key, last).into()),
+            Err(last) => {
+                let err = RetryError::new(self.attempts, self.stop, self.key, last);
+                Err(err.with(self.waited, url).into())
+            }
         }
     }
 

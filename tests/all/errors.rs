@@ -244,3 +244,45 @@ async fn the_middleware_s_own_timeout_is_a_timeout_to_generic_checks() {
     };
     assert_eq!(last.to_string(), "attempt timed out after 20ms");
 }
+
+/// The whole record on an error, as on a response: how long the request waited, and the URL of
+/// its last attempt, though the policy's own timeout cut it (that error carries no URL of its
+/// own) and the last attempt sent the request itself, not a copy.
+#[tokio::test]
+async fn an_error_says_how_long_it_waited_and_its_url_after_an_attempt_timeout() {
+    let slow = Action::Delay(Duration::from_millis(300), support::ok("late"));
+    let server = RawServer::start(vec![slow]).await;
+    let policy = RetryPolicy::builder()
+        .attempt_timeout(Duration::from_millis(20))
+        .base_delay(Duration::from_millis(4))
+        .max_delay(Duration::from_millis(6))
+        .build()
+        .unwrap();
+    // The top of every draw: waits of 4 ms, then 6 ms (8 ms capped).
+    let client = ClientBuilder::new(reqwest::Client::new())
+        .with(RetryMiddleware::new(policy).with_rng(|| u64::MAX))
+        .build();
+    let url = server.url("/report?page=2");
+
+    let err = client.get(&url).send().await.unwrap_err();
+
+    let retry = RetryError::of(&err).unwrap();
+    assert!(retry.timed_out());
+    assert_eq!(retry.attempts(), 3);
+    assert_eq!(retry.url().map(|u| u.as_str()), Some(url.as_str()));
+    assert_eq!(err.last_url().map(|u| u.as_str()), Some(url.as_str()));
+    assert_eq!(retry.waited(), Duration::from_millis(10));
+    assert_eq!(err.waited(), Some(Duration::from_millis(10)));
+    assert_eq!(err.strip_url().last_url(), None);
+}
+
+/// Another error than the middleware's answers by its own lights.
+#[tokio::test]
+async fn the_extension_s_record_questions_of_another_error_answer_as_it_does() {
+    let plain = ClientBuilder::new(reqwest::Client::new()).build();
+    let url = support::refused_url().await;
+    let err = plain.get(&url).send().await.unwrap_err();
+    assert_eq!(err.waited(), None);
+    assert_eq!(err.last_url(), err.url());
+    assert!(err.last_url().is_some());
+}
