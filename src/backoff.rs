@@ -40,6 +40,57 @@ use crate::rng::{RandomSource, uniform_duration};
 /// assert_eq!(policy.jitter(), Jitter::Decorrelated);
 /// # Ok::<(), reqwest_safe_retry::InvalidConfig>(())
 /// ```
+///
+/// # How a draw becomes a wait
+///
+/// Each wait takes one value `x` from the middleware's [`RandomSource`], in the order the
+/// waits come (none for [`None`](Self::None), nor for a `Retry-After` floor waited exactly).
+/// "Uniform in `[lo, hi]`" is, in nanoseconds, `lo + floor(x * (hi - lo + 1) / 2^64)`: both
+/// ends included (`x = 0` gives `lo`, `x = u64::MAX` gives `hi`), at a resolution of one
+/// nanosecond. `c` and the ends are whole nanoseconds; `2^k` and the products saturate.
+///
+/// Then, in order: after an answer with a valid `Retry-After` (or millisecond) floor `f`, the
+/// wait is `f + min(j, (left - f) / 2)`, `j` full jitter's draw under `c` whatever the
+/// strategy, `left` the time the deadline leaves; without one, a wait `w` with `w >= left`
+/// stops the request with [`DeadlineReached`](crate::StopReason::DeadlineReached) instead of
+/// waiting. A [`SeededRng`](crate::SeededRng) yields the same values on every run, shared by
+/// every request of the middleware in the order they draw: give a test's concurrent requests a
+/// source each, or expect their draws interleaved.
+///
+/// So a test can state a schedule from the policy and the seed alone:
+///
+/// ```
+/// use std::time::Duration;
+/// use reqwest_middleware::ClientBuilder;
+/// use reqwest_safe_retry::{FakeClock, RandomSource, RetryMiddleware, RetryPolicy, SeededRng};
+/// use wiremock::{matchers::any, Mock, MockServer, ResponseTemplate};
+///
+/// /// Full jitter's wait before retry `k`, by the rule above.
+/// fn full_jitter(policy: &RetryPolicy, k: u32, x: u64) -> Duration {
+///     let c = policy.base_delay().saturating_mul(1 << k).min(policy.max_delay());
+///     let nanos = (u128::from(x) * (c.as_nanos() + 1)) >> 64;
+///     Duration::from_nanos(nanos as u64)
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let policy = RetryPolicy::builder().max_attempts(4).build()?; // base 100 ms, cap 10 s
+/// let draws = SeededRng::new(42);
+/// let expected: Vec<Duration> = (0..3).map(|k| full_jitter(&policy, k, draws.next_u64())).collect();
+///
+/// let server = MockServer::start().await;
+/// Mock::given(any()).respond_with(ResponseTemplate::new(503)).mount(&server).await;
+/// let clock = FakeClock::new();
+/// let client = ClientBuilder::new(reqwest::Client::new())
+///     .with(RetryMiddleware::new(policy).with_clock(clock.clone()).with_rng(SeededRng::new(42)))
+///     .build();
+/// client.get(server.uri()).send().await?;
+///
+/// assert_eq!(clock.sleeps(), expected);
+/// let millis: Vec<u128> = expected.iter().map(Duration::as_millis).collect();
+/// assert_eq!(millis, [74, 31, 111]);
+/// # Ok(()) }
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 #[non_exhaustive]
 pub enum Jitter {

@@ -251,9 +251,16 @@ impl<'a> Decider<'a> {
         policy: &'a RetryPolicy,
         accounts: Accounts<'a>,
         cap: Cap,
+        method: &http::Method,
         now: Instant,
     ) -> Self {
         accounts.counters.add(Count::Request, accounts.metric_keys);
+        // A method the policy does not retry goes once, as under `no_retries`.
+        let cap = if policy.is_retryable_method(method) {
+            cap
+        } else {
+            Cap::NoRetries
+        };
         Decider {
             policy,
             accounts,

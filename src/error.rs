@@ -57,7 +57,8 @@ pub enum StopReason {
     /// The retry budget refused to pay for another retry.
     BudgetExhausted,
     /// The request's [`RetryOverride::no_retries`](crate::RetryOverride::no_retries) forbade
-    /// retries.
+    /// retries, or its method is not among the policy's
+    /// [`retryable_methods`](crate::RetryPolicyBuilder::retryable_methods).
     RetriesDisabled,
     /// The request's [`RetryOverride`](crate::RetryOverride) contradicts itself or would make
     /// its dependency's policy invalid (0 attempts, an attempt timeout under a millisecond), or

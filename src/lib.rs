@@ -59,6 +59,8 @@
 //!   so is any request that carries an idempotency key. A request of another method without a
 //!   key is retried only when the failure happened before any byte reached the server (the name
 //!   did not resolve, the connection was refused).
+//!   [`RetryPolicyBuilder::retryable_methods`] narrows this (to reads only, say:
+//!   `.retryable_methods([Method::GET, Method::HEAD])`); it never widens it.
 //! - **Only when the body can be sent again**: a request whose body is a stream is sent once,
 //!   unchanged, and its record says [`StopReason::BodyNotCloneable`].
 //!

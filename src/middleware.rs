@@ -212,10 +212,11 @@ impl RetryMiddleware {
                 };
             let policy: &RetryPolicy = overriding.as_deref().unwrap_or(&dependency.policy);
             let mut now = self.clock.get().now();
-            let mut decider = Decider::start(policy, dependency.accounts(), cap, now);
             let Some(request) = &kept else {
                 unreachable!("the request is kept until its first attempt");
             };
+            let accounts = dependency.accounts();
+            let mut decider = Decider::start(policy, accounts, cap, request.method(), now);
             let mut sent =
                 match self.prepare(dependency, request, extensions, refused, &mut decider) {
                     Ok(prepared) => prepared,

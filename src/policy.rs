@@ -7,7 +7,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use http::StatusCode;
+use http::{Method, StatusCode};
 
 use crate::backoff::Jitter;
 use crate::error::InvalidConfig;
@@ -44,6 +44,7 @@ pub struct RetryPolicy {
     rate_limit_fields: bool,
     should_retry_fields: bool,
     statuses: StatusSet,
+    methods: MethodSet,
     buffer_body: Option<usize>,
     latency_timeout: Option<LatencyTimeout>,
     hedging: Option<Hedging>,
@@ -169,6 +170,13 @@ impl RetryPolicy {
         self.statuses.contains(status.as_u16())
     }
 
+    /// Whether a request of this method may be retried at all (see
+    /// [`RetryPolicyBuilder::retryable_methods`]); the safety rules still apply to one that
+    /// may.
+    pub fn is_retryable_method(&self, method: &Method) -> bool {
+        self.methods.contains(method)
+    }
+
     /// The largest body read inside an attempt, if [`buffer_body`](RetryPolicyBuilder::buffer_body)
     /// is on.
     pub fn buffer_body_limit(&self) -> Option<usize> {
@@ -206,6 +214,7 @@ impl RetryPolicy {
             latency_timeout: self.timeout_from_latency(),
             hedging: self.hedge_reads(),
             statuses: (400..=599).filter(|c| self.statuses.contains(*c)).collect(),
+            methods: self.methods.listed(),
             buffer_body: self.buffer_body,
         }
     }
@@ -234,6 +243,7 @@ impl fmt::Debug for RetryPolicy {
             .field("rate_limit_fields", &self.rate_limit_fields)
             .field("should_retry_fields", &self.should_retry_fields)
             .field("retryable_statuses", &self.statuses)
+            .field("retryable_methods", &self.methods)
             .field("buffer_body", &self.buffer_body)
             .field("timeout_from_latency", &self.timeout_from_latency())
             .field("hedge_reads", &self.hedge_reads())
@@ -258,6 +268,7 @@ impl fmt::Debug for RetryPolicy {
 /// | [`rate_limit_fields`](Self::rate_limit_fields) | on |
 /// | [`should_retry_fields`](Self::should_retry_fields) | on |
 /// | [`retryable_statuses`](Self::retryable_statuses) | 408, 429, 502, 503, 504 |
+/// | [`retryable_methods`](Self::retryable_methods) | every method, within the safety rules |
 /// | [`buffer_body`](Self::buffer_body) | off |
 /// | [`timeout_from_latency`](Self::timeout_from_latency) | off (when on: 2 x p99.9) |
 /// | [`hedge_reads`](Self::hedge_reads) | off (when on: after the p95, 5 % extra load) |
@@ -275,6 +286,8 @@ pub struct RetryPolicyBuilder {
     rate_limit_fields: bool,
     should_retry_fields: bool,
     statuses: Vec<u16>,
+    /// `None`: every method.
+    methods: Option<Vec<Method>>,
     buffer_body: Option<usize>,
     /// `(multiplier, floor)`.
     latency_timeout: Option<(f64, Duration)>,
@@ -296,6 +309,7 @@ impl RetryPolicyBuilder {
             rate_limit_fields: true,
             should_retry_fields: true,
             statuses: vec![408, 429, 502, 503, 504],
+            methods: None,
             buffer_body: None,
             latency_timeout: None,
             hedging: None,
@@ -434,6 +448,35 @@ impl RetryPolicyBuilder {
     /// original is still in flight); under a key just made, or none, it is final.
     pub fn retryable_statuses(mut self, statuses: impl IntoIterator<Item = u16>) -> Self {
         self.statuses = statuses.into_iter().collect();
+        self
+    }
+
+    /// Narrows the methods whose requests may be retried (or hedged) to these, from every
+    /// method. It never widens the safety rules, which still apply to a method listed here: a
+    /// POST or PATCH is retried only under an idempotency key or when nothing reached the
+    /// server. A request of any other method is sent once and never retried, even when nothing
+    /// of it was sent; its record says
+    /// [`StopReason::RetriesDisabled`](crate::StopReason::RetriesDisabled).
+    ///
+    /// To retry reads only, whatever the keys:
+    ///
+    /// ```
+    /// use http::Method;
+    /// use reqwest_safe_retry::RetryPolicy;
+    ///
+    /// let reads = RetryPolicy::builder()
+    ///     .retryable_methods([Method::GET, Method::HEAD, Method::OPTIONS])
+    ///     .build()?;
+    /// assert!(reads.is_retryable_method(&Method::GET));
+    /// assert!(!reads.is_retryable_method(&Method::PUT));
+    /// # Ok::<(), reqwest_safe_retry::InvalidConfig>(())
+    /// ```
+    ///
+    /// Only the standard methods (GET, HEAD, OPTIONS, TRACE, PUT, DELETE, POST, PATCH,
+    /// CONNECT) can be listed, and at least one: [`max_attempts(1)`](Self::max_attempts) turns
+    /// retries off altogether. Under a narrowed set, other methods are not retried.
+    pub fn retryable_methods(mut self, methods: impl IntoIterator<Item = Method>) -> Self {
+        self.methods = Some(methods.into_iter().collect());
         self
     }
 
@@ -636,6 +679,10 @@ impl RetryPolicyBuilder {
             .map(|t| self.checked_latency_timeout(t))
             .transpose()?;
         let hedging = self.hedging.map(checked_hedging).transpose()?;
+        let methods = match &self.methods {
+            None => MethodSet::ALL,
+            Some(methods) => MethodSet::of(methods)?,
+        };
         Ok(RetryPolicy {
             max_attempts: self.max_attempts,
             base_delay: self.base_delay,
@@ -648,6 +695,7 @@ impl RetryPolicyBuilder {
             rate_limit_fields: self.rate_limit_fields,
             should_retry_fields: self.should_retry_fields,
             statuses,
+            methods,
             buffer_body: self.buffer_body,
             latency_timeout,
             hedging,
@@ -742,6 +790,80 @@ impl fmt::Debug for StatusSet {
     }
 }
 
+/// A set of methods as a bitmap, one bit for each standard method and one for every other:
+/// `Copy`, and a lookup is a match and a mask.
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct MethodSet(u16);
+
+impl MethodSet {
+    const STANDARD: [Method; 9] = [
+        Method::GET,
+        Method::HEAD,
+        Method::OPTIONS,
+        Method::TRACE,
+        Method::PUT,
+        Method::DELETE,
+        Method::POST,
+        Method::PATCH,
+        Method::CONNECT,
+    ];
+    /// Every method, the others (extension methods) included.
+    const ALL: MethodSet = MethodSet(u16::MAX);
+
+    /// The bit of `method`: its place among the standard ones, or the last for any other.
+    fn bit(method: &Method) -> u16 {
+        let place = Self::STANDARD.iter().position(|m| m == method);
+        1 << place.unwrap_or(15)
+    }
+
+    fn of(methods: &[Method]) -> Result<MethodSet, InvalidConfig> {
+        if let Some(other) = methods.iter().find(|m| !Self::STANDARD.contains(m)) {
+            return Err(InvalidConfig::new(
+                POLICY,
+                format!(
+                    "retryable_methods lists {other}, which is not a standard method: list only \
+                     GET, HEAD, OPTIONS, TRACE, PUT, DELETE, POST, PATCH or CONNECT"
+                ),
+            ));
+        }
+        if methods.is_empty() {
+            return Err(InvalidConfig::new(
+                POLICY,
+                "retryable_methods lists no method: list at least one, or set max_attempts(1) \
+                 to turn retries off"
+                    .to_owned(),
+            ));
+        }
+        Ok(MethodSet(methods.iter().fold(0, |set, m| set | Self::bit(m))))
+    }
+
+    fn contains(&self, method: &Method) -> bool {
+        self.0 & Self::bit(method) != 0
+    }
+
+    /// What the builder holds for this set: `None` for every method.
+    fn listed(&self) -> Option<Vec<Method>> {
+        (*self != Self::ALL).then(|| {
+            (Self::STANDARD.iter())
+                .filter(|m| self.contains(m))
+                .cloned()
+                .collect()
+        })
+    }
+}
+
+impl fmt::Debug for MethodSet {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.listed() {
+            None => f.write_str("All"),
+            Some(methods) => f
+                .debug_set()
+                .entries(methods.iter().map(Method::as_str))
+                .finish(),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -768,6 +890,40 @@ mod tests {
     }
 
     #[test]
+    fn retryable_methods_narrow_the_set_and_refuse_what_cannot_be_listed() {
+        let all = RetryPolicy::default();
+        let other = Method::from_bytes(b"PURGE").unwrap();
+        for method in MethodSet::STANDARD.iter().chain([&other]) {
+            assert!(all.is_retryable_method(method), "{method}");
+        }
+        let reads = RetryPolicy::builder()
+            .retryable_methods([Method::GET, Method::HEAD])
+            .build()
+            .unwrap();
+        let retried: Vec<_> = (MethodSet::STANDARD.iter().chain([&other]))
+            .filter(|m| reads.is_retryable_method(m))
+            .collect();
+        assert_eq!(retried, [&Method::GET, &Method::HEAD]);
+        assert_eq!(reads.to_builder().build().unwrap(), reads);
+        assert_eq!(all.to_builder().build().unwrap(), all);
+        assert!(format!("{reads:?}").contains("retryable_methods: {\"GET\", \"HEAD\"}"));
+        let err = RetryPolicy::builder()
+            .retryable_methods([Method::GET, other])
+            .build()
+            .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "invalid retry policy: retryable_methods lists PURGE, which is not a standard \
+             method: list only GET, HEAD, OPTIONS, TRACE, PUT, DELETE, POST, PATCH or CONNECT"
+        );
+        let err = RetryPolicy::builder()
+            .retryable_methods([])
+            .build()
+            .unwrap_err();
+        assert!(err.message().starts_with("retryable_methods lists no method"), "{err}");
+    }
+
+    #[test]
     fn its_debug_names_every_setting() {
         let p = RetryPolicy::builder().buffer_body(1024).build().unwrap();
         assert_eq!(p.buffer_body_limit(), Some(1024));
@@ -776,7 +932,7 @@ mod tests {
             "RetryPolicy { max_attempts: 3, base_delay: 100ms, max_delay: 10s, jitter: Full, \
              attempt_timeout: 10s, deadline: 30s, max_retry_after: 30s, \
              retry_after_jitter: true, rate_limit_fields: true, should_retry_fields: true, \
-             retryable_statuses: {408, 429, 502, 503, 504}, \
+             retryable_statuses: {408, 429, 502, 503, 504}, retryable_methods: All, \
              buffer_body: Some(1024), timeout_from_latency: None, hedge_reads: None }"
         );
     }

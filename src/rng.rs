@@ -94,7 +94,9 @@ impl RandomSource for ThreadRng {
 /// seeded by the operating system, so clients of a fleet do not draw alike.
 ///
 /// Clones share one sequence. The generator is SplitMix64 over an atomic counter: statistically
-/// sound for jitter, not for cryptography.
+/// sound for jitter, not for cryptography. The `n`-th value (from 1) is SplitMix64's output for
+/// the state `seed + n * 0x9E37_79B9_7F4A_7C15` (wrapping), as in Vigna's reference
+/// `splitmix64.c`; [`Jitter`](crate::Jitter) says how each value becomes a wait.
 ///
 /// ```
 /// use reqwest_safe_retry::{RandomSource, SeededRng};

@@ -786,3 +786,33 @@ async fn a_natural_key_on_a_dependency_without_keys_is_refused_before_sending() 
     assert!(err.to_string().contains("turn keys on"), "{err}");
     assert!(server.received_requests().await.unwrap().is_empty());
 }
+
+/// Reads only: a policy narrowed to GET and HEAD retries a GET, and sends a PUT, a keyed POST
+/// and a POST that never reached the server once each, though the safety rules alone would
+/// retry all three; the key the POST carries changes nothing of it.
+#[tokio::test]
+async fn a_policy_narrowed_to_reads_retries_only_reads() {
+    let policy = RetryPolicy::builder()
+        .retryable_methods([http::Method::GET, http::Method::HEAD])
+        .build()
+        .unwrap();
+    let (client, clock) = keyed_client(policy, IdempotencyKeys::default());
+    let server = support::always(503).await;
+
+    let read = client.get(server.uri()).send().await.unwrap();
+    assert_eq!(support::ended(&read), (3, StopReason::AttemptsExhausted));
+    assert_eq!(server.received_requests().await.unwrap().len(), 3);
+
+    let put = client.put(server.uri()).body("x").send().await.unwrap();
+    assert_eq!(support::ended(&put), (1, StopReason::RetriesDisabled));
+    let keyed = client.post(server.uri()).body("x").send().await.unwrap();
+    assert_eq!(support::ended(&keyed), (1, StopReason::RetriesDisabled));
+    assert!(RetryRecord::of(&keyed).unwrap().idempotency_key().is_some(), "still keyed");
+    assert_eq!(server.received_requests().await.unwrap().len(), 3 + 2);
+
+    let refused = support::refused_url().await;
+    let err = client.post(refused).body("x").send().await.unwrap_err();
+    let retry = RetryError::of(&err).unwrap();
+    assert_eq!((retry.attempts(), retry.stop_reason()), (1, StopReason::RetriesDisabled));
+    assert_eq!(clock.sleeps().len(), 2, "only the read waited");
+}

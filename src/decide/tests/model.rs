@@ -389,6 +389,7 @@ fn real(s: &Script) -> Run {
             } else {
                 Cap::Policy
             },
+            &http::Method::GET,
             began,
         );
         // Bounded: each pass makes an attempt, holds or stops, and a request has at most six
