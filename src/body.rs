@@ -18,43 +18,51 @@ use reqwest::{Body, ResponseBuilderExt};
 
 /// Reads `response`'s body up to `limit` bytes.
 ///
-/// Returns the response with its body in memory, or, when the body is longer than `limit`, a
-/// response that streams the part already read and then the rest.
+/// Returns the response with its body in memory, and those bytes (shared, not copied), or,
+/// when the body is longer than `limit`, a response that streams the part already read and then
+/// the rest, and no bytes.
 pub(crate) async fn buffer(
     mut response: reqwest::Response,
     limit: usize,
-) -> Result<reqwest::Response, reqwest::Error> {
+) -> Result<(reqwest::Response, Option<Bytes>), reqwest::Error> {
     let declared = response.content_length();
     if declared.is_some_and(|n| n > limit as u64) {
-        return Ok(response);
+        return Ok((response, None));
     }
     let capacity = declared.map_or(0, |n| usize::try_from(n).unwrap_or(limit).min(limit));
     let mut read: Vec<u8> = Vec::with_capacity(capacity);
     while let Some(chunk) = response.chunk().await? {
         if read.len().saturating_add(chunk.len()) > limit {
             let prefix = [Bytes::from(read), chunk];
-            return Ok(rebuild(response, |rest| {
+            let streamed = rebuild(response, |rest| {
                 Body::wrap(Prefixed {
                     prefix: prefix.into_iter().filter(|b| !b.is_empty()).collect(),
                     rest,
                 })
-            }));
+            });
+            return Ok((streamed, None));
         }
         read.extend_from_slice(&chunk);
     }
-    Ok(rebuild(response, |_| Body::from(read)))
+    let read = Bytes::from(read);
+    Ok((rebuild(response, |_| Body::from(read.clone())), Some(read)))
 }
 
 /// How much of an answer's body to read inside its attempt, if any: with the policy's
 /// `buffer_body` on, the body of an answer that will not be retried. A 503's body would be read in
 /// full (up to the limit) only to be thrown away.
+/// None when it was read already, for the classifier (`Judging::body_first`).
 pub(crate) fn to_read(
-    policy: &crate::policy::RetryPolicy,
+    judging: &crate::classify::Judging<'_>,
     outcome: &reqwest_middleware::Result<reqwest::Response>,
     verdict: crate::classify::Verdict,
 ) -> Option<usize> {
     let final_answer = outcome.is_ok() && matches!(verdict, crate::classify::Verdict::Final(_));
-    policy.buffer_body_limit().filter(|_| final_answer)
+    let limit = judging
+        .policy
+        .buffer_body_limit()
+        .filter(|_| final_answer)?;
+    judging.hook.is_none().then_some(limit)
 }
 
 /// How much of a transient answer's body is kept through the wait before a retry.
@@ -215,17 +223,24 @@ mod tests {
         let cut = buffer(response(&[4, 4], true, None), 8).await;
         assert!(cut.is_err(), "chunks that reach the limit are read");
         // ...and a whole body comes back in memory.
-        let whole = buffer(response(&[4, 4], false, None), 8).await.unwrap();
-        assert_eq!(whole.bytes().await.unwrap().len(), 8);
+        let (whole, read) = buffer(response(&[4, 4], false, None), 8).await.unwrap();
+        assert_eq!(
+            read.as_deref(),
+            Some(&[b'x'; 8][..]),
+            "what was read is handed out too"
+        );
+        assert_eq!(whole.bytes().await.unwrap(), read.unwrap());
     }
 
     #[tokio::test]
     async fn a_body_over_the_limit_is_handed_back_as_a_stream_unread() {
         // Declared over the limit: not read at all, so its cut is the caller's to meet.
-        let streamed = buffer(response(&[9], true, Some(9)), 8).await.unwrap();
+        let (streamed, read) = buffer(response(&[9], true, Some(9)), 8).await.unwrap();
+        assert_eq!(read, None);
         assert!(streamed.bytes().await.is_err());
         // Found over the limit while reading: what was read comes first, then the rest.
-        let streamed = buffer(response(&[5, 4, 3], false, None), 8).await.unwrap();
+        let (streamed, read) = buffer(response(&[5, 4, 3], false, None), 8).await.unwrap();
+        assert_eq!(read, None);
         assert_eq!(streamed.bytes().await.unwrap().len(), 12);
     }
 

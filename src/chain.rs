@@ -182,11 +182,36 @@ pub(crate) async fn read_body(
     let reading = std::pin::pin!(crate::body::buffer(response, max));
     let outcome = match race(reading, timer).await {
         // The same status and head: the verdict stands.
-        Some(Ok(read)) => return (Ok(read), verdict),
+        Some(Ok((read, _))) => return (Ok(read), verdict),
         Some(Err(e)) => Err(reqwest_middleware::Error::Reqwest(e)),
         None => Err(timed_out(limit)),
     };
     let verdict = judging.verdict(&outcome, number);
+    (outcome, verdict)
+}
+
+/// An answer's body read inside the attempt (up to `max` bytes, racing the attempt's timer)
+/// before it is judged, so that the classifier sees it; a body cut off, or out of time, makes
+/// the outcome an error, judged as one. With the outcome come how to judge it, the attempt's
+/// number and its time limit.
+pub(crate) async fn read_then_judge(
+    outcome: reqwest_middleware::Result<reqwest::Response>,
+    max: usize,
+    (judging, number, limit): (&Judging<'_>, u32, Duration),
+    timer: Pin<&mut AttemptTimer>,
+) -> (reqwest_middleware::Result<reqwest::Response>, Verdict) {
+    let (outcome, body) = match outcome {
+        Err(e) => (Err(e), None),
+        Ok(response) => {
+            let reading = std::pin::pin!(crate::body::buffer(response, max));
+            match race(reading, timer).await {
+                Some(Ok((read, body))) => (Ok(read), body),
+                Some(Err(e)) => (Err(reqwest_middleware::Error::Reqwest(e)), None),
+                None => (Err(timed_out(limit)), None),
+            }
+        }
+    };
+    let verdict = judging.verdict_on(&outcome, number, body.as_ref());
     (outcome, verdict)
 }
 

@@ -13,6 +13,7 @@
 //! loudly a classifier says "transient". The attempt limit, the deadline, `Retry-After` and the
 //! budget apply as always.
 
+use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Method, StatusCode};
 use reqwest::{Response, Url};
 
@@ -31,7 +32,7 @@ pub enum Retryable {
 #[derive(Debug, Clone, Copy)]
 pub enum Outcome<'a> {
     /// The server answered; the response's head (its body has not been read, unless the
-    /// policy's `buffer_body` read it).
+    /// policy's `buffer_body` read it: then [`Attempt::body`] has it).
     Response(&'a Response),
     /// No answer: a transport error, the attempt's timeout, or another middleware's error.
     Error(&'a reqwest_middleware::Error),
@@ -46,6 +47,7 @@ pub struct Attempt<'a> {
     pub(crate) headers: &'a HeaderMap,
     pub(crate) key: Option<&'a HeaderValue>,
     pub(crate) number: u32,
+    pub(crate) body: Option<&'a Bytes>,
     pub(crate) outcome: Outcome<'a>,
     pub(crate) default: Retryable,
 }
@@ -82,6 +84,17 @@ impl<'a> Attempt<'a> {
         self.outcome
     }
 
+    /// The answer's body, when the policy's
+    /// [`buffer_body`](crate::RetryPolicyBuilder::buffer_body) read it whole before asking the
+    /// classifier (the same bytes the caller gets, not a copy): a classifier can then tell a
+    /// 500 whose body says "maintenance" from another. `None` without `buffer_body`, for a body
+    /// longer than its limit (which is handed back as a stream, unread), and for an error.
+    /// With `buffer_body` and a classifier, every answer's body is read before the classifier
+    /// is asked, inside the attempt's time.
+    pub fn body(&self) -> Option<&'a Bytes> {
+        self.body
+    }
+
     /// The response's status, if the server answered: a shorthand for matching
     /// [`outcome`](Self::outcome) on [`Outcome::Response`].
     pub fn status(&self) -> Option<StatusCode> {
@@ -102,8 +115,8 @@ impl<'a> Attempt<'a> {
 /// [`Dependency::with_classifier`](crate::Dependency::with_classifier).
 pub(crate) trait Classifier: Send + Sync + 'static {
     /// Whether `attempt`'s outcome is transient. Called once per attempt, before the safety
-    /// rule and the limits (with `buffer_body`, once more if reading the body fails, on that
-    /// error); keep it quick, it runs on the request's task.
+    /// rule and the limits (with `buffer_body`, after the body was read, or on the error that
+    /// reading it ended in); keep it quick, it runs on the request's task.
     fn classify(&self, attempt: &Attempt<'_>) -> Retryable;
 }
 

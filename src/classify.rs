@@ -66,6 +66,23 @@ impl Judging<'_> {
         outcome: &reqwest_middleware::Result<Response>,
         number: u32,
     ) -> Verdict {
+        self.verdict_on(outcome, number, None)
+    }
+
+    /// How much of an answer's body to read before the verdict, for the classifier to see it:
+    /// with the policy's `buffer_body` and a classifier, its limit.
+    #[inline]
+    pub(crate) fn body_first(&self) -> Option<usize> {
+        self.hook.and(self.policy.buffer_body_limit())
+    }
+
+    /// The verdict, with the answer's `body` when it was read whole for the classifier.
+    pub(crate) fn verdict_on(
+        &self,
+        outcome: &reqwest_middleware::Result<Response>,
+        number: u32,
+        body: Option<&bytes::Bytes>,
+    ) -> Verdict {
         // The common answer, a success with no classifier to ask: final, whatever else it says.
         if let (Ok(response), None) = (outcome, self.hook) {
             if response.status().as_u16() < 400 {
@@ -89,6 +106,7 @@ impl Judging<'_> {
                     headers: &head.headers,
                     key: self.key,
                     number,
+                    body,
                     outcome: match outcome {
                         Ok(response) => Outcome::Response(response),
                         Err(err) => Outcome::Error(err),

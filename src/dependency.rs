@@ -129,8 +129,9 @@ impl Dependency {
     /// repeating is *safe* stays the middleware's rule, and a classifier cannot loosen it: a
     /// request that is neither idempotent nor keyed is repeated only when nothing of it reached
     /// the server, however loudly `classify` says "transient". The attempt limit, the deadline,
-    /// `Retry-After` and the budget apply as always. It runs once per attempt (with
-    /// `buffer_body`, once more if reading the body fails), on the request's task: keep it quick.
+    /// `Retry-After` and the budget apply as always. It runs once per attempt, on the request's
+    /// task: keep it quick. With the policy's `buffer_body`, it runs after the answer's body was
+    /// read and sees it ([`Attempt::body`]); without it, it sees the head alone.
     ///
     /// ```
     /// use reqwest_safe_retry::{Dependency, Retryable, RetryPolicy};

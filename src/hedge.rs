@@ -41,7 +41,6 @@ use crate::chain::{self, Claiming};
 use crate::classify::{Judging, Verdict};
 use crate::clock::{AttemptTimer, SharedClock};
 use crate::decide::Decider;
-use crate::policy::RetryPolicy;
 use crate::rng::RandomSource;
 
 /// What one hedged attempt needs of its request.
@@ -59,7 +58,6 @@ pub(crate) struct Hedged<'s, 'a> {
     /// What is left before the deadline when the first copy is sent.
     pub(crate) left: Duration,
     pub(crate) judging: &'s Judging<'s>,
-    pub(crate) policy: &'s RetryPolicy,
 }
 
 /// A copy running down the rest of the chain.
@@ -92,7 +90,6 @@ pub(crate) async fn attempt(
         headers,
         left,
         judging,
-        policy,
     } = hedged;
     // Copied before the first copy borrows the request's own for as long as it runs; lent to
     // the hedge, once.
@@ -179,7 +176,17 @@ pub(crate) async fn attempt(
                 (outcome, true)
             }
         };
-        let verdict = judging.verdict(&outcome, number);
+        let (outcome, verdict) = match judging.body_first() {
+            None => {
+                let verdict = judging.verdict(&outcome, number);
+                (outcome, verdict)
+            }
+            // Read for the classifier to see, within the first copy's time (see below).
+            Some(max) => {
+                let how = (judging, number, limit);
+                Box::pin(chain::read_then_judge(outcome, max, how, timer.as_mut())).await
+            }
+        };
         let other_out = if by_hedge {
             first.is_some()
         } else {
@@ -198,7 +205,7 @@ pub(crate) async fn attempt(
         }
         // The body is read within the first copy's time, which began first: a hedge's answer
         // gets a little less than its own limit, never more than the attempt's.
-        let (outcome, verdict) = match body::to_read(policy, &outcome, verdict) {
+        let (outcome, verdict) = match body::to_read(judging, &outcome, verdict) {
             None => (outcome, verdict),
             Some(max) => {
                 let read = (outcome, verdict, max, (judging, number, limit));

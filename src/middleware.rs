@@ -285,7 +285,6 @@ impl RetryMiddleware {
                                 headers,
                                 left: decider.remaining(now),
                                 judging: &judging,
-                                policy,
                             };
                             let (clock, rng) = (&self.clock, &*self.rng.0);
                             let attempt =
@@ -323,8 +322,20 @@ impl RetryMiddleware {
                             };
                             let outcome = chain::race_on(attempt, timer.as_mut(), at_limit).await;
                             let outcome = outcome.unwrap_or_else(|| Err(chain::timed_out(limit)));
-                            let verdict = judging.verdict(&outcome, number);
-                            match body::to_read(policy, &outcome, verdict) {
+                            let (outcome, verdict) = match judging.body_first() {
+                                None => {
+                                    let verdict = judging.verdict(&outcome, number);
+                                    (outcome, verdict)
+                                }
+                                // Read for the classifier to see (boxed: rare, and large).
+                                Some(max) => {
+                                    let how = (&judging, number, limit);
+                                    let read =
+                                        chain::read_then_judge(outcome, max, how, timer.as_mut());
+                                    Box::pin(read).await
+                                }
+                            };
+                            match body::to_read(&judging, &outcome, verdict) {
                                 None => (outcome, verdict),
                                 Some(max) => {
                                     let read = (outcome, verdict, max, (&judging, number, limit));

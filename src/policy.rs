@@ -505,10 +505,11 @@ impl RetryPolicyBuilder {
     /// failure like any other. A body longer than `limit` is handed back as a stream (the part
     /// already read first), and is not retried.
     ///
-    /// Only the bodies of answers that will not be retried are read: a response whose status is
-    /// a transient failure (a 503) is judged on its head, and if it is retried its body is
-    /// dropped unread, never buffered. If it is the last outcome (attempts exhausted, say), it
-    /// reaches the caller with its body as a stream.
+    /// Without a classifier, only the bodies of answers that will not be retried are read: a
+    /// response whose status is a transient failure (a 503) is judged on its head. With a
+    /// [classifier](crate::Dependency::with_classifier), every answer's body is read first,
+    /// within the attempt's time, and the classifier sees it ([`Attempt::body`](crate::Attempt::body)):
+    /// a 500 whose body says "maintenance" can be told from another 500.
     pub fn buffer_body(mut self, limit: usize) -> Self {
         self.buffer_body = Some(limit);
         self
@@ -834,7 +835,9 @@ impl MethodSet {
                     .to_owned(),
             ));
         }
-        Ok(MethodSet(methods.iter().fold(0, |set, m| set | Self::bit(m))))
+        Ok(MethodSet(
+            methods.iter().fold(0, |set, m| set | Self::bit(m)),
+        ))
     }
 
     fn contains(&self, method: &Method) -> bool {
@@ -920,7 +923,11 @@ mod tests {
             .retryable_methods([])
             .build()
             .unwrap_err();
-        assert!(err.message().starts_with("retryable_methods lists no method"), "{err}");
+        assert!(
+            err.message()
+                .starts_with("retryable_methods lists no method"),
+            "{err}"
+        );
     }
 
     #[test]

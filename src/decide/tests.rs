@@ -362,14 +362,26 @@ fn one_attempt_allowed_by_a_short_deadline_ends_with_the_deadline() {
         policy(|p| p.max_attempts(1).deadline(Duration::from_millis(50))),
         Some(RetryBudget::default()),
     );
-    let mut d = Decider::start(&s.policy, s.accounts(), Cap::Deadline, &http::Method::GET, s.time.now());
+    let mut d = Decider::start(
+        &s.policy,
+        s.accounts(),
+        Cap::Deadline,
+        &http::Method::GET,
+        s.time.now(),
+    );
     begin(&mut d, &s.time);
     assert_eq!(
         d.after(transient(), &s.time, TOP),
         Wait::Stop(StopReason::DeadlineReached)
     );
     assert_eq!(s.counts().deadline_stops, 1);
-    let mut d = Decider::start(&s.policy, s.accounts(), Cap::Deadline, &http::Method::GET, s.time.now());
+    let mut d = Decider::start(
+        &s.policy,
+        s.accounts(),
+        Cap::Deadline,
+        &http::Method::GET,
+        s.time.now(),
+    );
     begin(&mut d, &s.time);
     let next = d.after(final_(StopReason::Succeeded, true), &s.time, TOP);
     assert_eq!(next, Wait::Stop(StopReason::Succeeded));

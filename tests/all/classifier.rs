@@ -339,3 +339,129 @@ async fn with_buffer_body_the_classifier_is_asked_once_per_attempt() {
     assert_eq!(response.status(), 200);
     assert_eq!(*asked.lock().unwrap(), 1);
 }
+
+/// A client on a fake clock whose policy buffers bodies (or not), with a classifier that
+/// retries a 500 whose body says "maintenance", and records the bodies it was shown.
+fn body_reader(buffer: bool) -> (ClientWithMiddleware, Arc<Mutex<Vec<Option<String>>>>) {
+    let shown: Arc<Mutex<Vec<Option<String>>>> = Arc::default();
+    let seen = shown.clone();
+    let mut policy = RetryPolicy::builder();
+    if buffer {
+        policy = policy.buffer_body(64 * 1024);
+    }
+    let dependency = Dependency::new("default", policy.build().unwrap())
+        .with_classifier(move |attempt| {
+            let body = attempt
+                .body()
+                .map(|b| String::from_utf8_lossy(b).into_owned());
+            let maintenance = body.as_deref().is_some_and(|b| b.contains("maintenance"));
+            seen.lock().unwrap().push(body);
+            match attempt.status().map(|s| s.as_u16()) {
+                Some(500) if maintenance => Retryable::Transient,
+                _ => attempt.default_verdict(),
+            }
+        })
+        .without_budget();
+    let middleware = RetryMiddleware::new(dependency)
+        .with_clock(FakeClock::new())
+        .with_rng(SeededRng::new(3));
+    let client = ClientBuilder::new(reqwest::Client::new())
+        .with(middleware)
+        .build();
+    (client, shown)
+}
+
+/// With `buffer_body`, the classifier reads the answer's body: a 500 that says "maintenance"
+/// is retried, another 500 is not, and the caller gets the very body the classifier saw.
+/// Without it, the classifier is told there is no body to read.
+#[tokio::test]
+async fn a_classifier_retries_a_500_whose_buffered_body_says_maintenance_and_not_another() {
+    let server = MockServer::start().await;
+    Mock::given(path("/report"))
+        .respond_with(ResponseTemplate::new(500).set_body_string("down for maintenance"))
+        .up_to_n_times(1)
+        .mount(&server)
+        .await;
+    Mock::given(path("/report"))
+        .respond_with(ResponseTemplate::new(200).set_body_string("the report"))
+        .mount(&server)
+        .await;
+    Mock::given(path("/broken"))
+        .respond_with(ResponseTemplate::new(500).set_body_string("null pointer"))
+        .mount(&server)
+        .await;
+    let (client, shown) = body_reader(true);
+
+    let report = client
+        .get(format!("{}/report", server.uri()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(attempts_of(&report), (2, StopReason::Succeeded));
+    assert_eq!(report.text().await.unwrap(), "the report");
+    let broken = client
+        .get(format!("{}/broken", server.uri()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(attempts_of(&broken), (1, StopReason::NotRetryable));
+    assert_eq!(broken.text().await.unwrap(), "null pointer");
+    let owned = |s: &str| Some(s.to_owned());
+    assert_eq!(
+        *shown.lock().unwrap(),
+        [
+            owned("down for maintenance"),
+            owned("the report"),
+            owned("null pointer")
+        ]
+    );
+
+    let (unbuffered, shown) = body_reader(false);
+    Mock::given(path("/again"))
+        .respond_with(ResponseTemplate::new(500).set_body_string("down for maintenance"))
+        .mount(&server)
+        .await;
+    let again = unbuffered
+        .get(format!("{}/again", server.uri()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(attempts_of(&again), (1, StopReason::NotRetryable));
+    assert_eq!(*shown.lock().unwrap(), [None]);
+    assert_eq!(
+        again.text().await.unwrap(),
+        "down for maintenance",
+        "still the caller's to read"
+    );
+}
+
+/// A body cut off while it is read for the classifier makes the attempt's outcome an error:
+/// the classifier is asked about that error (no body), and the default rules retry it.
+#[tokio::test]
+async fn a_body_cut_off_while_read_for_the_classifier_is_judged_as_the_error_it_is() {
+    let cut = b"HTTP/1.1 500 X\r\ncontent-length: 100\r\n\r\ndown for maint".to_vec();
+    let server = RawServer::start(vec![
+        Action::WriteThenReset(cut),
+        Action::Respond(support::ok("fine")),
+    ])
+    .await;
+    let outcomes: Arc<Mutex<Vec<(bool, bool)>>> = Arc::default();
+    let seen = outcomes.clone();
+    let policy = RetryPolicy::builder().buffer_body(1024).build().unwrap();
+    let dependency = Dependency::new("default", policy).with_classifier(move |attempt| {
+        let answered = matches!(attempt.outcome(), Outcome::Response(_));
+        seen.lock()
+            .unwrap()
+            .push((answered, attempt.body().is_some()));
+        attempt.default_verdict()
+    });
+    let client = ClientBuilder::new(reqwest::Client::new())
+        .with(RetryMiddleware::new(dependency).with_clock(FakeClock::new()))
+        .build();
+
+    let response = client.get(server.url("/")).send().await.unwrap();
+
+    assert_eq!(attempts_of(&response), (2, StopReason::Succeeded));
+    assert_eq!(*outcomes.lock().unwrap(), [(false, false), (true, true)]);
+    assert_eq!(response.text().await.unwrap(), "fine");
+}

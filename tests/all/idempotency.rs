@@ -807,12 +807,18 @@ async fn a_policy_narrowed_to_reads_retries_only_reads() {
     assert_eq!(support::ended(&put), (1, StopReason::RetriesDisabled));
     let keyed = client.post(server.uri()).body("x").send().await.unwrap();
     assert_eq!(support::ended(&keyed), (1, StopReason::RetriesDisabled));
-    assert!(RetryRecord::of(&keyed).unwrap().idempotency_key().is_some(), "still keyed");
+    assert!(
+        RetryRecord::of(&keyed).unwrap().idempotency_key().is_some(),
+        "still keyed"
+    );
     assert_eq!(server.received_requests().await.unwrap().len(), 3 + 2);
 
     let refused = support::refused_url().await;
     let err = client.post(refused).body("x").send().await.unwrap_err();
     let retry = RetryError::of(&err).unwrap();
-    assert_eq!((retry.attempts(), retry.stop_reason()), (1, StopReason::RetriesDisabled));
+    assert_eq!(
+        (retry.attempts(), retry.stop_reason()),
+        (1, StopReason::RetriesDisabled)
+    );
     assert_eq!(clock.sleeps().len(), 2, "only the read waited");
 }
