@@ -190,6 +190,25 @@ pub(crate) async fn read_body(
     (outcome, verdict)
 }
 
+/// The verdict on an attempt's outcome under a policy that reads bodies (`buffer_body`): the
+/// body read first when the classifier is to see it, else after the verdict for an answer that
+/// will not be retried. With the outcome come how to judge it, the attempt's number and its
+/// time limit.
+pub(crate) async fn judged(
+    outcome: reqwest_middleware::Result<reqwest::Response>,
+    (judging, number, limit): (&Judging<'_>, u32, Duration),
+    timer: Pin<&mut AttemptTimer>,
+) -> (reqwest_middleware::Result<reqwest::Response>, Verdict) {
+    if let Some(max) = judging.body_first() {
+        return read_then_judge(outcome, max, (judging, number, limit), timer).await;
+    }
+    let verdict = judging.verdict(&outcome, number);
+    match crate::body::to_read(judging, &outcome, verdict) {
+        None => (outcome, verdict),
+        Some(max) => read_body((outcome, verdict, max, (judging, number, limit)), timer).await,
+    }
+}
+
 /// An answer's body read inside the attempt (up to `max` bytes, racing the attempt's timer)
 /// before it is judged, so that the classifier sees it; a body cut off, or out of time, makes
 /// the outcome an error, judged as one. With the outcome come how to judge it, the attempt's

@@ -322,25 +322,13 @@ impl RetryMiddleware {
                             };
                             let outcome = chain::race_on(attempt, timer.as_mut(), at_limit).await;
                             let outcome = outcome.unwrap_or_else(|| Err(chain::timed_out(limit)));
-                            let (outcome, verdict) = match judging.body_first() {
-                                None => {
-                                    let verdict = judging.verdict(&outcome, number);
-                                    (outcome, verdict)
-                                }
-                                // Read for the classifier to see (boxed: rare, and large).
-                                Some(max) => {
-                                    let how = (&judging, number, limit);
-                                    let read =
-                                        chain::read_then_judge(outcome, max, how, timer.as_mut());
-                                    Box::pin(read).await
-                                }
-                            };
-                            match body::to_read(&judging, &outcome, verdict) {
-                                None => (outcome, verdict),
-                                Some(max) => {
-                                    let read = (outcome, verdict, max, (&judging, number, limit));
-                                    Box::pin(chain::read_body(read, timer.as_mut())).await
-                                }
+                            if policy.buffer_body_limit().is_none() {
+                                let verdict = judging.verdict(&outcome, number);
+                                (outcome, verdict)
+                            } else {
+                                // Boxed: only a body read needs room for its state.
+                                let how = (&judging, number, limit);
+                                Box::pin(chain::judged(outcome, how, timer.as_mut())).await
                             }
                         };
                         if sent.key.is_some() && !sent.key_sent {
