@@ -50,9 +50,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .send()
         .await?;
 
-    let record = RetryRecord::of(&response)
-        .expect("the retry middleware records every request")
-        .clone();
+    let record = RetryRecord::of(&response).expect("the retry middleware records every request");
     println!(
         "\nfinal status: {} after {} attempts ({} waiting between them; stopped because: {})",
         response.status(),

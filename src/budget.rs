@@ -77,7 +77,7 @@ pub(crate) enum RetryKind {
 /// share one account between dependencies that call the same service (clients in different
 /// parts of a program, say).
 ///
-/// Three ways to make one, each for its own need: [`default()`](Self::default) for about 10 %
+/// Four ways to make one, each for its own need: [`default()`](Self::default) for about 10 %
 /// extra load, [`ratio`](Self::ratio) for another share, [`aws_like`](Self::aws_like) for the
 /// AWS SDKs' accounting, and [`builder`](Self::builder) (which starts from `default()`'s settings)
 /// to set each amount.

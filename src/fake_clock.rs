@@ -52,6 +52,44 @@ use std::time::{Duration, Instant, SystemTime};
 /// assert_eq!(clock.sleeps(), vec![Duration::from_secs(90)]);
 /// # }
 /// ```
+///
+/// # Concurrent requests
+///
+/// What it cannot express: waits that overlap. Its time is one line that each sleep moves at
+/// once, so requests waiting side by side (held by one spent quota, say, or each told
+/// `Retry-After: 2`) come back one after another, each sleep starting where the last ended:
+/// [`sleeps`](FakeClock::sleeps) shows every wait, but its time does not show when each
+/// request went. For that, keep the default [`TokioClock`](crate::TokioClock) and run under
+/// tokio's paused clock (`#[tokio::test(start_paused = true)]`, tokio's `test-util` feature):
+/// the waits overlap in virtual time, and tokio moves it to the earliest.
+///
+/// ```
+/// use std::time::Duration;
+/// use reqwest_middleware::ClientBuilder;
+/// use reqwest_safe_retry::{RetryMiddleware, RetryPolicy};
+/// use wiremock::{matchers::any, Mock, MockServer, ResponseTemplate};
+///
+/// // In your tests: #[tokio::test(start_paused = true)]
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+/// # async fn main() {
+/// let server = MockServer::start().await;
+/// let busy = ResponseTemplate::new(503).insert_header("retry-after", "2");
+/// Mock::given(any()).respond_with(busy).up_to_n_times(3).mount(&server).await;
+/// Mock::given(any()).respond_with(ResponseTemplate::new(200)).mount(&server).await;
+/// // No jitter above the floor: each wait is the 2 s the server asked for.
+/// let client = ClientBuilder::new(reqwest::Client::new())
+///     .with(RetryMiddleware::new(RetryPolicy::default()).with_rng(|| 0u64))
+///     .build();
+///
+/// let start = tokio::time::Instant::now();
+/// let send = || client.get(server.uri()).send();
+/// let (a, b, c) = tokio::join!(send(), send(), send());
+/// assert!([a, b, c].iter().all(|r| r.as_ref().is_ok_and(|r| r.status() == 200)));
+/// // Three waits of 2 s, side by side: 2 s of virtual time, not 6.
+/// assert!(start.elapsed() >= Duration::from_secs(2));
+/// assert!(start.elapsed() < Duration::from_millis(2_050));
+/// # }
+/// ```
 #[derive(Debug, Clone)]
 #[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
 pub struct FakeClock {

@@ -91,7 +91,11 @@
 //!   [base 100 ms, cap 10 s]; [`Jitter`] has the others (equal, decorrelated, none).
 //! - **`Retry-After`** on a retryable response, in seconds or as an HTTP-date (read against the
 //!   clock's wall time), is a floor; so are the millisecond fields `retry-after-ms` and Azure's
-//!   `x-ms-retry-after-ms`, read before it in that order, as Azure's SDK reads them: the next attempt never starts earlier than the server asked.
+//!   `x-ms-retry-after-ms`: the first of `retry-after-ms`, `x-ms-retry-after-ms` and
+//!   `Retry-After` with a valid value is the floor, and the others on that answer are not
+//!   read, so a millisecond field replaces `Retry-After`, shorter or longer (the order of the
+//!   openai SDKs and Azure's JavaScript SDK; azure-core for Python reads `Retry-After` first).
+//!   The next attempt never starts earlier than the floor.
 //!   The backoff draw is added above it, so clients that got the same header do not return as
 //!   one herd. A server asking for more than [`RetryPolicyBuilder::max_retry_after`] [the
 //!   deadline], or for more than the deadline leaves, gets its response returned at once; so does
@@ -387,11 +391,12 @@
 //!
 //! Deterministic simulations of retry traffic, with their charts, live in the repository's
 //! `simulator` workspace member, not in this crate: `docs/simulations.md` shows them.
-// `FakeClock` is behind `test-util`: without it, its links in these docs go to docs.rs.
+// `FakeClock` is behind `test-util`: without it, its links in these docs go to the section that
+// says how to turn it on (a docs.rs page of the type may not exist for this version).
 #![cfg_attr(feature = "test-util", doc = "\n\n[`FakeClock`]: crate::FakeClock")]
 #![cfg_attr(
     not(feature = "test-util"),
-    doc = "\n\n[`FakeClock`]: https://docs.rs/reqwest-safe-retry/latest/reqwest_safe_retry/struct.FakeClock.html"
+    doc = "\n\n[`FakeClock`]: crate#testing-your-retries"
 )]
 #![deny(
     missing_docs,

@@ -372,7 +372,8 @@ impl RetryPolicyBuilder {
     }
 
     /// The total time one logical request may take, measured on the middleware's clock from the
-    /// start of the first attempt, covering attempts and waits. Each attempt's timeout is cut to
+    /// call to `send()` (when the middleware is handed the request), covering a spent quota's
+    /// hold, the attempts and the waits between them. Each attempt's timeout is cut to
     /// what is left, and no wait starts that would end at or past it. Must be greater than zero.
     pub fn deadline(mut self, deadline: Duration) -> Self {
         self.deadline = deadline;

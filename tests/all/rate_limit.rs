@@ -229,3 +229,55 @@ async fn a_quota_hold_without_a_timer_fails_clearly() {
     );
     assert_eq!(server.received_requests().await.unwrap().len(), 1);
 }
+
+/// Requests held together by one spent quota are released together at its reset, under
+/// tokio's paused clock with the default clock: their holds overlap in virtual time. (A
+/// `FakeClock` cannot say this: each of its sleeps moves its one time at once, so held requests
+/// would come back one after another, 2 s apart.)
+#[tokio::test(start_paused = true)]
+async fn under_the_paused_clock_requests_held_by_one_quota_are_released_together() {
+    let server = MockServer::start().await;
+    Mock::given(any())
+        .respond_with(ResponseTemplate::new(200).insert_header("ratelimit", r#""default";r=0;t=2"#))
+        .up_to_n_times(1)
+        .mount(&server)
+        .await;
+    Mock::given(any())
+        .respond_with(ResponseTemplate::new(200))
+        .mount(&server)
+        .await;
+    // No jitter above the reset: each hold is the 2 s exactly.
+    let client = ClientBuilder::new(reqwest::Client::new())
+        .with(RetryMiddleware::new(RetryPolicy::default()).with_rng(|| 0u64))
+        .build();
+    client.get(server.uri()).send().await.unwrap();
+
+    let start = tokio::time::Instant::now();
+    let mut held = tokio::task::JoinSet::new();
+    for _ in 0..5 {
+        let (client, url) = (client.clone(), server.uri());
+        held.spawn(async move {
+            let response = client.get(url).send().await.unwrap();
+            (
+                start.elapsed(),
+                reqwest_safe_retry::RetryRecord::of(&response)
+                    .unwrap()
+                    .waited(),
+            )
+        });
+    }
+    let mut released = Vec::new();
+    while let Some(done) = held.join_next().await {
+        released.push(done.unwrap());
+    }
+
+    assert_eq!(released.len(), 5);
+    for (at, waited) in released {
+        assert_eq!(waited, Duration::from_secs(2));
+        assert!(
+            at >= Duration::from_secs(2) && at < Duration::from_millis(2_050),
+            "{at:?}"
+        );
+    }
+    assert_eq!(server.received_requests().await.unwrap().len(), 1 + 5);
+}
