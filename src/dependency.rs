@@ -565,16 +565,28 @@ impl RetryOverride {
         if let Some(timeout) = self.attempt_timeout {
             changed = changed.attempt_timeout(timeout);
         }
-        let changed = changed.build().map_err(|e| {
-            let setting = match self.attempt_timeout {
-                Some(timeout) if e.message().starts_with("attempt_timeout") => {
-                    format!("attempt_timeout({timeout:?})")
-                }
-                _ => format!("{self:?}"),
-            };
-            refuse(format!("{setting}: {}", e.message()))
-        })?;
+        let changed = changed
+            .build()
+            .map_err(|e| refuse(format!("{}: {}", self.said(), e.message())))?;
         Ok((Some(changed), cap))
+    }
+
+    /// What this override says, as it was written: `max_attempts(6).deadline(60s)`.
+    fn said(&self) -> String {
+        let mut said = Vec::new();
+        if self.no_retries {
+            said.push("no_retries()".to_owned());
+        }
+        if let Some(attempts) = self.max_attempts {
+            said.push(format!("max_attempts({attempts})"));
+        }
+        if let Some(deadline) = self.deadline {
+            said.push(format!("deadline({deadline:?})"));
+        }
+        if let Some(timeout) = self.attempt_timeout {
+            said.push(format!("attempt_timeout({timeout:?})"));
+        }
+        said.join(".")
     }
 }
 
@@ -783,6 +795,10 @@ mod tests {
     fn settings_combine_and_a_contradiction_or_an_invalid_one_is_named() {
         let secs = Duration::from_secs;
         let policy = RetryPolicy::default();
+        let measured = RetryPolicy::builder()
+            .timeout_from_latency(2.0, Duration::from_millis(20))
+            .build()
+            .unwrap();
         let (combined, cap) = RetryOverride::new()
             .max_attempts(6)
             .deadline(secs(60))
@@ -828,8 +844,18 @@ mod tests {
                 RetryOverride::new().attempt_timeout(Duration::from_micros(10)),
                 "invalid retry override: attempt_timeout(10µs): attempt_timeout",
             ),
+            (
+                RetryOverride::new()
+                    .max_attempts(4)
+                    .attempt_timeout(Duration::from_millis(5)),
+                "invalid retry override: max_attempts(4).attempt_timeout(5ms): \
+                 timeout_from_latency's floor (20ms)",
+            ),
         ] {
-            let err = over.policy(&policy).unwrap_err().to_string();
+            let err = (over.policy(&policy))
+                .and_then(|_| over.policy(&measured))
+                .unwrap_err()
+                .to_string();
             assert!(err.starts_with(message), "{err}");
         }
     }
