@@ -900,8 +900,9 @@ mod tests {
         for method in MethodSet::STANDARD.iter().chain([&other]) {
             assert!(all.is_retryable_method(method), "{method}");
         }
+        // A method listed twice is listed.
         let reads = RetryPolicy::builder()
-            .retryable_methods([Method::GET, Method::HEAD])
+            .retryable_methods([Method::GET, Method::HEAD, Method::GET])
             .build()
             .unwrap();
         let retried: Vec<_> = (MethodSet::STANDARD.iter().chain([&other]))
