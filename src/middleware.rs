@@ -185,8 +185,8 @@ impl RetryMiddleware {
 
     /// The logical request: its holds, attempts, waits and outcome.
     ///
-    /// Its future is the one boxed for the chain, so it is kept small (at most 1,032 bytes, the
-    /// largest size glibc's allocator keeps in its per-thread cache): the request is held once
+    /// Its future is the one boxed for the chain, so it is kept small (its bound is
+    /// `tests/all/future_size.rs`'s, which says why): the request is held once
     /// (the copy kept for a retry); each attempt is a block that ends before the wait, so what
     /// it holds takes no room while the request sleeps, and its timer (a real-time one under a
     /// paused tokio clock) does not hold up the wait's auto-advance; inside it, the copy sent is

@@ -11,6 +11,7 @@ mod dependencies;
 mod driver_model;
 mod errors;
 mod faults;
+mod future_size;
 mod hedging;
 mod idempotency;
 mod latency;
