@@ -3,14 +3,15 @@
 //!
 //! One generator draws a dependency across every feature at once (keys off or on, attempt and
 //! time-left headers, a header named like the key, hedged reads, the timeout from latency,
-//! a budget that may run dry, a throttle), then logical requests (a method; no key, the
+//! a budget that may run dry, a throttle, a policy that retries reads only), then logical requests (a method; no key, the
 //! caller's own or a natural one; an override), the server's answers to each copy (statuses
 //! with `Retry-After` and `retry-after-ms` valid and not, `RateLimit`, `x-should-retry` and
 //! `Idempotent-Replayed`), each copy's latency on the clock, and where the caller gives up.
 //! A small server on 127.0.0.1 answers as scripted and records every arrival; a middleware
 //! beneath the one under test stands in for the network's latency. On every script:
 //!
-//! 1. a request that must not be repeated (`NoRetries`, one attempt) or that is not safe to
+//! 1. a request that must not be repeated (`no_retries`, one attempt, a method the policy does
+//!    not retry) or that is not safe to
 //!    repeat (a POST without a key) reaches the server once;
 //! 2. the server's arrivals are at most the logical requests plus what the budget paid,
 //!    whatever was cancelled;
@@ -198,6 +199,8 @@ struct Config {
     /// Capacity and initial tokens, or no budget.
     budget: Option<(u64, u64)>,
     throttle: bool,
+    /// The policy retries GET and HEAD only (`retryable_methods`).
+    reads_only: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -226,6 +229,7 @@ fn script(seed: u64) -> Script {
             (capacity, g.upto(capacity))
         }),
         throttle: g.chance(15),
+        reads_only: g.chance(15),
     };
     if config.hedging || config.latency_timeout {
         // A measuring dependency is a clone of a warmed one (see `Measuring`): its policy.
@@ -233,6 +237,7 @@ fn script(seed: u64) -> Script {
         config.base = MEASURING_BASE;
         config.attempt_timeout = MEASURING_TIMEOUT;
         config.deadline = MEASURING_DEADLINE;
+        config.reads_only = false;
     }
     let requests = (0..1 + g.upto(2))
         .map(|_| {
@@ -524,14 +529,16 @@ async fn dependency(c: &Config, measuring: &mut Measuring) -> Option<Dependency>
     let mut dependency = if c.hedging || c.latency_timeout {
         measuring.base(c.hedging, c.latency_timeout).await
     } else {
-        let policy = RetryPolicy::builder()
+        let mut policy = RetryPolicy::builder()
             .max_attempts(c.max_attempts)
             .base_delay(c.base)
             .max_delay(c.base * 4)
             .attempt_timeout(c.attempt_timeout)
-            .deadline(c.deadline)
-            .build()
-            .unwrap();
+            .deadline(c.deadline);
+        if c.reads_only {
+            policy = policy.retryable_methods([reqwest::Method::GET, reqwest::Method::HEAD]);
+        }
+        let policy = policy.build().unwrap();
         Dependency::new("model", policy)
     }
     .without_idempotency_keys();
@@ -807,7 +814,7 @@ async fn run(seed: u64, measuring: &mut Measuring) -> Result<(), String> {
                 ..
             }) => n == 1,
             _ => c.max_attempts == 1,
-        };
+        } || (c.reads_only && req.method != reqwest::Method::GET);
         if (forbidden || !repeatable) && mine.len() > 1 {
             return Err(format!(
                 "request {r} ({req:?}) reached the server {} times",
