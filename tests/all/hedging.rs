@@ -257,7 +257,13 @@ async fn a_read_that_must_not_be_repeated_is_not_hedged() {
     .await;
     let policy = hedging().to_builder().max_attempts(1).build().unwrap();
     let single = copies_sent(Dependency::new("reads", policy), |c, url| c.get(url)).await;
-    assert_eq!((no_retries, one_attempt, single), (1, 1, 1));
+    // A method the policy does not retry is not hedged either.
+    let heads_only = (hedging().to_builder())
+        .retryable_methods([http::Method::HEAD])
+        .build()
+        .unwrap();
+    let not_retried = copies_sent(Dependency::new("reads", heads_only), |c, url| c.get(url)).await;
+    assert_eq!((no_retries, one_attempt, single, not_retried), (1, 1, 1, 1));
 }
 
 #[tokio::test]
