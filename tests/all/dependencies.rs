@@ -130,17 +130,15 @@ async fn a_request_can_turn_retries_off_or_change_the_policy() {
     assert_eq!(server.received_requests().await.unwrap().len(), 1 + 5 + 3);
 }
 
-/// A narrow override changes one setting and keeps the rest of the dependency's policy: its
-/// base delay, here, which the fake clock's recorded waits show.
-#[tokio::test]
-async fn a_request_can_change_only_its_attempts_or_its_deadline() {
-    let server = always(503).await;
+/// A client of 3 attempts whose waits are 1 s each (the top of every draw), with this deadline
+/// and no budget, on a fake clock.
+fn one_second_waits(deadline: Duration) -> (ClientWithMiddleware, FakeClock) {
     let clock = FakeClock::new();
     let policy = RetryPolicy::builder()
         .max_attempts(3)
         .base_delay(Duration::from_secs(1))
         .max_delay(Duration::from_secs(1))
-        .deadline(Duration::from_secs(60))
+        .deadline(deadline)
         .build()
         .unwrap();
     let client = ClientBuilder::new(reqwest::Client::new())
@@ -150,6 +148,15 @@ async fn a_request_can_change_only_its_attempts_or_its_deadline() {
                 .with_rng(|| u64::MAX),
         )
         .build();
+    (client, clock)
+}
+
+/// A narrow override changes one setting and keeps the rest of the dependency's policy: its
+/// base delay, here, which the fake clock's recorded waits show.
+#[tokio::test]
+async fn a_request_can_change_only_its_attempts_or_its_deadline() {
+    let server = always(503).await;
+    let (client, clock) = one_second_waits(Duration::from_secs(60));
 
     let more = client
         .get(server.uri())
@@ -208,21 +215,7 @@ async fn an_override_of_no_attempts_fails_before_sending_and_says_why() {
 #[tokio::test]
 async fn one_override_combines_attempts_and_a_deadline() {
     let server = always(503).await;
-    let clock = FakeClock::new();
-    let policy = RetryPolicy::builder()
-        .max_attempts(3)
-        .base_delay(Duration::from_secs(1))
-        .max_delay(Duration::from_secs(1))
-        .deadline(Duration::from_secs(3))
-        .build()
-        .unwrap();
-    let client = ClientBuilder::new(reqwest::Client::new())
-        .with(
-            RetryMiddleware::new(Dependency::new("default", policy).without_budget())
-                .with_clock(clock.clone())
-                .with_rng(|| u64::MAX),
-        )
-        .build();
+    let (client, clock) = one_second_waits(Duration::from_secs(3));
     let send = |over: RetryOverride| client.get(server.uri()).with_extension(over).send();
 
     let only_attempts = send(RetryOverride::new().max_attempts(6)).await.unwrap();
