@@ -1,6 +1,5 @@
-//! Running the rest of the chain for one attempt: the request marked as claimed while it runs,
-//! the attempt (and the body read inside it) raced against its timer, and the copy kept for the
-//! next attempt.
+//! Running the rest of the chain for one copy of a request: the request marked as claimed while
+//! it runs, in the request's span.
 //!
 //! # One layer retries
 //!
@@ -23,10 +22,6 @@ use std::task::Poll;
 use std::time::Duration;
 
 use http::Extensions;
-use reqwest::Request;
-
-use crate::classify::{Judging, Verdict};
-use crate::clock::AttemptTimer;
 
 /// Tells the middleware and transport beneath which attempt this is, before they see it (a first
 /// attempt carries nothing: [`RetryAttempt::of`](crate::RetryAttempt::of) reads its absence).
@@ -41,19 +36,6 @@ pub(crate) fn announce(extensions: &mut Extensions, span: &tracing::Span, number
 /// Whether an instance further out on this request's path already makes its attempts.
 pub(crate) fn claimed(extensions: &Extensions) -> bool {
     CLAIMED.get() == claim_id(extensions)
-}
-
-/// The request for the next attempt, from what is kept: a copy when another attempt may follow
-/// (the original stays kept), else the original itself, and the original too when it cannot be
-/// copied (nothing is then kept).
-pub(crate) fn take_attempt(kept: &mut Option<Request>, copy: bool) -> Request {
-    if let Some(copy) = kept.as_ref().filter(|_| copy).and_then(Request::try_clone) {
-        return copy;
-    }
-    let Some(original) = kept.take() else {
-        unreachable!("a request is kept for every attempt that is made");
-    };
-    original
 }
 
 thread_local! {
@@ -122,116 +104,6 @@ impl Drop for Mark {
     fn drop(&mut self) {
         CLAIMED.set(self.0);
     }
-}
-
-/// Polls `work` until it finishes, or `timer` fires first (`None`). `work` is polled first.
-pub(crate) fn race<F: Future + Unpin, T: Future<Output = ()>>(
-    mut work: F,
-    mut timer: Pin<&mut T>,
-) -> impl Future<Output = Option<F::Output>> {
-    std::future::poll_fn(move |cx| {
-        if let Poll::Ready(done) = Pin::new(&mut work).poll(cx) {
-            return Poll::Ready(Some(done));
-        }
-        timer.as_mut().poll(cx).map(|()| None)
-    })
-}
-
-/// Polls `work` until it finishes, or `timer` fires first (`None`) and `at_limit` gives no
-/// longer timer to run on with: called each time the timer fires, it answers the timer that
-/// replaces it, or `None` to cut the attempt there. `work` is polled first.
-pub(crate) fn race_on<F, L>(
-    mut work: F,
-    mut timer: Pin<&mut AttemptTimer>,
-    mut at_limit: L,
-) -> impl Future<Output = Option<F::Output>>
-where
-    F: Future + Unpin,
-    L: FnMut() -> Option<AttemptTimer>,
-{
-    std::future::poll_fn(move |cx| {
-        if let Poll::Ready(done) = Pin::new(&mut work).poll(cx) {
-            return Poll::Ready(Some(done));
-        }
-        while timer.as_mut().poll(cx).is_ready() {
-            match at_limit() {
-                Some(longer) => timer.set(longer),
-                None => return Poll::Ready(None),
-            }
-        }
-        Poll::Pending
-    })
-}
-
-/// The body of an attempt's answer read inside the attempt (the policy's `buffer_body`, up to
-/// `max` bytes), racing the attempt's timer; judged again if reading it failed: a body cut off
-/// is transient. With the outcome and its verdict come how to judge it, the attempt's number
-/// and its time limit.
-pub(crate) async fn read_body(
-    (outcome, verdict, max, (judging, number, limit)): (
-        reqwest_middleware::Result<reqwest::Response>,
-        Verdict,
-        usize,
-        (&Judging<'_>, u32, Duration),
-    ),
-    timer: Pin<&mut AttemptTimer>,
-) -> (reqwest_middleware::Result<reqwest::Response>, Verdict) {
-    let Ok(response) = outcome else {
-        return (outcome, verdict);
-    };
-    let reading = std::pin::pin!(crate::body::buffer(response, max));
-    let outcome = match race(reading, timer).await {
-        // The same status and head: the verdict stands.
-        Some(Ok((read, _))) => return (Ok(read), verdict),
-        Some(Err(e)) => Err(reqwest_middleware::Error::Reqwest(e)),
-        None => Err(timed_out(limit)),
-    };
-    let verdict = judging.verdict(&outcome, number);
-    (outcome, verdict)
-}
-
-/// The verdict on an attempt's outcome under a policy that reads bodies (`buffer_body`): the
-/// body read first when the classifier is to see it, else after the verdict for an answer that
-/// will not be retried. With the outcome come how to judge it, the attempt's number and its
-/// time limit.
-pub(crate) async fn judged(
-    outcome: reqwest_middleware::Result<reqwest::Response>,
-    (judging, number, limit): (&Judging<'_>, u32, Duration),
-    timer: Pin<&mut AttemptTimer>,
-) -> (reqwest_middleware::Result<reqwest::Response>, Verdict) {
-    if let Some(max) = judging.body_first() {
-        return read_then_judge(outcome, max, (judging, number, limit), timer).await;
-    }
-    let verdict = judging.verdict(&outcome, number);
-    match crate::body::to_read(judging, &outcome, verdict) {
-        None => (outcome, verdict),
-        Some(max) => read_body((outcome, verdict, max, (judging, number, limit)), timer).await,
-    }
-}
-
-/// An answer's body read inside the attempt (up to `max` bytes, racing the attempt's timer)
-/// before it is judged, so that the classifier sees it; a body cut off, or out of time, makes
-/// the outcome an error, judged as one. With the outcome come how to judge it, the attempt's
-/// number and its time limit.
-pub(crate) async fn read_then_judge(
-    outcome: reqwest_middleware::Result<reqwest::Response>,
-    max: usize,
-    (judging, number, limit): (&Judging<'_>, u32, Duration),
-    timer: Pin<&mut AttemptTimer>,
-) -> (reqwest_middleware::Result<reqwest::Response>, Verdict) {
-    let (outcome, body) = match outcome {
-        Err(e) => (Err(e), None),
-        Ok(response) => {
-            let reading = std::pin::pin!(crate::body::buffer(response, max));
-            match race(reading, timer).await {
-                Some(Ok((read, body))) => (Ok(read), body),
-                Some(Err(e)) => (Err(reqwest_middleware::Error::Reqwest(e)), None),
-                None => (Err(timed_out(limit)), None),
-            }
-        }
-    };
-    let verdict = judging.verdict_on(&outcome, number, body.as_ref());
-    (outcome, verdict)
 }
 
 /// The error of an attempt that ran out of its time.

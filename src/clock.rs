@@ -183,7 +183,10 @@ impl Future for TokioTimeout {
                 real_start,
                 duration,
             } => {
-                std::task::ready!(sleep.poll(cx));
+                // The attempt's deadline on tokio's clock (`None` beyond the `Instant` range):
+                // kept as its start and length, which the check below needs anyway.
+                let deadline = tokio::time::Instant::from_std(*real_start).checked_add(*duration);
+                std::task::ready!(sleep.poll(cx, deadline));
                 // tokio rounds deadlines up to its millisecond tick; a timer that fired more
                 // than a tick early was advanced by a clock paused after it was armed, not by
                 // time.
@@ -234,8 +237,6 @@ thread_local! {
 /// same timeout thus move a spare once per timeout, not once per attempt.
 pub(crate) struct Armed {
     sleep: Option<Pin<Box<tokio::time::Sleep>>>,
-    /// The attempt's own deadline on tokio's clock; `None` beyond the `Instant` range.
-    deadline: Option<tokio::time::Instant>,
     runtime: tokio::runtime::Id,
 }
 
@@ -270,18 +271,18 @@ impl Armed {
         };
         Armed {
             sleep: Some(sleep),
-            deadline,
             runtime,
         }
     }
 
-    /// Ready when tokio's clock has reached the deadline.
-    fn poll(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+    /// Ready when tokio's clock has reached `deadline`, the one it was armed for (`None`:
+    /// beyond the `Instant` range).
+    fn poll(&mut self, cx: &mut Context<'_>, deadline: Option<tokio::time::Instant>) -> Poll<()> {
         let Some(sleep) = &mut self.sleep else {
             return Poll::Pending;
         };
         std::task::ready!(sleep.as_mut().poll(cx));
-        match self.deadline {
+        match deadline {
             // A spare that fired at an earlier attempt's deadline: moved to this one's. tokio
             // fires it no earlier than that on its clock, so this happens once.
             Some(deadline) if tokio::time::Instant::now() < deadline => {

@@ -329,6 +329,11 @@ impl<'a> Decider<'a> {
         }
     }
 
+    /// The policy the request runs under.
+    pub(crate) fn policy(&self) -> &'a RetryPolicy {
+        self.policy
+    }
+
     /// Attempts started so far.
     pub(crate) fn attempts(&self) -> u32 {
         self.attempt
@@ -446,8 +451,13 @@ impl<'a> Decider<'a> {
     /// is a straggler and is cut, so a retry may answer sooner; past the allowance, attempts
     /// reaching their limits together are a brownout, and each runs on instead of becoming a
     /// retry that the budget pays for and that meets the same slowness.
+    ///
+    /// An attempt planned with a hedge is cut at its limit: its hedge is its second look.
     pub(crate) fn at_limit(&mut self, now: Instant) -> Option<Duration> {
         let window = self.accounts.latency?;
+        if self.hedge_after().is_some() {
+            return None;
+        }
         let limit = Duration::from_micros(u64::from(self.last_limit_us));
         let more = (self.policy.attempt_timeout())
             .saturating_sub(limit)
@@ -845,6 +855,9 @@ impl Drop for Decider<'_> {
 fn nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
+
+mod plan;
+pub(crate) use plan::{Facts, Plan, Step};
 
 #[cfg(test)]
 mod tests;

@@ -485,6 +485,28 @@ impl RetryOverride {
         self
     }
 
+    /// The override a request carries in its `extensions`, for its `dependency`: the policy it
+    /// runs under (`None`: the dependency's), what caps its attempts, and the error that
+    /// refuses it when the override is invalid.
+    #[inline]
+    pub(crate) fn of_request(
+        extensions: &http::Extensions,
+        dependency: &Dependency,
+    ) -> (
+        Option<Box<RetryPolicy>>,
+        Cap,
+        Option<reqwest_middleware::Error>,
+    ) {
+        match Self::plan(extensions, &dependency.policy) {
+            Ok((policy, cap)) => (policy, cap, None),
+            Err(invalid) => (
+                None,
+                Cap::Policy,
+                Some(reqwest_middleware::Error::middleware(invalid)),
+            ),
+        }
+    }
+
     /// The plan of a request with these `extensions` under its dependency's `policy`: the
     /// policy it runs under (`None`: the dependency's own), and what caps its attempts.
     /// The policy is boxed: the requests without an override, nearly all, do not carry room

@@ -408,6 +408,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod advice;
+mod attempt;
 mod attempt_headers;
 mod backoff;
 mod body;
@@ -421,7 +422,6 @@ mod dependency;
 mod error;
 #[cfg(feature = "test-util")]
 mod fake_clock;
-mod hedge;
 mod idempotency;
 mod latency;
 mod middleware;

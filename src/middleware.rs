@@ -1,40 +1,38 @@
-//! The driver: the only code in the crate that sends, awaits or sleeps.
+//! The driver: the only code in the crate that awaits, and it decides nothing.
 //!
-//! One call to `send()` is one logical request. The driver picks the request's dependency (by
-//! host) and policy (or the request's own override), starts the request in the decision core
-//! (`decide`) with the time, has `idempotency` decide its key, then asks the core what each
-//! attempt may do (send within a timeout, hold for a spent quota, stop), sends a copy of the
-//! request down the chain racing that timeout on the injected clock, has `classify` judge the
-//! outcome, and hands the core the outcome and the time: it answers a wait, slept on the clock,
-//! or a stop. This module holds no rule of its own: one layer retries (`chain`), the budget,
-//! quota and throttle accounting (`decide`), the verdict (`classify`), the key (`idempotency`).
+//! One call to `send()` is one logical request, driven through three phases: *asking* the core
+//! (`decide`) what the next attempt may do, an attempt *in flight* (`attempt`: its copy, or a
+//! hedged pair, down the chain, judged by `classify`, its body read), and *waiting* (a hold for
+//! a spent quota, or the wait before a retry). Every answer comes from below: the plan of each
+//! attempt and what follows it from the core, the key and what a copy carries from `attempt`
+//! and `idempotency`, the verdict from `classify`, whether this instance retries at all from
+//! `chain`. What is left here is the awaiting, and the order of the phases.
 
 use std::future::Future;
+use std::ops::ControlFlow;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use http::Extensions;
-use reqwest::{Request, Response, Url};
+use reqwest::{Request, Response};
 use reqwest_middleware::{Middleware, Next};
 use tracing::Level;
 
+use crate::attempt::{Attempt, Ends, Kept, Lent, Outcome, Sent, Tools};
 use crate::body;
-use crate::chain::{self, Claiming};
-use crate::classifier::{Classifier, RequestHead};
-use crate::classify::{self, Judging};
-use crate::clock::{Clock, SharedClock, TokioClock};
-use crate::decide::{Cap, Decider, Next as Step, Observed};
+use crate::chain;
+use crate::classify::Verdict;
+use crate::clock::{Clock, SharedClock, TimerUnavailable, TokioClock};
+use crate::decide::{Cap, Decider, Observed, Plan, Step};
 use crate::dependency::{Dependency, RetryOverride, Routes};
-use crate::error::{InvalidConfig, StopReason, nothing_sent};
-use crate::hedge;
-use crate::idempotency::{self, Key, NaturalKey};
+use crate::error::{InvalidConfig, StopReason};
 use crate::observe::{Observer, RetryEvent};
 use crate::policy::RetryPolicy;
-use crate::record::RetryRecord;
 use crate::rng::{RandomSource, ThreadRng};
 use crate::schedule::Wait;
 use crate::shared::Shared;
-use crate::trace::{self, LogLevels, Watcher};
+use crate::trace::{self, LogLevels};
 
 /// A [`reqwest_middleware::Middleware`] that retries transient failures when repeating is safe.
 ///
@@ -183,16 +181,14 @@ impl RetryMiddleware {
         self
     }
 
-    /// The logical request: its holds, attempts, waits and outcome.
+    /// The logical request, as its phases: asking the core what the next attempt may do, an
+    /// attempt in flight ([`Attempt`]: one copy or a hedged pair, its body read), and waiting
+    /// (a hold for a spent quota, or the wait before a retry, with the last answer's body kept
+    /// through it).
     ///
-    /// Its future is the one boxed for the chain, so it is kept small (its bound is
-    /// `tests/all/future_size.rs`'s, which says why): the request is held once
-    /// (the copy kept for a retry); each attempt is a block that ends before the wait, so what
-    /// it holds takes no room while the request sleeps, and its timer (a real-time one under a
-    /// paused tokio clock) does not hold up the wait's auto-advance; inside it, the copy sent is
-    /// scoped out of the attempt's await, and what is judged ends before the body kept through
-    /// the wait is read; the rare states (an override, a body read, a kept answer) are boxed;
-    /// the timer is polled in place.
+    /// Its future is the one boxed for the chain; its size is `tests/all/future_size.rs`'s
+    /// bound, which says why. The rare states (an override, a body read, a kept answer, a
+    /// hedge's second copy) are boxed where they arise.
     fn execute<'a>(
         &'a self,
         request: Request,
@@ -201,265 +197,150 @@ impl RetryMiddleware {
     ) -> impl Future<Output = reqwest_middleware::Result<Response>> + Send + 'a {
         let dependency = self.dependencies.pick(request.url());
         let span = trace::request_span(&dependency.name, &request);
-        // A copy is kept for the next attempt while the request goes out; none is made for the
-        // last attempt, and none can be made of a body that is a stream.
-        let mut kept = Some(request);
+        let mut kept = Kept::new(request);
         async move {
-            let (overriding, cap, refused) =
-                match RetryOverride::plan(extensions, &dependency.policy) {
-                    Ok((policy, cap)) => (policy, cap, None),
-                    Err(invalid) => (None, Cap::Policy, Some(middleware(invalid))),
-                };
-            let policy: &RetryPolicy = overriding.as_deref().unwrap_or(&dependency.policy);
+            let (overriding, cap, refused) = RetryOverride::of_request(extensions, dependency);
             let mut now = self.clock.get().now();
-            let Some(request) = &kept else {
-                unreachable!("the request is kept until its first attempt");
-            };
-            let accounts = dependency.accounts();
-            let mut decider = Decider::start(policy, accounts, cap, request.method(), now);
-            let mut sent =
-                match self.prepare(dependency, request, extensions, refused, &mut decider) {
-                    Ok(prepared) => prepared,
-                    Err((stop, cause, watcher)) => {
-                        let ends = (None, watcher.as_deref(), Some(request.url()));
-                        return self.finish(&span, Err(cause), stop, &decider, ends);
-                    }
+            let given = (&kept, &*extensions, &span, refused);
+            let (mut decider, mut sent) =
+                match self.start(dependency, (&overriding, cap), given, now) {
+                    ControlFlow::Continue(started) => started,
+                    ControlFlow::Break(end) => return end,
                 };
-            // The request's URL once the request itself went out as its last attempt: for an
-            // error that has none. Boxed, as only a last attempt needs it.
-            let mut gone: Option<Box<Url>> = None;
+            let mut phase = Phase::Asking;
             loop {
-                let url = kept.as_ref().map(Request::url);
-                let limit = match decider.next_attempt(now, url, &*self.rng.0) {
-                    Step::Send(limit) => limit,
-                    Step::Hold(hold) => {
-                        if let Err(missing) = self.clock.wait(hold).await {
-                            return self.no_timer(
-                                &span,
-                                missing,
-                                &decider,
-                                sent,
-                                url_of(&kept, &gone),
-                            );
+                phase = match phase {
+                    Phase::Asking => match decider.plan(now, kept.resend(), &*self.rng.0) {
+                        Step::Send(plan) => Phase::InFlight(plan),
+                        Step::Hold(hold) => Phase::Waiting(hold),
+                        Step::Stop(stop) => {
+                            return self.stop(&span, stop, &decider, &mut kept, &mut sent);
+                        }
+                    },
+                    Phase::InFlight(plan) => {
+                        let Ok(mut timer) = self.clock.timeout(plan.limit, Some(now)) else {
+                            return self.no_timer(&span, &decider, sent.ends(&kept));
+                        };
+                        let judged = {
+                            let mut spare = Extensions::new();
+                            let lent = Lent::new(&mut kept, &sent, &mut decider, self.tools());
+                            let chain = (&mut *extensions, &next, &span);
+                            Attempt::launch(chain, &mut spare, &plan, lent(&mut timer)).await
+                        };
+                        let request = (&mut sent, &kept);
+                        let (outcome, delay) =
+                            match self.after(&span, plan.number, judged, &mut decider, request) {
+                                ControlFlow::Continue(retried) => retried,
+                                ControlFlow::Break(end) => return end,
+                            };
+                        // Boxed: the reading state is large, and only a retry needs it.
+                        let kept_body = body::keep(outcome, body::KEPT, Pin::new(&mut timer));
+                        kept.previous = Some(Box::new(Box::pin(kept_body).await));
+                        Phase::Waiting(delay)
+                    }
+                    Phase::Waiting(delay) => {
+                        if self.clock.wait(delay).await.is_err() {
+                            return self.no_timer(&span, &decider, sent.ends(&kept));
                         }
                         now = self.clock.get().now();
-                        continue;
-                    }
-                    Step::Stop(stop) => {
-                        let outcome = sent.last_outcome(stop);
-                        let ends = sent.ends(url_of(&kept, &gone));
-                        return self.finish(&span, outcome, stop, &decider, ends);
+                        Phase::Asking
                     }
                 };
-                drop(sent.previous.take());
-                // One attempt, in a block that ends before the wait (see above).
-                let delay = {
-                    let timer = match self.clock.timeout(limit, Some(now)) {
-                        Ok(timer) => timer,
-                        Err(missing) => {
-                            return self.no_timer(
-                                &span,
-                                missing,
-                                &decider,
-                                sent,
-                                url_of(&kept, &gone),
-                            );
-                        }
-                    };
-                    let mut timer = std::pin::pin!(timer);
-                    let (outcome, delay) = {
-                        let number = decider.attempts() + 1;
-                        chain::announce(extensions, &span, number);
-                        let judging = sent.judging(policy);
-                        let headers = &dependency.attempt_headers;
-                        let (outcome, verdict) = if let Some(after) = decider.hedge_after() {
-                            // Boxed: only a hedged read needs room for two copies.
-                            let hedged = hedge::Hedged {
-                                kept: &mut kept,
-                                extensions,
-                                next: &next,
-                                span: &span,
-                                number,
-                                limit,
-                                after,
-                                headers,
-                                left: decider.remaining(now),
-                                judging: &judging,
-                            };
-                            let (clock, rng) = (&self.clock, &*self.rng.0);
-                            let attempt =
-                                hedge::attempt(hedged, &mut decider, clock, rng, timer.as_mut());
-                            Box::pin(attempt).await
-                        } else {
-                            let attempt = {
-                                let copy = decider.may_retry_after_next();
-                                let mut sending = chain::take_attempt(&mut kept, copy);
-                                if kept.is_none() {
-                                    // The last attempt: its URL, for an error without one.
-                                    gone = Some(Box::new(sending.url().clone()));
-                                }
-                                idempotency::put_on(
-                                    dependency.keys.as_ref(),
-                                    sent.key.as_ref(),
-                                    &mut sending,
-                                );
-                                if headers.are_on() {
-                                    headers.put_on(&mut sending, number, decider.remaining(now));
-                                }
-                                let id = chain::claim_id(extensions);
-                                Claiming::new(id, &span, || next.clone().run(sending, extensions))
-                            };
-                            decider.attempt_started();
-                            let mut limit = limit;
-                            // At its limit, the core cuts the attempt or lets it run on (once:
-                            // then it has the fixed timeout).
-                            let at_limit = || {
-                                let now = self.clock.get().now();
-                                let more = decider.at_limit(now)?;
-                                let longer = self.clock.timeout(more, Some(now)).ok()?;
-                                limit += more;
-                                Some(longer)
-                            };
-                            let outcome = chain::race_on(attempt, timer.as_mut(), at_limit).await;
-                            let outcome = outcome.unwrap_or_else(|| Err(chain::timed_out(limit)));
-                            if policy.buffer_body_limit().is_none() {
-                                let verdict = judging.verdict(&outcome, number);
-                                (outcome, verdict)
-                            } else {
-                                // Boxed: only a body read needs room for its state.
-                                let how = (&judging, number, limit);
-                                Box::pin(chain::judged(outcome, how, timer.as_mut())).await
-                            }
-                        };
-                        if sent.key.is_some() && !sent.key_sent {
-                            sent.key_sent = classify::may_have_reached(&outcome);
-                        }
-                        let seen = Observed::of(&outcome, verdict, kept.as_ref().map(Request::url));
-                        let decision = self.decide_after(&mut decider, seen);
-                        if let Some(watcher) = sent.watcher.as_deref() {
-                            let traced = (number, &outcome, verdict, decision, decider.floor());
-                            span.in_scope(|| self.log.attempt(watcher, traced));
-                        }
-                        match decision {
-                            Wait::Stop(stop) => {
-                                let ends = sent.ends(url_of(&kept, &gone));
-                                return self.finish(&span, outcome, stop, &decider, ends);
-                            }
-                            Wait::Sleep(delay) => (outcome, delay),
-                        }
-                    };
-                    // Boxed: the reading state is large, and only a retry needs it.
-                    let kept_body = body::keep(outcome, body::KEPT, timer);
-                    sent.previous = Some(Box::new(Box::pin(kept_body).await));
-                    delay
-                };
-                if let Err(missing) = self.clock.wait(delay).await {
-                    return self.no_timer(&span, missing, &decider, sent, url_of(&kept, &gone));
-                }
-                now = self.clock.get().now();
             }
         }
     }
 
-    /// What a request needs after it has gone, decided before its first attempt: its key, whether
-    /// it may be repeated, and what the classifier and the observer see of it.
+    /// The request started in the core at `now`, under its override's policy (or its
+    /// dependency's) and `cap`, with what it needs after it has gone (its key, who watches); or
+    /// its end, when it may not go (`refused`, an invalid key).
     #[inline]
-    fn prepare<'a>(
-        &'a self,
-        dependency: &'a Dependency,
-        request: &Request,
-        extensions: &Extensions,
-        refused: Option<reqwest_middleware::Error>,
+    fn start<'p>(
+        &'p self,
+        dependency: &'p Dependency,
+        (overriding, cap): (&'p Option<Box<RetryPolicy>>, Cap),
+        (kept, extensions, span, refused): (&Kept, &Extensions, &tracing::Span, Refused),
+        now: Instant,
+    ) -> ControlFlow<Outcome, (Decider<'p>, Sent<'p>)> {
+        let policy = overriding.as_deref().unwrap_or(&dependency.policy);
+        let request = kept.request();
+        let accounts = dependency.accounts();
+        let mut decider = Decider::start(policy, accounts, cap, request.method(), now);
+        let observer = self.observer.as_ref().map(|observer| &*observer.0);
+        let watched = observer.is_some() || self.log.enabled();
+        let given = (request, extensions);
+        match Sent::prepare(dependency, observer, watched, given, refused) {
+            Ok((sent, facts)) => {
+                decider.know(facts);
+                ControlFlow::Continue((decider, sent))
+            }
+            Err((stop, cause, watcher)) => {
+                let ends = (None, watcher.as_deref(), kept.url());
+                ControlFlow::Break(self.log.finish(span, Err(cause), stop, &decider, ends))
+            }
+        }
+    }
+
+    /// What follows attempt `number`'s judged outcome: the core's decision, traced; the
+    /// outcome and the wait when a retry follows, else the caller's outcome.
+    #[inline]
+    fn after(
+        &self,
+        span: &tracing::Span,
+        number: u32,
+        (outcome, verdict, by_hedge): (Outcome, Verdict, bool),
         decider: &mut Decider<'_>,
-    ) -> Result<Sent<'a>, Unsent<'a>> {
-        // Who watches: the observer, and the events when a subscriber takes them; only then is
-        // the request's name (method, host, path) copied for them.
-        let watcher = (self.observer.is_some() || self.log.enabled()).then(|| {
-            Box::new(Watcher::of(
-                self.observer.as_ref().map(|observer| &*observer.0),
-                &dependency.name,
-                request,
-            ))
-        });
-        if let Some(cause) = refused {
-            return Err((StopReason::InvalidOverride, cause, watcher));
+        (sent, kept): (&mut Sent<'_>, &Kept),
+    ) -> ControlFlow<Outcome, (Outcome, Duration)> {
+        sent.took(&outcome);
+        let clock = self.clock.get();
+        let seen = Observed::of(&outcome, verdict, kept.resend());
+        let times = (&|| clock.now(), &|| clock.wall_now());
+        let decision = decider.ended(seen, by_hedge, times.0, times.1, &*self.rng.0);
+        if let Some(watcher) = sent.watcher.as_deref() {
+            let traced = (number, &outcome, verdict, decision, decider.floor());
+            span.in_scope(|| self.log.attempt(watcher, traced));
         }
-        let key = match idempotency::key_for(
-            dependency.keys.as_ref(),
-            request.method(),
-            request.headers(),
-            extensions.get::<NaturalKey>(),
-        ) {
-            Ok(key) => key,
-            Err(e) => return Err((StopReason::InvalidIdempotencyKey, middleware(e), watcher)),
-        };
-        if key.as_ref().is_some_and(|key| key.stamped) {
-            decider.key_stamped();
+        match decision {
+            Wait::Stop(stop) => {
+                ControlFlow::Break(
+                    self.log
+                        .finish(span, outcome, stop, decider, sent.ends(kept)),
+                )
+            }
+            Wait::Sleep(delay) => ControlFlow::Continue((outcome, delay)),
         }
-        if dependency.latency.is_some() && classify::may_be_hedged(request, key.is_some()) {
-            decider.allow_hedges();
-        }
-        Ok(Sent {
-            repeatable: key.is_some() || classify::is_idempotent(request.method()),
-            key_sent: key.as_ref().is_some_and(|key| !key.fresh),
-            key,
-            // Only a classifier needs the request after it has gone: its head is kept for it.
-            head: (dependency.classifier.as_ref()).map(|c| (c, Box::new(RequestHead::of(request)))),
-            watcher,
-            previous: None,
-        })
     }
 
-    /// What follows an attempt, from the core: at once when nothing needs the time.
-    #[inline]
-    fn decide_after(&self, decider: &mut Decider<'_>, observed: Observed<'_>) -> Wait {
-        match decider.stop_without_time(&observed) {
-            Some(stop) => Wait::Stop(stop),
-            None => {
-                let clock = self.clock.get();
-                decider.after_attempt(observed, clock.now(), &|| clock.wall_now(), &*self.rng.0)
-            }
-        }
+    /// The end of a request the core stopped before an attempt: its last outcome, or what says
+    /// nothing was sent.
+    fn stop(
+        &self,
+        span: &tracing::Span,
+        stop: StopReason,
+        decider: &Decider<'_>,
+        kept: &mut Kept,
+        sent: &mut Sent<'_>,
+    ) -> Outcome {
+        let outcome = kept.last_outcome(stop);
+        self.log
+            .finish(span, outcome, stop, decider, sent.ends(kept))
+    }
+
+    /// The clock and the random source, for an attempt.
+    fn tools(&self) -> Tools<'_> {
+        (&self.clock, &*self.rng.0)
     }
 
     /// The end of a request whose clock has no timer to wait or time an attempt with.
-    fn no_timer(
-        &self,
-        span: &tracing::Span,
-        missing: crate::clock::TimerUnavailable,
-        decider: &Decider<'_>,
-        mut sent: Sent<'_>,
-        url: Option<&Url>,
-    ) -> reqwest_middleware::Result<Response> {
-        let cause = Err(middleware(missing));
-        let stop = StopReason::TimerUnavailable;
-        self.finish(span, cause, stop, decider, sent.ends(url))
-    }
-
-    /// The caller's outcome, traced in the request's span: the response with its record, or the
-    /// error wrapped with the count and the reason.
-    fn finish(
-        &self,
-        span: &tracing::Span,
-        outcome: reqwest_middleware::Result<Response>,
-        stop: StopReason,
-        decider: &Decider<'_>,
-        (key, watcher, url): Ends<'_, '_>,
-    ) -> reqwest_middleware::Result<Response> {
-        let (attempts, waited) = (decider.attempts(), decider.waited());
-        if let Some(watcher) = watcher {
-            span.in_scope(|| (self.log).trace_stop(watcher, attempts, stop, waited, &outcome));
-        }
-        let key = key.map(|key| key.value);
-        let record = RetryRecord {
-            attempts,
-            stop,
-            waited,
-            key,
-            replayed: false,
-            answered_by_hedge: decider.hedge_answered(),
-        };
-        record.hand_back(outcome, url)
+    fn no_timer(&self, span: &tracing::Span, decider: &Decider<'_>, ends: Ends<'_, '_>) -> Outcome {
+        let cause = reqwest_middleware::Error::middleware(TimerUnavailable);
+        self.log.finish(
+            span,
+            Err(cause),
+            StopReason::TimerUnavailable,
+            decider,
+            ends,
+        )
     }
 }
 
@@ -486,64 +367,17 @@ impl Middleware for RetryMiddleware {
     }
 }
 
-/// A request stopped before its first attempt: why, the error that says so, and who watches.
-type Unsent<'a> = (
-    StopReason,
-    reqwest_middleware::Error,
-    Option<Box<Watcher<'a>>>,
-);
+/// Why a request may not go at all (an invalid override), if it may not.
+type Refused = Option<reqwest_middleware::Error>;
 
-/// What a request's end needs of it besides its outcome: its key, who watches, and its URL.
-type Ends<'s, 'a> = (Option<Key>, Option<&'s Watcher<'a>>, Option<&'s Url>);
-
-/// What one logical request keeps of itself while its attempts go, decided before the first.
-struct Sent<'a> {
-    key: Option<Key>,
-    /// The key has been sent: a caller's own or a derived one (perhaps by an earlier run), or
-    /// a new one once an attempt may have reached the server.
-    key_sent: bool,
-    /// The method is idempotent, or the request carries a key.
-    repeatable: bool,
-    /// The dependency's classifier, and the request's head for it to see.
-    head: Option<(&'a Shared<dyn Classifier>, Box<RequestHead>)>,
-    watcher: Option<Box<Watcher<'a>>>,
-    /// The last outcome, kept through a wait for a stop that may follow it; boxed, as only a
-    /// retry needs room for it.
-    previous: Option<Box<reqwest_middleware::Result<Response>>>,
-}
-
-impl<'a> Sent<'a> {
-    /// What the request's end needs, with its URL.
-    fn ends<'s>(&'s mut self, url: Option<&'s Url>) -> Ends<'s, 'a> {
-        (self.key.take(), self.watcher.as_deref(), url)
-    }
-
-    /// What a stop before an attempt hands back: the last outcome, or what says nothing was sent.
-    fn last_outcome(&mut self, stop: StopReason) -> reqwest_middleware::Result<Response> {
-        self.previous
-            .take()
-            .map_or_else(|| Err(nothing_sent(stop)), |outcome| *outcome)
-    }
-
-    #[inline]
-    fn judging<'j>(&'j self, policy: &'j RetryPolicy) -> Judging<'j> {
-        Judging {
-            policy,
-            repeatable: self.repeatable,
-            key: self.key.as_ref().map(|key| &key.value),
-            key_sent: self.key_sent,
-            hook: self.head.as_ref().map(|(c, head)| (*c, &**head)),
-        }
-    }
-}
-
-/// The request's URL: from the request still kept, or the one that went as the last attempt.
-fn url_of<'s>(kept: &'s Option<Request>, gone: &'s Option<Box<Url>>) -> Option<&'s Url> {
-    kept.as_ref().map(Request::url).or(gone.as_deref())
-}
-
-fn middleware(cause: impl std::error::Error + Send + Sync + 'static) -> reqwest_middleware::Error {
-    reqwest_middleware::Error::middleware(cause)
+/// Where a logical request is between its awaits.
+enum Phase {
+    /// Asking the core what the next attempt may do.
+    Asking,
+    /// An attempt on its way, as planned.
+    InFlight(Plan),
+    /// A hold for a spent quota, or the wait before a retry.
+    Waiting(Duration),
 }
 
 #[cfg(test)]

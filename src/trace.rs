@@ -6,9 +6,12 @@ use std::time::Duration;
 use reqwest::{Request, Response};
 use tracing::Level;
 
+use crate::attempt::Ends;
 use crate::classify::{self, Fault, Verdict};
+use crate::decide::Decider;
 use crate::error::StopReason;
 use crate::observe::{AttemptErrorKind, Observer, RetryEvent, url_without_query};
+use crate::record::RetryRecord;
 use crate::schedule::Wait;
 
 /// The tracing target of every span and event, whatever module emits them.
@@ -145,8 +148,33 @@ impl LogLevels {
         }
     }
 
+    /// The caller's outcome, its end traced in the request's span: the response with its
+    /// record, or the error wrapped with the count and the reason.
+    pub(crate) fn finish(
+        &self,
+        span: &tracing::Span,
+        outcome: reqwest_middleware::Result<Response>,
+        stop: StopReason,
+        decider: &Decider<'_>,
+        (key, watcher, url): Ends<'_, '_>,
+    ) -> reqwest_middleware::Result<Response> {
+        let (attempts, waited) = (decider.attempts(), decider.waited());
+        if let Some(watcher) = watcher {
+            span.in_scope(|| self.trace_stop(watcher, attempts, stop, waited, &outcome));
+        }
+        let record = RetryRecord {
+            attempts,
+            stop,
+            waited,
+            key: key.map(|key| key.value),
+            replayed: false,
+            answered_by_hedge: decider.hedge_answered(),
+        };
+        record.hand_back(outcome, url)
+    }
+
     /// Traces the end of a logical request.
-    pub(crate) fn trace_stop(
+    fn trace_stop(
         &self,
         watcher: &Watcher<'_>,
         attempts: u32,

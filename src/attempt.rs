@@ -1,0 +1,570 @@
+//! One attempt, the driver's side: the copies of the request it sends down the rest of the
+//! chain, raced against their timers, and the outcome it ends in, judged, with its body read.
+//!
+//! An attempt is one path with one optional state more. Its first copy goes at once, racing its
+//! timer; when the timer fires the core says whether the copy is cut there or runs on
+//! (`Decider::at_limit`). When the core planned a hedge, a second timer runs beside it: when it
+//! fires with the first copy still out, the core is asked whether a hedge may go
+//! (`Decider::hedge_plan`); if so, a second copy goes with its own limit, down the rest of the
+//! chain with a copy of the request's extensions (so that instances of this middleware further
+//! in see it as claimed, and pass it through). The first answer that is not a transient
+//! failure wins, and the other copy is dropped: hyper then closes its connection, and the
+//! server sees the cancellation. A copy that fails transiently while the other is out does not
+//! end the attempt: the other may still answer.
+//!
+//! # Why a hedge, and why budgeted
+//!
+//! A dependency that answers most attempts in 10 ms and one in a hundred in a second makes the
+//! tail of every caller that waits on it a second long. A second copy sent when the first has
+//! waited longer than nearly all answers take (the `p(1 - m)` latency) answers in the usual
+//! time nearly always, for about `m` more requests ("The Tail at Scale", Dean and Barroso,
+//! 2013). Unbounded, hedging is a retry storm in waiting; so a hedge is a retry sent early, and
+//! everything that limits a retry limits it (`decide`).
+//!
+//! Nothing here decides: which requests may be hedged is `classify`'s rule, when and whether the
+//! core's; what a copy carries is [`Sent::copy`]'s, the one place that puts the key and the
+//! attempt headers on a copy.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll, ready};
+use std::time::Duration;
+
+use http::Extensions;
+use reqwest::{Request, Response, Url};
+use reqwest_middleware::Next;
+
+use crate::attempt_headers::AttemptHeaders;
+use crate::body;
+use crate::chain::{self, Claiming};
+use crate::classifier::{Classifier, RequestHead};
+use crate::classify::{self, Judging, Verdict};
+use crate::clock::{AttemptTimer, SharedClock};
+use crate::decide::{Decider, Facts, Plan};
+use crate::dependency::Dependency;
+use crate::error::{StopReason, nothing_sent};
+use crate::idempotency::{self, IdempotencyKeys, Key, NaturalKey};
+use crate::observe::Observer;
+use crate::policy::RetryPolicy;
+use crate::rng::RandomSource;
+use crate::shared::Shared;
+use crate::trace::Watcher;
+
+/// An attempt's outcome as the chain returns it.
+pub(crate) type Outcome = reqwest_middleware::Result<Response>;
+
+/// What the request keeps between attempts: the original while another copy of it may be
+/// sent, its URL once the original itself went (for an error that has none), and the last
+/// outcome through the wait after it.
+pub(crate) struct Kept {
+    request: Option<Request>,
+    /// Boxed, as only a last attempt needs it.
+    gone: Option<Box<Url>>,
+    /// Kept for a stop that may follow the wait (boxed: only a retry needs room for it), and
+    /// let go when the next attempt is sent.
+    pub(crate) previous: Option<Box<Outcome>>,
+}
+
+impl Kept {
+    pub(crate) fn new(request: Request) -> Kept {
+        Kept {
+            request: Some(request),
+            gone: None,
+            previous: None,
+        }
+    }
+
+    /// What a stop before an attempt hands back: the last outcome, or what says nothing was sent.
+    pub(crate) fn last_outcome(&mut self, stop: StopReason) -> Outcome {
+        self.previous
+            .take()
+            .map_or_else(|| Err(nothing_sent(stop)), |outcome| *outcome)
+    }
+
+    /// The request, before its first attempt.
+    pub(crate) fn request(&self) -> &Request {
+        let Some(request) = &self.request else {
+            unreachable!("the request is kept until its first attempt");
+        };
+        request
+    }
+
+    /// Where a copy of the request would go, when one is at hand for another attempt.
+    pub(crate) fn resend(&self) -> Option<&Url> {
+        self.request.as_ref().map(Request::url)
+    }
+
+    /// The request's URL, kept or gone.
+    pub(crate) fn url(&self) -> Option<&Url> {
+        self.resend().or(self.gone.as_deref())
+    }
+
+    /// The request for a copy: a clone when `keep` (the original stays kept), else the original
+    /// itself, and the original too when it cannot be cloned (a stream: nothing is then kept).
+    fn take(&mut self, keep: bool) -> Request {
+        self.previous = None;
+        if let Some(copy) = self
+            .request
+            .as_ref()
+            .filter(|_| keep)
+            .and_then(Request::try_clone)
+        {
+            return copy;
+        }
+        let Some(original) = self.request.take() else {
+            unreachable!("a request is kept for every copy that is sent");
+        };
+        self.gone = Some(Box::new(original.url().clone()));
+        original
+    }
+}
+
+/// What one logical request keeps of itself while its attempts go, decided before the first.
+pub(crate) struct Sent<'a> {
+    pub(crate) key: Option<Key>,
+    /// The key has been sent: a caller's own or a derived one (perhaps by an earlier run), or
+    /// a new one once an attempt may have reached the server.
+    key_sent: bool,
+    /// The method is idempotent, or the request carries a key.
+    repeatable: bool,
+    /// The dependency's keys and attempt headers, for each copy.
+    keys: Option<&'a IdempotencyKeys>,
+    headers: &'a AttemptHeaders,
+    /// The dependency's classifier, and the request's head for it to see.
+    head: Option<(&'a Shared<dyn Classifier>, Box<RequestHead>)>,
+    pub(crate) watcher: Option<Box<Watcher<'a>>>,
+}
+
+/// A request stopped before its first attempt: why, the error that says so, and who watches.
+pub(crate) type Unsent<'a> = (
+    StopReason,
+    reqwest_middleware::Error,
+    Option<Box<Watcher<'a>>>,
+);
+
+impl<'a> Sent<'a> {
+    /// What a request needs after it has gone, and what the core needs to know of it: its key,
+    /// whether it may be repeated or hedged, and what the classifier and the observer see of
+    /// it. `refused` is why it may not go at all (an invalid override).
+    pub(crate) fn prepare(
+        dependency: &'a Dependency,
+        observer: Option<&'a dyn Observer>,
+        watched: bool,
+        (request, extensions): (&Request, &Extensions),
+        refused: Option<reqwest_middleware::Error>,
+    ) -> Result<(Sent<'a>, Facts), Unsent<'a>> {
+        // Only when someone watches is the request's name (method, host, path) copied.
+        let watcher = watched.then(|| Box::new(Watcher::of(observer, &dependency.name, request)));
+        if let Some(cause) = refused {
+            return Err((StopReason::InvalidOverride, cause, watcher));
+        }
+        let key = match idempotency::key_for(
+            dependency.keys.as_ref(),
+            request.method(),
+            request.headers(),
+            extensions.get::<NaturalKey>(),
+        ) {
+            Ok(key) => key,
+            Err(e) => return Err((StopReason::InvalidIdempotencyKey, middleware(e), watcher)),
+        };
+        let facts = Facts {
+            stamped: key.as_ref().is_some_and(|key| key.stamped),
+            hedgeable: classify::may_be_hedged(request, key.is_some()),
+        };
+        let sent = Sent {
+            repeatable: key.is_some() || classify::is_idempotent(request.method()),
+            key_sent: key.as_ref().is_some_and(|key| !key.fresh),
+            key,
+            keys: dependency.keys.as_ref(),
+            headers: &dependency.attempt_headers,
+            // Only a classifier needs the request after it has gone: its head is kept for it.
+            head: (dependency.classifier.as_ref()).map(|c| (c, Box::new(RequestHead::of(request)))),
+            watcher,
+        };
+        Ok((sent, facts))
+    }
+
+    /// The copy of the request that `plan` sends: the one place where a copy gets the key and
+    /// the attempt headers, each computed for this copy.
+    #[inline]
+    fn copy(&self, kept: &mut Kept, plan: &Plan) -> Request {
+        let mut sending = kept.take(plan.keep_copy);
+        idempotency::put_on(self.keys, self.key.as_ref(), &mut sending);
+        if self.headers.are_on() {
+            self.headers.put_on(&mut sending, plan.number, plan.left);
+        }
+        sending
+    }
+
+    /// How this request's outcomes are judged under `policy`.
+    #[inline]
+    pub(crate) fn judging<'j>(&'j self, policy: &'j RetryPolicy) -> Judging<'j> {
+        Judging {
+            policy,
+            repeatable: self.repeatable,
+            key: self.key.as_ref().map(|key| &key.value),
+            key_sent: self.key_sent,
+            hook: self.head.as_ref().map(|(c, head)| (*c, &**head)),
+        }
+    }
+
+    /// Takes in an attempt's outcome: its key has been sent if the attempt may have reached
+    /// the server.
+    #[inline]
+    pub(crate) fn took(&mut self, outcome: &Outcome) {
+        if self.key.is_some() && !self.key_sent {
+            self.key_sent = classify::may_have_reached(outcome);
+        }
+    }
+}
+
+/// Where an attempt's copies go: the rest of the chain, with the request's extensions, in its
+/// span.
+pub(crate) type Chain<'s, 'a> = (&'s mut Extensions, &'s Next<'a>, &'s tracing::Span);
+
+/// What an attempt borrows while it runs: the request's own state and how its outcomes are
+/// judged, the core, the clock (for the time, and the hedge's timers) and the random source,
+/// and the first copy's timer, which the driver keeps for the answer's body after it.
+pub(crate) struct Lent<'p, 's, 'd> {
+    kept: &'p mut Kept,
+    sent: &'p Sent<'s>,
+    judging: Judging<'p>,
+    decider: &'p mut Decider<'d>,
+    tools: Tools<'p>,
+    timer: &'p mut AttemptTimer,
+}
+
+/// The clock and the random source.
+pub(crate) type Tools<'p> = (&'p SharedClock, &'p dyn RandomSource);
+
+impl<'p, 's, 'd> Lent<'p, 's, 'd> {
+    /// What an attempt borrows, judged under the request's policy, all but the timer, which the
+    /// returned closure takes.
+    #[inline]
+    pub(crate) fn new(
+        kept: &'p mut Kept,
+        sent: &'p Sent<'s>,
+        decider: &'p mut Decider<'d>,
+        tools: Tools<'p>,
+    ) -> impl FnOnce(&'p mut AttemptTimer) -> Self {
+        move |timer| Lent {
+            kept,
+            sent,
+            judging: sent.judging(decider.policy()),
+            decider,
+            tools,
+            timer,
+        }
+    }
+}
+
+/// A copy running down the rest of the chain.
+type Running<'s> = Claiming<'s, Pin<Box<dyn Future<Output = Outcome> + Send + 's>>>;
+
+/// A body being read into memory (`buffer_body`), with the bytes read.
+type Reading = Pin<Box<dyn Future<Output = ReadBody> + Send>>;
+type ReadBody = Result<(Response, Option<bytes::Bytes>), reqwest::Error>;
+
+/// One attempt in flight: its first copy and, when the core planned a hedge, the hedged state;
+/// polled until it has an outcome, judged, with its body read as the policy says.
+pub(crate) struct Attempt<'s, 'a, 'p, 'q, 'd> {
+    lent: Lent<'p, 'q, 'd>,
+    number: u32,
+    /// The first copy's time limit, longer if it ran on past it.
+    limit: Duration,
+    first: Option<Running<'s>>,
+    /// Boxed: only a read the core may hedge needs room for a second copy.
+    hedged: Option<Box<Hedged<'s, 'a>>>,
+    /// An answer's body being read, racing the first copy's timer: for the classifier to see
+    /// it before the verdict, or, the verdict given, for the caller. While it is, the copies
+    /// are not polled. Boxed: only a policy that reads bodies needs room for it.
+    reading: Option<Box<ReadingBody>>,
+}
+
+/// A body being read, and what follows.
+struct ReadingBody {
+    read: Reading,
+    then: AfterRead,
+    by_hedge: bool,
+}
+
+/// What follows a body read.
+#[derive(Clone, Copy)]
+enum AfterRead {
+    /// Judge the answer with its body, as the classifier sees it.
+    Judge,
+    /// The verdict was given: the answer is the attempt's outcome.
+    Done(Verdict),
+}
+
+/// The hedged state: its delay's timer, the extensions lent to its copy, the copy, and a
+/// transient failure of one copy kept while the other is out.
+struct Hedged<'s, 'a> {
+    due: Option<AttemptTimer>,
+    lend: Option<&'s mut Extensions>,
+    next: &'s Next<'a>,
+    span: &'s tracing::Span,
+    second: Option<(Running<'s>, AttemptTimer, Duration)>,
+    failed: Option<(Outcome, Verdict)>,
+}
+
+/// What ended, when the copies are polled.
+enum Event {
+    First(Outcome),
+    Second(Outcome),
+    HedgeDue,
+}
+
+impl<'s, 'a, 'p, 'q, 'd> Attempt<'s, 'a, 'p, 'q, 'd> {
+    /// Sends attempt `plan.number`'s first copy down `chain`; `spare` takes the copy of the
+    /// extensions a hedge would go with, if the core planned one. The hedging delay's timer is
+    /// armed as the first copy starts (a middleware may take time before its future is
+    /// polled); without a timer there is no hedge.
+    pub(crate) fn launch(
+        chain: Chain<'s, 'a>,
+        spare: &'s mut Extensions,
+        plan: &Plan,
+        lent: Lent<'p, 'q, 'd>,
+    ) -> Self {
+        let (extensions, next, span) = chain;
+        chain::announce(extensions, span, plan.number);
+        let hedged = plan.hedge_after.map(|after| {
+            // Copied before the first copy borrows the request's own for as long as it runs.
+            spare.clone_from(extensions);
+            Box::new(Hedged {
+                due: lent.tools.0.timeout(after, None).ok(),
+                lend: Some(spare),
+                next,
+                span,
+                second: None,
+                failed: None,
+            })
+        });
+        let sending = lent.sent.copy(lent.kept, plan);
+        let id = chain::claim_id(extensions);
+        let first = Claiming::new(id, span, || next.clone().run(sending, extensions));
+        lent.decider.sent();
+        Attempt {
+            lent,
+            number: plan.number,
+            limit: plan.limit,
+            first: Some(first),
+            hedged,
+            reading: None,
+        }
+    }
+
+    /// The attempt's outcome and verdict, and whether its hedge answered, once it has them.
+    fn poll_judged(&mut self, cx: &mut Context<'_>) -> Poll<(Outcome, Verdict, bool)> {
+        loop {
+            let judged = if self.reading.is_some() {
+                match ready!(self.poll_read(cx)) {
+                    (judged, AfterRead::Judge) => judged,
+                    (done, AfterRead::Done(_)) => return Poll::Ready(done),
+                }
+            } else {
+                let (outcome, by_hedge) = match ready!(self.poll_copies(cx)) {
+                    Event::HedgeDue => {
+                        self.send_hedge();
+                        continue;
+                    }
+                    Event::First(outcome) => {
+                        self.first = None;
+                        (outcome, false)
+                    }
+                    Event::Second(outcome) => {
+                        if let Some(hedged) = self.hedged.as_deref_mut() {
+                            hedged.second = None;
+                        }
+                        (outcome, true)
+                    }
+                };
+                match self.judge(outcome, by_hedge) {
+                    Ok(judged) => judged,
+                    Err(read) => {
+                        self.reading = Some(read);
+                        continue;
+                    }
+                }
+            };
+            let (outcome, verdict, by_hedge) = judged;
+            match self.settle(outcome, verdict, by_hedge) {
+                Ok(done) => return Poll::Ready(done),
+                Err(Some(read)) => self.reading = Some(read),
+                Err(None) => {}
+            }
+        }
+    }
+
+    /// Polls the body being read, racing the first copy's timer: the answer with its body, or
+    /// the error that cut it, judged (again, after a verdict: a body cut off is transient).
+    fn poll_read(&mut self, cx: &mut Context<'_>) -> Poll<((Outcome, Verdict, bool), AfterRead)> {
+        let Some(reading) = self.reading.as_deref_mut() else {
+            unreachable!("polled only while a body is read");
+        };
+        let (then, by_hedge) = (reading.then, reading.by_hedge);
+        let (outcome, body) = match reading.read.as_mut().poll(cx) {
+            Poll::Ready(Ok((response, body))) => (Ok(response), body),
+            Poll::Ready(Err(e)) => (Err(reqwest_middleware::Error::Reqwest(e)), None),
+            Poll::Pending => {
+                ready!(Pin::new(&mut *self.lent.timer).poll(cx));
+                (Err(chain::timed_out(self.limit)), None)
+            }
+        };
+        self.reading = None;
+        let verdict = match then {
+            // The same status and head: the verdict stands.
+            AfterRead::Done(verdict) if outcome.is_ok() => verdict,
+            _ => (self.lent.judging).verdict_on(&outcome, self.number, body.as_ref()),
+        };
+        Poll::Ready(((outcome, verdict, by_hedge), then))
+    }
+
+    /// Polls the copies out and their timers: the first copy's timer asks the core whether it
+    /// is cut or runs on; the hedging delay's says a hedge is due.
+    fn poll_copies(&mut self, cx: &mut Context<'_>) -> Poll<Event> {
+        let lent = &mut self.lent;
+        let clock = lent.tools.0;
+        if let Some(work) = self.first.as_mut() {
+            if let Poll::Ready(done) = Pin::new(work).poll(cx) {
+                return Poll::Ready(Event::First(done));
+            }
+            while Pin::new(&mut *lent.timer).poll(cx).is_ready() {
+                let now = clock.get().now();
+                let longer = (lent.decider.at_limit(now))
+                    .and_then(|more| Some((more, clock.timeout(more, Some(now)).ok()?)));
+                let Some((more, longer)) = longer else {
+                    return Poll::Ready(Event::First(Err(chain::timed_out(self.limit))));
+                };
+                self.limit += more;
+                *lent.timer = longer;
+            }
+        }
+        let Some(hedged) = self.hedged.as_deref_mut() else {
+            return Poll::Pending;
+        };
+        if let Some((work, timer, limit)) = hedged.second.as_mut() {
+            if let Poll::Ready(done) = Pin::new(work).poll(cx) {
+                return Poll::Ready(Event::Second(done));
+            }
+            if Pin::new(timer).poll(cx).is_ready() {
+                return Poll::Ready(Event::Second(Err(chain::timed_out(*limit))));
+            }
+        }
+        match hedged.due.as_mut().map(|due| Pin::new(due).poll(cx)) {
+            Some(Poll::Ready(())) => {
+                hedged.due = None;
+                Poll::Ready(Event::HedgeDue)
+            }
+            _ => Poll::Pending,
+        }
+    }
+
+    /// The hedging delay has passed with the first copy out: a second copy goes if the core
+    /// plans one and a timer can be made for it.
+    fn send_hedge(&mut self) {
+        let Some(hedged) = self.hedged.as_deref_mut() else {
+            return;
+        };
+        let lent = &mut self.lent;
+        let (clock, rng) = lent.tools;
+        let now = clock.get().now();
+        let Some(plan) = lent.decider.hedge_plan(now, lent.kept.resend(), rng) else {
+            return;
+        };
+        let (Ok(timer), Some(extensions)) =
+            (clock.timeout(plan.limit, Some(now)), hedged.lend.take())
+        else {
+            lent.decider.hedge_sent(false);
+            return;
+        };
+        let sending = lent.sent.copy(lent.kept, &plan);
+        lent.decider.hedge_sent(true);
+        let id = chain::claim_id(extensions);
+        let next = hedged.next;
+        let running = Claiming::new(id, hedged.span, || next.clone().run(sending, extensions));
+        hedged.second = Some((running, timer, plan.limit));
+    }
+
+    /// A copy's outcome judged, or the body read that must come first (the classifier is to
+    /// see it).
+    fn judge(
+        &self,
+        outcome: Outcome,
+        by_hedge: bool,
+    ) -> Result<(Outcome, Verdict, bool), Box<ReadingBody>> {
+        let judging = &self.lent.judging;
+        match (judging.body_first(), outcome) {
+            (Some(max), Ok(response)) => Err(Box::new(ReadingBody {
+                read: Box::pin(body::buffer(response, max)),
+                then: AfterRead::Judge,
+                by_hedge,
+            })),
+            (_, outcome) => {
+                let verdict = judging.verdict(&outcome, self.number);
+                Ok((outcome, verdict, by_hedge))
+            }
+        }
+    }
+
+    /// A judged outcome: the attempt's, with the other copy given up (dropped: its connection
+    /// closed), unless it failed transiently while the other copy is out (`Err(None)`: kept, as
+    /// the other may still answer); or the body read it needs first (`Err(Some)`).
+    fn settle(
+        &mut self,
+        outcome: Outcome,
+        verdict: Verdict,
+        by_hedge: bool,
+    ) -> Result<(Outcome, Verdict, bool), Option<Box<ReadingBody>>> {
+        if let Some(hedged) = self.hedged.as_deref_mut() {
+            let other_out = if by_hedge {
+                self.first.is_some()
+            } else {
+                hedged.second.is_some()
+            };
+            if other_out && matches!(verdict, Verdict::Transient(..)) {
+                hedged.failed = Some((outcome, verdict));
+                return Err(None);
+            }
+            hedged.failed = None;
+            hedged.second = None;
+        }
+        self.first = None;
+        // The body is read within the first copy's time, which began first: a hedge's answer
+        // gets a little less than its own limit, never more than the attempt's.
+        match (
+            body::to_read(&self.lent.judging, &outcome, verdict),
+            outcome,
+        ) {
+            (Some(max), Ok(response)) => Err(Some(Box::new(ReadingBody {
+                read: Box::pin(body::buffer(response, max)),
+                then: AfterRead::Done(verdict),
+                by_hedge,
+            }))),
+            (_, outcome) => Ok((outcome, verdict, by_hedge)),
+        }
+    }
+}
+
+impl Future for Attempt<'_, '_, '_, '_, '_> {
+    type Output = (Outcome, Verdict, bool);
+
+    /// The attempt's outcome and verdict, and whether its hedge answered.
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        self.poll_judged(cx)
+    }
+}
+
+/// What a request's end needs of it besides its outcome: its key, who watches, and its URL.
+pub(crate) type Ends<'s, 'a> = (Option<Key>, Option<&'s Watcher<'a>>, Option<&'s Url>);
+
+impl<'a> Sent<'a> {
+    /// What the request's end needs, with what it `kept`.
+    pub(crate) fn ends<'s>(&'s mut self, kept: &'s Kept) -> Ends<'s, 'a> {
+        (self.key.take(), self.watcher.as_deref(), kept.url())
+    }
+}
+
+fn middleware(cause: impl std::error::Error + Send + Sync + 'static) -> reqwest_middleware::Error {
+    reqwest_middleware::Error::middleware(cause)
+}

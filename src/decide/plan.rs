@@ -1,0 +1,150 @@
+//! What the core answers the driver: a few verbs whose answers carry everything the driver
+//! needs, so that it asks nothing else.
+//!
+//! Before each attempt the driver asks [`Decider::plan`]: the answer is a hold, a stop, or a
+//! [`Plan`] that says the attempt's number, its time limit, the time left at its send (for the
+//! time-left header), whether a copy of the request must be kept for an attempt after it, and
+//! when a hedge of it may go. While it is out the driver says [`Decider::sent`] once it is on
+//! its way, asks [`Decider::at_limit`] when its timer fires, and [`Decider::hedge_plan`] when
+//! its hedging delay has passed (then [`Decider::hedge_sent`]). When it ends the driver hands
+//! [`Decider::ended`] the outcome, which copy answered and a way to read the time, and gets a
+//! wait or a stop back. The finer steps these verbs are made of stay private to the core, where
+//! its tests drive them one by one.
+
+use std::time::{Duration, Instant, SystemTime};
+
+use reqwest::Url;
+
+use super::{Decider, Next, Observed};
+use crate::error::StopReason;
+use crate::rng::RandomSource;
+use crate::schedule::Wait;
+
+/// What the core needs to know of a request before its first attempt, from the rules that
+/// read the request (`idempotency`, `classify`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Facts {
+    /// Its key was stamped here: counted when its first attempt is sent.
+    pub(crate) stamped: bool,
+    /// It may be hedged, if its policy hedges reads (`classify::may_be_hedged`).
+    pub(crate) hedgeable: bool,
+}
+
+/// What the driver is to do before an attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Step {
+    /// Send the attempt as planned.
+    Send(Plan),
+    /// Hold this long (a spent quota), then ask again.
+    Hold(Duration),
+    /// Send nothing more.
+    Stop(StopReason),
+}
+
+/// One copy of the request the core allows: everything the driver needs to send it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Plan {
+    /// The attempt's number, 1 for the first (a hedge carries its attempt's).
+    pub(crate) number: u32,
+    /// How long the copy may take.
+    pub(crate) limit: Duration,
+    /// The time left before the deadline at the copy's send.
+    pub(crate) left: Duration,
+    /// Another copy may follow this one: the driver keeps a copy of the request.
+    pub(crate) keep_copy: bool,
+    /// When a hedge of this attempt may go, if one may.
+    pub(crate) hedge_after: Option<Duration>,
+}
+
+impl Decider<'_> {
+    /// Takes in what the request is (see [`Facts`]), before its first attempt is planned.
+    #[inline]
+    pub(crate) fn know(&mut self, facts: Facts) {
+        if facts.stamped {
+            self.key_stamped();
+        }
+        if facts.hedgeable && self.accounts.latency.is_some() {
+            self.allow_hedges();
+        }
+    }
+
+    /// What the next attempt may do at `now`, to `resend` (where a copy of the request would
+    /// go, if one is at hand): called before the first attempt, after each wait and each hold.
+    /// The rules and their order are [`next_attempt`](Self::next_attempt)'s.
+    #[inline]
+    pub(crate) fn plan(
+        &mut self,
+        now: Instant,
+        resend: Option<&Url>,
+        rng: &dyn RandomSource,
+    ) -> Step {
+        match self.next_attempt(now, resend, rng) {
+            Next::Send(limit) => Step::Send(Plan {
+                number: self.attempt + 1,
+                limit,
+                left: self.remaining(now),
+                keep_copy: self.may_retry_after_next(),
+                hedge_after: self.hedge_after(),
+            }),
+            Next::Hold(hold) => Step::Hold(hold),
+            Next::Stop(stop) => Step::Stop(stop),
+        }
+    }
+
+    /// The attempt last planned is on its way: counted (with the retry it uses, and a stamped
+    /// key on the first).
+    #[inline]
+    pub(crate) fn sent(&mut self) {
+        self.attempt_started();
+    }
+
+    /// Whether a hedge of the attempt on the wire may go at `now`, to `resend`: its plan if so
+    /// (paid for, as [`hedge`](Self::hedge) says). The driver then says whether it went
+    /// ([`hedge_sent`](Self::hedge_sent)).
+    pub(crate) fn hedge_plan(
+        &mut self,
+        now: Instant,
+        resend: Option<&Url>,
+        rng: &dyn RandomSource,
+    ) -> Option<Plan> {
+        let limit = self.hedge(now, resend?, rng)?;
+        Some(Plan {
+            number: self.attempt,
+            limit,
+            left: self.remaining(now),
+            keep_copy: true,
+            hedge_after: None,
+        })
+    }
+
+    /// The hedge last planned went (`true`: counted, and what it cost stays spent, whatever
+    /// becomes of it), or could not (no timer for it: what it withdrew comes back).
+    pub(crate) fn hedge_sent(&mut self, went: bool) {
+        if went {
+            self.hedge_started();
+        } else {
+            self.hedge_unsent();
+        }
+    }
+
+    /// What follows the attempt that just ended in `observed`, answered by its hedge if
+    /// `by_hedge`: a wait before the next attempt, or a stop. The time is read (`now`, and
+    /// `wall` for a `Retry-After` date) only when a rule needs it: most requests end with a
+    /// final verdict that none does.
+    pub(crate) fn ended(
+        &mut self,
+        observed: Observed<'_>,
+        by_hedge: bool,
+        now: &dyn Fn() -> Instant,
+        wall: &dyn Fn() -> SystemTime,
+        rng: &dyn RandomSource,
+    ) -> Wait {
+        if by_hedge {
+            self.hedge_won();
+        }
+        match self.stop_without_time(&observed) {
+            Some(stop) => Wait::Stop(stop),
+            None => self.after_attempt(observed, now(), wall, rng),
+        }
+    }
+}
