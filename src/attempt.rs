@@ -146,6 +146,7 @@ impl<'a> Sent<'a> {
     /// What a request needs after it has gone, and what the core needs to know of it: its key,
     /// whether it may be repeated or hedged, and what the classifier and the observer see of
     /// it. `refused` is why it may not go at all (an invalid override).
+    #[inline(always)]
     pub(crate) fn prepare(
         dependency: &'a Dependency,
         observer: Option<&'a dyn Observer>,
@@ -267,8 +268,8 @@ type ReadBody = Result<(Response, Option<bytes::Bytes>), reqwest::Error>;
 
 /// One attempt in flight: its first copy and, when the core planned a hedge, the hedged state;
 /// polled until it has an outcome, judged, with its body read as the policy says.
-pub(crate) struct Attempt<'s, 'a, 'p, 'q, 'd> {
-    lent: Lent<'p, 'q, 'd>,
+pub(crate) struct Attempt<'s, 'a, 'l, 'p, 'q, 'd> {
+    lent: &'l mut Lent<'p, 'q, 'd>,
     number: u32,
     /// The first copy's time limit, longer if it ran on past it.
     limit: Duration,
@@ -308,23 +309,17 @@ struct Hedged<'s, 'a> {
     failed: Option<(Outcome, Verdict)>,
 }
 
-/// What ended, when the copies are polled.
-enum Event {
-    First(Outcome),
-    Second(Outcome),
-    HedgeDue,
-}
-
-impl<'s, 'a, 'p, 'q, 'd> Attempt<'s, 'a, 'p, 'q, 'd> {
+impl<'s, 'a, 'l, 'p, 'q, 'd> Attempt<'s, 'a, 'l, 'p, 'q, 'd> {
     /// Sends attempt `plan.number`'s first copy down `chain`; `spare` takes the copy of the
     /// extensions a hedge would go with, if the core planned one. The hedging delay's timer is
     /// armed as the first copy starts (a middleware may take time before its future is
     /// polled); without a timer there is no hedge.
+    #[inline(always)]
     pub(crate) fn launch(
         chain: Chain<'s, 'a>,
         spare: &'s mut Extensions,
         plan: &Plan,
-        lent: Lent<'p, 'q, 'd>,
+        lent: &'l mut Lent<'p, 'q, 'd>,
     ) -> Self {
         let (extensions, next, span) = chain;
         chain::announce(extensions, span, plan.number);
@@ -354,51 +349,68 @@ impl<'s, 'a, 'p, 'q, 'd> Attempt<'s, 'a, 'p, 'q, 'd> {
         }
     }
 
-    /// The attempt's outcome and verdict, and whether its hedge answered, once it has them.
+    /// The attempt's outcome and verdict, and whether its hedge answered, once it has them. The
+    /// outcome is looked at where it lies and moved once, to where it goes: nearly every
+    /// request's answer passes through here.
+    #[inline(always)]
     fn poll_judged(&mut self, cx: &mut Context<'_>) -> Poll<(Outcome, Verdict, bool)> {
         loop {
-            let judged = if self.reading.is_some() {
-                match ready!(self.poll_read(cx)) {
-                    (judged, AfterRead::Judge) => judged,
-                    (done, AfterRead::Done(_)) => return Poll::Ready(done),
+            let (outcome, verdict, by_hedge) = if self.reading.is_some() {
+                let (outcome, verdict, by_hedge, then) = ready!(self.poll_read(cx));
+                if let AfterRead::Done(_) = then {
+                    return Poll::Ready((outcome, verdict, by_hedge));
                 }
+                (outcome, verdict, by_hedge)
             } else {
-                let (outcome, by_hedge) = match ready!(self.poll_copies(cx)) {
-                    Event::HedgeDue => {
-                        self.send_hedge();
-                        continue;
-                    }
-                    Event::First(outcome) => {
-                        self.first = None;
-                        (outcome, false)
-                    }
-                    Event::Second(outcome) => {
-                        if let Some(hedged) = self.hedged.as_deref_mut() {
-                            hedged.second = None;
-                        }
-                        (outcome, true)
-                    }
-                };
-                match self.judge(outcome, by_hedge) {
-                    Ok(judged) => judged,
-                    Err(read) => {
-                        self.reading = Some(read);
-                        continue;
-                    }
+                let (outcome, by_hedge) = ready!(self.poll_copies(cx));
+                // Read first when the classifier is to see the body.
+                if let (Some(max), true) = (self.lent.judging.body_first(), outcome.is_ok()) {
+                    self.read(outcome, max, AfterRead::Judge, by_hedge);
+                    continue;
                 }
+                let verdict = self.lent.judging.verdict(&outcome, self.number);
+                (outcome, verdict, by_hedge)
             };
-            let (outcome, verdict, by_hedge) = judged;
-            match self.settle(outcome, verdict, by_hedge) {
-                Ok(done) => return Poll::Ready(done),
-                Err(Some(read)) => self.reading = Some(read),
-                Err(None) => {}
+            if let Some(hedged) = self.hedged.as_deref_mut() {
+                let other_out = if by_hedge {
+                    self.first.is_some()
+                } else {
+                    hedged.second.is_some()
+                };
+                if other_out && matches!(verdict, Verdict::Transient(..)) {
+                    // The other copy may still answer.
+                    hedged.failed = Some((outcome, verdict));
+                    continue;
+                }
+                // The other copy, if out, is given up here: dropped, its connection closed.
+                (hedged.failed, hedged.second) = (None, None);
             }
+            self.first = None;
+            // The body is read within the first copy's time, which began first: a hedge's
+            // answer gets a little less than its own limit, never more than the attempt's.
+            if let Some(max) = body::to_read(&self.lent.judging, &outcome, verdict) {
+                self.read(outcome, max, AfterRead::Done(verdict), by_hedge);
+                continue;
+            }
+            return Poll::Ready((outcome, verdict, by_hedge));
         }
+    }
+
+    /// Starts reading the body of `outcome`, an answer, up to `max` bytes.
+    fn read(&mut self, outcome: Outcome, max: usize, then: AfterRead, by_hedge: bool) {
+        let Ok(response) = outcome else {
+            unreachable!("only an answer has a body to read");
+        };
+        self.reading = Some(Box::new(ReadingBody {
+            read: Box::pin(body::buffer(response, max)),
+            then,
+            by_hedge,
+        }));
     }
 
     /// Polls the body being read, racing the first copy's timer: the answer with its body, or
     /// the error that cut it, judged (again, after a verdict: a body cut off is transient).
-    fn poll_read(&mut self, cx: &mut Context<'_>) -> Poll<((Outcome, Verdict, bool), AfterRead)> {
+    fn poll_read(&mut self, cx: &mut Context<'_>) -> Poll<(Outcome, Verdict, bool, AfterRead)> {
         let Some(reading) = self.reading.as_deref_mut() else {
             unreachable!("polled only while a body is read");
         };
@@ -417,46 +429,56 @@ impl<'s, 'a, 'p, 'q, 'd> Attempt<'s, 'a, 'p, 'q, 'd> {
             AfterRead::Done(verdict) if outcome.is_ok() => verdict,
             _ => (self.lent.judging).verdict_on(&outcome, self.number, body.as_ref()),
         };
-        Poll::Ready(((outcome, verdict, by_hedge), then))
+        Poll::Ready((outcome, verdict, by_hedge, then))
     }
 
-    /// Polls the copies out and their timers: the first copy's timer asks the core whether it
-    /// is cut or runs on; the hedging delay's says a hedge is due.
-    fn poll_copies(&mut self, cx: &mut Context<'_>) -> Poll<Event> {
-        let lent = &mut self.lent;
-        let clock = lent.tools.0;
-        if let Some(work) = self.first.as_mut() {
-            if let Poll::Ready(done) = Pin::new(work).poll(cx) {
-                return Poll::Ready(Event::First(done));
+    /// Polls the copies out and their timers, until one of them ends: the first copy's timer
+    /// asks the core whether it is cut or runs on; when the hedging delay's fires, a hedge may
+    /// go (and is polled at once).
+    #[inline(always)]
+    fn poll_copies(&mut self, cx: &mut Context<'_>) -> Poll<(Outcome, bool)> {
+        loop {
+            let lent = &mut *self.lent;
+            let clock = lent.tools.0;
+            if let Some(work) = self.first.as_mut() {
+                if let Poll::Ready(done) = Pin::new(work).poll(cx) {
+                    self.first = None;
+                    return Poll::Ready((done, false));
+                }
+                while Pin::new(&mut *lent.timer).poll(cx).is_ready() {
+                    let now = clock.get().now();
+                    let longer = (lent.decider.at_limit(now))
+                        .and_then(|more| Some((more, clock.timeout(more, Some(now)).ok()?)));
+                    let Some((more, longer)) = longer else {
+                        self.first = None;
+                        return Poll::Ready((Err(chain::timed_out(self.limit)), false));
+                    };
+                    self.limit += more;
+                    *lent.timer = longer;
+                }
             }
-            while Pin::new(&mut *lent.timer).poll(cx).is_ready() {
-                let now = clock.get().now();
-                let longer = (lent.decider.at_limit(now))
-                    .and_then(|more| Some((more, clock.timeout(more, Some(now)).ok()?)));
-                let Some((more, longer)) = longer else {
-                    return Poll::Ready(Event::First(Err(chain::timed_out(self.limit))));
+            let Some(hedged) = self.hedged.as_deref_mut() else {
+                return Poll::Pending;
+            };
+            if let Some((work, timer, limit)) = hedged.second.as_mut() {
+                let ended = match Pin::new(work).poll(cx) {
+                    Poll::Ready(done) => done,
+                    Poll::Pending => match Pin::new(timer).poll(cx) {
+                        Poll::Ready(()) => Err(chain::timed_out(*limit)),
+                        Poll::Pending => return Poll::Pending,
+                    },
                 };
-                self.limit += more;
-                *lent.timer = longer;
+                hedged.second = None;
+                return Poll::Ready((ended, true));
             }
-        }
-        let Some(hedged) = self.hedged.as_deref_mut() else {
-            return Poll::Pending;
-        };
-        if let Some((work, timer, limit)) = hedged.second.as_mut() {
-            if let Poll::Ready(done) = Pin::new(work).poll(cx) {
-                return Poll::Ready(Event::Second(done));
+            match hedged.due.as_mut().map(|due| Pin::new(due).poll(cx)) {
+                Some(Poll::Ready(())) => {
+                    // Once: the delay's timer is gone, so this loop turns at most twice.
+                    hedged.due = None;
+                    self.send_hedge();
+                }
+                _ => return Poll::Pending,
             }
-            if Pin::new(timer).poll(cx).is_ready() {
-                return Poll::Ready(Event::Second(Err(chain::timed_out(*limit))));
-            }
-        }
-        match hedged.due.as_mut().map(|due| Pin::new(due).poll(cx)) {
-            Some(Poll::Ready(())) => {
-                hedged.due = None;
-                Poll::Ready(Event::HedgeDue)
-            }
-            _ => Poll::Pending,
         }
     }
 
@@ -466,7 +488,7 @@ impl<'s, 'a, 'p, 'q, 'd> Attempt<'s, 'a, 'p, 'q, 'd> {
         let Some(hedged) = self.hedged.as_deref_mut() else {
             return;
         };
-        let lent = &mut self.lent;
+        let lent = &mut *self.lent;
         let (clock, rng) = lent.tools;
         let now = clock.get().now();
         let Some(plan) = lent.decider.hedge_plan(now, lent.kept.resend(), rng) else {
@@ -485,68 +507,9 @@ impl<'s, 'a, 'p, 'q, 'd> Attempt<'s, 'a, 'p, 'q, 'd> {
         let running = Claiming::new(id, hedged.span, || next.clone().run(sending, extensions));
         hedged.second = Some((running, timer, plan.limit));
     }
-
-    /// A copy's outcome judged, or the body read that must come first (the classifier is to
-    /// see it).
-    fn judge(
-        &self,
-        outcome: Outcome,
-        by_hedge: bool,
-    ) -> Result<(Outcome, Verdict, bool), Box<ReadingBody>> {
-        let judging = &self.lent.judging;
-        match (judging.body_first(), outcome) {
-            (Some(max), Ok(response)) => Err(Box::new(ReadingBody {
-                read: Box::pin(body::buffer(response, max)),
-                then: AfterRead::Judge,
-                by_hedge,
-            })),
-            (_, outcome) => {
-                let verdict = judging.verdict(&outcome, self.number);
-                Ok((outcome, verdict, by_hedge))
-            }
-        }
-    }
-
-    /// A judged outcome: the attempt's, with the other copy given up (dropped: its connection
-    /// closed), unless it failed transiently while the other copy is out (`Err(None)`: kept, as
-    /// the other may still answer); or the body read it needs first (`Err(Some)`).
-    fn settle(
-        &mut self,
-        outcome: Outcome,
-        verdict: Verdict,
-        by_hedge: bool,
-    ) -> Result<(Outcome, Verdict, bool), Option<Box<ReadingBody>>> {
-        if let Some(hedged) = self.hedged.as_deref_mut() {
-            let other_out = if by_hedge {
-                self.first.is_some()
-            } else {
-                hedged.second.is_some()
-            };
-            if other_out && matches!(verdict, Verdict::Transient(..)) {
-                hedged.failed = Some((outcome, verdict));
-                return Err(None);
-            }
-            hedged.failed = None;
-            hedged.second = None;
-        }
-        self.first = None;
-        // The body is read within the first copy's time, which began first: a hedge's answer
-        // gets a little less than its own limit, never more than the attempt's.
-        match (
-            body::to_read(&self.lent.judging, &outcome, verdict),
-            outcome,
-        ) {
-            (Some(max), Ok(response)) => Err(Some(Box::new(ReadingBody {
-                read: Box::pin(body::buffer(response, max)),
-                then: AfterRead::Done(verdict),
-                by_hedge,
-            }))),
-            (_, outcome) => Ok((outcome, verdict, by_hedge)),
-        }
-    }
 }
 
-impl Future for Attempt<'_, '_, '_, '_, '_> {
+impl Future for Attempt<'_, '_, '_, '_, '_, '_> {
     type Output = (Outcome, Verdict, bool);
 
     /// The attempt's outcome and verdict, and whether its hedge answered.

@@ -12,7 +12,7 @@ use std::future::Future;
 use std::ops::ControlFlow;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use http::Extensions;
 use reqwest::{Request, Response};
@@ -24,7 +24,7 @@ use crate::body;
 use crate::chain;
 use crate::classify::Verdict;
 use crate::clock::{Clock, SharedClock, TimerUnavailable, TokioClock};
-use crate::decide::{Cap, Decider, Observed, Plan, Step};
+use crate::decide::{Decider, Observed, Plan, Step};
 use crate::dependency::{Dependency, RetryOverride, Routes};
 use crate::error::{InvalidConfig, StopReason};
 use crate::observe::{Observer, RetryEvent};
@@ -200,13 +200,14 @@ impl RetryMiddleware {
         let mut kept = Kept::new(request);
         async move {
             let (overriding, cap, refused) = RetryOverride::of_request(extensions, dependency);
-            let mut now = self.clock.get().now();
+            let policy = overriding.as_deref().unwrap_or(&dependency.policy);
+            let (method, mut now) = (kept.request().method(), self.clock.get().now());
+            let mut decider = Decider::start(policy, dependency.accounts(), cap, method, now);
             let given = (&kept, &*extensions, &span, refused);
-            let (mut decider, mut sent) =
-                match self.start(dependency, (&overriding, cap), given, now) {
-                    ControlFlow::Continue(started) => started,
-                    ControlFlow::Break(end) => return end,
-                };
+            let mut sent = match self.prepare(dependency, &mut decider, given) {
+                ControlFlow::Continue(sent) => sent,
+                ControlFlow::Break(end) => return end,
+            };
             let mut phase = Phase::Asking;
             loop {
                 phase = match phase {
@@ -225,7 +226,7 @@ impl RetryMiddleware {
                             let mut spare = Extensions::new();
                             let lent = Lent::new(&mut kept, &sent, &mut decider, self.tools());
                             let chain = (&mut *extensions, &next, &span);
-                            Attempt::launch(chain, &mut spare, &plan, lent(&mut timer)).await
+                            Attempt::launch(chain, &mut spare, &plan, &mut lent(&mut timer)).await
                         };
                         let request = (&mut sent, &kept);
                         let (outcome, delay) =
@@ -233,56 +234,50 @@ impl RetryMiddleware {
                                 ControlFlow::Continue(retried) => retried,
                                 ControlFlow::Break(end) => return end,
                             };
-                        // Boxed: the reading state is large, and only a retry needs it.
                         let kept_body = body::keep(outcome, body::KEPT, Pin::new(&mut timer));
                         kept.previous = Some(Box::new(Box::pin(kept_body).await));
                         Phase::Waiting(delay)
                     }
-                    Phase::Waiting(delay) => {
-                        if self.clock.wait(delay).await.is_err() {
-                            return self.no_timer(&span, &decider, sent.ends(&kept));
+                    Phase::Waiting(delay) => match self.clock.wait(delay).await {
+                        Ok(()) => {
+                            now = self.clock.get().now();
+                            Phase::Asking
                         }
-                        now = self.clock.get().now();
-                        Phase::Asking
-                    }
+                        Err(_) => return self.no_timer(&span, &decider, sent.ends(&kept)),
+                    },
                 };
             }
         }
     }
 
-    /// The request started in the core at `now`, under its override's policy (or its
-    /// dependency's) and `cap`, with what it needs after it has gone (its key, who watches); or
-    /// its end, when it may not go (`refused`, an invalid key).
-    #[inline]
-    fn start<'p>(
+    /// What the request needs after it has gone (its key, who watches), with what the core
+    /// needs to know of it told to `decider`; or its end, when it may not go (`refused`, an
+    /// invalid key).
+    #[inline(always)]
+    fn prepare<'p>(
         &'p self,
         dependency: &'p Dependency,
-        (overriding, cap): (&'p Option<Box<RetryPolicy>>, Cap),
+        decider: &mut Decider<'_>,
         (kept, extensions, span, refused): (&Kept, &Extensions, &tracing::Span, Refused),
-        now: Instant,
-    ) -> ControlFlow<Outcome, (Decider<'p>, Sent<'p>)> {
-        let policy = overriding.as_deref().unwrap_or(&dependency.policy);
-        let request = kept.request();
-        let accounts = dependency.accounts();
-        let mut decider = Decider::start(policy, accounts, cap, request.method(), now);
+    ) -> ControlFlow<Outcome, Sent<'p>> {
         let observer = self.observer.as_ref().map(|observer| &*observer.0);
         let watched = observer.is_some() || self.log.enabled();
-        let given = (request, extensions);
+        let given = (kept.request(), extensions);
         match Sent::prepare(dependency, observer, watched, given, refused) {
             Ok((sent, facts)) => {
                 decider.know(facts);
-                ControlFlow::Continue((decider, sent))
+                ControlFlow::Continue(sent)
             }
             Err((stop, cause, watcher)) => {
                 let ends = (None, watcher.as_deref(), kept.url());
-                ControlFlow::Break(self.log.finish(span, Err(cause), stop, &decider, ends))
+                ControlFlow::Break(self.log.finish(span, Err(cause), stop, decider, ends))
             }
         }
     }
 
     /// What follows attempt `number`'s judged outcome: the core's decision, traced; the
     /// outcome and the wait when a retry follows, else the caller's outcome.
-    #[inline]
+    #[inline(always)]
     fn after(
         &self,
         span: &tracing::Span,

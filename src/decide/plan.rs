@@ -131,6 +131,7 @@ impl Decider<'_> {
     /// `by_hedge`: a wait before the next attempt, or a stop. The time is read (`now`, and
     /// `wall` for a `Retry-After` date) only when a rule needs it: most requests end with a
     /// final verdict that none does.
+    #[inline(always)]
     pub(crate) fn ended(
         &mut self,
         observed: Observed<'_>,
