@@ -13,7 +13,9 @@
 
 use std::process::Command;
 
-use reqwest_safe_retry_benches::{Client, Mode, clients, retrying_clients, run, start};
+use reqwest_safe_retry_benches::{
+    Client, Mode, clients, own_clients, retrying_clients, run, start,
+};
 
 const CHILD: &str = "REQWEST_SAFE_RETRY_BENCH_CHILD";
 const WARM_UP: u64 = 256;
@@ -54,6 +56,32 @@ fn main() {
             );
         }
     }
+    println!(
+        "\nthe middleware's own instructions per request (counted only inside it: its handle, \
+         its future's polls and drop, less the chain beneath it)"
+    );
+    println!(
+        "{:<24} {:>10} {:>10}",
+        "client", "1 in flight", "64 in flight"
+    );
+    let own: Vec<[f64; 2]> = (0..own_clients().len())
+        .map(|i| [1, 64].map(|in_flight| per_request("own", i, in_flight, n1, n2)))
+        .collect();
+    for ((name, _), [one, many]) in own_clients().into_iter().zip(&own) {
+        println!("{name:<24} {one:>10.0} {many:>10.0}");
+    }
+    println!(
+        "{:<24} {:>10.0} {:>10.0}",
+        "(e) - (c)",
+        own[2][0] - own[0][0],
+        own[2][1] - own[0][1]
+    );
+    println!(
+        "{:<24} {:>10.0} {:>10.0}",
+        "(d) - (c)",
+        own[1][0] - own[0][0],
+        own[1][1] - own[0][1]
+    );
     let names: Vec<_> = retrying_clients().into_iter().map(|(n, _)| n).collect();
     println!("\nretry path (a 503, then a 200, no backoff), 1 in flight");
     println!("{:<24} {:>10}", "client", "Ir/req");
@@ -76,11 +104,23 @@ fn per_request(path: &str, client: usize, in_flight: u64, n1: u64, n2: u64) -> f
     (high - low) as f64 / (n2 - n1) as f64
 }
 
-/// Runs this bench as a child under callgrind; returns the instructions it executed.
+/// Runs this bench as a child under callgrind; returns the instructions it executed: all of
+/// them, or for the `own` path those inside the measured middleware alone (counting is off at
+/// the start, turned on by the `measured_*` markers and off by the `beneath_*` ones).
 fn instructions(spec: &str) -> u64 {
     let exe = std::env::current_exe().unwrap();
+    let own: &[&str] = if spec.starts_with("own ") {
+        &[
+            "--collect-atstart=no",
+            "--toggle-collect=*reqwest_safe_retry_benches::measured_*",
+            "--toggle-collect=*reqwest_safe_retry_benches::beneath_*",
+        ]
+    } else {
+        &[]
+    };
     let out = Command::new("valgrind")
         .args(["--tool=callgrind", "--callgrind-out-file=/dev/null"])
+        .args(own)
         .arg(exe)
         .env(CHILD, spec)
         .output()
@@ -114,6 +154,7 @@ fn child(spec: &str) {
     rt.block_on(async {
         let (mode, all) = match path {
             "success" => (Mode::Ok, clients()),
+            "own" => (Mode::Ok, own_clients()),
             "retry" => (Mode::FailThenOk, retrying_clients()),
             other => panic!("unknown path {other}"),
         };

@@ -263,6 +263,167 @@ pub fn retrying_clients() -> Vec<Labelled> {
     ]
 }
 
+/// The middlewares whose own instructions the instruction bench counts, each between [`Enter`]
+/// and [`Leave`] in a chain of its own: (c), (d) and (e), with their labels.
+pub fn own_clients() -> Vec<Labelled> {
+    fn between(middleware: impl Middleware) -> Client {
+        Client::Chain(
+            ClientBuilder::new(reqwest::Client::new())
+                .with(Enter)
+                .with(middleware)
+                .with(Leave)
+                .build(),
+        )
+    }
+    fn ours(dependency: impl FnOnce(Dependency) -> Dependency) -> RetryMiddleware {
+        RetryMiddleware::new(dependency(Dependency::new("bench", RetryPolicy::default())))
+    }
+    vec![
+        ("(c) reqwest-retry", || between(reqwest_retry(false))),
+        ("(d) this crate", || between(ours(|d| d))),
+        ("(e) without keys", || {
+            between(ours(Dependency::without_idempotency_keys))
+        }),
+    ]
+}
+
+/// A future of the rest of a chain.
+type Rest<'a> =
+    Pin<Box<dyn Future<Output = reqwest_middleware::Result<reqwest::Response>> + Send + 'a>>;
+
+/// Marks where the measured middleware begins: everything the middleware after it does, in
+/// its `handle`, in its future's polls and in its future's drop, runs inside the `measured_*`
+/// functions, which callgrind's `--toggle-collect` turns counting on for.
+#[derive(Debug, Clone, Copy)]
+pub struct Enter;
+
+/// Marks where the measured middleware ends: the chain beneath it runs inside the `beneath_*`
+/// functions, which turn counting off again (and on when they return).
+#[derive(Debug, Clone, Copy)]
+pub struct Leave;
+
+/// The future of a chain run inside markers of one kind (`BENEATH`: [`Leave`]'s, else
+/// [`Enter`]'s).
+struct Marked<'a, const BENEATH: bool>(Option<Rest<'a>>);
+
+impl Middleware for Enter {
+    fn handle<'life0, 'life1, 'life2, 'async_trait>(
+        &'life0 self,
+        request: reqwest::Request,
+        extensions: &'life1 mut Extensions,
+        next: Next<'life2>,
+    ) -> Rest<'async_trait>
+    where
+        'life0: 'async_trait,
+        'life1: 'async_trait,
+        'life2: 'async_trait,
+        Self: 'async_trait,
+    {
+        Box::pin(Marked::<false>(Some(measured_handle(
+            next, request, extensions,
+        ))))
+    }
+}
+
+impl Middleware for Leave {
+    fn handle<'life0, 'life1, 'life2, 'async_trait>(
+        &'life0 self,
+        request: reqwest::Request,
+        extensions: &'life1 mut Extensions,
+        next: Next<'life2>,
+    ) -> Rest<'async_trait>
+    where
+        'life0: 'async_trait,
+        'life1: 'async_trait,
+        'life2: 'async_trait,
+        Self: 'async_trait,
+    {
+        beneath_handle(next, request, extensions)
+    }
+}
+
+impl<const BENEATH: bool> Future for Marked<'_, BENEATH> {
+    type Output = reqwest_middleware::Result<reqwest::Response>;
+
+    fn poll(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        let Some(rest) = self.0.as_mut() else {
+            panic!("polled after it was dropped");
+        };
+        if BENEATH {
+            beneath_poll(rest, cx)
+        } else {
+            measured_poll(rest, cx)
+        }
+    }
+}
+
+impl<const BENEATH: bool> Drop for Marked<'_, BENEATH> {
+    fn drop(&mut self) {
+        if BENEATH {
+            beneath_drop(self.0.take());
+        } else {
+            measured_drop(self.0.take());
+        }
+    }
+}
+
+// The markers: never inlined, each with a body of its own (so that no two are merged into one
+// symbol), and as small as a call can be.
+
+#[inline(never)]
+fn measured_handle<'a>(
+    next: Next<'a>,
+    request: reqwest::Request,
+    ext: &'a mut Extensions,
+) -> Rest<'a> {
+    std::hint::black_box(1u8);
+    next.run(request, ext)
+}
+
+#[inline(never)]
+fn measured_poll(
+    rest: &mut Rest<'_>,
+    cx: &mut std::task::Context<'_>,
+) -> std::task::Poll<reqwest_middleware::Result<reqwest::Response>> {
+    std::hint::black_box(2u8);
+    rest.as_mut().poll(cx)
+}
+
+#[inline(never)]
+fn measured_drop(rest: Option<Rest<'_>>) {
+    std::hint::black_box(3u8);
+    drop(rest);
+}
+
+/// The chain beneath, boxed with its markers here, where nothing is counted.
+#[inline(never)]
+fn beneath_handle<'a>(
+    next: Next<'a>,
+    request: reqwest::Request,
+    ext: &'a mut Extensions,
+) -> Rest<'a> {
+    std::hint::black_box(4u8);
+    Box::pin(Marked::<true>(Some(next.run(request, ext))))
+}
+
+#[inline(never)]
+fn beneath_poll(
+    rest: &mut Rest<'_>,
+    cx: &mut std::task::Context<'_>,
+) -> std::task::Poll<reqwest_middleware::Result<reqwest::Response>> {
+    std::hint::black_box(5u8);
+    rest.as_mut().poll(cx)
+}
+
+#[inline(never)]
+fn beneath_drop(rest: Option<Rest<'_>>) {
+    std::hint::black_box(6u8);
+    drop(rest);
+}
+
 /// Sends `total` POSTs through `client`, `in_flight` at a time on the current runtime.
 pub async fn run(client: &Client, url: &str, total: u64, in_flight: u64) {
     if in_flight <= 1 {
