@@ -139,7 +139,9 @@ pub(crate) enum TokioTimeout {
     /// tokio's clock runs: its timer, checked against real time when it fires.
     Tokio {
         sleep: Armed,
-        real_start: Instant,
+        /// The deadline on tokio's clock (`None`: beyond the `Instant` range); on a running
+        /// clock it is the real one, the start plus `duration`.
+        deadline: Option<tokio::time::Instant>,
         duration: Duration,
     },
     /// tokio's clock is paused: real time, on a helper thread.
@@ -163,10 +165,11 @@ impl TokioTimeout {
                 timer: RealTimer::start(duration),
             };
         }
+        // The deadline from the reading just made, rather than a third one.
+        let deadline = second.checked_add(duration);
         TokioTimeout::Tokio {
-            // The deadline from the reading just made, rather than a third one.
-            sleep: Armed::until(second, duration),
-            real_start: second.into_std(),
+            sleep: Armed::until(deadline, duration),
+            deadline,
             duration,
         }
     }
@@ -180,17 +183,16 @@ impl Future for TokioTimeout {
         let left = match &mut *self {
             TokioTimeout::Tokio {
                 sleep,
-                real_start,
+                deadline,
                 duration,
             } => {
-                // The attempt's deadline on tokio's clock (`None` beyond the `Instant` range):
-                // kept as its start and length, which the check below needs anyway.
-                let deadline = tokio::time::Instant::from_std(*real_start).checked_add(*duration);
-                std::task::ready!(sleep.poll(cx, deadline));
+                std::task::ready!(sleep.poll(cx, *deadline));
                 // tokio rounds deadlines up to its millisecond tick; a timer that fired more
                 // than a tick early was advanced by a clock paused after it was armed, not by
-                // time.
-                let real = real_start.elapsed();
+                // time. (Armed on a running clock, its start is the real one; one beyond the
+                // `Instant` range is waited for in full.)
+                let start = deadline.and_then(|d| d.into_std().checked_sub(*duration));
+                let real = start.map_or(Duration::ZERO, |start| start.elapsed());
                 if real + Duration::from_millis(1) >= *duration {
                     return Poll::Ready(());
                 }
@@ -220,7 +222,17 @@ const SPARE_TIMERS: usize = 64;
 /// the wheel.
 struct Spares {
     runtime: Option<tokio::runtime::Id>,
-    timers: Vec<Pin<Box<tokio::time::Sleep>>>,
+    timers: Vec<(Pin<Box<tokio::time::Sleep>>, Registered)>,
+}
+
+/// Whose waker a tokio timer last took, when it was polled: the waker's data and vtable
+/// addresses (`[0, 0]`: none). The timer holds a clone of that waker, so while it does no other
+/// waker can have the same addresses: equal addresses are the same task's.
+type Registered = [usize; 2];
+
+/// The addresses that tell `waker` apart (see [`Registered`]).
+fn registered(waker: &std::task::Waker) -> Registered {
+    [waker.data() as usize, std::ptr::from_ref(waker.vtable()) as usize]
 }
 
 thread_local! {
@@ -238,14 +250,16 @@ thread_local! {
 pub(crate) struct Armed {
     sleep: Option<Pin<Box<tokio::time::Sleep>>>,
     runtime: tokio::runtime::Id,
+    /// Whose waker the timer holds: a spare that attempts of one task take in turn is polled
+    /// again only when it fired or another task waits on it (see [`Armed::poll`]).
+    registered: Registered,
 }
 
 impl Armed {
-    /// A timer for `duration` from `start`, on the current runtime (panics outside one, or on
-    /// one without a time driver, as tokio does).
-    fn until(start: tokio::time::Instant, duration: Duration) -> Armed {
+    /// A timer for `deadline` (`None`: `duration` from now, beyond the `Instant` range), on the
+    /// current runtime (panics outside one, or on one without a time driver, as tokio does).
+    fn until(deadline: Option<tokio::time::Instant>, duration: Duration) -> Armed {
         let runtime = tokio::runtime::Handle::current().id();
-        let deadline = start.checked_add(duration);
         let spare = deadline.and_then(|_| {
             SPARES
                 .try_with(|spares| {
@@ -257,21 +271,23 @@ impl Armed {
                 .ok()
                 .flatten()
         });
-        let sleep = match (spare, deadline) {
-            (Some(mut sleep), Some(deadline)) => {
-                // Later than this attempt's: it would fire too late, so it is moved now.
+        let (sleep, registered) = match (spare, deadline) {
+            (Some((mut sleep, registered)), Some(deadline)) => {
+                // Later than this attempt's: it would fire too late, so it is moved now (it
+                // keeps the waker it holds).
                 if sleep.deadline() > deadline {
                     sleep.as_mut().reset(deadline);
                 }
-                sleep
+                (sleep, registered)
             }
-            (_, Some(deadline)) => Box::pin(tokio::time::sleep_until(deadline)),
+            (_, Some(deadline)) => (Box::pin(tokio::time::sleep_until(deadline)), [0; 2]),
             // Beyond the `Instant` range: tokio's own far deadline.
-            (_, None) => Box::pin(tokio::time::sleep(duration)),
+            (_, None) => (Box::pin(tokio::time::sleep(duration)), [0; 2]),
         };
         Armed {
             sleep: Some(sleep),
             runtime,
+            registered,
         }
     }
 
@@ -281,16 +297,30 @@ impl Armed {
         let Some(sleep) = &mut self.sleep else {
             return Poll::Pending;
         };
-        std::task::ready!(sleep.as_mut().poll(cx));
-        match deadline {
-            // A spare that fired at an earlier attempt's deadline: moved to this one's. tokio
-            // fires it no earlier than that on its clock, so this happens once.
-            Some(deadline) if tokio::time::Instant::now() < deadline => {
-                sleep.as_mut().reset(deadline);
-                sleep.as_mut().poll(cx)
-            }
-            _ => Poll::Ready(()),
+        let waker = registered(cx.waker());
+        // Still armed, and holding this task's waker: polling it again would change nothing
+        // (tokio keeps a waker that wakes the same task), so it is not.
+        if self.registered == waker && !sleep.is_elapsed() {
+            return Poll::Pending;
         }
+        self.registered = waker;
+        let fired = match sleep.as_mut().poll(cx) {
+            Poll::Pending => return Poll::Pending,
+            Poll::Ready(()) => match deadline {
+                // A spare that fired at an earlier attempt's deadline: moved to this one's.
+                // tokio fires it no earlier than that on its clock, so this happens once.
+                Some(deadline) if tokio::time::Instant::now() < deadline => {
+                    sleep.as_mut().reset(deadline);
+                    sleep.as_mut().poll(cx)
+                }
+                _ => Poll::Ready(()),
+            },
+        };
+        if fired.is_ready() {
+            // A timer that fired has woken, and let go of, the waker it held.
+            self.registered = [0; 2];
+        }
+        fired
     }
 }
 
@@ -309,7 +339,7 @@ impl Drop for Armed {
                 spares.runtime = Some(self.runtime);
             }
             if spares.timers.len() < SPARE_TIMERS {
-                spares.timers.push(sleep);
+                spares.timers.push((sleep, self.registered));
             }
         });
     }
@@ -626,10 +656,12 @@ mod tests {
     async fn an_earlier_reading_of_a_running_clock_is_enough_to_tell_it_runs() {
         let read = TokioClock.now();
         let timeout = TokioTimeout::new(Duration::from_millis(5), Some(read));
-        let TokioTimeout::Tokio { real_start, .. } = timeout else {
+        let TokioTimeout::Tokio { deadline, .. } = timeout else {
             panic!("a running clock timed on the real-time timer");
         };
-        assert!(real_start > read);
+        // Armed from a reading after the one passed in.
+        let deadline = deadline.expect("a 5 ms deadline is in range").into_std();
+        assert!(deadline > read + Duration::from_millis(5));
     }
 
     #[tokio::test]
