@@ -295,7 +295,7 @@ enum AfterRead {
     /// Judge the answer with its body, as the classifier sees it.
     Judge,
     /// The verdict was given: the answer is the attempt's outcome.
-    Done(Verdict),
+    Done,
 }
 
 /// The hedged state: its delay's timer, the extensions lent to its copy, the copy, and a
@@ -352,12 +352,11 @@ impl<'s, 'a, 'l, 'p, 'q, 'd> Attempt<'s, 'a, 'l, 'p, 'q, 'd> {
     /// The attempt's outcome and verdict, and whether its hedge answered, once it has them. The
     /// outcome is looked at where it lies and moved once, to where it goes: nearly every
     /// request's answer passes through here.
-    #[inline(always)]
     fn poll_judged(&mut self, cx: &mut Context<'_>) -> Poll<(Outcome, Verdict, bool)> {
         loop {
             let (outcome, verdict, by_hedge) = if self.reading.is_some() {
                 let (outcome, verdict, by_hedge, then) = ready!(self.poll_read(cx));
-                if let AfterRead::Done(_) = then {
+                if let AfterRead::Done = then {
                     return Poll::Ready((outcome, verdict, by_hedge));
                 }
                 (outcome, verdict, by_hedge)
@@ -389,7 +388,7 @@ impl<'s, 'a, 'l, 'p, 'q, 'd> Attempt<'s, 'a, 'l, 'p, 'q, 'd> {
             // The body is read within the first copy's time, which began first: a hedge's
             // answer gets a little less than its own limit, never more than the attempt's.
             if let Some(max) = body::to_read(&self.lent.judging, &outcome, verdict) {
-                self.read(outcome, max, AfterRead::Done(verdict), by_hedge);
+                self.read(outcome, max, AfterRead::Done, by_hedge);
                 continue;
             }
             return Poll::Ready((outcome, verdict, by_hedge));
@@ -424,18 +423,16 @@ impl<'s, 'a, 'l, 'p, 'q, 'd> Attempt<'s, 'a, 'l, 'p, 'q, 'd> {
             }
         };
         self.reading = None;
-        let verdict = match then {
-            // The same status and head: the verdict stands.
-            AfterRead::Done(verdict) if outcome.is_ok() => verdict,
-            _ => (self.lent.judging).verdict_on(&outcome, self.number, body.as_ref()),
-        };
+        // Judged with the body the classifier is to see; after a verdict, judged again: a body
+        // cut off is transient, and a body read whole leaves the verdict as it was (the same
+        // status and head).
+        let verdict = (self.lent.judging).verdict_on(&outcome, self.number, body.as_ref());
         Poll::Ready((outcome, verdict, by_hedge, then))
     }
 
     /// Polls the copies out and their timers, until one of them ends: the first copy's timer
     /// asks the core whether it is cut or runs on; when the hedging delay's fires, a hedge may
     /// go (and is polled at once).
-    #[inline(always)]
     fn poll_copies(&mut self, cx: &mut Context<'_>) -> Poll<(Outcome, bool)> {
         loop {
             let lent = &mut *self.lent;
@@ -458,6 +455,7 @@ impl<'s, 'a, 'l, 'p, 'q, 'd> Attempt<'s, 'a, 'l, 'p, 'q, 'd> {
                 }
             }
             let Some(hedged) = self.hedged.as_deref_mut() else {
+                assert!(self.first.is_some(), "an attempt waits with no copy out");
                 return Poll::Pending;
             };
             if let Some((work, timer, limit)) = hedged.second.as_mut() {
@@ -477,7 +475,11 @@ impl<'s, 'a, 'l, 'p, 'q, 'd> Attempt<'s, 'a, 'l, 'p, 'q, 'd> {
                     hedged.due = None;
                     self.send_hedge();
                 }
-                _ => return Poll::Pending,
+                _ => {
+                    let out = self.first.is_some() || hedged.second.is_some();
+                    assert!(out, "an attempt waits with no copy out");
+                    return Poll::Pending;
+                }
             }
         }
     }
