@@ -232,7 +232,10 @@ type Registered = [usize; 2];
 
 /// The addresses that tell `waker` apart (see [`Registered`]).
 fn registered(waker: &std::task::Waker) -> Registered {
-    [waker.data() as usize, std::ptr::from_ref(waker.vtable()) as usize]
+    [
+        waker.data() as usize,
+        std::ptr::from_ref(waker.vtable()) as usize,
+    ]
 }
 
 thread_local! {
@@ -509,6 +512,26 @@ mod tests {
     use super::*;
 
     /// How many spare timers this thread keeps, and for which runtime.
+    /// Aborts the test binary if it is still alive after 10 s of real time: a timer that never
+    /// fires ends the run at once instead of hanging it (tokio's own clock may be paused, so
+    /// the watch is a thread of its own). Dropping it ends the watch.
+    struct Watchdog(#[allow(dead_code)] std::sync::mpsc::Sender<()>);
+
+    impl Watchdog {
+        fn start() -> Watchdog {
+            let (done, watched) = std::sync::mpsc::channel::<()>();
+            std::thread::spawn(move || {
+                let limit = Duration::from_secs(10);
+                if let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = watched.recv_timeout(limit)
+                {
+                    eprintln!("a timer did not fire within {limit:?} of real time");
+                    std::process::abort();
+                }
+            });
+            Watchdog(done)
+        }
+    }
+
     fn spares() -> (usize, Option<tokio::runtime::Id>) {
         SPARES.with(|s| {
             let s = s.borrow();
@@ -538,6 +561,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_spare_set_for_an_earlier_deadline_fires_only_at_the_new_one() {
+        let _watchdog = Watchdog::start();
         drop(TokioTimeout::new(Duration::from_millis(10), None));
         let started = Instant::now();
         let mut timeout = TokioTimeout::new(Duration::from_millis(60), None);
@@ -567,6 +591,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_clock_paused_under_a_spare_set_for_an_earlier_deadline_still_waits_in_real_time() {
+        let _watchdog = Watchdog::start();
         drop(TokioTimeout::new(Duration::from_millis(5), None));
         let real = Instant::now();
         let timeout = TokioTimeout::new(Duration::from_millis(40), None);
@@ -580,6 +605,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_spare_that_fired_while_kept_is_armed_again() {
+        let _watchdog = Watchdog::start();
         drop(TokioTimeout::new(Duration::from_millis(1), None));
         // Long enough for tokio to fire the kept timer (its tick is a millisecond).
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -591,6 +617,7 @@ mod tests {
 
     #[test]
     fn another_runtime_on_the_same_thread_does_not_take_an_ended_runtime_s_spares() {
+        let _watchdog = Watchdog::start();
         let first = tokio::runtime::Builder::new_current_thread()
             .enable_time()
             .build()
@@ -619,6 +646,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_running_tokio_clock_times_attempts_on_tokio_s_timer() {
+        let _watchdog = Watchdog::start();
         let started = Instant::now();
         let mut timeout = TokioTimeout::new(Duration::from_millis(20), None);
         assert!(matches!(timeout, TokioTimeout::Tokio { .. }));
@@ -633,6 +661,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_paused_tokio_clock_times_attempts_in_real_time() {
+        let _watchdog = Watchdog::start();
         let (real, virtual_) = (Instant::now(), tokio::time::Instant::now());
         let timeout = TokioTimeout::new(Duration::from_millis(30), None);
         assert!(matches!(timeout, TokioTimeout::Real { .. }));
@@ -666,6 +695,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_clock_paused_after_the_timer_was_armed_is_caught_when_it_fires() {
+        let _watchdog = Watchdog::start();
         let real = Instant::now();
         let timeout = TokioTimeout::new(Duration::from_millis(30), None);
         assert!(matches!(timeout, TokioTimeout::Tokio { .. }));
@@ -681,6 +711,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_clock_paused_late_waits_only_the_real_time_that_is_left() {
+        let _watchdog = Watchdog::start();
         let real = Instant::now();
         let timeout = TokioTimeout::new(Duration::from_millis(200), None);
         // 100 ms of real time pass before the pause; then auto-advance fires tokio's timer.
@@ -738,6 +769,65 @@ mod tests {
             ));
         });
         assert_eq!(spares().0, 1, "the other runtime's spare was not taken");
+    }
+
+    #[tokio::test]
+    async fn a_new_timer_is_polled_and_fires() {
+        let _watchdog = Watchdog::start();
+        let started = Instant::now();
+        let timeout = TokioTimeout::new(Duration::from_millis(20), None);
+        let TokioTimeout::Tokio { sleep, .. } = &timeout else {
+            panic!("a running clock timed on the real-time timer");
+        };
+        assert_eq!(sleep.registered, [0; 2], "a new timer holds no waker");
+        timeout.await;
+        assert!(started.elapsed() >= Duration::from_millis(20));
+    }
+
+    #[tokio::test]
+    async fn a_spare_another_task_waited_on_wakes_the_task_that_takes_it() {
+        let _watchdog = Watchdog::start();
+        // The first task waits on its timer, which then holds its waker, and ends: the spare
+        // goes back still holding that task's waker.
+        let first = tokio::spawn(async {
+            let mut timeout = TokioTimeout::new(Duration::from_secs(30), None);
+            let pending = std::future::poll_fn(|cx| Poll::Ready(Pin::new(&mut timeout).poll(cx)));
+            assert!(pending.await.is_pending());
+        });
+        first.await.unwrap();
+        assert_eq!(spares().0, 1);
+        // Another task takes it: the timer must take this task's waker, or it never wakes it.
+        let started = Instant::now();
+        tokio::spawn(TokioTimeout::new(Duration::from_millis(20), None))
+            .await
+            .unwrap();
+        assert!(started.elapsed() >= Duration::from_millis(20));
+    }
+
+    #[tokio::test]
+    async fn a_spare_one_task_waited_on_is_not_polled_again_by_it() {
+        let _watchdog = Watchdog::start();
+        let mut timeout = TokioTimeout::new(Duration::from_millis(30), None);
+        let started = Instant::now();
+        let polled = std::future::poll_fn(|cx| Poll::Ready(Pin::new(&mut timeout).poll(cx)));
+        assert!(polled.await.is_pending());
+        let TokioTimeout::Tokio { sleep, .. } = &timeout else {
+            panic!("a running clock timed on the real-time timer");
+        };
+        assert_ne!(sleep.registered, [0; 2], "it holds this task's waker");
+        drop(timeout);
+        // The next attempt of the same task takes the spare, skips tokio's poll, and is still
+        // woken at its own deadline.
+        let next = TokioTimeout::new(Duration::from_millis(40), None);
+        let TokioTimeout::Tokio { sleep, .. } = &next else {
+            panic!("a running clock timed on the real-time timer");
+        };
+        assert_ne!(
+            sleep.registered, [0; 2],
+            "the spare came with this task's waker"
+        );
+        next.await;
+        assert!(started.elapsed() >= Duration::from_millis(40));
     }
 
     #[tokio::test]
