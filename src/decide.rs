@@ -9,6 +9,11 @@
 //! it. The request starts here when `send()` is called, before any hold: the deadline covers
 //! holds, attempts and waits alike.
 //!
+//! The driver talks to it through a few verbs whose answers carry all it needs (`plan.rs`:
+//! [`Decider::plan`] before each attempt, [`Decider::at_limit`] and [`Decider::hedge_plan`]
+//! while one is out, [`Decider::ended`] after it); the finer steps below are what those verbs
+//! are made of, and what the core's tests drive one by one.
+//!
 //! # Where each rule lives
 //!
 //! | rule | where |
