@@ -269,9 +269,9 @@ pub fn own_clients() -> Vec<Labelled> {
     fn between(middleware: impl Middleware) -> Client {
         Client::Chain(
             ClientBuilder::new(reqwest::Client::new())
-                .with(Enter)
+                .with(Enter {})
                 .with(middleware)
-                .with(Leave)
+                .with(Leave {})
                 .build(),
         )
     }
@@ -291,22 +291,24 @@ pub fn own_clients() -> Vec<Labelled> {
 type Rest<'a> =
     Pin<Box<dyn Future<Output = reqwest_middleware::Result<reqwest::Response>> + Send + 'a>>;
 
+/// A marker in the chain: [`Enter`] where the measured middleware begins, [`Leave`] where it ends.
+#[derive(Debug, Clone, Copy)]
+pub struct Marker<const BENEATH: bool>;
+
 /// Marks where the measured middleware begins: everything the middleware after it does, in
 /// its `handle`, in its future's polls and in its future's drop, runs inside the `measured_*`
 /// functions, which callgrind's `--toggle-collect` turns counting on for.
-#[derive(Debug, Clone, Copy)]
-pub struct Enter;
+pub type Enter = Marker<false>;
 
 /// Marks where the measured middleware ends: the chain beneath it runs inside the `beneath_*`
 /// functions, which turn counting off again (and on when they return).
-#[derive(Debug, Clone, Copy)]
-pub struct Leave;
+pub type Leave = Marker<true>;
 
 /// The future of a chain run inside markers of one kind (`BENEATH`: [`Leave`]'s, else
 /// [`Enter`]'s).
 struct Marked<'a, const BENEATH: bool>(Option<Rest<'a>>);
 
-impl Middleware for Enter {
+impl<const BENEATH: bool> Middleware for Marker<BENEATH> {
     fn handle<'life0, 'life1, 'life2, 'async_trait>(
         &'life0 self,
         request: reqwest::Request,
@@ -319,26 +321,13 @@ impl Middleware for Enter {
         'life2: 'async_trait,
         Self: 'async_trait,
     {
-        Box::pin(Marked::<false>(Some(measured_handle(
-            next, request, extensions,
-        ))))
-    }
-}
-
-impl Middleware for Leave {
-    fn handle<'life0, 'life1, 'life2, 'async_trait>(
-        &'life0 self,
-        request: reqwest::Request,
-        extensions: &'life1 mut Extensions,
-        next: Next<'life2>,
-    ) -> Rest<'async_trait>
-    where
-        'life0: 'async_trait,
-        'life1: 'async_trait,
-        'life2: 'async_trait,
-        Self: 'async_trait,
-    {
-        beneath_handle(next, request, extensions)
+        if BENEATH {
+            // Boxed inside the marker, where nothing is counted.
+            return beneath_handle(next, request, extensions);
+        }
+        // Boxed out here, after the measured middleware's `handle` has returned.
+        let rest = measured_handle(next, request, extensions);
+        Box::pin(Marked::<false>(Some(rest)))
     }
 }
 
@@ -370,59 +359,49 @@ impl<const BENEATH: bool> Drop for Marked<'_, BENEATH> {
     }
 }
 
-// The markers: never inlined, each with a body of its own (so that no two are merged into one
-// symbol), and as small as a call can be.
+/// Three marker functions, `$handle`, `$poll` and `$drop`: never inlined, and each with a body
+/// of its own (the `$mark`s differ, so that no two are merged into one symbol), as small as a
+/// call can be. `$wrap` is what `$handle` does with the rest of the chain's future.
+macro_rules! markers {
+    ($handle:ident, $poll:ident, $drop:ident, $mark:literal, $wrap:expr) => {
+        #[inline(never)]
+        fn $handle<'a>(
+            next: Next<'a>,
+            request: reqwest::Request,
+            ext: &'a mut Extensions,
+        ) -> Rest<'a> {
+            std::hint::black_box($mark);
+            $wrap(next.run(request, ext))
+        }
 
-#[inline(never)]
-fn measured_handle<'a>(
-    next: Next<'a>,
-    request: reqwest::Request,
-    ext: &'a mut Extensions,
-) -> Rest<'a> {
-    std::hint::black_box(1u8);
-    next.run(request, ext)
+        #[inline(never)]
+        fn $poll(
+            rest: &mut Rest<'_>,
+            cx: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<reqwest_middleware::Result<reqwest::Response>> {
+            std::hint::black_box($mark + 1);
+            rest.as_mut().poll(cx)
+        }
+
+        #[inline(never)]
+        fn $drop(rest: Option<Rest<'_>>) {
+            std::hint::black_box($mark + 2);
+            drop(rest);
+        }
+    };
 }
 
-#[inline(never)]
-fn measured_poll(
-    rest: &mut Rest<'_>,
-    cx: &mut std::task::Context<'_>,
-) -> std::task::Poll<reqwest_middleware::Result<reqwest::Response>> {
-    std::hint::black_box(2u8);
-    rest.as_mut().poll(cx)
-}
-
-#[inline(never)]
-fn measured_drop(rest: Option<Rest<'_>>) {
-    std::hint::black_box(3u8);
-    drop(rest);
-}
-
-/// The chain beneath, boxed with its markers here, where nothing is counted.
-#[inline(never)]
-fn beneath_handle<'a>(
-    next: Next<'a>,
-    request: reqwest::Request,
-    ext: &'a mut Extensions,
-) -> Rest<'a> {
-    std::hint::black_box(4u8);
-    Box::pin(Marked::<true>(Some(next.run(request, ext))))
-}
-
-#[inline(never)]
-fn beneath_poll(
-    rest: &mut Rest<'_>,
-    cx: &mut std::task::Context<'_>,
-) -> std::task::Poll<reqwest_middleware::Result<reqwest::Response>> {
-    std::hint::black_box(5u8);
-    rest.as_mut().poll(cx)
-}
-
-#[inline(never)]
-fn beneath_drop(rest: Option<Rest<'_>>) {
-    std::hint::black_box(6u8);
-    drop(rest);
-}
+markers!(measured_handle, measured_poll, measured_drop, 1u8, |rest| {
+    rest
+});
+// The chain beneath is boxed with its markers inside `beneath_handle`, where nothing is counted.
+markers!(
+    beneath_handle,
+    beneath_poll,
+    beneath_drop,
+    4u8,
+    |rest| -> Rest<'_> { Box::pin(Marked::<true>(Some(rest))) }
+);
 
 /// Sends `total` POSTs through `client`, `in_flight` at a time on the current runtime.
 pub async fn run(client: &Client, url: &str, total: u64, in_flight: u64) {
