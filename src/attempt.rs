@@ -48,7 +48,7 @@ use crate::observe::Observer;
 use crate::policy::RetryPolicy;
 use crate::rng::RandomSource;
 use crate::shared::Shared;
-use crate::trace::Watcher;
+use crate::trace::{Ends, Watcher};
 
 /// An attempt's outcome as the chain returns it.
 pub(crate) type Outcome = reqwest_middleware::Result<Response>;
@@ -268,7 +268,7 @@ type ReadBody = Result<(Response, Option<bytes::Bytes>), reqwest::Error>;
 
 /// One attempt in flight: its first copy and, when the core planned a hedge, the hedged state;
 /// polled until it has an outcome, judged, with its body read as the policy says.
-pub(crate) struct Attempt<'s, 'a, 'l, 'p, 'q, 'd> {
+pub(crate) struct Flight<'s, 'a, 'l, 'p, 'q, 'd> {
     lent: &'l mut Lent<'p, 'q, 'd>,
     number: u32,
     /// The first copy's time limit, longer if it ran on past it.
@@ -309,7 +309,7 @@ struct Hedged<'s, 'a> {
     failed: Option<(Outcome, Verdict)>,
 }
 
-impl<'s, 'a, 'l, 'p, 'q, 'd> Attempt<'s, 'a, 'l, 'p, 'q, 'd> {
+impl<'s, 'a, 'l, 'p, 'q, 'd> Flight<'s, 'a, 'l, 'p, 'q, 'd> {
     /// Sends attempt `plan.number`'s first copy down `chain`; `spare` takes the copy of the
     /// extensions a hedge would go with, if the core planned one. The hedging delay's timer is
     /// armed as the first copy starts (a middleware may take time before its future is
@@ -339,7 +339,7 @@ impl<'s, 'a, 'l, 'p, 'q, 'd> Attempt<'s, 'a, 'l, 'p, 'q, 'd> {
         let id = chain::claim_id(extensions);
         let first = Claiming::new(id, span, || next.clone().run(sending, extensions));
         lent.decider.sent();
-        Attempt {
+        Flight {
             lent,
             number: plan.number,
             limit: plan.limit,
@@ -511,7 +511,7 @@ impl<'s, 'a, 'l, 'p, 'q, 'd> Attempt<'s, 'a, 'l, 'p, 'q, 'd> {
     }
 }
 
-impl Future for Attempt<'_, '_, '_, '_, '_, '_> {
+impl Future for Flight<'_, '_, '_, '_, '_, '_> {
     type Output = (Outcome, Verdict, bool);
 
     /// The attempt's outcome and verdict, and whether its hedge answered.
@@ -519,9 +519,6 @@ impl Future for Attempt<'_, '_, '_, '_, '_, '_> {
         self.poll_judged(cx)
     }
 }
-
-/// What a request's end needs of it besides its outcome: its key, who watches, and its URL.
-pub(crate) type Ends<'s, 'a> = (Option<Key>, Option<&'s Watcher<'a>>, Option<&'s Url>);
 
 impl<'a> Sent<'a> {
     /// What the request's end needs, with what it `kept`.

@@ -19,7 +19,7 @@ use reqwest::{Request, Response};
 use reqwest_middleware::{Middleware, Next};
 use tracing::Level;
 
-use crate::attempt::{Attempt, Ends, Kept, Lent, Outcome, Sent, Tools};
+use crate::attempt::{Flight, Kept, Lent, Outcome, Sent, Tools};
 use crate::body;
 use crate::chain;
 use crate::classify::Verdict;
@@ -32,7 +32,7 @@ use crate::policy::RetryPolicy;
 use crate::rng::{RandomSource, ThreadRng};
 use crate::schedule::Wait;
 use crate::shared::Shared;
-use crate::trace::{self, LogLevels};
+use crate::trace::{self, Ends, LogLevels};
 
 /// A [`reqwest_middleware::Middleware`] that retries transient failures when repeating is safe.
 ///
@@ -182,7 +182,7 @@ impl RetryMiddleware {
     }
 
     /// The logical request, as its phases: asking the core what the next attempt may do, an
-    /// attempt in flight ([`Attempt`]: one copy or a hedged pair, its body read), and waiting
+    /// attempt in flight ([`Flight`]: one copy or a hedged pair, its body read), and waiting
     /// (a hold for a spent quota, or the wait before a retry, with the last answer's body kept
     /// through it).
     ///
@@ -226,7 +226,7 @@ impl RetryMiddleware {
                             let mut spare = Extensions::new();
                             let lent = Lent::new(&mut kept, &sent, &mut decider, self.tools());
                             let chain = (&mut *extensions, &next, &span);
-                            Attempt::launch(chain, &mut spare, &plan, &mut lent(&mut timer)).await
+                            Flight::launch(chain, &mut spare, &plan, &mut lent(&mut timer)).await
                         };
                         let request = (&mut sent, &kept);
                         let (outcome, delay) =

@@ -6,7 +6,6 @@ use std::time::Duration;
 use reqwest::{Request, Response};
 use tracing::Level;
 
-use crate::attempt::Ends;
 use crate::classify::{self, Fault, Verdict};
 use crate::decide::Decider;
 use crate::error::StopReason;
@@ -98,6 +97,13 @@ impl<'a> Watcher<'a> {
         &self.url[self.path_at..]
     }
 }
+
+/// What a request's end needs of it besides its outcome: its key, who watches, and its URL.
+pub(crate) type Ends<'s, 'a> = (
+    Option<crate::idempotency::Key>,
+    Option<&'s Watcher<'a>>,
+    Option<&'s reqwest::Url>,
+);
 
 /// One attempt as traced: its number, outcome and verdict, the decision after it, and the floor
 /// that decision honoured.
