@@ -856,6 +856,43 @@ mod tests {
         );
     }
 
+    /// A clock of the user's whose sleeps end at once.
+    #[derive(Debug)]
+    struct Instantly;
+
+    impl Clock for Instantly {
+        fn now(&self) -> Instant {
+            Instant::now()
+        }
+        fn wall_now(&self) -> SystemTime {
+            SystemTime::now()
+        }
+        fn sleep(&self, _: Duration) -> Sleep {
+            Box::pin(async {})
+        }
+        fn timeout(&self, _: Duration) -> Sleep {
+            Box::pin(std::future::pending())
+        }
+    }
+
+    #[tokio::test]
+    async fn a_wait_on_another_clock_is_that_clock_s_sleep_not_tokio_s() {
+        let _watchdog = Watchdog::start();
+        let clock = SharedClock::new(Instantly);
+        let started = Instant::now();
+        // An hour on a clock whose sleeps end at once: no real time.
+        clock.wait(Duration::from_secs(3600)).await.unwrap();
+        assert!(started.elapsed() < Duration::from_secs(5));
+        // And a wait on tokio's clock is tokio's sleep.
+        let tokio = SharedClock::new(TokioClock::new());
+        tokio::time::pause();
+        let virtual_start = tokio::time::Instant::now();
+        tokio.wait(Duration::from_secs(3600)).await.unwrap();
+        let waited = virtual_start.elapsed();
+        assert!(waited >= Duration::from_secs(3600), "{waited:?}");
+        assert!(waited < Duration::from_secs(3601), "{waited:?}");
+    }
+
     #[test]
     fn tokio_s_clock_without_a_runtime_timer_is_an_error_not_a_panic() {
         let no_timer = tokio::runtime::Builder::new_current_thread()
