@@ -286,10 +286,17 @@ fn dechunk(mut raw: &[u8]) -> Vec<u8> {
     out
 }
 
-/// A port on 127.0.0.1 that nothing listens on (bound, then released).
+/// A port on 127.0.0.1 that refuses connections: bound, never listening, held for the run.
 pub async fn refused_port() -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    listener.local_addr().unwrap().port()
+    // Bound and never listening: a connection to it is refused. Held for the rest of the run,
+    // so that no other test's listener can be given the port meanwhile (a port bound and let go
+    // at once was, now and then, under load).
+    static HELD: std::sync::Mutex<Vec<tokio::net::TcpSocket>> = std::sync::Mutex::new(Vec::new());
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let port = socket.local_addr().unwrap().port();
+    HELD.lock().unwrap().push(socket);
+    port
 }
 
 /// A URL on 127.0.0.1 whose port refuses connections.
