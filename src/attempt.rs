@@ -101,6 +101,7 @@ impl Kept {
 
     /// The request for a copy: a clone when `keep` (the original stays kept), else the original
     /// itself, and the original too when it cannot be cloned (a stream: nothing is then kept).
+    #[inline]
     fn take(&mut self, keep: bool) -> Request {
         self.previous = None;
         if let Some(copy) = self
