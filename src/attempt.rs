@@ -167,7 +167,10 @@ impl<'a> Sent<'a> {
             extensions.get::<NaturalKey>(),
         ) {
             Ok(key) => key,
-            Err(e) => return Err((StopReason::InvalidIdempotencyKey, middleware(e), watcher)),
+            Err(e) => {
+                let cause = reqwest_middleware::Error::middleware(e);
+                return Err((StopReason::InvalidIdempotencyKey, cause, watcher));
+            }
         };
         let facts = Facts {
             stamped: key.as_ref().is_some_and(|key| key.stamped),
@@ -196,6 +199,11 @@ impl<'a> Sent<'a> {
             self.headers.put_on(&mut sending, plan.number, plan.left);
         }
         sending
+    }
+
+    /// What the request's end needs, with what it `kept`.
+    pub(crate) fn ends<'s>(&'s mut self, kept: &'s Kept) -> Ends<'s, 'a> {
+        (self.key.take(), self.watcher.as_deref(), kept.url())
     }
 
     /// How this request's outcomes are judged under `policy`.
@@ -519,15 +527,4 @@ impl Future for Flight<'_, '_, '_, '_, '_, '_> {
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         self.poll_judged(cx)
     }
-}
-
-impl<'a> Sent<'a> {
-    /// What the request's end needs, with what it `kept`.
-    pub(crate) fn ends<'s>(&'s mut self, kept: &'s Kept) -> Ends<'s, 'a> {
-        (self.key.take(), self.watcher.as_deref(), kept.url())
-    }
-}
-
-fn middleware(cause: impl std::error::Error + Send + Sync + 'static) -> reqwest_middleware::Error {
-    reqwest_middleware::Error::middleware(cause)
 }
