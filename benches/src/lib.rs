@@ -114,14 +114,19 @@ pub enum Client {
     /// (h): a `reqwest-middleware` chain whose caller sets a fresh UUID v4 `Idempotency-Key` on
     /// every POST by hand, as a user without this crate's keys would.
     HandKeyed(ClientWithMiddleware),
+    /// A `reqwest-middleware` chain sent PUTs instead of POSTs: the retry path of a client that
+    /// retries only what is idempotent without a key.
+    ChainPut(ClientWithMiddleware),
 }
 
 impl Client {
-    /// Sends one POST and reads the answer's body; returns the status.
+    /// Sends one POST (a PUT for [`Client::ChainPut`]) and reads the answer's body; returns
+    /// the status.
     pub async fn post(&self, url: &str) -> u16 {
         let response = match self {
             Client::Bare(c) => c.post(url).body(BODY).send().await.unwrap(),
             Client::Chain(c) => c.post(url).body(BODY).send().await.unwrap(),
+            Client::ChainPut(c) => c.put(url).body(BODY).send().await.unwrap(),
             Client::HandKeyed(c) => c
                 .post(url)
                 .header("idempotency-key", uuid::Uuid::new_v4().to_string())
@@ -240,23 +245,32 @@ pub fn retrying_clients() -> Vec<Labelled> {
     fn chain() -> ClientBuilder {
         ClientBuilder::new(reqwest::Client::new())
     }
+    /// This crate with no backoff, and a budget that never runs dry here: the bench measures
+    /// the retry, not a refusal.
+    fn ours(dependency: impl FnOnce(Dependency) -> Dependency) -> RetryMiddleware {
+        let zero = RetryPolicy::builder()
+            .base_delay(Duration::ZERO)
+            .max_delay(Duration::ZERO)
+            .build()
+            .unwrap();
+        let budget = RetryBudget::builder().capacity(1e12).build().unwrap();
+        RetryMiddleware::new(dependency(Dependency::new("bench", zero).with_budget(budget)))
+    }
     vec![
         ("(c) reqwest-retry", || {
             Client::Chain(chain().with(reqwest_retry(true)).build())
         }),
         ("(d) this crate", || {
-            let zero = RetryPolicy::builder()
-                .base_delay(Duration::ZERO)
-                .max_delay(Duration::ZERO)
-                .build()
-                .unwrap();
-            // A budget that never runs dry here: the bench measures the retry, not a refusal.
-            let budget = RetryBudget::builder().capacity(1e12).build().unwrap();
-            Client::Chain(
+            Client::Chain(chain().with(ours(|d| d)).build())
+        }),
+        // Without a key only an idempotent method is retried: PUT, for both.
+        ("(c) reqwest-retry, PUT", || {
+            Client::ChainPut(chain().with(reqwest_retry(true)).build())
+        }),
+        ("(e) without keys, PUT", || {
+            Client::ChainPut(
                 chain()
-                    .with(RetryMiddleware::new(
-                        Dependency::new("bench", zero).with_budget(budget),
-                    ))
+                    .with(ours(Dependency::without_idempotency_keys))
                     .build(),
             )
         }),
