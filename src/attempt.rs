@@ -32,11 +32,10 @@ use std::time::Duration;
 
 use http::Extensions;
 use reqwest::{Request, Response, Url};
-use reqwest_middleware::Next;
 
 use crate::attempt_headers::AttemptHeaders;
 use crate::body;
-use crate::chain::{self, Claiming};
+use crate::chain::{self, Beneath, Claiming};
 use crate::classifier::{Classifier, RequestHead};
 use crate::classify::{self, Judging, Verdict};
 use crate::clock::{AttemptTimer, SharedClock};
@@ -230,7 +229,7 @@ impl<'a> Sent<'a> {
 
 /// Where an attempt's copies go: the rest of the chain, with the request's extensions, in its
 /// span.
-pub(crate) type Chain<'s, 'a> = (&'s mut Extensions, &'s Next<'a>, &'s tracing::Span);
+pub(crate) type Chain<'s> = (&'s mut Extensions, &'s dyn Beneath, &'s tracing::Span);
 
 /// What an attempt borrows while it runs: the request's own state and how its outcomes are
 /// judged, the core, the clock (for the time, and the hedge's timers) and the random source,
@@ -277,14 +276,14 @@ type ReadBody = Result<(Response, Option<bytes::Bytes>), reqwest::Error>;
 
 /// One attempt in flight: its first copy and, when the core planned a hedge, the hedged state;
 /// polled until it has an outcome, judged, with its body read as the policy says.
-pub(crate) struct Flight<'s, 'a, 'l, 'p, 'q, 'd> {
+pub(crate) struct Flight<'s, 'l, 'p, 'q, 'd> {
     lent: &'l mut Lent<'p, 'q, 'd>,
     number: u32,
     /// The first copy's time limit, longer if it ran on past it.
     limit: Duration,
     first: Option<Running<'s>>,
     /// Boxed: only a read the core may hedge needs room for a second copy.
-    hedged: Option<Box<Hedged<'s, 'a>>>,
+    hedged: Option<Box<Hedged<'s>>>,
     /// An answer's body being read, racing the first copy's timer: for the classifier to see
     /// it before the verdict, or, the verdict given, for the caller. While it is, the copies
     /// are not polled. Boxed: only a policy that reads bodies needs room for it.
@@ -309,23 +308,23 @@ enum AfterRead {
 
 /// The hedged state: its delay's timer, the extensions lent to its copy, the copy, and a
 /// transient failure of one copy kept while the other is out.
-struct Hedged<'s, 'a> {
+struct Hedged<'s> {
     due: Option<AttemptTimer>,
     lend: Option<&'s mut Extensions>,
-    next: &'s Next<'a>,
+    next: &'s dyn Beneath,
     span: &'s tracing::Span,
     second: Option<(Running<'s>, AttemptTimer, Duration)>,
     failed: Option<(Outcome, Verdict)>,
 }
 
-impl<'s, 'a, 'l, 'p, 'q, 'd> Flight<'s, 'a, 'l, 'p, 'q, 'd> {
+impl<'s, 'l, 'p, 'q, 'd> Flight<'s, 'l, 'p, 'q, 'd> {
     /// Sends attempt `plan.number`'s first copy down `chain`; `spare` takes the copy of the
     /// extensions a hedge would go with, if the core planned one. The hedging delay's timer is
     /// armed as the first copy starts (a middleware may take time before its future is
     /// polled); without a timer there is no hedge.
     #[inline(always)]
     pub(crate) fn launch(
-        chain: Chain<'s, 'a>,
+        chain: Chain<'s>,
         spare: &'s mut Extensions,
         plan: &Plan,
         lent: &'l mut Lent<'p, 'q, 'd>,
@@ -346,7 +345,7 @@ impl<'s, 'a, 'l, 'p, 'q, 'd> Flight<'s, 'a, 'l, 'p, 'q, 'd> {
         });
         let sending = lent.sent.copy(lent.kept, plan);
         let id = chain::claim_id(extensions);
-        let first = Claiming::new(id, span, || next.clone().run(sending, extensions));
+        let first = Claiming::new(id, span, || next.run(sending, extensions));
         lent.decider.sent();
         Flight {
             lent,
@@ -515,12 +514,12 @@ impl<'s, 'a, 'l, 'p, 'q, 'd> Flight<'s, 'a, 'l, 'p, 'q, 'd> {
         lent.decider.hedge_sent(true);
         let id = chain::claim_id(extensions);
         let next = hedged.next;
-        let running = Claiming::new(id, hedged.span, || next.clone().run(sending, extensions));
+        let running = Claiming::new(id, hedged.span, || next.run(sending, extensions));
         hedged.second = Some((running, timer, plan.limit));
     }
 }
 
-impl Future for Flight<'_, '_, '_, '_, '_, '_> {
+impl Future for Flight<'_, '_, '_, '_, '_> {
     type Output = (Outcome, Verdict, bool);
 
     /// The attempt's outcome and verdict, and whether its hedge answered.

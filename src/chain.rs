@@ -22,6 +22,31 @@ use std::task::Poll;
 use std::time::Duration;
 
 use http::Extensions;
+use reqwest::{Request, Response};
+use reqwest_middleware::Next;
+
+/// What lies beneath the driver: where each copy of a request goes, with the request's
+/// extensions. The rest of a `reqwest-middleware` chain, or a tower service (`tower`): the one
+/// thing the two front doors do differently while a request is driven.
+pub(crate) trait Beneath: Send + Sync {
+    /// Sends `request` on, with `extensions`.
+    fn run<'s>(
+        &'s self,
+        request: Request,
+        extensions: &'s mut Extensions,
+    ) -> Pin<Box<dyn Future<Output = reqwest_middleware::Result<Response>> + Send + 's>>;
+}
+
+impl Beneath for Next<'_> {
+    #[inline]
+    fn run<'s>(
+        &'s self,
+        request: Request,
+        extensions: &'s mut Extensions,
+    ) -> Pin<Box<dyn Future<Output = reqwest_middleware::Result<Response>> + Send + 's>> {
+        self.clone().run(request, extensions)
+    }
+}
 
 /// Tells the middleware and transport beneath which attempt this is, before they see it (a first
 /// attempt carries nothing: [`RetryAttempt::of`](crate::RetryAttempt::of) reads its absence).

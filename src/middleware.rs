@@ -21,7 +21,7 @@ use tracing::Level;
 
 use crate::attempt::{Flight, Kept, Lent, Outcome, Sent, Tools};
 use crate::body;
-use crate::chain;
+use crate::chain::{self, Beneath};
 use crate::classify::Verdict;
 use crate::clock::{Clock, SharedClock, TimerUnavailable, TokioClock};
 use crate::decide::{Decider, Observed, Plan, Step};
@@ -189,11 +189,13 @@ impl RetryMiddleware {
     /// Its future is the one boxed for the chain; its size is `tests/all/future_size.rs`'s
     /// bound, which says why. The rare states (an override, a body read, a kept answer, a
     /// hedge's second copy) are boxed where they arise.
-    fn execute<'a>(
+    ///
+    /// `next` is where each copy goes: the rest of the chain, or a tower service.
+    pub(crate) fn execute<'a, N: Beneath + 'a>(
         &'a self,
         request: Request,
         extensions: &'a mut Extensions,
-        next: Next<'a>,
+        next: N,
     ) -> impl Future<Output = reqwest_middleware::Result<Response>> + Send + 'a {
         let dependency = self.dependencies.pick(request.url());
         let span = trace::request_span(&dependency.name, &request);
@@ -225,7 +227,7 @@ impl RetryMiddleware {
                         let judged = {
                             let mut spare = Extensions::new();
                             let lent = Lent::new(&mut kept, &sent, &mut decider, self.tools());
-                            let chain = (&mut *extensions, &next, &span);
+                            let chain = (&mut *extensions, &next as &dyn Beneath, &span);
                             Flight::launch(chain, &mut spare, &plan, &mut lent(&mut timer)).await
                         };
                         let request = (&mut sent, &kept);

@@ -254,7 +254,9 @@ pub fn retrying_clients() -> Vec<Labelled> {
             .build()
             .unwrap();
         let budget = RetryBudget::builder().capacity(1e12).build().unwrap();
-        RetryMiddleware::new(dependency(Dependency::new("bench", zero).with_budget(budget)))
+        RetryMiddleware::new(dependency(
+            Dependency::new("bench", zero).with_budget(budget),
+        ))
     }
     vec![
         ("(c) reqwest-retry", || {
