@@ -290,10 +290,35 @@ pub(crate) fn transport_fault(err: &reqwest_middleware::Error) -> Option<Fault> 
     match err {
         _ if crate::error::AttemptTimeout::is(err) => Some(Fault::Timeout),
         // Another middleware's error, including one from an inner instance of ours that has
-        // already given up: never ours to repeat.
+        // already given up: never ours to repeat. A tower service's error (feature `tower`) is
+        // judged by its causes, as a transport error.
+        #[cfg(feature = "tower")]
+        reqwest_middleware::Error::Middleware(e) => e.downcast_ref().and_then(service_fault),
+        #[cfg(not(feature = "tower"))]
         reqwest_middleware::Error::Middleware(_) => None,
         reqwest_middleware::Error::Reqwest(e) => reqwest_fault(e),
     }
+}
+
+/// The transient fault behind a tower service's error: the same causes as behind reqwest's,
+/// and a connect failure of hyper-util's client told apart as reqwest's is (nothing was sent).
+#[cfg(feature = "tower")]
+fn service_fault(err: &crate::tower::ServiceError) -> Option<Fault> {
+    let err: &(dyn std::error::Error + 'static) = &*err.0;
+    let cause = chain_fault(err);
+    let mut source = Some(err);
+    // Bounded, as every walk of a chain here.
+    for _ in 0..64 {
+        let Some(at) = source else { break };
+        if let Some(client) = at.downcast_ref::<hyper_util::client::legacy::Error>() {
+            if client.is_connect() {
+                let passing = cause.is_some() || resolution_failed(err);
+                return passing.then_some(Fault::Connect);
+            }
+        }
+        source = at.source();
+    }
+    cause
 }
 
 fn reqwest_fault(err: &reqwest::Error) -> Option<Fault> {

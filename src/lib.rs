@@ -434,6 +434,8 @@ mod rng;
 mod schedule;
 mod shared;
 mod throttle;
+#[cfg(feature = "tower")]
+mod tower;
 mod trace;
 
 pub use backoff::Jitter;
@@ -453,6 +455,8 @@ pub use policy::{RetryPolicy, RetryPolicyBuilder};
 pub use record::RetryRecord;
 pub use rng::{RandomSource, SeededRng};
 pub use throttle::{AdaptiveThrottle, AdaptiveThrottleBuilder};
+#[cfg(feature = "tower")]
+pub use tower::RetryService;
 
 /// The README's examples, compiled and run as doctests.
 #[cfg(doctest)]

@@ -69,9 +69,25 @@ impl RetryRecord {
     /// above without a record: it did not pass through the middleware. A success that did not
     /// pass through it gets the first-attempt record too: it also made one attempt.
     pub fn of(response: &reqwest::Response) -> Option<RetryRecord> {
-        let mut record = match response.extensions().get::<RetryRecord>() {
+        RetryRecord::read(response.status(), response.headers(), response.extensions())
+    }
+
+    /// The record of the logical request that gave `response`, an answer of the tower layer
+    /// ([`RetryService`](crate::RetryService), feature `tower`): as [`of`](Self::of) says.
+    #[cfg(feature = "tower")]
+    pub fn of_http<B>(response: &http::Response<B>) -> Option<RetryRecord> {
+        RetryRecord::read(response.status(), response.headers(), response.extensions())
+    }
+
+    /// The record an answer's head carries, or the first attempt's that it stands for.
+    fn read(
+        status: http::StatusCode,
+        headers: &http::HeaderMap,
+        extensions: &http::Extensions,
+    ) -> Option<RetryRecord> {
+        let mut record = match extensions.get::<RetryRecord>() {
             Some(record) => record.clone(),
-            None if response.status().as_u16() < 400 => RetryRecord {
+            None if status.as_u16() < 400 => RetryRecord {
                 attempts: 1,
                 stop: StopReason::Succeeded,
                 waited: Duration::ZERO,
@@ -82,7 +98,7 @@ impl RetryRecord {
             None => return None,
         };
         // Under no key the marker means nothing (a proxy may echo it).
-        record.replayed = record.key.is_some() && crate::advice::replayed(response.headers());
+        record.replayed = record.key.is_some() && crate::advice::replayed(headers);
         Some(record)
     }
 

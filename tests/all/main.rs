@@ -8,6 +8,8 @@ mod classifier;
 mod config;
 mod core_rules;
 mod dependencies;
+#[cfg(feature = "tower")]
+mod doors;
 mod driver_model;
 mod errors;
 mod faults;

@@ -1,0 +1,217 @@
+//! The second front door: [`RetryMiddleware`] as a tower [`Layer`], for HTTP clients built as a
+//! [`Service`] of `http::Request`s (hyper-util's client, a `tower::ServiceBuilder` stack).
+//!
+//! The layer is the same middleware: the same dependencies, clock, random source, observer and
+//! log levels, the same core and the same driver. A request is turned into a `reqwest::Request`
+//! once, at the door; each copy of it goes down to the inner service as an `http::Request`
+//! whose body is a [`reqwest::Body`], and each answer comes back through the same judging,
+//! waiting, record and tracing as on the reqwest side. What differs is only where a copy goes
+//! ([`Inner`]) and how the inner service's errors are read (`classify`, by their causes).
+//!
+//! Bodies: a body that is whole in memory (`Bytes`, `Vec<u8>`, `String`, a `&'static str`, an
+//! empty one) is kept for a retry or a hedge; a [`reqwest::Body`] made from a stream is sent
+//! once, as on the reqwest side, and the record says why nothing was retried.
+//!
+//! One layer retries: each copy carries a mark in its extensions, and an instance of the layer
+//! further in that sees it sends the request on untouched.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http::Extensions;
+use reqwest::ResponseBuilderExt;
+use tower_layer::Layer;
+use tower_service::Service;
+
+use crate::chain::Beneath;
+use crate::error::RetryError;
+use crate::middleware::RetryMiddleware;
+
+/// An error of the inner service or of the layer, as tower passes errors: boxed.
+pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+impl<S> Layer<S> for RetryMiddleware {
+    type Service = RetryService<S>;
+
+    /// Wraps `inner`: every request through the returned service is retried as this middleware
+    /// retries the requests of a `reqwest-middleware` chain.
+    fn layer(&self, inner: S) -> RetryService<S> {
+        RetryService {
+            retry: Arc::new(self.clone()),
+            inner,
+        }
+    }
+}
+
+/// A tower [`Service`] that retries what is safe to repeat, made by [`RetryMiddleware`] as a
+/// [`Layer`] (feature `tower`).
+///
+/// It takes an `http::Request<B>` whose body converts into a [`reqwest::Body`] (`Bytes`,
+/// `Vec<u8>`, `String`, `&'static str`, or a `reqwest::Body` itself) and an absolute URI, and
+/// sends each attempt to the inner service as an `http::Request<reqwest::Body>`; the inner
+/// service answers with an `http::Response` of any body. The answer comes back as an
+/// `http::Response<reqwest::Body>` carrying the same [`RetryRecord`](crate::RetryRecord) in its
+/// extensions ([`RetryRecord::of_http`](crate::RetryRecord::of_http) reads it), and an error as a
+/// boxed error: a [`RetryError`](crate::RetryError) when the layer made the attempts
+/// (`err.downcast_ref::<RetryError>()`), else the inner service's error as it was.
+///
+/// ```
+/// use reqwest_safe_retry::{RetryMiddleware, RetryPolicy};
+/// use tower_layer::Layer;
+///
+/// let connector = hyper_util::client::legacy::connect::HttpConnector::new();
+/// let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+///     .build::<_, reqwest::Body>(connector);
+/// let retrying = RetryMiddleware::new(RetryPolicy::default()).layer(client);
+/// # drop(retrying);
+/// ```
+///
+/// `poll_ready` is always ready: each attempt waits for its own clone of the inner service to
+/// be ready, so a retry never reuses a readiness it did not wait for.
+#[derive(Debug, Clone)]
+pub struct RetryService<S> {
+    retry: Arc<RetryMiddleware>,
+    inner: S,
+}
+
+impl<S, B, R> Service<http::Request<B>> for RetryService<S>
+where
+    S: Service<http::Request<reqwest::Body>, Response = http::Response<R>>
+        + Clone
+        + Send
+        + Sync
+        + 'static,
+    S::Future: Send,
+    S::Error: Into<BoxError>,
+    B: Into<reqwest::Body>,
+    R: http_body::Body + Send + Sync + 'static,
+    R::Data: Into<Bytes>,
+    R::Error: Into<BoxError>,
+{
+    type Response = http::Response<reqwest::Body>;
+    type Error = BoxError;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, BoxError>> + Send>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        let (retry, inner) = (self.retry.clone(), Inner(self.inner.clone()));
+        // The extensions stay with the driver, as a chain's do, and go with each copy.
+        let (mut parts, body) = request.into_parts();
+        let mut extensions = std::mem::take(&mut parts.extensions);
+        let request = reqwest::Request::try_from(http::Request::from_parts(parts, body));
+        Box::pin(async move {
+            let request = request?;
+            let outcome = if extensions.get::<Claimed>().is_some() {
+                // A layer further out on this request's path makes its attempts.
+                inner.run(request, &mut extensions).await
+            } else {
+                retry.execute(request, &mut extensions, inner).await
+            };
+            outcome.map(http::Response::from).map_err(boxed)
+        })
+    }
+}
+
+/// An error as the layer hands it back: the [`RetryError`] when the layer made the attempts,
+/// the inner service's own error when it passed the request through, reqwest's when the
+/// request could not be made.
+fn boxed(err: reqwest_middleware::Error) -> BoxError {
+    match err {
+        reqwest_middleware::Error::Reqwest(e) => Box::new(e),
+        reqwest_middleware::Error::Middleware(e) => match e.downcast::<RetryError>() {
+            Ok(retry) => Box::new(retry),
+            Err(e) => match e.downcast::<ServiceError>() {
+                Ok(ServiceError(inner)) => inner,
+                Err(e) => e.into(),
+            },
+        },
+    }
+}
+
+/// The mark a copy carries down to the inner service: a layer made of this crate further in
+/// passes the request through.
+#[derive(Debug, Clone, Copy)]
+struct Claimed;
+
+/// The inner service, as the driver sends copies to it.
+struct Inner<S>(S);
+
+/// An error of the inner service: judged by its causes (a refused or reset connection, a
+/// timeout, a response cut short, an HTTP/2 refusal), as a transport error is.
+#[derive(Debug)]
+pub(crate) struct ServiceError(pub(crate) BoxError);
+
+impl std::fmt::Display for ServiceError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl std::error::Error for ServiceError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.0.source()
+    }
+}
+
+impl<S, R> Beneath for Inner<S>
+where
+    S: Service<http::Request<reqwest::Body>, Response = http::Response<R>>
+        + Clone
+        + Send
+        + Sync
+        + 'static,
+    S::Future: Send,
+    S::Error: Into<BoxError>,
+    R: http_body::Body + Send + Sync + 'static,
+    R::Data: Into<Bytes>,
+    R::Error: Into<BoxError>,
+{
+    fn run<'s>(
+        &'s self,
+        request: reqwest::Request,
+        extensions: &'s mut Extensions,
+    ) -> Pin<Box<dyn Future<Output = reqwest_middleware::Result<reqwest::Response>> + Send + 's>>
+    {
+        let mut service = self.0.clone();
+        let mut carried = extensions.clone();
+        carried.insert(Claimed);
+        let url = request.url().clone();
+        Box::pin(async move {
+            let failed =
+                |e: S::Error| reqwest_middleware::Error::middleware(ServiceError(e.into()));
+            let mut request = http::Request::<reqwest::Body>::try_from(request)?;
+            *request.extensions_mut() = carried;
+            std::future::poll_fn(|cx| service.poll_ready(cx))
+                .await
+                .map_err(failed)?;
+            let response = service.call(request).await.map_err(failed)?;
+            Ok(answer(response, url))
+        })
+    }
+}
+
+/// The inner service's answer as the driver judges it: a `reqwest::Response` with the URL its
+/// request went to (an origin's quota is kept by it).
+fn answer<R>(response: http::Response<R>, url: reqwest::Url) -> reqwest::Response
+where
+    R: http_body::Body + Send + Sync + 'static,
+    R::Data: Into<Bytes>,
+    R::Error: Into<BoxError>,
+{
+    let (parts, body) = response.into_parts();
+    let mut rebuilt = http::Response::builder()
+        .url(url)
+        .body(reqwest::Body::wrap(body))
+        .unwrap_or_else(|_| unreachable!("a builder given only a URL cannot fail"));
+    *rebuilt.status_mut() = parts.status;
+    *rebuilt.version_mut() = parts.version;
+    *rebuilt.headers_mut() = parts.headers;
+    rebuilt.extensions_mut().extend(parts.extensions);
+    reqwest::Response::from(rebuilt)
+}

@@ -1,0 +1,379 @@
+//! One set of scenarios, run against both front doors: the middleware in a `reqwest-middleware`
+//! chain, and the same middleware as a tower layer over hyper-util's client (feature `tower`).
+//! Each scenario is written once, against [`Door`], and `both!` runs it through each door; a
+//! guarantee that holds on one door and not the other fails one of the pair.
+
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use reqwest_middleware::ClientBuilder;
+use reqwest_safe_retry::{
+    Dependency, FakeClock, RetryBudget, RetryError, RetryMiddleware, RetryPolicy, RetryRecord,
+    SeededRng, StopReason,
+};
+use tower_layer::Layer;
+use tower_service::Service;
+use wiremock::matchers::any;
+use wiremock::{Mock, MockServer, ResponseTemplate};
+
+use crate::support::{always, first_then, refused_url};
+
+/// How a request reaches the middleware.
+#[derive(Debug, Clone, Copy)]
+enum Door {
+    /// A `reqwest-middleware` chain over `reqwest::Client`.
+    Reqwest,
+    /// The middleware as a tower layer over hyper-util's client.
+    Tower,
+}
+
+/// What a logical request ended with, read the same way from either door.
+#[derive(Debug)]
+struct Ended {
+    /// The answer's status, if there was an answer.
+    status: Option<u16>,
+    attempts: u32,
+    stop: StopReason,
+    key: Option<String>,
+}
+
+impl Door {
+    /// Sends one request through `layers` (outermost first) and reads how it ended.
+    async fn send(
+        self,
+        layers: Vec<RetryMiddleware>,
+        method: http::Method,
+        url: &str,
+        headers: &[(&str, &str)],
+    ) -> Ended {
+        match self {
+            Door::Reqwest => {
+                let mut chain = ClientBuilder::new(reqwest::Client::new());
+                for layer in layers {
+                    chain = chain.with(layer);
+                }
+                let mut request = chain.build().request(method, url).body("order");
+                for (name, value) in headers {
+                    request = request.header(*name, *value);
+                }
+                match request.send().await {
+                    Ok(response) => ended(response.status().as_u16(), RetryRecord::of(&response)),
+                    Err(err) => failed(RetryError::of(&err).expect("the middleware's error")),
+                }
+            }
+            Door::Tower => {
+                let client = hyper_util::client::legacy::Client::builder(
+                    hyper_util::rt::TokioExecutor::new(),
+                )
+                .build_http::<reqwest::Body>();
+                let mut request = http::Request::builder().method(method).uri(url);
+                for (name, value) in headers {
+                    request = request.header(*name, *value);
+                }
+                let request = request.body(Bytes::from_static(b"order")).unwrap();
+                match &layers[..] {
+                    [only] => call(only.layer(client), request).await,
+                    [outer, inner] => call(outer.layer(inner.layer(client)), request).await,
+                    _ => unreachable!("one or two layers"),
+                }
+            }
+        }
+    }
+}
+
+/// Sends `request` through a tower `service` and reads how it ended.
+async fn call<S, B>(mut service: S, request: http::Request<B>) -> Ended
+where
+    S: Service<
+            http::Request<B>,
+            Response = http::Response<reqwest::Body>,
+            Error = Box<dyn std::error::Error + Send + Sync>,
+        >,
+{
+    std::future::poll_fn(|cx| service.poll_ready(cx))
+        .await
+        .unwrap();
+    match service.call(request).await {
+        Ok(response) => ended(response.status().as_u16(), RetryRecord::of_http(&response)),
+        Err(err) => failed(
+            err.downcast_ref::<RetryError>()
+                .unwrap_or_else(|| panic!("not a RetryError: {err:?}")),
+        ),
+    }
+}
+
+fn ended(status: u16, record: Option<RetryRecord>) -> Ended {
+    let record = record.expect("a record");
+    Ended {
+        status: Some(status),
+        attempts: record.attempts(),
+        stop: record.stop_reason(),
+        key: record
+            .idempotency_key()
+            .map(|k| k.to_str().unwrap().to_owned()),
+    }
+}
+
+fn failed(err: &RetryError) -> Ended {
+    Ended {
+        status: None,
+        attempts: err.attempts(),
+        stop: err.stop_reason(),
+        key: err
+            .idempotency_key()
+            .map(|k| k.to_str().unwrap().to_owned()),
+    }
+}
+
+/// The middleware on a fake clock with seeded jitter, for `dependency`.
+fn on_fake_clock(dependency: impl Into<Dependency>) -> (RetryMiddleware, FakeClock) {
+    let clock = FakeClock::new();
+    let middleware = RetryMiddleware::new(dependency)
+        .with_clock(clock.clone())
+        .with_rng(SeededRng::new(7));
+    (middleware, clock)
+}
+
+/// The defaults, with an attempt timeout that makes a stuck test fail fast.
+fn policy() -> RetryPolicy {
+    RetryPolicy::builder()
+        .attempt_timeout(Duration::from_secs(5))
+        .build()
+        .unwrap()
+}
+
+/// The requests `server` received.
+async fn received(server: &MockServer) -> Vec<wiremock::Request> {
+    server.received_requests().await.unwrap()
+}
+
+/// Runs each named scenario through both doors, as `NAME::reqwest` and `NAME::tower`.
+macro_rules! both {
+    ($($(#[$attr:meta])* $name:ident;)*) => {$(
+        mod $name {
+            #[tokio::test]
+            async fn reqwest() {
+                super::scenarios::$name(super::Door::Reqwest).await;
+            }
+            #[tokio::test]
+            async fn tower() {
+                super::scenarios::$name(super::Door::Tower).await;
+            }
+        }
+    )*};
+}
+
+both! {
+    a_retried_post_carries_one_key_on_every_attempt;
+    a_post_without_a_key_is_sent_once_and_a_put_is_repeated;
+    only_transient_statuses_are_retried;
+    retry_after_is_waited_exactly;
+    a_retry_after_past_the_deadline_is_not_waited;
+    a_dry_budget_stops_the_retries;
+    a_refused_connection_is_retried_even_for_a_post_without_a_key;
+    nested_instances_make_one_layer_of_attempts;
+    a_slow_attempt_is_cut_at_its_timeout_and_the_next_one_answers;
+}
+
+mod scenarios {
+    use super::*;
+
+    pub async fn a_retried_post_carries_one_key_on_every_attempt(door: Door) {
+        let server = first_then(ResponseTemplate::new(503), 2, ResponseTemplate::new(201)).await;
+        let (middleware, _clock) = on_fake_clock(policy());
+        let url = format!("{}/orders", server.uri());
+        let end = door
+            .send(vec![middleware], http::Method::POST, &url, &[])
+            .await;
+        let keys: Vec<_> = received(&server)
+            .await
+            .iter()
+            .map(|r| r.headers.get("idempotency-key").cloned())
+            .collect();
+        assert_eq!(keys.len(), 3, "{door:?}: {end:?}");
+        assert!(
+            keys[0].is_some(),
+            "{door:?}: the first attempt carries a key"
+        );
+        assert!(keys.iter().all(|k| *k == keys[0]), "{door:?}: {keys:?}");
+        assert_eq!(end.status, Some(201), "{door:?}");
+        assert_eq!((end.attempts, end.stop), (3, StopReason::Succeeded));
+        let sent = keys[0].as_ref().unwrap().to_str().unwrap();
+        assert_eq!(
+            end.key.as_deref(),
+            Some(sent),
+            "{door:?}: the record names the key"
+        );
+    }
+
+    pub async fn a_post_without_a_key_is_sent_once_and_a_put_is_repeated(door: Door) {
+        let dependency = || Dependency::new("orders", policy()).without_idempotency_keys();
+        let server = always(503).await;
+        let (middleware, _clock) = on_fake_clock(dependency());
+        let post = door
+            .send(vec![middleware], http::Method::POST, &server.uri(), &[])
+            .await;
+        assert_eq!(received(&server).await.len(), 1, "{door:?}: {post:?}");
+        assert_eq!((post.attempts, post.stop), (1, StopReason::NotSafeToRetry));
+        assert_eq!(post.key, None);
+
+        let server = always(503).await;
+        let (middleware, _clock) = on_fake_clock(dependency());
+        let put = door
+            .send(vec![middleware], http::Method::PUT, &server.uri(), &[])
+            .await;
+        assert_eq!(received(&server).await.len(), 3, "{door:?}: {put:?}");
+        assert_eq!((put.attempts, put.stop), (3, StopReason::AttemptsExhausted));
+        assert_eq!(
+            put.status,
+            Some(503),
+            "{door:?}: the last answer is handed back"
+        );
+    }
+
+    pub async fn only_transient_statuses_are_retried(door: Door) {
+        for (status, sent, stop) in [
+            (400, 1, StopReason::NotRetryable),
+            (404, 1, StopReason::NotRetryable),
+            (503, 3, StopReason::AttemptsExhausted),
+            (429, 3, StopReason::AttemptsExhausted),
+        ] {
+            let server = always(status).await;
+            let (middleware, _clock) = on_fake_clock(policy());
+            let end = door
+                .send(vec![middleware], http::Method::GET, &server.uri(), &[])
+                .await;
+            assert_eq!(received(&server).await.len(), sent, "{door:?} {status}");
+            assert_eq!(
+                (end.attempts, end.stop),
+                (sent as u32, stop),
+                "{door:?} {status}"
+            );
+            assert_eq!(end.status, Some(status), "{door:?}");
+        }
+    }
+
+    pub async fn retry_after_is_waited_exactly(door: Door) {
+        let busy = ResponseTemplate::new(503).insert_header("retry-after", "7");
+        let server = first_then(busy, 1, ResponseTemplate::new(200)).await;
+        // Without the jitter a Retry-After gets by default, to read the wait exactly.
+        let policy = RetryPolicy::builder()
+            .attempt_timeout(Duration::from_secs(5))
+            .retry_after_jitter(false)
+            .build()
+            .unwrap();
+        let (middleware, clock) = on_fake_clock(policy);
+        let end = door
+            .send(vec![middleware], http::Method::GET, &server.uri(), &[])
+            .await;
+        assert_eq!(
+            (end.attempts, end.stop),
+            (2, StopReason::Succeeded),
+            "{door:?}"
+        );
+        assert_eq!(clock.sleeps(), vec![Duration::from_secs(7)], "{door:?}");
+    }
+
+    pub async fn a_retry_after_past_the_deadline_is_not_waited(door: Door) {
+        // Within the longest Retry-After the policy honours, beyond the deadline.
+        let busy = ResponseTemplate::new(503).insert_header("retry-after", "20");
+        let server = first_then(busy, 1, ResponseTemplate::new(200)).await;
+        let policy = RetryPolicy::builder()
+            .attempt_timeout(Duration::from_secs(5))
+            .deadline(Duration::from_secs(10))
+            .build()
+            .unwrap();
+        let (middleware, clock) = on_fake_clock(policy);
+        let end = door
+            .send(vec![middleware], http::Method::GET, &server.uri(), &[])
+            .await;
+        assert_eq!(received(&server).await.len(), 1, "{door:?}: {end:?}");
+        // The server's answer is handed back at once, not after a wait that cannot end in time.
+        assert_eq!(end.stop, StopReason::RetryAfterTooLong, "{door:?}");
+        assert_eq!(end.status, Some(503), "{door:?}");
+        assert!(clock.sleeps().is_empty(), "{door:?}: {:?}", clock.sleeps());
+    }
+
+    pub async fn a_dry_budget_stops_the_retries(door: Door) {
+        let budget = RetryBudget::builder()
+            .capacity(1.0)
+            .initial(0.0)
+            .build()
+            .unwrap();
+        let dependency = Dependency::new("orders", policy()).with_budget(budget.clone());
+        let server = always(503).await;
+        let (middleware, clock) = on_fake_clock(dependency);
+        let end = door
+            .send(vec![middleware], http::Method::GET, &server.uri(), &[])
+            .await;
+        assert_eq!(received(&server).await.len(), 1, "{door:?}: {end:?}");
+        assert_eq!((end.attempts, end.stop), (1, StopReason::BudgetExhausted));
+        assert!(clock.sleeps().is_empty(), "{door:?}");
+    }
+
+    pub async fn a_refused_connection_is_retried_even_for_a_post_without_a_key(door: Door) {
+        let dependency = Dependency::new("orders", policy()).without_idempotency_keys();
+        let (middleware, clock) = on_fake_clock(dependency);
+        let url = refused_url().await;
+        let end = door
+            .send(vec![middleware], http::Method::POST, &url, &[])
+            .await;
+        // Nothing of the request reached a server: repeating it is safe whatever its method.
+        assert_eq!(end.status, None, "{door:?}");
+        assert_eq!(
+            (end.attempts, end.stop),
+            (3, StopReason::AttemptsExhausted),
+            "{door:?}"
+        );
+        assert_eq!(clock.sleeps().len(), 2, "{door:?}");
+    }
+
+    pub async fn nested_instances_make_one_layer_of_attempts(door: Door) {
+        let server = always(503).await;
+        let (outer, _clock) = on_fake_clock(policy());
+        let (inner, inner_clock) = on_fake_clock(policy());
+        let end = door
+            .send(vec![outer, inner], http::Method::GET, &server.uri(), &[])
+            .await;
+        // Three attempts, not three times three: the inner instance passes each through.
+        assert_eq!(received(&server).await.len(), 3, "{door:?}: {end:?}");
+        assert_eq!((end.attempts, end.stop), (3, StopReason::AttemptsExhausted));
+        assert!(
+            inner_clock.sleeps().is_empty(),
+            "{door:?}: the inner one never waited"
+        );
+    }
+
+    pub async fn a_slow_attempt_is_cut_at_its_timeout_and_the_next_one_answers(door: Door) {
+        let server = MockServer::start().await;
+        let slow = ResponseTemplate::new(200).set_delay(Duration::from_secs(3));
+        Mock::given(any())
+            .respond_with(slow)
+            .up_to_n_times(1)
+            .mount(&server)
+            .await;
+        Mock::given(any())
+            .respond_with(ResponseTemplate::new(200))
+            .mount(&server)
+            .await;
+        let policy = RetryPolicy::builder()
+            .attempt_timeout(Duration::from_millis(50))
+            .base_delay(Duration::from_millis(1))
+            .max_delay(Duration::from_millis(2))
+            .build()
+            .unwrap();
+        let middleware = RetryMiddleware::new(policy).with_rng(SeededRng::new(7));
+        let started = Instant::now();
+        let end = door
+            .send(vec![middleware], http::Method::GET, &server.uri(), &[])
+            .await;
+        assert_eq!(
+            (end.attempts, end.stop),
+            (2, StopReason::Succeeded),
+            "{door:?}"
+        );
+        assert_eq!(end.status, Some(200), "{door:?}");
+        // Cut at 50 ms, not after the 3 s the slow answer takes (slack for a loaded machine).
+        assert!(started.elapsed() < Duration::from_secs(2), "{door:?}");
+    }
+}
