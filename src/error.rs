@@ -239,7 +239,8 @@ impl RetryError {
     /// same of a `reqwest_middleware::Error`, from this middleware or not.
     #[doc(alias = "is_timeout")]
     pub fn timed_out(&self) -> bool {
-        self.last.is_timeout() || AttemptTimeout::is(&self.last)
+        self.last.is_timeout()
+            || crate::classify::transport_fault(&self.last) == Some(crate::classify::Fault::Timeout)
     }
 
     /// Whether the last attempt failed to connect (the host name could not be resolved, or the
@@ -248,6 +249,7 @@ impl RetryError {
     #[doc(alias = "is_connect")]
     pub fn failed_to_connect(&self) -> bool {
         self.last.is_connect()
+            || crate::classify::transport_fault(&self.last) == Some(crate::classify::Fault::Connect)
     }
 
     /// The status code the last attempt's error carries, if any (reqwest's `error_for_status`

@@ -35,6 +35,10 @@ struct Ended {
     attempts: u32,
     stop: StopReason,
     key: Option<String>,
+    /// The error says the last attempt failed to connect.
+    failed_to_connect: bool,
+    /// The error says the last attempt timed out.
+    timed_out: bool,
 }
 
 impl Door {
@@ -111,6 +115,8 @@ fn ended(status: u16, record: Option<RetryRecord>) -> Ended {
         key: record
             .idempotency_key()
             .map(|k| k.to_str().unwrap().to_owned()),
+        failed_to_connect: false,
+        timed_out: false,
     }
 }
 
@@ -122,6 +128,8 @@ fn failed(err: &RetryError) -> Ended {
         key: err
             .idempotency_key()
             .map(|k| k.to_str().unwrap().to_owned()),
+        failed_to_connect: err.failed_to_connect(),
+        timed_out: err.timed_out(),
     }
 }
 
@@ -173,6 +181,7 @@ both! {
     a_refused_connection_is_retried_even_for_a_post_without_a_key;
     nested_instances_make_one_layer_of_attempts;
     a_slow_attempt_is_cut_at_its_timeout_and_the_next_one_answers;
+    a_request_whose_every_attempt_timed_out_says_so;
 }
 
 mod scenarios {
@@ -375,5 +384,28 @@ mod scenarios {
         assert_eq!(end.status, Some(200), "{door:?}");
         // Cut at 50 ms, not after the 3 s the slow answer takes (slack for a loaded machine).
         assert!(started.elapsed() < Duration::from_secs(2), "{door:?}");
+    }
+
+    pub async fn a_request_whose_every_attempt_timed_out_says_so(door: Door) {
+        let server = MockServer::start().await;
+        let slow = ResponseTemplate::new(200).set_delay(Duration::from_secs(3));
+        Mock::given(any()).respond_with(slow).mount(&server).await;
+        let policy = RetryPolicy::builder()
+            .attempt_timeout(Duration::from_millis(30))
+            .base_delay(Duration::from_millis(1))
+            .max_delay(Duration::from_millis(2))
+            .build()
+            .unwrap();
+        let middleware = RetryMiddleware::new(policy).with_rng(SeededRng::new(7));
+        let end = door
+            .send(vec![middleware], http::Method::GET, &server.uri(), &[])
+            .await;
+        assert_eq!(
+            (end.attempts, end.stop),
+            (3, StopReason::AttemptsExhausted),
+            "{door:?}"
+        );
+        assert!(end.timed_out, "{door:?}: {end:?}");
+        assert!(!end.failed_to_connect, "{door:?}");
     }
 }
