@@ -388,6 +388,8 @@
 //! - `test-util`: [`FakeClock`], a virtual clock for tests.
 //! - `metrics`: counters also exported through the `metrics` facade.
 //! - `http2`: HTTP/2 errors classified by what the protocol says was processed (see above).
+//! - `tower`: the middleware is also a `tower::Layer`, whose [`RetryService`] gives clients built
+//!   as a `Service` of `http::Request`s (hyper-util's) the same retries, on the same driver.
 //!
 //! Deterministic simulations of retry traffic, with their charts, live in the repository's
 //! `simulator` workspace member, not in this crate: `docs/simulations.md` shows them.

@@ -157,7 +157,7 @@ async fn received(server: &MockServer) -> Vec<wiremock::Request> {
 
 /// Runs each named scenario through both doors, as `NAME::reqwest` and `NAME::tower`.
 macro_rules! both {
-    ($($(#[$attr:meta])* $name:ident;)*) => {$(
+    ($($name:ident;)*) => {$(
         mod $name {
             #[tokio::test]
             async fn reqwest() {
@@ -169,6 +169,27 @@ macro_rules! both {
             }
         }
     )*};
+}
+
+/// As `both!`, under tokio's paused clock.
+macro_rules! both_paused {
+    ($($name:ident;)*) => {$(
+        mod $name {
+            #[tokio::test(start_paused = true)]
+            async fn reqwest() {
+                super::scenarios::$name(super::Door::Reqwest).await;
+            }
+            #[tokio::test(start_paused = true)]
+            async fn tower() {
+                super::scenarios::$name(super::Door::Tower).await;
+            }
+        }
+    )*};
+}
+
+both_paused! {
+    tokio_s_paused_clock_runs_the_waits_in_virtual_time;
+    a_request_dropped_while_it_waits_sends_nothing_more;
 }
 
 both! {
@@ -407,5 +428,51 @@ mod scenarios {
         );
         assert!(end.timed_out, "{door:?}: {end:?}");
         assert!(!end.failed_to_connect, "{door:?}");
+    }
+
+    pub async fn tokio_s_paused_clock_runs_the_waits_in_virtual_time(door: Door) {
+        let server = first_then(ResponseTemplate::new(503), 2, ResponseTemplate::new(200)).await;
+        // The default clock, tokio's; every wait at its ceiling (100 ms, then 200 ms).
+        let middleware = RetryMiddleware::new(RetryPolicy::default()).with_rng(|| u64::MAX);
+        let (virtual_start, real_start) = (tokio::time::Instant::now(), Instant::now());
+        let end = door
+            .send(vec![middleware], http::Method::GET, &server.uri(), &[])
+            .await;
+        assert_eq!(
+            (end.attempts, end.stop),
+            (3, StopReason::Succeeded),
+            "{door:?}"
+        );
+        assert_eq!(received(&server).await.len(), 3, "{door:?}");
+        // The waits passed in virtual time, and no attempt was cut by an auto-advance to its
+        // 10 s timeout; real time, seconds of slack for a loaded machine.
+        assert!(
+            virtual_start.elapsed() >= Duration::from_millis(300),
+            "{door:?}"
+        );
+        assert!(
+            virtual_start.elapsed() < Duration::from_secs(10),
+            "{door:?}"
+        );
+        assert!(real_start.elapsed() < Duration::from_secs(5), "{door:?}");
+    }
+
+    pub async fn a_request_dropped_while_it_waits_sends_nothing_more(door: Door) {
+        let busy = ResponseTemplate::new(503).insert_header("retry-after", "5");
+        let server = first_then(busy, 1, ResponseTemplate::new(200)).await;
+        let dependency = Dependency::new("orders", RetryPolicy::default());
+        let middleware = RetryMiddleware::new(dependency.clone());
+        let url = server.uri();
+        let send = door.send(vec![middleware], http::Method::GET, &url, &[]);
+        // The caller gives up 2 s into the server's 5 s wait: the request is dropped there.
+        let gave_up = tokio::time::timeout(Duration::from_secs(2), send).await;
+        assert!(gave_up.is_err(), "{door:?}: {gave_up:?}");
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        assert_eq!(
+            received(&server).await.len(),
+            1,
+            "{door:?}: no attempt after the drop"
+        );
+        assert_eq!(dependency.counters().attempts, 1, "{door:?}");
     }
 }

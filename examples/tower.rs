@@ -1,0 +1,78 @@
+//! The same retries for a tower client: hyper-util's client under `RetryMiddleware` as a tower
+//! layer, against a flaky service on loopback.
+//!
+//! The server answers `POST /orders` with `503 Service Unavailable` twice, then `201 Created`.
+//! The client is hyper-util's, with no reqwest client anywhere: the middleware wraps it as a
+//! `tower::Layer`, stamps one `Idempotency-Key` on the order, and sends it again under the same
+//! key until the server takes it.
+//!
+//! Run it with `cargo run --example tower --features tower`.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use reqwest_safe_retry::{RetryMiddleware, RetryPolicy, RetryRecord};
+use tower_layer::Layer;
+use tower_service::Service;
+use wiremock::matchers::{method, path};
+use wiremock::{Mock, MockServer, ResponseTemplate};
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    // A server on 127.0.0.1 that fails twice, then takes the order.
+    let server = MockServer::start().await;
+    Mock::given(method("POST"))
+        .and(path("/orders"))
+        .respond_with(ResponseTemplate::new(503))
+        .up_to_n_times(2)
+        .mount(&server)
+        .await;
+    Mock::given(method("POST"))
+        .and(path("/orders"))
+        .respond_with(ResponseTemplate::new(201).set_body_string("order 17 placed"))
+        .mount(&server)
+        .await;
+
+    // hyper-util's client, its request bodies `reqwest::Body`, under the middleware as a layer.
+    let client = Client::builder(TokioExecutor::new()).build_http::<reqwest::Body>();
+    let policy = RetryPolicy::builder()
+        .max_attempts(3)
+        .base_delay(Duration::from_millis(100))
+        .build()?;
+    let mut orders = RetryMiddleware::new(policy).layer(client);
+
+    // A body whole in memory (`Bytes` here) is kept for the retries.
+    let request = http::Request::post(format!("{}/orders", server.uri()))
+        .header("content-type", "application/json")
+        .body(Bytes::from_static(br#"{"sku":"widget","count":2}"#))?;
+    std::future::poll_fn(|cx| Service::<http::Request<Bytes>>::poll_ready(&mut orders, cx)).await?;
+    let response = orders.call(request).await?;
+
+    let record = RetryRecord::of_http(&response).expect("the layer's answers carry a record");
+    println!(
+        "{} after {} attempts, {:?} waited",
+        response.status(),
+        record.attempts(),
+        record.waited()
+    );
+    for (n, seen) in server
+        .received_requests()
+        .await
+        .unwrap_or_default()
+        .iter()
+        .enumerate()
+    {
+        let key = seen
+            .headers
+            .get("idempotency-key")
+            .map(|k| k.to_str().unwrap_or("?"));
+        println!(
+            "attempt {}: Idempotency-Key {}",
+            n + 1,
+            key.unwrap_or("(none)")
+        );
+    }
+    Ok(())
+}
