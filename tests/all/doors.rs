@@ -39,6 +39,10 @@ struct Ended {
     failed_to_connect: bool,
     /// The error says the last attempt timed out.
     timed_out: bool,
+    /// The error's message, then its last error's own (empty when there was no error), and
+    /// whether a refused connection is among its causes.
+    message: String,
+    refused_in_chain: bool,
 }
 
 impl Door {
@@ -117,6 +121,8 @@ fn ended(status: u16, record: Option<RetryRecord>) -> Ended {
             .map(|k| k.to_str().unwrap().to_owned()),
         failed_to_connect: false,
         timed_out: false,
+        message: String::new(),
+        refused_in_chain: false,
     }
 }
 
@@ -130,7 +136,23 @@ fn failed(err: &RetryError) -> Ended {
             .map(|k| k.to_str().unwrap().to_owned()),
         failed_to_connect: err.failed_to_connect(),
         timed_out: err.timed_out(),
+        message: format!("{err} / {}", err.last_error()),
+        refused_in_chain: refused_in_chain(err),
     }
+}
+
+/// Whether a refused connection is among the causes of `err`, as a caller walking them finds it.
+fn refused_in_chain(err: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cause = err.source();
+    for _ in 0..32 {
+        let Some(at) = cause else { return false };
+        let io = at.downcast_ref::<std::io::Error>();
+        if io.is_some_and(|io| io.kind() == std::io::ErrorKind::ConnectionRefused) {
+            return true;
+        }
+        cause = at.source();
+    }
+    false
 }
 
 /// The middleware on a fake clock with seeded jitter, for `dependency`.
@@ -356,6 +378,19 @@ mod scenarios {
             "{door:?}"
         );
         assert_eq!(clock.sleeps().len(), 2, "{door:?}");
+        // The error says what happened, in its answers, its message and its causes.
+        assert!(end.failed_to_connect, "{door:?}");
+        assert!(!end.timed_out, "{door:?}");
+        assert!(end.message.contains("refused"), "{door:?}: {}", end.message);
+        let (_, last) = end.message.split_once(" / ").unwrap();
+        assert!(
+            last.len() > 10,
+            "{door:?}: the last error says what it was: {last:?}"
+        );
+        assert!(
+            end.refused_in_chain,
+            "{door:?}: the cause is there to walk to"
+        );
     }
 
     pub async fn nested_instances_make_one_layer_of_attempts(door: Door) {
