@@ -177,41 +177,23 @@ async fn received(server: &MockServer) -> Vec<wiremock::Request> {
     server.received_requests().await.unwrap()
 }
 
-/// Runs each named scenario through both doors, as `NAME::reqwest` and `NAME::tower`.
+/// Runs each named scenario through both doors, as `NAME::reqwest` and `NAME::tower`; after
+/// `paused:`, under tokio's paused clock.
 macro_rules! both {
-    ($($name:ident;)*) => {$(
+    (paused: $($name:ident;)*) => { both!(@each (start_paused = true) $($name;)*); };
+    ($($name:ident;)*) => { both!(@each () $($name;)*); };
+    (@each $runtime:tt $($name:ident;)*) => {$(
         mod $name {
-            #[tokio::test]
+            #[tokio::test $runtime]
             async fn reqwest() {
                 super::scenarios::$name(super::Door::Reqwest).await;
             }
-            #[tokio::test]
+            #[tokio::test $runtime]
             async fn tower() {
                 super::scenarios::$name(super::Door::Tower).await;
             }
         }
     )*};
-}
-
-/// As `both!`, under tokio's paused clock.
-macro_rules! both_paused {
-    ($($name:ident;)*) => {$(
-        mod $name {
-            #[tokio::test(start_paused = true)]
-            async fn reqwest() {
-                super::scenarios::$name(super::Door::Reqwest).await;
-            }
-            #[tokio::test(start_paused = true)]
-            async fn tower() {
-                super::scenarios::$name(super::Door::Tower).await;
-            }
-        }
-    )*};
-}
-
-both_paused! {
-    tokio_s_paused_clock_runs_the_waits_in_virtual_time;
-    a_request_dropped_while_it_waits_sends_nothing_more;
 }
 
 both! {
@@ -225,6 +207,12 @@ both! {
     nested_instances_make_one_layer_of_attempts;
     a_slow_attempt_is_cut_at_its_timeout_and_the_next_one_answers;
     a_request_whose_every_attempt_timed_out_says_so;
+}
+
+both! {
+    paused:
+    tokio_s_paused_clock_runs_the_waits_in_virtual_time;
+    a_request_dropped_while_it_waits_sends_nothing_more;
 }
 
 mod scenarios {
@@ -497,12 +485,14 @@ mod scenarios {
         let server = first_then(busy, 1, ResponseTemplate::new(200)).await;
         let dependency = Dependency::new("orders", RetryPolicy::default());
         let middleware = RetryMiddleware::new(dependency.clone());
-        let url = server.uri();
+        let (url, real_start) = (server.uri(), Instant::now());
         let send = door.send(vec![middleware], http::Method::GET, &url, &[]);
         // The caller gives up 2 s into the server's 5 s wait: the request is dropped there.
         let gave_up = tokio::time::timeout(Duration::from_secs(2), send).await;
         assert!(gave_up.is_err(), "{door:?}: {gave_up:?}");
         tokio::time::sleep(Duration::from_secs(60)).await;
+        // The minute passed in virtual time: the scenario ran under the paused clock.
+        assert!(real_start.elapsed() < Duration::from_secs(30), "{door:?}");
         assert_eq!(
             received(&server).await.len(),
             1,
