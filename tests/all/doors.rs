@@ -207,6 +207,7 @@ both! {
     nested_instances_make_one_layer_of_attempts;
     a_slow_attempt_is_cut_at_its_timeout_and_the_next_one_answers;
     a_request_whose_every_attempt_timed_out_says_so;
+    the_server_s_verdict_speaks_of_failures_only;
 }
 
 both! {
@@ -499,5 +500,35 @@ mod scenarios {
             "{door:?}: no attempt after the drop"
         );
         assert_eq!(dependency.counters().attempts, 1, "{door:?}");
+    }
+
+    pub async fn the_server_s_verdict_speaks_of_failures_only(door: Door) {
+        for (status, says, sent, stop) in [
+            // A success is final whatever the server adds.
+            (200, "true", 1, StopReason::Succeeded),
+            (304, "true", 1, StopReason::Succeeded),
+            // A failure the status alone would retry, declined; one it would not, made transient.
+            (503, "false", 1, StopReason::ServerDeclinedRetry),
+            (500, "true", 3, StopReason::AttemptsExhausted),
+            // Not a 400: the request itself is wrong.
+            (400, "true", 1, StopReason::NotRetryable),
+        ] {
+            // The same with a classifier that takes the default verdict: what it is shown.
+            for deferring in [false, true] {
+                let mut dependency = Dependency::new("orders", policy());
+                if deferring {
+                    dependency = dependency.with_classifier(|attempt| attempt.default_verdict());
+                }
+                let answer = ResponseTemplate::new(status).insert_header("x-should-retry", says);
+                let server = first_then(answer.clone(), 0, answer).await;
+                let (middleware, _clock) = on_fake_clock(dependency);
+                let end = door
+                    .send(vec![middleware], http::Method::GET, &server.uri(), &[])
+                    .await;
+                let seen = (received(&server).await.len(), end.attempts, end.stop);
+                let case = format!("{door:?}: {status} {says}, classifier {deferring}");
+                assert_eq!(seen, (sent, sent as u32, stop), "{case}");
+            }
+        }
     }
 }
