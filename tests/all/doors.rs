@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use reqwest_middleware::ClientBuilder;
 use reqwest_safe_retry::{
-    Dependency, FakeClock, RetryBudget, RetryError, RetryMiddleware, RetryPolicy, RetryRecord,
-    SeededRng, StopReason,
+    Dependency, FakeClock, RetryBudget, RetryError, RetryMiddleware, RetryOverride, RetryPolicy,
+    RetryRecord, SeededRng, StopReason,
 };
 use tower_layer::Layer;
 use tower_service::Service;
@@ -45,24 +45,68 @@ struct Ended {
     refused_in_chain: bool,
 }
 
+/// One request as a scenario sends it, whatever the door.
+struct Call {
+    method: http::Method,
+    url: String,
+    headers: Vec<(&'static str, String)>,
+    /// A body that streams (sent once), rather than one whole in memory.
+    streamed: bool,
+    overriding: Option<RetryOverride>,
+}
+
+impl Call {
+    fn new(method: http::Method, url: &str) -> Call {
+        Call {
+            method,
+            url: url.to_owned(),
+            headers: Vec::new(),
+            streamed: false,
+            overriding: None,
+        }
+    }
+
+    fn header(mut self, name: &'static str, value: &str) -> Call {
+        self.headers.push((name, value.to_owned()));
+        self
+    }
+
+    fn streamed(mut self) -> Call {
+        self.streamed = true;
+        self
+    }
+
+    fn overriding(mut self, overriding: RetryOverride) -> Call {
+        self.overriding = Some(overriding);
+        self
+    }
+
+    /// The request's body: "order", whole or streamed.
+    fn body(&self) -> reqwest::Body {
+        if self.streamed {
+            reqwest::Body::wrap(http_body_util::Full::new(Bytes::from_static(b"order")))
+        } else {
+            reqwest::Body::from(Bytes::from_static(b"order"))
+        }
+    }
+}
+
 impl Door {
-    /// Sends one request through `layers` (outermost first) and reads how it ended.
-    async fn send(
-        self,
-        layers: Vec<RetryMiddleware>,
-        method: http::Method,
-        url: &str,
-        headers: &[(&str, &str)],
-    ) -> Ended {
+    /// Sends `call` through `layers` (outermost first) and reads how it ended.
+    async fn send(self, layers: Vec<RetryMiddleware>, call: Call) -> Ended {
+        let body = call.body();
         match self {
             Door::Reqwest => {
                 let mut chain = ClientBuilder::new(reqwest::Client::new());
                 for layer in layers {
                     chain = chain.with(layer);
                 }
-                let mut request = chain.build().request(method, url).body("order");
-                for (name, value) in headers {
-                    request = request.header(*name, *value);
+                let mut request = chain.build().request(call.method, &call.url).body(body);
+                for (name, value) in &call.headers {
+                    request = request.header(*name, value);
+                }
+                if let Some(overriding) = call.overriding {
+                    request = request.with_extension(overriding);
                 }
                 match request.send().await {
                     Ok(response) => ended(response.status().as_u16(), RetryRecord::of(&response)),
@@ -74,14 +118,17 @@ impl Door {
                     hyper_util::rt::TokioExecutor::new(),
                 )
                 .build_http::<reqwest::Body>();
-                let mut request = http::Request::builder().method(method).uri(url);
-                for (name, value) in headers {
-                    request = request.header(*name, *value);
+                let mut request = http::Request::builder().method(call.method).uri(&call.url);
+                for (name, value) in &call.headers {
+                    request = request.header(*name, value);
                 }
-                let request = request.body(Bytes::from_static(b"order")).unwrap();
+                if let Some(overriding) = call.overriding {
+                    request = request.extension(overriding);
+                }
+                let request = request.body(body).unwrap();
                 match &layers[..] {
-                    [only] => call(only.layer(client), request).await,
-                    [outer, inner] => call(outer.layer(inner.layer(client)), request).await,
+                    [only] => call_service(only.layer(client), request).await,
+                    [outer, inner] => call_service(outer.layer(inner.layer(client)), request).await,
                     _ => unreachable!("one or two layers"),
                 }
             }
@@ -90,7 +137,7 @@ impl Door {
 }
 
 /// Sends `request` through a tower `service` and reads how it ended.
-async fn call<S, B>(mut service: S, request: http::Request<B>) -> Ended
+async fn call_service<S, B>(mut service: S, request: http::Request<B>) -> Ended
 where
     S: Service<
             http::Request<B>,
@@ -208,6 +255,12 @@ both! {
     a_slow_attempt_is_cut_at_its_timeout_and_the_next_one_answers;
     a_request_whose_every_attempt_timed_out_says_so;
     the_server_s_verdict_speaks_of_failures_only;
+    a_caller_s_key_goes_on_every_attempt_unchanged;
+    a_streamed_body_is_sent_once;
+    an_override_changes_one_request_only;
+    the_attempt_header_counts_every_attempt;
+    a_spent_quota_holds_the_next_request_until_its_reset;
+    an_inner_instance_s_shorter_timeout_does_not_cut_the_outer_one_s_attempts;
 }
 
 both! {
@@ -224,7 +277,7 @@ mod scenarios {
         let (middleware, _clock) = on_fake_clock(policy());
         let url = format!("{}/orders", server.uri());
         let end = door
-            .send(vec![middleware], http::Method::POST, &url, &[])
+            .send(vec![middleware], Call::new(http::Method::POST, &url))
             .await;
         let keys: Vec<_> = received(&server)
             .await
@@ -252,7 +305,10 @@ mod scenarios {
         let server = always(503).await;
         let (middleware, _clock) = on_fake_clock(dependency());
         let post = door
-            .send(vec![middleware], http::Method::POST, &server.uri(), &[])
+            .send(
+                vec![middleware],
+                Call::new(http::Method::POST, &server.uri()),
+            )
             .await;
         assert_eq!(received(&server).await.len(), 1, "{door:?}: {post:?}");
         assert_eq!((post.attempts, post.stop), (1, StopReason::NotSafeToRetry));
@@ -261,7 +317,10 @@ mod scenarios {
         let server = always(503).await;
         let (middleware, _clock) = on_fake_clock(dependency());
         let put = door
-            .send(vec![middleware], http::Method::PUT, &server.uri(), &[])
+            .send(
+                vec![middleware],
+                Call::new(http::Method::PUT, &server.uri()),
+            )
             .await;
         assert_eq!(received(&server).await.len(), 3, "{door:?}: {put:?}");
         assert_eq!((put.attempts, put.stop), (3, StopReason::AttemptsExhausted));
@@ -282,7 +341,10 @@ mod scenarios {
             let server = always(status).await;
             let (middleware, _clock) = on_fake_clock(policy());
             let end = door
-                .send(vec![middleware], http::Method::GET, &server.uri(), &[])
+                .send(
+                    vec![middleware],
+                    Call::new(http::Method::GET, &server.uri()),
+                )
                 .await;
             assert_eq!(received(&server).await.len(), sent, "{door:?} {status}");
             assert_eq!(
@@ -305,7 +367,10 @@ mod scenarios {
             .unwrap();
         let (middleware, clock) = on_fake_clock(policy);
         let end = door
-            .send(vec![middleware], http::Method::GET, &server.uri(), &[])
+            .send(
+                vec![middleware],
+                Call::new(http::Method::GET, &server.uri()),
+            )
             .await;
         assert_eq!(
             (end.attempts, end.stop),
@@ -326,7 +391,10 @@ mod scenarios {
             .unwrap();
         let (middleware, clock) = on_fake_clock(policy);
         let end = door
-            .send(vec![middleware], http::Method::GET, &server.uri(), &[])
+            .send(
+                vec![middleware],
+                Call::new(http::Method::GET, &server.uri()),
+            )
             .await;
         assert_eq!(received(&server).await.len(), 1, "{door:?}: {end:?}");
         // The server's answer is handed back at once, not after a wait that cannot end in time.
@@ -345,7 +413,10 @@ mod scenarios {
         let server = always(503).await;
         let (middleware, clock) = on_fake_clock(dependency);
         let end = door
-            .send(vec![middleware], http::Method::GET, &server.uri(), &[])
+            .send(
+                vec![middleware],
+                Call::new(http::Method::GET, &server.uri()),
+            )
             .await;
         assert_eq!(received(&server).await.len(), 1, "{door:?}: {end:?}");
         assert_eq!((end.attempts, end.stop), (1, StopReason::BudgetExhausted));
@@ -357,7 +428,7 @@ mod scenarios {
         let (middleware, clock) = on_fake_clock(dependency);
         let url = refused_url().await;
         let end = door
-            .send(vec![middleware], http::Method::POST, &url, &[])
+            .send(vec![middleware], Call::new(http::Method::POST, &url))
             .await;
         // Nothing of the request reached a server: repeating it is safe whatever its method.
         assert_eq!(end.status, None, "{door:?}");
@@ -387,7 +458,10 @@ mod scenarios {
         let (outer, _clock) = on_fake_clock(policy());
         let (inner, inner_clock) = on_fake_clock(policy());
         let end = door
-            .send(vec![outer, inner], http::Method::GET, &server.uri(), &[])
+            .send(
+                vec![outer, inner],
+                Call::new(http::Method::GET, &server.uri()),
+            )
             .await;
         // Three attempts, not three times three: the inner instance passes each through.
         assert_eq!(received(&server).await.len(), 3, "{door:?}: {end:?}");
@@ -419,7 +493,10 @@ mod scenarios {
         let middleware = RetryMiddleware::new(policy).with_rng(SeededRng::new(7));
         let started = Instant::now();
         let end = door
-            .send(vec![middleware], http::Method::GET, &server.uri(), &[])
+            .send(
+                vec![middleware],
+                Call::new(http::Method::GET, &server.uri()),
+            )
             .await;
         assert_eq!(
             (end.attempts, end.stop),
@@ -443,7 +520,10 @@ mod scenarios {
             .unwrap();
         let middleware = RetryMiddleware::new(policy).with_rng(SeededRng::new(7));
         let end = door
-            .send(vec![middleware], http::Method::GET, &server.uri(), &[])
+            .send(
+                vec![middleware],
+                Call::new(http::Method::GET, &server.uri()),
+            )
             .await;
         assert_eq!(
             (end.attempts, end.stop),
@@ -460,7 +540,10 @@ mod scenarios {
         let middleware = RetryMiddleware::new(RetryPolicy::default()).with_rng(|| u64::MAX);
         let (virtual_start, real_start) = (tokio::time::Instant::now(), Instant::now());
         let end = door
-            .send(vec![middleware], http::Method::GET, &server.uri(), &[])
+            .send(
+                vec![middleware],
+                Call::new(http::Method::GET, &server.uri()),
+            )
             .await;
         assert_eq!(
             (end.attempts, end.stop),
@@ -487,7 +570,7 @@ mod scenarios {
         let dependency = Dependency::new("orders", RetryPolicy::default());
         let middleware = RetryMiddleware::new(dependency.clone());
         let (url, real_start) = (server.uri(), Instant::now());
-        let send = door.send(vec![middleware], http::Method::GET, &url, &[]);
+        let send = door.send(vec![middleware], Call::new(http::Method::GET, &url));
         // The caller gives up 2 s into the server's 5 s wait: the request is dropped there.
         let gave_up = tokio::time::timeout(Duration::from_secs(2), send).await;
         assert!(gave_up.is_err(), "{door:?}: {gave_up:?}");
@@ -523,12 +606,180 @@ mod scenarios {
                 let server = first_then(answer.clone(), 0, answer).await;
                 let (middleware, _clock) = on_fake_clock(dependency);
                 let end = door
-                    .send(vec![middleware], http::Method::GET, &server.uri(), &[])
+                    .send(
+                        vec![middleware],
+                        Call::new(http::Method::GET, &server.uri()),
+                    )
                     .await;
                 let seen = (received(&server).await.len(), end.attempts, end.stop);
                 let case = format!("{door:?}: {status} {says}, classifier {deferring}");
                 assert_eq!(seen, (sent, sent as u32, stop), "{case}");
             }
         }
+    }
+
+    pub async fn a_caller_s_key_goes_on_every_attempt_unchanged(door: Door) {
+        let server = first_then(ResponseTemplate::new(503), 2, ResponseTemplate::new(201)).await;
+        let (middleware, _clock) = on_fake_clock(policy());
+        let call =
+            Call::new(http::Method::POST, &server.uri()).header("idempotency-key", "order-17");
+        let end = door.send(vec![middleware], call).await;
+        let keys: Vec<_> = received(&server)
+            .await
+            .iter()
+            .map(|r| {
+                r.headers
+                    .get_all("idempotency-key")
+                    .iter()
+                    .cloned()
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        assert_eq!(
+            keys,
+            vec![vec!["order-17"]; 3],
+            "{door:?}: once on each, unchanged"
+        );
+        assert_eq!(
+            (end.attempts, end.stop),
+            (3, StopReason::Succeeded),
+            "{door:?}"
+        );
+        assert_eq!(end.key.as_deref(), Some("order-17"), "{door:?}");
+    }
+
+    pub async fn a_streamed_body_is_sent_once(door: Door) {
+        let server = always(503).await;
+        let (middleware, clock) = on_fake_clock(policy());
+        // A GET may be repeated; a body that streams cannot be sent again.
+        let end = door
+            .send(
+                vec![middleware],
+                Call::new(http::Method::PUT, &server.uri()).streamed(),
+            )
+            .await;
+        let bodies: Vec<_> = received(&server)
+            .await
+            .iter()
+            .map(|r| r.body.clone())
+            .collect();
+        assert_eq!(
+            bodies,
+            vec![b"order".to_vec()],
+            "{door:?}: sent once, whole"
+        );
+        assert_eq!(
+            (end.attempts, end.stop),
+            (1, StopReason::BodyNotCloneable),
+            "{door:?}"
+        );
+        assert!(clock.sleeps().is_empty(), "{door:?}");
+    }
+
+    pub async fn an_override_changes_one_request_only(door: Door) {
+        let dependency = Dependency::new("orders", policy());
+        let (middleware, _clock) = on_fake_clock(dependency.clone());
+        let cases = [
+            (
+                Some(RetryOverride::new().no_retries()),
+                1,
+                StopReason::RetriesDisabled,
+            ),
+            (
+                Some(RetryOverride::new().max_attempts(5)),
+                5,
+                StopReason::AttemptsExhausted,
+            ),
+            (None, 3, StopReason::AttemptsExhausted),
+        ];
+        for (overriding, sent, stop) in cases {
+            let server = always(503).await;
+            let mut call = Call::new(http::Method::GET, &server.uri());
+            if let Some(overriding) = overriding {
+                call = call.overriding(overriding);
+            }
+            let end = door.send(vec![middleware.clone()], call).await;
+            assert_eq!(received(&server).await.len(), sent, "{door:?}: {stop:?}");
+            assert_eq!((end.attempts, end.stop), (sent as u32, stop), "{door:?}");
+        }
+        assert_eq!(dependency.counters().attempts, 1 + 5 + 3, "{door:?}");
+    }
+
+    pub async fn the_attempt_header_counts_every_attempt(door: Door) {
+        let server = always(503).await;
+        let dependency = Dependency::new("orders", policy())
+            .with_attempt_header("x-attempt")
+            .unwrap();
+        let (middleware, _clock) = on_fake_clock(dependency);
+        let call = Call::new(http::Method::GET, &server.uri()).header("x-attempt", "the caller's");
+        door.send(vec![middleware], call).await;
+        let seen: Vec<Vec<String>> = received(&server)
+            .await
+            .iter()
+            .map(|r| {
+                let all = r.headers.get_all("x-attempt").iter();
+                all.map(|v| v.to_str().unwrap().to_owned()).collect()
+            })
+            .collect();
+        assert_eq!(
+            seen,
+            [["1"], ["2"], ["3"]],
+            "{door:?}: the middleware's, once each"
+        );
+    }
+
+    pub async fn a_spent_quota_holds_the_next_request_until_its_reset(door: Door) {
+        let server = MockServer::start().await;
+        let spent = ResponseTemplate::new(200).insert_header("ratelimit", r#""default";r=0;t=5"#);
+        Mock::given(any())
+            .respond_with(spent)
+            .up_to_n_times(1)
+            .mount(&server)
+            .await;
+        let left = ResponseTemplate::new(200).insert_header("ratelimit", r#""default";r=9;t=60"#);
+        Mock::given(any()).respond_with(left).mount(&server).await;
+        // No spread of the held requests' release: the hold is read exactly.
+        let (middleware, clock) = on_fake_clock(policy());
+        let middleware = middleware.with_rng(|| 0u64);
+        let mut sleeps = Vec::new();
+        for _ in 0..3 {
+            let call = Call::new(http::Method::GET, &server.uri());
+            let end = door.send(vec![middleware.clone()], call).await;
+            assert_eq!(end.stop, StopReason::Succeeded, "{door:?}");
+            sleeps.push(clock.sleeps());
+        }
+        // The second waits out the 5 s before anything is sent; its answer clears the hold.
+        let five = vec![Duration::from_secs(5)];
+        assert_eq!(sleeps, [vec![], five.clone(), five], "{door:?}");
+        assert_eq!(received(&server).await.len(), 3, "{door:?}");
+    }
+
+    pub async fn an_inner_instance_s_shorter_timeout_does_not_cut_the_outer_one_s_attempts(
+        door: Door,
+    ) {
+        let server = MockServer::start().await;
+        let slow = ResponseTemplate::new(200).set_delay(Duration::from_millis(300));
+        Mock::given(any()).respond_with(slow).mount(&server).await;
+        let timeout = |ms| {
+            let policy = RetryPolicy::builder()
+                .attempt_timeout(Duration::from_millis(ms))
+                .build()
+                .unwrap();
+            RetryMiddleware::new(policy).with_rng(SeededRng::new(7))
+        };
+        // The outer one makes the attempts, on its own timeout; the inner one's 20 ms would
+        // cut every answer of this server.
+        let end = door
+            .send(
+                vec![timeout(10_000), timeout(20)],
+                Call::new(http::Method::GET, &server.uri()),
+            )
+            .await;
+        assert_eq!(
+            (end.attempts, end.stop),
+            (1, StopReason::Succeeded),
+            "{door:?}"
+        );
+        assert_eq!(received(&server).await.len(), 1, "{door:?}");
     }
 }
