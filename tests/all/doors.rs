@@ -3,6 +3,8 @@
 //! Each scenario is written once, against [`Door`], and `both!` runs it through each door; a
 //! guarantee that holds on one door and not the other fails one of the pair.
 
+use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -16,7 +18,8 @@ use tower_service::Service;
 use wiremock::matchers::any;
 use wiremock::{Mock, MockServer, ResponseTemplate};
 
-use crate::support::{always, first_then, refused_url};
+use crate::hedging::HoldsTheFirst;
+use crate::support::{Before, always, first_then, refused_url};
 
 /// How a request reaches the middleware.
 #[derive(Debug, Clone, Copy)]
@@ -35,6 +38,8 @@ struct Ended {
     attempts: u32,
     stop: StopReason,
     key: Option<String>,
+    /// The answer came from a hedge.
+    by_hedge: bool,
     /// The error says the last attempt failed to connect.
     failed_to_connect: bool,
     /// The error says the last attempt timed out.
@@ -53,7 +58,13 @@ struct Call {
     /// A body that streams (sent once), rather than one whole in memory.
     streamed: bool,
     overriding: Option<RetryOverride>,
+    /// Called with each copy's extensions beneath the middleware, as a middleware or service
+    /// further in would be: a stand-in for the time a copy takes.
+    beneath: Option<Hook>,
 }
+
+/// What a copy meets beneath the middleware.
+type Hook = Arc<dyn Fn(&mut http::Extensions) + Send + Sync>;
 
 impl Call {
     fn new(method: http::Method, url: &str) -> Call {
@@ -63,7 +74,13 @@ impl Call {
             headers: Vec::new(),
             streamed: false,
             overriding: None,
+            beneath: None,
         }
+    }
+
+    fn beneath(mut self, hook: impl Fn(&mut http::Extensions) + Send + Sync + 'static) -> Call {
+        self.beneath = Some(Arc::new(hook));
+        self
     }
 
     fn header(mut self, name: &'static str, value: &str) -> Call {
@@ -101,6 +118,12 @@ impl Door {
                 for layer in layers {
                     chain = chain.with(layer);
                 }
+                if let Some(hook) = call.beneath.clone() {
+                    chain = chain.with(Before(move |extensions: &mut http::Extensions| {
+                        hook(extensions);
+                        None
+                    }));
+                }
                 let mut request = chain.build().request(call.method, &call.url).body(body);
                 for (name, value) in &call.headers {
                     request = request.header(*name, value);
@@ -126,6 +149,11 @@ impl Door {
                     request = request.extension(overriding);
                 }
                 let request = request.body(body).unwrap();
+                let hook = call.beneath.clone().unwrap_or_else(|| Arc::new(|_| {}));
+                let client = Hooked {
+                    inner: client,
+                    hook,
+                };
                 match &layers[..] {
                     [only] => call_service(only.layer(client), request).await,
                     [outer, inner] => call_service(outer.layer(inner.layer(client)), request).await,
@@ -133,6 +161,31 @@ impl Door {
                 }
             }
         }
+    }
+}
+
+/// A tower service that calls its hook with each request's extensions, then `inner`.
+#[derive(Clone)]
+struct Hooked<S> {
+    inner: S,
+    hook: Hook,
+}
+
+impl<S, B> Service<http::Request<B>> for Hooked<S>
+where
+    S: Service<http::Request<B>>,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = S::Future;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut request: http::Request<B>) -> S::Future {
+        (self.hook)(request.extensions_mut());
+        self.inner.call(request)
     }
 }
 
@@ -166,6 +219,7 @@ fn ended(status: u16, record: Option<RetryRecord>) -> Ended {
         key: record
             .idempotency_key()
             .map(|k| k.to_str().unwrap().to_owned()),
+        by_hedge: record.answered_by_hedge(),
         failed_to_connect: false,
         timed_out: false,
         message: String::new(),
@@ -181,6 +235,7 @@ fn failed(err: &RetryError) -> Ended {
         key: err
             .idempotency_key()
             .map(|k| k.to_str().unwrap().to_owned()),
+        by_hedge: false,
         failed_to_connect: err.failed_to_connect(),
         timed_out: err.timed_out(),
         message: format!("{err} / {}", err.last_error()),
@@ -225,9 +280,11 @@ async fn received(server: &MockServer) -> Vec<wiremock::Request> {
 }
 
 /// Runs each named scenario through both doors, as `NAME::reqwest` and `NAME::tower`; after
-/// `paused:`, under tokio's paused clock.
+/// `paused:`, under tokio's paused clock; after `multi_thread:`, on a runtime of worker threads
+/// (a scenario that blocks one of them).
 macro_rules! both {
     (paused: $($name:ident;)*) => { both!(@each (start_paused = true) $($name;)*); };
+    (multi_thread: $($name:ident;)*) => { both!(@each (flavor = "multi_thread") $($name;)*); };
     ($($name:ident;)*) => { both!(@each () $($name;)*); };
     (@each $runtime:tt $($name:ident;)*) => {$(
         mod $name {
@@ -261,6 +318,12 @@ both! {
     the_attempt_header_counts_every_attempt;
     a_spent_quota_holds_the_next_request_until_its_reset;
     an_inner_instance_s_shorter_timeout_does_not_cut_the_outer_one_s_attempts;
+    a_slow_read_is_hedged_and_the_fast_answer_wins;
+}
+
+both! {
+    multi_thread:
+    a_runtime_without_a_timer_works_with_a_fake_clock_and_fails_clearly_with_tokio_s;
 }
 
 both! {
@@ -782,4 +845,114 @@ mod scenarios {
         );
         assert_eq!(received(&server).await.len(), 1, "{door:?}");
     }
+
+    pub async fn a_runtime_without_a_timer_works_with_a_fake_clock_and_fails_clearly_with_tokio_s(
+        door: Door,
+    ) {
+        let server = first_then(ResponseTemplate::new(503), 1, ResponseTemplate::new(200)).await;
+        let url = server.uri();
+        let (fake, slept, tokio_s) = tokio::task::spawn_blocking(move || {
+            let no_timer = tokio::runtime::Builder::new_current_thread()
+                .enable_io()
+                .build()
+                .unwrap();
+            no_timer.block_on(async {
+                let (middleware, clock) = on_fake_clock(policy());
+                let fake = door
+                    .send(vec![middleware], Call::new(http::Method::GET, &url))
+                    .await;
+                let tokio_s = RetryMiddleware::new(policy());
+                let tokio_s = door
+                    .send(vec![tokio_s], Call::new(http::Method::GET, &url))
+                    .await;
+                (fake, clock.sleeps().len(), tokio_s)
+            })
+        })
+        .await
+        .unwrap();
+        assert_eq!(
+            (fake.attempts, fake.stop, slept),
+            (2, StopReason::Succeeded, 1),
+            "{door:?}"
+        );
+        // Nothing sent, and an error that says what to change rather than a panic.
+        assert_eq!(
+            (tokio_s.attempts, tokio_s.stop),
+            (0, StopReason::TimerUnavailable)
+        );
+        assert!(
+            tokio_s.message.contains("enable_time"),
+            "{door:?}: {}",
+            tokio_s.message
+        );
+        assert_eq!(
+            received(&server).await.len(),
+            2,
+            "{door:?}: the fake clock's two only"
+        );
+    }
+
+    pub async fn a_slow_read_is_hedged_and_the_fast_answer_wins(door: Door) {
+        let clock = FakeClock::new();
+        let policy = RetryPolicy::builder()
+            .attempt_timeout(Duration::from_secs(5))
+            .hedge_reads(0.05, Duration::from_secs(1))
+            .build()
+            .unwrap();
+        let reads = Dependency::new("reads", policy);
+        let middleware = RetryMiddleware::new(reads.clone())
+            .with_clock(clock.clone())
+            .with_rng(SeededRng::new(9));
+        // Each copy not yet seen beneath takes `first` of virtual time; a hedge carries a copy
+        // of the extensions, marked seen.
+        let taking = |first: Duration| {
+            let clock = clock.clone();
+            move |extensions: &mut http::Extensions| {
+                if extensions.get::<Seen>().is_none() {
+                    extensions.insert(Seen);
+                    clock.advance(first);
+                }
+            }
+        };
+        // 150 answers of 10 ms, then a second so that the window is read again (p95 10.24 ms).
+        let fast = always(200).await;
+        for _ in 0..150 {
+            let call = Call::new(http::Method::GET, &fast.uri()).beneath(taking(ms(10)));
+            door.send(vec![middleware.clone()], call).await;
+        }
+        clock.advance(Duration::from_secs(1));
+        assert_eq!(reads.counters().hedges, 0, "{door:?}: none while filling");
+
+        // The server holds the first copy for ever: only a hedge can answer, in milliseconds.
+        let server = HoldsTheFirst::start().await;
+        let call = Call::new(http::Method::GET, &server.url).beneath(taking(ms(50)));
+        let sent = door.send(vec![middleware], call);
+        let end = tokio::time::timeout(Duration::from_secs(3), sent)
+            .await
+            .unwrap_or_else(|_| panic!("{door:?}: no hedge answered"));
+        assert!(end.by_hedge, "{door:?}: {end:?}");
+        assert_eq!(
+            (end.attempts, end.stop),
+            (1, StopReason::Succeeded),
+            "{door:?}"
+        );
+        assert_eq!(server.arrived(), 2, "{door:?}");
+        let counters = reads.counters();
+        assert_eq!((counters.hedges, counters.hedges_won), (1, 1), "{door:?}");
+        // The slow copy was dropped and its connection closed: the server sees it.
+        let deadline = Instant::now() + Duration::from_secs(3);
+        while server.cancelled() == 0 {
+            assert!(Instant::now() < deadline, "{door:?}: never cancelled");
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        assert!(clock.sleeps().is_empty(), "{door:?}: {:?}", clock.sleeps());
+    }
+}
+
+/// Marks the extensions a copy has passed the latency stand-in with.
+#[derive(Clone)]
+struct Seen;
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
 }

@@ -21,8 +21,8 @@ use crate::support::{self, Before};
 /// A server that holds the first request it gets (it never answers it, and notes when the
 /// client closes its connection) and answers every later one at once with 200.
 #[derive(Clone)]
-struct HoldsTheFirst {
-    url: String,
+pub(crate) struct HoldsTheFirst {
+    pub(crate) url: String,
     arrived: Arc<AtomicUsize>,
     /// Connections closed by the client while the server held their request.
     cancelled: Arc<AtomicUsize>,
@@ -33,7 +33,7 @@ struct HoldsTheFirst {
 }
 
 impl HoldsTheFirst {
-    async fn start() -> HoldsTheFirst {
+    pub(crate) async fn start() -> HoldsTheFirst {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let server = HoldsTheFirst {
             url: format!("http://{}/items", listener.local_addr().unwrap()),
@@ -71,11 +71,11 @@ impl HoldsTheFirst {
         server
     }
 
-    fn arrived(&self) -> usize {
+    pub(crate) fn arrived(&self) -> usize {
         self.arrived.load(Ordering::SeqCst)
     }
 
-    fn cancelled(&self) -> usize {
+    pub(crate) fn cancelled(&self) -> usize {
         self.cancelled.load(Ordering::SeqCst)
     }
 }
