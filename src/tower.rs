@@ -100,13 +100,24 @@ where
     }
 
     fn call(&mut self, request: http::Request<B>) -> Self::Future {
-        let (retry, inner) = (self.retry.clone(), Inner(self.inner.clone()));
-        // The extensions stay with the driver, as a chain's do, and go with each copy.
-        let (mut parts, body) = request.into_parts();
-        let mut extensions = std::mem::take(&mut parts.extensions);
-        let request = reqwest::Request::try_from(http::Request::from_parts(parts, body));
+        // The extensions stay with the driver, as a chain's do, and go with each copy; the URI
+        // too, for the copies (the driver reads the request's URL, parsed once here).
+        let (parts, body) = request.into_parts();
+        let mut extensions = parts.extensions;
+        let inner = Inner {
+            service: self.inner.clone(),
+            uri: parts.uri,
+        };
+        let request = reqwest::Url::parse(&inner.uri.to_string()).map(|url| {
+            let mut request = reqwest::Request::new(parts.method, url);
+            *request.headers_mut() = parts.headers;
+            *request.version_mut() = parts.version;
+            *request.body_mut() = Some(body.into());
+            request
+        });
+        let retry = self.retry.clone();
         Box::pin(async move {
-            let request = request?;
+            let request = request.map_err(|e| relative(&inner.uri, e))?;
             let outcome = if extensions.get::<Claimed>().is_some() {
                 // A layer further out on this request's path makes its attempts.
                 inner.run(request, &mut extensions).await
@@ -139,8 +150,20 @@ fn boxed(err: reqwest_middleware::Error) -> BoxError {
 #[derive(Debug, Clone, Copy)]
 struct Claimed;
 
-/// The inner service, as the driver sends copies to it.
-struct Inner<S>(S);
+/// The inner service, as the driver sends copies to it, and the URI every copy goes to.
+struct Inner<S> {
+    service: S,
+    uri: http::Uri,
+}
+
+/// The error for a request whose URI the layer cannot send: one without a scheme or a host.
+fn relative(uri: &http::Uri, cause: impl std::fmt::Display) -> BoxError {
+    format!(
+        "the retry layer needs an absolute URI, with a scheme and a host (http://host/path), \
+         as a client does; got {uri:?}: {cause}"
+    )
+    .into()
+}
 
 /// An error of the inner service: judged by its causes (a refused or reset connection, a
 /// timeout, a response cut short, an HTTP/2 refusal), as a transport error is.
@@ -178,15 +201,24 @@ where
         extensions: &'s mut Extensions,
     ) -> Pin<Box<dyn Future<Output = reqwest_middleware::Result<reqwest::Response>> + Send + 's>>
     {
-        let mut service = self.0.clone();
-        let mut carried = extensions.clone();
-        carried.insert(Claimed);
+        let mut service = self.service.clone();
         let url = request.url().clone();
+        // The copy as the inner service takes it: the URI as the caller gave it (not parsed
+        // again from the URL), the request's extensions with the mark.
+        let mut request = request;
+        let body = request.body_mut().take();
+        let mut copy =
+            http::Request::new(body.unwrap_or_else(|| reqwest::Body::from(Bytes::new())));
+        *copy.method_mut() = request.method().clone();
+        *copy.uri_mut() = self.uri.clone();
+        *copy.version_mut() = request.version();
+        *copy.headers_mut() = std::mem::take(request.headers_mut());
+        *copy.extensions_mut() = extensions.clone();
+        copy.extensions_mut().insert(Claimed);
         Box::pin(async move {
             let failed =
                 |e: S::Error| reqwest_middleware::Error::middleware(ServiceError(e.into()));
-            let mut request = http::Request::<reqwest::Body>::try_from(request)?;
-            *request.extensions_mut() = carried;
+            let request = copy;
             std::future::poll_fn(|cx| service.poll_ready(cx))
                 .await
                 .map_err(failed)?;

@@ -14,7 +14,7 @@
 use std::process::Command;
 
 use reqwest_safe_retry_benches::{
-    Client, Mode, clients, own_clients, retrying_clients, run, start,
+    Client, Mode, clients, own_clients, retrying_clients, run, start, tower_clients,
 };
 
 const CHILD: &str = "REQWEST_SAFE_RETRY_BENCH_CHILD";
@@ -82,6 +82,26 @@ fn main() {
         own[1][0] - own[0][0],
         own[1][1] - own[0][1]
     );
+    println!(
+        "\ntower clients over hyper-util's client (each retrying one over the bare service of \
+         its request body: (T2) over (T0), (T3) and (T4) over (T1))"
+    );
+    let names: Vec<_> = tower_clients().into_iter().map(|(n, _)| n).collect();
+    for in_flight in [1u64, 64] {
+        let per: Vec<f64> = (0..names.len())
+            .map(|i| per_request("tower", i, in_flight, n1, n2))
+            .collect();
+        println!("\n{in_flight} in flight");
+        println!("{:<32} {:>10} {:>10}", "client", "Ir/req", "over bare");
+        for (i, (name, ir)) in names.iter().zip(&per).enumerate() {
+            let bare = match i {
+                0 | 1 => *ir,
+                2 => per[0],
+                _ => per[1],
+            };
+            println!("{name:<32} {ir:>10.0} {:>+10.0}", ir - bare);
+        }
+    }
     let names: Vec<_> = retrying_clients().into_iter().map(|(n, _)| n).collect();
     println!("\nretry path (a 503, then a 200, no backoff), 1 in flight");
     println!("{:<24} {:>10}", "client", "Ir/req");
@@ -156,6 +176,7 @@ fn child(spec: &str) {
             "success" => (Mode::Ok, clients()),
             "own" => (Mode::Ok, own_clients()),
             "retry" => (Mode::FailThenOk, retrying_clients()),
+            "tower" => (Mode::Ok, tower_clients()),
             other => panic!("unknown path {other}"),
         };
         let client: Client = all.into_iter().nth(client).unwrap().1();

@@ -117,13 +117,19 @@ pub enum Client {
     /// A `reqwest-middleware` chain sent PUTs instead of POSTs: the retry path of a client that
     /// retries only what is idempotent without a key.
     ChainPut(ClientWithMiddleware),
+    /// A tower service of `http::Request`s (see [`tower_clients`]).
+    Tower(TowerPost),
 }
+
+/// How a tower client sends one POST of [`BODY`] to a URL and reads the answer: the status.
+pub type TowerPost = Arc<dyn Fn(&str) -> Pin<Box<dyn Future<Output = u16> + Send>> + Send + Sync>;
 
 impl Client {
     /// Sends one POST (a PUT for [`Client::ChainPut`]) and reads the answer's body; returns
     /// the status.
     pub async fn post(&self, url: &str) -> u16 {
         let response = match self {
+            Client::Tower(post) => return post(url).await,
             Client::Bare(c) => c.post(url).body(BODY).send().await.unwrap(),
             Client::Chain(c) => c.post(url).body(BODY).send().await.unwrap(),
             Client::ChainPut(c) => c.put(url).body(BODY).send().await.unwrap(),
@@ -439,5 +445,137 @@ pub async fn run(client: &Client, url: &str, total: u64, in_flight: u64) {
     }
     while let Some(done) = tasks.join_next().await {
         done.unwrap();
+    }
+}
+
+/// The tower clients, each over hyper-util's client on the same server: its bare service with
+/// either request body, tower's own retry with a TPS budget, and this crate's layer with and
+/// without keys. Each retrying client is measured against the bare service of its own body:
+/// tower's retry clones a `Full<Bytes>` request, this crate's layer takes a `reqwest::Body`.
+pub fn tower_clients() -> Vec<Labelled> {
+    vec![
+        ("(T0) hyper-util, Full", || tower_post(full_client(), full)),
+        ("(T1) hyper-util, reqwest::Body", || {
+            tower_post(reqwest_body_client(), whole)
+        }),
+        ("(T2) tower retry + TpsBudget", || {
+            let budget = Arc::new(tower::retry::budget::TpsBudget::new(
+                Duration::from_secs(10),
+                10,
+                0.2,
+            ));
+            let policy = TowerAttempts { left: 2, budget };
+            tower_post(tower::retry::Retry::new(policy, full_client()), full)
+        }),
+        ("(T3) this crate, no keys", || {
+            let dependency =
+                Dependency::new("bench", RetryPolicy::default()).without_idempotency_keys();
+            let layer =
+                tower::Layer::layer(&RetryMiddleware::new(dependency), reqwest_body_client());
+            tower_post(layer, whole)
+        }),
+        ("(T4) this crate, keys", || {
+            let dependency = Dependency::new("bench", RetryPolicy::default());
+            let layer =
+                tower::Layer::layer(&RetryMiddleware::new(dependency), reqwest_body_client());
+            tower_post(layer, whole)
+        }),
+    ]
+}
+
+type HyperClient<B> =
+    hyper_util::client::legacy::Client<hyper_util::client::legacy::connect::HttpConnector, B>;
+
+fn full_client() -> HyperClient<Full<Bytes>> {
+    hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build_http()
+}
+
+fn reqwest_body_client() -> HyperClient<reqwest::Body> {
+    hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build_http()
+}
+
+fn full() -> Full<Bytes> {
+    Full::new(Bytes::from_static(BODY.as_bytes()))
+}
+
+/// The body whole in memory, as a `reqwest::Body` (which a retry may copy without a copy).
+fn whole() -> reqwest::Body {
+    reqwest::Body::from(Bytes::from_static(BODY.as_bytes()))
+}
+
+/// A tower client that POSTs `body()` through `service`.
+fn tower_post<S, B, R>(service: S, body: fn() -> B) -> Client
+where
+    S: tower::Service<http::Request<B>, Response = http::Response<R>>
+        + Clone
+        + Send
+        + Sync
+        + 'static,
+    S::Future: Send,
+    S::Error: std::fmt::Debug,
+    B: Send + 'static,
+    R: http_body::Body + Send + 'static,
+    R::Data: Send,
+    R::Error: std::fmt::Debug,
+{
+    Client::Tower(Arc::new(move |url: &str| {
+        let mut service = service.clone();
+        let request = http::Request::post(url).body(body()).unwrap();
+        Box::pin(async move {
+            std::future::poll_fn(|cx| service.poll_ready(cx))
+                .await
+                .unwrap();
+            let response = service.call(request).await.unwrap();
+            let status = response.status().as_u16();
+            response.into_body().collect().await.unwrap();
+            status
+        })
+    }))
+}
+
+/// tower's retry as its docs write one: up to 2 retries of a 5xx or an error, each paid from a
+/// TPS budget that every request deposits into.
+#[derive(Clone)]
+struct TowerAttempts {
+    left: usize,
+    budget: Arc<tower::retry::budget::TpsBudget>,
+}
+
+impl<Res, E> tower::retry::Policy<http::Request<Full<Bytes>>, http::Response<Res>, E>
+    for TowerAttempts
+{
+    type Future = std::future::Ready<()>;
+
+    fn retry(
+        &mut self,
+        _: &mut http::Request<Full<Bytes>>,
+        result: &mut Result<http::Response<Res>, E>,
+    ) -> Option<Self::Future> {
+        use tower::retry::budget::Budget;
+        let failed = match result {
+            Ok(response) => response.status().is_server_error(),
+            Err(_) => true,
+        };
+        if !failed {
+            self.budget.deposit();
+            return None;
+        }
+        if self.left == 0 || !self.budget.withdraw() {
+            return None;
+        }
+        self.left -= 1;
+        Some(std::future::ready(()))
+    }
+
+    fn clone_request(
+        &mut self,
+        request: &http::Request<Full<Bytes>>,
+    ) -> Option<http::Request<Full<Bytes>>> {
+        let mut copy = http::Request::new(request.body().clone());
+        *copy.method_mut() = request.method().clone();
+        *copy.uri_mut() = request.uri().clone();
+        *copy.version_mut() = request.version();
+        *copy.headers_mut() = request.headers().clone();
+        Some(copy)
     }
 }

@@ -956,3 +956,21 @@ struct Seen;
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
 }
+
+/// Tower only: a reqwest request always has an absolute URL (reqwest's builder refuses any
+/// other), while an `http::Request` may carry a path alone.
+#[tokio::test]
+async fn a_relative_uri_at_the_tower_door_is_refused_with_what_to_write() {
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http::<reqwest::Body>();
+    let mut service = RetryMiddleware::new(policy()).layer(client);
+    let request = http::Request::get("/orders")
+        .body(Bytes::from_static(b""))
+        .unwrap();
+    std::future::poll_fn(|cx| Service::<http::Request<Bytes>>::poll_ready(&mut service, cx))
+        .await
+        .unwrap();
+    let err = service.call(request).await.unwrap_err().to_string();
+    assert!(err.contains("absolute URI"), "{err}");
+    assert!(err.contains("got /orders"), "{err}");
+}
