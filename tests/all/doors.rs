@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use reqwest_middleware::ClientBuilder;
 use reqwest_safe_retry::{
-    Dependency, FakeClock, RetryBudget, RetryError, RetryMiddleware, RetryOverride, RetryPolicy,
-    RetryRecord, SeededRng, StopReason,
+    AdaptiveThrottle, Dependency, FakeClock, RetryBudget, RetryError, RetryMiddleware,
+    RetryOverride, RetryPolicy, RetryRecord, SeededRng, StopReason,
 };
 use tower_layer::Layer;
 use tower_service::Service;
@@ -319,6 +319,8 @@ both! {
     a_spent_quota_holds_the_next_request_until_its_reset;
     an_inner_instance_s_shorter_timeout_does_not_cut_the_outer_one_s_attempts;
     a_slow_read_is_hedged_and_the_fast_answer_wins;
+    a_throttled_first_attempt_sends_nothing_and_says_why;
+    a_request_dropped_at_any_poll_leaves_the_counters_equal_to_the_wire;
 }
 
 both! {
@@ -946,6 +948,105 @@ mod scenarios {
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
         assert!(clock.sleeps().is_empty(), "{door:?}: {:?}", clock.sleeps());
+    }
+
+    pub async fn a_throttled_first_attempt_sends_nothing_and_says_why(door: Door) {
+        let server = always(503).await;
+        let throttle = AdaptiveThrottle::builder()
+            .window(Duration::from_secs(12))
+            .build()
+            .unwrap();
+        let policy = RetryPolicy::builder().max_attempts(1).build().unwrap();
+        let dependency = Dependency::new("orders", policy).with_throttle(throttle);
+        // The lowest draw: any probability of a rejection above zero rejects.
+        let (middleware, _clock) = on_fake_clock(dependency.clone());
+        let middleware = middleware.with_rng(|| 0u64);
+        let first = door
+            .send(
+                vec![middleware.clone()],
+                Call::new(http::Method::GET, &server.uri()),
+            )
+            .await;
+        assert_eq!(first.status, Some(503), "{door:?}");
+        let second = door
+            .send(
+                vec![middleware],
+                Call::new(http::Method::GET, &server.uri()),
+            )
+            .await;
+        assert_eq!(
+            (second.attempts, second.stop),
+            (0, StopReason::Throttled),
+            "{door:?}"
+        );
+        assert!(
+            second.message.contains("adaptive throttle"),
+            "{door:?}: {}",
+            second.message
+        );
+        assert_eq!(
+            received(&server).await.len(),
+            1,
+            "{door:?}: nothing of it was sent"
+        );
+        let counts = dependency.counters();
+        assert_eq!(
+            (counts.requests, counts.attempts, counts.throttled),
+            (2, 1, 1)
+        );
+    }
+
+    pub async fn a_request_dropped_at_any_poll_leaves_the_counters_equal_to_the_wire(door: Door) {
+        // 503, 503, then 200: a request passes through every await (attempt, wait, attempt,
+        // wait, attempt); it is dropped after 1, 2, ... polls until one runs to its end.
+        let server = MockServer::start().await;
+        let busy = ResponseTemplate::new(503).insert_header("retry-after", "1");
+        Mock::given(any()).respond_with(busy).mount(&server).await;
+        let dependency = Dependency::new("orders", policy());
+        let (middleware, _clock) = on_fake_clock(dependency.clone());
+        let mut dropped = 0;
+        let mut finished = false;
+        for polls in 1..=400 {
+            let call = Call::new(http::Method::GET, &server.uri());
+            let mut sending = std::pin::pin!(door.send(vec![middleware.clone()], call));
+            let mut left = polls;
+            let done = std::future::poll_fn(|cx| {
+                if left == 0 {
+                    return Poll::Ready(None);
+                }
+                left -= 1;
+                sending.as_mut().poll(cx).map(Some)
+            })
+            .await;
+            // Each poll of a pending request is followed by the wake that makes progress.
+            tokio::task::yield_now().await;
+            if let Some(end) = done {
+                assert_eq!((end.attempts, end.stop), (3, StopReason::AttemptsExhausted));
+                finished = true;
+                break;
+            }
+            dropped += 1;
+        }
+        assert!(
+            finished,
+            "{door:?}: a request of three attempts ends within 400 polls"
+        );
+        // However many requests were dropped on the way, and wherever: the server received no
+        // attempt that was not counted, and a dropped request lost at most its copy in flight.
+        let sent = received(&server).await.len() as u64;
+        let counted = dependency.counters().attempts;
+        assert!(
+            sent <= counted,
+            "{door:?}: {sent} received, {counted} counted"
+        );
+        assert!(
+            counted - sent <= dropped,
+            "{door:?}: {sent}, {counted}, {dropped} dropped"
+        );
+        assert!(
+            dropped >= 5,
+            "{door:?}: dropped at {dropped} points, fewer than its awaits"
+        );
     }
 }
 
