@@ -289,13 +289,18 @@ pub(crate) fn may_have_reached(outcome: &reqwest_middleware::Result<Response>) -
 pub(crate) fn transport_fault(err: &reqwest_middleware::Error) -> Option<Fault> {
     match err {
         _ if crate::error::AttemptTimeout::is(err) => Some(Fault::Timeout),
-        // Another middleware's error, including one from an inner instance of ours that has
-        // already given up: never ours to repeat. A tower service's error (feature `tower`) is
-        // judged by its causes, as a transport error.
-        #[cfg(feature = "tower")]
-        reqwest_middleware::Error::Middleware(e) => e.downcast_ref().and_then(service_fault),
-        #[cfg(not(feature = "tower"))]
-        reqwest_middleware::Error::Middleware(_) => None,
+        reqwest_middleware::Error::Middleware(e) => {
+            // A tower service's error (feature `tower`) is judged by its causes, as a
+            // transport error.
+            #[cfg(feature = "tower")]
+            if let Some(service) = e.downcast_ref() {
+                return service_fault(service);
+            }
+            // Another middleware's error, including one from an inner instance of ours that
+            // has already given up: never ours to repeat.
+            let _ = e;
+            None
+        }
         reqwest_middleware::Error::Reqwest(e) => reqwest_fault(e),
     }
 }

@@ -25,6 +25,11 @@
 //! cut), every answer followed by another copy of its request is transient by a small
 //! reference model of the contract, and a finished request's stop reason agrees with it.
 //!
+//! Each script goes through one of the two front doors (feature `tower`: even seeds through a
+//! `reqwest-middleware` chain, odd ones through the tower layer over hyper-util's client, with
+//! the same stand-in beneath either; `ACROSS_DOOR=reqwest` or `tower` picks one for all): the
+//! promises are the same on both.
+//!
 //! The scripts share one clock and, where they measure latency, a warmed dependency (clones
 //! of one per way of measuring, so the counters are read as differences); everything else is
 //! the script's own, its server and origin included. A failure names its seed and its script:
@@ -401,24 +406,20 @@ struct Wire {
     clock: FakeClock,
 }
 
-impl Middleware for Wire {
-    fn handle<'a, 'b, 'c, 'd>(
-        &'a self,
-        request: Request,
-        extensions: &'b mut Extensions,
-        next: Next<'c>,
-    ) -> Pin<Box<dyn Future<Output = reqwest_middleware::Result<Response>> + Send + 'd>>
+impl Wire {
+    /// One copy through the network's stand-in: `sent` is the copy going on to the server
+    /// (begun before this is polled, as the chain's next middleware would be), the copy's
+    /// outcome after its scripted latency.
+    fn pass<T, F>(
+        &self,
+        headers: &http::HeaderMap,
+        sent: F,
+    ) -> impl Future<Output = T> + Send + use<T, F>
     where
-        'a: 'd,
-        'b: 'd,
-        'c: 'd,
-        Self: 'd,
+        T: Send,
+        F: Future<Output = T> + Send,
     {
-        let r: usize = request.headers()["x-req"]
-            .to_str()
-            .unwrap()
-            .parse()
-            .unwrap();
+        let r: usize = headers["x-req"].to_str().unwrap().parse().unwrap();
         let req = &self.script.requests[r];
         let copy = {
             let mut seen = self.seen.lock().unwrap();
@@ -429,11 +430,11 @@ impl Middleware for Wire {
         let latency = req.latencies[(copy as usize).min(req.latencies.len() - 1)];
         let (seen, clock) = (self.seen.clone(), self.clock.clone());
         let (cancel, slow) = (req.cancel, req.slow_first && copy == 0);
-        Box::pin(async move {
+        async move {
             // A hedge that ends, answered or given up (its own timer, a win of the first
             // copy), lets a first copy waiting for it go on.
             let _ended = (copy == 1).then(|| HedgeEnded(seen.clone(), r));
-            let outcome = next.run(request, extensions).await;
+            let outcome = sent.await;
             {
                 let mut seen = seen.lock().unwrap();
                 let copies = seen.copies.entry(r).or_default();
@@ -455,7 +456,55 @@ impl Middleware for Wire {
                 }
             }
             outcome
-        })
+        }
+    }
+}
+
+impl Middleware for Wire {
+    fn handle<'a, 'b, 'c, 'd>(
+        &'a self,
+        request: Request,
+        extensions: &'b mut Extensions,
+        next: Next<'c>,
+    ) -> Pin<Box<dyn Future<Output = reqwest_middleware::Result<Response>> + Send + 'd>>
+    where
+        'a: 'd,
+        'b: 'd,
+        'c: 'd,
+        Self: 'd,
+    {
+        let headers = request.headers().clone();
+        Box::pin(self.pass(&headers, next.run(request, extensions)))
+    }
+}
+
+/// The network's stand-in beneath the tower layer: the same [`Wire`], around hyper-util's
+/// client.
+#[derive(Clone)]
+struct WireService<S> {
+    inner: S,
+    wire: Arc<Wire>,
+}
+
+impl<S> tower_service::Service<http::Request<reqwest::Body>> for WireService<S>
+where
+    S: tower_service::Service<http::Request<reqwest::Body>> + Send,
+    S::Future: Send + 'static,
+    S::Response: Send + 'static,
+    S::Error: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<S::Response, S::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<reqwest::Body>) -> Self::Future {
+        let headers = request.headers().clone();
+        let sent = self.inner.call(request);
+        Box::pin(self.wire.pass(&headers, sent))
     }
 }
 
@@ -473,6 +522,9 @@ struct Measuring {
     /// One client beneath every script's chain (each script's server has an origin, and so
     /// connections, of its own): making one is most of what a script would cost.
     http: reqwest::Client,
+    /// The same for the tower door: hyper-util's client beneath the layer.
+    #[cfg(feature = "tower")]
+    hyper: HyperClient,
     /// By `(hedging, latency_timeout)`: the dependency and when it was last warmed.
     warmed: HashMap<(bool, bool), (Dependency, Option<std::time::Instant>)>,
 }
@@ -666,7 +718,143 @@ enum End {
     Other(String),
 }
 
-async fn run(seed: u64, measuring: &mut Measuring) -> Result<(), String> {
+/// Which front door a script's requests go through.
+#[derive(Debug, Clone, Copy)]
+enum Door {
+    /// A `reqwest-middleware` chain.
+    Reqwest,
+    /// The tower layer over hyper-util's client.
+    #[cfg(feature = "tower")]
+    Tower,
+}
+
+/// A script's client, through its door, with the network's stand-in beneath the middleware.
+enum Front {
+    Reqwest(ClientWithMiddleware),
+    #[cfg(feature = "tower")]
+    Tower(Box<reqwest_safe_retry::RetryService<WireService<HyperClient>>>),
+}
+
+#[cfg(feature = "tower")]
+type HyperClient = hyper_util::client::legacy::Client<
+    hyper_util::client::legacy::connect::HttpConnector,
+    reqwest::Body,
+>;
+
+impl Front {
+    fn new(door: Door, middleware: RetryMiddleware, wire: Wire, measuring: &Measuring) -> Front {
+        match door {
+            Door::Reqwest => Front::Reqwest(
+                ClientBuilder::new(measuring.http.clone())
+                    .with(middleware)
+                    .with(wire)
+                    .build(),
+            ),
+            #[cfg(feature = "tower")]
+            Door::Tower => {
+                let beneath = WireService {
+                    inner: measuring.hyper.clone(),
+                    wire: Arc::new(wire),
+                };
+                Front::Tower(Box::new(tower_layer::Layer::layer(&middleware, beneath)))
+            }
+        }
+    }
+
+    /// Request `r` of the script, `req`, to `url`: how it ended.
+    fn send(&self, r: usize, req: &Req, url: &str) -> Pin<Box<dyn Future<Output = End> + Send>> {
+        let key = match req.key {
+            KeyUse::Callers => Some(format!("caller-{r}")),
+            _ => None,
+        };
+        let natural = (req.key == KeyUse::Natural).then(|| NaturalKey::new(format!("job-{r}")));
+        let overriding = req.overriding.map(Over::sent);
+        let body = if req.method == reqwest::Method::GET {
+            ""
+        } else {
+            "x"
+        };
+        match self {
+            Front::Reqwest(client) => {
+                let mut builder = client
+                    .request(req.method.clone(), url)
+                    .header("x-req", r.to_string())
+                    .body(body);
+                if let Some(key) = key {
+                    builder = builder.header("idempotency-key", key);
+                }
+                if let Some(natural) = natural {
+                    builder = builder.with_extension(natural);
+                }
+                if let Some(overriding) = overriding {
+                    builder = builder.with_extension(overriding);
+                }
+                Box::pin(async move {
+                    match builder.send().await {
+                        Ok(response) => ended(RetryRecord::of(&response)),
+                        Err(err) => failed(RetryError::of(&err), &err),
+                    }
+                })
+            }
+            #[cfg(feature = "tower")]
+            Front::Tower(service) => {
+                use tower_service::Service;
+                let mut request = http::Request::builder()
+                    .method(req.method.clone())
+                    .uri(url)
+                    .header("x-req", r.to_string());
+                if let Some(key) = key {
+                    request = request.header("idempotency-key", key);
+                }
+                if let Some(natural) = natural {
+                    request = request.extension(natural);
+                }
+                if let Some(overriding) = overriding {
+                    request = request.extension(overriding);
+                }
+                let request = request.body(reqwest::Body::from(body)).unwrap();
+                let mut service = (**service).clone();
+                Box::pin(async move {
+                    std::future::poll_fn(|cx| {
+                        Service::<http::Request<reqwest::Body>>::poll_ready(&mut service, cx)
+                    })
+                    .await
+                    .unwrap();
+                    match service.call(request).await {
+                        Ok(response) => ended(RetryRecord::of_http(&response)),
+                        Err(err) => failed(err.downcast_ref::<RetryError>(), &*err),
+                    }
+                })
+            }
+        }
+    }
+}
+
+/// The end of a request that was answered, by its record.
+fn ended(record: Option<RetryRecord>) -> End {
+    let Some(record) = record else {
+        return End::Other("an answer without a record".into());
+    };
+    End::Done {
+        key: (record.idempotency_key()).map(|k| k.to_str().unwrap().to_owned()),
+        attempts: record.attempts(),
+        stop: record.stop_reason(),
+    }
+}
+
+/// The end of a request that failed: by the middleware's error, if it is one.
+fn failed(retry: Option<&RetryError>, err: &dyn std::fmt::Display) -> End {
+    match retry {
+        Some(retry) => End::Done {
+            key: (retry.idempotency_key()).map(|k| k.to_str().unwrap().to_owned()),
+            attempts: retry.attempts(),
+            stop: retry.stop_reason(),
+        },
+        None => End::Other(err.to_string()),
+    }
+}
+
+async fn run(seed: u64, door: Door, measuring: &mut Measuring) -> Result<(), String> {
     let script = Arc::new(script(seed));
     let c = &script.config;
     let Some(dependency) = dependency(c, measuring).await else {
@@ -675,18 +863,15 @@ async fn run(seed: u64, measuring: &mut Measuring) -> Result<(), String> {
     let clock = measuring.clock.clone();
     let seen: Shared = Arc::default();
     let url = serve(script.clone(), seen.clone(), clock.clone()).await;
-    let client: ClientWithMiddleware = ClientBuilder::new(measuring.http.clone())
-        .with(
-            RetryMiddleware::new(dependency.clone())
-                .with_clock(clock.clone())
-                .with_rng(SeededRng::new(seed)),
-        )
-        .with(Wire {
-            script: script.clone(),
-            seen: seen.clone(),
-            clock: clock.clone(),
-        })
-        .build();
+    let middleware = RetryMiddleware::new(dependency.clone())
+        .with_clock(clock.clone())
+        .with_rng(SeededRng::new(seed));
+    let wire = Wire {
+        script: script.clone(),
+        seen: seen.clone(),
+        clock: clock.clone(),
+    };
+    let front = Front::new(door, middleware, wire, measuring);
     let before = dependency.counters();
     let balance = |d: &Dependency| d.budget().map(|b| (b.balance() * 1000.0).round() as u64);
     let balance_before = balance(&dependency);
@@ -695,23 +880,7 @@ async fn run(seed: u64, measuring: &mut Measuring) -> Result<(), String> {
     let mut starts = Vec::new();
     for (r, req) in script.requests.iter().enumerate() {
         starts.push(clock.now() - origin);
-        let mut builder = client
-            .request(req.method.clone(), &url)
-            .header("x-req", r.to_string());
-        match req.key {
-            KeyUse::Callers => builder = builder.header("idempotency-key", format!("caller-{r}")),
-            KeyUse::Natural => {
-                builder = builder.with_extension(NaturalKey::new(format!("job-{r}")))
-            }
-            KeyUse::None => {}
-        }
-        if let Some(overriding) = req.overriding {
-            builder = builder.with_extension(overriding.sent());
-        }
-        if req.method != reqwest::Method::GET {
-            builder = builder.body("x");
-        }
-        let mut sending = std::pin::pin!(builder.send());
+        let mut sending = front.send(r, req, &url);
         let mut polls = 0;
         let cancelled = || {
             seen.lock()
@@ -734,25 +903,7 @@ async fn run(seed: u64, measuring: &mut Measuring) -> Result<(), String> {
         )
         .await
         .map_err(|_| format!("request {r} did not end within 20 s"))?;
-        ends.push(match outcome {
-            None => End::Cancelled,
-            Some(Ok(response)) => {
-                let record = RetryRecord::of(&response).ok_or("no record")?;
-                End::Done {
-                    key: (record.idempotency_key()).map(|k| k.to_str().unwrap().to_owned()),
-                    attempts: record.attempts(),
-                    stop: record.stop_reason(),
-                }
-            }
-            Some(Err(err)) => match RetryError::of(&err) {
-                Some(retry) => End::Done {
-                    key: (retry.idempotency_key()).map(|k| k.to_str().unwrap().to_owned()),
-                    attempts: retry.attempts(),
-                    stop: retry.stop_reason(),
-                },
-                None => End::Other(err.to_string()),
-            },
-        });
+        ends.push(outcome.unwrap_or(End::Cancelled));
     }
     // Let copies still in flight on the server be counted.
     tokio::task::yield_now().await;
@@ -932,6 +1083,27 @@ fn is_final(stop: StopReason) -> bool {
     )
 }
 
+/// The door script `seed` goes through: with the `tower` feature, the reqwest door for even
+/// seeds and the tower door for odd ones (`ACROSS_DOOR=reqwest` or `tower` sends every script
+/// through one), so each door meets half the scripts in a run, and a seed repeats through its
+/// own door.
+fn door_of(seed: u64) -> Door {
+    #[cfg(feature = "tower")]
+    {
+        match std::env::var("ACROSS_DOOR").as_deref() {
+            Ok("reqwest") => Door::Reqwest,
+            Ok("tower") => Door::Tower,
+            _ if seed % 2 == 1 => Door::Tower,
+            _ => Door::Reqwest,
+        }
+    }
+    #[cfg(not(feature = "tower"))]
+    {
+        let _ = seed;
+        Door::Reqwest
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_feature_keeps_the_others_promises_over_random_scripts() {
     let started = std::time::Instant::now();
@@ -946,11 +1118,15 @@ async fn every_feature_keeps_the_others_promises_over_random_scripts() {
     let mut measuring = Measuring {
         clock: FakeClock::new(),
         http: reqwest::Client::new(),
+        #[cfg(feature = "tower")]
+        hyper: hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+            .build_http(),
         warmed: HashMap::new(),
     };
     for seed in first..first + scripts {
-        if let Err(broken) = run(seed, &mut measuring).await {
-            panic!("seed {seed}: {broken}\n{:#?}", script(seed));
+        let door = door_of(seed);
+        if let Err(broken) = run(seed, door, &mut measuring).await {
+            panic!("seed {seed}, {door:?} door: {broken}\n{:#?}", script(seed));
         }
     }
     eprintln!("{scripts} scripts in {:?}", started.elapsed());
