@@ -49,6 +49,11 @@ impl<S> Layer<S> for RetryMiddleware {
 /// A tower [`Service`] that retries what is safe to repeat, made by [`RetryMiddleware`] as a
 /// [`Layer`] (feature `tower`).
 ///
+/// Use it when your client is a tower service of `http::Request`s (hyper-util's, or a stack
+/// built on one); for a `reqwest::Client`, put the [`RetryMiddleware`] itself in a
+/// `reqwest-middleware` chain, which costs less (see the README's cost section). Both are
+/// configured the same way, on the middleware and its [`Dependency`](crate::Dependency).
+///
 /// It takes an `http::Request<B>` whose body converts into a [`reqwest::Body`] (`Bytes`,
 /// `Vec<u8>`, `String`, `&'static str`, or a `reqwest::Body` itself) and an absolute URI, and
 /// sends each attempt to the inner service as an `http::Request<reqwest::Body>`; the inner
@@ -70,7 +75,9 @@ impl<S> Layer<S> for RetryMiddleware {
 /// ```
 ///
 /// `poll_ready` is always ready: each attempt waits for its own clone of the inner service to
-/// be ready, so a retry never reuses a readiness it did not wait for.
+/// be ready, so a retry never reuses a readiness it did not wait for. The service takes any
+/// body `B`, so a call to `poll_ready` before the request is at hand names it:
+/// `Service::<http::Request<Bytes>>::poll_ready(&mut service, cx)`.
 #[derive(Debug, Clone)]
 pub struct RetryService<S> {
     retry: Arc<RetryMiddleware>,
