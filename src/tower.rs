@@ -115,7 +115,7 @@ where
             service: self.inner.clone(),
             uri: parts.uri,
         };
-        let request = reqwest::Url::parse(&inner.uri.to_string()).map(|url| {
+        let request = url_of(&inner.uri).map(|url| {
             let mut request = reqwest::Request::new(parts.method, url);
             *request.headers_mut() = parts.headers;
             *request.version_mut() = parts.version;
@@ -124,7 +124,7 @@ where
         });
         let retry = self.retry.clone();
         Box::pin(async move {
-            let request = request.map_err(|e| relative(&inner.uri, e))?;
+            let request = request?;
             let outcome = if extensions.get::<Claimed>().is_some() {
                 // A layer further out on this request's path makes its attempts.
                 inner.run(request, &mut extensions).await
@@ -163,6 +163,44 @@ struct Inner<S> {
     uri: http::Uri,
 }
 
+/// The URL of `uri`, as `Url::parse` reads it. Parsing a host costs most of a URL's parse
+/// (and most of a request's cost at this door), and a client sends to few origins: the last
+/// origin's URL is kept on the thread, and a request to it costs a copy and its path and query.
+fn url_of(uri: &http::Uri) -> Result<reqwest::Url, BoxError> {
+    let (Some(scheme), Some(authority)) = (uri.scheme_str(), uri.authority()) else {
+        return Err(relative(uri, "no scheme or no host"));
+    };
+    let origin = LAST_ORIGIN.try_with(|last| {
+        let last = last.borrow();
+        let (kept_scheme, kept_authority, url) = last.as_ref()?;
+        (kept_scheme == scheme && kept_authority == authority.as_str()).then(|| url.clone())
+    });
+    let mut url = match origin.ok().flatten() {
+        Some(url) => url,
+        None => {
+            let url = reqwest::Url::parse(&format!("{scheme}://{authority}/"))
+                .map_err(|e| relative(uri, e))?;
+            let kept = (
+                scheme.to_owned(),
+                authority.as_str().to_owned(),
+                url.clone(),
+            );
+            let _ = LAST_ORIGIN.try_with(|last| *last.borrow_mut() = Some(kept));
+            url
+        }
+    };
+    url.set_path(uri.path());
+    url.set_query(uri.query());
+    Ok(url)
+}
+
+thread_local! {
+    /// The scheme and authority of the last URI whose URL was made on this thread, and that
+    /// URL's origin (see [`url_of`]).
+    static LAST_ORIGIN: std::cell::RefCell<Option<(String, String, reqwest::Url)>> =
+        const { std::cell::RefCell::new(None) };
+}
+
 /// The error for a request whose URI the layer cannot send: one without a scheme or a host.
 fn relative(uri: &http::Uri, cause: impl std::fmt::Display) -> BoxError {
     format!(
@@ -170,6 +208,54 @@ fn relative(uri: &http::Uri, cause: impl std::fmt::Display) -> BoxError {
          as a client does; got {uri:?}: {cause}"
     )
     .into()
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::url_of;
+
+    proptest! {
+        /// Made from the origin kept on the thread or parsed whole, a URI's URL is the one
+        /// `Url::parse` gives: whatever its path and query (dot segments, percent signs,
+        /// characters a path must escape), and whichever origin came before it.
+        #[test]
+        fn a_url_from_the_kept_origin_is_the_parsed_url(
+            origins in prop::collection::vec(
+                prop::sample::select(vec![
+                    "http://127.0.0.1:8080", "http://example.com", "https://EXAMPLE.com:443",
+                    "http://[::1]:9", "http://user:pw@example.com", "http://xn--nxasmq6b.com",
+                ]),
+                1..4,
+            ),
+            paths in prop::collection::vec("(/[a-zA-Z0-9._~%!$&'()*+,;=:@|^{}\\-]{0,6}){0,4}", 1..4),
+            queries in prop::collection::vec(prop::option::of("[a-zA-Z0-9=&%/?._~'-]{0,8}"), 1..4),
+        ) {
+            for ((origin, path), query) in origins.iter().zip(&paths).zip(&queries) {
+                let mut text = format!("{origin}{path}");
+                if let Some(query) = query {
+                    text = format!("{text}?{query}");
+                }
+                let Ok(uri) = text.parse::<http::Uri>() else { continue };
+                let parsed = reqwest::Url::parse(&uri.to_string());
+                let made = url_of(&uri);
+                match (parsed, made) {
+                    (Ok(parsed), Ok(made)) => prop_assert_eq!(parsed.as_str(), made.as_str(), "{}", text),
+                    (Err(_), Err(_)) => {}
+                    (parsed, made) => prop_assert!(false, "{text}: {parsed:?} against {made:?}"),
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_uri_without_a_scheme_or_a_host_is_refused() {
+        for uri in ["/orders", "example.com"] {
+            let err = url_of(&uri.parse().unwrap()).unwrap_err().to_string();
+            assert!(err.contains("absolute URI"), "{uri}: {err}");
+        }
+    }
 }
 
 /// An error of the inner service: judged by its causes (a refused or reset connection, a
