@@ -19,7 +19,7 @@ use wiremock::matchers::any;
 use wiremock::{Mock, MockServer, ResponseTemplate};
 
 use crate::hedging::HoldsTheFirst;
-use crate::support::{Before, always, first_then, refused_url};
+use crate::support::{Action, Before, RawServer, always, first_then, ok, refused_url};
 
 /// How a request reaches the middleware.
 #[derive(Debug, Clone, Copy)]
@@ -40,6 +40,8 @@ struct Ended {
     key: Option<String>,
     /// The answer came from a hedge.
     by_hedge: bool,
+    /// The answer's body as the caller reads it: its text, or the error that cut it.
+    body: Option<Result<String, String>>,
     /// The error says the last attempt failed to connect.
     failed_to_connect: bool,
     /// The error says the last attempt timed out.
@@ -132,7 +134,14 @@ impl Door {
                     request = request.with_extension(overriding);
                 }
                 match request.send().await {
-                    Ok(response) => ended(response.status().as_u16(), RetryRecord::of(&response)),
+                    Ok(response) => {
+                        let end = ended(response.status().as_u16(), RetryRecord::of(&response));
+                        let body = response.text().await.map_err(|e| format!("{e:?}"));
+                        Ended {
+                            body: Some(body),
+                            ..end
+                        }
+                    }
                     Err(err) => failed(RetryError::of(&err).expect("the middleware's error")),
                 }
             }
@@ -202,7 +211,17 @@ where
         .await
         .unwrap();
     match service.call(request).await {
-        Ok(response) => ended(response.status().as_u16(), RetryRecord::of_http(&response)),
+        Ok(response) => {
+            let end = ended(response.status().as_u16(), RetryRecord::of_http(&response));
+            let body = http_body_util::BodyExt::collect(response.into_body()).await;
+            let body = body
+                .map(|b| String::from_utf8_lossy(&b.to_bytes()).into_owned())
+                .map_err(|e| format!("{e:?}"));
+            Ended {
+                body: Some(body),
+                ..end
+            }
+        }
         Err(err) => failed(
             err.downcast_ref::<RetryError>()
                 .unwrap_or_else(|| panic!("not a RetryError: {err:?}")),
@@ -220,6 +239,7 @@ fn ended(status: u16, record: Option<RetryRecord>) -> Ended {
             .idempotency_key()
             .map(|k| k.to_str().unwrap().to_owned()),
         by_hedge: record.answered_by_hedge(),
+        body: None,
         failed_to_connect: false,
         timed_out: false,
         message: String::new(),
@@ -236,6 +256,7 @@ fn failed(err: &RetryError) -> Ended {
             .idempotency_key()
             .map(|k| k.to_str().unwrap().to_owned()),
         by_hedge: false,
+        body: None,
         failed_to_connect: err.failed_to_connect(),
         timed_out: err.timed_out(),
         message: format!("{err} / {}", err.last_error()),
@@ -321,6 +342,9 @@ both! {
     a_slow_read_is_hedged_and_the_fast_answer_wins;
     a_throttled_first_attempt_sends_nothing_and_says_why;
     a_request_dropped_at_any_poll_leaves_the_counters_equal_to_the_wire;
+    a_body_cut_midway_is_the_caller_s_error_unless_it_is_read_within_the_attempt;
+    a_transient_answer_s_body_is_kept_through_the_wait_for_the_caller;
+    the_observer_and_the_counters_see_each_attempt_alike;
 }
 
 both! {
@@ -1047,6 +1071,138 @@ mod scenarios {
             dropped >= 5,
             "{door:?}: dropped at {dropped} points, fewer than its awaits"
         );
+    }
+
+    pub async fn a_body_cut_midway_is_the_caller_s_error_unless_it_is_read_within_the_attempt(
+        door: Door,
+    ) {
+        let cut = || {
+            Action::WriteThenReset(
+                b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\nonly the first part".to_vec(),
+            )
+        };
+        // Not read within the attempt: the head is a success, and the cut is the caller's.
+        let server = RawServer::start(vec![cut(), Action::Respond(ok("whole"))]).await;
+        let (middleware, _clock) = on_fake_clock(policy());
+        let end = door
+            .send(
+                vec![middleware],
+                Call::new(http::Method::GET, &server.url("/")),
+            )
+            .await;
+        assert_eq!(
+            (end.attempts, end.stop),
+            (1, StopReason::Succeeded),
+            "{door:?}"
+        );
+        assert!(matches!(end.body, Some(Err(_))), "{door:?}: {:?}", end.body);
+        assert_eq!(server.requests(), 1, "{door:?}");
+
+        // Read within it (`buffer_body`): the cut is the attempt's, and it is retried.
+        let server = RawServer::start(vec![cut(), Action::Respond(ok("whole"))]).await;
+        let policy = RetryPolicy::builder().buffer_body(1 << 20).build().unwrap();
+        let (middleware, clock) = on_fake_clock(policy);
+        let end = door
+            .send(
+                vec![middleware],
+                Call::new(http::Method::GET, &server.url("/")),
+            )
+            .await;
+        assert_eq!(
+            (end.attempts, end.stop),
+            (2, StopReason::Succeeded),
+            "{door:?}"
+        );
+        assert_eq!(end.body, Some(Ok("whole".to_owned())), "{door:?}");
+        assert_eq!(
+            (server.requests(), clock.sleeps().len()),
+            (2, 1),
+            "{door:?}"
+        );
+    }
+
+    pub async fn a_transient_answer_s_body_is_kept_through_the_wait_for_the_caller(door: Door) {
+        let busy = ResponseTemplate::new(503).set_body_string("try again later");
+        let server = first_then(busy.clone(), 0, busy).await;
+        let (middleware, clock) = on_fake_clock(policy());
+        let end = door
+            .send(
+                vec![middleware],
+                Call::new(http::Method::GET, &server.uri()),
+            )
+            .await;
+        assert_eq!(
+            (end.attempts, end.stop),
+            (3, StopReason::AttemptsExhausted),
+            "{door:?}"
+        );
+        assert_eq!(end.status, Some(503), "{door:?}");
+        assert_eq!(end.body, Some(Ok("try again later".to_owned())), "{door:?}");
+        assert_eq!(clock.sleeps().len(), 2, "{door:?}");
+    }
+
+    pub async fn the_observer_and_the_counters_see_each_attempt_alike(door: Door) {
+        let busy = ResponseTemplate::new(503).insert_header("retry-after", "2");
+        let server = first_then(busy, 1, ResponseTemplate::new(201)).await;
+        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let dependency = Dependency::new("orders", policy());
+        let (middleware, _clock) = on_fake_clock(dependency.clone());
+        let noted = seen.clone();
+        let middleware = middleware.with_observer(move |event| {
+            let url = event.url.to_owned();
+            let what = (
+                event.dependency.to_owned(),
+                event.method.clone(),
+                url,
+                event.attempt,
+            );
+            let how = (
+                event.status,
+                event.error,
+                event.retry_after,
+                event.delay,
+                event.stop,
+            );
+            noted.lock().unwrap().push((what, how));
+        });
+        let url = format!("{}/orders?id=17", server.uri());
+        door.send(vec![middleware], Call::new(http::Method::POST, &url))
+            .await;
+        let path = format!("{}/orders", server.uri());
+        let seen = seen.lock().unwrap().clone();
+        let what = |attempt| {
+            (
+                "orders".to_owned(),
+                http::Method::POST,
+                path.clone(),
+                attempt,
+            )
+        };
+        let two = Some(Duration::from_secs(2));
+        assert_eq!(
+            seen,
+            [
+                (what(1), (Some(503), None, two, seen[0].1.3, None)),
+                (
+                    what(2),
+                    (Some(201), None, None, None, Some(StopReason::Succeeded))
+                ),
+            ],
+            "{door:?}"
+        );
+        assert!(
+            seen[0].1.3 >= two,
+            "{door:?}: waited at least what the server asked"
+        );
+        let counts = dependency.counters();
+        let counted = (
+            counts.requests,
+            counts.attempts,
+            counts.retries,
+            counts.keys_stamped,
+        );
+        assert_eq!(counted, (1, 2, 1, 1), "{door:?}");
+        assert_eq!(counts.retry_after_honoured, 1, "{door:?}");
     }
 }
 
