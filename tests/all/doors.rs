@@ -111,6 +111,12 @@ impl Call {
 }
 
 impl Door {
+    /// A GET of `url` through `middleware` alone.
+    async fn get(self, middleware: RetryMiddleware, url: &str) -> Ended {
+        self.send(vec![middleware], Call::new(http::Method::GET, url))
+            .await
+    }
+
     /// Sends `call` through `layers` (outermost first) and reads how it ended.
     async fn send(self, layers: Vec<RetryMiddleware>, call: Call) -> Ended {
         let body = call.body();
@@ -429,12 +435,7 @@ mod scenarios {
         ] {
             let server = always(status).await;
             let (middleware, _clock) = on_fake_clock(policy());
-            let end = door
-                .send(
-                    vec![middleware],
-                    Call::new(http::Method::GET, &server.uri()),
-                )
-                .await;
+            let end = door.get(middleware, &server.uri()).await;
             assert_eq!(received(&server).await.len(), sent, "{door:?} {status}");
             assert_eq!(
                 (end.attempts, end.stop),
@@ -455,12 +456,7 @@ mod scenarios {
             .build()
             .unwrap();
         let (middleware, clock) = on_fake_clock(policy);
-        let end = door
-            .send(
-                vec![middleware],
-                Call::new(http::Method::GET, &server.uri()),
-            )
-            .await;
+        let end = door.get(middleware, &server.uri()).await;
         assert_eq!(
             (end.attempts, end.stop),
             (2, StopReason::Succeeded),
@@ -479,12 +475,7 @@ mod scenarios {
             .build()
             .unwrap();
         let (middleware, clock) = on_fake_clock(policy);
-        let end = door
-            .send(
-                vec![middleware],
-                Call::new(http::Method::GET, &server.uri()),
-            )
-            .await;
+        let end = door.get(middleware, &server.uri()).await;
         assert_eq!(received(&server).await.len(), 1, "{door:?}: {end:?}");
         // The server's answer is handed back at once, not after a wait that cannot end in time.
         assert_eq!(end.stop, StopReason::RetryAfterTooLong, "{door:?}");
@@ -501,12 +492,7 @@ mod scenarios {
         let dependency = Dependency::new("orders", policy()).with_budget(budget.clone());
         let server = always(503).await;
         let (middleware, clock) = on_fake_clock(dependency);
-        let end = door
-            .send(
-                vec![middleware],
-                Call::new(http::Method::GET, &server.uri()),
-            )
-            .await;
+        let end = door.get(middleware, &server.uri()).await;
         assert_eq!(received(&server).await.len(), 1, "{door:?}: {end:?}");
         assert_eq!((end.attempts, end.stop), (1, StopReason::BudgetExhausted));
         assert!(clock.sleeps().is_empty(), "{door:?}");
@@ -581,12 +567,7 @@ mod scenarios {
             .unwrap();
         let middleware = RetryMiddleware::new(policy).with_rng(SeededRng::new(7));
         let started = Instant::now();
-        let end = door
-            .send(
-                vec![middleware],
-                Call::new(http::Method::GET, &server.uri()),
-            )
-            .await;
+        let end = door.get(middleware, &server.uri()).await;
         assert_eq!(
             (end.attempts, end.stop),
             (2, StopReason::Succeeded),
@@ -608,12 +589,7 @@ mod scenarios {
             .build()
             .unwrap();
         let middleware = RetryMiddleware::new(policy).with_rng(SeededRng::new(7));
-        let end = door
-            .send(
-                vec![middleware],
-                Call::new(http::Method::GET, &server.uri()),
-            )
-            .await;
+        let end = door.get(middleware, &server.uri()).await;
         assert_eq!(
             (end.attempts, end.stop),
             (3, StopReason::AttemptsExhausted),
@@ -628,12 +604,7 @@ mod scenarios {
         // The default clock, tokio's; every wait at its ceiling (100 ms, then 200 ms).
         let middleware = RetryMiddleware::new(RetryPolicy::default()).with_rng(|| u64::MAX);
         let (virtual_start, real_start) = (tokio::time::Instant::now(), Instant::now());
-        let end = door
-            .send(
-                vec![middleware],
-                Call::new(http::Method::GET, &server.uri()),
-            )
-            .await;
+        let end = door.get(middleware, &server.uri()).await;
         assert_eq!(
             (end.attempts, end.stop),
             (3, StopReason::Succeeded),
@@ -694,12 +665,7 @@ mod scenarios {
                 let answer = ResponseTemplate::new(status).insert_header("x-should-retry", says);
                 let server = first_then(answer.clone(), 0, answer).await;
                 let (middleware, _clock) = on_fake_clock(dependency);
-                let end = door
-                    .send(
-                        vec![middleware],
-                        Call::new(http::Method::GET, &server.uri()),
-                    )
-                    .await;
+                let end = door.get(middleware, &server.uri()).await;
                 let seen = (received(&server).await.len(), end.attempts, end.stop);
                 let case = format!("{door:?}: {status} {says}, classifier {deferring}");
                 assert_eq!(seen, (sent, sent as u32, stop), "{case}");
@@ -884,9 +850,7 @@ mod scenarios {
                 .unwrap();
             no_timer.block_on(async {
                 let (middleware, clock) = on_fake_clock(policy());
-                let fake = door
-                    .send(vec![middleware], Call::new(http::Method::GET, &url))
-                    .await;
+                let fake = door.get(middleware, &url).await;
                 let tokio_s = RetryMiddleware::new(policy());
                 let tokio_s = door
                     .send(vec![tokio_s], Call::new(http::Method::GET, &url))
@@ -992,12 +956,7 @@ mod scenarios {
             )
             .await;
         assert_eq!(first.status, Some(503), "{door:?}");
-        let second = door
-            .send(
-                vec![middleware],
-                Call::new(http::Method::GET, &server.uri()),
-            )
-            .await;
+        let second = door.get(middleware, &server.uri()).await;
         assert_eq!(
             (second.attempts, second.stop),
             (0, StopReason::Throttled),
@@ -1084,12 +1043,7 @@ mod scenarios {
         // Not read within the attempt: the head is a success, and the cut is the caller's.
         let server = RawServer::start(vec![cut(), Action::Respond(ok("whole"))]).await;
         let (middleware, _clock) = on_fake_clock(policy());
-        let end = door
-            .send(
-                vec![middleware],
-                Call::new(http::Method::GET, &server.url("/")),
-            )
-            .await;
+        let end = door.get(middleware, &server.url("/")).await;
         assert_eq!(
             (end.attempts, end.stop),
             (1, StopReason::Succeeded),
@@ -1102,12 +1056,7 @@ mod scenarios {
         let server = RawServer::start(vec![cut(), Action::Respond(ok("whole"))]).await;
         let policy = RetryPolicy::builder().buffer_body(1 << 20).build().unwrap();
         let (middleware, clock) = on_fake_clock(policy);
-        let end = door
-            .send(
-                vec![middleware],
-                Call::new(http::Method::GET, &server.url("/")),
-            )
-            .await;
+        let end = door.get(middleware, &server.url("/")).await;
         assert_eq!(
             (end.attempts, end.stop),
             (2, StopReason::Succeeded),
@@ -1125,12 +1074,7 @@ mod scenarios {
         let busy = ResponseTemplate::new(503).set_body_string("try again later");
         let server = first_then(busy.clone(), 0, busy).await;
         let (middleware, clock) = on_fake_clock(policy());
-        let end = door
-            .send(
-                vec![middleware],
-                Call::new(http::Method::GET, &server.uri()),
-            )
-            .await;
+        let end = door.get(middleware, &server.uri()).await;
         assert_eq!(
             (end.attempts, end.stop),
             (3, StopReason::AttemptsExhausted),
