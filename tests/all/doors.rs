@@ -23,7 +23,7 @@ use crate::support::{Action, Before, RawServer, always, first_then, ok, refused_
 
 /// How a request reaches the middleware.
 #[derive(Debug, Clone, Copy)]
-enum Door {
+pub(crate) enum Door {
     /// A `reqwest-middleware` chain over `reqwest::Client`.
     Reqwest,
     /// The middleware as a tower layer over hyper-util's client.
@@ -32,11 +32,11 @@ enum Door {
 
 /// What a logical request ended with, read the same way from either door.
 #[derive(Debug)]
-struct Ended {
+pub(crate) struct Ended {
     /// The answer's status, if there was an answer.
-    status: Option<u16>,
-    attempts: u32,
-    stop: StopReason,
+    pub(crate) status: Option<u16>,
+    pub(crate) attempts: u32,
+    pub(crate) stop: StopReason,
     key: Option<String>,
     /// The answer came from a hedge.
     by_hedge: bool,
@@ -53,7 +53,7 @@ struct Ended {
 }
 
 /// One request as a scenario sends it, whatever the door.
-struct Call {
+pub(crate) struct Call {
     method: http::Method,
     url: String,
     headers: Vec<(&'static str, String)>,
@@ -69,7 +69,7 @@ struct Call {
 type Hook = Arc<dyn Fn(&mut http::Extensions) + Send + Sync>;
 
 impl Call {
-    fn new(method: http::Method, url: &str) -> Call {
+    pub(crate) fn new(method: http::Method, url: &str) -> Call {
         Call {
             method,
             url: url.to_owned(),
@@ -80,7 +80,10 @@ impl Call {
         }
     }
 
-    fn beneath(mut self, hook: impl Fn(&mut http::Extensions) + Send + Sync + 'static) -> Call {
+    pub(crate) fn beneath(
+        mut self,
+        hook: impl Fn(&mut http::Extensions) + Send + Sync + 'static,
+    ) -> Call {
         self.beneath = Some(Arc::new(hook));
         self
     }
@@ -112,13 +115,13 @@ impl Call {
 
 impl Door {
     /// A GET of `url` through `middleware` alone.
-    async fn get(self, middleware: RetryMiddleware, url: &str) -> Ended {
+    pub(crate) async fn get(self, middleware: RetryMiddleware, url: &str) -> Ended {
         self.send(vec![middleware], Call::new(http::Method::GET, url))
             .await
     }
 
     /// Sends `call` through `layers` (outermost first) and reads how it ended.
-    async fn send(self, layers: Vec<RetryMiddleware>, call: Call) -> Ended {
+    pub(crate) async fn send(self, layers: Vec<RetryMiddleware>, call: Call) -> Ended {
         let body = call.body();
         match self {
             Door::Reqwest => {

@@ -163,6 +163,13 @@ fn capture() -> &'static Capture {
     })
 }
 
+/// The middleware whose retried GET the span and event tests read: a 503, then a 200.
+fn inventory() -> RetryMiddleware {
+    RetryMiddleware::new(Dependency::new("inventory", RetryPolicy::default()))
+        .with_clock(FakeClock::new())
+        .with_rng(|| u64::MAX)
+}
+
 #[tokio::test(flavor = "current_thread")]
 async fn a_retried_request_emits_the_documented_span_and_events() {
     let capture = capture();
@@ -170,11 +177,7 @@ async fn a_retried_request_emits_the_documented_span_and_events() {
     let server =
         crate::support::first_then(ResponseTemplate::new(503), 1, ResponseTemplate::new(200)).await;
     let client = ClientBuilder::new(reqwest::Client::new())
-        .with(
-            RetryMiddleware::new(Dependency::new("inventory", RetryPolicy::default()))
-                .with_clock(FakeClock::new())
-                .with_rng(|| u64::MAX),
-        )
+        .with(inventory())
         .build();
 
     client
@@ -184,6 +187,30 @@ async fn a_retried_request_emits_the_documented_span_and_events() {
         .unwrap();
 
     CAPTURING.with(|c| c.set(false));
+    the_documented_span_and_events(capture);
+}
+
+/// The same request through the tower door: the same span, fields and events.
+#[cfg(feature = "tower")]
+#[tokio::test(flavor = "current_thread")]
+async fn through_the_tower_door_a_retried_request_emits_the_same_span_and_events() {
+    let capture = capture();
+    CAPTURING.with(|c| c.set(true));
+    let server =
+        crate::support::first_then(ResponseTemplate::new(503), 1, ResponseTemplate::new(200)).await;
+
+    let ended = crate::doors::Door::Tower
+        .get(inventory(), &format!("{}/items?secret=1", server.uri()))
+        .await;
+
+    CAPTURING.with(|c| c.set(false));
+    assert_eq!(ended.status, Some(200));
+    the_documented_span_and_events(capture);
+}
+
+/// What this thread captured from a GET of `/items?secret=1` by [`inventory`], answered 503
+/// then 200.
+fn the_documented_span_and_events(capture: &Capture) {
     let spans = mine(&capture.spans);
     assert_eq!(spans.len(), 1);
     let span = &spans[0];
@@ -218,6 +245,11 @@ async fn a_retried_request_emits_the_documented_span_and_events() {
     assert_eq!(stop.field("reason"), Some("succeeded"));
     assert_eq!(stop.field("waited_ms"), Some("100"));
     assert!(events.iter().all(|e| e.target == "reqwest_safe_retry"));
+    // Every event is within the request's span.
+    assert!(
+        events.iter().all(|e| e.within == Some(span.id)),
+        "{events:?}"
+    );
 }
 
 /// The `error` field's documented values, in the events and in the observer alike: a refused
@@ -693,6 +725,35 @@ async fn what_the_chain_beneath_logs_is_within_the_request_s_span() {
         .build();
     client.get(server.uri()).send().await.unwrap();
     CAPTURING.with(|c| c.set(false));
+    let spans = mine(&capture.spans);
+    assert_eq!(spans.len(), 1);
+    let beneath: Vec<_> = mine(&capture.events)
+        .into_iter()
+        .filter(|e| e.name.starts_with("beneath"))
+        .collect();
+    assert_eq!(beneath.len(), 2, "{beneath:?}");
+    for event in &beneath {
+        assert_eq!(event.within, Some(spans[0].id), "{event:?}");
+    }
+}
+
+/// Through the tower door, what the services beneath log when called with a copy is within
+/// the request's span too, on every attempt.
+#[cfg(feature = "tower")]
+#[tokio::test(flavor = "current_thread")]
+async fn what_the_services_beneath_the_tower_door_log_is_within_the_request_s_span() {
+    let capture = capture();
+    CAPTURING.with(|c| c.set(true));
+    let server =
+        crate::support::first_then(ResponseTemplate::new(503), 1, ResponseTemplate::new(200)).await;
+    let call = crate::doors::Call::new(http::Method::GET, &server.uri()).beneath(|_| {
+        tracing::info!(target: "reqwest_safe_retry", "beneath, called");
+    });
+    let ended = crate::doors::Door::Tower
+        .send(vec![inventory()], call)
+        .await;
+    CAPTURING.with(|c| c.set(false));
+    assert_eq!((ended.status, ended.attempts), (Some(200), 2));
     let spans = mine(&capture.spans);
     assert_eq!(spans.len(), 1);
     let beneath: Vec<_> = mine(&capture.events)
