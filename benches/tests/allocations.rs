@@ -10,7 +10,7 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use reqwest_safe_retry_benches::{Client, Mode, clients, run, start_on_own_thread};
+use reqwest_safe_retry_benches::{Client, Mode, clients, run, start_on_own_thread, tower_clients};
 
 struct Counting;
 
@@ -86,6 +86,16 @@ fn the_success_path_allocates_no_more_than_reqwest_retry_plus_the_key() {
             d - b,
             e - b,
             h - b
+        );
+    }
+    let mut tower = Vec::new();
+    for (name, make) in tower_clients() {
+        let client = make();
+        tower.push(rt.block_on(per_request(&client, &url, 160, 1)));
+        println!(
+            "{name:<32} {:>6.2} allocations per POST one at a time, {:>6.2} 64 in flight",
+            tower.last().unwrap(),
+            rt.block_on(per_request(&client, &url, 128, 64)),
         );
     }
     // Asserted one at a time, where every client reuses one connection and the counts repeat
