@@ -353,6 +353,7 @@ both! {
     a_request_dropped_at_any_poll_leaves_the_counters_equal_to_the_wire;
     a_body_cut_midway_is_the_caller_s_error_unless_it_is_read_within_the_attempt;
     a_transient_answer_s_body_is_kept_through_the_wait_for_the_caller;
+    a_connection_lost_before_the_answer_is_retried_only_where_repeating_is_safe;
     the_observer_and_the_counters_see_each_attempt_alike;
 }
 
@@ -1033,6 +1034,52 @@ mod scenarios {
             dropped >= 5,
             "{door:?}: dropped at {dropped} points, fewer than its awaits"
         );
+    }
+
+    /// A connection closed, or reset, after the request went out and before any answer: the
+    /// request may have reached the server, so a GET is repeated and a POST without a key is
+    /// not; and neither is taken for a connection that was never made. The inner service's
+    /// error (hyper-util's, around hyper's) is judged as reqwest's is.
+    pub async fn a_connection_lost_before_the_answer_is_retried_only_where_repeating_is_safe(
+        door: Door,
+    ) {
+        for lost in [Action::Close, Action::WriteThenReset(Vec::new())] {
+            let server = RawServer::start(vec![lost.clone(), Action::Respond(ok("whole"))]).await;
+            let (middleware, clock) = on_fake_clock(policy());
+            let end = door.get(middleware, &server.url("/")).await;
+            assert_eq!(
+                (end.status, end.attempts, end.stop),
+                (Some(200), 2, StopReason::Succeeded),
+                "{door:?}, {lost:?}"
+            );
+            assert_eq!(end.body, Some(Ok("whole".to_owned())), "{door:?}, {lost:?}");
+            assert_eq!(
+                (server.requests(), clock.sleeps().len()),
+                (2, 1),
+                "{door:?}, {lost:?}"
+            );
+
+            let server = RawServer::start(vec![lost.clone(), Action::Respond(ok("whole"))]).await;
+            let (middleware, clock) =
+                on_fake_clock(Dependency::new("orders", policy()).without_idempotency_keys());
+            let call = Call::new(http::Method::POST, &server.url("/orders"));
+            let end = door.send(vec![middleware], call).await;
+            assert_eq!(
+                (end.status, end.attempts, end.stop),
+                (None, 1, StopReason::NotSafeToRetry),
+                "{door:?}, {lost:?}"
+            );
+            assert!(
+                !end.failed_to_connect && !end.timed_out,
+                "{door:?}, {lost:?}: {}",
+                end.message
+            );
+            assert_eq!(
+                (server.requests(), clock.sleeps().len()),
+                (1, 0),
+                "{door:?}, {lost:?}"
+            );
+        }
     }
 
     pub async fn a_body_cut_midway_is_the_caller_s_error_unless_it_is_read_within_the_attempt(
