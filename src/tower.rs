@@ -224,7 +224,8 @@ mod tests {
         fn a_url_from_the_kept_origin_is_the_parsed_url(
             origins in prop::collection::vec(
                 prop::sample::select(vec![
-                    "http://127.0.0.1:8080", "http://example.com", "https://EXAMPLE.com:443",
+                    "http://127.0.0.1:8080", "http://example.com", "https://example.com",
+                    "https://EXAMPLE.com:443",
                     "http://[::1]:9", "http://user:pw@example.com", "http://xn--nxasmq6b.com",
                 ]),
                 1..4,
@@ -246,6 +247,20 @@ mod tests {
                     (parsed, made) => prop_assert!(false, "{text}: {parsed:?} against {made:?}"),
                 }
             }
+        }
+    }
+
+    /// An origin is its scheme and its authority: the same host under another scheme is not the
+    /// kept origin.
+    #[test]
+    fn the_same_authority_under_another_scheme_is_another_origin() {
+        for uri in [
+            "http://example.com/a",
+            "https://example.com/b",
+            "http://example.com/c",
+        ] {
+            let made = url_of(&uri.parse().unwrap()).unwrap();
+            assert_eq!(made.as_str(), uri);
         }
     }
 

@@ -110,3 +110,93 @@ async fn a_stream_reset_mid_response_is_retried_only_when_repeating_is_safe() {
 async fn a_connection_dropped_mid_stream_is_retried_only_when_repeating_is_safe() {
     after_processing(H2::DropMidBody).await;
 }
+
+/// The tower front door: the same middleware, as a layer over hyper-util's client speaking
+/// HTTP/2 with prior knowledge (its own re-sending of requests canceled before they went out
+/// off, so every send is the layer's). Sends one request of `method` with `body` and reads how
+/// it ended: the attempts and the answer's body, or the attempts and why retrying stopped.
+async fn through_tower(
+    method: http::Method,
+    url: &str,
+    body: &'static str,
+) -> Result<(u32, String), (u32, StopReason)> {
+    use http_body_util::BodyExt;
+    use tower_layer::Layer;
+    use tower_service::Service;
+
+    let policy = RetryPolicy::builder()
+        .attempt_timeout(Duration::from_secs(5))
+        .buffer_body(64 * 1024)
+        .build()
+        .unwrap();
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .http2_only(true)
+        .retry_canceled_requests(false)
+        .build_http::<reqwest::Body>();
+    let mut service =
+        RetryMiddleware::new(Dependency::new("default", policy).without_idempotency_keys())
+            .with_clock(FakeClock::new())
+            .layer(client);
+    let request = http::Request::builder()
+        .method(method)
+        .uri(url)
+        .body(bytes::Bytes::from_static(body.as_bytes()))
+        .unwrap();
+    std::future::poll_fn(|cx| Service::<http::Request<bytes::Bytes>>::poll_ready(&mut service, cx))
+        .await
+        .unwrap();
+    // Real time, as a guard: the layer's own timeout runs on the fake clock.
+    let answer = tokio::time::timeout(Duration::from_secs(10), service.call(request));
+    match answer.await.expect("an answer within 10 s") {
+        Ok(response) => {
+            let attempts = RetryRecord::of_http(&response).unwrap().attempts();
+            let body = response.into_body().collect().await.unwrap().to_bytes();
+            Ok((attempts, String::from_utf8_lossy(&body).into_owned()))
+        }
+        Err(err) => {
+            let retry = err.downcast_ref::<RetryError>().unwrap();
+            Err((retry.attempts(), retry.stop_reason()))
+        }
+    }
+}
+
+/// Through the tower door, hyper-util's errors (hyper's and h2's beneath) are judged as
+/// reqwest's are: a refusal before processing is sent again even for an unkeyed POST; a
+/// failure after processing is retried for a GET and never for an unkeyed POST.
+///
+/// The POSTs carry no body: with one, hyper-util's client (0.1.21 over hyper 1.12) did not end
+/// a stream the server refused (bare, and beneath the layer) or reset mid-answer (beneath the
+/// layer) after reading the body: its response, or its body, never came, where reqwest's
+/// client ends it with the reset. The layer's attempt timeout ends such a stream, as a timeout.
+#[tokio::test]
+async fn through_the_tower_door_each_failure_is_classified_by_what_was_processed() {
+    for refusal in [H2::Refuse, H2::GoAway] {
+        let server = H2Server::start(vec![refusal, H2::Answer(200)]).await;
+        let end = through_tower(http::Method::POST, &server.url(), "").await;
+        assert_eq!(end, Ok((2, "ok".to_owned())), "{refusal:?}");
+        assert_eq!(
+            (server.streams(), server.processed()),
+            (2, 1),
+            "{refusal:?}"
+        );
+    }
+    for failure in [H2::ResetMidBody, H2::DropMidBody] {
+        let server = H2Server::start(vec![failure, H2::Answer(200)]).await;
+        let end = through_tower(http::Method::GET, &server.url(), "").await;
+        assert_eq!(end, Ok((2, "ok".to_owned())), "{failure:?}");
+        assert_eq!(
+            (server.streams(), server.processed()),
+            (2, 2),
+            "{failure:?}"
+        );
+
+        let server = H2Server::start(vec![failure, H2::Answer(200)]).await;
+        let end = through_tower(http::Method::POST, &server.url(), "").await;
+        assert_eq!(end, Err((1, StopReason::NotSafeToRetry)), "{failure:?}");
+        assert_eq!(
+            (server.streams(), server.processed()),
+            (1, 1),
+            "{failure:?}"
+        );
+    }
+}
