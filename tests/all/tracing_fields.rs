@@ -725,16 +725,7 @@ async fn what_the_chain_beneath_logs_is_within_the_request_s_span() {
         .build();
     client.get(server.uri()).send().await.unwrap();
     CAPTURING.with(|c| c.set(false));
-    let spans = mine(&capture.spans);
-    assert_eq!(spans.len(), 1);
-    let beneath: Vec<_> = mine(&capture.events)
-        .into_iter()
-        .filter(|e| e.name.starts_with("beneath"))
-        .collect();
-    assert_eq!(beneath.len(), 2, "{beneath:?}");
-    for event in &beneath {
-        assert_eq!(event.within, Some(spans[0].id), "{event:?}");
-    }
+    two_events_beneath_within_the_one_span(capture);
 }
 
 /// Through the tower door, what the services beneath log when called with a copy is within
@@ -754,6 +745,12 @@ async fn what_the_services_beneath_the_tower_door_log_is_within_the_request_s_sp
         .await;
     CAPTURING.with(|c| c.set(false));
     assert_eq!((ended.status, ended.attempts), (Some(200), 2));
+    two_events_beneath_within_the_one_span(capture);
+}
+
+/// What this thread captured: one span, and two events from beneath the middleware, both within
+/// that span.
+fn two_events_beneath_within_the_one_span(capture: &Capture) {
     let spans = mine(&capture.spans);
     assert_eq!(spans.len(), 1);
     let beneath: Vec<_> = mine(&capture.events)
