@@ -552,17 +552,8 @@ mod scenarios {
     }
 
     pub async fn a_slow_attempt_is_cut_at_its_timeout_and_the_next_one_answers(door: Door) {
-        let server = MockServer::start().await;
         let slow = ResponseTemplate::new(200).set_delay(Duration::from_secs(3));
-        Mock::given(any())
-            .respond_with(slow)
-            .up_to_n_times(1)
-            .mount(&server)
-            .await;
-        Mock::given(any())
-            .respond_with(ResponseTemplate::new(200))
-            .mount(&server)
-            .await;
+        let server = first_then(slow, 1, ResponseTemplate::new(200)).await;
         let policy = RetryPolicy::builder()
             .attempt_timeout(Duration::from_millis(50))
             .base_delay(Duration::from_millis(1))
@@ -788,15 +779,9 @@ mod scenarios {
     }
 
     pub async fn a_spent_quota_holds_the_next_request_until_its_reset(door: Door) {
-        let server = MockServer::start().await;
         let spent = ResponseTemplate::new(200).insert_header("ratelimit", r#""default";r=0;t=5"#);
-        Mock::given(any())
-            .respond_with(spent)
-            .up_to_n_times(1)
-            .mount(&server)
-            .await;
         let left = ResponseTemplate::new(200).insert_header("ratelimit", r#""default";r=9;t=60"#);
-        Mock::given(any()).respond_with(left).mount(&server).await;
+        let server = first_then(spent, 1, left).await;
         // No spread of the held requests' release: the hold is read exactly.
         let (middleware, clock) = on_fake_clock(policy());
         let middleware = middleware.with_rng(|| 0u64);
