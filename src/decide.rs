@@ -437,7 +437,12 @@ impl<'a> Decider<'a> {
             return Next::Send(self.policy.attempt_timeout().min(remaining));
         };
         let (measured, at) = window.measured(now);
-        let limit = self.measured_timeout(measured.timeout).min(remaining);
+        // The window measures for the dependency; a request whose policy says its own fixed
+        // timeout (an override's) is not cut at the dependency's measured limit.
+        let taken = measured
+            .timeout
+            .filter(|_| self.policy.timeout_from_latency().is_some());
+        let limit = self.measured_timeout(taken).min(remaining);
         self.sent_at = at;
         self.last_limit_us = u32::try_from(limit.as_micros()).unwrap_or(u32::MAX);
         // A hedge is a retry sent early: only an attempt that a retry may follow is hedged

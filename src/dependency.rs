@@ -479,7 +479,9 @@ impl RetryOverride {
     }
 
     /// This per-attempt timeout instead of the policy's (at least 1 ms), still cut to what the
-    /// deadline leaves.
+    /// deadline leaves. It is the request's own word: on a dependency that takes its timeout
+    /// from measured latency ([`RetryPolicyBuilder::timeout_from_latency`](crate::RetryPolicyBuilder::timeout_from_latency)),
+    /// this request's attempts get exactly this timeout, not the measured one.
     pub const fn attempt_timeout(mut self, timeout: Duration) -> Self {
         self.attempt_timeout = Some(timeout);
         self
@@ -585,7 +587,10 @@ impl RetryOverride {
             changed = changed.deadline(deadline);
         }
         if let Some(timeout) = self.attempt_timeout {
-            changed = changed.attempt_timeout(timeout);
+            // The request's own word: the measured limit, the dependency's guess, gives way.
+            changed = changed
+                .attempt_timeout(timeout)
+                .without_timeout_from_latency();
         }
         let changed = changed
             .build()
@@ -866,13 +871,6 @@ mod tests {
                 RetryOverride::new().attempt_timeout(Duration::from_micros(10)),
                 "invalid retry override: attempt_timeout(10µs): attempt_timeout",
             ),
-            (
-                RetryOverride::new()
-                    .max_attempts(4)
-                    .attempt_timeout(Duration::from_millis(5)),
-                "invalid retry override: max_attempts(4).attempt_timeout(5ms): \
-                 timeout_from_latency's floor (20ms)",
-            ),
         ] {
             let err = (over.policy(&policy))
                 .and_then(|_| over.policy(&measured))
@@ -880,6 +878,25 @@ mod tests {
                 .to_string();
             assert!(err.starts_with(message), "{err}");
         }
+        // A request's own attempt timeout is its fixed timeout, under the measured limit's
+        // floor too: the measured limit gives way to it.
+        let own = RetryOverride::new()
+            .max_attempts(4)
+            .attempt_timeout(Duration::from_millis(5));
+        let (changed, _) = own.policy(&measured).unwrap();
+        let changed = changed.unwrap();
+        assert_eq!(changed.attempt_timeout(), Duration::from_millis(5));
+        assert_eq!(changed.timeout_from_latency(), None);
+        assert!(measured.timeout_from_latency().is_some());
+        // An override that leaves the attempt timeout alone keeps the measured limit.
+        let (changed, _) = RetryOverride::new()
+            .max_attempts(4)
+            .policy(&measured)
+            .unwrap();
+        assert_eq!(
+            changed.unwrap().timeout_from_latency(),
+            measured.timeout_from_latency()
+        );
     }
 
     #[test]

@@ -280,7 +280,7 @@ impl LatencyWindow {
         {
             let read = self.read(at);
             let measured = Measured {
-                timeout: read.slow.map(|slow| self.policy.timeout_for(Some(slow))),
+                timeout: read.slow.and_then(|slow| self.policy.timeout_for(slow)),
                 hedge_after: self.policy.hedge_delay(read.hedge),
             };
             let packed = encode(measured.timeout) | encode(measured.hedge_after) << 32;

@@ -146,17 +146,13 @@ impl RetryPolicy {
         self.latency_timeout.is_some() || self.hedging.is_some()
     }
 
-    /// The attempt timeout for a window whose p99.9 is `slow` (if it is believed): the
-    /// multiplier of it, between the floor and the fixed attempt timeout; the fixed one when
-    /// off or not believed.
-    pub(crate) fn timeout_for(&self, slow: Option<Duration>) -> Duration {
-        match (self.latency_timeout, slow) {
-            (Some(t), Some(slow)) => {
-                let measured = slow.saturating_mul(t.multiplier_milli) / 1_000;
-                measured.max(t.floor).min(self.attempt_timeout)
-            }
-            _ => self.attempt_timeout,
-        }
+    /// The attempt timeout for a window whose p99.9 is `slow`, if this policy takes its timeout
+    /// from latency: the multiplier of it, between the floor and the fixed attempt timeout.
+    /// `None` when it does not: the fixed timeout serves, whatever the window measured.
+    pub(crate) fn timeout_for(&self, slow: Duration) -> Option<Duration> {
+        let t = self.latency_timeout?;
+        let measured = slow.saturating_mul(t.multiplier_milli) / 1_000;
+        Some(measured.max(t.floor).min(self.attempt_timeout))
     }
 
     /// The hedging delay for a window whose hedging percentile is `at` (if believed): the
@@ -556,6 +552,13 @@ impl RetryPolicyBuilder {
     /// ```
     pub fn timeout_from_latency(mut self, multiplier: f64, floor: Duration) -> Self {
         self.latency_timeout = Some((multiplier, floor));
+        self
+    }
+
+    /// The fixed attempt timeout alone, whatever the window measures: a request that says its
+    /// own attempt timeout (`RetryOverride::attempt_timeout`) gets exactly that.
+    pub(crate) fn without_timeout_from_latency(mut self) -> Self {
+        self.latency_timeout = None;
         self
     }
 

@@ -355,6 +355,7 @@ both! {
     a_transient_answer_s_body_is_kept_through_the_wait_for_the_caller;
     a_connection_lost_before_the_answer_is_retried_only_where_repeating_is_safe;
     the_observer_and_the_counters_see_each_attempt_alike;
+    an_override_s_attempt_timeout_holds_over_a_warm_latency_window;
 }
 
 both! {
@@ -549,6 +550,71 @@ mod scenarios {
             inner_clock.sleeps().is_empty(),
             "{door:?}: the inner one never waited"
         );
+    }
+
+    /// A request's own attempt timeout holds once the dependency's latency window is warm,
+    /// whether the dependency takes its timeout from latency (its measured limit, 40.96 ms
+    /// from 20 ms answers, is the dependency's guess) or only hedges reads (its window once
+    /// gave the dependency's fixed 100 ms as "measured"): a 30 ms answer is cut at 10 ms.
+    pub async fn an_override_s_attempt_timeout_holds_over_a_warm_latency_window(door: Door) {
+        let server = always(200).await;
+        let measured = RetryPolicy::builder()
+            .attempt_timeout(ms(100))
+            .timeout_from_latency(2.0, ms(5))
+            .build()
+            .unwrap();
+        let hedging = RetryPolicy::builder()
+            .attempt_timeout(ms(100))
+            .hedge_reads(0.05, ms(50))
+            .build()
+            .unwrap();
+        for policy in [measured, hedging] {
+            let (middleware, clock) = on_fake_clock(Dependency::new("reads", policy));
+            let latency = Arc::new(std::sync::atomic::AtomicU64::new(20));
+            let call = |overriding: Option<RetryOverride>| {
+                let (clock, latency) = (clock.clone(), latency.clone());
+                let call = Call::new(http::Method::GET, &server.uri()).beneath(move |_| {
+                    clock.advance(ms(latency.load(std::sync::atomic::Ordering::SeqCst)))
+                });
+                match overriding {
+                    Some(overriding) => call.overriding(overriding),
+                    None => call,
+                }
+            };
+            // The window is the dependency's, whichever door measured it: warmed through one
+            // client (believed from 100 answers on).
+            let (moved, took) = (clock.clone(), latency.clone());
+            let warming = ClientBuilder::new(reqwest::Client::new())
+                .with(middleware.clone())
+                .with(Before(move |_: &mut http::Extensions| {
+                    moved.advance(ms(took.load(std::sync::atomic::Ordering::SeqCst)));
+                    None
+                }))
+                .build();
+            for _ in 0..100 {
+                let response = warming.get(server.uri()).send().await.unwrap();
+                assert_eq!(response.status(), 200, "{door:?}");
+            }
+            clock.advance(Duration::from_secs(1));
+            latency.store(30, std::sync::atomic::Ordering::SeqCst);
+            // The window's own limit lets a 30 ms answer through...
+            let end = door.send(vec![middleware.clone()], call(None)).await;
+            assert_eq!((end.status, end.attempts), (Some(200), 1), "{door:?}");
+            // ...and the request's 10 ms cuts it, on one attempt or two.
+            for attempts in [1, 2] {
+                let once = RetryOverride::new()
+                    .max_attempts(attempts)
+                    .attempt_timeout(ms(10));
+                let end = door.send(vec![middleware.clone()], call(Some(once))).await;
+                assert!(end.timed_out, "{door:?}: {end:?}");
+                assert_eq!(end.attempts, attempts, "{door:?}");
+                assert!(
+                    end.message.ends_with("attempt timed out after 10ms"),
+                    "{door:?}: {}",
+                    end.message
+                );
+            }
+        }
     }
 
     pub async fn a_slow_attempt_is_cut_at_its_timeout_and_the_next_one_answers(door: Door) {
