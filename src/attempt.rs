@@ -125,6 +125,9 @@ pub(crate) struct Sent<'a> {
     /// The key has been sent: a caller's own or a derived one (perhaps by an earlier run), or
     /// a new one once an attempt may have reached the server.
     key_sent: bool,
+    /// The key had been sent before the attempt whose outcome was last taken in: only then
+    /// does a server's `Idempotent-Replayed` on its answer mean a replay.
+    answered_under_sent_key: bool,
     /// The method is idempotent, or the request carries a key.
     repeatable: bool,
     /// The dependency's keys and attempt headers, for each copy.
@@ -178,6 +181,7 @@ impl<'a> Sent<'a> {
         let sent = Sent {
             repeatable: key.is_some() || classify::is_idempotent(request.method()),
             key_sent: key.as_ref().is_some_and(|key| !key.fresh),
+            answered_under_sent_key: false,
             key,
             keys: dependency.keys.as_ref(),
             headers: &dependency.attempt_headers,
@@ -202,7 +206,11 @@ impl<'a> Sent<'a> {
 
     /// What the request's end needs, with what it `kept`.
     pub(crate) fn ends<'s>(&'s mut self, kept: &'s Kept) -> Ends<'s, 'a> {
-        (self.key.take(), self.watcher.as_deref(), kept.url())
+        let key = self
+            .key
+            .take()
+            .map(|key| (key, self.answered_under_sent_key));
+        (key, self.watcher.as_deref(), kept.url())
     }
 
     /// How this request's outcomes are judged under `policy`.
@@ -221,6 +229,7 @@ impl<'a> Sent<'a> {
     /// the server.
     #[inline]
     pub(crate) fn took(&mut self, outcome: &Outcome) {
+        self.answered_under_sent_key = self.key_sent;
         if self.key.is_some() && !self.key_sent {
             self.key_sent = classify::may_have_reached(outcome);
         }

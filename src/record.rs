@@ -27,6 +27,8 @@ pub struct RetryRecord {
     pub(crate) waited: Duration,
     pub(crate) key: Option<HeaderValue>,
     pub(crate) replayed: bool,
+    /// The answer's attempt went under a key sent before it, so a replay marker on it counts.
+    pub(crate) replay_counts: bool,
     pub(crate) answered_by_hedge: bool,
 }
 
@@ -93,12 +95,14 @@ impl RetryRecord {
                 waited: Duration::ZERO,
                 key: None,
                 replayed: false,
+                replay_counts: false,
                 answered_by_hedge: false,
             },
             None => return None,
         };
-        // Under no key the marker means nothing (a proxy may echo it).
-        record.replayed = record.key.is_some() && crate::advice::replayed(headers);
+        // Under no key, or a key no server had seen before this answer's attempt, the marker
+        // means nothing (a proxy may echo it).
+        record.replayed = record.replay_counts && crate::advice::replayed(headers);
         Some(record)
     }
 
@@ -133,7 +137,10 @@ impl RetryRecord {
 
     /// Whether the server marked the response as a replay of a stored one
     /// (`Idempotent-Replayed: true`): the effect happened earlier, not on this attempt. Always
-    /// `false` for a request that carried no key: the marker then means nothing.
+    /// `false` for a request that carried no key, and for an answer to the first attempt under
+    /// a key the middleware had just made (no server can have stored an answer under it): the
+    /// marker then means nothing. Under a caller's own key, a derived one, or a key an earlier
+    /// attempt may have delivered, it counts.
     pub fn replayed(&self) -> bool {
         self.replayed
     }

@@ -100,7 +100,7 @@ impl<'a> Watcher<'a> {
 
 /// What a request's end needs of it besides its outcome: its key, who watches, and its URL.
 pub(crate) type Ends<'s, 'a> = (
-    Option<crate::idempotency::Key>,
+    Option<(crate::idempotency::Key, bool)>,
     Option<&'s Watcher<'a>>,
     Option<&'s reqwest::Url>,
 );
@@ -172,7 +172,8 @@ impl LogLevels {
             attempts,
             stop,
             waited,
-            key: key.map(|key| key.value),
+            replay_counts: key.as_ref().is_some_and(|(_, sent)| *sent),
+            key: key.map(|(key, _)| key.value),
             replayed: false,
             answered_by_hedge: decider.hedge_answered(),
         };

@@ -40,6 +40,8 @@ pub(crate) struct Ended {
     key: Option<String>,
     /// The answer came from a hedge.
     by_hedge: bool,
+    /// The record says the answer was a replay.
+    replayed: bool,
     /// The answer's body as the caller reads it: its text, or the error that cut it.
     body: Option<Result<String, String>>,
     /// The error says the last attempt failed to connect.
@@ -248,6 +250,7 @@ fn ended(status: u16, record: Option<RetryRecord>) -> Ended {
             .idempotency_key()
             .map(|k| k.to_str().unwrap().to_owned()),
         by_hedge: record.answered_by_hedge(),
+        replayed: record.replayed(),
         body: None,
         failed_to_connect: false,
         timed_out: false,
@@ -265,6 +268,7 @@ fn failed(err: &RetryError) -> Ended {
             .idempotency_key()
             .map(|k| k.to_str().unwrap().to_owned()),
         by_hedge: false,
+        replayed: false,
         body: None,
         failed_to_connect: err.failed_to_connect(),
         timed_out: err.timed_out(),
@@ -356,6 +360,7 @@ both! {
     a_connection_lost_before_the_answer_is_retried_only_where_repeating_is_safe;
     the_observer_and_the_counters_see_each_attempt_alike;
     an_override_s_attempt_timeout_holds_over_a_warm_latency_window;
+    a_replay_marker_counts_only_under_a_key_sent_before;
 }
 
 both! {
@@ -615,6 +620,47 @@ mod scenarios {
                 );
             }
         }
+    }
+
+    /// `Idempotent-Replayed: true` on the first answer under a key the middleware had just made
+    /// means nothing (no server had seen the key): the record says no replay. Under a caller's
+    /// own key, or on the second attempt's answer under a stamped one, it says a replay.
+    pub async fn a_replay_marker_counts_only_under_a_key_sent_before(door: Door) {
+        let marked =
+            |status| ResponseTemplate::new(status).insert_header("idempotent-replayed", "true");
+        let server = MockServer::start().await;
+        Mock::given(any())
+            .respond_with(marked(201))
+            .mount(&server)
+            .await;
+        let (middleware, _clock) = on_fake_clock(policy());
+        let post = || Call::new(http::Method::POST, &server.uri());
+        let fresh = door.send(vec![middleware.clone()], post()).await;
+        assert_eq!((fresh.status, fresh.attempts), (Some(201), 1), "{door:?}");
+        assert!(fresh.key.is_some(), "{door:?}");
+        assert!(
+            !fresh.replayed,
+            "{door:?}: a key just made cannot be replayed"
+        );
+        let own = door
+            .send(
+                vec![middleware.clone()],
+                post().header("idempotency-key", "order-7"),
+            )
+            .await;
+        assert!(
+            own.replayed,
+            "{door:?}: the caller's key may have been sent before"
+        );
+
+        let server = first_then(ResponseTemplate::new(503), 1, marked(201)).await;
+        let post = Call::new(http::Method::POST, &server.uri());
+        let second = door.send(vec![middleware], post).await;
+        assert_eq!((second.status, second.attempts), (Some(201), 2), "{door:?}");
+        assert!(
+            second.replayed,
+            "{door:?}: the first attempt delivered the key"
+        );
     }
 
     pub async fn a_slow_attempt_is_cut_at_its_timeout_and_the_next_one_answers(door: Door) {
