@@ -108,9 +108,26 @@ struct State {
 
 impl State {
     /// Moves time forward by `by`; returns the tasks to wake, to be woken without the lock.
+    ///
+    /// # Panics
+    ///
+    /// When the monotonic or the wall time would pass the latest this platform can hold: a
+    /// clock that stopped there instead would freeze every deadline.
     fn pass(&mut self, by: Duration) -> Vec<Waker> {
-        self.elapsed = self.elapsed.saturating_add(by);
-        self.wall = self.wall.checked_add(by).unwrap_or(self.wall);
+        let moved = self
+            .elapsed
+            .checked_add(by)
+            .filter(|elapsed| self.origin.checked_add(*elapsed).is_some());
+        let (Some(elapsed), Some(wall)) = (moved, self.wall.checked_add(by)) else {
+            panic!(
+                "FakeClock moved by {by:?} past the latest time this platform can hold \
+                 ({:?} in already): move it by less (any span up to billions of years on \
+                 64-bit Unix works)",
+                self.elapsed
+            );
+        };
+        self.elapsed = elapsed;
+        self.wall = wall;
         std::mem::take(&mut self.waiting)
     }
 }
@@ -152,6 +169,15 @@ impl FakeClock {
     }
 
     /// Moves time forward without recording a sleep, as if work had taken `by`.
+    ///
+    /// Time moves by any span (a test may jump 150 years and every deadline still holds),
+    /// up to the latest time the platform's `Instant` and `SystemTime` can hold.
+    ///
+    /// # Panics
+    ///
+    /// When `by` would move the clock past that latest time (on 64-bit Unix, hundreds of
+    /// billions of years: `Duration::MAX` does): the clock refuses, rather than stopping there
+    /// and freezing every deadline. So does a sleep that long.
     pub fn advance(&self, by: Duration) {
         let waiting = self.state().pass(by);
         waiting.into_iter().for_each(Waker::wake);
@@ -177,10 +203,8 @@ impl Default for FakeClock {
 impl Clock for FakeClock {
     fn now(&self) -> Instant {
         let state = self.state();
-        // An `Instant` cannot hold every `Duration`: virtual time stops advancing a century
-        // in, rather than overflowing.
-        const CENTURY: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
-        state.origin + state.elapsed.min(CENTURY)
+        // `pass` keeps every elapsed time within what an `Instant` holds.
+        state.origin + state.elapsed
     }
 
     fn wall_now(&self) -> SystemTime {
@@ -190,8 +214,9 @@ impl Clock for FakeClock {
     fn sleep(&self, duration: Duration) -> Sleep {
         let waiting = {
             let mut state = self.state();
+            let waiting = state.pass(duration);
             state.sleeps.push(duration);
-            state.pass(duration)
+            waiting
         };
         waiting.into_iter().for_each(Waker::wake);
         Box::pin(std::future::ready(()))
@@ -314,16 +339,30 @@ mod tests {
     }
 
     #[test]
-    fn huge_sleeps_saturate_instead_of_panicking() {
+    fn a_move_of_150_years_moves_both_times_by_150_years() {
         let clock = FakeClock::new();
-        let start = clock.now();
-        drop(clock.sleep(Duration::MAX));
-        drop(clock.sleep(Duration::MAX));
-        assert_eq!(clock.elapsed(), Duration::MAX);
-        assert_eq!(total_slept(&clock), Duration::MAX);
-        // Monotonic time stops a century in, where an `Instant` still has room.
-        let century = Duration::from_secs(100 * 365 * 24 * 3600);
-        assert_eq!(clock.now() - start, century);
+        let (start, wall) = (clock.now(), clock.wall_now());
+        let years = Duration::from_secs(150 * 365 * 24 * 3600);
+        clock.advance(years);
+        drop(clock.sleep(Duration::from_secs(30)));
+        let moved = years + Duration::from_secs(30);
+        assert_eq!(clock.now() - start, moved);
+        assert_eq!(clock.wall_now().duration_since(wall).unwrap(), moved);
+    }
+
+    #[test]
+    fn a_move_past_the_latest_time_is_refused_and_leaves_the_clock_as_it_was() {
+        let clock = FakeClock::new();
+        clock.advance(Duration::from_secs(5));
+        let moving = clock.clone();
+        let refused = std::panic::catch_unwind(move || moving.advance(Duration::MAX));
+        let message = *refused.unwrap_err().downcast::<String>().unwrap();
+        assert!(message.contains("past the latest time"), "{message}");
+        assert!(message.contains("move it by less"), "{message}");
+        let sleeping = clock.clone();
+        assert!(std::panic::catch_unwind(move || drop(sleeping.sleep(Duration::MAX))).is_err());
+        assert_eq!(clock.elapsed(), Duration::from_secs(5));
+        assert!(clock.sleeps().is_empty(), "a refused sleep is not recorded");
     }
 
     #[test]

@@ -361,6 +361,7 @@ both! {
     the_observer_and_the_counters_see_each_attempt_alike;
     an_override_s_attempt_timeout_holds_over_a_warm_latency_window;
     a_replay_marker_counts_only_under_a_key_sent_before;
+    a_fake_clock_150_years_on_keeps_every_deadline;
 }
 
 both! {
@@ -660,6 +661,31 @@ mod scenarios {
         assert!(
             second.replayed,
             "{door:?}: the first attempt delivered the key"
+        );
+    }
+
+    /// A `FakeClock` moved 150 years ahead still moves: an always-503 request under a 30 s
+    /// deadline and room for 1,000 attempts stops at its deadline, its waits within it.
+    pub async fn a_fake_clock_150_years_on_keeps_every_deadline(door: Door) {
+        let server = always(503).await;
+        let policy = RetryPolicy::builder()
+            .max_attempts(1_000)
+            .base_delay(Duration::from_secs(1))
+            .max_delay(Duration::from_secs(4))
+            .deadline(Duration::from_secs(30))
+            .build()
+            .unwrap();
+        let (middleware, clock) = on_fake_clock(Dependency::new("far", policy).without_budget());
+        clock.advance(Duration::from_secs(150 * 365 * 24 * 3600));
+        let end = door.get(middleware, &server.uri()).await;
+        assert_eq!(end.stop, StopReason::DeadlineReached, "{door:?}: {end:?}");
+        let waited: Duration = clock.sleeps().iter().sum();
+        assert!(waited <= Duration::from_secs(30), "{door:?}: {waited:?}");
+        assert!(end.attempts < 40, "{door:?}: {} attempts", end.attempts);
+        assert_eq!(
+            received(&server).await.len(),
+            end.attempts as usize,
+            "{door:?}"
         );
     }
 
