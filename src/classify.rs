@@ -213,12 +213,9 @@ pub(crate) enum Fault {
     Reset,
     /// The server closed the connection before the response was complete.
     Incomplete,
-    /// The server said it did not process the request: an HTTP/2 stream refused with
-    /// REFUSED_STREAM, or above the last stream id of a graceful GOAWAY (feature `http2`).
-    #[cfg_attr(
-        not(feature = "http2"),
-        expect(dead_code, reason = "only the HTTP/2 classifier can tell")
-    )]
+    /// The request was not processed: an HTTP/2 stream refused with REFUSED_STREAM, or above
+    /// the last stream id of a graceful GOAWAY (feature `http2`), or a connection that closed
+    /// before the request was handed to it (hyper's "channel closed").
     NotProcessed,
 }
 
@@ -410,6 +407,12 @@ fn chain_fault(err: &(dyn std::error::Error + 'static)) -> Option<Fault> {
             }
             if hyper.is_incomplete_message() || hyper.is_canceled() {
                 return Some(Fault::Incomplete);
+            }
+            // The connection had closed before the request was handed to it (an HTTP/2
+            // GOAWAY before any stream, an HTTP/1 connection gone while idle): no byte of it
+            // was written.
+            if hyper.is_closed() {
+                return Some(Fault::NotProcessed);
             }
         }
         source = cause.source();
@@ -956,6 +959,22 @@ mod tests {
             io(io::ErrorKind::Other, "invalid peer certificate"),
         );
         assert_eq!(chain_fault(&certificate), None);
+    }
+
+    /// hyper's "channel closed": the connection had ended before the request was handed to
+    /// it (a GOAWAY before any stream, an idle connection gone), so no byte of it was sent.
+    #[tokio::test]
+    async fn a_connection_closed_before_the_request_was_handed_to_it_sent_nothing() {
+        let (near, _far) = tokio::io::duplex(64);
+        let io = hyper_util::rt::TokioIo::new(near);
+        let (mut sender, connection) = hyper::client::conn::http1::handshake::<_, String>(io)
+            .await
+            .unwrap();
+        drop(connection);
+        let closed = sender.ready().await.unwrap_err();
+        assert!(closed.is_closed(), "{closed:?}");
+        assert_eq!(chain_fault(&closed), Some(Fault::NotProcessed));
+        assert!(Fault::NotProcessed.nothing_sent());
     }
 
     #[test]

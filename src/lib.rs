@@ -296,7 +296,9 @@
 //! processed" and is retried whatever the method, an unkeyed POST included; a stream reset
 //! mid-response or a connection dropped mid-stream may have come after processing, and is
 //! retried only when repeating is safe. Without the feature, HTTP/2 errors other than timeouts
-//! and I/O failures are final.
+//! and I/O failures are final. With or without it, a connection that had closed before the
+//! request was handed to it (hyper's "channel closed": a GOAWAY that came before any stream, an
+//! idle connection gone) sent nothing, and the request is sent again whatever its method.
 //!
 //! # Response bodies
 //!

@@ -21,6 +21,10 @@ pub enum H2 {
     /// Sends a graceful GOAWAY whose last stream id is below this stream's, so the stream is
     /// not processed, and closes the connection. Only as a connection's first stream.
     GoAway,
+    /// Sends a graceful GOAWAY with last stream id 0 as soon as the connection opens, before
+    /// any stream (counted as this stream's turn, received or not), and closes the
+    /// connection: nothing is processed.
+    GoAwayAtOnce,
     /// Processes the request, sends `200` and half a body, then resets the stream with
     /// INTERNAL_ERROR.
     ResetMidBody,
@@ -54,9 +58,10 @@ impl H2Server {
                     (streams.clone(), processed.clone(), script.clone());
                 tokio::spawn(async move {
                     let next = streams.load(Ordering::SeqCst);
-                    if script[next.min(script.len() - 1)] == H2::GoAway {
-                        go_away_before_processing(tcp, &streams).await;
-                        return;
+                    match script[next.min(script.len() - 1)] {
+                        H2::GoAway => return go_away_before_processing(tcp, &streams).await,
+                        H2::GoAwayAtOnce => return go_away_at_once(tcp, &streams).await,
+                        _ => {}
                     }
                     let Ok(mut connection) = h2::server::handshake(tcp).await else {
                         return;
@@ -79,7 +84,9 @@ impl H2Server {
                                 }
                             }
                             H2::Refuse => respond.send_reset(Reason::REFUSED_STREAM),
-                            H2::GoAway => unreachable!("served before the handshake"),
+                            H2::GoAway | H2::GoAwayAtOnce => {
+                                unreachable!("served before the handshake")
+                            }
                             H2::ResetMidBody | H2::DropMidBody => {
                                 processed.fetch_add(1, Ordering::SeqCst);
                                 let head = http::Response::builder()
@@ -186,6 +193,22 @@ async fn go_away_before_processing(mut tcp: TcpStream, streams: &AtomicUsize) {
             _ => {}
         }
     }
+}
+
+/// A connection's first frames, written as it opens: the server's SETTINGS, then
+/// GOAWAY(last stream 0, NO_ERROR), before any stream; then what the client sent is
+/// read and dropped for a moment (closing with it unread would reset the connection) before
+/// the connection closes.
+async fn go_away_at_once(mut tcp: TcpStream, streams: &AtomicUsize) {
+    streams.fetch_add(1, Ordering::SeqCst);
+    // SETTINGS (empty), then GOAWAY with last stream id 0 and NO_ERROR, as the connection opens.
+    let mut frames = vec![0, 0, 0, 0x4, 0, 0, 0, 0, 0];
+    frames.extend_from_slice(&[0, 0, 8, 0x7, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
+    let _ = tcp.write_all(&frames).await;
+    let _ = tcp.flush().await;
+    let mut sink = [0u8; 1024];
+    let drain = async { while tcp.read(&mut sink).await.is_ok_and(|n| n > 0) {} };
+    let _ = tokio::time::timeout(Duration::from_millis(50), drain).await;
 }
 
 /// A client speaking HTTP/2 with prior knowledge; `own_retries`: reqwest's own retries of

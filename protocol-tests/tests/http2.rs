@@ -61,6 +61,57 @@ async fn a_graceful_goaway_before_processing_is_sent_again_even_for_an_unkeyed_p
     assert_eq!(post_after(H2::GoAway, true).await, (1, 2, 1));
 }
 
+/// A GOAWAY(NO_ERROR, last stream 0) before any stream: nothing was processed, whether the
+/// request was still waiting for the connection (hyper's "channel closed") or its stream had
+/// gone out above the last stream id. A GET and an unkeyed POST are both sent again, through
+/// each door. On loopback the client's first stream nearly always leaves before the GOAWAY
+/// arrives (the h2 error then says so); hyper's "channel closed", the other side of the race,
+/// is judged in `classify`'s unit test on a connection that closed before the request.
+#[tokio::test]
+async fn a_goaway_before_any_stream_is_sent_again_through_both_doors() {
+    // Each race between the client's first stream and the GOAWAY, many times over.
+    for round in 0..3 {
+        let server = H2Server::start(vec![H2::GoAwayAtOnce, H2::Answer(200)]).await;
+        let response = client(false).get(server.url()).send().await.unwrap();
+        assert_eq!(
+            support_attempts(&response),
+            (2, 200),
+            "round {round}: the GET"
+        );
+        assert_eq!(server.processed(), 1);
+
+        let server = H2Server::start(vec![H2::GoAwayAtOnce, H2::Answer(200)]).await;
+        let response = client(false)
+            .post(server.url())
+            .body("x")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(
+            support_attempts(&response),
+            (2, 200),
+            "round {round}: the POST"
+        );
+
+        for method in [http::Method::GET, http::Method::POST] {
+            let server = H2Server::start(vec![H2::GoAwayAtOnce, H2::Answer(200)]).await;
+            let end = through_tower(method.clone(), &server.url(), "").await;
+            assert_eq!(
+                end,
+                Ok((2, "ok".to_owned())),
+                "round {round}: {method} via tower"
+            );
+            assert_eq!(server.processed(), 1);
+        }
+    }
+}
+
+/// The attempts a response's record counts, and its status.
+fn support_attempts(response: &reqwest::Response) -> (u32, u16) {
+    let record = RetryRecord::of(response).unwrap();
+    (record.attempts(), response.status().as_u16())
+}
+
 /// After processing: a GET is retried, an unkeyed POST is not; reqwest's own retries make no
 /// difference.
 async fn after_processing(failure: H2) {
