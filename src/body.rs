@@ -72,7 +72,8 @@ pub(crate) const KEPT: usize = 64 * 1024;
 /// the answer with its body read into memory, up to `limit` bytes, so that a stop after the wait (the budget, the
 /// throttle, the deadline) hands the caller the server's whole answer, and the connection is
 /// released rather than held while nobody reads it. A longer body, one cut off, or one still
-/// arriving when `timer` (the attempt's) fires, is dropped, and so is the `Content-Length`
+/// arriving when `timer` fires (the wait's: a body that trickles never holds the request past
+/// its wait, nor so past its deadline), is dropped, and so is the `Content-Length`
 /// that promised it: the head never promises bytes that are gone.
 pub(crate) async fn keep<T: Future<Output = ()>>(
     outcome: reqwest_middleware::Result<reqwest::Response>,

@@ -307,6 +307,12 @@
 //! reach it. [`RetryPolicyBuilder::buffer_body`] reads bodies up to a limit inside the attempt,
 //! which makes such a cut a retryable failure.
 //!
+//! A transient answer that a retry follows has its body (up to 64 KiB) read while the wait
+//! before the retry runs, never past it: when the wait ends in a stop (the throttle, a spent
+//! quota, the deadline) the caller gets the server's whole answer, and a body still arriving
+//! when the wait ends (one that trickles, or any body after a wait of zero) is dropped, with the
+//! `Content-Length` that promised it. A slow body never holds a request past its deadline.
+//!
 //! # Testing your retries
 //!
 //! Two ways are supported.

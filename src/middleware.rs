@@ -236,9 +236,16 @@ impl RetryMiddleware {
                                 ControlFlow::Continue(retried) => retried,
                                 ControlFlow::Break(end) => return end,
                             };
-                        let kept_body = body::keep(outcome, body::KEPT, Pin::new(&mut timer));
+                        // The answer's body is read while the wait runs, never past it: the
+                        // wait is what the deadline leaves room for.
+                        let reading = self.clock.get().now();
+                        let Ok(mut within) = self.clock.timeout(delay, Some(reading)) else {
+                            return self.no_timer(&span, &decider, sent.ends(&kept));
+                        };
+                        let kept_body = body::keep(outcome, body::KEPT, Pin::new(&mut within));
                         kept.previous = Some(Box::new(Box::pin(kept_body).await));
-                        Phase::Waiting(delay)
+                        now = self.clock.get().now();
+                        Phase::Waiting(delay.saturating_sub(now.saturating_duration_since(reading)))
                     }
                     Phase::Waiting(delay) => match self.clock.wait(delay).await {
                         Ok(()) => {

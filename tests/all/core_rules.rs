@@ -391,12 +391,13 @@ async fn a_spent_quota_on_a_second_field_line_holds() {
 
 /// The default policy on `clock`, whose retry the throttle refuses after the wait: with K = 1,
 /// once one attempt was turned away, the lowest draw rejects the next.
+///
+/// The wait is drawn at half its range (50 ms): the body is read while the wait runs, and on
+/// the fake clock the wait's end comes only when the request sleeps, after the read.
 fn refusing_the_retry(clock: &FakeClock) -> RetryMiddleware {
     let throttle = AdaptiveThrottle::builder().k(1.0).build().unwrap();
-    on(
-        clock,
-        Dependency::from(RetryPolicy::default()).with_throttle(throttle),
-    )
+    let dependency = Dependency::from(RetryPolicy::default()).with_throttle(throttle);
+    on(clock, dependency).with_rng(|| u64::MAX / 2)
 }
 
 /// A 503 with `body`, retried once and refused by the throttle after the wait: what the caller

@@ -362,6 +362,7 @@ both! {
     an_override_s_attempt_timeout_holds_over_a_warm_latency_window;
     a_replay_marker_counts_only_under_a_key_sent_before;
     a_fake_clock_150_years_on_keeps_every_deadline;
+    a_transient_answer_whose_body_trickles_holds_no_wait_past_its_end;
 }
 
 both! {
@@ -687,6 +688,44 @@ mod scenarios {
             end.attempts as usize,
             "{door:?}"
         );
+    }
+
+    /// A 503 whose 1,000-byte body comes a byte every 50 ms (real time): its body is kept only
+    /// while the wait runs, so the retry goes when the wait ends, not when the body would
+    /// (50 s), nor when the attempt timeout (5 s) would have cut it. With a backoff under
+    /// 20 ms, and with a `retry-after-ms: 200` floor, the retry's 200 answers well within the
+    /// 1 s deadline.
+    pub async fn a_transient_answer_whose_body_trickles_holds_no_wait_past_its_end(door: Door) {
+        let head = b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 1000\r\n".to_vec();
+        for floor in [None, Some(200)] {
+            let mut head = head.clone();
+            if let Some(ms) = floor {
+                head.extend_from_slice(format!("retry-after-ms: {ms}\r\n").as_bytes());
+            }
+            head.extend_from_slice(b"\r\n");
+            let trickle = Action::Trickle(head, ms(50), 1_000);
+            let server = RawServer::start(vec![trickle, Action::Respond(ok("done"))]).await;
+            let policy = RetryPolicy::builder()
+                .attempt_timeout(Duration::from_secs(5))
+                .base_delay(ms(10))
+                .max_delay(ms(20))
+                .deadline(Duration::from_secs(1))
+                .build()
+                .unwrap();
+            let middleware = RetryMiddleware::new(policy).with_rng(SeededRng::new(7));
+            let started = Instant::now();
+            let end = door.get(middleware, &server.url("/")).await;
+            let took = started.elapsed();
+            assert_eq!(
+                (end.status, end.attempts, end.stop),
+                (Some(200), 2, StopReason::Succeeded),
+                "{door:?} {floor:?}: {end:?}"
+            );
+            assert_eq!(server.requests(), 2, "{door:?} {floor:?}");
+            // The retry's wait (at most 20 ms, or the 200 ms floor and its jitter), plus slack
+            // for a loaded machine: far under the deadline and the attempt timeout.
+            assert!(took < ms(900), "{door:?} {floor:?}: took {took:?}");
+        }
     }
 
     pub async fn a_slow_attempt_is_cut_at_its_timeout_and_the_next_one_answers(door: Door) {

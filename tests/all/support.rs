@@ -76,6 +76,9 @@ pub enum Action {
     Close,
     /// Waits this long (real time), then writes these bytes.
     Delay(Duration, Vec<u8>),
+    /// Writes the head, then one byte of its body every interval (real time) for as long as
+    /// the connection lasts, or until the body's bytes run out.
+    Trickle(Vec<u8>, Duration, usize),
 }
 
 /// A complete `200 OK` with `body`, closing the connection.
@@ -177,6 +180,18 @@ async fn serve(
         Action::Delay(wait, bytes) => {
             tokio::time::sleep(wait).await;
             let _ = stream.write_all(&bytes).await;
+            let _ = stream.shutdown().await;
+        }
+        Action::Trickle(head, every, bytes) => {
+            if stream.write_all(&head).await.is_err() {
+                return;
+            }
+            for _ in 0..bytes {
+                tokio::time::sleep(every).await;
+                if stream.write_all(b"x").await.is_err() {
+                    return;
+                }
+            }
             let _ = stream.shutdown().await;
         }
     }
