@@ -136,6 +136,8 @@ pub(crate) struct Sent<'a> {
     /// The dependency's classifier, and the request's head for it to see.
     head: Option<(&'a Shared<dyn Classifier>, Box<RequestHead>)>,
     pub(crate) watcher: Option<Box<Watcher<'a>>>,
+    /// The request's fingerprint, by which an instance behind the other door knows it.
+    pub(crate) print: u64,
 }
 
 /// A request stopped before its first attempt: why, the error that says so, and who watches.
@@ -188,6 +190,7 @@ impl<'a> Sent<'a> {
             // Only a classifier needs the request after it has gone: its head is kept for it.
             head: (dependency.classifier.as_ref()).map(|c| (c, Box::new(RequestHead::of(request)))),
             watcher,
+            print: chain::fingerprint(request),
         };
         Ok((sent, facts))
     }
@@ -353,7 +356,7 @@ impl<'s, 'l, 'p, 'q, 'd> Flight<'s, 'l, 'p, 'q, 'd> {
             })
         });
         let sending = lent.sent.copy(lent.kept, plan);
-        let id = chain::claim_id(extensions);
+        let id = (chain::claim_id(extensions), lent.sent.print);
         let first = Claiming::new(id, span, || next.run(sending, extensions));
         lent.decider.sent();
         Flight {
@@ -521,7 +524,7 @@ impl<'s, 'l, 'p, 'q, 'd> Flight<'s, 'l, 'p, 'q, 'd> {
         };
         let sending = lent.sent.copy(lent.kept, &plan);
         lent.decider.hedge_sent(true);
-        let id = chain::claim_id(extensions);
+        let id = (chain::claim_id(extensions), lent.sent.print);
         let next = hedged.next;
         let running = Claiming::new(id, hedged.span, || next.run(sending, extensions));
         hedged.second = Some((running, timer, plan.limit));

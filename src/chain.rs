@@ -58,16 +58,21 @@ pub(crate) fn announce(extensions: &mut Extensions, span: &tracing::Span, number
     }
 }
 
-/// Whether an instance further out on this request's path already makes its attempts.
-pub(crate) fn claimed(extensions: &Extensions) -> bool {
-    CLAIMED.get() == claim_id(extensions)
+/// Whether an instance further out on this request's path already makes its attempts: the
+/// mark on the thread is this request's passage through the chain (the same extensions), or,
+/// across the two doors, the same request (its method and URL), which a service or middleware
+/// between them carried from one door's types to the other's.
+#[inline]
+pub(crate) fn claimed(extensions: &Extensions, request: &Request) -> bool {
+    let (id, print) = CLAIMED.get();
+    id != 0 && (id == claim_id(extensions) || print == fingerprint(request))
 }
 
 thread_local! {
     /// Which request's chain is being run on this thread, if any: the address of its
-    /// extensions, set by the instance that makes its attempts while it runs the rest of the
-    /// chain (0: none).
-    static CLAIMED: Cell<usize> = const { Cell::new(0) };
+    /// extensions and its fingerprint, set by the instance that makes its attempts while it
+    /// runs the rest of the chain ((0, 0): none).
+    static CLAIMED: Cell<(usize, u64)> = const { Cell::new((0, 0)) };
 }
 
 /// What identifies a request's passage through the chain: every middleware of it is handed the
@@ -75,6 +80,25 @@ thread_local! {
 /// middleware's future cannot move the rest of the chain to another task (it borrows them).
 pub(crate) fn claim_id(extensions: &Extensions) -> usize {
     std::ptr::from_ref(extensions) as usize
+}
+
+/// What identifies a request across the doors, where its extensions are another map: its
+/// method and URL, hashed (FNV-1a: a few instructions a byte, once per logical request). A
+/// request of another method or URL that a service between the doors makes of its own (a
+/// token fetch) is retried by its own instance; one of the same method and URL is taken for
+/// the request itself and passed through.
+pub(crate) fn fingerprint(request: &Request) -> u64 {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    let method = request.method().as_str().as_bytes();
+    for byte in method
+        .iter()
+        .chain(b" ")
+        .chain(request.url().as_str().as_bytes())
+    {
+        hash = (hash ^ u64::from(*byte)).wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    // Never the "none" mark's value.
+    hash.max(1)
 }
 
 /// The rest of the chain for one attempt, run with its request marked as claimed on the
@@ -86,7 +110,7 @@ pub(crate) fn claim_id(extensions: &Extensions) -> usize {
 /// The logical request's span is entered for as long as the rest of the chain runs, so the
 /// spans and events of the middleware and transport beneath are its children.
 pub(crate) struct Claiming<'s, F> {
-    id: usize,
+    id: (usize, u64),
     span: &'s tracing::Span,
     run: F,
 }
@@ -95,7 +119,11 @@ impl<'s, F> Claiming<'s, F> {
     /// Starts the rest of the chain (`start`) with the request already marked: a middleware may
     /// do work before its future is first polled.
     #[inline]
-    pub(crate) fn new(id: usize, span: &'s tracing::Span, start: impl FnOnce() -> F) -> Self {
+    pub(crate) fn new(
+        id: (usize, u64),
+        span: &'s tracing::Span,
+        start: impl FnOnce() -> F,
+    ) -> Self {
         let _marked = Mark::set(id);
         let run = span.in_scope(start);
         Claiming { id, span, run }
@@ -117,10 +145,10 @@ impl<F: Future + Unpin> Future for Claiming<'_, F> {
 
 /// Marks a request as claimed until dropped, then puts back the mark it replaced (a chain may
 /// run inside another's, for a request of its own).
-struct Mark(usize);
+struct Mark((usize, u64));
 
 impl Mark {
-    fn set(id: usize) -> Mark {
+    fn set(id: (usize, u64)) -> Mark {
         Mark(CLAIMED.replace(id))
     }
 }
@@ -134,4 +162,45 @@ impl Drop for Mark {
 /// The error of an attempt that ran out of its time.
 pub(crate) fn timed_out(limit: Duration) -> reqwest_middleware::Error {
     reqwest_middleware::Error::middleware(crate::error::AttemptTimeout { after: limit })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(method: &str, url: &str) -> Request {
+        Request::new(method.parse().unwrap(), url.parse().unwrap())
+    }
+
+    #[test]
+    fn a_request_is_known_across_the_doors_by_its_method_and_url() {
+        let get = fingerprint(&request("GET", "http://127.0.0.1:8080/orders?id=7"));
+        assert_eq!(
+            get,
+            fingerprint(&request("GET", "http://127.0.0.1:8080/orders?id=7"))
+        );
+        for (method, url) in [
+            ("POST", "http://127.0.0.1:8080/orders?id=7"),
+            ("GET", "http://127.0.0.1:8080/orders?id=8"),
+            ("GET", "http://127.0.0.1:8081/orders?id=7"),
+            ("GE", "Thttp://127.0.0.1:8080/orders?id=7"),
+        ] {
+            assert_ne!(get, fingerprint(&request(method, url)), "{method} {url}");
+        }
+    }
+
+    #[test]
+    fn only_the_marked_request_or_its_passage_is_claimed() {
+        let (mine, other) = (Extensions::new(), Extensions::new());
+        let orders = request("GET", "http://127.0.0.1/orders");
+        let token = request("POST", "http://127.0.0.1/token");
+        assert!(!claimed(&mine, &orders), "nothing is marked");
+        let _marked = Mark::set((claim_id(&mine), fingerprint(&orders)));
+        assert!(claimed(&mine, &token), "the same passage");
+        assert!(
+            claimed(&other, &orders),
+            "the same request behind the other door"
+        );
+        assert!(!claimed(&other, &token), "a request of its own");
+    }
 }

@@ -226,6 +226,14 @@
 //! instance whose policy should govern first. Retries made by other libraries in the same chain
 //! are not seen.
 //!
+//! The same holds across the two doors (feature `tower`): a tower layer over a service that
+//! sends through a `reqwest-middleware` chain carrying the middleware, or a chain whose last
+//! middleware sends through a [`RetryService`], makes one layer of attempts. There the
+//! extensions are another map, so the request is known by its method and URL while the outer
+//! instance runs it on the thread: a request of the same method and URL that the code between
+//! the doors makes of its own is passed through too, and one that the code between them sends
+//! from another task is not recognised.
+//!
 //! # Observability
 //!
 //! Counters per dependency ([`Dependency::counters`], a [`CounterSnapshot`]) count logical
@@ -408,6 +416,9 @@
     not(feature = "test-util"),
     doc = "\n\n[`FakeClock`]: crate#testing-your-retries"
 )]
+// `RetryService` is behind `tower`: without it, its links go to the features list.
+#![cfg_attr(feature = "tower", doc = "\n\n[`RetryService`]: crate::RetryService")]
+#![cfg_attr(not(feature = "tower"), doc = "\n\n[`RetryService`]: crate#features")]
 #![deny(
     missing_docs,
     missing_debug_implementations,

@@ -363,7 +363,7 @@ impl Middleware for RetryMiddleware {
         'life2: 'async_trait,
         Self: 'async_trait,
     {
-        if chain::claimed(extensions) {
+        if chain::claimed(extensions, &request) {
             // An instance further out on this request's path makes the attempts and retries.
             return next.run(request, extensions);
         }

@@ -125,7 +125,9 @@ where
         let retry = self.retry.clone();
         Box::pin(async move {
             let request = request?;
-            let outcome = if extensions.get::<Claimed>().is_some() {
+            let claimed = extensions.get::<Claimed>().is_some()
+                || crate::chain::claimed(&extensions, &request);
+            let outcome = if claimed {
                 // A layer further out on this request's path makes its attempts.
                 inner.run(request, &mut extensions).await
             } else {
