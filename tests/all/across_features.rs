@@ -4,7 +4,8 @@
 //! One generator draws a dependency across every feature at once (keys off or on, attempt and
 //! time-left headers, a header named like the key, hedged reads, the timeout from latency,
 //! a budget that may run dry, a throttle, a policy that retries reads only), then logical requests (a method; no key, the
-//! caller's own or a natural one; an override), the server's answers to each copy (statuses
+//! caller's own or a natural one; an override, its own attempt timeout over a warm latency
+//! window included), the server's answers to each copy (statuses
 //! with `Retry-After` and `retry-after-ms` valid and not, `RateLimit`, `x-should-retry` and
 //! `Idempotent-Replayed`), each copy's latency on the clock, and where the caller gives up.
 //! A small server on 127.0.0.1 answers as scripted and records every arrival; a middleware
@@ -157,6 +158,8 @@ struct Over {
     no_retries: bool,
     max_attempts: Option<u32>,
     deadline: Option<Duration>,
+    /// The request's own attempt timeout: it holds over a warm latency window.
+    attempt_timeout: Option<Duration>,
 }
 
 impl Over {
@@ -170,6 +173,9 @@ impl Over {
         }
         if let Some(d) = self.deadline {
             over = over.deadline(d);
+        }
+        if let Some(t) = self.attempt_timeout {
+            over = over.attempt_timeout(t);
         }
         over
     }
@@ -279,6 +285,11 @@ fn script(seed: u64) -> Script {
                 3 => Some(Over {
                     max_attempts: Some(1 + g.upto(2) as u32),
                     deadline: Some(deadline(&mut g)),
+                    ..Over::default()
+                }),
+                4 => Some(Over {
+                    max_attempts: g.chance(50).then(|| 1 + g.upto(2) as u32),
+                    attempt_timeout: Some(Duration::from_millis(5 + g.upto(60))),
                     ..Over::default()
                 }),
                 _ => None,
@@ -713,6 +724,8 @@ enum End {
         key: Option<String>,
         attempts: u32,
         stop: StopReason,
+        /// The caller got an answer (not an error).
+        answered: bool,
     },
     /// An error that is not the middleware's (none is expected).
     Other(String),
@@ -839,6 +852,7 @@ fn ended(record: Option<RetryRecord>) -> End {
         key: (record.idempotency_key()).map(|k| k.to_str().unwrap().to_owned()),
         attempts: record.attempts(),
         stop: record.stop_reason(),
+        answered: true,
     }
 }
 
@@ -849,6 +863,7 @@ fn failed(retry: Option<&RetryError>, err: &dyn std::fmt::Display) -> End {
             key: (retry.idempotency_key()).map(|k| k.to_str().unwrap().to_owned()),
             attempts: retry.attempts(),
             stop: retry.stop_reason(),
+            answered: false,
         },
         None => End::Other(err.to_string()),
     }
@@ -1000,6 +1015,30 @@ async fn run(seed: u64, door: Door, measuring: &mut Measuring) -> Result<(), Str
                 }
             }
         }
+        // Nothing put on a request is ignored: a copy that took at least the request's own
+        // attempt timeout was cut there (a warm latency window's limit does not replace it),
+        // so the caller's answer never comes from one. A hedge may answer in its place.
+        let own_timeout = req.overriding.and_then(|o| o.attempt_timeout);
+        if let (
+            Some(own),
+            End::Done {
+                answered: true,
+                attempts,
+                ..
+            },
+            Some(last),
+        ) = (own_timeout, &ends[r], mine.last())
+        {
+            let i = mine.len() - 1;
+            let latency = req.latencies[i.min(req.latencies.len() - 1)];
+            if !c.hedging && *attempts as usize == mine.len() && latency >= own {
+                return Err(format!(
+                    "request {r}: answered by a copy that took {latency:?} under its own \
+                     attempt timeout of {own:?} (sent at {:?})",
+                    last.at
+                ));
+            }
+        }
         // 4. No retry before the floor its answer set; and the reference model of verdicts,
         // where each copy's outcome is known.
         let known = !c.hedging && !c.latency_timeout;
@@ -1007,7 +1046,8 @@ async fn run(seed: u64, door: Door, measuring: &mut Measuring) -> Result<(), Str
         for (i, pair) in mine.windows(2).enumerate() {
             let answered = &req.answers[i.min(req.answers.len() - 1)];
             let latency = req.latencies[i.min(req.latencies.len() - 1)];
-            let cut = may_be_cut(c, latency, deadline.saturating_sub(pair[0].at - starts[r]));
+            let left = deadline.saturating_sub(pair[0].at - starts[r]);
+            let cut = may_be_cut(c, own_timeout, latency, left);
             if c.hedging || cut {
                 break;
             }
@@ -1034,7 +1074,8 @@ async fn run(seed: u64, door: Door, measuring: &mut Measuring) -> Result<(), Str
             let i = mine.len() - 1;
             let latency = req.latencies[i.min(req.latencies.len() - 1)];
             let last = mine[i];
-            let cut = may_be_cut(c, latency, deadline.saturating_sub(last.at - starts[r]));
+            let left = deadline.saturating_sub(last.at - starts[r]);
+            let cut = may_be_cut(c, own_timeout, latency, left);
             let complete = *attempts as usize == mine.len();
             if !cut && complete {
                 let answered = &req.answers[i.min(req.answers.len() - 1)];
@@ -1064,9 +1105,11 @@ async fn run(seed: u64, door: Door, measuring: &mut Measuring) -> Result<(), Str
 /// Whether a copy that took `latency` may have been cut by its time limit, with `left` of the
 /// deadline when it was sent: the fixed timeout, or a measured one of at least 20 ms (twice
 /// the warmed window's 10.24 ms, and more as the script's own answers raise it).
-fn may_be_cut(c: &Config, latency: Duration, left: Duration) -> bool {
-    let mut limit = c.attempt_timeout.min(left);
-    if c.latency_timeout {
+///
+/// `own`: the request's own attempt timeout (an override's), which replaces both.
+fn may_be_cut(c: &Config, own: Option<Duration>, latency: Duration, left: Duration) -> bool {
+    let mut limit = own.unwrap_or(c.attempt_timeout).min(left);
+    if c.latency_timeout && own.is_none() {
         limit = limit.min(Duration::from_millis(20));
     }
     latency >= limit
