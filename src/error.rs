@@ -149,7 +149,6 @@ impl fmt::Display for StopReason {
 /// }
 /// # }
 /// ```
-#[derive(Debug)]
 pub struct RetryError {
     attempts: u32,
     stop: StopReason,
@@ -178,12 +177,20 @@ impl RetryError {
         }
     }
 
-    /// With the time the request waited, and its URL where the last error has none.
+    /// With the time the request waited, and its URL: the one the last error carries, kept
+    /// here whole while the error's own loses its query (which may carry a token), so that
+    /// nothing this error prints shows it; else the request's.
     pub(crate) fn with(mut self, waited: Duration, url: Option<&Url>) -> Self {
         self.waited = waited;
-        if self.last.url().is_none() {
-            self.url = url.cloned();
+        self.url = match &mut self.last {
+            reqwest_middleware::Error::Reqwest(e) => e.url_mut().map(|shown| {
+                let whole = shown.clone();
+                shown.set_query(None);
+                whole
+            }),
+            reqwest_middleware::Error::Middleware(_) => None,
         }
+        .or_else(|| url.cloned());
         self
     }
 
@@ -266,7 +273,58 @@ impl RetryError {
     /// [`strip_url`](Self::strip_url). [`RetryErrorExt::last_url`] asks the same of a
     /// `reqwest_middleware::Error`.
     pub fn url(&self) -> Option<&Url> {
-        self.last.url().or(self.url.as_ref())
+        self.url.as_ref().or(self.last.url())
+    }
+
+    /// The last attempt's URL without its query and fragment, for a log line: a query may
+    /// carry a token. The error's own message never shows the query either.
+    pub fn url_without_query(&self) -> Option<Url> {
+        let mut url = self.url()?.clone();
+        url.set_query(None);
+        url.set_fragment(None);
+        Some(url)
+    }
+
+    /// What went wrong at the last attempt, as the retry rules read it: a timeout, a failed
+    /// connection, a reset, an answer cut off, a refusal the protocol says was not processed,
+    /// or [`Permanent`](crate::AttemptErrorKind::Permanent) for any other error. `None` when no
+    /// attempt was sent (the reason says why).
+    pub fn last_error_kind(&self) -> Option<crate::AttemptErrorKind> {
+        (self.attempts > 0).then(|| {
+            crate::classify::transport_fault(&self.last).map_or(
+                crate::AttemptErrorKind::Permanent,
+                crate::classify::Fault::kind,
+            )
+        })
+    }
+
+    /// The request's record, as a response's [`RetryRecord::of`](crate::RetryRecord::of) reads
+    /// it: attempts, stop reason, time waited and key. One report for a give-up, whether the
+    /// call ended `Ok` with a transient answer after its attempts ran out or `Err`:
+    ///
+    /// ```no_run
+    /// # async fn run(client: reqwest_middleware::ClientWithMiddleware) {
+    /// use reqwest_safe_retry::{RetryError, RetryRecord};
+    ///
+    /// let record = match client.get("http://127.0.0.1:9/").send().await {
+    ///     Ok(response) => RetryRecord::of(&response),
+    ///     Err(err) => RetryError::of(&err).map(RetryError::record),
+    /// };
+    /// if let Some(record) = record.filter(|r| r.attempts() > 1) {
+    ///     eprintln!("{} attempts, stopped: {}", record.attempts(), record.stop_reason());
+    /// }
+    /// # }
+    /// ```
+    pub fn record(&self) -> crate::RetryRecord {
+        crate::RetryRecord {
+            attempts: self.attempts,
+            stop: self.stop,
+            waited: self.waited,
+            key: self.key.clone(),
+            replayed: false,
+            replay_counts: false,
+            answered_by_hedge: false,
+        }
     }
 }
 
@@ -280,6 +338,20 @@ impl RetryError {
         self.last = strip_url(self.last);
         self.url = None;
         self
+    }
+}
+
+impl fmt::Debug for RetryError {
+    /// As derived, but the URL without its query (which may carry a token), as the message.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RetryError")
+            .field("attempts", &self.attempts)
+            .field("stop", &self.stop)
+            .field("key", &self.key)
+            .field("waited", &self.waited)
+            .field("url", &self.url_without_query().map(String::from))
+            .field("last", &self.last)
+            .finish()
     }
 }
 
