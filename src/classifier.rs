@@ -16,6 +16,7 @@
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Method, StatusCode};
 use reqwest::{Response, Url};
+use std::sync::atomic::AtomicBool;
 
 /// Whether an attempt's outcome is worth another attempt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -48,6 +49,9 @@ pub struct Attempt<'a> {
     pub(crate) key: Option<&'a HeaderValue>,
     pub(crate) number: u32,
     pub(crate) body: Option<&'a Bytes>,
+    /// An answer whose body the policy does not read (no `buffer_body`): the classifier's
+    /// flag, so that one that asks for it is told, once, how to get it.
+    pub(crate) body_unread: Option<&'a AtomicBool>,
     pub(crate) outcome: Outcome<'a>,
     pub(crate) default: Retryable,
 }
@@ -91,7 +95,22 @@ impl<'a> Attempt<'a> {
     /// longer than its limit (which is handed back as a stream, unread), and for an error.
     /// With `buffer_body` and a classifier, every answer's body is read before the classifier
     /// is asked, inside the attempt's time.
+    ///
+    /// A classifier that asks for an answer's body under a policy without `buffer_body` gets
+    /// `None` every time, so the rule it meant never fires: the first such call of each
+    /// classifier logs a WARN event (target `reqwest_safe_retry`) naming the setting that turns it on.
+    /// (The middleware cannot see into the closure to refuse it when the dependency is built,
+    /// and reading every body for every classifier would cost those that never look.)
     pub fn body(&self) -> Option<&'a Bytes> {
+        let unread = self.body_unread;
+        if unread.is_some_and(|told| !told.swap(true, std::sync::atomic::Ordering::Relaxed)) {
+            tracing::warn!(
+                target: "reqwest_safe_retry",
+                "a classifier asked for an answer's body, but the policy does not read bodies: \
+                 Attempt::body() is always None; turn it on with \
+                 RetryPolicy::builder().buffer_body(limit)"
+            );
+        }
         self.body
     }
 
@@ -118,14 +137,27 @@ pub(crate) trait Classifier: Send + Sync + 'static {
     /// rule and the limits (with `buffer_body`, after the body was read, or on the error that
     /// reading it ended in); keep it quick, it runs on the request's task.
     fn classify(&self, attempt: &Attempt<'_>) -> Retryable;
+
+    /// Whether this classifier was told that its policy reads no bodies (once).
+    fn told(&self) -> &AtomicBool;
 }
 
-impl<F> Classifier for F
+/// A classifier closure, with whether it was told that its policy reads no bodies.
+pub(crate) struct Hook<F> {
+    pub(crate) classify: F,
+    pub(crate) told: AtomicBool,
+}
+
+impl<F> Classifier for Hook<F>
 where
     F: Fn(&Attempt<'_>) -> Retryable + Send + Sync + 'static,
 {
     fn classify(&self, attempt: &Attempt<'_>) -> Retryable {
-        self(attempt)
+        (self.classify)(attempt)
+    }
+
+    fn told(&self) -> &AtomicBool {
+        &self.told
     }
 }
 

@@ -107,6 +107,8 @@ impl Judging<'_> {
                     key: self.key,
                     number,
                     body,
+                    body_unread: (outcome.is_ok() && self.policy.buffer_body_limit().is_none())
+                        .then(|| classifier.0.told()),
                     outcome: match outcome {
                         Ok(response) => Outcome::Response(response),
                         Err(err) => Outcome::Error(err),
@@ -573,8 +575,9 @@ mod tests {
     ) -> Verdict {
         let key = HeaderValue::from_static("k");
         let answer = classifier.flatten();
-        let hook: Shared<dyn Classifier> = Shared(std::sync::Arc::new(move |a: &Attempt<'_>| {
-            answer.unwrap_or(a.default_verdict())
+        let hook: Shared<dyn Classifier> = Shared(std::sync::Arc::new(crate::classifier::Hook {
+            classify: move |a: &Attempt<'_>| answer.unwrap_or(a.default_verdict()),
+            told: Default::default(),
         }));
         let head = RequestHead {
             method: Method::GET,

@@ -151,7 +151,10 @@ impl Dependency {
     where
         F: Fn(&Attempt<'_>) -> Retryable + Send + Sync + 'static,
     {
-        self.classifier = Some(Shared(Arc::new(classify)));
+        self.classifier = Some(Shared(Arc::new(crate::classifier::Hook {
+            classify,
+            told: std::sync::atomic::AtomicBool::new(false),
+        })));
         self
     }
 

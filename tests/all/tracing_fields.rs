@@ -762,3 +762,37 @@ fn two_events_beneath_within_the_one_span(capture: &Capture) {
         assert_eq!(event.within, Some(spans[0].id), "{event:?}");
     }
 }
+
+/// A classifier that reads the body under a policy that reads none is told, once per
+/// classifier, at WARN, with the setting that turns it on; under `buffer_body` it is not.
+#[tokio::test(flavor = "current_thread")]
+async fn a_classifier_asking_for_a_body_the_policy_does_not_read_is_told_once() {
+    let capture = capture();
+    CAPTURING.with(|c| c.set(true));
+    let server = crate::support::always(503).await;
+    let reading = |policy: RetryPolicy| {
+        let dependency = Dependency::new("bodies", policy).with_classifier(|attempt| match attempt
+            .body()
+        {
+            Some(body) if body.starts_with(b"maintenance") => reqwest_safe_retry::Retryable::Fatal,
+            _ => attempt.default_verdict(),
+        });
+        ClientBuilder::new(reqwest::Client::new())
+            .with(RetryMiddleware::new(dependency).with_clock(FakeClock::new()))
+            .build()
+    };
+    let told = |capture: &Capture| {
+        mine(&capture.events)
+            .iter()
+            .filter(|e| e.level == tracing::Level::WARN && e.name.contains("buffer_body(limit)"))
+            .count()
+    };
+    let unread = reading(RetryPolicy::default());
+    unread.get(server.uri()).send().await.unwrap();
+    unread.get(server.uri()).send().await.unwrap();
+    assert_eq!(told(capture), 1, "once for six attempts");
+    let read = reading(RetryPolicy::builder().buffer_body(1024).build().unwrap());
+    read.get(server.uri()).send().await.unwrap();
+    CAPTURING.with(|c| c.set(false));
+    assert_eq!(told(capture), 1, "not under buffer_body");
+}
