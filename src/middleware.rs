@@ -236,8 +236,7 @@ impl RetryMiddleware {
                                 ControlFlow::Continue(retried) => retried,
                                 ControlFlow::Break(end) => return end,
                             };
-                        // The answer's body is read while the wait runs, never past it: the
-                        // wait is what the deadline leaves room for.
+                        // The body is read within the wait (what the deadline leaves), not past.
                         let reading = self.clock.get().now();
                         let Ok(mut within) = self.clock.timeout(delay, Some(reading)) else {
                             return self.no_timer(&span, &decider, sent.ends(&kept));
