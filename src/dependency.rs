@@ -454,6 +454,11 @@ impl RetryOverride {
     /// tells a call that must not be repeated from one whose attempts ran out. The same as
     /// `max_attempts(1)` in every other way; with another `max_attempts` it is a contradiction,
     /// refused before sending.
+    ///
+    /// A POST or PATCH sent this way still gets an idempotency key stamped: the one copy may
+    /// be sent again later by the caller (or a queue), and the server dedupes on the key. A
+    /// request that must carry none goes through a dependency without keys
+    /// ([`Dependency::without_idempotency_keys`]).
     pub const fn no_retries(mut self) -> Self {
         self.no_retries = true;
         self
