@@ -83,19 +83,27 @@ pub(crate) fn claim_id(extensions: &Extensions) -> usize {
 }
 
 /// What identifies a request across the doors, where its extensions are another map: its
-/// method and URL, hashed (FNV-1a: a few instructions a byte, once per logical request). A
-/// request of another method or URL that a service between the doors makes of its own (a
-/// token fetch) is retried by its own instance; one of the same method and URL is taken for
-/// the request itself and passed through.
+/// method and URL, hashed once per logical request, eight bytes at a step (a few dozen
+/// instructions for a usual URL). A request of another method or URL that a service between
+/// the doors makes of its own (a token fetch) is retried by its own instance; one of the same
+/// method and URL is taken for the request itself and passed through.
 pub(crate) fn fingerprint(request: &Request) -> u64 {
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    const K: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mix = |hash: u64, word: u64| (hash ^ word).wrapping_mul(K).rotate_left(29);
     let method = request.method().as_str().as_bytes();
-    for byte in method
-        .iter()
-        .chain(b" ")
-        .chain(request.url().as_str().as_bytes())
-    {
-        hash = (hash ^ u64::from(*byte)).wrapping_mul(0x0000_0100_0000_01b3);
+    let url = request.url().as_str().as_bytes();
+    // The method's length keeps "GE" + "Thttp..." apart from "GET" + "http...".
+    let mut hash = mix(0x243f_6a88_85a3_08d3, method.len() as u64);
+    for bytes in [method, url] {
+        let mut words = bytes.chunks_exact(8);
+        for word in &mut words {
+            let mut eight = [0u8; 8];
+            eight.copy_from_slice(word);
+            hash = mix(hash, u64::from_le_bytes(eight));
+        }
+        let mut tail = [0u8; 8];
+        tail[..words.remainder().len()].copy_from_slice(words.remainder());
+        hash = mix(hash, u64::from_le_bytes(tail) ^ (bytes.len() as u64) << 56);
     }
     // Never the "none" mark's value.
     hash.max(1)
@@ -186,6 +194,21 @@ mod tests {
             ("GE", "Thttp://127.0.0.1:8080/orders?id=7"),
         ] {
             assert_ne!(get, fingerprint(&request(method, url)), "{method} {url}");
+        }
+    }
+
+    proptest::proptest! {
+        /// Two requests that differ in method or URL are told apart, whatever their lengths
+        /// (the tail of each part, and where one part ends and the next begins, count).
+        #[test]
+        fn requests_that_differ_have_different_fingerprints(
+            a in ("GET|POST|PUT", "[a-z0-9/?=&.-]{0,40}"),
+            b in ("GET|POST|PUT", "[a-z0-9/?=&.-]{0,40}"),
+        ) {
+            let url = |path: &str| format!("http://127.0.0.1:8080/{path}");
+            let (first, second) = (request(&a.0, &url(&a.1)), request(&b.0, &url(&b.1)));
+            let same = first.method() == second.method() && first.url() == second.url();
+            proptest::prop_assert_eq!(fingerprint(&first) == fingerprint(&second), same);
         }
     }
 

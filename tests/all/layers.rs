@@ -169,6 +169,22 @@ mod across_doors {
         (middleware, dependency)
     }
 
+    /// The outer instance made the default 3 attempts of the always-503 GET, the server saw
+    /// those 3, and the inner instance saw no request of its own.
+    async fn one_layer_of_attempts(
+        record: RetryRecord,
+        server: &wiremock::MockServer,
+        [outer, inner]: [&Dependency; 2],
+    ) {
+        assert_eq!(
+            (record.attempts(), record.stop_reason()),
+            (3, StopReason::AttemptsExhausted)
+        );
+        assert_eq!(server.received_requests().await.unwrap().len(), 3);
+        assert_eq!(outer.counters().attempts, 3);
+        assert_eq!(inner.counters().requests, 0);
+    }
+
     /// A tower service that sends each request through a reqwest-middleware chain.
     #[derive(Clone)]
     struct ThroughReqwest(ClientWithMiddleware);
@@ -207,13 +223,7 @@ mod across_doors {
         let response = service.call(request).await.unwrap();
         assert_eq!(response.status(), 503);
         let record = RetryRecord::of_http(&response).unwrap();
-        assert_eq!(
-            (record.attempts(), record.stop_reason()),
-            (3, StopReason::AttemptsExhausted)
-        );
-        assert_eq!(server.received_requests().await.unwrap().len(), 3);
-        assert_eq!(outer_counts.counters().attempts, 3);
-        assert_eq!(inner_counts.counters().requests, 0);
+        one_layer_of_attempts(record, &server, [&outer_counts, &inner_counts]).await;
     }
 
     /// The last middleware of a chain: sends the request through a tower service instead of
@@ -274,12 +284,6 @@ mod across_doors {
         let response = chain.get(server.uri()).send().await.unwrap();
         assert_eq!(response.status(), 503);
         let record = RetryRecord::of(&response).unwrap();
-        assert_eq!(
-            (record.attempts(), record.stop_reason()),
-            (3, StopReason::AttemptsExhausted)
-        );
-        assert_eq!(server.received_requests().await.unwrap().len(), 3);
-        assert_eq!(outer_counts.counters().attempts, 3);
-        assert_eq!(inner_counts.counters().requests, 0);
+        one_layer_of_attempts(record, &server, [&outer_counts, &inner_counts]).await;
     }
 }
