@@ -1,45 +1,6 @@
 //! A retry budget: a token bucket shared by every request to one dependency.
 //!
-//! # Why a budget and not only a maximum number of attempts
-//!
-//! "Three attempts" is harmless while a dependency is healthy and ruinous when it is not: every
-//! request then becomes three, at the moment the dependency can least take it, and three layers
-//! of such clients make it twenty-seven. A budget bounds the *extra* load instead. Retries spend
-//! tokens; requests that go well earn them. While the dependency is healthy there are plenty of
-//! tokens and every transient failure is retried; during an outage nothing earns tokens, the
-//! bucket runs dry after a small burst, and the load tends to the offered load, not to a
-//! multiple of it.
-//!
-//! # Rules
-//!
-//! - A first attempt never needs a token: the budget limits retries only.
-//! - A retry withdraws its cost *before* it sleeps (charge-before-sleep). Charging after the
-//!   sleep would let a thousand failing requests all decide to retry against a bucket that can pay
-//!   for ten; charging first means the number of retries waiting in backoff never exceeds what the
-//!   bucket holds. A refused withdrawal ends the logical request with its last outcome and
-//!   [`StopReason::BudgetExhausted`](crate::StopReason::BudgetExhausted).
-//! - A retry that was paid for but never started (the caller dropped the request during its
-//!   backoff, or the deadline passed during the wait) gives its tokens back
-//!   ([`RetryBudget::cancel_withdrawal`]): tokens pay for retries that were made, nothing else.
-//! - A first attempt that the dependency answered with a response that is not a transient
-//!   failure deposits (its answer may still be a 404). A first attempt that ended in an error
-//!   (nothing reached the dependency, or nothing came back from it: a transport error, a
-//!   redirect loop, another middleware's error) earns nothing. The balance never exceeds the
-//!   capacity.
-//! - Optionally, a success after retries refunds what its last retry cost, and a small time-based
-//!   floor earns tokens with the passing of time, so that a client too quiet to earn tokens can
-//!   still retry now and then. The floor is also the one way tokens appear during a total outage,
-//!   so it adds at most `floor_per_sec` retries per second to the offered load.
-//!
-//! # Time
-//!
-//! The budget has no clock of its own: every withdrawal passes the time of the clock of the
-//! middleware that makes it (a `FakeClock` in tests), and the floor counts from the first time
-//! it is given. So a budget built long before its first use earns nothing for that wait, and a
-//! test on virtual time never sees real time leak into it.
-//!
-//! Balances are integers in milli-tokens, updated with compare-and-swap on one atomic: no lock,
-//! no float rounding, and exact accounting under any interleaving.
+//! The rules, why a budget and how it meets time are on [`RetryBudget`], where they render.
 
 use std::fmt;
 use std::sync::{Arc, OnceLock};
@@ -93,6 +54,58 @@ pub(crate) enum RetryKind {
 /// # drop(middleware);
 /// # Ok::<(), reqwest_safe_retry::InvalidConfig>(())
 /// ```
+///
+/// # Why a budget and not only a maximum number of attempts
+///
+/// "Three attempts" is harmless while a dependency is healthy and ruinous when it is not: every
+/// request then becomes three, at the moment the dependency can least take it, and three layers
+/// of such clients make it twenty-seven. A budget bounds the *extra* load instead. Retries spend
+/// tokens; requests that go well earn them. While the dependency is healthy there are plenty of
+/// tokens and every transient failure is retried; during an outage nothing earns tokens, the
+/// bucket runs dry after a small burst, and the load tends to the offered load, not to a
+/// multiple of it.
+///
+/// # Rules
+///
+/// - A first attempt never needs a token: the budget limits retries only.
+/// - A retry withdraws its cost *before* it sleeps (charge-before-sleep). Charging after the
+///   sleep would let a thousand failing requests all decide to retry against a bucket that can pay
+///   for ten; charging first means the number of retries waiting in backoff never exceeds what the
+///   bucket holds. A refused withdrawal ends the logical request with its last outcome and
+///   [`StopReason::BudgetExhausted`](crate::StopReason::BudgetExhausted).
+/// - A retry that was paid for but never started (the caller dropped the request during its
+///   backoff, or the deadline passed during the wait) gives its tokens back:
+///   tokens pay for retries that were made, nothing else.
+/// - A first attempt that the dependency answered with a response that is not a transient
+///   failure deposits (its answer may still be a 404). A first attempt that ended in an error
+///   (nothing reached the dependency, or nothing came back from it: a transport error, a
+///   redirect loop, another middleware's error) earns nothing. The balance never exceeds the
+///   capacity.
+/// - Optionally, a success after retries refunds what its last retry cost, and a small time-based
+///   floor earns tokens with the passing of time, so that a client too quiet to earn tokens can
+///   still retry now and then. The floor is also the one way tokens appear during a total outage,
+///   so it adds at most `floor_per_sec` retries per second to the offered load.
+///
+/// # Time
+///
+/// The budget has no clock of its own: every withdrawal passes the time of the clock of the
+/// middleware that makes it (a `FakeClock` in tests), and the floor counts from the first time
+/// it is given. So a budget built long before its first use earns nothing for that wait, and a
+/// test on virtual time never sees real time leak into it.
+///
+/// Balances are integers in milli-tokens, updated with compare-and-swap on one atomic: no lock,
+/// no float rounding, and exact accounting under any interleaving.
+///
+/// # Bursts, and tests of concurrency
+///
+/// The default bucket holds 10 tokens. A burst of failures spends them at once: 20 concurrent
+/// requests that all meet a 503 make 10 retries between them, and the other ten stop after one
+/// attempt with [`StopReason::BudgetExhausted`](crate::StopReason::BudgetExhausted) (whose
+/// error message names the bucket's size). That is the budget at work, not a fault. A
+/// dependency that meets such bursts in normal operation gets a larger bucket
+/// (`RetryBudget::builder().capacity(100.0).build()?`); a test of concurrent retries sizes it
+/// for the test, or turns it off with
+/// [`Dependency::without_budget`](crate::Dependency::without_budget).
 #[derive(Clone)]
 pub struct RetryBudget {
     inner: Arc<Inner>,

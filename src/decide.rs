@@ -793,6 +793,11 @@ impl<'a> Decider<'a> {
         Ok(delay)
     }
 
+    /// The request's budget, if its dependency has one.
+    pub(crate) fn budget(&self) -> Option<&RetryBudget> {
+        self.accounts.budget
+    }
+
     /// Withdraws a retry's cost; without a budget every retry is free.
     fn withdraw(&self, kind: RetryKind, now: Instant) -> Option<u64> {
         match self.accounts.budget {

@@ -157,6 +157,8 @@ pub struct RetryError {
     /// The request's URL, for a last error that carries none (an attempt timeout, another
     /// middleware's error, nothing sent).
     url: Option<Url>,
+    /// The capacity of the budget that refused a retry, for the message.
+    budget: Option<f64>,
     last: reqwest_middleware::Error,
 }
 
@@ -173,8 +175,15 @@ impl RetryError {
             key,
             waited: Duration::ZERO,
             url: None,
+            budget: None,
             last,
         }
+    }
+
+    /// With the capacity of the budget that refused its retry, which the message names.
+    pub(crate) fn with_budget(mut self, capacity: Option<f64>) -> Self {
+        self.budget = capacity;
+        self
     }
 
     /// With the time the request waited, and its URL: the one the last error carries, kept
@@ -363,11 +372,19 @@ impl fmt::Display for RetryError {
         let last = self.last.to_string();
         write!(
             f,
-            "request failed after {} attempt{} ({}): {last}",
+            "request failed after {} attempt{} ({}",
             self.attempts,
             if self.attempts == 1 { "" } else { "s" },
             self.stop,
         )?;
+        if let Some(capacity) = self.budget {
+            write!(
+                f,
+                ": the dependency's bucket holds {capacity} tokens, shared by all its requests; \
+                 see RetryBudget"
+            )?;
+        }
+        write!(f, "): {last}")?;
         if let Some(root) = root_cause(&self.last) {
             let root = root.to_string();
             if !root.is_empty() && !last.contains(&root) {

@@ -249,7 +249,7 @@
 //! so a subscriber at INFO shows what was retried without the span (which is at DEBUG):
 //!
 //! ```text
-//! INFO reqwest_safe_retry: attempt finished dependency="inventory" method="GET" host="inventory.internal:443" path="/items" attempt=1 status=503 decision="status" delay_ms=74
+//! INFO reqwest_safe_retry: attempt finished dependency="inventory" method="GET" host="inventory.internal:80" path="/items" attempt=1 status=503 decision="status" delay_ms=74
 //! ```
 //!
 //! | kind | name | fields |

@@ -42,6 +42,7 @@ impl RetryRecord {
         self,
         outcome: reqwest_middleware::Result<reqwest::Response>,
         url: Option<&reqwest::Url>,
+        budget: Option<f64>,
     ) -> reqwest_middleware::Result<reqwest::Response> {
         match outcome {
             Ok(mut response) => {
@@ -57,7 +58,7 @@ impl RetryRecord {
             }
             Err(last) => {
                 let err = RetryError::new(self.attempts, self.stop, self.key, last);
-                Err(err.with(self.waited, url).into())
+                Err(err.with(self.waited, url).with_budget(budget).into())
             }
         }
     }

@@ -177,7 +177,10 @@ impl LogLevels {
             replayed: false,
             answered_by_hedge: decider.hedge_answered(),
         };
-        record.hand_back(outcome, url)
+        let budget = (stop == StopReason::BudgetExhausted)
+            .then(|| decider.budget().map(crate::RetryBudget::capacity))
+            .flatten();
+        record.hand_back(outcome, url, budget)
     }
 
     /// Traces the end of a logical request.

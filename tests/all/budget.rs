@@ -359,3 +359,39 @@ async fn only_a_success_after_retries_refunds_its_retry() {
     client.get(then_200.uri()).send().await.unwrap();
     assert_eq!(budget.balance(), 495.0, "paid 5, refunded 5");
 }
+
+/// A retry the budget refused says so, and how large the bucket is: a burst that spends it is
+/// the budget at work, and the message says what to size.
+#[tokio::test]
+async fn a_refused_retry_s_message_names_the_bucket_s_size() {
+    let empty = reqwest_safe_retry::RetryBudget::builder()
+        .capacity(3.0)
+        .initial(0.0)
+        .floor_per_sec(0.0)
+        .build()
+        .unwrap();
+    let dependency =
+        reqwest_safe_retry::Dependency::new("dry", reqwest_safe_retry::RetryPolicy::default())
+            .with_budget(empty);
+    let client = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
+        .with(
+            reqwest_safe_retry::RetryMiddleware::new(dependency)
+                .with_clock(reqwest_safe_retry::FakeClock::new()),
+        )
+        .build();
+    let err = client
+        .get(crate::support::refused_url().await)
+        .send()
+        .await
+        .unwrap_err();
+    let retry = reqwest_safe_retry::RetryError::of(&err).unwrap();
+    assert_eq!(
+        (retry.attempts(), retry.stop_reason()),
+        (1, reqwest_safe_retry::StopReason::BudgetExhausted)
+    );
+    let message = err.to_string();
+    assert!(
+        message.contains("the retry budget is exhausted: the dependency's bucket holds 3 tokens"),
+        "{message}"
+    );
+}
