@@ -259,7 +259,9 @@ impl<'a> Decider<'a> {
         method: &http::Method,
         now: Instant,
     ) -> Self {
-        accounts.counters.add(Count::Request, accounts.metric_keys);
+        accounts
+            .counters
+            .add(Count::Request, accounts.metric_keys, accounts.budget);
         // A method the policy does not retry goes once, as under `no_retries`.
         let cap = if policy.is_retryable_method(method) {
             cap
@@ -363,7 +365,10 @@ impl<'a> Decider<'a> {
     }
 
     fn count(&self, count: Count) {
-        self.accounts.counters.add(count, self.accounts.metric_keys);
+        let accounts = &self.accounts;
+        accounts
+            .counters
+            .add(count, accounts.metric_keys, accounts.budget);
     }
 
     /// The time left at `now` before the request's deadline.

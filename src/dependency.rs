@@ -690,9 +690,11 @@ mod tests {
         assert_eq!(*dependency.policy(), policy);
         assert!(dependency.budget().unwrap().same_bucket(&budget));
         let clone = dependency.clone();
-        clone
-            .counters
-            .add(crate::observe::Count::Request, &MetricKeys::new("payments"));
+        clone.counters.add(
+            crate::observe::Count::Request,
+            &MetricKeys::new("payments"),
+            None,
+        );
         assert_eq!(dependency.counters().requests, 1, "the same counters");
         assert!(dependency.clone().without_budget().budget().is_none());
         assert!(dependency.throttle().is_none());
@@ -737,7 +739,7 @@ mod tests {
         let unrouted = routes.pick(&url("http://unrouted.example/"));
         unrouted
             .counters
-            .add(crate::observe::Count::Request, &unrouted.metric_keys);
+            .add(crate::observe::Count::Request, &unrouted.metric_keys, None);
         assert_eq!(
             payments.counters().requests,
             1,

@@ -402,7 +402,8 @@
 //! # Features
 //!
 //! - `test-util`: [`FakeClock`], a virtual clock for tests.
-//! - `metrics`: counters also exported through the `metrics` facade.
+//! - `metrics`: counters, and the budget's balance, also exported through the `metrics` facade
+//!   (names, labels and meanings: [`CounterSnapshot`]).
 //! - `http2`: HTTP/2 errors classified by what the protocol says was processed (see above).
 //! - `tower`: the middleware is also a `tower::Layer`, whose [`RetryService`] gives clients built
 //!   as a `Service` of `http::Request`s (hyper-util's) the same retries, on the same driver.

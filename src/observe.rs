@@ -5,22 +5,7 @@
 //! feature the same counts also go to the [`metrics`](https://docs.rs/metrics) facade, which the
 //! Rust exporters (Prometheus, StatsD, OpenTelemetry bridges) plug into.
 //!
-//! # Metric names (feature `metrics`)
-//!
-//! Every counter carries the label `dependency` (the [`Dependency`](crate::Dependency) name).
-//!
-//! | metric | counts |
-//! |---|---|
-//! | `reqwest_safe_retry_requests_total` | logical requests (calls to `send()`) |
-//! | `reqwest_safe_retry_attempts_total` | attempts sent, first attempts included |
-//! | `reqwest_safe_retry_retries_total` | retries (attempts after the first) |
-//! | `reqwest_safe_retry_budget_refusals_total` | retries the budget refused |
-//! | `reqwest_safe_retry_deadline_stops_total` | logical requests stopped by the deadline |
-//! | `reqwest_safe_retry_retry_after_honoured_total` | waits that honoured a `Retry-After` floor |
-//! | `reqwest_safe_retry_keys_stamped_total` | idempotency keys stamped by the middleware |
-//! | `reqwest_safe_retry_throttled_total` | attempts the adaptive throttle rejected locally |
-//! | `reqwest_safe_retry_hedges_total` | second copies of reads sent (hedges) |
-//! | `reqwest_safe_retry_hedges_won_total` | hedges whose answer was the one returned |
+//! The metric names, labels and meanings are on [`CounterSnapshot`], where they render.
 
 use std::fmt;
 use std::sync::Arc;
@@ -50,6 +35,28 @@ struct Counts {
 }
 
 /// One dependency's counts at one moment, from [`Dependency::counters`](crate::Dependency::counters).
+///
+/// # As metrics (feature `metrics`)
+///
+/// With the `metrics` feature every count also goes to the [`metrics`](https://docs.rs/metrics)
+/// facade, which Prometheus, StatsD and OpenTelemetry exporters plug into. Each metric carries
+/// the label `dependency` (the [`Dependency`](crate::Dependency)'s name). A dependency's first
+/// request describes every metric to the recorder installed then and registers each counter at
+/// zero, so an exporter lists them all from the start, with these descriptions.
+///
+/// | metric | kind | field here | counts |
+/// |---|---|---|---|
+/// | `reqwest_safe_retry_requests_total` | counter | `requests` | logical requests (calls to `send()`) |
+/// | `reqwest_safe_retry_attempts_total` | counter | `attempts` | attempts sent, first attempts included |
+/// | `reqwest_safe_retry_retries_total` | counter | `retries` | retries (attempts after the first) |
+/// | `reqwest_safe_retry_budget_refusals_total` | counter | `budget_refusals` | retries the budget refused |
+/// | `reqwest_safe_retry_deadline_stops_total` | counter | `deadline_stops` | logical requests stopped by the deadline |
+/// | `reqwest_safe_retry_retry_after_honoured_total` | counter | `retry_after_honoured` | waits that honoured a `Retry-After` floor |
+/// | `reqwest_safe_retry_keys_stamped_total` | counter | `keys_stamped` | idempotency keys the middleware made (stamped or derived) |
+/// | `reqwest_safe_retry_throttled_total` | counter | `throttled` | attempts the adaptive throttle rejected locally |
+/// | `reqwest_safe_retry_hedges_total` | counter | `hedges` | second copies of reads sent (hedges) |
+/// | `reqwest_safe_retry_hedges_won_total` | counter | `hedges_won` | hedges whose answer was the one returned |
+/// | `reqwest_safe_retry_budget_balance` | gauge | ([`RetryBudget::balance`](crate::RetryBudget::balance)) | tokens in the dependency's budget, set at each request and retry (none without a budget) |
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct CounterSnapshot {
@@ -65,7 +72,8 @@ pub struct CounterSnapshot {
     pub deadline_stops: u64,
     /// Waits that honoured a server's `Retry-After` floor.
     pub retry_after_honoured: u64,
-    /// Idempotency keys stamped by the middleware (keys set by callers are not counted).
+    /// Idempotency keys the middleware made for a request that was sent: stamped fresh, or
+    /// derived from a [`NaturalKey`](crate::NaturalKey). Keys set by callers are not counted.
     pub keys_stamped: u64,
     /// Attempts the adaptive throttle rejected locally, first attempts and retries.
     pub throttled: u64,
@@ -124,7 +132,7 @@ pub(crate) enum Count {
 }
 
 impl RetryCounters {
-    pub(crate) fn add(&self, count: Count, keys: &MetricKeys) {
+    pub(crate) fn add(&self, count: Count, keys: &MetricKeys, budget: Option<&crate::RetryBudget>) {
         let c = &*self.inner;
         let counter = match count {
             Count::Request => &c.requests,
@@ -139,16 +147,85 @@ impl RetryCounters {
             Count::HedgeWon => &c.hedges_won,
         };
         counter.fetch_add(1, Ordering::Relaxed);
-        keys.export(count);
+        keys.export(count, budget);
     }
 }
+
+/// The `metrics` counters, in [`Count`]'s order: name and description.
+#[cfg(feature = "metrics")]
+const COUNTERS: [(&str, &str); 10] = [
+    (
+        "reqwest_safe_retry_requests_total",
+        "logical requests (calls to send())",
+    ),
+    (
+        "reqwest_safe_retry_attempts_total",
+        "attempts sent, first attempts included",
+    ),
+    (
+        "reqwest_safe_retry_retries_total",
+        "retries (attempts after the first)",
+    ),
+    (
+        "reqwest_safe_retry_budget_refusals_total",
+        "retries the retry budget refused",
+    ),
+    (
+        "reqwest_safe_retry_deadline_stops_total",
+        "logical requests stopped by the deadline",
+    ),
+    (
+        "reqwest_safe_retry_retry_after_honoured_total",
+        "waits that honoured a server's Retry-After floor",
+    ),
+    (
+        "reqwest_safe_retry_keys_stamped_total",
+        "idempotency keys made by the middleware (stamped or derived)",
+    ),
+    (
+        "reqwest_safe_retry_throttled_total",
+        "attempts the adaptive throttle rejected locally",
+    ),
+    (
+        "reqwest_safe_retry_hedges_total",
+        "second copies of reads sent (hedges)",
+    ),
+    (
+        "reqwest_safe_retry_hedges_won_total",
+        "hedges whose answer was the one returned",
+    ),
+];
+
+/// The budget's balance gauge: name and description.
+#[cfg(feature = "metrics")]
+const BALANCE: (&str, &str) = (
+    "reqwest_safe_retry_budget_balance",
+    "tokens in the dependency's retry budget, as of its last request or retry",
+);
 
 /// The `metrics` keys of one dependency, built once so that counting allocates nothing.
 #[derive(Debug, Clone)]
 pub(crate) struct MetricKeys {
     #[cfg(feature = "metrics")]
-    keys: Arc<[metrics::Key; 10]>,
+    keys: Arc<Keys>,
 }
+
+#[cfg(feature = "metrics")]
+#[derive(Debug)]
+struct Keys {
+    counters: [metrics::Key; 10],
+    balance: metrics::Key,
+    /// Every metric described, and every counter registered at zero, with the recorder
+    /// installed when this dependency counted first.
+    announced: std::sync::Once,
+}
+
+#[cfg(feature = "metrics")]
+static METADATA: metrics::Metadata<'static> = metrics::Metadata::new(
+    "reqwest_safe_retry",
+    metrics::Level::INFO,
+    Some(module_path!()),
+);
 
 impl MetricKeys {
     #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
@@ -158,38 +235,42 @@ impl MetricKeys {
             let label = metrics::Label::new("dependency", dependency.to_owned());
             let key = |name: &'static str| metrics::Key::from_parts(name, vec![label.clone()]);
             MetricKeys {
-                keys: Arc::new([
-                    key("reqwest_safe_retry_requests_total"),
-                    key("reqwest_safe_retry_attempts_total"),
-                    key("reqwest_safe_retry_retries_total"),
-                    key("reqwest_safe_retry_budget_refusals_total"),
-                    key("reqwest_safe_retry_deadline_stops_total"),
-                    key("reqwest_safe_retry_retry_after_honoured_total"),
-                    key("reqwest_safe_retry_keys_stamped_total"),
-                    key("reqwest_safe_retry_throttled_total"),
-                    key("reqwest_safe_retry_hedges_total"),
-                    key("reqwest_safe_retry_hedges_won_total"),
-                ]),
+                keys: Arc::new(Keys {
+                    counters: COUNTERS.map(|(name, _)| key(name)),
+                    balance: key(BALANCE.0),
+                    announced: std::sync::Once::new(),
+                }),
             }
         }
         #[cfg(not(feature = "metrics"))]
         MetricKeys {}
     }
 
+    /// Exports `count`, and with a request or a retry the `budget`'s balance. A dependency's
+    /// first count describes every metric and registers every counter at zero, so an exporter
+    /// lists them all (a counter still at zero included) with what each means.
     #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
-    fn export(&self, count: Count) {
+    fn export(&self, count: Count, budget: Option<&crate::RetryBudget>) {
         #[cfg(feature = "metrics")]
-        {
-            static METADATA: metrics::Metadata<'static> = metrics::Metadata::new(
-                "reqwest_safe_retry",
-                metrics::Level::INFO,
-                Some(module_path!()),
-            );
-            let key = &self.keys[count as usize];
-            metrics::with_recorder(|recorder| {
-                recorder.register_counter(key, &METADATA).increment(1)
+        metrics::with_recorder(|recorder| {
+            let keys = &*self.keys;
+            keys.announced.call_once(|| {
+                for ((name, about), key) in COUNTERS.iter().zip(&keys.counters) {
+                    recorder.describe_counter((*name).into(), None, (*about).into());
+                    recorder.register_counter(key, &METADATA).increment(0);
+                }
+                recorder.describe_gauge(BALANCE.0.into(), None, BALANCE.1.into());
             });
-        }
+            recorder
+                .register_counter(&keys.counters[count as usize], &METADATA)
+                .increment(1);
+            if let (Count::Request | Count::Retry | Count::BudgetRefusal, Some(budget)) =
+                (count, budget)
+            {
+                let gauge = recorder.register_gauge(&keys.balance, &METADATA);
+                gauge.set(budget.balance());
+            }
+        });
     }
 }
 
@@ -367,10 +448,10 @@ mod tests {
         let name = MetricKeys::new("payments");
         let clone = counters.clone();
         for _ in 0..3 {
-            clone.add(Count::Attempt, &name);
+            clone.add(Count::Attempt, &name, None);
         }
-        counters.add(Count::Request, &name);
-        counters.add(Count::KeyStamped, &name);
+        counters.add(Count::Request, &name, None);
+        counters.add(Count::KeyStamped, &name, None);
         let snap = counters.snapshot();
         assert_eq!(snap.attempts, 3);
         assert_eq!(snap.requests, 1);

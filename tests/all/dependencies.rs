@@ -577,6 +577,8 @@ async fn the_observer_sees_the_request_the_floor_and_the_error_kind() {
 #[derive(Debug, Default)]
 struct MemoryRecorder {
     counters: Mutex<HashMap<String, Arc<Cell>>>,
+    gauges: Mutex<HashMap<String, Arc<Cell>>>,
+    described: Mutex<Vec<(String, String)>>,
 }
 
 #[cfg(feature = "metrics")]
@@ -594,7 +596,30 @@ impl metrics::CounterFn for Cell {
 }
 
 #[cfg(feature = "metrics")]
+impl metrics::GaugeFn for Cell {
+    fn increment(&self, _: f64) {}
+    fn decrement(&self, _: f64) {}
+    fn set(&self, value: f64) {
+        self.0.store(value.to_bits(), Ordering::SeqCst);
+    }
+}
+
+#[cfg(feature = "metrics")]
 impl MemoryRecorder {
+    /// Whether a counter of this name and dependency was registered, at zero or more.
+    fn registered(&self, name: &str, dependency: &str) -> bool {
+        let key = format!("{name}{{dependency={dependency}}}");
+        self.counters.lock().unwrap().contains_key(&key)
+    }
+
+    fn gauge(&self, name: &str, dependency: &str) -> Option<f64> {
+        let key = format!("{name}{{dependency={dependency}}}");
+        let gauges = self.gauges.lock().unwrap();
+        gauges
+            .get(&key)
+            .map(|c| f64::from_bits(c.0.load(Ordering::SeqCst)))
+    }
+
     fn get(&self, name: &str, dependency: &str) -> u64 {
         let key = format!("{name}{{dependency={dependency}}}");
         self.counters
@@ -609,17 +634,21 @@ impl MemoryRecorder {
 impl metrics::Recorder for MemoryRecorder {
     fn describe_counter(
         &self,
-        _: metrics::KeyName,
+        name: metrics::KeyName,
         _: Option<metrics::Unit>,
-        _: metrics::SharedString,
+        about: metrics::SharedString,
     ) {
+        let described = (name.as_str().to_owned(), about.to_string());
+        self.described.lock().unwrap().push(described);
     }
     fn describe_gauge(
         &self,
-        _: metrics::KeyName,
+        name: metrics::KeyName,
         _: Option<metrics::Unit>,
-        _: metrics::SharedString,
+        about: metrics::SharedString,
     ) {
+        let described = (name.as_str().to_owned(), about.to_string());
+        self.described.lock().unwrap().push(described);
     }
     fn describe_histogram(
         &self,
@@ -645,8 +674,14 @@ impl metrics::Recorder for MemoryRecorder {
         metrics::Counter::from_arc(cell)
     }
 
-    fn register_gauge(&self, _: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Gauge {
-        metrics::Gauge::noop()
+    fn register_gauge(&self, key: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Gauge {
+        let name = format!(
+            "{}{{dependency={}}}",
+            key.name(),
+            key.labels().next().unwrap().value()
+        );
+        let cell = self.gauges.lock().unwrap().entry(name).or_default().clone();
+        metrics::Gauge::from_arc(cell)
     }
 
     fn register_histogram(
@@ -686,6 +721,59 @@ async fn the_metrics_facade_sees_the_same_counts() {
     assert_eq!(metric("deadline_stops"), counts.deadline_stops);
     assert_eq!(metric("retry_after_honoured"), counts.retry_after_honoured);
     assert_eq!(metric("keys_stamped"), counts.keys_stamped);
+}
+
+/// A dependency's first request describes every metric and registers every counter at zero
+/// (an exporter lists `..._throttled_total 0` before anything is throttled), and the budget's
+/// balance is a gauge.
+#[cfg(feature = "metrics")]
+#[tokio::test]
+async fn every_metric_is_described_and_registered_at_zero_with_the_budget_s_balance() {
+    let recorder = recorder();
+    let name = "metrics-announced";
+    let server = always(503).await;
+    let budget = reqwest_safe_retry::RetryBudget::builder()
+        .capacity(4.0)
+        .floor_per_sec(0.0)
+        .build()
+        .unwrap();
+    let dependency = Dependency::new(name, attempts(2)).with_budget(budget);
+    let client = build(RetryMiddleware::new(dependency).with_clock(FakeClock::new()));
+    client.get(server.uri()).send().await.unwrap();
+
+    let names = [
+        "requests",
+        "attempts",
+        "retries",
+        "budget_refusals",
+        "deadline_stops",
+        "retry_after_honoured",
+        "keys_stamped",
+        "throttled",
+        "hedges",
+        "hedges_won",
+    ];
+    let described = recorder.described.lock().unwrap().clone();
+    for short in names {
+        let metric = format!("reqwest_safe_retry_{short}_total");
+        assert!(recorder.registered(&metric, name), "{metric} registered");
+        assert!(
+            described
+                .iter()
+                .any(|(n, about)| *n == metric && !about.is_empty()),
+            "{metric} described"
+        );
+    }
+    assert_eq!(recorder.get("reqwest_safe_retry_throttled_total", name), 0);
+    assert_eq!(recorder.get("reqwest_safe_retry_retries_total", name), 1);
+    // Set at the retry, after it withdrew its token: 4 - 1.
+    let balance = recorder.gauge("reqwest_safe_retry_budget_balance", name);
+    assert_eq!(balance, Some(3.0));
+    assert!(
+        described
+            .iter()
+            .any(|(n, _)| n == "reqwest_safe_retry_budget_balance")
+    );
 }
 
 #[tokio::test]
