@@ -707,8 +707,8 @@ impl<'a> Decider<'a> {
         };
         // What the server asked for (`retry-after-ms`, `x-ms-retry-after-ms` or `Retry-After`)
         // is reported whatever follows; a quota may raise it below.
-        self.floor = observed
-            .answer
+        self.floor = (observed.answer)
+            .filter(|_| self.policy.retry_after_fields())
             .and_then(|answer| retry_after::floor(answer.headers, wall));
         let stop = if self.cap == Cap::NoRetries {
             StopReason::RetriesDisabled
@@ -739,7 +739,8 @@ impl<'a> Decider<'a> {
         if let Some(ticket) = probe {
             quota.clear_probed(ticket, now);
         }
-        if let Some(said) = rate_limit::of_response(answer.headers) {
+        let waits_read = self.policy.retry_after_fields();
+        if let Some(said) = rate_limit::of_response(answer.headers, waits_read) {
             quota.update(&Origin::of(answer.url), Some(said), now);
         }
     }

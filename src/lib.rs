@@ -101,7 +101,8 @@
 //!   deadline], or for more than the deadline leaves, gets its response returned at once; so does
 //!   one asking for more seconds than fit in 64 bits (RFC 9111 reads them as "very large").
 //!   Values that are not valid are ignored (the backoff applies); a date in the past means no
-//!   floor.
+//!   floor. They are read on every answer that is retried (a 429 or 503 most often), never on
+//!   a final one; [`RetryPolicyBuilder::retry_after_fields`] turns them off.
 //! - **Budget**: a retry that the [`RetryBudget`] refuses is not made.
 //! - **Deadline**: one logical request, attempts and waits together, takes at most
 //!   [`RetryPolicyBuilder::deadline`] [30 s] on the middleware's clock. Each attempt's timeout is

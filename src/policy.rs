@@ -42,6 +42,7 @@ pub struct RetryPolicy {
     max_retry_after: Duration,
     retry_after_jitter: bool,
     rate_limit_fields: bool,
+    retry_after_fields: bool,
     should_retry_fields: bool,
     statuses: StatusSet,
     methods: MethodSet,
@@ -113,6 +114,12 @@ impl RetryPolicy {
     /// Whether a wait set by `Retry-After` gets the backoff's jitter on top of it.
     pub fn retry_after_jitter(&self) -> bool {
         self.retry_after_jitter
+    }
+
+    /// Whether the server's wait fields (`Retry-After`, `retry-after-ms`,
+    /// `x-ms-retry-after-ms`) are read; see [`RetryPolicyBuilder::retry_after_fields`].
+    pub fn retry_after_fields(&self) -> bool {
+        self.retry_after_fields
     }
 
     /// Whether the dependency's `RateLimit` fields are heeded; see
@@ -206,6 +213,7 @@ impl RetryPolicy {
                 .then_some(self.max_retry_after),
             retry_after_jitter: self.retry_after_jitter,
             rate_limit_fields: self.rate_limit_fields,
+            retry_after_fields: self.retry_after_fields,
             should_retry_fields: self.should_retry_fields,
             latency_timeout: self.timeout_from_latency(),
             hedging: self.hedge_reads(),
@@ -237,6 +245,7 @@ impl fmt::Debug for RetryPolicy {
             .field("max_retry_after", &self.max_retry_after)
             .field("retry_after_jitter", &self.retry_after_jitter)
             .field("rate_limit_fields", &self.rate_limit_fields)
+            .field("retry_after_fields", &self.retry_after_fields)
             .field("should_retry_fields", &self.should_retry_fields)
             .field("retryable_statuses", &self.statuses)
             .field("retryable_methods", &self.methods)
@@ -262,6 +271,7 @@ impl fmt::Debug for RetryPolicy {
 /// | [`max_retry_after`](Self::max_retry_after) | the deadline (30 s) |
 /// | [`retry_after_jitter`](Self::retry_after_jitter) | on |
 /// | [`rate_limit_fields`](Self::rate_limit_fields) | on |
+/// | [`retry_after_fields`](Self::retry_after_fields) | on |
 /// | [`should_retry_fields`](Self::should_retry_fields) | on |
 /// | [`retryable_statuses`](Self::retryable_statuses) | 408, 429, 502, 503, 504 |
 /// | [`retryable_methods`](Self::retryable_methods) | every method, within the safety rules |
@@ -280,6 +290,7 @@ pub struct RetryPolicyBuilder {
     max_retry_after: Option<Duration>,
     retry_after_jitter: bool,
     rate_limit_fields: bool,
+    retry_after_fields: bool,
     should_retry_fields: bool,
     statuses: Vec<u16>,
     /// `None`: every method.
@@ -303,6 +314,7 @@ impl RetryPolicyBuilder {
             max_retry_after: None,
             retry_after_jitter: true,
             rate_limit_fields: true,
+            retry_after_fields: true,
             should_retry_fields: true,
             statuses: vec![408, 429, 502, 503, 504],
             methods: None,
@@ -410,6 +422,24 @@ impl RetryPolicyBuilder {
     /// with the next request.
     pub fn rate_limit_fields(mut self, on: bool) -> Self {
         self.rate_limit_fields = on;
+        self
+    }
+
+    /// Whether the server's wait fields are read: `Retry-After` (delta-seconds or an
+    /// HTTP-date), and the millisecond `retry-after-ms` and `x-ms-retry-after-ms`. On, a valid
+    /// one on an answer that is retried is a floor for the wait before the retry, with the
+    /// backoff's draw above it ([`retry_after_jitter`](Self::retry_after_jitter)), and one
+    /// longer than [`max_retry_after`](Self::max_retry_after) stops the request with its
+    /// answer. It is read on every answer that is retried, whatever made it transient: a 429
+    /// and a 503 most often, but also a 408, 502 or 504, a 409 under a key sent before, and an
+    /// answer a classifier called transient. It is never read on an answer that is final (a
+    /// 413's `Retry-After` does not make it retried: add 413 with
+    /// [`also_retry_statuses`](Self::also_retry_statuses) for that), nor on an error. Off, the
+    /// backoff alone sets every wait, and a `RateLimit` field on the same answer is read as if
+    /// no wait field were there. On by default: a server that sends one has said when it can
+    /// serve again.
+    pub fn retry_after_fields(mut self, on: bool) -> Self {
+        self.retry_after_fields = on;
         self
     }
 
@@ -698,6 +728,7 @@ impl RetryPolicyBuilder {
             max_retry_after,
             retry_after_jitter: self.retry_after_jitter,
             rate_limit_fields: self.rate_limit_fields,
+            retry_after_fields: self.retry_after_fields,
             should_retry_fields: self.should_retry_fields,
             statuses,
             methods,
@@ -888,6 +919,7 @@ mod tests {
         assert_eq!(p.jitter(), Jitter::Full);
         assert_eq!(p.buffer_body_limit(), None);
         assert!(p.rate_limit_fields());
+        assert!(p.retry_after_fields());
         assert!(p.should_retry_fields());
         let retryable: Vec<u16> = (100..=599)
             .filter(|c| p.is_retryable_status(StatusCode::from_u16(*c).unwrap()))
@@ -943,7 +975,8 @@ mod tests {
             format!("{p:?}"),
             "RetryPolicy { max_attempts: 3, base_delay: 100ms, max_delay: 10s, jitter: Full, \
              attempt_timeout: 10s, deadline: 30s, max_retry_after: 30s, \
-             retry_after_jitter: true, rate_limit_fields: true, should_retry_fields: true, \
+             retry_after_jitter: true, rate_limit_fields: true, retry_after_fields: true, \
+             should_retry_fields: true, \
              retryable_statuses: {408, 429, 502, 503, 504}, retryable_methods: All, \
              buffer_body: Some(1024), timeout_from_latency: None, hedge_reads: None }"
         );

@@ -3,7 +3,8 @@
 //!
 //! One generator draws a dependency across every feature at once (keys off or on, attempt and
 //! time-left headers, a header named like the key, hedged reads, the timeout from latency,
-//! a budget that may run dry, a throttle, a policy that retries reads only), then logical requests (a method; no key, the
+//! a budget that may run dry, a throttle, a policy that retries reads only, wait fields read
+//! or not), then logical requests (a method; no key, the
 //! caller's own or a natural one; an override, its own attempt timeout over a warm latency
 //! window included), the server's answers to each copy (statuses
 //! with `Retry-After` and `retry-after-ms` valid and not, `RateLimit`, `x-should-retry` and
@@ -92,8 +93,8 @@ impl Answer {
     }
 
     /// The floor this answer sets for a retry after it: its first valid wait field
-    /// (milliseconds first), else a spent quota's reset.
-    fn floor(&self) -> Option<Duration> {
+    /// (milliseconds first) when the policy reads them (`waits`), else a spent quota's reset.
+    fn floor(&self, waits: bool) -> Option<Duration> {
         let millis = (self.header("retry-after-ms")).and_then(|v| v.parse::<u64>().ok());
         let secs = (self.header("retry-after")).and_then(|v| v.parse::<u64>().ok());
         let wait = millis
@@ -103,7 +104,7 @@ impl Answer {
             let reset = v.strip_prefix("\"q\";r=0;t=")?;
             reset.parse::<u64>().ok().map(Duration::from_secs)
         });
-        wait.or(quota)
+        wait.filter(|_| waits).or(quota)
     }
 }
 
@@ -212,6 +213,8 @@ struct Config {
     throttle: bool,
     /// The policy retries GET and HEAD only (`retryable_methods`).
     reads_only: bool,
+    /// The policy reads wait fields (`retry_after_fields`).
+    wait_fields: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -241,6 +244,7 @@ fn script(seed: u64) -> Script {
         }),
         throttle: g.chance(15),
         reads_only: g.chance(15),
+        wait_fields: g.chance(85),
     };
     if config.hedging || config.latency_timeout {
         // A measuring dependency is a clone of a warmed one (see `Measuring`): its policy.
@@ -249,6 +253,7 @@ fn script(seed: u64) -> Script {
         config.attempt_timeout = MEASURING_TIMEOUT;
         config.deadline = MEASURING_DEADLINE;
         config.reads_only = false;
+        config.wait_fields = true;
     }
     let requests = (0..1 + g.upto(2))
         .map(|_| {
@@ -597,7 +602,8 @@ async fn dependency(c: &Config, measuring: &mut Measuring) -> Option<Dependency>
             .base_delay(c.base)
             .max_delay(c.base * 4)
             .attempt_timeout(c.attempt_timeout)
-            .deadline(c.deadline);
+            .deadline(c.deadline)
+            .retry_after_fields(c.wait_fields);
         if c.reads_only {
             policy = policy.retryable_methods([reqwest::Method::GET, reqwest::Method::HEAD]);
         }
@@ -1051,7 +1057,7 @@ async fn run(seed: u64, door: Door, measuring: &mut Measuring) -> Result<(), Str
             if c.hedging || cut {
                 break;
             }
-            if let Some(floor) = answered.floor() {
+            if let Some(floor) = answered.floor(c.wait_fields) {
                 let waited = pair[1].at.saturating_sub(pair[0].at + latency);
                 if waited < floor {
                     return Err(format!(

@@ -5,7 +5,10 @@
 
 use std::time::Duration;
 
-use reqwest_safe_retry::{RetryPolicy, RetryRecord, StopReason};
+use reqwest_middleware::ClientBuilder;
+use reqwest_safe_retry::{
+    Dependency, FakeClock, RetryMiddleware, RetryPolicy, RetryRecord, SeededRng, StopReason,
+};
 use wiremock::ResponseTemplate;
 
 use crate::support::{self, client, client_with, unkeyed_client};
@@ -271,4 +274,49 @@ async fn a_success_marked_should_retry_is_a_success_under_a_delegating_classifie
     let response = client.get(server.uri()).send().await.unwrap();
     assert_eq!(support::ended(&response), (1, StopReason::Succeeded));
     assert_eq!(server.received_requests().await.unwrap().len(), 1);
+}
+
+/// `retry_after_fields(false)`: the backoff alone sets the wait, whatever `Retry-After` or
+/// `retry-after-ms` asks, and nothing is counted as honoured. On (the default), the field is a
+/// floor. It is read on answers that are retried only: a 413 asking to wait stays final.
+#[tokio::test]
+async fn wait_fields_can_be_turned_off_and_are_read_on_retried_answers_only() {
+    for (field, value) in [("retry-after", "5"), ("retry-after-ms", "5000")] {
+        for on in [true, false] {
+            let busy = ResponseTemplate::new(503).insert_header(field, value);
+            let server = support::first_then(busy, 1, ResponseTemplate::new(200)).await;
+            let policy = RetryPolicy::builder()
+                .retry_after_fields(on)
+                .build()
+                .unwrap();
+            let dependency = Dependency::new("waits", policy);
+            let clock = FakeClock::new();
+            let client = ClientBuilder::new(reqwest::Client::new())
+                .with(
+                    RetryMiddleware::new(dependency.clone())
+                        .with_clock(clock.clone())
+                        .with_rng(SeededRng::new(1)),
+                )
+                .build();
+            let response = client.get(server.uri()).send().await.unwrap();
+            assert_eq!(support::ended(&response), (2, StopReason::Succeeded));
+            let waited = clock.sleeps()[0];
+            if on {
+                assert!(waited >= Duration::from_secs(5), "{field} on: {waited:?}");
+            } else {
+                assert!(
+                    waited <= Duration::from_millis(100),
+                    "{field} off: {waited:?}"
+                );
+            }
+            let honoured = dependency.counters().retry_after_honoured;
+            assert_eq!(honoured, u64::from(on), "{field} {on}");
+        }
+    }
+    let too_large = ResponseTemplate::new(413).insert_header("retry-after", "1");
+    let server = support::first_then(too_large, 1, ResponseTemplate::new(200)).await;
+    let (client, _clock) = support::client();
+    let response = client.get(server.uri()).send().await.unwrap();
+    assert_eq!(response.status(), 413);
+    assert_eq!(support::ended(&response), (1, StopReason::NotRetryable));
 }
