@@ -6,35 +6,8 @@
 //! time and are recorded, so a schedule with minutes of backoff runs in microseconds and can be
 //! asserted to the nanosecond; its timeouts fire only when virtual time reaches them.
 //!
-//! # Sleeps and timeouts are different things
-//!
-//! [`Clock::sleep`] is a wait the middleware chose: a virtual clock may simply jump over it.
-//! [`Clock::timeout`] is a limit raced against real work (an attempt on the wire): a virtual
-//! clock must not jump to it on its own, or every attempt would time out before the server
-//! could answer. `FakeClock` fires it when its time is moved past it (by a sleep or an
-//! `advance`).
-//!
-//! # Tokio's paused clock
-//!
-//! Under `tokio::time::pause()` (or `#[tokio::test(start_paused = true)]`) tokio jumps its clock
-//! to the next timer whenever the runtime is idle, even while a socket is waiting for a real
-//! server. A per-attempt timeout on tokio's timer would then fire at once. So [`TokioClock`]
-//! measures per-attempt timeouts in real time while tokio's clock is paused, on a blocking task
-//! that ends with the attempt; while it runs, tokio does not auto-advance, so no other timer
-//! jumps virtual time forward under a pending attempt either. Backoff sleeps and the deadline
-//! stay on tokio's clock, so they still take no real time.
-//!
-//! # Spare timers
-//!
-//! Making a tokio timer, filing it in tokio's timer wheel and taking it out again costs more
-//! than the rest of a successful attempt's bookkeeping. So [`TokioClock`] keeps the timer of an
-//! attempt that ended on the thread that ended it (up to 64 per thread, for one runtime), still
-//! filed, and gives it to the next attempt there: a spare set for an earlier deadline fires once
-//! at it (the attempt's task is woken, finds its own deadline not reached, and moves the spare
-//! to it); one set for a later deadline is moved at once. An idle spare stays in the wheel
-//! until its last deadline, when it wakes the task that last waited on it once, for nothing.
-//! Under a clock paused later on the same runtime, auto-advance may fire such spares on its
-//! way to the timers that are waited for.
+//! How sleeps differ from timeouts is on [`Clock`]; how the tokio clock meets a paused runtime
+//! and keeps spare timers, on [`TokioClock`]: where they render.
 
 use std::fmt;
 use std::future::Future;
@@ -69,6 +42,15 @@ pub type Sleep = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
 /// // The middleware keeps clocks as trait objects.
 /// let _clock: Box<dyn Clock> = Box::new(Impatient);
 /// ```
+///
+/// # Sleeps and timeouts are different things
+///
+/// [`Clock::sleep`] is a wait the middleware chose: a virtual clock may simply jump over it.
+/// [`Clock::timeout`] is a limit raced against real work (an attempt on the wire): a virtual
+/// clock must not jump to it on its own, or every attempt would time out before the server
+/// could answer. `FakeClock` fires it when its time is moved past it (by a sleep or an
+/// `advance`).
+///
 pub trait Clock: Send + Sync + 'static {
     /// The current monotonic instant; deadlines are measured on it.
     fn now(&self) -> Instant;
@@ -89,14 +71,36 @@ pub trait Clock: Send + Sync + 'static {
 /// Its monotonic time is tokio's, so it follows a runtime whose clock is paused
 /// (`tokio::time::pause`, `#[tokio::test(start_paused = true)]`): backoff waits and the deadline
 /// take no real time there. Per-attempt timeouts are then measured in real time instead, so that
-/// tokio's auto-advance cannot cut an attempt that is waiting for a real server (see the
-/// [module docs](crate::Clock)).
+/// tokio's auto-advance cannot cut an attempt that is waiting for a real server (below).
 ///
 /// It needs tokio's time driver (`enable_time()` or `enable_all()` on the runtime builder); on a
 /// runtime without one the middleware fails each request, before sending it, with an error that
 /// says so. tokio reports a missing driver only by panicking, and the middleware catches that
 /// panic; in a program built with `panic = "abort"` it cannot, and the process aborts as tokio
 /// would have made it.
+///
+/// # Tokio's paused clock
+///
+/// Under `tokio::time::pause()` (or `#[tokio::test(start_paused = true)]`) tokio jumps its clock
+/// to the next timer whenever the runtime is idle, even while a socket is waiting for a real
+/// server. A per-attempt timeout on tokio's timer would then fire at once. So [`TokioClock`]
+/// measures per-attempt timeouts in real time while tokio's clock is paused, on a blocking task
+/// that ends with the attempt; while it runs, tokio does not auto-advance, so no other timer
+/// jumps virtual time forward under a pending attempt either. Backoff sleeps and the deadline
+/// stay on tokio's clock, so they still take no real time.
+///
+///
+/// # Spare timers
+///
+/// Making a tokio timer, filing it in tokio's timer wheel and taking it out again costs more
+/// than the rest of a successful attempt's bookkeeping. So [`TokioClock`] keeps the timer of an
+/// attempt that ended on the thread that ended it (up to 64 per thread, for one runtime), still
+/// filed, and gives it to the next attempt there: a spare set for an earlier deadline fires once
+/// at it (the attempt's task is woken, finds its own deadline not reached, and moves the spare
+/// to it); one set for a later deadline is moved at once. An idle spare stays in the wheel
+/// until its last deadline, when it wakes the task that last waited on it once, for nothing.
+/// Under a clock paused later on the same runtime, auto-advance may fire such spares on its
+/// way to the timers that are waited for.
 #[derive(Debug, Clone, Copy, Default)]
 #[non_exhaustive]
 pub struct TokioClock;

@@ -167,7 +167,7 @@ impl RetryMiddleware {
     /// that was retried and then succeeded; INFO by default, so a retry leaves a trace at the
     /// usual level. A success is never logged above INFO, whatever this says. The other
     /// attempts' events, and the end of a request that went as its first attempt went, stay at
-    /// DEBUG.
+    /// DEBUG. `level` is a `tracing::Level` (add the `tracing` crate to name one).
     pub fn with_retry_log_level(mut self, level: Level) -> Self {
         self.log.retry = level;
         self
