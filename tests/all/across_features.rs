@@ -27,6 +27,10 @@
 //! cut), every answer followed by another copy of its request is transient by a small
 //! reference model of the contract, and a finished request's stop reason agrees with it.
 //!
+//! One script in ten nests another instance behind the other door, beneath the one under test
+//! (a tower layer over a chain that carries it, or a chain whose last middleware sends through
+//! it): it must pass every copy through, counting nothing.
+//!
 //! Each script goes through one of the two front doors (feature `tower`: even seeds through a
 //! `reqwest-middleware` chain, odd ones through the tower layer over hyper-util's client, with
 //! the same stand-in beneath either; `ACROSS_DOOR=reqwest` or `tower` picks one for all): the
@@ -215,6 +219,9 @@ struct Config {
     reads_only: bool,
     /// The policy reads wait fields (`retry_after_fields`).
     wait_fields: bool,
+    /// Another instance sits behind the other door, beneath the one under test (a tower
+    /// layer over a chain carrying it, or a chain whose last middleware sends through it).
+    nested: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -245,6 +252,7 @@ fn script(seed: u64) -> Script {
         throttle: g.chance(15),
         reads_only: g.chance(15),
         wait_fields: g.chance(85),
+        nested: g.chance(10),
     };
     if config.hedging || config.latency_timeout {
         // A measuring dependency is a clone of a warmed one (see `Measuring`): its policy.
@@ -752,6 +760,9 @@ enum Front {
     Reqwest(ClientWithMiddleware),
     #[cfg(feature = "tower")]
     Tower(Box<reqwest_safe_retry::RetryService<WireService<HyperClient>>>),
+    /// The tower layer over a chain that carries another instance.
+    #[cfg(feature = "tower")]
+    TowerOverChain(Box<reqwest_safe_retry::RetryService<support::ThroughReqwest>>),
 }
 
 #[cfg(feature = "tower")]
@@ -761,16 +772,46 @@ type HyperClient = hyper_util::client::legacy::Client<
 >;
 
 impl Front {
-    fn new(door: Door, middleware: RetryMiddleware, wire: Wire, measuring: &Measuring) -> Front {
-        match door {
-            Door::Reqwest => Front::Reqwest(
+    /// `inner`: another instance to nest behind the other door, beneath `middleware`.
+    fn new(
+        door: Door,
+        middleware: RetryMiddleware,
+        wire: Wire,
+        measuring: &Measuring,
+        inner: Option<RetryMiddleware>,
+    ) -> Front {
+        match (door, inner) {
+            #[cfg(feature = "tower")]
+            (Door::Reqwest, Some(inner)) => {
+                let beneath = WireService {
+                    inner: measuring.hyper.clone(),
+                    wire: Arc::new(wire),
+                };
+                let through = support::ThroughTower(tower_layer::Layer::layer(&inner, beneath));
+                Front::Reqwest(
+                    ClientBuilder::new(measuring.http.clone())
+                        .with(middleware)
+                        .with(through)
+                        .build(),
+                )
+            }
+            #[cfg(feature = "tower")]
+            (Door::Tower, Some(inner)) => {
+                let chain = ClientBuilder::new(measuring.http.clone())
+                    .with(inner)
+                    .with(wire)
+                    .build();
+                let over = support::ThroughReqwest(chain);
+                Front::TowerOverChain(Box::new(tower_layer::Layer::layer(&middleware, over)))
+            }
+            (Door::Reqwest, _) => Front::Reqwest(
                 ClientBuilder::new(measuring.http.clone())
                     .with(middleware)
                     .with(wire)
                     .build(),
             ),
             #[cfg(feature = "tower")]
-            Door::Tower => {
+            (Door::Tower, None) => {
                 let beneath = WireService {
                     inner: measuring.hyper.clone(),
                     wire: Arc::new(wire),
@@ -817,36 +858,63 @@ impl Front {
             }
             #[cfg(feature = "tower")]
             Front::Tower(service) => {
-                use tower_service::Service;
-                let mut request = http::Request::builder()
-                    .method(req.method.clone())
-                    .uri(url)
-                    .header("x-req", r.to_string());
-                if let Some(key) = key {
-                    request = request.header("idempotency-key", key);
-                }
-                if let Some(natural) = natural {
-                    request = request.extension(natural);
-                }
-                if let Some(overriding) = overriding {
-                    request = request.extension(overriding);
-                }
-                let request = request.body(reqwest::Body::from(body)).unwrap();
-                let mut service = (**service).clone();
-                Box::pin(async move {
-                    std::future::poll_fn(|cx| {
-                        Service::<http::Request<reqwest::Body>>::poll_ready(&mut service, cx)
-                    })
-                    .await
-                    .unwrap();
-                    match service.call(request).await {
-                        Ok(response) => ended(RetryRecord::of_http(&response)),
-                        Err(err) => failed(err.downcast_ref::<RetryError>(), &*err),
-                    }
-                })
+                let service = (**service).clone();
+                through_tower(service, r, req, url, key, natural, overriding, body)
+            }
+            #[cfg(feature = "tower")]
+            Front::TowerOverChain(service) => {
+                let service = (**service).clone();
+                through_tower(service, r, req, url, key, natural, overriding, body)
             }
         }
     }
+}
+
+/// Request `r` through a tower `service` of the layer: how it ended.
+#[cfg(feature = "tower")]
+#[allow(clippy::too_many_arguments)]
+fn through_tower<S>(
+    mut service: S,
+    r: usize,
+    req: &Req,
+    url: &str,
+    key: Option<String>,
+    natural: Option<NaturalKey>,
+    overriding: Option<RetryOverride>,
+    body: &'static str,
+) -> Pin<Box<dyn Future<Output = End> + Send>>
+where
+    S: tower_service::Service<
+            http::Request<reqwest::Body>,
+            Response = http::Response<reqwest::Body>,
+            Error = Box<dyn std::error::Error + Send + Sync>,
+        > + Send
+        + 'static,
+    S::Future: Send,
+{
+    let mut request = http::Request::builder()
+        .method(req.method.clone())
+        .uri(url)
+        .header("x-req", r.to_string());
+    if let Some(key) = key {
+        request = request.header("idempotency-key", key);
+    }
+    if let Some(natural) = natural {
+        request = request.extension(natural);
+    }
+    if let Some(overriding) = overriding {
+        request = request.extension(overriding);
+    }
+    let request = request.body(reqwest::Body::from(body)).unwrap();
+    Box::pin(async move {
+        std::future::poll_fn(|cx| service.poll_ready(cx))
+            .await
+            .unwrap();
+        match service.call(request).await {
+            Ok(response) => ended(RetryRecord::of_http(&response)),
+            Err(err) => failed(err.downcast_ref::<RetryError>(), &*err),
+        }
+    })
 }
 
 /// The end of a request that was answered, by its record.
@@ -892,7 +960,18 @@ async fn run(seed: u64, door: Door, measuring: &mut Measuring) -> Result<(), Str
         seen: seen.clone(),
         clock: clock.clone(),
     };
-    let front = Front::new(door, middleware, wire, measuring);
+    // Behind the other door, an instance with a dependency of its own that would retry
+    // everything it saw: it must see nothing.
+    let inner = (c.nested && cfg!(feature = "tower")).then(|| {
+        let policy = RetryPolicy::builder().max_attempts(5).build().unwrap();
+        Dependency::new("inner", policy).without_budget()
+    });
+    let inner_middleware = inner.clone().map(|inner| {
+        RetryMiddleware::new(inner)
+            .with_clock(clock.clone())
+            .with_rng(SeededRng::new(seed))
+    });
+    let front = Front::new(door, middleware, wire, measuring, inner_middleware);
     let before = dependency.counters();
     let balance = |d: &Dependency| d.budget().map(|b| (b.balance() * 1000.0).round() as u64);
     let balance_before = balance(&dependency);
@@ -934,6 +1013,15 @@ async fn run(seed: u64, door: Door, measuring: &mut Measuring) -> Result<(), Str
     let of = |r: usize| arrivals.iter().filter(move |a| a.request == r);
     let n_requests = script.requests.len() as u64;
 
+    // 1, 2. One layer retries, across the doors too: the inner instance passed every copy.
+    if let Some(inner) = &inner {
+        let counted = inner.counters();
+        if counted.requests != 0 || counted.attempts != 0 {
+            return Err(format!(
+                "the instance behind the other door counted {counted:?}"
+            ));
+        }
+    }
     // 5. One request per send(), and the copies the server saw were counted.
     if after.requests - before.requests != n_requests {
         return Err(format!("requests {:?} -> {:?}", before, after));

@@ -150,16 +150,11 @@ async fn a_request_a_middleware_makes_of_its_own_is_retried_by_its_own_instance(
 /// server sees 3 arrivals, not 9, and the inner instance counts nothing.
 #[cfg(feature = "tower")]
 mod across_doors {
-    use std::future::Future;
-    use std::pin::Pin;
-    use std::task::{Context, Poll};
-
     use tower_layer::Layer;
     use tower_service::Service;
 
     use super::*;
-
-    type BoxError = Box<dyn std::error::Error + Send + Sync>;
+    use crate::support::{ThroughReqwest, ThroughTower};
 
     fn retrying(name: &str) -> (RetryMiddleware, Dependency) {
         let dependency = Dependency::new(name, RetryPolicy::default()).without_budget();
@@ -185,29 +180,6 @@ mod across_doors {
         assert_eq!(inner.counters().requests, 0);
     }
 
-    /// A tower service that sends each request through a reqwest-middleware chain.
-    #[derive(Clone)]
-    struct ThroughReqwest(ClientWithMiddleware);
-
-    impl Service<http::Request<reqwest::Body>> for ThroughReqwest {
-        type Response = http::Response<reqwest::Body>;
-        type Error = BoxError;
-        type Future = Pin<Box<dyn Future<Output = Result<Self::Response, BoxError>> + Send>>;
-
-        fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
-            Poll::Ready(Ok(()))
-        }
-
-        fn call(&mut self, request: http::Request<reqwest::Body>) -> Self::Future {
-            let client = self.0.clone();
-            Box::pin(async move {
-                let request = reqwest::Request::try_from(request)?;
-                let response = client.execute(request).await?;
-                Ok(http::Response::from(response))
-            })
-        }
-    }
-
     #[tokio::test]
     async fn a_tower_layer_over_a_reqwest_chain_with_the_middleware_makes_one_layer_of_attempts() {
         let server = support::always(503).await;
@@ -225,49 +197,6 @@ mod across_doors {
         let record = RetryRecord::of_http(&response).unwrap();
         one_layer_of_attempts(record, &server, [&outer_counts, &inner_counts]).await;
     }
-
-    /// The last middleware of a chain: sends the request through a tower service instead of
-    /// the chain's client.
-    struct ThroughTower<S>(S);
-
-    #[async_trait::async_trait]
-    impl<S> Middleware for ThroughTower<S>
-    where
-        S: Service<
-                http::Request<reqwest::Body>,
-                Response = http::Response<reqwest::Body>,
-                Error = BoxError,
-            > + Clone
-            + Send
-            + Sync
-            + 'static,
-        S::Future: Send,
-    {
-        async fn handle(
-            &self,
-            request: Request,
-            _: &mut Extensions,
-            _: Next<'_>,
-        ) -> reqwest_middleware::Result<Response> {
-            let request = http::Request::try_from(request)?;
-            let answer = self.0.clone().call(request).await;
-            answer
-                .map(Response::from)
-                .map_err(|e| reqwest_middleware::Error::middleware(Failed(e)))
-        }
-    }
-
-    /// The tower service's error, as a middleware's.
-    #[derive(Debug)]
-    struct Failed(BoxError);
-
-    impl std::fmt::Display for Failed {
-        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-            self.0.fmt(f)
-        }
-    }
-
-    impl std::error::Error for Failed {}
 
     #[tokio::test]
     async fn a_reqwest_chain_over_a_retry_service_makes_one_layer_of_attempts() {

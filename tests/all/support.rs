@@ -381,3 +381,92 @@ where
 pub fn unavailable() -> Vec<u8> {
     b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\nconnection: close\r\n\r\n".to_vec()
 }
+
+/// The two doors nested (feature `tower`): a tower service that sends through a
+/// reqwest-middleware chain, and a chain's last middleware that sends through a tower service.
+#[cfg(feature = "tower")]
+mod bridges {
+    use std::future::Future;
+    use std::pin::Pin;
+    use std::task::{Context, Poll};
+
+    use http::Extensions;
+    use reqwest::{Request, Response, ResponseBuilderExt};
+    use reqwest_middleware::{ClientWithMiddleware, Middleware, Next};
+    use tower_service::Service;
+
+    type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+    /// A tower service that sends each request through a reqwest-middleware chain.
+    #[derive(Clone)]
+    pub struct ThroughReqwest(pub ClientWithMiddleware);
+
+    impl Service<http::Request<reqwest::Body>> for ThroughReqwest {
+        type Response = http::Response<reqwest::Body>;
+        type Error = BoxError;
+        type Future = Pin<Box<dyn Future<Output = Result<Self::Response, BoxError>> + Send>>;
+
+        fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+            Poll::Ready(Ok(()))
+        }
+
+        fn call(&mut self, request: http::Request<reqwest::Body>) -> Self::Future {
+            let client = self.0.clone();
+            Box::pin(async move {
+                let request = reqwest::Request::try_from(request)?;
+                let response = client.execute(request).await?;
+                Ok(http::Response::from(response))
+            })
+        }
+    }
+
+    /// The last middleware of a chain: sends the request through a tower service instead of
+    /// the chain's client.
+    pub struct ThroughTower<S>(pub S);
+
+    #[async_trait::async_trait]
+    impl<S> Middleware for ThroughTower<S>
+    where
+        S: Service<
+                http::Request<reqwest::Body>,
+                Response = http::Response<reqwest::Body>,
+                Error = BoxError,
+            > + Clone
+            + Send
+            + Sync
+            + 'static,
+        S::Future: Send,
+    {
+        async fn handle(
+            &self,
+            request: Request,
+            _: &mut Extensions,
+            _: Next<'_>,
+        ) -> reqwest_middleware::Result<Response> {
+            let url = request.url().clone();
+            let request = http::Request::try_from(request)?;
+            let answer = self.0.clone().call(request).await;
+            let answer = answer.map_err(|e| reqwest_middleware::Error::middleware(Failed(e)))?;
+            // The answer keeps its request's URL, as reqwest's own does.
+            let (parts, body) = answer.into_parts();
+            let mut rebuilt = http::Response::builder().url(url).body(body).unwrap();
+            *rebuilt.status_mut() = parts.status;
+            *rebuilt.headers_mut() = parts.headers;
+            Ok(Response::from(rebuilt))
+        }
+    }
+
+    /// The tower service's error, as a middleware's.
+    #[derive(Debug)]
+    struct Failed(BoxError);
+
+    impl std::fmt::Display for Failed {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            self.0.fmt(f)
+        }
+    }
+
+    impl std::error::Error for Failed {}
+}
+#[cfg(feature = "tower")]
+pub use bridges::{ThroughReqwest, ThroughTower};
