@@ -83,30 +83,36 @@ pub(crate) fn claim_id(extensions: &Extensions) -> usize {
 }
 
 /// What identifies a request across the doors, where its extensions are another map: its
-/// method and URL, hashed once per logical request, eight bytes at a step (a few dozen
-/// instructions for a usual URL). A request of another method or URL that a service between
+/// method and URL, hashed once per logical request, eight bytes at a step. A request of another method or URL that a service between
 /// the doors makes of its own (a token fetch) is retried by its own instance; one of the same
 /// method and URL is taken for the request itself and passed through.
 pub(crate) fn fingerprint(request: &Request) -> u64 {
+    let hash = fold(0x243f_6a88_85a3_08d3, request.method().as_str().as_bytes());
+    // Never the "none" mark's value.
+    fold(hash, request.url().as_str().as_bytes()).max(1)
+}
+
+/// `hash` with `bytes` folded in, their length first (so where one part ends and the next
+/// begins counts), then eight bytes at a step; a tail shorter than eight is the last eight
+/// bytes, overlapping the step before (no copy), or the bytes themselves when fewer.
+fn fold(hash: u64, bytes: &[u8]) -> u64 {
     const K: u64 = 0x9e37_79b9_7f4a_7c15;
     let mix = |hash: u64, word: u64| (hash ^ word).wrapping_mul(K).rotate_left(29);
-    let method = request.method().as_str().as_bytes();
-    let url = request.url().as_str().as_bytes();
-    // The method's length keeps "GE" + "Thttp..." apart from "GET" + "http...".
-    let mut hash = mix(0x243f_6a88_85a3_08d3, method.len() as u64);
-    for bytes in [method, url] {
-        let mut words = bytes.chunks_exact(8);
-        for word in &mut words {
-            let mut eight = [0u8; 8];
-            eight.copy_from_slice(word);
-            hash = mix(hash, u64::from_le_bytes(eight));
-        }
-        let mut tail = [0u8; 8];
-        tail[..words.remainder().len()].copy_from_slice(words.remainder());
-        hash = mix(hash, u64::from_le_bytes(tail) ^ (bytes.len() as u64) << 56);
+    let word = |eight: &[u8]| u64::from_le_bytes(eight.try_into().unwrap_or([0; 8]));
+    let mut hash = mix(hash, bytes.len() as u64);
+    let mut words = bytes.chunks_exact(8);
+    for eight in &mut words {
+        hash = mix(hash, word(eight));
     }
-    // Never the "none" mark's value.
-    hash.max(1)
+    let tail = words.remainder();
+    if !tail.is_empty() {
+        let last = match bytes.len().checked_sub(8) {
+            Some(from) => word(&bytes[from..]),
+            None => tail.iter().fold(0, |acc, b| acc << 8 | u64::from(*b)),
+        };
+        hash = mix(hash, last);
+    }
+    hash
 }
 
 /// The rest of the chain for one attempt, run with its request marked as claimed on the
