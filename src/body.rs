@@ -112,6 +112,19 @@ pub(crate) async fn keep<T: Future<Output = ()>>(
     Ok(head)
 }
 
+/// [`keep`], while `within` runs (the wait before the retry); with no wait, what has already
+/// arrived.
+pub(crate) async fn keep_within(
+    outcome: reqwest_middleware::Result<reqwest::Response>,
+    limit: usize,
+    within: Option<crate::clock::AttemptTimer>,
+) -> reqwest_middleware::Result<reqwest::Response> {
+    match within {
+        Some(timer) => keep(outcome, limit, std::pin::pin!(timer)).await,
+        None => keep(outcome, limit, std::pin::pin!(std::future::ready(()))).await,
+    }
+}
+
 /// The same response head (status, version, headers, URL, extensions) with a new body, made
 /// from what is left of the old one.
 fn rebuild(mut response: reqwest::Response, body: impl FnOnce(Body) -> Body) -> reqwest::Response {

@@ -236,12 +236,14 @@ impl RetryMiddleware {
                                 ControlFlow::Continue(retried) => retried,
                                 ControlFlow::Break(end) => return end,
                             };
-                        // The body is read within the wait (what the deadline leaves), not past.
+                        // The body is read within the wait, not past it (none: what has come).
                         let reading = self.clock.get().now();
-                        let Ok(mut within) = self.clock.timeout(delay, Some(reading)) else {
+                        let within =
+                            (!delay.is_zero()).then(|| self.clock.timeout(delay, Some(reading)));
+                        let Ok(within) = within.transpose() else {
                             return self.no_timer(&span, &decider, sent.ends(&kept));
                         };
-                        let kept_body = body::keep(outcome, body::KEPT, Pin::new(&mut within));
+                        let kept_body = body::keep_within(outcome, body::KEPT, within);
                         kept.previous = Some(Box::new(Box::pin(kept_body).await));
                         now = self.clock.get().now();
                         Phase::Waiting(delay.saturating_sub(now.saturating_duration_since(reading)))
@@ -336,14 +338,9 @@ impl RetryMiddleware {
 
     /// The end of a request whose clock has no timer to wait or time an attempt with.
     fn no_timer(&self, span: &tracing::Span, decider: &Decider<'_>, ends: Ends<'_, '_>) -> Outcome {
-        let cause = reqwest_middleware::Error::middleware(TimerUnavailable);
-        self.log.finish(
-            span,
-            Err(cause),
-            StopReason::TimerUnavailable,
-            decider,
-            ends,
-        )
+        let (cause, stop) = (TimerUnavailable, StopReason::TimerUnavailable);
+        let cause = reqwest_middleware::Error::middleware(cause);
+        self.log.finish(span, Err(cause), stop, decider, ends)
     }
 }
 

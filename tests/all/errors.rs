@@ -301,6 +301,9 @@ async fn the_error_names_the_last_kind_and_never_prints_the_query() {
     );
     let printed = format!("{err} / {retry} / {} / {retry:?}", retry.last_error());
     assert!(!printed.contains("secret-17"), "{printed}");
+    let debug = format!("{retry:?}");
+    assert!(debug.starts_with("RetryError { attempts: 3"), "{debug}");
+    assert!(debug.contains("/orders"), "{debug}");
     assert!(printed.contains("/orders"), "{printed}");
     assert_eq!(retry.url().unwrap().as_str(), refused);
     let for_logs = retry.url_without_query().unwrap();
@@ -312,6 +315,23 @@ async fn the_error_names_the_last_kind_and_never_prints_the_query() {
         (retry.attempts(), retry.stop_reason())
     );
     assert_eq!(record.attempts(), 3);
+
+    // Nothing sent (an override that contradicts itself): no kind, the reason says why.
+    let contradiction = reqwest_safe_retry::RetryOverride::new()
+        .no_retries()
+        .max_attempts(4);
+    let err = client
+        .get(&refused)
+        .with_extension(contradiction)
+        .send()
+        .await
+        .unwrap_err();
+    let retry = RetryError::of(&err).unwrap();
+    assert_eq!(
+        (retry.attempts(), retry.stop_reason()),
+        (0, StopReason::InvalidOverride)
+    );
+    assert_eq!(retry.last_error_kind(), None);
 
     let reset = RawServer::start(vec![Action::WriteThenReset(
         b"HTTP/1.1 200 OK\r\n".to_vec(),
