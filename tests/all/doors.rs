@@ -1387,3 +1387,80 @@ async fn a_relative_uri_at_the_tower_door_is_refused_with_what_to_write() {
     assert!(err.contains("absolute URI"), "{err}");
     assert!(err.contains("got /orders"), "{err}");
 }
+
+/// A tower service whose first call meets a connection that had closed before the request was
+/// handed to it (hyper's "channel closed", as after an HTTP/2 GOAWAY before any stream), and
+/// whose later calls go to hyper-util's client.
+#[derive(Clone)]
+struct ClosedFirst {
+    calls: Arc<std::sync::atomic::AtomicUsize>,
+    client: hyper_util::client::legacy::Client<
+        hyper_util::client::legacy::connect::HttpConnector,
+        reqwest::Body,
+    >,
+}
+
+type Boxed = Box<dyn std::error::Error + Send + Sync>;
+
+impl Service<http::Request<reqwest::Body>> for ClosedFirst {
+    type Response = http::Response<hyper::body::Incoming>;
+    type Error = Boxed;
+    type Future =
+        std::pin::Pin<Box<dyn std::future::Future<Output = Result<Self::Response, Boxed>> + Send>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Boxed>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: http::Request<reqwest::Body>) -> Self::Future {
+        if self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst) > 0 {
+            let answer = self.client.request(request);
+            return Box::pin(async move { answer.await.map_err(Boxed::from) });
+        }
+        Box::pin(async move {
+            let (near, _far) = tokio::io::duplex(64);
+            let io = hyper_util::rt::TokioIo::new(near);
+            let (mut sender, connection) =
+                hyper::client::conn::http1::handshake::<_, reqwest::Body>(io).await?;
+            drop(connection);
+            sender.ready().await?;
+            unreachable!("a connection dropped before the request is never ready")
+        })
+    }
+}
+
+/// Through the tower door, hyper's "channel closed" sent nothing: a GET and an unkeyed POST
+/// are both sent again (on `bec899f` both stopped after one attempt, the error judged
+/// permanent). The reqwest door meets it only inside reqwest's own error, after a race no
+/// loopback test wins reliably; `classify`'s unit test judges the same error.
+#[tokio::test]
+async fn a_connection_closed_before_the_request_is_sent_again_through_the_tower_door() {
+    for method in [http::Method::GET, http::Method::POST] {
+        let server = always(200).await;
+        let inner = ClosedFirst {
+            calls: Arc::default(),
+            client: hyper_util::client::legacy::Client::builder(
+                hyper_util::rt::TokioExecutor::new(),
+            )
+            .build_http(),
+        };
+        let dependency = Dependency::new("closed", policy()).without_idempotency_keys();
+        let (middleware, _clock) = on_fake_clock(dependency);
+        let end = call_service(
+            middleware.layer(inner.clone()),
+            http::Request::builder()
+                .method(method.clone())
+                .uri(server.uri())
+                .body(Bytes::from_static(b"order"))
+                .unwrap(),
+        )
+        .await;
+        assert_eq!(
+            (end.status, end.attempts, end.stop),
+            (Some(200), 2, StopReason::Succeeded),
+            "{method}: {end:?}"
+        );
+        assert_eq!(received(&server).await.len(), 1, "{method}");
+        assert_eq!(inner.calls.load(std::sync::atomic::Ordering::SeqCst), 2);
+    }
+}
