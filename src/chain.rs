@@ -194,6 +194,7 @@ mod tests {
             fingerprint(&request("GET", "http://127.0.0.1:8080/orders?id=7"))
         );
         for (method, url) in [
+            ("PUT", "http://127.0.0.1:8080/orders?id=7"),
             ("POST", "http://127.0.0.1:8080/orders?id=7"),
             ("GET", "http://127.0.0.1:8080/orders?id=8"),
             ("GET", "http://127.0.0.1:8081/orders?id=7"),
@@ -216,6 +217,33 @@ mod tests {
             let same = first.method() == second.method() && first.url() == second.url();
             proptest::prop_assert_eq!(fingerprint(&first) == fingerprint(&second), same);
         }
+    }
+
+    /// URLs one character apart, at every position of a long one (whole words of eight and
+    /// the tail), all hash apart: each byte reaches the hash.
+    #[test]
+    fn every_byte_of_the_url_counts() {
+        let base = "http://127.0.0.1:8080/orders/00000000000000000000?id=0000";
+        let mut seen = std::collections::HashSet::new();
+        let mut urls = 0;
+        for at in base.find("/orders").unwrap() + 1..base.len() {
+            if !base.as_bytes()[at].is_ascii_alphanumeric() {
+                continue;
+            }
+            for digit in b'1'..=b'9' {
+                let mut url = base.as_bytes().to_vec();
+                url[at] = digit;
+                let url = String::from_utf8(url).unwrap();
+                seen.insert(fingerprint(&request("GET", &url)));
+                urls += 1;
+            }
+        }
+        assert_eq!(
+            seen.len(),
+            urls,
+            "{} of {urls} fingerprints apart",
+            seen.len()
+        );
     }
 
     #[test]
