@@ -1,0 +1,278 @@
+//! What a handler sees of the layer: the execution it owns, the transaction its local effects
+//! commit in, and the marker that says "I rejected this before doing anything".
+
+use std::fmt;
+use std::ops::{Deref, DerefMut};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use crate::store::{Fence, Store, StoreError};
+
+/// Where the handler's transaction is.
+enum Slot<T> {
+    /// Not begun.
+    Idle,
+    /// Begun and back in the slot: the layer completes in it.
+    Open(T),
+    /// Held by a [`Local`] (or being begun).
+    Lent,
+    /// The layer has taken it for the completion; a `Local` still out rolls back on drop.
+    Closed,
+}
+
+/// The execution a request owns, put in the request's extensions by the layer: the key and
+/// scope it runs under, the attempt that holds it, and the way to the transaction that its
+/// local effects share with the stored answer.
+///
+/// Under axum it is an extractor; elsewhere read it with
+/// `request.extensions().get::<Execution<S>>()`.
+pub struct Execution<S: Store> {
+    store: S,
+    slot: Arc<Mutex<Slot<S::Tx>>>,
+    scope: Arc<str>,
+    key: Arc<str>,
+    fence: Fence,
+    taken_over: bool,
+}
+
+impl<S: Store> Clone for Execution<S> {
+    fn clone(&self) -> Self {
+        Execution {
+            store: self.store.clone(),
+            slot: self.slot.clone(),
+            scope: self.scope.clone(),
+            key: self.key.clone(),
+            fence: self.fence,
+            taken_over: self.taken_over,
+        }
+    }
+}
+
+impl<S: Store> fmt::Debug for Execution<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Execution")
+            .field("scope", &self.scope)
+            .field("key", &self.key)
+            .field("fence", &self.fence)
+            .field("taken_over", &self.taken_over)
+            .finish_non_exhaustive()
+    }
+}
+
+fn lock<T>(slot: &Mutex<T>) -> MutexGuard<'_, T> {
+    slot.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl<S: Store> Execution<S> {
+    pub(crate) fn new(
+        store: S,
+        scope: Arc<str>,
+        key: Arc<str>,
+        fence: Fence,
+        taken_over: bool,
+    ) -> Self {
+        Execution {
+            store,
+            slot: Arc::new(Mutex::new(Slot::Idle)),
+            scope,
+            key,
+            fence,
+            taken_over,
+        }
+    }
+
+    /// The request's idempotency key.
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// The caller's scope the key belongs to.
+    pub fn scope(&self) -> &str {
+        &self.scope
+    }
+
+    /// The attempt that holds the record: 1 for the first, one more for each takeover.
+    pub fn attempt(&self) -> i64 {
+        self.fence.attempt
+    }
+
+    /// Whether this execution took the record over from a holder whose lease ran out: an
+    /// earlier attempt may have done part of the work.
+    pub fn taken_over(&self) -> bool {
+        self.taken_over
+    }
+
+    /// The transaction the handler's local effects commit in, together with the stored answer:
+    /// both commit, or neither. Begun on the first call; a later call (after the first
+    /// [`Local`] is dropped) continues the same transaction.
+    pub async fn local(&self) -> Result<Local<S>, LocalError> {
+        let begun = {
+            let mut slot = lock(&self.slot);
+            match std::mem::replace(&mut *slot, Slot::Lent) {
+                Slot::Open(tx) => Some(tx),
+                Slot::Idle => None,
+                Slot::Lent => return Err(LocalError::AlreadyHeld),
+                Slot::Closed => {
+                    *slot = Slot::Closed;
+                    return Err(LocalError::Finished);
+                }
+            }
+        };
+        let tx = match begun {
+            Some(tx) => tx,
+            None => match self.store.begin().await {
+                Ok(tx) => tx,
+                Err(error) => {
+                    let mut slot = lock(&self.slot);
+                    if matches!(*slot, Slot::Lent) {
+                        *slot = Slot::Idle;
+                    }
+                    return Err(LocalError::Store(error));
+                }
+            },
+        };
+        Ok(Local {
+            tx: Some(tx),
+            slot: self.slot.clone(),
+        })
+    }
+
+    /// Takes the transaction for the completion. `Err(())` when a [`Local`] is still held.
+    pub(crate) fn close(&self) -> Result<Option<S::Tx>, ()> {
+        match std::mem::replace(&mut *lock(&self.slot), Slot::Closed) {
+            Slot::Idle | Slot::Closed => Ok(None),
+            Slot::Open(tx) => Ok(Some(tx)),
+            Slot::Lent => Err(()),
+        }
+    }
+}
+
+/// The handler's transaction: dereferences to the store's transaction type
+/// (`sqlx::Transaction<'static, Sqlite>` or `<Postgres>`), so `query.execute(&mut **local)`
+/// writes in it. Do not commit it: the layer commits it with the stored answer (or rolls it
+/// back when the record was taken over). Drop it before the handler returns.
+pub struct Local<S: Store> {
+    tx: Option<S::Tx>,
+    slot: Arc<Mutex<Slot<S::Tx>>>,
+}
+
+impl<S: Store> Deref for Local<S> {
+    type Target = S::Tx;
+
+    fn deref(&self) -> &S::Tx {
+        self.tx
+            .as_ref()
+            .expect("a Local holds its transaction until dropped")
+    }
+}
+
+impl<S: Store> DerefMut for Local<S> {
+    fn deref_mut(&mut self) -> &mut S::Tx {
+        self.tx
+            .as_mut()
+            .expect("a Local holds its transaction until dropped")
+    }
+}
+
+impl<S: Store> Drop for Local<S> {
+    fn drop(&mut self) {
+        let mut slot = lock(&self.slot);
+        if matches!(*slot, Slot::Lent) {
+            if let Some(tx) = self.tx.take() {
+                *slot = Slot::Open(tx);
+            }
+        }
+        // Closed: the layer finished without it; the transaction rolls back as it drops.
+    }
+}
+
+impl<S: Store> fmt::Debug for Local<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Local(..)")
+    }
+}
+
+/// Why a handler could not get its [`Local`] transaction.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum LocalError {
+    /// Another [`Local`] of this request is still held.
+    #[error("this request's transaction is already held by another Local; drop it first")]
+    AlreadyHeld,
+    /// The layer has finished with this request.
+    #[error("this request's execution has finished")]
+    Finished,
+    /// The layer is not on this route or method.
+    #[error("no idempotent execution on this request: put the layer on this route and method")]
+    NoExecution,
+    /// The store could not begin a transaction.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// The marker of an answer given before the handler did anything (a validation failure):
+/// put in the response's extensions, it tells the layer to store nothing and roll back the
+/// handler's transaction, so a corrected request with the same key runs.
+///
+/// ```
+/// use http::{Response, StatusCode};
+/// use safe_retry_server::Rejected;
+///
+/// let mut answer = Response::new("amount must be positive");
+/// *answer.status_mut() = StatusCode::UNPROCESSABLE_ENTITY;
+/// answer.extensions_mut().insert(Rejected);
+/// ```
+///
+/// With the `axum` feature it is also a response part: `(Rejected, StatusCode::BAD_REQUEST, "…")`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Rejected;
+
+#[cfg(feature = "axum")]
+mod axum_parts {
+    use super::*;
+    use axum_core::extract::FromRequestParts;
+    use axum_core::response::{IntoResponseParts, Response, ResponseParts};
+    use http::request::Parts;
+
+    impl IntoResponseParts for Rejected {
+        type Error = std::convert::Infallible;
+
+        fn into_response_parts(self, mut res: ResponseParts) -> Result<ResponseParts, Self::Error> {
+            res.extensions_mut().insert(Rejected);
+            Ok(res)
+        }
+    }
+
+    impl LocalError {
+        fn into_problem(self) -> Response {
+            let problem = match self {
+                LocalError::Store(_) => crate::Problem::StoreUnavailable,
+                _ => crate::Problem::HandlerFailed,
+            };
+            let (parts, body) = problem.response(&self.to_string()).into_parts();
+            Response::from_parts(parts, axum_core::body::Body::from(body))
+        }
+    }
+
+    impl<St: Sync, S: Store> FromRequestParts<St> for Execution<S> {
+        type Rejection = Response;
+
+        async fn from_request_parts(parts: &mut Parts, _: &St) -> Result<Self, Response> {
+            parts
+                .extensions
+                .get::<Execution<S>>()
+                .cloned()
+                .ok_or_else(|| LocalError::NoExecution.into_problem())
+        }
+    }
+
+    /// The handler's transaction as an extractor: fails with a `500` problem when the layer is
+    /// not on the route, and a `503` when the store cannot begin a transaction.
+    impl<St: Sync, S: Store> FromRequestParts<St> for Local<S> {
+        type Rejection = Response;
+
+        async fn from_request_parts(parts: &mut Parts, state: &St) -> Result<Self, Response> {
+            let execution = Execution::<S>::from_request_parts(parts, state).await?;
+            execution.local().await.map_err(LocalError::into_problem)
+        }
+    }
+}

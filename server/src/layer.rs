@@ -1,0 +1,302 @@
+//! The layer and its configuration.
+
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use http::Method;
+use http::request::Parts;
+use tower_layer::Layer;
+
+use crate::fingerprint::Fingerprint;
+use crate::key::KeySource;
+use crate::service::Idempotent;
+use crate::store::Store;
+
+type ScopeFn = dyn Fn(&Parts) -> Option<String> + Send + Sync;
+
+/// The layer: wraps a service so that each (scope, key) runs it once.
+///
+/// Cheap to clone; every clone shares one configuration and one set of [`Counters`].
+pub struct IdempotencyLayer<S> {
+    pub(crate) config: Arc<Config<S>>,
+}
+
+impl<S> Clone for IdempotencyLayer<S> {
+    fn clone(&self) -> Self {
+        IdempotencyLayer {
+            config: self.config.clone(),
+        }
+    }
+}
+
+impl<S: fmt::Debug> fmt::Debug for IdempotencyLayer<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let c = &self.config;
+        f.debug_struct("IdempotencyLayer")
+            .field("store", &c.store)
+            .field("methods", &c.methods)
+            .field("key", &c.key)
+            .field("require_key", &c.require_key)
+            .field("lease", &c.lease)
+            .field("retention", &c.retention)
+            .finish_non_exhaustive()
+    }
+}
+
+pub(crate) struct Config<S> {
+    pub(crate) store: S,
+    pub(crate) methods: Vec<Method>,
+    pub(crate) key: KeySource,
+    pub(crate) require_key: bool,
+    pub(crate) scope: Arc<ScopeFn>,
+    pub(crate) lease: Duration,
+    pub(crate) retention: Duration,
+    pub(crate) max_request_body: usize,
+    pub(crate) max_answer_body: usize,
+    pub(crate) max_key_len: usize,
+    pub(crate) fingerprint: Fingerprint,
+    pub(crate) counters: Arc<Counters>,
+}
+
+impl<S: Store> IdempotencyLayer<S> {
+    /// Starts a layer on `store` with the defaults each setter states.
+    pub fn builder(store: S) -> Builder<S> {
+        Builder {
+            config: Config {
+                store,
+                methods: vec![Method::POST, Method::PATCH],
+                key: KeySource::default(),
+                require_key: true,
+                scope: Arc::new(|_| Some(String::new())),
+                lease: Duration::from_secs(30),
+                retention: Duration::from_secs(24 * 60 * 60),
+                max_request_body: 1 << 20,
+                max_answer_body: 1 << 20,
+                max_key_len: 255,
+                fingerprint: Fingerprint::default(),
+                counters: Arc::default(),
+            },
+        }
+    }
+
+    /// The layer's counters, shared by every clone of it and of its services.
+    pub fn counters(&self) -> &Arc<Counters> {
+        &self.config.counters
+    }
+
+    /// The store the layer keeps its outcomes in.
+    pub fn store(&self) -> &S {
+        &self.config.store
+    }
+}
+
+impl<S, Svc> Layer<Svc> for IdempotencyLayer<S> {
+    type Service = Idempotent<Svc, S>;
+
+    fn layer(&self, inner: Svc) -> Idempotent<Svc, S> {
+        Idempotent {
+            inner,
+            config: self.config.clone(),
+        }
+    }
+}
+
+/// Sets up an [`IdempotencyLayer`]. Every setter states its default; [`build`](Builder::build)
+/// refuses a configuration that cannot keep the layer's promises.
+pub struct Builder<S> {
+    config: Config<S>,
+}
+
+impl<S: fmt::Debug> fmt::Debug for Builder<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Builder")
+            .field("store", &self.config.store)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S: Store> Builder<S> {
+    /// The methods the layer guards [POST, PATCH]. Requests with other methods pass through
+    /// untouched (GET, PUT and DELETE are idempotent by their own meaning).
+    pub fn methods(mut self, methods: impl IntoIterator<Item = Method>) -> Self {
+        self.config.methods = methods.into_iter().collect();
+        self
+    }
+
+    /// Where the key comes from [`KeySource::idempotency_key(KeyForm::Either)`]: the
+    /// `Idempotency-Key` header, quoted or bare.
+    ///
+    /// [`KeySource::idempotency_key(KeyForm::Either)`]: KeySource::idempotency_key
+    pub fn key(mut self, source: KeySource) -> Self {
+        self.config.key = source;
+        self
+    }
+
+    /// Whether a request without a key is refused with `400` [true]. When false it passes
+    /// through to the handler with no record kept: it may run more than once.
+    pub fn require_key(mut self, required: bool) -> Self {
+        self.config.require_key = required;
+        self
+    }
+
+    /// The caller's scope, from the request's head [everyone shares one scope].
+    ///
+    /// Keys are unique per scope only. **Under the default, two callers that send the same key
+    /// share one record: the second gets the first's stored answer (its body included) or a
+    /// `422`.** Any API with more than one caller should scope keys by the authenticated
+    /// principal, e.g. one an auth layer put in the extensions:
+    /// `.scope(|parts| parts.extensions.get::<Principal>().map(|p| p.id.clone()))`.
+    /// A request the function returns `None` for is answered `401`, and nothing runs.
+    pub fn scope(
+        mut self,
+        scope: impl Fn(&Parts) -> Option<String> + Send + Sync + 'static,
+    ) -> Self {
+        self.config.scope = Arc::new(scope);
+        self
+    }
+
+    /// How long a holder may run before another request with the key may take its record over
+    /// [30 s]. Keep it above the handler's longest run: a holder still working when its lease
+    /// ends loses its completion to the takeover (its transaction rolls back).
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.config.lease = lease;
+        self
+    }
+
+    /// How long a key's record, and so its stored answer, is kept [24 h]: within it every
+    /// request with the key gets the one outcome; after it (and the [`sweep`](Store::sweep))
+    /// the key is new again. This is the API's contract with its clients: state it in your API
+    /// docs.
+    pub fn retention(mut self, retention: Duration) -> Self {
+        self.config.retention = retention;
+        self
+    }
+
+    /// The largest request body the layer reads for the fingerprint [1 MiB]; a larger one is
+    /// answered `413` and nothing is stored.
+    pub fn max_request_body(mut self, bytes: usize) -> Self {
+        self.config.max_request_body = bytes;
+        self
+    }
+
+    /// The largest answer body the layer stores [1 MiB]. A larger answer still reaches the
+    /// first caller whole, streamed; its status is stored without its body, and a replay gets
+    /// that status with an `answer-not-stored` problem, so a retry learns the outcome happened
+    /// and never runs it again.
+    pub fn max_answer_body(mut self, bytes: usize) -> Self {
+        self.config.max_answer_body = bytes;
+        self
+    }
+
+    /// The longest key in bytes [255].
+    pub fn max_key_len(mut self, bytes: usize) -> Self {
+        self.config.max_key_len = bytes;
+        self
+    }
+
+    /// What makes two requests the same [method, path and query, body bytes].
+    pub fn fingerprint(mut self, fingerprint: Fingerprint) -> Self {
+        self.config.fingerprint = fingerprint;
+        self
+    }
+
+    /// Checks the configuration and builds the layer.
+    pub fn build(self) -> Result<IdempotencyLayer<S>, ConfigError> {
+        let c = &self.config;
+        if c.methods.is_empty() {
+            return Err(ConfigError("`methods` is empty: the layer would guard nothing; name at least one method (e.g. POST)".into()));
+        }
+        if c.lease < Duration::from_millis(1) {
+            return Err(ConfigError("`lease` is under 1 ms: every request would take over the one running; set it above the handler's longest run (default 30 s)".into()));
+        }
+        if c.retention <= c.lease {
+            return Err(ConfigError(format!(
+                "`retention` ({:?}) is not longer than `lease` ({:?}): an outcome would be forgotten while its request may still run; keep retention far longer (default 24 h)",
+                c.retention, c.lease
+            )));
+        }
+        if c.max_key_len == 0 || c.max_key_len > 4096 {
+            return Err(ConfigError(format!(
+                "`max_key_len` is {}: set it between 1 and 4096 bytes (default 255)",
+                c.max_key_len
+            )));
+        }
+        Ok(IdempotencyLayer {
+            config: Arc::new(self.config),
+        })
+    }
+}
+
+/// A configuration the layer refuses; the message names the setting and the fix.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("safe-retry-server: {0}")]
+pub struct ConfigError(String);
+
+/// What the layer has done, counted since it was built (monotonic, shared by its clones).
+///
+/// Each count has a tracing event beside it (target `safe_retry_server`, field `event`).
+#[derive(Debug, Default)]
+pub struct Counters {
+    pub(crate) claims: AtomicU64,
+    pub(crate) takeovers: AtomicU64,
+    pub(crate) completions: AtomicU64,
+    pub(crate) replays: AtomicU64,
+    pub(crate) in_progress: AtomicU64,
+    pub(crate) mismatches: AtomicU64,
+    pub(crate) rejections: AtomicU64,
+    pub(crate) fenced: AtomicU64,
+    pub(crate) refused: AtomicU64,
+    pub(crate) store_failures: AtomicU64,
+}
+
+/// A reading of [`Counters`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct CounterSnapshot {
+    /// Claims that owned an execution (takeovers included): each ran the handler.
+    pub claims: u64,
+    /// Claims that took over a record left in progress past its lease.
+    pub takeovers: u64,
+    /// Answers stored with their local effects.
+    pub completions: u64,
+    /// Stored answers sent again.
+    pub replays: u64,
+    /// `409`s: the key's first request was still running.
+    pub in_progress: u64,
+    /// `422`s: the key came with another request.
+    pub mismatches: u64,
+    /// Answers the handler marked [`Rejected`](crate::Rejected): nothing stored.
+    pub rejections: u64,
+    /// Completions refused because another attempt had taken the record over; their
+    /// transactions rolled back.
+    pub fenced: u64,
+    /// Requests answered `400`, `401` or `413` before any claim (key, scope or body).
+    pub refused: u64,
+    /// Requests answered `503` (or `500`) because the store failed.
+    pub store_failures: u64,
+}
+
+impl Counters {
+    /// Reads every count.
+    pub fn snapshot(&self) -> CounterSnapshot {
+        let read = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        CounterSnapshot {
+            claims: read(&self.claims),
+            takeovers: read(&self.takeovers),
+            completions: read(&self.completions),
+            replays: read(&self.replays),
+            in_progress: read(&self.in_progress),
+            mismatches: read(&self.mismatches),
+            rejections: read(&self.rejections),
+            fenced: read(&self.fenced),
+            refused: read(&self.refused),
+            store_failures: read(&self.store_failures),
+        }
+    }
+
+    pub(crate) fn add(counter: &AtomicU64) {
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+}

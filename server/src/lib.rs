@@ -1,0 +1,114 @@
+//! The server half of an exactly-once effect: a tower layer that runs a handler once per
+//! (scope, `Idempotency-Key`), on a durable outcome table in SQLite or PostgreSQL.
+//!
+//! A client that sends one key on every attempt (such as `reqwest-safe-retry`, the client half
+//! in this workspace) and this layer together make an effect happen once, however many copies
+//! of the request arrive, in whatever order, from however many servers.
+//!
+//! ```no_run
+//! # #[cfg(all(feature = "sqlite", feature = "axum"))]
+//! # async fn doc() -> Result<(), Box<dyn std::error::Error>> {
+//! use axum::{Router, http::StatusCode, routing::post};
+//! use safe_retry_server::{IdempotencyLayer, Local, SqliteStore};
+//!
+//! async fn create_order(mut tx: Local<SqliteStore>, body: String) -> (StatusCode, String) {
+//!     // Written in the transaction that also stores this answer: both commit, or neither.
+//!     let id: i64 = sqlx::query_scalar("INSERT INTO orders (body) VALUES (?) RETURNING id")
+//!         .bind(body)
+//!         .fetch_one(&mut **tx)
+//!         .await
+//!         .expect("the orders table exists");
+//!     (StatusCode::CREATED, format!("{{\"order\":{id}}}"))
+//! }
+//!
+//! let store = SqliteStore::open("sqlite://orders.db").await?;
+//! let app: Router = Router::new()
+//!     .route("/orders", post(create_order))
+//!     .layer(IdempotencyLayer::builder(store).build()?);
+//! # let _ = app; Ok(()) }
+//! ```
+//!
+//! # What each request gets
+//!
+//! For the guarded methods [POST, PATCH]:
+//!
+//! | The request | The answer |
+//! |---|---|
+//! | no key, where one is required | `400` `missing-key` |
+//! | a malformed key (empty, too long, control characters, a broken quoted string) | `400` `malformed-key`, saying what is wrong |
+//! | a body over the limit | `413` `body-too-large`, nothing stored |
+//! | a new key | the handler runs; its answer is stored with its local effects |
+//! | the same key, another request (method, path, query or body) | `422` `key-reused`; the handler does not run |
+//! | the same key while the first runs | `409` `in-progress` with `Retry-After` |
+//! | the same key once completed | the stored status, end-to-end headers and body byte for byte, plus `Idempotent-Replayed: true` (a stored `5xx` included) |
+//! | the same key, the first's holder gone past its lease | the handler runs again (a takeover); the old holder can no longer complete |
+//! | the store unreachable | `503` `store-unavailable`; nothing ran, or what ran rolled back |
+//!
+//! Errors are RFC 9457 `application/problem+json` bodies whose `type` is
+//! `urn:safe-retry:problem:<name>` (see [`Problem`]). A handler that refuses a request before
+//! doing anything marks its answer [`Rejected`]: nothing is stored, and a corrected request
+//! with the same key runs.
+//!
+//! # The outcome table and its promises
+//!
+//! One row per (scope, key) — see [`store`] for the columns and the shipped migrations.
+//!
+//! - **The claim is atomic**: one `INSERT … ON CONFLICT DO UPDATE … WHERE … RETURNING`
+//!   statement decides which request owns the execution; there is no read-then-write.
+//! - **Leases and fencing**: the owner holds a lease [30 s]; a record left in progress past it
+//!   may be taken over by the next request with the same key and fingerprint, which bumps the
+//!   record's attempt. Every completion is conditional on the attempt that claimed it: a
+//!   holder that was taken over writes nothing, its transaction (and its local effects) roll
+//!   back, and it answers with the outcome the new holder recorded.
+//! - **Local effects** written through [`Local`] commit in the same transaction as the stored
+//!   answer.
+//! - **Time** is the database's clock, so the servers of a fleet agree on leases.
+//! - **Retention** [24 h] is separate from the lease; [`Store::sweep`] deletes expired records
+//!   in bounded batches.
+//!
+//! # Where the edges are
+//!
+//! - **Scope.** By default every caller shares one scope: two callers that pick the same key
+//!   share one record, and the second sees the first's answer. Scope keys by the
+//!   authenticated caller with [`Builder::scope`].
+//! - **A handler that fails without an answer** (a service error, a panic, a dropped future,
+//!   a killed process) leaves its record in progress: its transaction rolls back, and the next
+//!   request with the key after the lease runs the handler again. Effects outside the
+//!   database (a call to another service) are not rolled back: make them idempotent with a
+//!   key of their own.
+//! - **Answers larger than the limit** [1 MiB] reach the first caller whole; a replay gets the
+//!   stored status with an `answer-not-stored` problem body. Trailers are not stored.
+//! - **Requests the layer does not guard** (other methods; no key where none is required)
+//!   pass through with nothing recorded.
+//! - **Extractor rejections** (axum's `Json` refusing a body, say) are answers like any
+//!   other and are stored, unless marked [`Rejected`].
+//!
+//! # Features
+//!
+//! - `sqlite` (default): [`SqliteStore`], SQLite bundled.
+//! - `postgres`: [`PostgresStore`].
+//! - `axum`: [`Local`] and [`Execution`] as extractors, [`Rejected`] as a response part.
+#![cfg_attr(docsrs, feature(doc_cfg))]
+#![deny(missing_docs)]
+
+mod body;
+mod execution;
+mod fingerprint;
+mod key;
+mod layer;
+mod problem;
+mod service;
+pub mod store;
+
+pub use body::{BoxError, ReplyBody};
+pub use execution::{Execution, Local, LocalError, Rejected};
+pub use fingerprint::Fingerprint;
+pub use key::{IDEMPOTENCY_KEY, KeyForm, KeySource};
+pub use layer::{Builder, ConfigError, CounterSnapshot, Counters, IdempotencyLayer};
+pub use problem::Problem;
+pub use service::{IDEMPOTENT_REPLAYED, Idempotent, IdempotentFuture};
+#[cfg(feature = "postgres")]
+pub use store::PostgresStore;
+#[cfg(feature = "sqlite")]
+pub use store::SqliteStore;
+pub use store::{Store, StoreError};

@@ -1,0 +1,175 @@
+//! The layer's own answers: RFC 9457 problem details, one `type` per case.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderValue, Response, StatusCode, header};
+
+/// A case the layer answers itself, without the handler.
+///
+/// Each is sent as `application/problem+json` with `type` set to
+/// `urn:safe-retry:problem:<name>`, where `<name>` is [`Problem::name`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Problem {
+    /// `400`: the route requires a key and the request has none.
+    MissingKey,
+    /// `400`: the key is malformed (the detail says how).
+    MalformedKey,
+    /// `401`: the scope function found no caller.
+    NoScope,
+    /// `413`: the request body is larger than the layer reads.
+    BodyTooLarge,
+    /// `400`: the request body could not be read.
+    BodyUnreadable,
+    /// `422`: the key was used before with another request.
+    KeyReused,
+    /// `409`: the first request with this key is still running; `Retry-After` says when to ask
+    /// again.
+    InProgress,
+    /// `503`: the outcome store could not be reached; nothing was done.
+    StoreUnavailable,
+    /// `500`: the handler's response could not be read, or its transaction was still held.
+    HandlerFailed,
+    /// A replay of a completed request whose body was too large to store: its status, with
+    /// this problem as the body.
+    AnswerNotStored,
+}
+
+impl Problem {
+    /// The case's name, the last part of its `type`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Problem::MissingKey => "missing-key",
+            Problem::MalformedKey => "malformed-key",
+            Problem::NoScope => "no-scope",
+            Problem::BodyTooLarge => "body-too-large",
+            Problem::BodyUnreadable => "body-unreadable",
+            Problem::KeyReused => "key-reused",
+            Problem::InProgress => "in-progress",
+            Problem::StoreUnavailable => "store-unavailable",
+            Problem::HandlerFailed => "handler-failed",
+            Problem::AnswerNotStored => "answer-not-stored",
+        }
+    }
+
+    /// The status the layer answers with (a replay of an unstored body keeps its own).
+    pub fn status(self) -> StatusCode {
+        match self {
+            Problem::MissingKey | Problem::MalformedKey | Problem::BodyUnreadable => {
+                StatusCode::BAD_REQUEST
+            }
+            Problem::NoScope => StatusCode::UNAUTHORIZED,
+            Problem::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            Problem::KeyReused => StatusCode::UNPROCESSABLE_ENTITY,
+            Problem::InProgress => StatusCode::CONFLICT,
+            Problem::StoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+            Problem::HandlerFailed | Problem::AnswerNotStored => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    fn title(self) -> &'static str {
+        match self {
+            Problem::MissingKey => "An idempotency key is required",
+            Problem::MalformedKey => "The idempotency key is malformed",
+            Problem::NoScope => "No caller to scope the key to",
+            Problem::BodyTooLarge => "The request body is too large",
+            Problem::BodyUnreadable => "The request body could not be read",
+            Problem::KeyReused => "The idempotency key was used with another request",
+            Problem::InProgress => "A request with this idempotency key is in progress",
+            Problem::StoreUnavailable => "The idempotency store is unavailable",
+            Problem::HandlerFailed => "The request's outcome could not be recorded",
+            Problem::AnswerNotStored => "The request completed; its answer was too large to store",
+        }
+    }
+
+    /// The answer: status, `content-type`, and the JSON body.
+    pub(crate) fn response(self, detail: &str) -> Response<Bytes> {
+        self.response_with_status(self.status(), detail)
+    }
+
+    pub(crate) fn response_with_status(self, status: StatusCode, detail: &str) -> Response<Bytes> {
+        let body = serde_json::json!({
+            "type": format!("urn:safe-retry:problem:{}", self.name()),
+            "title": self.title(),
+            "status": status.as_u16(),
+            "detail": detail,
+        });
+        let mut response = Response::new(Bytes::from(body.to_string()));
+        *response.status_mut() = status;
+        response.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/problem+json"),
+        );
+        response
+    }
+
+    /// A `409` with `Retry-After` in whole seconds, at least 1, from the lease left.
+    pub(crate) fn in_progress(lease_left: Duration) -> Response<Bytes> {
+        let seconds = lease_left.as_millis().div_ceil(1000).max(1);
+        let mut response = Problem::InProgress.response(&format!(
+            "the first request with this key is still running; ask again in {seconds} s with the same key"
+        ));
+        response
+            .headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from(seconds as u64));
+        response
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_problem_is_problem_json_naming_its_case() {
+        let response = Problem::KeyReused.response("detail text");
+        assert_eq!(response.status(), 422);
+        assert_eq!(
+            response.headers()[header::CONTENT_TYPE],
+            "application/problem+json"
+        );
+        let json: serde_json::Value = serde_json::from_slice(response.body()).unwrap();
+        assert_eq!(json["type"], "urn:safe-retry:problem:key-reused");
+        assert_eq!(json["status"], 422);
+        assert_eq!(json["detail"], "detail text");
+        assert!(json["title"].as_str().unwrap().contains("another request"));
+    }
+
+    #[test]
+    fn retry_after_rounds_the_lease_up_to_whole_seconds_and_is_at_least_one() {
+        let after = |ms| {
+            Problem::in_progress(Duration::from_millis(ms)).headers()[header::RETRY_AFTER].clone()
+        };
+        assert_eq!(after(0), "1");
+        assert_eq!(after(1), "1");
+        assert_eq!(after(1000), "1");
+        assert_eq!(after(1001), "2");
+        assert_eq!(after(29_500), "30");
+        assert_eq!(Problem::in_progress(Duration::ZERO).status(), 409);
+    }
+
+    #[test]
+    fn every_case_has_its_own_name_and_a_client_or_server_status() {
+        let all = [
+            Problem::MissingKey,
+            Problem::MalformedKey,
+            Problem::NoScope,
+            Problem::BodyTooLarge,
+            Problem::BodyUnreadable,
+            Problem::KeyReused,
+            Problem::InProgress,
+            Problem::StoreUnavailable,
+            Problem::HandlerFailed,
+            Problem::AnswerNotStored,
+        ];
+        let names: std::collections::HashSet<_> = all.iter().map(|p| p.name()).collect();
+        assert_eq!(names.len(), all.len());
+        for p in all {
+            assert!(
+                p.status().is_client_error() || p.status().is_server_error(),
+                "{p:?}"
+            );
+        }
+    }
+}

@@ -1,0 +1,447 @@
+//! The service: one request's way through the layer.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::{Bytes, BytesMut};
+use http::header::{self, HeaderName, HeaderValue};
+use http::{Request, Response};
+use http_body::Body;
+use http_body_util::{BodyExt, LengthLimitError, Limited};
+use tower_service::Service;
+
+use crate::body::{BoxError, ReplyBody};
+use crate::execution::{Execution, Rejected};
+use crate::layer::{Config, Counters};
+use crate::problem::Problem;
+use crate::store::{Claim, Completion, RecordState, Store, StoredAnswer};
+
+/// The header a replay carries, which this workspace's client reads.
+pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
+
+/// The service the [`IdempotencyLayer`](crate::IdempotencyLayer) makes.
+pub struct Idempotent<Svc, S> {
+    pub(crate) inner: Svc,
+    pub(crate) config: Arc<Config<S>>,
+}
+
+impl<Svc: Clone, S> Clone for Idempotent<Svc, S> {
+    fn clone(&self) -> Self {
+        Idempotent {
+            inner: self.inner.clone(),
+            config: self.config.clone(),
+        }
+    }
+}
+
+impl<Svc: std::fmt::Debug, S> std::fmt::Debug for Idempotent<Svc, S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Idempotent")
+            .field("inner", &self.inner)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The future of an [`Idempotent`] service.
+pub type IdempotentFuture<R, E> =
+    Pin<Box<dyn Future<Output = Result<Response<ReplyBody<R>>, E>> + Send>>;
+
+impl<Svc, S, B, R> Service<Request<B>> for Idempotent<Svc, S>
+where
+    Svc: Service<Request<B>, Response = Response<R>> + Clone + Send + 'static,
+    Svc::Future: Send,
+    Svc::Error: Send,
+    S: Store,
+    B: Body + From<Bytes> + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<BoxError>,
+    R: Body<Data = Bytes> + Unpin + Send + 'static,
+    R::Error: Into<BoxError>,
+{
+    type Response = Response<ReplyBody<R>>;
+    type Error = Svc::Error;
+    type Future = IdempotentFuture<R, Svc::Error>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<B>) -> Self::Future {
+        // The service polled ready goes with this request; a clone stays for the next.
+        let clone = self.inner.clone();
+        let inner = std::mem::replace(&mut self.inner, clone);
+        let config = self.config.clone();
+        if !config.methods.contains(request.method()) {
+            return Box::pin(pass(inner, request));
+        }
+        Box::pin(run(config, inner, request))
+    }
+}
+
+async fn pass<Svc, B, R>(
+    mut inner: Svc,
+    request: Request<B>,
+) -> Result<Response<ReplyBody<R>>, Svc::Error>
+where
+    Svc: Service<Request<B>, Response = Response<R>>,
+{
+    Ok(inner
+        .call(request)
+        .await?
+        .map(|body| ReplyBody::inner(Bytes::new(), body)))
+}
+
+fn answer<R>(response: Response<Bytes>) -> Response<ReplyBody<R>> {
+    response.map(ReplyBody::full)
+}
+
+fn refuse<S, R>(config: &Config<S>, problem: Problem, detail: &str) -> Response<ReplyBody<R>> {
+    Counters::add(&config.counters.refused);
+    tracing::debug!(target: "safe_retry_server", event = "refused", problem = problem.name(), detail);
+    answer(problem.response(detail))
+}
+
+fn unavailable<S, R>(config: &Config<S>, error: &dyn std::error::Error) -> Response<ReplyBody<R>> {
+    Counters::add(&config.counters.store_failures);
+    tracing::warn!(target: "safe_retry_server", event = "store_failed", error = %error);
+    let mut response = Problem::StoreUnavailable
+        .response("the outcome store failed; nothing was recorded; retry with the same key");
+    response
+        .headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    answer(response)
+}
+
+async fn run<Svc, S, B, R>(
+    config: Arc<Config<S>>,
+    mut inner: Svc,
+    request: Request<B>,
+) -> Result<Response<ReplyBody<R>>, Svc::Error>
+where
+    Svc: Service<Request<B>, Response = Response<R>>,
+    S: Store,
+    B: Body + From<Bytes>,
+    B::Error: Into<BoxError>,
+    R: Body<Data = Bytes> + Unpin,
+    R::Error: Into<BoxError>,
+{
+    let (mut parts, body) = request.into_parts();
+
+    // The key, when it does not need the body: a request that lacks one is answered (or passed
+    // through) before its body is read.
+    let mut key = None;
+    if !config.key.needs_body() {
+        match config.key.read(&parts, &Bytes::new(), config.max_key_len) {
+            Err(error) => return Ok(refuse(&config, Problem::MalformedKey, &error.to_string())),
+            Ok(None) if config.require_key => {
+                return Ok(refuse(
+                    &config,
+                    Problem::MissingKey,
+                    "this route requires an Idempotency-Key header",
+                ));
+            }
+            Ok(None) => return pass(inner, Request::from_parts(parts, body)).await,
+            Ok(Some(found)) => key = Some(found),
+        }
+    }
+    let Some(scope) = (config.scope)(&parts) else {
+        return Ok(refuse(
+            &config,
+            Problem::NoScope,
+            "no caller to scope the idempotency key to",
+        ));
+    };
+    let bytes = match Limited::new(body, config.max_request_body).collect().await {
+        Ok(collected) => collected.to_bytes(),
+        Err(error) if error.downcast_ref::<LengthLimitError>().is_some() => {
+            let detail = format!(
+                "the request body is over {} bytes; nothing was done",
+                config.max_request_body
+            );
+            return Ok(refuse(&config, Problem::BodyTooLarge, &detail));
+        }
+        Err(error) => return Ok(refuse(&config, Problem::BodyUnreadable, &error.to_string())),
+    };
+    let key = match key {
+        Some(key) => key,
+        None => match config.key.read(&parts, &bytes, config.max_key_len) {
+            Err(error) => return Ok(refuse(&config, Problem::MalformedKey, &error.to_string())),
+            Ok(Some(key)) => key,
+            Ok(None) if config.require_key => {
+                return Ok(refuse(
+                    &config,
+                    Problem::MissingKey,
+                    "this route requires an idempotency key",
+                ));
+            }
+            Ok(None) => return pass(inner, Request::from_parts(parts, B::from(bytes))).await,
+        },
+    };
+    let fingerprint = config.fingerprint.of(&parts, &bytes);
+    let claim = Claim {
+        scope: &scope,
+        key: &key,
+        fingerprint: &fingerprint,
+        lease: config.lease,
+        retention: config.retention,
+    };
+
+    // The claim: one atomic statement decides the owner. A loser reads the record to learn
+    // why; a record that changes between the two (a lease ending, a sweep) is claimed again,
+    // at most three times.
+    let mut claimed = None;
+    for _ in 0..3 {
+        match config.store.try_claim(&claim).await {
+            Err(error) => return Ok(unavailable(&config, &error)),
+            Ok(Some(owned)) => {
+                claimed = Some(owned);
+                break;
+            }
+            Ok(None) => {}
+        }
+        match config.store.read(&scope, &key).await {
+            Err(error) => return Ok(unavailable(&config, &error)),
+            Ok(None) => continue,
+            Ok(Some(record)) if record.fingerprint != fingerprint => {
+                Counters::add(&config.counters.mismatches);
+                tracing::info!(target: "safe_retry_server", event = "mismatch", scope, key);
+                return Ok(answer(Problem::KeyReused.response(
+                    "this idempotency key was used with another request (method, path or body); use a new key for a new request",
+                )));
+            }
+            Ok(Some(record)) => match record.state {
+                RecordState::Completed(stored) => {
+                    return Ok(replay(&config, &scope, &key, &stored));
+                }
+                RecordState::InProgress { lease_left } if !lease_left.is_zero() => {
+                    Counters::add(&config.counters.in_progress);
+                    tracing::debug!(target: "safe_retry_server", event = "in_progress", scope, key);
+                    return Ok(answer(Problem::in_progress(lease_left)));
+                }
+                RecordState::InProgress { .. } => continue,
+            },
+        }
+    }
+    let Some(claimed) = claimed else {
+        return Ok(unavailable(
+            &config,
+            &std::io::Error::other("the record changed under three claims in a row"),
+        ));
+    };
+    Counters::add(&config.counters.claims);
+    if claimed.taken_over {
+        Counters::add(&config.counters.takeovers);
+        tracing::info!(target: "safe_retry_server", event = "takeover", scope, key, attempt = claimed.fence.attempt);
+    } else {
+        tracing::debug!(target: "safe_retry_server", event = "claim", scope, key);
+    }
+
+    // The handler, with its execution in the request's extensions.
+    let scope: Arc<str> = scope.into();
+    let key: Arc<str> = key.into();
+    let execution = Execution::new(
+        config.store.clone(),
+        scope.clone(),
+        key.clone(),
+        claimed.fence,
+        claimed.taken_over,
+    );
+    parts.extensions.insert(execution.clone());
+    let response = inner.call(Request::from_parts(parts, B::from(bytes))).await;
+    let tx = execution.close();
+    let response = match response {
+        Ok(response) => response,
+        // The handler failed without an answer: its transaction rolls back as it drops, and
+        // the record stays in progress until its lease ends, when a retry takes it over.
+        Err(error) => return Err(error),
+    };
+    let Ok(tx) = tx else {
+        Counters::add(&config.counters.store_failures);
+        tracing::error!(target: "safe_retry_server", event = "local_held", %scope, %key);
+        return Ok(answer(Problem::HandlerFailed.response(
+            "the handler still held its Local transaction when it answered; nothing was recorded",
+        )));
+    };
+
+    if response.extensions().get::<Rejected>().is_some() {
+        return match config.store.release(tx, claimed.fence).await {
+            Ok(_) => {
+                Counters::add(&config.counters.rejections);
+                tracing::debug!(target: "safe_retry_server", event = "rejected", %scope, %key);
+                Ok(response.map(|body| ReplyBody::inner(Bytes::new(), body)))
+            }
+            Err(error) => Ok(unavailable(&config, &error)),
+        };
+    }
+
+    // The answer: read up to the limit, stored with the local effects, then sent.
+    let (head, mut body) = response.into_parts();
+    let mut read = BytesMut::new();
+    let mut over = false;
+    while let Some(frame) = body.frame().await {
+        match frame {
+            Ok(frame) => {
+                if let Ok(data) = frame.into_data() {
+                    read.extend_from_slice(&data);
+                    if read.len() > config.max_answer_body {
+                        over = true;
+                        break;
+                    }
+                }
+            }
+            Err(error) => {
+                let error: BoxError = error.into();
+                Counters::add(&config.counters.store_failures);
+                tracing::error!(target: "safe_retry_server", event = "answer_failed", %scope, %key, error = %error);
+                // Dropping `tx` rolls the local effects back; the lease lets a retry run it.
+                drop(tx);
+                return Ok(answer(Problem::HandlerFailed.response(
+                    "the handler's answer failed while it was read; nothing was recorded; retry with the same key",
+                )));
+            }
+        }
+    }
+    let read = read.freeze();
+    let stored = StoredAnswer {
+        status: head.status,
+        headers: end_to_end(&head.headers),
+        body: (!over).then(|| read.clone()),
+    };
+    match config.store.complete(tx, claimed.fence, &stored).await {
+        Err(error) => Ok(unavailable(&config, &error)),
+        Ok(Completion::Completed) => {
+            Counters::add(&config.counters.completions);
+            tracing::debug!(target: "safe_retry_server", event = "completed", %scope, %key, status = head.status.as_u16());
+            let body = if over {
+                ReplyBody::inner(read, body)
+            } else {
+                ReplyBody::full(read)
+            };
+            Ok(Response::from_parts(head, body))
+        }
+        Ok(Completion::Fenced) => {
+            Counters::add(&config.counters.fenced);
+            tracing::warn!(
+                target: "safe_retry_server",
+                event = "fenced",
+                %scope,
+                %key,
+                attempt = claimed.fence.attempt,
+                "another attempt took this record over; this completion and its local effects were rolled back"
+            );
+            match config.store.read(&scope, &key).await {
+                Ok(Some(record)) if record.fingerprint == fingerprint => match record.state {
+                    RecordState::Completed(stored) => Ok(replay(&config, &scope, &key, &stored)),
+                    RecordState::InProgress { lease_left } => {
+                        Ok(answer(Problem::in_progress(lease_left)))
+                    }
+                },
+                Ok(_) => Ok(answer(Problem::in_progress(std::time::Duration::ZERO))),
+                Err(error) => Ok(unavailable(&config, &error)),
+            }
+        }
+    }
+}
+
+/// The stored answer again, marked as a replay.
+fn replay<S, R>(
+    config: &Config<S>,
+    scope: &str,
+    key: &str,
+    stored: &StoredAnswer,
+) -> Response<ReplyBody<R>> {
+    Counters::add(&config.counters.replays);
+    tracing::debug!(target: "safe_retry_server", event = "replay", scope, key);
+    let mut response = match &stored.body {
+        Some(body) => {
+            let mut response = Response::new(ReplyBody::full(body.clone()));
+            let headers = response.headers_mut();
+            for (name, value) in &stored.headers {
+                headers.append(name.clone(), value.clone());
+            }
+            response
+        }
+        None => answer(Problem::AnswerNotStored.response_with_status(
+            stored.status,
+            "this request completed before; its answer was too large to store, so only its status is replayed",
+        )),
+    };
+    *response.status_mut() = stored.status;
+    response
+        .headers_mut()
+        .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+    response
+}
+
+/// The headers a replay sends again: all but the hop-by-hop ones (and those a `Connection`
+/// header names), and `content-length`, which the stored body sets again.
+fn end_to_end(headers: &http::HeaderMap) -> Vec<(HeaderName, HeaderValue)> {
+    const HOP: [HeaderName; 8] = [
+        header::CONNECTION,
+        HeaderName::from_static("keep-alive"),
+        header::PROXY_AUTHENTICATE,
+        header::PROXY_AUTHORIZATION,
+        header::TE,
+        header::TRAILER,
+        header::TRANSFER_ENCODING,
+        header::UPGRADE,
+    ];
+    let named: Vec<&str> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(str::trim)
+        .collect();
+    headers
+        .iter()
+        .filter(|(name, _)| {
+            !HOP.contains(name)
+                && *name != header::CONTENT_LENGTH
+                && !named.iter().any(|n| n.eq_ignore_ascii_case(name.as_str()))
+        })
+        .map(|(n, v)| (n.clone(), v.clone()))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hop_by_hop_headers_and_those_connection_names_are_not_stored() {
+        let mut headers = http::HeaderMap::new();
+        headers.insert(
+            header::CONNECTION,
+            HeaderValue::from_static("close, X-Private"),
+        );
+        headers.insert("x-private", HeaderValue::from_static("1"));
+        headers.insert(
+            header::TRANSFER_ENCODING,
+            HeaderValue::from_static("chunked"),
+        );
+        headers.insert("keep-alive", HeaderValue::from_static("timeout=5"));
+        headers.insert(header::CONTENT_LENGTH, HeaderValue::from_static("2"));
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        headers.append("set-cookie", HeaderValue::from_static("a=1"));
+        headers.append("set-cookie", HeaderValue::from_static("b=2"));
+        let kept = end_to_end(&headers);
+        let names: Vec<_> = kept
+            .iter()
+            .map(|(n, v)| format!("{n}: {}", v.to_str().unwrap()))
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "content-type: application/json",
+                "set-cookie: a=1",
+                "set-cookie: b=2"
+            ]
+        );
+    }
+}

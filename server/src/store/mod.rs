@@ -1,0 +1,322 @@
+//! The outcome table behind the layer: a small trait, and one implementation per database.
+//!
+//! Every store keeps one row per (scope, key) with the request's fingerprint, its status
+//! (`in_progress` or `completed`), the stored answer, the lease (`locked_until`), the fencing
+//! counter (`attempt`), `created_at` and `expires_at`. The schema ships with the crate as
+//! migrations (`migrations/sqlite`, `migrations/postgres`); each store's `migrate` applies them,
+//! recording what it applied in its own table, `safe_retry_schema`, so that it never meets the
+//! migrations of the application that shares the database.
+//!
+//! The promises every store keeps, and that the test suite proves on each of them:
+//!
+//! - [`Store::try_claim`] is one atomic statement: of any number of concurrent claims of one key,
+//!   exactly one owns the execution; a claim takes over a record whose lease has run out (with the
+//!   same fingerprint) or whose retention has run out, and bumps its attempt.
+//! - [`Store::complete`] and [`Store::release`] are fenced: they change the record only while it
+//!   is still held by the attempt that claimed it, in the transaction the handler wrote in, and a
+//!   refused write rolls that whole transaction back.
+//! - Time is the database's clock, read in the statements themselves.
+
+#[cfg(feature = "postgres")]
+mod postgres;
+#[cfg(feature = "sqlite")]
+mod sqlite;
+
+#[cfg(feature = "postgres")]
+pub use postgres::PostgresStore;
+#[cfg(feature = "sqlite")]
+pub use sqlite::SqliteStore;
+
+use std::future::Future;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderName, HeaderValue, StatusCode};
+
+/// A durable table of outcomes, one row per (scope, key).
+///
+/// The layer calls these methods; an application calls only its store's constructor,
+/// `migrate` and [`sweep`](Store::sweep). A new store (Redis, MySQL) implements this trait and
+/// runs the crate's test suite (`server/tests/all/stores.rs` shows how each store is plugged
+/// in).
+pub trait Store: Clone + Send + Sync + 'static {
+    /// The transaction a handler writes its local effects in. It commits with the record's
+    /// completion, or rolls back with it.
+    type Tx: Send + 'static;
+
+    /// Claims the key in one atomic statement.
+    ///
+    /// Returns the holder's fence when this call owns the execution: the key was new, its
+    /// retention had ended, or it was `in_progress` under the same fingerprint past its lease
+    /// (a takeover). Returns `None` when another holder or a completed outcome has it.
+    fn try_claim(
+        &self,
+        claim: &Claim<'_>,
+    ) -> impl Future<Output = Result<Option<Claimed>, StoreError>> + Send;
+
+    /// Reads the record of (scope, key), if there is one.
+    fn read(
+        &self,
+        scope: &str,
+        key: &str,
+    ) -> impl Future<Output = Result<Option<Record>, StoreError>> + Send;
+
+    /// Opens the transaction a handler writes its local effects in.
+    fn begin(&self) -> impl Future<Output = Result<Self::Tx, StoreError>> + Send;
+
+    /// Stores the answer and marks the record completed, in `tx` when the handler opened one,
+    /// then commits. When the record is no longer held by `fence` (another attempt took it
+    /// over) nothing is written, `tx` is rolled back and the result is
+    /// [`Completion::Fenced`].
+    fn complete(
+        &self,
+        tx: Option<Self::Tx>,
+        fence: Fence,
+        answer: &StoredAnswer,
+    ) -> impl Future<Output = Result<Completion, StoreError>> + Send;
+
+    /// Deletes the record while `fence` still holds it (a request the handler rejected before
+    /// doing anything), and rolls `tx` back. Returns whether the record was deleted.
+    fn release(
+        &self,
+        tx: Option<Self::Tx>,
+        fence: Fence,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// Deletes at most `batch` records whose retention has ended (and whose lease, if they are
+    /// still in progress, has ended too), in one short statement. Returns how many it deleted:
+    /// call it again while that equals `batch`.
+    fn sweep(&self, batch: u32) -> impl Future<Output = Result<u64, StoreError>> + Send;
+}
+
+/// What a claim asks the store for.
+#[derive(Debug, Clone, Copy)]
+pub struct Claim<'a> {
+    /// The caller's scope.
+    pub scope: &'a str,
+    /// The idempotency key.
+    pub key: &'a str,
+    /// The request's fingerprint.
+    pub fingerprint: &'a [u8; 32],
+    /// How long the holder may run before another request may take the record over.
+    pub lease: Duration,
+    /// How long the record is kept after it is created.
+    pub retention: Duration,
+}
+
+/// Which holder of a record a write comes from: the record's row id and the attempt that
+/// claimed it. A takeover bumps the attempt, and a record deleted and claimed again gets a new
+/// id, so a stale holder's fence never matches again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fence {
+    /// The record's row id.
+    pub id: i64,
+    /// The attempt counter this holder claimed.
+    pub attempt: i64,
+}
+
+/// The result of a successful claim.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Claimed {
+    /// The fence every later write of this holder carries.
+    pub fence: Fence,
+    /// Whether this claim took over a record another holder left in progress past its lease.
+    pub taken_over: bool,
+}
+
+/// A record as read from the table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Record {
+    /// The fingerprint of the request that created the record.
+    pub fingerprint: [u8; 32],
+    /// Where the record stands.
+    pub state: RecordState,
+}
+
+/// Where a record stands.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RecordState {
+    /// A holder is executing it; its lease ends after `lease_left` (zero: it has ended).
+    InProgress {
+        /// The time left on the holder's lease, by the database's clock.
+        lease_left: Duration,
+    },
+    /// Completed, with the stored answer.
+    Completed(StoredAnswer),
+}
+
+/// The answer stored for a completed key: what a replay sends back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredAnswer {
+    /// The status code.
+    pub status: StatusCode,
+    /// The end-to-end headers, in order.
+    pub headers: Vec<(HeaderName, HeaderValue)>,
+    /// The body, byte for byte; `None` when it was larger than the layer stores.
+    pub body: Option<Bytes>,
+}
+
+/// How a completion ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Completion {
+    /// The answer and the handler's local effects committed together.
+    Completed,
+    /// Another attempt holds the record: nothing was written and the handler's transaction was
+    /// rolled back.
+    Fenced,
+}
+
+/// A store that could not be reached or refused a statement.
+#[derive(Debug, thiserror::Error)]
+#[error("the outcome store failed: {0}")]
+pub struct StoreError(#[source] Box<dyn std::error::Error + Send + Sync>);
+
+impl StoreError {
+    /// Wraps a database error.
+    pub fn new(error: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> StoreError {
+        StoreError(error.into())
+    }
+}
+
+impl From<sqlx::Error> for StoreError {
+    fn from(error: sqlx::Error) -> StoreError {
+        StoreError(Box::new(error))
+    }
+}
+
+/// Encodes headers as the stores keep them: per header, the name's length (2 bytes), the
+/// value's length (4 bytes, big-endian), the name, the value.
+pub(crate) fn encode_headers(headers: &[(HeaderName, HeaderValue)]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(
+        headers
+            .iter()
+            .map(|(n, v)| 6 + n.as_str().len() + v.len())
+            .sum(),
+    );
+    for (name, value) in headers {
+        let name = name.as_str().as_bytes();
+        out.extend_from_slice(&(name.len() as u16).to_be_bytes());
+        out.extend_from_slice(&(value.len() as u32).to_be_bytes());
+        out.extend_from_slice(name);
+        out.extend_from_slice(value.as_bytes());
+    }
+    out
+}
+
+/// Decodes what [`encode_headers`] wrote. A row that does not decode (edited by hand) is an
+/// error, never a panic.
+pub(crate) fn decode_headers(
+    mut bytes: &[u8],
+) -> Result<Vec<(HeaderName, HeaderValue)>, StoreError> {
+    let bad = || StoreError::new("a stored answer's headers do not decode");
+    let mut headers = Vec::new();
+    while !bytes.is_empty() {
+        let (lengths, rest) = bytes.split_at_checked(6).ok_or_else(bad)?;
+        let name_len = u16::from_be_bytes([lengths[0], lengths[1]]) as usize;
+        let value_len =
+            u32::from_be_bytes([lengths[2], lengths[3], lengths[4], lengths[5]]) as usize;
+        let (name, rest) = rest.split_at_checked(name_len).ok_or_else(bad)?;
+        let (value, rest) = rest.split_at_checked(value_len).ok_or_else(bad)?;
+        let name = HeaderName::from_bytes(name).map_err(|_| bad())?;
+        let value = HeaderValue::from_bytes(value).map_err(|_| bad())?;
+        headers.push((name, value));
+        bytes = rest;
+    }
+    Ok(headers)
+}
+
+/// Builds a stored answer from a row's columns.
+pub(crate) fn answer_of(
+    status: Option<i64>,
+    headers: Option<Vec<u8>>,
+    body: Option<Vec<u8>>,
+) -> Result<StoredAnswer, StoreError> {
+    let status = status
+        .and_then(|s| u16::try_from(s).ok())
+        .and_then(|s| StatusCode::from_u16(s).ok())
+        .ok_or_else(|| StoreError::new("a completed record has no valid status"))?;
+    Ok(StoredAnswer {
+        status,
+        headers: decode_headers(headers.as_deref().unwrap_or_default())?,
+        body: body.map(Bytes::from),
+    })
+}
+
+/// A fingerprint column as 32 bytes.
+pub(crate) fn fingerprint_of(column: &[u8]) -> Result<[u8; 32], StoreError> {
+    column
+        .try_into()
+        .map_err(|_| StoreError::new("a record's fingerprint is not 32 bytes"))
+}
+
+/// A duration in whole milliseconds, for a statement's parameter (saturating).
+pub(crate) fn millis(duration: Duration) -> i64 {
+    i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn headers_round_trip_in_order_with_repeats_and_opaque_bytes() {
+        let headers = vec![
+            (
+                HeaderName::from_static("content-type"),
+                HeaderValue::from_static("application/json"),
+            ),
+            (
+                HeaderName::from_static("set-cookie"),
+                HeaderValue::from_static("a=1"),
+            ),
+            (
+                HeaderName::from_static("set-cookie"),
+                HeaderValue::from_static("b=2"),
+            ),
+            (
+                HeaderName::from_static("x-empty"),
+                HeaderValue::from_static(""),
+            ),
+            (
+                HeaderName::from_static("x-opaque"),
+                HeaderValue::from_bytes(&[0xff, b'a', 0x80]).unwrap(),
+            ),
+        ];
+        assert_eq!(decode_headers(&encode_headers(&headers)).unwrap(), headers);
+        assert_eq!(decode_headers(&[]).unwrap(), vec![]);
+    }
+
+    #[test]
+    fn a_truncated_or_garbled_header_column_is_an_error_not_a_panic() {
+        let encoded = encode_headers(&[(
+            HeaderName::from_static("x-a"),
+            HeaderValue::from_static("value"),
+        )]);
+        for cut in 1..encoded.len() {
+            assert!(decode_headers(&encoded[..cut]).is_err(), "cut at {cut}");
+        }
+        // A name that is not a header name.
+        let mut bad = encoded.clone();
+        bad[6] = b' ';
+        assert!(decode_headers(&bad).is_err());
+        // A value with a control character.
+        let mut bad = encoded;
+        let last = bad.len() - 1;
+        bad[last] = b'\n';
+        assert!(decode_headers(&bad).is_err());
+    }
+
+    #[test]
+    fn a_row_s_status_must_be_a_status() {
+        assert!(answer_of(None, None, None).is_err());
+        assert!(answer_of(Some(99), None, None).is_err());
+        assert!(answer_of(Some(70_000), None, None).is_err());
+        let answer = answer_of(Some(201), None, Some(b"{}".to_vec())).unwrap();
+        assert_eq!(answer.status, StatusCode::CREATED);
+        assert_eq!(answer.body.as_deref(), Some(&b"{}"[..]));
+        assert!(fingerprint_of(&[0; 31]).is_err());
+        assert_eq!(fingerprint_of(&[7; 32]).unwrap(), [7; 32]);
+        assert_eq!(millis(Duration::from_millis(1500)), 1500);
+        assert_eq!(millis(Duration::MAX), i64::MAX);
+    }
+}

@@ -1,0 +1,217 @@
+//! The fleet store: PostgreSQL through sqlx.
+
+use std::time::Duration;
+
+use sqlx::postgres::{PgPool, PgPoolOptions};
+use sqlx::{Postgres, Row, Transaction};
+
+use super::{
+    Claim, Claimed, Completion, Fence, Record, RecordState, Store, StoreError, StoredAnswer,
+    answer_of, encode_headers, fingerprint_of, millis,
+};
+
+const MIGRATIONS: &[(i64, &str)] = &[(
+    1,
+    include_str!("../../migrations/postgres/0001_outcomes.sql"),
+)];
+
+/// The advisory lock that serialises servers of a fleet migrating the same database at once
+/// (a constant: the bytes of "safe-rtr").
+const MIGRATION_LOCK: i64 = 0x7361_6665_2d72_7472;
+
+/// The outcome table in PostgreSQL, shared by every server of a fleet.
+///
+/// Every lease decision reads `now()` inside the statement that makes it, so servers whose own
+/// clocks disagree still agree on who holds a key. Statements run at READ COMMITTED: a
+/// completion and a takeover of the same row meet on its row lock, and whichever commits
+/// second finds the record changed and writes nothing.
+#[derive(Debug, Clone)]
+pub struct PostgresStore {
+    pool: PgPool,
+}
+
+impl PostgresStore {
+    /// Connects to `url` (`postgres://user@host/database`) with a pool of 16 connections and
+    /// applies the migrations.
+    pub async fn connect(url: &str) -> Result<PostgresStore, StoreError> {
+        let pool = PgPoolOptions::new()
+            .max_connections(16)
+            .acquire_timeout(Duration::from_secs(5))
+            .connect(url)
+            .await?;
+        let store = PostgresStore { pool };
+        store.migrate().await?;
+        Ok(store)
+    }
+
+    /// A store on a pool the application made. Call [`migrate`](PostgresStore::migrate) once
+    /// before the first request.
+    pub fn from_pool(pool: PgPool) -> PostgresStore {
+        PostgresStore { pool }
+    }
+
+    /// The pool, for the application's own queries.
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// Applies the crate's migrations that this database has not seen, in one transaction,
+    /// under an advisory lock so that servers starting together apply each once.
+    pub async fn migrate(&self) -> Result<(), StoreError> {
+        let mut tx = self.pool.begin().await?;
+        sqlx::query("SELECT pg_advisory_xact_lock($1)")
+            .bind(MIGRATION_LOCK)
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query("CREATE TABLE IF NOT EXISTS safe_retry_schema (version BIGINT PRIMARY KEY)")
+            .execute(&mut *tx)
+            .await?;
+        let applied: i64 =
+            sqlx::query_scalar("SELECT COALESCE(MAX(version), 0)::BIGINT FROM safe_retry_schema")
+                .fetch_one(&mut *tx)
+                .await?;
+        for &(version, sql) in MIGRATIONS.iter().filter(|(v, _)| *v > applied) {
+            sqlx::raw_sql(sql).execute(&mut *tx).await?;
+            sqlx::query("INSERT INTO safe_retry_schema (version) VALUES ($1)")
+                .bind(version)
+                .execute(&mut *tx)
+                .await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+}
+
+impl Store for PostgresStore {
+    type Tx = Transaction<'static, Postgres>;
+
+    async fn try_claim(&self, claim: &Claim<'_>) -> Result<Option<Claimed>, StoreError> {
+        let row = sqlx::query(
+            "INSERT INTO safe_retry_outcomes AS o
+                (scope, key, fingerprint, status, attempt, locked_until, created_at, expires_at)
+             VALUES ($1, $2, $3, 'in_progress', 1,
+                     now() + $4::BIGINT * INTERVAL '1 millisecond', now(),
+                     now() + $5::BIGINT * INTERVAL '1 millisecond')
+             ON CONFLICT (scope, key) DO UPDATE SET
+                attempt = o.attempt + 1,
+                locked_until = excluded.locked_until,
+                status = 'in_progress',
+                fingerprint = excluded.fingerprint,
+                response_status = NULL, response_headers = NULL, response_body = NULL,
+                created_at = CASE WHEN o.expires_at <= now() THEN excluded.created_at ELSE o.created_at END,
+                expires_at = CASE WHEN o.expires_at <= now() THEN excluded.expires_at ELSE o.expires_at END
+             WHERE (o.expires_at <= now() AND (o.status = 'completed' OR o.locked_until <= now()))
+                OR (o.status = 'in_progress' AND o.locked_until <= now() AND o.fingerprint = excluded.fingerprint)
+             RETURNING id, attempt, created_at = now() AS fresh",
+        )
+        .bind(claim.scope)
+        .bind(claim.key)
+        .bind(&claim.fingerprint[..])
+        .bind(millis(claim.lease))
+        .bind(millis(claim.retention))
+        .fetch_optional(&self.pool)
+        .await?;
+        Ok(match row {
+            None => None,
+            Some(row) => Some(Claimed {
+                fence: Fence {
+                    id: row.try_get("id")?,
+                    attempt: row.try_get("attempt")?,
+                },
+                taken_over: !row.try_get::<bool, _>("fresh")?,
+            }),
+        })
+    }
+
+    async fn read(&self, scope: &str, key: &str) -> Result<Option<Record>, StoreError> {
+        let row = sqlx::query(
+            "SELECT fingerprint, status, response_status::BIGINT AS response_status,
+                    response_headers, response_body,
+                    GREATEST(0, CEIL(EXTRACT(EPOCH FROM (COALESCE(locked_until, now()) - now())) * 1000))::BIGINT
+                        AS lease_left
+             FROM safe_retry_outcomes WHERE scope = $1 AND key = $2",
+        )
+        .bind(scope)
+        .bind(key)
+        .fetch_optional(&self.pool)
+        .await?;
+        let Some(row) = row else { return Ok(None) };
+        let fingerprint = fingerprint_of(&row.try_get::<Vec<u8>, _>("fingerprint")?)?;
+        let state = if row.try_get::<String, _>("status")? == "completed" {
+            RecordState::Completed(answer_of(
+                row.try_get("response_status")?,
+                row.try_get("response_headers")?,
+                row.try_get("response_body")?,
+            )?)
+        } else {
+            let left: i64 = row.try_get("lease_left")?;
+            RecordState::InProgress {
+                lease_left: Duration::from_millis(left.max(0) as u64),
+            }
+        };
+        Ok(Some(Record { fingerprint, state }))
+    }
+
+    async fn begin(&self) -> Result<Self::Tx, StoreError> {
+        Ok(self.pool.begin().await?)
+    }
+
+    async fn complete(
+        &self,
+        tx: Option<Self::Tx>,
+        fence: Fence,
+        answer: &StoredAnswer,
+    ) -> Result<Completion, StoreError> {
+        let mut tx = match tx {
+            Some(tx) => tx,
+            None => self.begin().await?,
+        };
+        let done = sqlx::query(
+            "UPDATE safe_retry_outcomes
+             SET status = 'completed', locked_until = NULL,
+                 response_status = $3, response_headers = $4, response_body = $5
+             WHERE id = $1 AND attempt = $2 AND status = 'in_progress'",
+        )
+        .bind(fence.id)
+        .bind(fence.attempt)
+        .bind(i32::from(answer.status.as_u16()))
+        .bind(encode_headers(&answer.headers))
+        .bind(answer.body.as_deref())
+        .execute(&mut *tx)
+        .await?;
+        if done.rows_affected() == 0 {
+            tx.rollback().await?;
+            return Ok(Completion::Fenced);
+        }
+        tx.commit().await?;
+        Ok(Completion::Completed)
+    }
+
+    async fn release(&self, tx: Option<Self::Tx>, fence: Fence) -> Result<bool, StoreError> {
+        if let Some(tx) = tx {
+            tx.rollback().await?;
+        }
+        let done = sqlx::query(
+            "DELETE FROM safe_retry_outcomes WHERE id = $1 AND attempt = $2 AND status = 'in_progress'",
+        )
+        .bind(fence.id)
+        .bind(fence.attempt)
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn sweep(&self, batch: u32) -> Result<u64, StoreError> {
+        let done = sqlx::query(
+            "DELETE FROM safe_retry_outcomes WHERE id IN (
+                SELECT id FROM safe_retry_outcomes
+                WHERE expires_at <= now() AND (status = 'completed' OR locked_until <= now())
+                ORDER BY expires_at LIMIT $1
+                FOR UPDATE SKIP LOCKED)",
+        )
+        .bind(i64::from(batch))
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected())
+    }
+}

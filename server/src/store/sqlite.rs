@@ -1,0 +1,255 @@
+//! The embedded store: SQLite through sqlx.
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions};
+use sqlx::{Row, Sqlite, Transaction};
+
+use super::{
+    Claim, Claimed, Completion, Fence, Record, RecordState, Store, StoreError, StoredAnswer,
+    answer_of, encode_headers, fingerprint_of, millis,
+};
+
+/// The database's clock in milliseconds since the Unix epoch, as every statement reads it.
+macro_rules! now_ms {
+    () => {
+        "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)"
+    };
+}
+
+const MIGRATIONS: &[(i64, &str)] =
+    &[(1, include_str!("../../migrations/sqlite/0001_outcomes.sql"))];
+
+/// The outcome table in SQLite: the embedded default, for one process (or several on one
+/// machine sharing a file).
+///
+/// Lease decisions read SQLite's clock, which is the machine's. Handlers' transactions begin
+/// with `BEGIN IMMEDIATE`, so two of them never deadlock upgrading a read to a write; SQLite
+/// runs one writing transaction at a time, so a handler that holds its [`Local`](crate::Local)
+/// transaction through a slow call holds every other writer back: take it last.
+#[derive(Debug, Clone)]
+pub struct SqliteStore {
+    pool: SqlitePool,
+}
+
+impl SqliteStore {
+    /// Opens (creating it if missing) the database at `url` (`sqlite://path/to/file.db`, or a
+    /// bare path) in WAL mode with a 5 s busy timeout, and applies the migrations.
+    pub async fn open(url: &str) -> Result<SqliteStore, StoreError> {
+        let options = SqliteConnectOptions::from_str(url)?
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .busy_timeout(Duration::from_secs(5));
+        let pool = SqlitePoolOptions::new()
+            .max_connections(8)
+            .connect_with(options)
+            .await?;
+        let store = SqliteStore { pool };
+        store.migrate().await?;
+        Ok(store)
+    }
+
+    /// An in-memory database for one process, with the migrations applied. It lives on one
+    /// connection, so requests take turns at the database, and a handler must not use another
+    /// connection of the same pool while it holds its [`Local`](crate::Local) transaction.
+    pub async fn memory() -> Result<SqliteStore, StoreError> {
+        let options = SqliteConnectOptions::from_str("sqlite::memory:")?;
+        let pool = SqlitePoolOptions::new()
+            .max_connections(1)
+            .min_connections(1)
+            .idle_timeout(None)
+            .max_lifetime(None)
+            .connect_with(options)
+            .await?;
+        let store = SqliteStore { pool };
+        store.migrate().await?;
+        Ok(store)
+    }
+
+    /// A store on a pool the application made. Call [`migrate`](SqliteStore::migrate) once
+    /// before the first request.
+    pub fn from_pool(pool: SqlitePool) -> SqliteStore {
+        SqliteStore { pool }
+    }
+
+    /// The pool, for the application's own queries.
+    pub fn pool(&self) -> &SqlitePool {
+        &self.pool
+    }
+
+    /// Applies the crate's migrations that this database has not seen, in one transaction.
+    pub async fn migrate(&self) -> Result<(), StoreError> {
+        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        sqlx::query("CREATE TABLE IF NOT EXISTS safe_retry_schema (version INTEGER PRIMARY KEY)")
+            .execute(&mut *tx)
+            .await?;
+        let applied: i64 =
+            sqlx::query_scalar("SELECT COALESCE(MAX(version), 0) FROM safe_retry_schema")
+                .fetch_one(&mut *tx)
+                .await?;
+        for &(version, sql) in MIGRATIONS.iter().filter(|(v, _)| *v > applied) {
+            sqlx::raw_sql(sql).execute(&mut *tx).await?;
+            sqlx::query("INSERT INTO safe_retry_schema (version) VALUES (?)")
+                .bind(version)
+                .execute(&mut *tx)
+                .await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+}
+
+impl Store for SqliteStore {
+    type Tx = Transaction<'static, Sqlite>;
+
+    async fn try_claim(&self, claim: &Claim<'_>) -> Result<Option<Claimed>, StoreError> {
+        let row = sqlx::query(concat!(
+            "INSERT INTO safe_retry_outcomes AS o
+                (scope, key, fingerprint, status, attempt, locked_until, created_at, expires_at)
+             VALUES (?1, ?2, ?3, 'in_progress', 1, ",
+            now_ms!(),
+            " + ?4, ",
+            now_ms!(),
+            ", ",
+            now_ms!(),
+            " + ?5)
+             ON CONFLICT (scope, key) DO UPDATE SET
+                attempt = o.attempt + 1,
+                locked_until = excluded.locked_until,
+                status = 'in_progress',
+                fingerprint = excluded.fingerprint,
+                response_status = NULL, response_headers = NULL, response_body = NULL,
+                created_at = CASE WHEN o.expires_at <= ",
+            now_ms!(),
+            " THEN excluded.created_at ELSE o.created_at END,
+                expires_at = CASE WHEN o.expires_at <= ",
+            now_ms!(),
+            " THEN excluded.expires_at ELSE o.expires_at END
+             WHERE (o.expires_at <= ",
+            now_ms!(),
+            " AND (o.status = 'completed' OR o.locked_until <= ",
+            now_ms!(),
+            "))
+                OR (o.status = 'in_progress' AND o.locked_until <= ",
+            now_ms!(),
+            " AND o.fingerprint = excluded.fingerprint)
+             RETURNING id, attempt, created_at = ",
+            now_ms!(),
+            " AS fresh"
+        ))
+        .bind(claim.scope)
+        .bind(claim.key)
+        .bind(&claim.fingerprint[..])
+        .bind(millis(claim.lease))
+        .bind(millis(claim.retention))
+        .fetch_optional(&self.pool)
+        .await?;
+        Ok(match row {
+            None => None,
+            Some(row) => Some(Claimed {
+                fence: Fence {
+                    id: row.try_get("id")?,
+                    attempt: row.try_get("attempt")?,
+                },
+                taken_over: !row.try_get::<bool, _>("fresh")?,
+            }),
+        })
+    }
+
+    async fn read(&self, scope: &str, key: &str) -> Result<Option<Record>, StoreError> {
+        let row = sqlx::query(concat!(
+            "SELECT fingerprint, status, response_status, response_headers, response_body,
+                    MAX(0, COALESCE(locked_until, 0) - ",
+            now_ms!(),
+            ") AS lease_left
+             FROM safe_retry_outcomes WHERE scope = ?1 AND key = ?2"
+        ))
+        .bind(scope)
+        .bind(key)
+        .fetch_optional(&self.pool)
+        .await?;
+        let Some(row) = row else { return Ok(None) };
+        let fingerprint = fingerprint_of(&row.try_get::<Vec<u8>, _>("fingerprint")?)?;
+        let state = if row.try_get::<String, _>("status")? == "completed" {
+            RecordState::Completed(answer_of(
+                row.try_get("response_status")?,
+                row.try_get("response_headers")?,
+                row.try_get("response_body")?,
+            )?)
+        } else {
+            let left: i64 = row.try_get("lease_left")?;
+            RecordState::InProgress {
+                lease_left: Duration::from_millis(left.max(0) as u64),
+            }
+        };
+        Ok(Some(Record { fingerprint, state }))
+    }
+
+    async fn begin(&self) -> Result<Self::Tx, StoreError> {
+        Ok(self.pool.begin_with("BEGIN IMMEDIATE").await?)
+    }
+
+    async fn complete(
+        &self,
+        tx: Option<Self::Tx>,
+        fence: Fence,
+        answer: &StoredAnswer,
+    ) -> Result<Completion, StoreError> {
+        let mut tx = match tx {
+            Some(tx) => tx,
+            None => self.begin().await?,
+        };
+        let done = sqlx::query(
+            "UPDATE safe_retry_outcomes
+             SET status = 'completed', locked_until = NULL,
+                 response_status = ?3, response_headers = ?4, response_body = ?5
+             WHERE id = ?1 AND attempt = ?2 AND status = 'in_progress'",
+        )
+        .bind(fence.id)
+        .bind(fence.attempt)
+        .bind(i64::from(answer.status.as_u16()))
+        .bind(encode_headers(&answer.headers))
+        .bind(answer.body.as_deref())
+        .execute(&mut *tx)
+        .await?;
+        if done.rows_affected() == 0 {
+            tx.rollback().await?;
+            return Ok(Completion::Fenced);
+        }
+        tx.commit().await?;
+        Ok(Completion::Completed)
+    }
+
+    async fn release(&self, tx: Option<Self::Tx>, fence: Fence) -> Result<bool, StoreError> {
+        if let Some(tx) = tx {
+            tx.rollback().await?;
+        }
+        let done = sqlx::query(
+            "DELETE FROM safe_retry_outcomes WHERE id = ?1 AND attempt = ?2 AND status = 'in_progress'",
+        )
+        .bind(fence.id)
+        .bind(fence.attempt)
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn sweep(&self, batch: u32) -> Result<u64, StoreError> {
+        let done = sqlx::query(concat!(
+            "DELETE FROM safe_retry_outcomes WHERE id IN (
+                SELECT id FROM safe_retry_outcomes
+                WHERE expires_at <= ",
+            now_ms!(),
+            "
+                  AND (status = 'completed' OR locked_until <= ",
+            now_ms!(),
+            ")
+                ORDER BY expires_at LIMIT ?1)"
+        ))
+        .bind(i64::from(batch))
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected())
+    }
+}
