@@ -176,10 +176,10 @@ impl<S: Store> DerefMut for Local<S> {
 impl<S: Store> Drop for Local<S> {
     fn drop(&mut self) {
         let mut slot = lock(&self.slot);
-        if matches!(*slot, Slot::Lent) {
-            if let Some(tx) = self.tx.take() {
-                *slot = Slot::Open(tx);
-            }
+        if matches!(*slot, Slot::Lent)
+            && let Some(tx) = self.tx.take()
+        {
+            *slot = Slot::Open(tx);
         }
         // Closed: the layer finished without it; the transaction rolls back as it drops.
     }
