@@ -1,0 +1,601 @@
+//! The layer's rules, each proved through real HTTP against a real database, on every store.
+//! Effects are counted in the effects table, outcomes in the outcome table.
+
+use safe_retry_server::IdempotencyLayer;
+use std::sync::Arc;
+use tokio::sync::Barrier;
+
+use crate::support::{Answer, Backend, Running, Script, post, service};
+
+async fn start<S: Backend>(store: S, script: Script) -> (Running, IdempotencyLayer<S>) {
+    let layer = IdempotencyLayer::builder(store).build().unwrap();
+    (Running::start(service(layer.clone(), script)).await, layer)
+}
+
+async fn effects_of<S: Backend>(store: &S, key: &str) -> usize {
+    store
+        .effects()
+        .await
+        .unwrap()
+        .iter()
+        .filter(|e| e.key == key)
+        .count()
+}
+
+/// Same key twice, one after the other: one effect, and the second answer is the first's,
+/// status, headers and body, plus the replay marker.
+pub async fn same_key_twice_is_one_effect_and_one_answer<S: Backend>() {
+    let store = S::fresh().await;
+    let (server, layer) = start(store.clone(), Script::default()).await;
+    let client = reqwest::Client::new();
+    let url = server.url("/script");
+    let first = post(&client, &url, Some("k-1"), "amount=10").await;
+    let second = post(&client, &url, Some("k-1"), "amount=10").await;
+    let third = post(&client, &url, Some("\"k-1\""), "amount=10").await;
+
+    assert_eq!(first.status, 201);
+    assert_eq!(first.header("idempotent-replayed"), None);
+    assert_eq!(first.header("set-cookie"), Some("a=1"));
+    assert_eq!(second.header("idempotent-replayed"), Some("true"));
+    assert_eq!(
+        second.unmarked(),
+        first,
+        "a replay is the first answer byte for byte"
+    );
+    assert_eq!(third, second, "the quoted spelling is the same key");
+    assert_eq!(effects_of(&store, "k-1").await, 1);
+    assert_eq!(
+        store.outcomes().await,
+        [("k-1".to_owned(), "completed".to_owned(), 1)]
+    );
+    let counts = layer.counters().snapshot();
+    assert_eq!(
+        (counts.claims, counts.completions, counts.replays),
+        (1, 1, 2)
+    );
+}
+
+/// 32 copies of one request at once, from 32 connections released by a barrier, on a
+/// multi-thread runtime, in several rounds: exactly one effect a round; every answer is the
+/// one success or a 409, never a 5xx.
+pub async fn thirty_two_at_once_make_one_effect<S: Backend>() {
+    let store = S::fresh().await;
+    let (server, layer) = start(store.clone(), Script::default()).await;
+    let url = server.url("/script");
+    const COPIES: usize = 32;
+    const ROUNDS: usize = 8;
+    for round in 0..ROUNDS {
+        let key = format!("race-{round}");
+        let barrier = Arc::new(Barrier::new(COPIES));
+        let copies: Vec<_> = (0..COPIES)
+            .map(|_| {
+                let (barrier, url, key) = (barrier.clone(), url.clone(), key.clone());
+                tokio::spawn(async move {
+                    let client = reqwest::Client::new();
+                    barrier.wait().await;
+                    post(&client, &url, Some(&key), "amount=10").await
+                })
+            })
+            .collect();
+        let mut answers = Vec::new();
+        for copy in copies {
+            answers.push(copy.await.unwrap());
+        }
+        let originals: Vec<&Answer> = answers
+            .iter()
+            .filter(|a| a.status == 201 && a.header("idempotent-replayed").is_none())
+            .collect();
+        assert_eq!(
+            originals.len(),
+            1,
+            "round {round}: one copy ran: {answers:#?}"
+        );
+        let original = originals[0];
+        for answer in &answers {
+            match answer.status {
+                409 => {
+                    assert_eq!(answer.problem_type(), "urn:safe-retry:problem:in-progress");
+                    assert!(answer.header("retry-after").is_some());
+                }
+                201 => assert_eq!(&answer.unmarked(), original, "round {round}"),
+                other => panic!("round {round}: a copy got {other}: {answer:?}"),
+            }
+        }
+        assert_eq!(effects_of(&store, &key).await, 1, "round {round}");
+    }
+    let counts = layer.counters().snapshot();
+    assert_eq!(counts.claims, ROUNDS as u64);
+    assert_eq!(
+        counts.replays + counts.in_progress,
+        (ROUNDS * (COPIES - 1)) as u64
+    );
+    assert_eq!(store.effects().await.unwrap().len(), ROUNDS);
+}
+
+/// The same key with another body is a 422, before and after the first completes, and never
+/// a second effect.
+pub async fn another_request_under_the_key_is_422_and_no_effect<S: Backend>() {
+    let store = S::fresh().await;
+    let script = Script::stalled();
+    let (server, layer) = start(store.clone(), script.clone()).await;
+    let url = server.url("/script");
+    let first = tokio::spawn({
+        let url = url.clone();
+        async move { post(&reqwest::Client::new(), &url, Some("k"), "amount=10").await }
+    });
+    script.began.acquire().await.unwrap().forget();
+    let client = reqwest::Client::new();
+    let during = post(&client, &url, Some("k"), "amount=99").await;
+    assert_eq!(during.status, 422);
+    assert_eq!(during.problem_type(), "urn:safe-retry:problem:key-reused");
+    assert_eq!(
+        during.header("content-type"),
+        Some("application/problem+json")
+    );
+    script.gate.add_permits(1);
+    assert_eq!(first.await.unwrap().status, 201);
+    let after = post(&client, &url, Some("k"), "amount=99").await;
+    assert_eq!(after.status, 422);
+    let other_path = post(&client, &server.url("/validated"), Some("k"), "amount=10").await;
+    assert_eq!(other_path.status, 422, "the path is part of the request");
+    assert_eq!(effects_of(&store, "k").await, 1);
+    assert_eq!(layer.counters().snapshot().mismatches, 3);
+}
+
+/// While the first runs, the same request gets a 409 with `Retry-After`; once it completes,
+/// the stored answer.
+pub async fn in_progress_is_a_409_with_retry_after<S: Backend>() {
+    let store = S::fresh().await;
+    let script = Script::stalled();
+    let (server, _layer) = start(store.clone(), script.clone()).await;
+    let url = server.url("/script");
+    let first = tokio::spawn({
+        let url = url.clone();
+        async move { post(&reqwest::Client::new(), &url, Some("k"), "amount=10").await }
+    });
+    script.began.acquire().await.unwrap().forget();
+    let client = reqwest::Client::new();
+    let during = post(&client, &url, Some("k"), "amount=10").await;
+    assert_eq!(during.status, 409);
+    assert_eq!(during.problem_type(), "urn:safe-retry:problem:in-progress");
+    let after: u64 = during.header("retry-after").unwrap().parse().unwrap();
+    assert!(
+        (1..=30).contains(&after),
+        "Retry-After {after} is within the 30 s lease"
+    );
+    script.gate.add_permits(1);
+    let first = first.await.unwrap();
+    let replay = post(&client, &url, Some("k"), "amount=10").await;
+    assert_eq!(replay.unmarked(), first);
+    assert_eq!(effects_of(&store, "k").await, 1);
+}
+
+/// A handler's rejection before it did anything is not stored: the corrected request with the
+/// same key runs, once.
+pub async fn a_rejection_is_not_stored_and_the_corrected_retry_runs_once<S: Backend>() {
+    let store = S::fresh().await;
+    let (server, layer) = start(store.clone(), Script::default()).await;
+    let client = reqwest::Client::new();
+    let url = server.url("/validated");
+    let rejected = post(&client, &url, Some("k"), "amount=bad").await;
+    assert_eq!(
+        (rejected.status, rejected.body.as_slice()),
+        (422, &b"amount must be positive"[..])
+    );
+    assert_eq!(rejected.header("idempotent-replayed"), None);
+    assert_eq!(store.outcomes().await, []);
+    let again = post(&client, &url, Some("k"), "amount=bad").await;
+    assert_eq!(
+        again.header("idempotent-replayed"),
+        None,
+        "a rejection is never replayed"
+    );
+    let corrected = post(&client, &url, Some("k"), "amount=10").await;
+    assert_eq!(corrected.status, 201);
+    let replay = post(&client, &url, Some("k"), "amount=10").await;
+    assert_eq!(replay.unmarked(), corrected);
+    assert_eq!(effects_of(&store, "k").await, 1);
+    assert_eq!(layer.counters().snapshot().rejections, 2);
+}
+
+/// A 5xx the handler answered after it began is stored with its effects and replayed.
+pub async fn a_5xx_after_the_handler_began_is_stored_and_replayed<S: Backend>() {
+    let store = S::fresh().await;
+    let (server, _layer) = start(store.clone(), Script::default()).await;
+    let client = reqwest::Client::new();
+    let url = server.url("/fails");
+    let first = post(&client, &url, Some("k"), "amount=10").await;
+    assert_eq!(first.status, 500);
+    let replay = post(&client, &url, Some("k"), "amount=10").await;
+    assert_eq!(replay.header("idempotent-replayed"), Some("true"));
+    assert_eq!(replay.unmarked(), first);
+    assert_eq!(effects_of(&store, "k").await, 1);
+}
+
+/// The first holder stalls past its lease; a second request takes the record over and
+/// completes; the first's completion is refused and its effect rolled back: one effect, one
+/// stored answer, which the first caller gets too.
+pub async fn a_takeover_fences_the_stalled_holder<S: Backend>() {
+    let store = S::fresh().await;
+    let script = Script::stalled();
+    let (server, layer) = start(store.clone(), script.clone()).await;
+    let url = server.url("/script");
+    let first = tokio::spawn({
+        let url = url.clone();
+        async move { post(&reqwest::Client::new(), &url, Some("k"), "amount=10").await }
+    });
+    script.began.acquire().await.unwrap().forget();
+    store.end_lease("k").await;
+    let client = reqwest::Client::new();
+    let second = post(&client, &url, Some("k"), "amount=10").await;
+    assert_eq!(second.status, 201);
+    let json: serde_json::Value = serde_json::from_slice(&second.body).unwrap();
+    assert_eq!(json["attempt"], 2, "the takeover runs as attempt 2");
+    assert_eq!(layer.counters().snapshot().takeovers, 1);
+
+    script.gate.add_permits(1);
+    let first = first.await.unwrap();
+    assert_eq!(
+        first.header("idempotent-replayed"),
+        Some("true"),
+        "the fenced holder answers with the recovered outcome"
+    );
+    assert_eq!(first.unmarked(), second);
+    assert_eq!(
+        effects_of(&store, "k").await,
+        1,
+        "the fenced holder's effect rolled back"
+    );
+    assert_eq!(
+        store.outcomes().await,
+        [("k".to_owned(), "completed".to_owned(), 2)]
+    );
+    let counts = layer.counters().snapshot();
+    assert_eq!((counts.fenced, counts.completions), (1, 1));
+}
+
+/// After retention the key is new again; the sweep deletes expired records in batches and
+/// nothing else.
+pub async fn after_retention_the_key_is_new_and_the_sweep_goes_in_batches<S: Backend>() {
+    let store = S::fresh().await;
+    let (server, _layer) = start(store.clone(), Script::default()).await;
+    let client = reqwest::Client::new();
+    let url = server.url("/charges");
+    let first = post(&client, &url, Some("k"), "amount=10").await;
+    store.end_retention(Some("k")).await;
+    let again = post(&client, &url, Some("k"), "amount=10").await;
+    assert_eq!(again.status, 201);
+    assert_eq!(again.header("idempotent-replayed"), None);
+    assert_ne!(again.body, first.body, "a new effect");
+    assert_eq!(effects_of(&store, "k").await, 2);
+    // Another request is welcome under an expired key, too.
+    store.end_retention(Some("k")).await;
+    assert_eq!(
+        post(&client, &url, Some("k"), "amount=20").await.status,
+        201
+    );
+
+    for i in 0..24 {
+        post(&client, &url, Some(&format!("old-{i}")), "amount=1").await;
+    }
+    store.end_retention(None).await;
+    post(&client, &url, Some("kept"), "amount=1").await;
+    let mut batches = Vec::new();
+    loop {
+        let deleted = store.sweep(10).await.unwrap();
+        batches.push(deleted);
+        if deleted < 10 {
+            break;
+        }
+        assert!(batches.len() < 10, "the sweep ends");
+    }
+    assert_eq!(batches, [10, 10, 5]);
+    assert_eq!(
+        store.outcomes().await,
+        [("kept".to_owned(), "completed".to_owned(), 1)]
+    );
+}
+
+/// Malformed keys, enormous keys, keys with control characters and bodies over the limit are
+/// each answered with a problem that says what is wrong; nothing is stored or done.
+pub async fn bad_input_gets_a_clear_answer_and_changes_nothing<S: Backend>() {
+    let store = S::fresh().await;
+    let layer = IdempotencyLayer::builder(store.clone())
+        .max_request_body(1024)
+        .build()
+        .unwrap();
+    let server = Running::start(service(layer, Script::default())).await;
+    let client = reqwest::Client::new();
+    let url = server.url("/charges");
+
+    let missing = post(&client, &url, None, "amount=10").await;
+    assert_eq!(
+        (missing.status, missing.problem_type().as_str()),
+        (400, "urn:safe-retry:problem:missing-key")
+    );
+
+    let long = "k".repeat(10_000);
+    let cases: Vec<(Vec<u8>, &str)> = vec![
+        (b"\"unterminated".to_vec(), "no closing quote"),
+        (b"a\tb".to_vec(), "control"),
+        (b"caf\xc3\xa9".to_vec(), "ASCII"),
+        (b"\"a\";param=1".to_vec(), "parameters"),
+        (long.clone().into_bytes(), "10000 bytes long"),
+        (b"".to_vec(), "empty"),
+    ];
+    for (value, reason) in cases {
+        let response = client
+            .post(&url)
+            .header(
+                "idempotency-key",
+                reqwest::header::HeaderValue::from_bytes(&value).unwrap(),
+            )
+            .body("amount=10")
+            .send()
+            .await
+            .unwrap();
+        let answer = Answer::of(response).await;
+        assert_eq!(answer.status, 400, "{value:?}");
+        assert_eq!(
+            answer.problem_type(),
+            "urn:safe-retry:problem:malformed-key"
+        );
+        let detail = serde_json::from_slice::<serde_json::Value>(&answer.body).unwrap()["detail"]
+            .to_string();
+        assert!(detail.contains(reason), "{reason:?} in {detail}");
+    }
+    let twice = client
+        .post(&url)
+        .header("idempotency-key", "a")
+        .header("idempotency-key", "b")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(twice.status(), 400);
+
+    let big = post(&client, &url, Some("big"), &"x".repeat(2048)).await;
+    assert_eq!(
+        (big.status, big.problem_type().as_str()),
+        (413, "urn:safe-retry:problem:body-too-large")
+    );
+    let fits = post(&client, &url, Some("fits"), &"x".repeat(1024)).await;
+    assert_eq!(fits.status, 201, "a body of exactly the limit is read");
+
+    assert_eq!(
+        store.outcomes().await,
+        [("fits".to_owned(), "completed".to_owned(), 1)]
+    );
+    assert_eq!(store.effects().await.unwrap().len(), 1);
+}
+
+/// The store fails while a request runs: the answer is a 503 problem, and the effect the
+/// handler wrote rolled back with the failed completion.
+pub async fn a_store_failing_mid_request_leaves_nothing_half_written<S: Backend>() {
+    let store = S::fresh().await;
+    let script = Script::stalled();
+    let (server, layer) = start(store.clone(), script.clone()).await;
+    let url = server.url("/script");
+    let first = tokio::spawn({
+        let url = url.clone();
+        async move { post(&reqwest::Client::new(), &url, Some("k"), "amount=10").await }
+    });
+    script.began.acquire().await.unwrap().forget();
+    store.break_outcomes().await;
+    script.gate.add_permits(1);
+    let first = first.await.unwrap();
+    assert_eq!(
+        (first.status, first.problem_type().as_str()),
+        (503, "urn:safe-retry:problem:store-unavailable")
+    );
+    assert_eq!(first.header("retry-after"), Some("1"));
+    assert_eq!(
+        store.effects().await.unwrap(),
+        [],
+        "the effect rolled back with the completion"
+    );
+    let next = post(&reqwest::Client::new(), &url, Some("k2"), "amount=10").await;
+    assert_eq!(next.status, 503, "a claim on a failed store runs nothing");
+    assert_eq!(store.effects().await.unwrap(), []);
+    assert_eq!(layer.counters().snapshot().store_failures, 2);
+}
+
+/// Scope keys by caller: one key from two callers is two records; a request the scope
+/// function finds no caller for is a 401 and runs nothing.
+pub async fn keys_are_scoped_by_caller<S: Backend>() {
+    let store = S::fresh().await;
+    let layer = IdempotencyLayer::builder(store.clone())
+        .scope(|parts| {
+            parts
+                .headers
+                .get("x-tenant")?
+                .to_str()
+                .ok()
+                .map(str::to_owned)
+        })
+        .build()
+        .unwrap();
+    let server = Running::start(service(layer, Script::default())).await;
+    let client = reqwest::Client::new();
+    let url = server.url("/charges");
+    for tenant in ["a", "b", "a"] {
+        let response = client
+            .post(&url)
+            .header("idempotency-key", "k")
+            .header("x-tenant", tenant)
+            .body("x")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 201);
+    }
+    let anonymous = post(&client, &url, Some("k"), "x").await;
+    assert_eq!(
+        (anonymous.status, anonymous.problem_type().as_str()),
+        (401, "urn:safe-retry:problem:no-scope")
+    );
+    assert_eq!(effects_of(&store, "k").await, 2);
+}
+
+/// An answer over the storage limit reaches its caller whole; a replay says the request
+/// completed, with its status and the replay marker.
+pub async fn an_answer_over_the_limit_is_sent_whole_and_its_status_replayed<S: Backend>() {
+    let store = S::fresh().await;
+    let layer = IdempotencyLayer::builder(store.clone())
+        .max_answer_body(8)
+        .build()
+        .unwrap();
+    let server = Running::start(service(layer, Script::default())).await;
+    let client = reqwest::Client::new();
+    let url = server.url("/charges");
+    let first = post(&client, &url, Some("k"), "x").await;
+    assert_eq!(first.status, 201);
+    assert_eq!(first.body, b"{\"effect_id\":1}");
+    let replay = post(&client, &url, Some("k"), "x").await;
+    assert_eq!(replay.status, 201);
+    assert_eq!(replay.header("idempotent-replayed"), Some("true"));
+    assert_eq!(
+        replay.problem_type(),
+        "urn:safe-retry:problem:answer-not-stored"
+    );
+    assert_eq!(effects_of(&store, "k").await, 1);
+}
+
+/// Where no key is required, a request without one runs every time with nothing stored; other
+/// methods pass through.
+pub async fn unguarded_requests_pass_through<S: Backend>() {
+    let store = S::fresh().await;
+    let layer = IdempotencyLayer::builder(store.clone())
+        .require_key(false)
+        .build()
+        .unwrap();
+    let script = Script::default();
+    let server = Running::start(service(layer, script.clone())).await;
+    let client = reqwest::Client::new();
+    let url = server.url("/plain");
+    for _ in 0..2 {
+        let answer = post(&client, &url, None, "x").await;
+        assert_eq!(
+            (answer.status, answer.body.as_slice()),
+            (200, &b"no execution"[..])
+        );
+    }
+    let keyed = post(&client, &url, Some("k"), "x").await;
+    assert_eq!(keyed.body, b"an execution");
+    assert_eq!(
+        post(&client, &url, Some("k"), "x")
+            .await
+            .header("idempotent-replayed"),
+        Some("true")
+    );
+    assert_eq!(
+        script
+            .plain_calls
+            .load(std::sync::atomic::Ordering::Relaxed),
+        3
+    );
+    assert_eq!(
+        store.outcomes().await,
+        [("k".to_owned(), "completed".to_owned(), 1)]
+    );
+    let put = client.put(&url).body("x").send().await.unwrap();
+    assert_eq!(
+        put.status(),
+        405,
+        "a PUT passes the layer to the router, which has no PUT route"
+    );
+    assert_eq!(store.outcomes().await.len(), 1);
+}
+
+/// A completion that ran into the lease's end by so little that the takeover has not yet
+/// written: the takeover waits for it, finds it completed, and replays it.
+pub async fn a_claim_on_a_record_completing_now_gets_its_answer<S: Backend>() {
+    let store = S::fresh().await;
+    let (server, _layer) = start(store.clone(), Script::default()).await;
+    let client = reqwest::Client::new();
+    let url = server.url("/script");
+    let first = post(&client, &url, Some("k"), "amount=10").await;
+    store.end_lease("k").await;
+    let second = post(&client, &url, Some("k"), "amount=10").await;
+    assert_eq!(
+        second.unmarked(),
+        first,
+        "a completed record is never taken over, lease or not"
+    );
+    assert_eq!(effects_of(&store, "k").await, 1);
+}
+
+macro_rules! on_every_store {
+    ($($name:ident),* $(,)?) => {
+        #[cfg(feature = "sqlite")]
+        mod sqlite {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $name() {
+                    super::$name::<safe_retry_server::SqliteStore>().await
+                }
+            )*
+        }
+        #[cfg(feature = "postgres")]
+        mod postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $name() {
+                    super::$name::<safe_retry_server::PostgresStore>().await
+                }
+            )*
+        }
+    };
+}
+
+on_every_store!(
+    same_key_twice_is_one_effect_and_one_answer,
+    thirty_two_at_once_make_one_effect,
+    another_request_under_the_key_is_422_and_no_effect,
+    in_progress_is_a_409_with_retry_after,
+    a_rejection_is_not_stored_and_the_corrected_retry_runs_once,
+    a_5xx_after_the_handler_began_is_stored_and_replayed,
+    a_takeover_fences_the_stalled_holder,
+    after_retention_the_key_is_new_and_the_sweep_goes_in_batches,
+    bad_input_gets_a_clear_answer_and_changes_nothing,
+    a_store_failing_mid_request_leaves_nothing_half_written,
+    keys_are_scoped_by_caller,
+    an_answer_over_the_limit_is_sent_whole_and_its_status_replayed,
+    unguarded_requests_pass_through,
+    a_claim_on_a_record_completing_now_gets_its_answer,
+);
+
+/// PostgreSQL cut every connection while the handler held its transaction with its effect
+/// written: a 503, and no effect.
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_cut_mid_request_leaves_nothing_half_written() {
+    use crate::support::ChargesDb;
+    use safe_retry_server::PostgresStore;
+    let store = PostgresStore::fresh().await;
+    let script = Script::stalled_after();
+    let (server, _layer) = start(store.clone(), script.clone()).await;
+    let url = server.url("/script");
+    let first = tokio::spawn({
+        let url = url.clone();
+        async move { post(&reqwest::Client::new(), &url, Some("k"), "amount=10").await }
+    });
+    script.wrote.acquire().await.unwrap().forget();
+    crate::support::postgres::cut_connections(&store).await;
+    script.after.add_permits(1);
+    let first = first.await.unwrap();
+    assert_eq!(
+        (first.status, first.problem_type().as_str()),
+        (503, "urn:safe-retry:problem:store-unavailable")
+    );
+    assert_eq!(
+        store.effects().await.unwrap(),
+        [],
+        "the effect was never committed"
+    );
+    // The record stays in progress for its lease: the next retry after it runs the charge.
+    store.end_lease("k").await;
+    script.after.add_permits(1);
+    let retry = post(&reqwest::Client::new(), &url, Some("k"), "amount=10").await;
+    assert_eq!(retry.status, 201);
+    assert_eq!(effects_of(&store, "k").await, 1);
+}

@@ -1,0 +1,469 @@
+//! The stores under test, each on a real database of its own, and the service they serve.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing;
+use axum::{Extension, Json};
+use safe_retry_server::{Execution, IdempotencyLayer, Rejected};
+use tokio::sync::Semaphore;
+
+pub use crate::charges_app::ChargesDb;
+
+/// A store on a database of its own, with the hooks the tests need to move time.
+pub trait Backend: ChargesDb {
+    /// A new, empty database (a file, or a PostgreSQL schema) with the outcome and effects
+    /// tables.
+    fn fresh() -> impl Future<Output = Self> + Send;
+
+    /// Ends the lease of every record of `key` now, as if the lease's time had passed.
+    fn end_lease(&self, key: &str) -> impl Future<Output = ()> + Send;
+
+    /// Ends the retention of every record of `key` (all records when `None`).
+    fn end_retention(&self, key: Option<&str>) -> impl Future<Output = ()> + Send;
+
+    /// The rows of the outcome table: (key, status, attempt).
+    fn outcomes(&self) -> impl Future<Output = Vec<(String, String, i64)>> + Send;
+
+    /// Drops the outcome table from under the layer: its next statement fails.
+    fn break_outcomes(&self) -> impl Future<Output = ()> + Send;
+}
+
+static NEXT: AtomicU64 = AtomicU64::new(0);
+
+fn unique(prefix: &str) -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    format!(
+        "{prefix}_{}_{}_{nanos}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+#[cfg(feature = "sqlite")]
+mod sqlite {
+    use super::*;
+    use safe_retry_server::SqliteStore;
+
+    impl Backend for SqliteStore {
+        async fn fresh() -> SqliteStore {
+            let dir = std::env::temp_dir().join("safe-retry-server-tests");
+            std::fs::create_dir_all(&dir).expect("a temporary directory");
+            let path = dir.join(format!("{}.db", unique("t")));
+            let store = SqliteStore::open(&format!("sqlite://{}", path.display()))
+                .await
+                .expect("SQLite opens a new file");
+            store.prepare().await.expect("the effects table");
+            store
+        }
+
+        async fn end_lease(&self, key: &str) {
+            sqlx::query("UPDATE safe_retry_outcomes SET locked_until = 0 WHERE key = ?1")
+                .bind(key)
+                .execute(self.pool())
+                .await
+                .unwrap();
+        }
+
+        async fn end_retention(&self, key: Option<&str>) {
+            sqlx::query(
+                "UPDATE safe_retry_outcomes SET expires_at = 0 WHERE ?1 IS NULL OR key = ?1",
+            )
+            .bind(key)
+            .execute(self.pool())
+            .await
+            .unwrap();
+        }
+
+        async fn outcomes(&self) -> Vec<(String, String, i64)> {
+            sqlx::query_as("SELECT key, status, attempt FROM safe_retry_outcomes ORDER BY id")
+                .fetch_all(self.pool())
+                .await
+                .unwrap()
+        }
+
+        async fn break_outcomes(&self) {
+            sqlx::query("DROP TABLE safe_retry_outcomes")
+                .execute(self.pool())
+                .await
+                .unwrap();
+        }
+    }
+}
+
+#[cfg(feature = "postgres")]
+pub mod postgres {
+    use super::*;
+    use safe_retry_server::PostgresStore;
+    use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+    use std::str::FromStr;
+
+    /// Where the PostgreSQL tests connect: `SAFE_RETRY_POSTGRES_URL`, or the project machines'
+    /// server.
+    pub fn url() -> String {
+        std::env::var("SAFE_RETRY_POSTGRES_URL")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
+    }
+
+    /// Drops the schemas that test processes no longer running left behind, once a process.
+    async fn drop_schemas_of_ended_runs(admin: &sqlx::PgPool) {
+        static DONE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+        if DONE.swap(true, Ordering::Relaxed) {
+            return;
+        }
+        let schemas: Vec<String> = sqlx::query_scalar(
+            "SELECT nspname::TEXT FROM pg_namespace WHERE nspname LIKE 'srs\\_test\\_%'",
+        )
+        .fetch_all(admin)
+        .await
+        .unwrap();
+        for schema in schemas {
+            let pid = schema.split('_').nth(2).unwrap_or_default();
+            if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+                let _ = sqlx::query(sqlx::AssertSqlSafe(format!(
+                    "DROP SCHEMA IF EXISTS {schema} CASCADE"
+                )))
+                .execute(admin)
+                .await;
+            }
+        }
+    }
+
+    /// Cuts every connection of this store's pool on the server's side, as a restart or a
+    /// failover does.
+    pub async fn cut_connections(store: &PostgresStore) {
+        sqlx::query(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+             WHERE pid <> pg_backend_pid() AND application_name = current_setting('application_name')",
+        )
+        .execute(store.pool())
+        .await
+        .unwrap();
+    }
+
+    impl Backend for PostgresStore {
+        async fn fresh() -> PostgresStore {
+            let url = url();
+            let schema = unique("srs_test");
+            let unreachable = |error: sqlx::Error| -> ! {
+                panic!(
+                    "PostgreSQL is unreachable at {url}: {error}. The PostgreSQL tests need a server: \
+                     the project's machines run one on 127.0.0.1:5432 (trust auth, database `test`); \
+                     elsewhere start one (e.g. `docker run -p 5432:5432 -e POSTGRES_HOST_AUTH_METHOD=trust postgres`) \
+                     and set SAFE_RETRY_POSTGRES_URL=postgres://user@host:port/database"
+                )
+            };
+            let options = PgConnectOptions::from_str(&url).unwrap_or_else(|e| unreachable(e));
+            let admin = PgPoolOptions::new()
+                .max_connections(1)
+                .connect_with(options.clone())
+                .await
+                .unwrap_or_else(|e| unreachable(e));
+            sqlx::query(sqlx::AssertSqlSafe(format!("CREATE SCHEMA {schema}")))
+                .execute(&admin)
+                .await
+                .unwrap();
+            drop_schemas_of_ended_runs(&admin).await;
+            admin.close().await;
+            let pool = PgPoolOptions::new()
+                .max_connections(40)
+                .connect_with(
+                    options
+                        .options([("search_path", schema.as_str())])
+                        .application_name(&schema),
+                )
+                .await
+                .unwrap_or_else(|e| unreachable(e));
+            let store = PostgresStore::from_pool(pool);
+            store.migrate().await.expect("the migrations apply");
+            store.prepare().await.expect("the effects table");
+            store
+        }
+
+        async fn end_lease(&self, key: &str) {
+            sqlx::query("UPDATE safe_retry_outcomes SET locked_until = now() - interval '1 second' WHERE key = $1")
+                .bind(key)
+                .execute(self.pool())
+                .await
+                .unwrap();
+        }
+
+        async fn end_retention(&self, key: Option<&str>) {
+            sqlx::query(
+                "UPDATE safe_retry_outcomes SET expires_at = now() - interval '1 second'
+                 WHERE $1::TEXT IS NULL OR key = $1",
+            )
+            .bind(key)
+            .execute(self.pool())
+            .await
+            .unwrap();
+        }
+
+        async fn outcomes(&self) -> Vec<(String, String, i64)> {
+            sqlx::query_as("SELECT key, status, attempt FROM safe_retry_outcomes ORDER BY id")
+                .fetch_all(self.pool())
+                .await
+                .unwrap()
+        }
+
+        async fn break_outcomes(&self) {
+            sqlx::query("DROP TABLE safe_retry_outcomes")
+                .execute(self.pool())
+                .await
+                .unwrap();
+        }
+    }
+}
+
+/// What the test service's handlers do, set per test.
+#[derive(Clone)]
+pub struct Script {
+    /// Held by each charge before it writes its effect: a test holds permits back to stall it.
+    pub gate: Arc<Semaphore>,
+    /// Held by each charge after it wrote its effect, before it answers.
+    pub after: Arc<Semaphore>,
+    /// Tells the test a charge has begun (one permit per charge).
+    pub began: Arc<Semaphore>,
+    /// Tells the test a charge has written its effect (one permit per charge).
+    pub wrote: Arc<Semaphore>,
+    /// Calls of `/plain`.
+    pub plain_calls: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Default for Script {
+    fn default() -> Self {
+        let open = || Arc::new(Semaphore::new(Semaphore::MAX_PERMITS));
+        Script {
+            gate: open(),
+            after: open(),
+            began: Arc::new(Semaphore::new(0)),
+            wrote: Arc::new(Semaphore::new(0)),
+            plain_calls: Arc::default(),
+        }
+    }
+}
+
+impl Script {
+    /// A script whose charges wait before their effect until the test adds permits to the gate.
+    pub fn stalled() -> Script {
+        Script {
+            gate: Arc::new(Semaphore::new(0)),
+            ..Script::default()
+        }
+    }
+
+    /// A script whose charges wait after their effect, holding their transaction, until the
+    /// test adds permits.
+    pub fn stalled_after() -> Script {
+        Script {
+            after: Arc::new(Semaphore::new(0)),
+            ..Script::default()
+        }
+    }
+}
+
+/// The service under test: the example's routes plus
+/// - `POST /script`: a charge that waits at the script's gate (its first attempt only; a
+///   takeover does not), writes its effect, waits at the `after` gate, and answers `201` with
+///   headers of its own;
+/// - `POST /validated`: refuses a body containing "bad" before doing anything (marked
+///   [`Rejected`]), otherwise writes its effect;
+/// - `POST /fails`: writes its effect, then answers `500` with a body of its own;
+/// - `POST /plain`: counts its calls, and answers whether the layer gave it an execution.
+pub fn service<S: Backend>(layer: IdempotencyLayer<S>, script: Script) -> Router {
+    let scripted = Router::new()
+        .route("/script", routing::post(scripted::<S>))
+        .route("/validated", routing::post(validated::<S>))
+        .route("/fails", routing::post(fails::<S>))
+        .route("/plain", routing::post(plain::<S>))
+        .layer(layer.clone())
+        .with_state(script);
+    crate::charges_app::app(layer, Duration::ZERO).merge(scripted)
+}
+
+async fn write_effect<S: Backend>(execution: &Execution<S>, body: &str) -> Result<i64, Response> {
+    let unavailable = |e: &dyn std::fmt::Display| {
+        (StatusCode::SERVICE_UNAVAILABLE, e.to_string()).into_response()
+    };
+    let mut tx = execution.local().await.map_err(|e| unavailable(&e))?;
+    S::record_effect(&mut tx, execution.key(), body)
+        .await
+        .map_err(|e| unavailable(&e))
+}
+
+async fn scripted<S: Backend>(
+    State(script): State<Script>,
+    Extension(execution): Extension<Execution<S>>,
+    body: String,
+) -> Response {
+    script.began.add_permits(1);
+    if execution.attempt() == 1 {
+        script
+            .gate
+            .acquire()
+            .await
+            .expect("the gate stays open")
+            .forget();
+    }
+    let written = write_effect(&execution, &body).await;
+    script.wrote.add_permits(1);
+    script
+        .after
+        .acquire()
+        .await
+        .expect("the gate stays open")
+        .forget();
+    match written {
+        Ok(id) => {
+            let mut headers = HeaderMap::new();
+            headers.insert("x-effect", id.into());
+            headers.append("set-cookie", "a=1".parse().unwrap());
+            headers.append("set-cookie", "b=2".parse().unwrap());
+            (
+                StatusCode::CREATED,
+                headers,
+                Json(serde_json::json!({ "effect_id": id, "attempt": execution.attempt() })),
+            )
+                .into_response()
+        }
+        Err(response) => response,
+    }
+}
+
+async fn validated<S: Backend>(
+    Extension(execution): Extension<Execution<S>>,
+    body: String,
+) -> Response {
+    if body.contains("bad") {
+        let mut response =
+            (StatusCode::UNPROCESSABLE_ENTITY, "amount must be positive").into_response();
+        response.extensions_mut().insert(Rejected);
+        return response;
+    }
+    match write_effect(&execution, &body).await {
+        Ok(id) => (StatusCode::CREATED, format!("effect {id}")).into_response(),
+        Err(response) => response,
+    }
+}
+
+async fn plain<S: Backend>(
+    State(script): State<Script>,
+    execution: Option<Extension<Execution<S>>>,
+) -> String {
+    script.plain_calls.fetch_add(1, Ordering::Relaxed);
+    match execution {
+        Some(_) => "an execution".into(),
+        None => "no execution".into(),
+    }
+}
+
+async fn fails<S: Backend>(
+    Extension(execution): Extension<Execution<S>>,
+    body: String,
+) -> Response {
+    match write_effect(&execution, &body).await {
+        Ok(id) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("the card network failed after effect {id}"),
+        )
+            .into_response(),
+        Err(response) => response,
+    }
+}
+
+/// A service on loopback: its address and the task serving it.
+pub struct Running {
+    pub addr: SocketAddr,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Running {
+    pub async fn start(router: Router) -> Running {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let task = tokio::spawn(async move {
+            axum::serve(listener, router).await.unwrap();
+        });
+        Running { addr, task }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// An answer as the tests compare them: status, headers but `date`, body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Answer {
+    pub status: u16,
+    pub headers: Vec<(String, Vec<u8>)>,
+    pub body: Vec<u8>,
+}
+
+impl Answer {
+    pub async fn of(response: reqwest::Response) -> Answer {
+        let status = response.status().as_u16();
+        let headers = response
+            .headers()
+            .iter()
+            .filter(|(n, _)| *n != "date")
+            .map(|(n, v)| (n.to_string(), v.as_bytes().to_vec()))
+            .collect();
+        let body = response.bytes().await.unwrap().to_vec();
+        Answer {
+            status,
+            headers,
+            body,
+        }
+    }
+
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| std::str::from_utf8(v).unwrap())
+    }
+
+    /// The same answer without the replay marker.
+    pub fn unmarked(&self) -> Answer {
+        Answer {
+            headers: self
+                .headers
+                .iter()
+                .filter(|(n, _)| n != "idempotent-replayed")
+                .cloned()
+                .collect(),
+            ..self.clone()
+        }
+    }
+
+    pub fn problem_type(&self) -> String {
+        let json: serde_json::Value =
+            serde_json::from_slice(&self.body).expect("a problem+json body");
+        json["type"].as_str().unwrap().to_owned()
+    }
+}
+
+/// Sends a POST with a key (none when `key` is `None`).
+pub async fn post(client: &reqwest::Client, url: &str, key: Option<&str>, body: &str) -> Answer {
+    let mut request = client.post(url).body(body.to_owned());
+    if let Some(key) = key {
+        request = request.header("idempotency-key", key);
+    }
+    Answer::of(request.send().await.expect("the service answers")).await
+}
