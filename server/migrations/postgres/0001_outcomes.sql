@@ -8,6 +8,7 @@ CREATE TABLE safe_retry_outcomes (
     fingerprint      BYTEA       NOT NULL,
     status           TEXT        NOT NULL CHECK (status IN ('in_progress', 'completed')),
     attempt          BIGINT      NOT NULL,
+    takeovers        BIGINT      NOT NULL DEFAULT 0,
     locked_until     TIMESTAMPTZ,
     response_status  INTEGER,
     response_headers BYTEA,

@@ -8,6 +8,7 @@ CREATE TABLE safe_retry_outcomes (
     fingerprint      BLOB    NOT NULL,
     status           TEXT    NOT NULL CHECK (status IN ('in_progress', 'completed')),
     attempt          INTEGER NOT NULL,
+    takeovers        INTEGER NOT NULL DEFAULT 0,
     locked_until     INTEGER,
     response_status  INTEGER,
     response_headers BLOB,

@@ -94,6 +94,7 @@ impl Store for PostgresStore {
                      now() + $5::BIGINT * INTERVAL '1 millisecond')
              ON CONFLICT (scope, key) DO UPDATE SET
                 attempt = o.attempt + 1,
+                takeovers = CASE WHEN o.expires_at <= now() THEN 0 ELSE o.takeovers + 1 END,
                 locked_until = excluded.locked_until,
                 status = 'in_progress',
                 fingerprint = excluded.fingerprint,
@@ -102,7 +103,7 @@ impl Store for PostgresStore {
                 expires_at = CASE WHEN o.expires_at <= now() THEN excluded.expires_at ELSE o.expires_at END
              WHERE (o.expires_at <= now() AND (o.status = 'completed' OR o.locked_until <= now()))
                 OR (o.status = 'in_progress' AND o.locked_until <= now() AND o.fingerprint = excluded.fingerprint)
-             RETURNING id, attempt, created_at = now() AS fresh",
+             RETURNING id, attempt, takeovers > 0 AS taken_over",
         )
         .bind(claim.scope)
         .bind(claim.key)
@@ -118,7 +119,7 @@ impl Store for PostgresStore {
                     id: row.try_get("id")?,
                     attempt: row.try_get("attempt")?,
                 },
-                taken_over: !row.try_get::<bool, _>("fresh")?,
+                taken_over: row.try_get("taken_over")?,
             }),
         })
     }

@@ -116,6 +116,9 @@ impl Store for SqliteStore {
             " + ?5)
              ON CONFLICT (scope, key) DO UPDATE SET
                 attempt = o.attempt + 1,
+                takeovers = CASE WHEN o.expires_at <= ",
+            now_ms!(),
+            " THEN 0 ELSE o.takeovers + 1 END,
                 locked_until = excluded.locked_until,
                 status = 'in_progress',
                 fingerprint = excluded.fingerprint,
@@ -134,9 +137,7 @@ impl Store for SqliteStore {
                 OR (o.status = 'in_progress' AND o.locked_until <= ",
             now_ms!(),
             " AND o.fingerprint = excluded.fingerprint)
-             RETURNING id, attempt, created_at = ",
-            now_ms!(),
-            " AS fresh"
+             RETURNING id, attempt, takeovers > 0 AS taken_over"
         ))
         .bind(claim.scope)
         .bind(claim.key)
@@ -152,7 +153,7 @@ impl Store for SqliteStore {
                     id: row.try_get("id")?,
                     attempt: row.try_get("attempt")?,
                 },
-                taken_over: !row.try_get::<bool, _>("fresh")?,
+                taken_over: row.try_get("taken_over")?,
             }),
         })
     }

@@ -7,5 +7,6 @@
 #[allow(dead_code)]
 #[path = "../../examples/support/charges_app.rs"]
 mod charges_app;
+mod model;
 mod rules;
 mod support;
