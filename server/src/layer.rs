@@ -249,6 +249,7 @@ pub struct Counters {
     pub(crate) fenced: AtomicU64,
     pub(crate) refused: AtomicU64,
     pub(crate) store_failures: AtomicU64,
+    pub(crate) abandoned: AtomicU64,
 }
 
 /// A reading of [`Counters`].
@@ -276,6 +277,9 @@ pub struct CounterSnapshot {
     pub refused: u64,
     /// Requests answered `503` (or `500`) because the store failed.
     pub store_failures: u64,
+    /// Executions that ended without an outcome (the handler failed or its request was
+    /// dropped): their leases were ended at once for a retry to take over.
+    pub abandoned: u64,
 }
 
 impl Counters {
@@ -293,6 +297,7 @@ impl Counters {
             fenced: read(&self.fenced),
             refused: read(&self.refused),
             store_failures: read(&self.store_failures),
+            abandoned: read(&self.abandoned),
         }
     }
 

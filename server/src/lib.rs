@@ -71,11 +71,12 @@
 //! - **Scope.** By default every caller shares one scope: two callers that pick the same key
 //!   share one record, and the second sees the first's answer. Scope keys by the
 //!   authenticated caller with [`Builder::scope`].
-//! - **A handler that fails without an answer** (a service error, a panic, a dropped future,
-//!   a killed process) leaves its record in progress: its transaction rolls back, and the next
-//!   request with the key after the lease runs the handler again. Effects outside the
-//!   database (a call to another service) are not rolled back: make them idempotent with a
-//!   key of their own.
+//! - **A handler that fails without an answer** (a service error, a failed answer body, a
+//!   request dropped because its caller hung up) rolls its transaction back and ends its
+//!   lease at once: the next request with the key takes the record over and runs the handler
+//!   again, as attempt 2. A panic, or a killed process, leaves the record in progress until
+//!   the lease runs out. Effects outside the database (a call to another service) are not
+//!   rolled back: give them an idempotency key of their own.
 //! - **Answers larger than the limit** [1 MiB] reach the first caller whole; a replay gets the
 //!   stored status with an `answer-not-stored` problem body. Trailers are not stored.
 //! - **Requests the layer does not guard** (other methods; no key where none is required)

@@ -16,7 +16,7 @@ use crate::body::{BoxError, ReplyBody};
 use crate::execution::{Execution, Rejected};
 use crate::layer::{Config, Counters};
 use crate::problem::Problem;
-use crate::store::{Claim, Completion, RecordState, Store, StoredAnswer};
+use crate::store::{Claim, Completion, Fence, RecordState, Store, StoredAnswer};
 
 /// The header a replay carries, which this workspace's client reads.
 pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
@@ -238,6 +238,14 @@ where
         tracing::debug!(target: "safe_retry_server", event = "claim", scope, key);
     }
 
+    // From here until the outcome is written, a failure or a drop of this future ends the
+    // lease at once, so that a retry need not wait it out.
+    let mut held = Held {
+        store: Some(config.store.clone()),
+        fence: claimed.fence,
+        counters: config.counters.clone(),
+    };
+
     // The handler, with its execution in the request's extensions.
     let scope: Arc<str> = scope.into();
     let key: Arc<str> = key.into();
@@ -254,7 +262,7 @@ where
     let response = match response {
         Ok(response) => response,
         // The handler failed without an answer: its transaction rolls back as it drops, and
-        // the record stays in progress until its lease ends, when a retry takes it over.
+        // `held` ends the lease, so a retry takes the record over.
         Err(error) => return Err(error),
     };
     let Ok(tx) = tx else {
@@ -268,6 +276,7 @@ where
     if response.extensions().get::<Rejected>().is_some() {
         return match config.store.release(tx, claimed.fence).await {
             Ok(_) => {
+                held.disarm();
                 Counters::add(&config.counters.rejections);
                 tracing::debug!(target: "safe_retry_server", event = "rejected", %scope, %key);
                 Ok(response.map(|body| ReplyBody::inner(Bytes::new(), body)))
@@ -295,7 +304,7 @@ where
                 let error: BoxError = error.into();
                 Counters::add(&config.counters.store_failures);
                 tracing::error!(target: "safe_retry_server", event = "answer_failed", %scope, %key, error = %error);
-                // Dropping `tx` rolls the local effects back; the lease lets a retry run it.
+                // Dropping `tx` rolls the local effects back; `held` lets a retry run it.
                 drop(tx);
                 return Ok(answer(Problem::HandlerFailed.response(
                     "the handler's answer failed while it was read; nothing was recorded; retry with the same key",
@@ -309,7 +318,11 @@ where
         headers: end_to_end(&head.headers),
         body: (!over).then(|| read.clone()),
     };
-    match config.store.complete(tx, claimed.fence, &stored).await {
+    let completion = config.store.complete(tx, claimed.fence, &stored).await;
+    if completion.is_ok() {
+        held.disarm();
+    }
+    match completion {
         Err(error) => Ok(unavailable(&config, &error)),
         Ok(Completion::Completed) => {
             Counters::add(&config.counters.completions);
@@ -342,6 +355,40 @@ where
                 Err(error) => Ok(unavailable(&config, &error)),
             }
         }
+    }
+}
+
+/// A claim not yet resolved: dropped armed (the handler failed, its answer failed, or the
+/// request's future was dropped), it ends the record's lease at once from a task of its own,
+/// fenced, so the next request with the key takes the record over.
+struct Held<S: Store> {
+    store: Option<S>,
+    fence: Fence,
+    counters: Arc<Counters>,
+}
+
+impl<S: Store> Held<S> {
+    fn disarm(&mut self) {
+        self.store = None;
+    }
+}
+
+impl<S: Store> Drop for Held<S> {
+    fn drop(&mut self) {
+        let Some(store) = self.store.take() else {
+            return;
+        };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        Counters::add(&self.counters.abandoned);
+        let fence = self.fence;
+        tracing::info!(target: "safe_retry_server", event = "abandoned", attempt = fence.attempt, "the request ended without an outcome; its lease ends now");
+        runtime.spawn(async move {
+            if let Err(error) = store.abandon(fence).await {
+                tracing::warn!(target: "safe_retry_server", event = "abandon_failed", %error, "the lease will run out instead");
+            }
+        });
     }
 }
 

@@ -83,6 +83,11 @@ pub trait Store: Clone + Send + Sync + 'static {
         fence: Fence,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send;
 
+    /// Ends the lease of the record now while `fence` still holds it (a handler that failed
+    /// without an answer, or whose request was dropped): the next request with the key takes
+    /// it over at once instead of waiting out the lease. Returns whether the lease was ended.
+    fn abandon(&self, fence: Fence) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
     /// Deletes at most `batch` records whose retention has ended (and whose lease, if they are
     /// still in progress, has ended too), in one short statement. Returns how many it deleted:
     /// call it again while that equals `batch`.

@@ -236,6 +236,20 @@ impl Store for SqliteStore {
         Ok(done.rows_affected() == 1)
     }
 
+    async fn abandon(&self, fence: Fence) -> Result<bool, StoreError> {
+        let done = sqlx::query(concat!(
+            "UPDATE safe_retry_outcomes SET locked_until = ",
+            now_ms!(),
+            "
+             WHERE id = ?1 AND attempt = ?2 AND status = 'in_progress'"
+        ))
+        .bind(fence.id)
+        .bind(fence.attempt)
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
     async fn sweep(&self, batch: u32) -> Result<u64, StoreError> {
         let done = sqlx::query(concat!(
             "DELETE FROM safe_retry_outcomes WHERE id IN (

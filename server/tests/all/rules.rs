@@ -524,6 +524,53 @@ pub async fn a_claim_on_a_record_completing_now_gets_its_answer<S: Backend>() {
     assert_eq!(effects_of(&store, "k").await, 1);
 }
 
+/// A caller that gives up while the handler runs closes its connection; the server drops the
+/// request, its transaction rolls back, and its lease ends at once: the retry takes over
+/// without waiting 30 s, and one effect is made.
+pub async fn a_request_dropped_mid_handler_ends_its_lease_for_the_retry<S: Backend>() {
+    let store = S::fresh().await;
+    let script = Script::stalled();
+    let (server, layer) = start(store.clone(), script.clone()).await;
+    let url = server.url("/script");
+    // Real time: the caller's own timeout, while the handler is held at the gate.
+    let impatient = reqwest::Client::builder()
+        .timeout(std::time::Duration::from_millis(50))
+        .build()
+        .unwrap();
+    let gave_up = impatient
+        .post(&url)
+        .header("idempotency-key", "k")
+        .body("amount=10")
+        .send()
+        .await;
+    assert!(gave_up.unwrap_err().is_timeout());
+    let mut polls = 0;
+    loop {
+        let lease_over = match store.read("", "k").await.unwrap() {
+            Some(record) => {
+                matches!(record.state, safe_retry_server::store::RecordState::InProgress { lease_left } if lease_left.is_zero())
+            }
+            None => false,
+        };
+        if lease_over {
+            break;
+        }
+        polls += 1;
+        assert!(
+            polls < 250,
+            "the lease of the dropped request ends within 5 s"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let retry = post(&reqwest::Client::new(), &url, Some("k"), "amount=10").await;
+    assert_eq!(retry.status, 201);
+    let json: serde_json::Value = serde_json::from_slice(&retry.body).unwrap();
+    assert_eq!(json["attempt"], 2);
+    assert_eq!(effects_of(&store, "k").await, 1);
+    let counts = layer.counters().snapshot();
+    assert_eq!((counts.abandoned, counts.takeovers), (1, 1));
+}
+
 macro_rules! on_every_store {
     ($($name:ident),* $(,)?) => {
         #[cfg(feature = "sqlite")]
@@ -562,6 +609,7 @@ on_every_store!(
     an_answer_over_the_limit_is_sent_whole_and_its_status_replayed,
     unguarded_requests_pass_through,
     a_claim_on_a_record_completing_now_gets_its_answer,
+    a_request_dropped_mid_handler_ends_its_lease_for_the_retry,
 );
 
 /// PostgreSQL cut every connection while the handler held its transaction with its effect
