@@ -52,6 +52,7 @@ pub(crate) struct Config<S> {
     pub(crate) require_key: bool,
     pub(crate) scope: Arc<ScopeFn>,
     pub(crate) lease: Duration,
+    pub(crate) in_progress_retry_after: Duration,
     pub(crate) retention: Duration,
     pub(crate) max_request_body: usize,
     pub(crate) max_answer_body: usize,
@@ -71,6 +72,7 @@ impl<S: Store> IdempotencyLayer<S> {
                 require_key: true,
                 scope: Arc::new(|_| Some(String::new())),
                 lease: Duration::from_secs(30),
+                in_progress_retry_after: Duration::from_secs(1),
                 retention: Duration::from_secs(24 * 60 * 60),
                 max_request_body: 1 << 20,
                 max_answer_body: 1 << 20,
@@ -165,6 +167,15 @@ impl<S: Store> Builder<S> {
         self
     }
 
+    /// The `Retry-After` of a `409` for a key whose first request is still running [1 s],
+    /// in whole seconds rounded up. It is a hint of when the first will have finished, so keep
+    /// it near the handler's usual run, not the lease: a client that is told to wait longer
+    /// than its own deadline allows gives up (this workspace's client does).
+    pub fn in_progress_retry_after(mut self, after: Duration) -> Self {
+        self.config.in_progress_retry_after = after;
+        self
+    }
+
     /// How long a key's record, and so its stored answer, is kept [24 h]: within it every
     /// request with the key gets the one outcome; after it (and the [`sweep`](Store::sweep))
     /// the key is new again. This is the API's contract with its clients: state it in your API
@@ -237,6 +248,8 @@ pub struct ConfigError(String);
 /// What the layer has done, counted since it was built (monotonic, shared by its clones).
 ///
 /// Each count has a tracing event beside it (target `safe_retry_server`, field `event`).
+/// A count is made when this process sees the step end: a completion that committed while its
+/// request was being dropped is in the table but not counted. The table is the record.
 #[derive(Debug, Default)]
 pub struct Counters {
     pub(crate) claims: AtomicU64,

@@ -104,9 +104,9 @@ impl Problem {
         response
     }
 
-    /// A `409` with `Retry-After` in whole seconds, at least 1, from the lease left.
-    pub(crate) fn in_progress(lease_left: Duration) -> Response<Bytes> {
-        let seconds = lease_left.as_millis().div_ceil(1000).max(1);
+    /// A `409` with `Retry-After` in whole seconds (rounded up, at least 1).
+    pub(crate) fn in_progress(retry_after: Duration) -> Response<Bytes> {
+        let seconds = retry_after.as_millis().div_ceil(1000).max(1);
         let mut response = Problem::InProgress.response(&format!(
             "the first request with this key is still running; ask again in {seconds} s with the same key"
         ));

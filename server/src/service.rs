@@ -2,7 +2,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
 use bytes::{Bytes, BytesMut};
@@ -16,7 +16,9 @@ use crate::body::{BoxError, ReplyBody};
 use crate::execution::{Execution, Rejected};
 use crate::layer::{Config, Counters};
 use crate::problem::Problem;
-use crate::store::{Claim, Completion, Fence, RecordState, Store, StoredAnswer};
+use crate::store::{
+    Claim, Claimed, Completion, Fence, RecordState, Store, StoreError, StoredAnswer,
+};
 
 /// The header a replay carries, which this workspace's client reads.
 pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
@@ -191,9 +193,10 @@ where
     // The claim: one atomic statement decides the owner. A loser reads the record to learn
     // why; a record that changes between the two (a lease ending, a sweep) is claimed again,
     // at most three times.
+    let held = Held::new(config.store.clone(), config.counters.clone());
     let mut claimed = None;
     for _ in 0..3 {
-        match config.store.try_claim(&claim).await {
+        match held.claim(&claim).await {
             Err(error) => return Ok(unavailable(&config, &error)),
             Ok(Some(owned)) => {
                 claimed = Some(owned);
@@ -218,7 +221,7 @@ where
                 RecordState::InProgress { lease_left } if !lease_left.is_zero() => {
                     Counters::add(&config.counters.in_progress);
                     tracing::debug!(target: "safe_retry_server", event = "in_progress", scope, key);
-                    return Ok(answer(Problem::in_progress(lease_left)));
+                    return Ok(answer(Problem::in_progress(config.in_progress_retry_after)));
                 }
                 RecordState::InProgress { .. } => continue,
             },
@@ -239,12 +242,7 @@ where
     }
 
     // From here until the outcome is written, a failure or a drop of this future ends the
-    // lease at once, so that a retry need not wait it out.
-    let mut held = Held {
-        store: Some(config.store.clone()),
-        fence: claimed.fence,
-        counters: config.counters.clone(),
-    };
+    // lease at once (`held`), so that a retry need not wait it out.
 
     // The handler, with its execution in the request's extensions.
     let scope: Arc<str> = scope.into();
@@ -276,7 +274,7 @@ where
     if response.extensions().get::<Rejected>().is_some() {
         return match config.store.release(tx, claimed.fence).await {
             Ok(_) => {
-                held.disarm();
+                held.done();
                 Counters::add(&config.counters.rejections);
                 tracing::debug!(target: "safe_retry_server", event = "rejected", %scope, %key);
                 Ok(response.map(|body| ReplyBody::inner(Bytes::new(), body)))
@@ -320,7 +318,7 @@ where
     };
     let completion = config.store.complete(tx, claimed.fence, &stored).await;
     if completion.is_ok() {
-        held.disarm();
+        held.done();
     }
     match completion {
         Err(error) => Ok(unavailable(&config, &error)),
@@ -347,48 +345,126 @@ where
             match config.store.read(&scope, &key).await {
                 Ok(Some(record)) if record.fingerprint == fingerprint => match record.state {
                     RecordState::Completed(stored) => Ok(replay(&config, &scope, &key, &stored)),
-                    RecordState::InProgress { lease_left } => {
-                        Ok(answer(Problem::in_progress(lease_left)))
+                    RecordState::InProgress { .. } => {
+                        Ok(answer(Problem::in_progress(config.in_progress_retry_after)))
                     }
                 },
-                Ok(_) => Ok(answer(Problem::in_progress(std::time::Duration::ZERO))),
+                Ok(_) => Ok(answer(Problem::in_progress(config.in_progress_retry_after))),
                 Err(error) => Ok(unavailable(&config, &error)),
             }
         }
     }
 }
 
-/// A claim not yet resolved: dropped armed (the handler failed, its answer failed, or the
-/// request's future was dropped), it ends the record's lease at once from a task of its own,
-/// fenced, so the next request with the key takes the record over.
+/// Where a request's claim stands, shared by the request's future and its claim's task.
+enum Hold {
+    /// The claim statement is on its way.
+    Claiming,
+    /// The request holds the record under this fence.
+    Holding(Fence),
+    /// The request went away (dropped, or failed without an outcome).
+    Gone,
+    /// The outcome is written (or the record released): nothing to end.
+    Done,
+}
+
+/// The request's hold on its record. Dropped while it holds one (the handler failed, its
+/// answer failed, or the request's future was dropped, even while the claim statement was on
+/// its way), it ends the record's lease at once, fenced, so the next request with the key
+/// takes it over instead of waiting the lease out.
 struct Held<S: Store> {
-    store: Option<S>,
-    fence: Fence,
+    store: S,
+    state: Arc<Mutex<Hold>>,
     counters: Arc<Counters>,
 }
 
+fn lock(state: &Mutex<Hold>) -> std::sync::MutexGuard<'_, Hold> {
+    state
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
 impl<S: Store> Held<S> {
-    fn disarm(&mut self) {
-        self.store = None;
+    fn new(store: S, counters: Arc<Counters>) -> Held<S> {
+        Held {
+            store,
+            state: Arc::new(Mutex::new(Hold::Claiming)),
+            counters,
+        }
+    }
+
+    /// Runs the claim statement in a task of its own: if the request is dropped while the
+    /// statement is on its way, the task ends the lease it took, so no record is left claimed
+    /// with nobody holding it.
+    async fn claim(&self, claim: &Claim<'_>) -> Result<Option<Claimed>, StoreError> {
+        let (answer, heard) = tokio::sync::oneshot::channel();
+        let (store, state, counters) = (
+            self.store.clone(),
+            self.state.clone(),
+            self.counters.clone(),
+        );
+        let (scope, key, fingerprint) = (
+            claim.scope.to_owned(),
+            claim.key.to_owned(),
+            *claim.fingerprint,
+        );
+        let (lease, retention) = (claim.lease, claim.retention);
+        tokio::spawn(async move {
+            let claim = Claim {
+                scope: &scope,
+                key: &key,
+                fingerprint: &fingerprint,
+                lease,
+                retention,
+            };
+            let result = store.try_claim(&claim).await;
+            if let Ok(Some(claimed)) = &result {
+                let gone = {
+                    let mut hold = lock(&state);
+                    let gone = matches!(*hold, Hold::Gone);
+                    if !gone {
+                        *hold = Hold::Holding(claimed.fence);
+                    }
+                    gone
+                };
+                if gone {
+                    abandon(store, claimed.fence, &counters).await;
+                    return;
+                }
+            }
+            let _ = answer.send(result);
+        });
+        heard
+            .await
+            .unwrap_or_else(|_| Err(StoreError::new("the claim's task ended without an answer")))
+    }
+
+    /// The outcome is written, or the record released.
+    fn done(&self) {
+        *lock(&self.state) = Hold::Done;
+    }
+}
+
+async fn abandon<S: Store>(store: S, fence: Fence, counters: &Counters) {
+    Counters::add(&counters.abandoned);
+    tracing::info!(target: "safe_retry_server", event = "abandoned", attempt = fence.attempt, "the request ended without an outcome; its lease ends now");
+    if let Err(error) = store.abandon(fence).await {
+        tracing::warn!(target: "safe_retry_server", event = "abandon_failed", %error, "the lease will run out instead");
     }
 }
 
 impl<S: Store> Drop for Held<S> {
     fn drop(&mut self) {
-        let Some(store) = self.store.take() else {
-            return;
+        let fence = match std::mem::replace(&mut *lock(&self.state), Hold::Gone) {
+            Hold::Holding(fence) => fence,
+            // A claim on its way sees `Gone` and ends its own lease; nothing else holds.
+            Hold::Claiming | Hold::Gone | Hold::Done => return,
         };
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        Counters::add(&self.counters.abandoned);
-        let fence = self.fence;
-        tracing::info!(target: "safe_retry_server", event = "abandoned", attempt = fence.attempt, "the request ended without an outcome; its lease ends now");
-        runtime.spawn(async move {
-            if let Err(error) = store.abandon(fence).await {
-                tracing::warn!(target: "safe_retry_server", event = "abandon_failed", %error, "the lease will run out instead");
-            }
-        });
+        let (store, counters) = (self.store.clone(), self.counters.clone());
+        runtime.spawn(async move { abandon(store, fence, &counters).await });
     }
 }
 

@@ -4,6 +4,7 @@
 //! `cargo test --all-features`) need a server at `SAFE_RETRY_POSTGRES_URL`
 //! [postgres://postgres@127.0.0.1:5432/test] and fail saying so when there is none.
 
+mod both_halves;
 #[allow(dead_code)]
 #[path = "../../examples/support/charges_app.rs"]
 mod charges_app;

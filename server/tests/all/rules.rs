@@ -571,6 +571,43 @@ pub async fn a_request_dropped_mid_handler_ends_its_lease_for_the_retry<S: Backe
     assert_eq!((counts.abandoned, counts.takeovers), (1, 1));
 }
 
+/// A caller that hangs up while its claim statement waits on the database: the claim lands
+/// after the request is gone, and its own task ends the lease, so the retry takes over at
+/// once instead of meeting a record nobody holds for 30 s.
+pub async fn a_request_dropped_while_it_claims_leaves_nothing_held<S: Backend>() {
+    let store = S::fresh().await;
+    let (server, layer) = start(store.clone(), Script::default()).await;
+    let url = server.url("/script");
+    let writes = store.hold_writes().await;
+    // Real time: the caller's own timeout, while its claim waits for the write lock.
+    let impatient = reqwest::Client::builder()
+        .timeout(std::time::Duration::from_millis(100))
+        .build()
+        .unwrap();
+    let gave_up = impatient
+        .post(&url)
+        .header("idempotency-key", "k")
+        .body("amount=10")
+        .send()
+        .await;
+    assert!(gave_up.unwrap_err().is_timeout());
+    drop(writes);
+    let mut polls = 0;
+    while layer.counters().snapshot().abandoned == 0 {
+        polls += 1;
+        assert!(polls < 250, "the claim's task ends its lease within 5 s");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let retry = post(&reqwest::Client::new(), &url, Some("k"), "amount=10").await;
+    assert_eq!(retry.status, 201, "{retry:?}");
+    assert_eq!(effects_of(&store, "k").await, 1);
+    assert_eq!(
+        layer.counters().snapshot().takeovers,
+        1,
+        "the retry took over the claim nobody heard"
+    );
+}
+
 macro_rules! on_every_store {
     ($($name:ident),* $(,)?) => {
         #[cfg(feature = "sqlite")]
@@ -610,6 +647,7 @@ on_every_store!(
     unguarded_requests_pass_through,
     a_claim_on_a_record_completing_now_gets_its_answer,
     a_request_dropped_mid_handler_ends_its_lease_for_the_retry,
+    a_request_dropped_while_it_claims_leaves_nothing_held,
 );
 
 /// PostgreSQL cut every connection while the handler held its transaction with its effect

@@ -12,7 +12,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing;
 use axum::{Extension, Json};
-use safe_retry_server::{Execution, IdempotencyLayer, Rejected};
+use safe_retry_server::{Execution, IdempotencyLayer, Rejected, Store};
 use tokio::sync::Semaphore;
 
 pub use crate::charges_app::ChargesDb;
@@ -31,6 +31,9 @@ pub trait Backend: ChargesDb {
 
     /// The rows of the outcome table: (key, status, attempt).
     fn outcomes(&self) -> impl Future<Output = Vec<(String, String, i64)>> + Send;
+
+    /// A transaction that holds every write to the outcome table back until it ends.
+    fn hold_writes(&self) -> impl Future<Output = Self::Tx> + Send;
 
     /// Drops the outcome table from under the layer: its next statement fails.
     fn break_outcomes(&self) -> impl Future<Output = ()> + Send;
@@ -89,6 +92,11 @@ mod sqlite {
                 .fetch_all(self.pool())
                 .await
                 .unwrap()
+        }
+
+        async fn hold_writes(&self) -> Self::Tx {
+            // BEGIN IMMEDIATE takes SQLite's one write lock.
+            self.begin().await.unwrap()
         }
 
         async fn break_outcomes(&self) {
@@ -213,6 +221,15 @@ pub mod postgres {
                 .fetch_all(self.pool())
                 .await
                 .unwrap()
+        }
+
+        async fn hold_writes(&self) -> Self::Tx {
+            let mut tx = self.begin().await.unwrap();
+            sqlx::query("LOCK TABLE safe_retry_outcomes IN EXCLUSIVE MODE")
+                .execute(&mut *tx)
+                .await
+                .unwrap();
+            tx
         }
 
         async fn break_outcomes(&self) {
