@@ -222,7 +222,7 @@ pub enum LocalError {
 /// answer.extensions_mut().insert(Rejected);
 /// ```
 ///
-/// With the `axum` feature it is also a response part: `(Rejected, StatusCode::BAD_REQUEST, "…")`.
+/// With the `axum` feature it is also a response part: `(StatusCode::BAD_REQUEST, Rejected, "…")`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Rejected;
 

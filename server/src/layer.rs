@@ -201,7 +201,7 @@ impl<S: Store> Builder<S> {
         self
     }
 
-    /// The longest key in bytes [255].
+    /// The longest key [255 bytes].
     pub fn max_key_len(mut self, bytes: usize) -> Self {
         self.config.max_key_len = bytes;
         self

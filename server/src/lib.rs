@@ -86,8 +86,8 @@
 //!
 //! # Features
 //!
-//! - `sqlite` (default): [`SqliteStore`], SQLite bundled.
-//! - `postgres`: [`PostgresStore`].
+//! - `sqlite` (default): `SqliteStore`, SQLite bundled (nothing to install).
+//! - `postgres`: `PostgresStore`, for a fleet sharing one database.
 //! - `axum`: [`Local`] and [`Execution`] as extractors, [`Rejected`] as a response part.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![deny(missing_docs)]

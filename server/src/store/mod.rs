@@ -191,6 +191,7 @@ impl From<sqlx::Error> for StoreError {
 
 /// Encodes headers as the stores keep them: per header, the name's length (2 bytes), the
 /// value's length (4 bytes, big-endian), the name, the value.
+#[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
 pub(crate) fn encode_headers(headers: &[(HeaderName, HeaderValue)]) -> Vec<u8> {
     let mut out = Vec::with_capacity(
         headers
@@ -210,6 +211,7 @@ pub(crate) fn encode_headers(headers: &[(HeaderName, HeaderValue)]) -> Vec<u8> {
 
 /// Decodes what [`encode_headers`] wrote. A row that does not decode (edited by hand) is an
 /// error, never a panic.
+#[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
 pub(crate) fn decode_headers(
     mut bytes: &[u8],
 ) -> Result<Vec<(HeaderName, HeaderValue)>, StoreError> {
@@ -231,6 +233,7 @@ pub(crate) fn decode_headers(
 }
 
 /// Builds a stored answer from a row's columns.
+#[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
 pub(crate) fn answer_of(
     status: Option<i64>,
     headers: Option<Vec<u8>>,
@@ -248,6 +251,7 @@ pub(crate) fn answer_of(
 }
 
 /// A fingerprint column as 32 bytes.
+#[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
 pub(crate) fn fingerprint_of(column: &[u8]) -> Result<[u8; 32], StoreError> {
     column
         .try_into()
@@ -255,6 +259,7 @@ pub(crate) fn fingerprint_of(column: &[u8]) -> Result<[u8; 32], StoreError> {
 }
 
 /// A duration in whole milliseconds, for a statement's parameter (saturating).
+#[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
 pub(crate) fn millis(duration: Duration) -> i64 {
     i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
 }

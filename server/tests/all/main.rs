@@ -8,6 +8,7 @@ mod both_halves;
 #[allow(dead_code)]
 #[path = "../../examples/support/charges_app.rs"]
 mod charges_app;
+mod config;
 mod model;
 mod rules;
 mod support;

@@ -1,0 +1,116 @@
+//! Configuration the layer refuses, with a message that names the setting and the fix; and the
+//! handler's side of the layer as axum extractors.
+
+use std::time::Duration;
+
+use safe_retry_server::{IdempotencyLayer, SqliteStore};
+
+#[tokio::test]
+async fn a_configuration_that_breaks_a_promise_fails_at_build_naming_the_fix() {
+    let store = SqliteStore::memory().await.unwrap();
+    let refused =
+        |builder: safe_retry_server::Builder<SqliteStore>| builder.build().unwrap_err().to_string();
+    let message = refused(IdempotencyLayer::builder(store.clone()).methods([]));
+    assert!(
+        message.contains("`methods` is empty") && message.contains("POST"),
+        "{message}"
+    );
+    let message = refused(IdempotencyLayer::builder(store.clone()).lease(Duration::ZERO));
+    assert!(
+        message.contains("`lease`") && message.contains("default 30 s"),
+        "{message}"
+    );
+    let message = refused(
+        IdempotencyLayer::builder(store.clone())
+            .lease(Duration::from_secs(60))
+            .retention(Duration::from_secs(60)),
+    );
+    assert!(
+        message.contains("`retention` (60s) is not longer than `lease` (60s)"),
+        "{message}"
+    );
+    for len in [0, 4097] {
+        let message = refused(IdempotencyLayer::builder(store.clone()).max_key_len(len));
+        assert!(
+            message.contains(&format!("`max_key_len` is {len}")),
+            "{message}"
+        );
+    }
+    // The edges that are allowed.
+    IdempotencyLayer::builder(store.clone())
+        .lease(Duration::from_millis(1))
+        .retention(Duration::from_millis(2))
+        .max_key_len(4096)
+        .build()
+        .unwrap();
+}
+
+#[cfg(feature = "axum")]
+mod extractors {
+    use axum::Router;
+    use axum::http::StatusCode;
+    use axum::routing::post;
+    use safe_retry_server::{Execution, IdempotencyLayer, Local, Rejected, SqliteStore, Store};
+
+    use crate::charges_app::ChargesDb;
+    use crate::support::{Backend, Running, post as send};
+
+    /// The handler takes its transaction as an extractor and refuses with `Rejected` as a
+    /// response part; its effect commits with the stored answer.
+    async fn charge(
+        execution: Execution<SqliteStore>,
+        mut tx: Local<SqliteStore>,
+        body: String,
+    ) -> Result<(StatusCode, String), (StatusCode, Rejected, &'static str)> {
+        if body.is_empty() {
+            return Err((StatusCode::BAD_REQUEST, Rejected, "a charge needs a body"));
+        }
+        let id = SqliteStore::record_effect(&mut tx, execution.key(), &body)
+            .await
+            .unwrap();
+        Ok((StatusCode::CREATED, format!("effect {id}")))
+    }
+
+    #[tokio::test]
+    async fn local_and_execution_are_extractors_and_rejected_a_response_part() {
+        let store = SqliteStore::fresh().await;
+        let layer = IdempotencyLayer::builder(store.clone()).build().unwrap();
+        let app = Router::new()
+            .route("/charges", post(charge))
+            .layer(layer)
+            .merge(Router::new().route(
+                "/unguarded",
+                post(|_tx: Local<SqliteStore>| async { "unreachable" }),
+            ));
+        let server = Running::start(app).await;
+        let client = reqwest::Client::new();
+        let url = server.url("/charges");
+
+        let refused = send(&client, &url, Some("k"), "").await;
+        assert_eq!(
+            (refused.status, refused.body.as_slice()),
+            (400, &b"a charge needs a body"[..])
+        );
+        let created = send(&client, &url, Some("k"), "amount=1").await;
+        assert_eq!(
+            (created.status, created.body.as_slice()),
+            (201, &b"effect 1"[..])
+        );
+        let replay = send(&client, &url, Some("k"), "amount=1").await;
+        assert_eq!(replay.unmarked(), created);
+        assert_eq!(store.effects().await.unwrap().len(), 1);
+
+        // Without the layer, the extractor answers with a problem that says so.
+        let missing = send(&client, &server.url("/unguarded"), None, "").await;
+        assert_eq!(missing.status, 500);
+        let json: serde_json::Value = serde_json::from_slice(&missing.body).unwrap();
+        assert!(
+            json["detail"]
+                .as_str()
+                .unwrap()
+                .contains("put the layer on this route"),
+            "{json}"
+        );
+        assert_eq!(store.sweep(10).await.unwrap(), 0);
+    }
+}
