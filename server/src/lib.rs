@@ -113,3 +113,8 @@ pub use store::PostgresStore;
 #[cfg(feature = "sqlite")]
 pub use store::SqliteStore;
 pub use store::{Store, StoreError};
+
+/// The README's examples, compiled as doctests.
+#[cfg(all(doctest, feature = "sqlite", feature = "axum"))]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
