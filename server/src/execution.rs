@@ -245,8 +245,8 @@ mod axum_parts {
     impl LocalError {
         fn into_problem(self) -> Response {
             let problem = match self {
-                LocalError::Store(_) => crate::Problem::StoreUnavailable,
-                _ => crate::Problem::HandlerFailed,
+                LocalError::Store(_) => crate::problem::Problem::StoreUnavailable,
+                _ => crate::problem::Problem::HandlerFailed,
             };
             let (parts, body) = problem.response(&self.to_string()).into_parts();
             Response::from_parts(parts, axum_core::body::Body::from(body))

@@ -93,6 +93,7 @@
 #![deny(missing_docs)]
 
 mod body;
+mod config;
 mod execution;
 mod fingerprint;
 mod key;
@@ -102,10 +103,11 @@ mod service;
 pub mod store;
 
 pub use body::{BoxError, ReplyBody};
+pub use config::{CounterSnapshot, Counters};
 pub use execution::{Execution, Local, LocalError, Rejected};
 pub use fingerprint::Fingerprint;
 pub use key::{IDEMPOTENCY_KEY, KeyForm, KeySource};
-pub use layer::{Builder, ConfigError, CounterSnapshot, Counters, IdempotencyLayer};
+pub use layer::{Builder, ConfigError, IdempotencyLayer};
 pub use problem::Problem;
 pub use service::{IDEMPOTENT_REPLAYED, Idempotent, IdempotentFuture};
 #[cfg(feature = "postgres")]

@@ -13,8 +13,8 @@ use http_body_util::{BodyExt, LengthLimitError, Limited};
 use tower_service::Service;
 
 use crate::body::{BoxError, ReplyBody};
+use crate::config::{Config, Counters};
 use crate::execution::{Execution, Rejected};
-use crate::layer::{Config, Counters};
 use crate::problem::Problem;
 use crate::store::{
     Claim, Claimed, Completion, Fence, RecordState, Store, StoreError, StoredAnswer,
@@ -23,7 +23,7 @@ use crate::store::{
 /// The header a replay carries, which this workspace's client reads.
 pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
 
-/// The service the [`IdempotencyLayer`](crate::IdempotencyLayer) makes.
+/// The service the [`IdempotencyLayer`](crate::layer::IdempotencyLayer) makes.
 pub struct Idempotent<Svc, S> {
     pub(crate) inner: Svc,
     pub(crate) config: Arc<Config<S>>,

@@ -26,7 +26,7 @@ const MIGRATIONS: &[(i64, &str)] =
 ///
 /// Lease decisions read SQLite's clock, which is the machine's. Handlers' transactions begin
 /// with `BEGIN IMMEDIATE`, so two of them never deadlock upgrading a read to a write; SQLite
-/// runs one writing transaction at a time, so a handler that holds its [`Local`](crate::Local)
+/// runs one writing transaction at a time, so a handler that holds its [`Local`](crate::execution::Local)
 /// transaction through a slow call holds every other writer back: take it last.
 #[derive(Debug, Clone)]
 pub struct SqliteStore {
@@ -52,7 +52,7 @@ impl SqliteStore {
 
     /// An in-memory database for one process, with the migrations applied. It lives on one
     /// connection, so requests take turns at the database, and a handler must not use another
-    /// connection of the same pool while it holds its [`Local`](crate::Local) transaction.
+    /// connection of the same pool while it holds its [`Local`](crate::execution::Local) transaction.
     pub async fn memory() -> Result<SqliteStore, StoreError> {
         let options = SqliteConnectOptions::from_str("sqlite::memory:")?;
         let pool = SqlitePoolOptions::new()
