@@ -9,6 +9,7 @@ mod both_halves;
 #[path = "../../examples/support/charges_app.rs"]
 mod charges_app;
 mod config;
+mod direct;
 #[path = "../../examples/support/lossy_link.rs"]
 mod lossy_link;
 mod model;

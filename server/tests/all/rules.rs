@@ -313,6 +313,12 @@ pub async fn bad_input_gets_a_clear_answer_and_changes_nothing<S: Backend>() {
         (missing.status, missing.problem_type().as_str()),
         (400, "urn:safe-retry:problem:missing-key")
     );
+    // A missing key is answered before the body is read, whatever its size.
+    let missing_and_big = post(&client, &url, None, &"x".repeat(4096)).await;
+    assert_eq!(
+        missing_and_big.problem_type(),
+        "urn:safe-retry:problem:missing-key"
+    );
 
     let long = "k".repeat(10_000);
     let cases: Vec<(Vec<u8>, &str)> = vec![
@@ -458,6 +464,49 @@ pub async fn an_answer_over_the_limit_is_sent_whole_and_its_status_replayed<S: B
         "urn:safe-retry:problem:answer-not-stored"
     );
     assert_eq!(effects_of(&store, "k").await, 1);
+
+    // An answer of exactly the limit is stored whole.
+    let store = S::fresh().await;
+    let layer = IdempotencyLayer::builder(store.clone())
+        .max_answer_body(b"{\"effect_id\":1}".len())
+        .build()
+        .unwrap();
+    let server = Running::start(service(layer, Script::default())).await;
+    let url = server.url("/charges");
+    let first = post(&client, &url, Some("k"), "x").await;
+    let replay = post(&client, &url, Some("k"), "x").await;
+    assert_eq!(replay.unmarked(), first);
+}
+
+/// A holder fenced out by a request that renewed the key after its retention, with another
+/// body: the stalled holder does not answer with the other request's outcome, but with a 409.
+pub async fn a_fenced_holder_never_answers_with_another_request_s_outcome<S: Backend>() {
+    let store = S::fresh().await;
+    let script = Script::stalled();
+    let (server, layer) = start(store.clone(), script.clone()).await;
+    let url = server.url("/script");
+    let first = tokio::spawn({
+        let url = url.clone();
+        async move { post(&reqwest::Client::new(), &url, Some("k"), "amount=10").await }
+    });
+    script.began.acquire().await.unwrap().forget();
+    store.end_lease("k").await;
+    store.end_retention(Some("k")).await;
+    let other = post(&reqwest::Client::new(), &url, Some("k"), "amount=99").await;
+    assert_eq!(
+        other.status, 201,
+        "after its retention the key takes another request"
+    );
+    script.gate.add_permits(1);
+    let first = first.await.unwrap();
+    assert_eq!(
+        (first.status, first.problem_type().as_str()),
+        (409, "urn:safe-retry:problem:in-progress")
+    );
+    assert_eq!(layer.counters().snapshot().fenced, 1);
+    let effects = store.effects().await.unwrap();
+    assert_eq!(effects.len(), 1);
+    assert_eq!(effects[0].body, "amount=99");
 }
 
 /// Where no key is required, a request without one runs every time with nothing stored; other
@@ -648,6 +697,7 @@ on_every_store!(
     a_claim_on_a_record_completing_now_gets_its_answer,
     a_request_dropped_mid_handler_ends_its_lease_for_the_retry,
     a_request_dropped_while_it_claims_leaves_nothing_held,
+    a_fenced_holder_never_answers_with_another_request_s_outcome,
 );
 
 /// PostgreSQL cut every connection while the handler held its transaction with its effect
