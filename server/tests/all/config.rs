@@ -50,38 +50,35 @@ mod extractors {
     use axum::Router;
     use axum::http::StatusCode;
     use axum::routing::post;
-    use safe_retry_server::{Execution, IdempotencyLayer, Local, Rejected, SqliteStore, Store};
+    use safe_retry_server::{Execution, IdempotencyLayer, Local, Rejected, Store};
 
-    use crate::charges_app::ChargesDb;
     use crate::support::{Backend, Running, post as send};
 
     /// The handler takes its transaction as an extractor and refuses with `Rejected` as a
     /// response part; its effect commits with the stored answer.
-    async fn charge(
-        execution: Execution<SqliteStore>,
-        mut tx: Local<SqliteStore>,
+    async fn charge<S: Backend>(
+        execution: Execution<S>,
+        mut tx: Local<S>,
         body: String,
     ) -> Result<(StatusCode, String), (StatusCode, Rejected, &'static str)> {
         if body.is_empty() {
             return Err((StatusCode::BAD_REQUEST, Rejected, "a charge needs a body"));
         }
-        let id = SqliteStore::record_effect(&mut tx, execution.key(), &body)
+        let id = S::record_effect(&mut tx, execution.key(), &body)
             .await
             .unwrap();
         Ok((StatusCode::CREATED, format!("effect {id}")))
     }
 
-    #[tokio::test]
-    async fn local_and_execution_are_extractors_and_rejected_a_response_part() {
-        let store = SqliteStore::fresh().await;
+    async fn local_and_execution_are_extractors_and_rejected_a_response_part<S: Backend>() {
+        let store = S::fresh().await;
         let layer = IdempotencyLayer::builder(store.clone()).build().unwrap();
         let app = Router::new()
-            .route("/charges", post(charge))
+            .route("/charges", post(charge::<S>))
             .layer(layer)
-            .merge(Router::new().route(
-                "/unguarded",
-                post(|_tx: Local<SqliteStore>| async { "unreachable" }),
-            ));
+            .merge(
+                Router::new().route("/unguarded", post(|_tx: Local<S>| async { "unreachable" })),
+            );
         let server = Running::start(app).await;
         let client = reqwest::Client::new();
         let url = server.url("/charges");
@@ -91,6 +88,7 @@ mod extractors {
             (refused.status, refused.body.as_slice()),
             (400, &b"a charge needs a body"[..])
         );
+        assert_eq!(store.outcomes().await, [], "a rejection is not stored");
         let created = send(&client, &url, Some("k"), "amount=1").await;
         assert_eq!(
             (created.status, created.body.as_slice()),
@@ -112,5 +110,22 @@ mod extractors {
             "{json}"
         );
         assert_eq!(store.sweep(10).await.unwrap(), 0);
+    }
+
+    #[tokio::test]
+    async fn on_sqlite() {
+        local_and_execution_are_extractors_and_rejected_a_response_part::<
+            safe_retry_server::SqliteStore,
+        >()
+        .await;
+    }
+
+    #[cfg(feature = "postgres")]
+    #[tokio::test]
+    async fn on_postgres() {
+        local_and_execution_are_extractors_and_rejected_a_response_part::<
+            safe_retry_server::PostgresStore,
+        >()
+        .await;
     }
 }
