@@ -45,12 +45,47 @@ async fn a_configuration_that_breaks_a_promise_fails_at_build_naming_the_fix() {
         .unwrap();
 }
 
+/// Migrating a database that is up to date changes nothing, on each store: servers that start
+/// together, or again, all run `migrate`.
+async fn migrating_again_changes_nothing<S: crate::support::Backend>(migrate: impl AsyncFn(&S)) {
+    let store = S::fresh().await;
+    let fingerprint = [1; 32];
+    let claim = safe_retry_server::store::Claim {
+        scope: "",
+        key: "k",
+        fingerprint: &fingerprint,
+        lease: Duration::from_secs(30),
+        retention: Duration::from_secs(60),
+    };
+    assert!(store.try_claim(&claim).await.unwrap().is_some());
+    migrate(&store).await;
+    migrate(&store).await;
+    assert_eq!(
+        store.outcomes().await,
+        [("k".to_owned(), "in_progress".to_owned(), 1)]
+    );
+}
+
+#[tokio::test]
+async fn migrating_sqlite_again_changes_nothing() {
+    migrating_again_changes_nothing::<SqliteStore>(async |s| s.migrate().await.unwrap()).await;
+}
+
+#[cfg(feature = "postgres")]
+#[tokio::test]
+async fn migrating_postgres_again_changes_nothing() {
+    migrating_again_changes_nothing::<safe_retry_server::PostgresStore>(async |s| {
+        s.migrate().await.unwrap()
+    })
+    .await;
+}
+
 #[cfg(feature = "axum")]
 mod extractors {
     use axum::Router;
     use axum::http::StatusCode;
     use axum::routing::post;
-    use safe_retry_server::{Execution, IdempotencyLayer, Local, Rejected, Store};
+    use safe_retry_server::{Execution, IdempotencyLayer, Local, Rejected};
 
     use crate::support::{Backend, Running, post as send};
 
