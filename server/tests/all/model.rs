@@ -24,6 +24,8 @@ enum Op {
     Complete { holder: usize, local: bool },
     /// The holder at this index releases (a rejection).
     Release { holder: usize },
+    /// The holder at this index abandons (its request ended without an outcome).
+    Abandon { holder: usize },
     /// The lease of `key`'s record runs out.
     EndLease { key: u8 },
     /// The retention of `key`'s record runs out.
@@ -37,6 +39,7 @@ fn op() -> impl Strategy<Value = Op> {
         4 => (0..KEYS, 0..2u8).prop_map(|(key, fp)| Op::Claim { key, fp }),
         3 => (any::<usize>(), any::<bool>()).prop_map(|(holder, local)| Op::Complete { holder, local }),
         1 => any::<usize>().prop_map(|holder| Op::Release { holder }),
+        1 => any::<usize>().prop_map(|holder| Op::Abandon { holder }),
         2 => (0..KEYS).prop_map(|key| Op::EndLease { key }),
         1 => (0..KEYS).prop_map(|key| Op::EndRetention { key }),
         1 => Just(Op::Sweep),
@@ -202,7 +205,24 @@ async fn run_script<S: Backend>(store: &S, ops: &[Op]) -> Result<(), TestCaseErr
                 }
                 prop_assert_eq!(got, expected, "step {}: {:?}", step, op);
             }
-            Op::Complete { .. } | Op::Release { .. } => {}
+            Op::Abandon { holder } if !holders.is_empty() => {
+                let index = holder % holders.len();
+                let h = holders[index].clone();
+                let got = store.abandon(h.fence).await.unwrap();
+                let expected = match model.get_mut(&h.key) {
+                    Some(rec)
+                        if rec.life == h.life
+                            && rec.attempt == h.attempt
+                            && rec.completed_by.is_none() =>
+                    {
+                        rec.lease_live = false;
+                        true
+                    }
+                    _ => false,
+                };
+                prop_assert_eq!(got, expected, "step {}: {:?}", step, op);
+            }
+            Op::Complete { .. } | Op::Release { .. } | Op::Abandon { .. } => {}
             Op::EndLease { key } => {
                 store.end_lease(&key_name(key)).await;
                 if let Some(rec) = model.get_mut(&key) {
