@@ -36,6 +36,28 @@ pub async fn same_key_twice_is_one_effect_and_one_answer<S: Backend>() {
     assert_eq!(first.status, 201);
     assert_eq!(first.header("idempotent-replayed"), None);
     assert_eq!(first.header("set-cookie"), Some("a=1"));
+    let json: serde_json::Value = serde_json::from_slice(&first.body).unwrap();
+    assert_eq!(
+        (
+            json["attempt"].as_i64(),
+            json["taken_over"].as_bool(),
+            json["scope"].as_str()
+        ),
+        (Some(1), Some(false), Some(""))
+    );
+    let execution = json["execution"].as_str().unwrap();
+    assert!(
+        execution.starts_with("Execution { scope: \"\", key: \"k-1\", fence: Fence { id: "),
+        "{execution}"
+    );
+    assert!(
+        execution.ends_with(", attempt: 1 }, taken_over: false, .. }"),
+        "{execution}"
+    );
+    assert_eq!(
+        json["local"], "Local(..)",
+        "the handler's transaction, taken again after its effect"
+    );
     assert_eq!(second.header("idempotent-replayed"), Some("true"));
     assert_eq!(
         second.unmarked(),
@@ -231,6 +253,7 @@ pub async fn a_takeover_fences_the_stalled_holder<S: Backend>() {
     assert_eq!(second.status, 201);
     let json: serde_json::Value = serde_json::from_slice(&second.body).unwrap();
     assert_eq!(json["attempt"], 2, "the takeover runs as attempt 2");
+    assert_eq!(json["taken_over"], true);
     assert_eq!(layer.counters().snapshot().takeovers, 1);
 
     script.gate.add_permits(1);
@@ -422,7 +445,7 @@ pub async fn keys_are_scoped_by_caller<S: Backend>() {
         .unwrap();
     let server = Running::start(service(layer, Script::default())).await;
     let client = reqwest::Client::new();
-    let url = server.url("/charges");
+    let url = server.url("/script");
     for tenant in ["a", "b", "a"] {
         let response = client
             .post(&url)
@@ -433,6 +456,12 @@ pub async fn keys_are_scoped_by_caller<S: Backend>() {
             .await
             .unwrap();
         assert_eq!(response.status(), 201);
+        let json: serde_json::Value =
+            serde_json::from_slice(&response.bytes().await.unwrap()).unwrap();
+        assert_eq!(
+            json["scope"], tenant,
+            "the handler runs in its caller's scope"
+        );
     }
     let anonymous = post(&client, &url, Some("k"), "x").await;
     assert_eq!(

@@ -348,7 +348,14 @@ async fn scripted<S: Backend>(
             (
                 StatusCode::CREATED,
                 headers,
-                Json(serde_json::json!({ "effect_id": id, "attempt": execution.attempt() })),
+                Json(serde_json::json!({
+                    "effect_id": id,
+                    "attempt": execution.attempt(),
+                    "taken_over": execution.taken_over(),
+                    "scope": execution.scope(),
+                    "execution": format!("{execution:?}"),
+                    "local": execution.local().await.map(|local| format!("{local:?}")).ok(),
+                })),
             )
                 .into_response()
         }
