@@ -196,6 +196,8 @@ async fn a_key_in_the_body_is_required_or_passes_through_as_configured() {
 struct LateLease<S> {
     inner: S,
     empty_claims: Arc<AtomicUsize>,
+    /// Whether `begin` fails, as a database that refuses new transactions does.
+    failing_begin: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl<S: Store> Store for LateLease<S> {
@@ -218,8 +220,11 @@ impl<S: Store> Store for LateLease<S> {
     ) -> impl Future<Output = Result<Option<Record>, StoreError>> + Send {
         self.inner.read(scope, key)
     }
-    fn begin(&self) -> impl Future<Output = Result<Self::Tx, StoreError>> + Send {
-        self.inner.begin()
+    async fn begin(&self) -> Result<Self::Tx, StoreError> {
+        if self.failing_begin.load(Ordering::Relaxed) {
+            return Err(StoreError::new("too many connections"));
+        }
+        self.inner.begin().await
     }
     fn complete(
         &self,
@@ -250,6 +255,7 @@ async fn a_claim_that_meets_a_lease_ending_claims_again() {
     let racy = LateLease {
         inner: store.clone(),
         empty_claims: Arc::default(),
+        failing_begin: Arc::default(),
     };
     let layer = IdempotencyLayer::builder(racy.clone()).build().unwrap();
     // A first holder claimed and went away; its lease has ended.
@@ -296,4 +302,49 @@ async fn a_claim_that_meets_a_lease_ending_claims_again() {
     )
     .await;
     assert_eq!(status, 503);
+}
+
+/// The `Local` extractor answers a store that cannot begin a transaction with a 503 problem,
+/// and the record is left for a retry.
+#[cfg(feature = "axum")]
+#[tokio::test]
+async fn a_local_that_cannot_begin_is_a_503() {
+    use axum::routing::post;
+    use safe_retry_server::Local;
+
+    let store = SqliteStore::fresh().await;
+    let racy = LateLease {
+        inner: store.clone(),
+        empty_claims: Arc::default(),
+        failing_begin: Arc::default(),
+    };
+    racy.failing_begin.store(true, Ordering::Relaxed);
+    let layer = IdempotencyLayer::builder(racy.clone()).build().unwrap();
+    let mut router = axum::Router::new()
+        .route(
+            "/charges",
+            post(|_tx: Local<LateLease<SqliteStore>>| async { "written" }),
+        )
+        .layer(layer.clone());
+    let request = Request::post("/charges")
+        .header("idempotency-key", "k")
+        .body(axum::body::Body::from("x"))
+        .unwrap();
+    poll_fn(|cx| Service::<Request<axum::body::Body>>::poll_ready(&mut router, cx))
+        .await
+        .unwrap();
+    let response = router.call(request).await.unwrap();
+    assert_eq!(response.status(), 503);
+    let body = axum::body::to_bytes(response.into_body(), usize::MAX)
+        .await
+        .unwrap();
+    let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(json["type"], "urn:safe-retry:problem:store-unavailable");
+    assert!(
+        json["detail"]
+            .as_str()
+            .unwrap()
+            .contains("too many connections"),
+        "{json}"
+    );
 }
