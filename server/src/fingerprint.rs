@@ -195,6 +195,21 @@ mod tests {
     }
 
     #[test]
+    fn the_canonical_form_is_sorted_compact_json_a_stable_contract() {
+        // Stored fingerprints outlive a release: the canonical bytes must not change.
+        let canonical = |text: &str| {
+            let mut out = Vec::new();
+            write_canonical(&serde_json::from_str(text).unwrap(), &mut out);
+            String::from_utf8(out).unwrap()
+        };
+        assert_eq!(
+            canonical(r#" { "b" : [1, {"y":2, "x":1}, []], "a":"s\"q", "c": {} } "#),
+            r#"{"a":"s\"q","b":[1,{"x":1,"y":2},[]],"c":{}}"#
+        );
+        assert_eq!(canonical("[true,null,1.5,-2]"), "[true,null,1.5,-2]");
+    }
+
+    #[test]
     fn a_named_header_counts_its_values_and_their_absence() {
         let f = Fingerprint::new().header(HeaderName::from_static("x-account"));
         let none = fp(&f, "POST", "/", &[], "");
