@@ -211,12 +211,8 @@ fn sf_string(value: &[u8]) -> Result<String, KeyError> {
                     ));
                 }
             },
-            Some(&c) if (0x20..0x7f).contains(&c) => key.push(c as char),
-            Some(_) => {
-                return Err(KeyError::Invalid(
-                    "it holds a control or non-ASCII character".into(),
-                ));
-            }
+            // Control and non-ASCII characters are refused by `check`, for every form.
+            Some(&c) => key.push(c as char),
         }
     }
     if bytes.next().is_some() {

@@ -36,6 +36,22 @@ async fn a_configuration_that_breaks_a_promise_fails_at_build_naming_the_fix() {
             "{message}"
         );
     }
+    // What a layer and its builder show of themselves.
+    let builder = IdempotencyLayer::builder(store.clone());
+    assert!(
+        format!("{builder:?}").starts_with("Builder { store: SqliteStore"),
+        "{builder:?}"
+    );
+    let layer = builder.build().unwrap();
+    let shown = format!("{layer:?}");
+    assert!(
+        shown.starts_with("IdempotencyLayer { store: SqliteStore"),
+        "{shown}"
+    );
+    assert!(
+        shown.contains("methods: [POST, PATCH], key: IdempotencyKey(Either), require_key: true, lease: 30s, retention: 86400s"),
+        "{shown}"
+    );
     // The edges that are allowed.
     IdempotencyLayer::builder(store.clone())
         .lease(Duration::from_millis(1))
