@@ -250,6 +250,29 @@ pub(crate) fn answer_of(
     })
 }
 
+/// A record from a row's columns, as every store reads them.
+#[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
+pub(crate) fn record_of(
+    fingerprint: &[u8],
+    status: &str,
+    response_status: Option<i64>,
+    response_headers: Option<Vec<u8>>,
+    response_body: Option<Vec<u8>>,
+    lease_left_ms: i64,
+) -> Result<Record, StoreError> {
+    let state = if status == "completed" {
+        RecordState::Completed(answer_of(response_status, response_headers, response_body)?)
+    } else {
+        RecordState::InProgress {
+            lease_left: Duration::from_millis(lease_left_ms.max(0) as u64),
+        }
+    };
+    Ok(Record {
+        fingerprint: fingerprint_of(fingerprint)?,
+        state,
+    })
+}
+
 /// A fingerprint column as 32 bytes.
 #[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
 pub(crate) fn fingerprint_of(column: &[u8]) -> Result<[u8; 32], StoreError> {
@@ -327,6 +350,34 @@ mod tests {
         assert!(fingerprint_of(&[0; 31]).is_err());
         assert_eq!(fingerprint_of(&[7; 32]).unwrap(), [7; 32]);
         assert_eq!(millis(Duration::from_millis(1500)), 1500);
+        let running = record_of(&[1; 32], "in_progress", None, None, None, -5).unwrap();
+        assert_eq!(
+            running.state,
+            RecordState::InProgress {
+                lease_left: Duration::ZERO
+            }
+        );
+        let running = record_of(&[1; 32], "in_progress", None, None, None, 1200).unwrap();
+        assert_eq!(
+            running.state,
+            RecordState::InProgress {
+                lease_left: Duration::from_millis(1200)
+            }
+        );
+        let done = record_of(
+            &[2; 32],
+            "completed",
+            Some(201),
+            None,
+            Some(b"x".to_vec()),
+            0,
+        )
+        .unwrap();
+        assert_eq!(done.fingerprint, [2; 32]);
+        assert!(
+            matches!(done.state, RecordState::Completed(ref a) if a.status == 201 && a.body.as_deref() == Some(&b"x"[..]))
+        );
+        assert!(record_of(&[2; 31], "completed", Some(201), None, None, 0).is_err());
         assert_eq!(millis(Duration::MAX), i64::MAX);
     }
 }

@@ -6,8 +6,8 @@ use sqlx::postgres::{PgPool, PgPoolOptions};
 use sqlx::{Postgres, Row, Transaction};
 
 use super::{
-    Claim, Claimed, Completion, Fence, Record, RecordState, Store, StoreError, StoredAnswer,
-    answer_of, encode_headers, fingerprint_of, millis,
+    Claim, Claimed, Completion, Fence, Record, Store, StoreError, StoredAnswer, encode_headers,
+    millis, record_of,
 };
 
 const MIGRATIONS: &[(i64, &str)] = &[(
@@ -137,20 +137,14 @@ impl Store for PostgresStore {
         .fetch_optional(&self.pool)
         .await?;
         let Some(row) = row else { return Ok(None) };
-        let fingerprint = fingerprint_of(&row.try_get::<Vec<u8>, _>("fingerprint")?)?;
-        let state = if row.try_get::<String, _>("status")? == "completed" {
-            RecordState::Completed(answer_of(
-                row.try_get("response_status")?,
-                row.try_get("response_headers")?,
-                row.try_get("response_body")?,
-            )?)
-        } else {
-            let left: i64 = row.try_get("lease_left")?;
-            RecordState::InProgress {
-                lease_left: Duration::from_millis(left.max(0) as u64),
-            }
-        };
-        Ok(Some(Record { fingerprint, state }))
+        Ok(Some(record_of(
+            &row.try_get::<Vec<u8>, _>("fingerprint")?,
+            &row.try_get::<String, _>("status")?,
+            row.try_get("response_status")?,
+            row.try_get("response_headers")?,
+            row.try_get("response_body")?,
+            row.try_get("lease_left")?,
+        )?))
     }
 
     async fn begin(&self) -> Result<Self::Tx, StoreError> {

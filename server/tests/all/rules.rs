@@ -12,6 +12,16 @@ async fn start<S: Backend>(store: S, script: Script) -> (Running, IdempotencyLay
     (Running::start(service(layer.clone(), script)).await, layer)
 }
 
+/// Sends a POST from a task of its own, on a connection of its own.
+fn post_in_background(
+    url: &str,
+    key: &'static str,
+    body: &'static str,
+) -> tokio::task::JoinHandle<Answer> {
+    let url = url.to_owned();
+    tokio::spawn(async move { post(&reqwest::Client::new(), &url, Some(key), body).await })
+}
+
 async fn effects_of<S: Backend>(store: &S, key: &str) -> usize {
     store
         .effects()
@@ -141,10 +151,7 @@ pub async fn another_request_under_the_key_is_422_and_no_effect<S: Backend>() {
     let script = Script::stalled();
     let (server, layer) = start(store.clone(), script.clone()).await;
     let url = server.url("/script");
-    let first = tokio::spawn({
-        let url = url.clone();
-        async move { post(&reqwest::Client::new(), &url, Some("k"), "amount=10").await }
-    });
+    let first = post_in_background(&url, "k", "amount=10");
     script.began.acquire().await.unwrap().forget();
     let client = reqwest::Client::new();
     let during = post(&client, &url, Some("k"), "amount=99").await;
@@ -171,10 +178,7 @@ pub async fn in_progress_is_a_409_with_retry_after<S: Backend>() {
     let script = Script::stalled();
     let (server, _layer) = start(store.clone(), script.clone()).await;
     let url = server.url("/script");
-    let first = tokio::spawn({
-        let url = url.clone();
-        async move { post(&reqwest::Client::new(), &url, Some("k"), "amount=10").await }
-    });
+    let first = post_in_background(&url, "k", "amount=10");
     script.began.acquire().await.unwrap().forget();
     let client = reqwest::Client::new();
     let during = post(&client, &url, Some("k"), "amount=10").await;
@@ -242,10 +246,7 @@ pub async fn a_takeover_fences_the_stalled_holder<S: Backend>() {
     let script = Script::stalled();
     let (server, layer) = start(store.clone(), script.clone()).await;
     let url = server.url("/script");
-    let first = tokio::spawn({
-        let url = url.clone();
-        async move { post(&reqwest::Client::new(), &url, Some("k"), "amount=10").await }
-    });
+    let first = post_in_background(&url, "k", "amount=10");
     script.began.acquire().await.unwrap().forget();
     store.end_lease("k").await;
     let client = reqwest::Client::new();
@@ -404,10 +405,7 @@ pub async fn a_store_failing_mid_request_leaves_nothing_half_written<S: Backend>
     let script = Script::stalled();
     let (server, layer) = start(store.clone(), script.clone()).await;
     let url = server.url("/script");
-    let first = tokio::spawn({
-        let url = url.clone();
-        async move { post(&reqwest::Client::new(), &url, Some("k"), "amount=10").await }
-    });
+    let first = post_in_background(&url, "k", "amount=10");
     script.began.acquire().await.unwrap().forget();
     store.break_outcomes().await;
     script.gate.add_permits(1);
@@ -514,10 +512,7 @@ pub async fn a_fenced_holder_never_answers_with_another_request_s_outcome<S: Bac
     let script = Script::stalled();
     let (server, layer) = start(store.clone(), script.clone()).await;
     let url = server.url("/script");
-    let first = tokio::spawn({
-        let url = url.clone();
-        async move { post(&reqwest::Client::new(), &url, Some("k"), "amount=10").await }
-    });
+    let first = post_in_background(&url, "k", "amount=10");
     script.began.acquire().await.unwrap().forget();
     store.end_lease("k").await;
     store.end_retention(Some("k")).await;
@@ -740,10 +735,7 @@ async fn postgres_cut_mid_request_leaves_nothing_half_written() {
     let script = Script::stalled_after();
     let (server, _layer) = start(store.clone(), script.clone()).await;
     let url = server.url("/script");
-    let first = tokio::spawn({
-        let url = url.clone();
-        async move { post(&reqwest::Client::new(), &url, Some("k"), "amount=10").await }
-    });
+    let first = post_in_background(&url, "k", "amount=10");
     script.wrote.acquire().await.unwrap().forget();
     crate::support::postgres::cut_connections(&store).await;
     script.after.add_permits(1);
