@@ -12,6 +12,34 @@ async fn start<S: Backend>(store: S, script: Script) -> (Running, IdempotencyLay
     (Running::start(service(layer.clone(), script)).await, layer)
 }
 
+/// A service whose first attempt at a charge waits at the gate, and a first request with key
+/// `k` that has begun and waits there.
+struct Held<S: Backend> {
+    store: S,
+    script: Script,
+    server: Running,
+    layer: IdempotencyLayer<S>,
+    url: String,
+    first: tokio::task::JoinHandle<Answer>,
+}
+
+async fn first_request_held<S: Backend>() -> Held<S> {
+    let store = S::fresh().await;
+    let script = Script::stalled();
+    let (server, layer) = start(store.clone(), script.clone()).await;
+    let url = server.url("/script");
+    let first = post_in_background(&url, "k", "amount=10");
+    script.began.acquire().await.unwrap().forget();
+    Held {
+        store,
+        script,
+        server,
+        layer,
+        url,
+        first,
+    }
+}
+
 /// Sends a POST from a task of its own, on a connection of its own.
 fn post_in_background(
     url: &str,
@@ -147,12 +175,14 @@ pub async fn thirty_two_at_once_make_one_effect<S: Backend>() {
 /// The same key with another body is a 422, before and after the first completes, and never
 /// a second effect.
 pub async fn another_request_under_the_key_is_422_and_no_effect<S: Backend>() {
-    let store = S::fresh().await;
-    let script = Script::stalled();
-    let (server, layer) = start(store.clone(), script.clone()).await;
-    let url = server.url("/script");
-    let first = post_in_background(&url, "k", "amount=10");
-    script.began.acquire().await.unwrap().forget();
+    let Held {
+        store,
+        script,
+        server,
+        layer,
+        url,
+        first,
+    } = first_request_held::<S>().await;
     let client = reqwest::Client::new();
     let during = post(&client, &url, Some("k"), "amount=99").await;
     assert_eq!(during.status, 422);
@@ -174,12 +204,14 @@ pub async fn another_request_under_the_key_is_422_and_no_effect<S: Backend>() {
 /// While the first runs, the same request gets a 409 with `Retry-After`; once it completes,
 /// the stored answer.
 pub async fn in_progress_is_a_409_with_retry_after<S: Backend>() {
-    let store = S::fresh().await;
-    let script = Script::stalled();
-    let (server, _layer) = start(store.clone(), script.clone()).await;
-    let url = server.url("/script");
-    let first = post_in_background(&url, "k", "amount=10");
-    script.began.acquire().await.unwrap().forget();
+    let Held {
+        store,
+        script,
+        server: _server,
+        layer: _layer,
+        url,
+        first,
+    } = first_request_held::<S>().await;
     let client = reqwest::Client::new();
     let during = post(&client, &url, Some("k"), "amount=10").await;
     assert_eq!(during.status, 409);
@@ -242,12 +274,14 @@ pub async fn a_5xx_after_the_handler_began_is_stored_and_replayed<S: Backend>() 
 /// completes; the first's completion is refused and its effect rolled back: one effect, one
 /// stored answer, which the first caller gets too.
 pub async fn a_takeover_fences_the_stalled_holder<S: Backend>() {
-    let store = S::fresh().await;
-    let script = Script::stalled();
-    let (server, layer) = start(store.clone(), script.clone()).await;
-    let url = server.url("/script");
-    let first = post_in_background(&url, "k", "amount=10");
-    script.began.acquire().await.unwrap().forget();
+    let Held {
+        store,
+        script,
+        server: _server,
+        layer,
+        url,
+        first,
+    } = first_request_held::<S>().await;
     store.end_lease("k").await;
     let client = reqwest::Client::new();
     let second = post(&client, &url, Some("k"), "amount=10").await;
@@ -401,12 +435,14 @@ pub async fn bad_input_gets_a_clear_answer_and_changes_nothing<S: Backend>() {
 /// The store fails while a request runs: the answer is a 503 problem, and the effect the
 /// handler wrote rolled back with the failed completion.
 pub async fn a_store_failing_mid_request_leaves_nothing_half_written<S: Backend>() {
-    let store = S::fresh().await;
-    let script = Script::stalled();
-    let (server, layer) = start(store.clone(), script.clone()).await;
-    let url = server.url("/script");
-    let first = post_in_background(&url, "k", "amount=10");
-    script.began.acquire().await.unwrap().forget();
+    let Held {
+        store,
+        script,
+        server: _server,
+        layer,
+        url,
+        first,
+    } = first_request_held::<S>().await;
     store.break_outcomes().await;
     script.gate.add_permits(1);
     let first = first.await.unwrap();
@@ -508,12 +544,14 @@ pub async fn an_answer_over_the_limit_is_sent_whole_and_its_status_replayed<S: B
 /// A holder fenced out by a request that renewed the key after its retention, with another
 /// body: the stalled holder does not answer with the other request's outcome, but with a 409.
 pub async fn a_fenced_holder_never_answers_with_another_request_s_outcome<S: Backend>() {
-    let store = S::fresh().await;
-    let script = Script::stalled();
-    let (server, layer) = start(store.clone(), script.clone()).await;
-    let url = server.url("/script");
-    let first = post_in_background(&url, "k", "amount=10");
-    script.began.acquire().await.unwrap().forget();
+    let Held {
+        store,
+        script,
+        server: _server,
+        layer,
+        url,
+        first,
+    } = first_request_held::<S>().await;
     store.end_lease("k").await;
     store.end_retention(Some("k")).await;
     let other = post(&reqwest::Client::new(), &url, Some("k"), "amount=99").await;
