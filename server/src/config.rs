@@ -26,6 +26,8 @@ pub(crate) struct Config<S> {
     pub(crate) max_answer_body: usize,
     pub(crate) max_key_len: usize,
     pub(crate) fingerprint: Fingerprint,
+    pub(crate) max_attempts: u32,
+    pub(crate) failed_retention: Duration,
     pub(crate) counters: Arc<Counters>,
 }
 
@@ -47,6 +49,9 @@ pub struct Counters {
     pub(crate) refused: AtomicU64,
     pub(crate) store_failures: AtomicU64,
     pub(crate) abandoned: AtomicU64,
+    pub(crate) steps: AtomicU64,
+    pub(crate) unfinished: AtomicU64,
+    pub(crate) failed: AtomicU64,
 }
 
 /// A reading of [`Counters`].
@@ -67,8 +72,8 @@ pub struct CounterSnapshot {
     pub mismatches: u64,
     /// Answers the handler marked [`Rejected`](crate::execution::Rejected): nothing stored.
     pub rejections: u64,
-    /// Completions refused because another attempt had taken the record over; their
-    /// transactions rolled back.
+    /// Completions and recovery points refused because another attempt had taken the record
+    /// over; their transactions rolled back.
     pub fenced: u64,
     /// Requests answered `400`, `401` or `413` before any claim (key, scope or body).
     pub refused: u64,
@@ -77,6 +82,14 @@ pub struct CounterSnapshot {
     /// Executions that ended without an outcome (the handler failed or its request was
     /// dropped): their leases were ended at once for a retry to take over.
     pub abandoned: u64,
+    /// Recovery points committed (a step's `started` point before an external call, and each
+    /// step's commit).
+    pub steps: u64,
+    /// Executions that stopped at a recovery point ([`Unfinished`](crate::Unfinished)
+    /// answers): their leases were ended at once for a resumption.
+    pub unfinished: u64,
+    /// Records that were resumed more often than the layer allows and ended failed.
+    pub failed: u64,
 }
 
 impl Counters {
@@ -95,6 +108,9 @@ impl Counters {
             refused: read(&self.refused),
             store_failures: read(&self.store_failures),
             abandoned: read(&self.abandoned),
+            steps: read(&self.steps),
+            unfinished: read(&self.unfinished),
+            failed: read(&self.failed),
         }
     }
 

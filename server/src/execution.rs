@@ -4,7 +4,10 @@
 use std::fmt;
 use std::ops::{Deref, DerefMut};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
+use crate::config::Counters;
+use crate::step::{Journal, Snapshot};
 use crate::store::{Fence, Store, StoreError};
 
 /// Where the handler's transaction is.
@@ -26,23 +29,26 @@ enum Slot<T> {
 /// Under axum it is an extractor; elsewhere read it with
 /// `request.extensions().get::<Execution<S>>()`.
 pub struct Execution<S: Store> {
-    store: S,
+    inner: Arc<Inner<S>>,
+}
+
+pub(crate) struct Inner<S: Store> {
+    pub(crate) store: S,
     slot: Arc<Mutex<Slot<S::Tx>>>,
     scope: Arc<str>,
     key: Arc<str>,
-    fence: Fence,
+    pub(crate) fence: Fence,
     taken_over: bool,
+    pub(crate) lease: Duration,
+    pub(crate) counters: Arc<Counters>,
+    pub(crate) journal: Mutex<Journal>,
+    pub(crate) snapshot: Snapshot,
 }
 
 impl<S: Store> Clone for Execution<S> {
     fn clone(&self) -> Self {
         Execution {
-            store: self.store.clone(),
-            slot: self.slot.clone(),
-            scope: self.scope.clone(),
-            key: self.key.clone(),
-            fence: self.fence,
-            taken_over: self.taken_over,
+            inner: self.inner.clone(),
         }
     }
 }
@@ -50,10 +56,10 @@ impl<S: Store> Clone for Execution<S> {
 impl<S: Store> fmt::Debug for Execution<S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Execution")
-            .field("scope", &self.scope)
-            .field("key", &self.key)
-            .field("fence", &self.fence)
-            .field("taken_over", &self.taken_over)
+            .field("scope", &self.inner.scope)
+            .field("key", &self.inner.key)
+            .field("fence", &self.inner.fence)
+            .field("taken_over", &self.inner.taken_over)
             .finish_non_exhaustive()
     }
 }
@@ -62,43 +68,63 @@ fn lock<T>(slot: &Mutex<T>) -> MutexGuard<'_, T> {
     slot.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
+/// What the layer knows of a claimed request when it hands it to the handler.
+pub(crate) struct Claimed {
+    pub(crate) scope: Arc<str>,
+    pub(crate) key: Arc<str>,
+    pub(crate) fence: Fence,
+    pub(crate) taken_over: bool,
+    pub(crate) lease: Duration,
+    pub(crate) counters: Arc<Counters>,
+    pub(crate) snapshot: Snapshot,
+}
+
 impl<S: Store> Execution<S> {
-    pub(crate) fn new(
-        store: S,
-        scope: Arc<str>,
-        key: Arc<str>,
-        fence: Fence,
-        taken_over: bool,
-    ) -> Self {
+    pub(crate) fn new(store: S, claimed: Claimed) -> Self {
+        // A record this request created has no steps to read.
+        let journal = Journal {
+            loaded: !claimed.taken_over,
+            ..Journal::default()
+        };
         Execution {
-            store,
-            slot: Arc::new(Mutex::new(Slot::Idle)),
-            scope,
-            key,
-            fence,
-            taken_over,
+            inner: Arc::new(Inner {
+                store,
+                slot: Arc::new(Mutex::new(Slot::Idle)),
+                scope: claimed.scope,
+                key: claimed.key,
+                fence: claimed.fence,
+                taken_over: claimed.taken_over,
+                lease: claimed.lease,
+                counters: claimed.counters,
+                journal: Mutex::new(journal),
+                snapshot: claimed.snapshot,
+            }),
         }
+    }
+
+    pub(crate) fn inner(&self) -> &Inner<S> {
+        &self.inner
     }
 
     /// The request's idempotency key.
     pub fn key(&self) -> &str {
-        &self.key
+        &self.inner.key
     }
 
     /// The caller's scope the key belongs to.
     pub fn scope(&self) -> &str {
-        &self.scope
+        &self.inner.scope
     }
 
     /// The attempt that holds the record: 1 for the first, one more for each takeover.
     pub fn attempt(&self) -> i64 {
-        self.fence.attempt
+        self.inner.fence.attempt
     }
 
     /// Whether this execution took the record over from a holder whose lease ran out: an
     /// earlier attempt may have done part of the work.
     pub fn taken_over(&self) -> bool {
-        self.taken_over
+        self.inner.taken_over
     }
 
     /// The transaction the handler's local effects commit in, together with the stored answer:
@@ -106,7 +132,7 @@ impl<S: Store> Execution<S> {
     /// [`Local`] is dropped) continues the same transaction.
     pub async fn local(&self) -> Result<Local<S>, LocalError> {
         let begun = {
-            let mut slot = lock(&self.slot);
+            let mut slot = lock(&self.inner.slot);
             match std::mem::replace(&mut *slot, Slot::Lent) {
                 Slot::Open(tx) => Some(tx),
                 Slot::Idle => None,
@@ -119,10 +145,10 @@ impl<S: Store> Execution<S> {
         };
         let tx = match begun {
             Some(tx) => tx,
-            None => match self.store.begin().await {
+            None => match self.inner.store.begin().await {
                 Ok(tx) => tx,
                 Err(error) => {
-                    let mut slot = lock(&self.slot);
+                    let mut slot = lock(&self.inner.slot);
                     if matches!(*slot, Slot::Lent) {
                         *slot = Slot::Idle;
                     }
@@ -132,13 +158,13 @@ impl<S: Store> Execution<S> {
         };
         Ok(Local {
             tx: Some(tx),
-            slot: self.slot.clone(),
+            slot: self.inner.slot.clone(),
         })
     }
 
     /// Takes the transaction for the completion. `Err(())` when a [`Local`] is still held.
     pub(crate) fn close(&self) -> Result<Option<S::Tx>, ()> {
-        match std::mem::replace(&mut *lock(&self.slot), Slot::Closed) {
+        match std::mem::replace(&mut *lock(&self.inner.slot), Slot::Closed) {
             Slot::Idle | Slot::Closed => Ok(None),
             Slot::Open(tx) => Ok(Some(tx)),
             Slot::Lent => Err(()),

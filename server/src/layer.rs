@@ -39,6 +39,8 @@ impl<S: fmt::Debug> fmt::Debug for IdempotencyLayer<S> {
             .field("require_key", &c.require_key)
             .field("lease", &c.lease)
             .field("retention", &c.retention)
+            .field("max_attempts", &c.max_attempts)
+            .field("failed_retention", &c.failed_retention)
             .finish_non_exhaustive()
     }
 }
@@ -60,6 +62,8 @@ impl<S: Store> IdempotencyLayer<S> {
                 max_answer_body: 1 << 20,
                 max_key_len: 255,
                 fingerprint: Fingerprint::default(),
+                max_attempts: 10,
+                failed_retention: Duration::from_secs(7 * 24 * 60 * 60),
                 counters: Arc::default(),
             },
         }
@@ -195,6 +199,23 @@ impl<S: Store> Builder<S> {
         self
     }
 
+    /// How many times a record may be started [10]: its first run and each resumption (a
+    /// retry's takeover, or the reconciler's) count one. A record started once more ends
+    /// `failed` instead of running its handler again, and every later request with its key is
+    /// sent a `500` `gave-up` problem: a dependency that never answers stops being called.
+    pub fn max_attempts(mut self, attempts: u32) -> Self {
+        self.config.max_attempts = attempts;
+        self
+    }
+
+    /// How long a record that ended `failed` is kept [7 days], from when it failed: longer
+    /// than an answer's [retention](Builder::retention), for an operator to look at its last
+    /// recovery point.
+    pub fn failed_retention(mut self, retention: Duration) -> Self {
+        self.config.failed_retention = retention;
+        self
+    }
+
     /// Checks the configuration and builds the layer.
     pub fn build(self) -> Result<IdempotencyLayer<S>, ConfigError> {
         let c = &self.config;
@@ -209,6 +230,12 @@ impl<S: Store> Builder<S> {
                 "`retention` ({:?}) is not longer than `lease` ({:?}): an outcome would be forgotten while its request may still run; keep retention far longer (default 24 h)",
                 c.retention, c.lease
             )));
+        }
+        if c.max_attempts == 0 {
+            return Err(ConfigError(
+                "`max_attempts` is 0: no request would ever run; allow at least 1 (default 10)"
+                    .into(),
+            ));
         }
         if c.max_key_len == 0 || c.max_key_len > 4096 {
             return Err(ConfigError(format!(

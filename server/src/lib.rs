@@ -99,7 +99,11 @@ mod fingerprint;
 mod key;
 mod layer;
 mod problem;
+mod reconciler;
+#[cfg(feature = "client")]
+mod relay;
 mod service;
+mod step;
 pub mod store;
 
 pub use body::{BoxError, ReplyBody};
@@ -109,7 +113,13 @@ pub use fingerprint::Fingerprint;
 pub use key::{IDEMPOTENCY_KEY, KeyForm, KeySource};
 pub use layer::{Builder, ConfigError, IdempotencyLayer};
 pub use problem::Problem;
+pub use reconciler::{ReconcileReport, Reconciler, SavedBody};
+#[cfg(feature = "client")]
+pub use relay::{Relay, RelayReport};
 pub use service::{IDEMPOTENT_REPLAYED, Idempotent, IdempotentFuture};
+#[cfg(feature = "client")]
+pub use step::Downstream;
+pub use step::{Message, Pending, Step, StepError, Unfinished};
 #[cfg(feature = "postgres")]
 pub use store::PostgresStore;
 #[cfg(feature = "sqlite")]

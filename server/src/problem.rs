@@ -34,6 +34,12 @@ pub enum Problem {
     /// A replay of a completed request whose body was too large to store: its status, with
     /// this problem as the body.
     AnswerNotStored,
+    /// `503`: a step could not finish (its dependency did not answer); its record waits at its
+    /// last recovery point for a retry with the same key, or the reconciler, to resume it.
+    StepUnfinished,
+    /// `500`: the record was resumed more times than the layer allows and ended failed; every
+    /// later request with the key is sent this answer.
+    GaveUp,
 }
 
 impl Problem {
@@ -50,6 +56,8 @@ impl Problem {
             Problem::StoreUnavailable => "store-unavailable",
             Problem::HandlerFailed => "handler-failed",
             Problem::AnswerNotStored => "answer-not-stored",
+            Problem::StepUnfinished => "step-unfinished",
+            Problem::GaveUp => "gave-up",
         }
     }
 
@@ -63,8 +71,10 @@ impl Problem {
             Problem::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Problem::KeyReused => StatusCode::UNPROCESSABLE_ENTITY,
             Problem::InProgress => StatusCode::CONFLICT,
-            Problem::StoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
-            Problem::HandlerFailed | Problem::AnswerNotStored => StatusCode::INTERNAL_SERVER_ERROR,
+            Problem::StoreUnavailable | Problem::StepUnfinished => StatusCode::SERVICE_UNAVAILABLE,
+            Problem::HandlerFailed | Problem::AnswerNotStored | Problem::GaveUp => {
+                StatusCode::INTERNAL_SERVER_ERROR
+            }
         }
     }
 
@@ -80,6 +90,8 @@ impl Problem {
             Problem::StoreUnavailable => "The idempotency store is unavailable",
             Problem::HandlerFailed => "The request's outcome could not be recorded",
             Problem::AnswerNotStored => "The request completed; its answer was too large to store",
+            Problem::StepUnfinished => "A step of the request could not finish yet",
+            Problem::GaveUp => "The request was resumed too many times and ended failed",
         }
     }
 
@@ -162,6 +174,8 @@ mod tests {
             Problem::StoreUnavailable,
             Problem::HandlerFailed,
             Problem::AnswerNotStored,
+            Problem::StepUnfinished,
+            Problem::GaveUp,
         ];
         let names: std::collections::HashSet<_> = all.iter().map(|p| p.name()).collect();
         assert_eq!(names.len(), all.len());

@@ -16,6 +16,7 @@ use crate::body::{BoxError, ReplyBody};
 use crate::config::{Config, Counters};
 use crate::execution::{Execution, Rejected};
 use crate::problem::Problem;
+use crate::step::{Snapshot, Unfinished};
 use crate::store::{
     Claim, Claimed, Completion, Fence, RecordState, Store, StoreError, StoredAnswer,
 };
@@ -75,7 +76,9 @@ where
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
         let config = self.config.clone();
-        if !config.methods.contains(request.method()) {
+        if !config.methods.contains(request.method())
+            || request.extensions().get::<Resumed>().is_some()
+        {
             return Box::pin(pass(inner, request));
         }
         Box::pin(run(config, inner, request))
@@ -105,7 +108,10 @@ fn refuse<S, R>(config: &Config<S>, problem: Problem, detail: &str) -> Response<
     answer(problem.response(detail))
 }
 
-fn unavailable<S, R>(config: &Config<S>, error: &dyn std::error::Error) -> Response<ReplyBody<R>> {
+pub(crate) fn unavailable<S, R>(
+    config: &Config<S>,
+    error: &dyn std::error::Error,
+) -> Response<ReplyBody<R>> {
     Counters::add(&config.counters.store_failures);
     tracing::warn!(target: "safe_retry_server", event = "store_failed", error = %error);
     let mut response = Problem::StoreUnavailable
@@ -118,7 +124,7 @@ fn unavailable<S, R>(config: &Config<S>, error: &dyn std::error::Error) -> Respo
 
 async fn run<Svc, S, B, R>(
     config: Arc<Config<S>>,
-    mut inner: Svc,
+    inner: Svc,
     request: Request<B>,
 ) -> Result<Response<ReplyBody<R>>, Svc::Error>
 where
@@ -129,7 +135,7 @@ where
     R: Body<Data = Bytes> + Unpin,
     R::Error: Into<BoxError>,
 {
-    let (mut parts, body) = request.into_parts();
+    let (parts, body) = request.into_parts();
 
     // The key, when it does not need the body: a request that lacks one is answered (or passed
     // through) before its body is read.
@@ -233,26 +239,137 @@ where
             &std::io::Error::other("the record changed under three claims in a row"),
         ));
     };
+    let scope: Arc<str> = scope.into();
+    let key: Arc<str> = key.into();
+    execute(
+        &config,
+        inner,
+        parts,
+        bytes,
+        Owned {
+            scope,
+            key,
+            fingerprint,
+            claimed,
+            held,
+        },
+    )
+    .await
+}
+
+/// A request its claim owns, on its way to the handler.
+pub(crate) struct Owned<S: Store> {
+    pub(crate) scope: Arc<str>,
+    pub(crate) key: Arc<str>,
+    pub(crate) fingerprint: [u8; 32],
+    pub(crate) claimed: crate::store::Claimed,
+    pub(crate) held: Held<S>,
+}
+
+/// What became of an execution, in its answer's extensions for the reconciler.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Ended {
+    /// The answer is stored.
+    Completed,
+    /// The handler left the record at a recovery point (or failed without an answer).
+    Unfinished,
+    /// The record had been resumed too often and ended failed.
+    Failed,
+    /// Another attempt took the record over.
+    Fenced,
+    /// The handler rejected the request; the record is gone.
+    Rejected,
+    /// The store failed.
+    StoreFailed,
+}
+
+/// The marker of a request the reconciler resumes: the layer, if the reconciler's service
+/// has it too, passes the request straight to the handler.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Resumed;
+
+fn ended<R>(mut response: Response<ReplyBody<R>>, how: Ended) -> Response<ReplyBody<R>> {
+    response.extensions_mut().insert(how);
+    response
+}
+
+/// Runs the handler for a claimed request and stores its outcome: the part of a request's way
+/// that a resumption by the reconciler shares.
+pub(crate) async fn execute<Svc, S, B, R>(
+    config: &Config<S>,
+    mut inner: Svc,
+    mut parts: http::request::Parts,
+    bytes: Bytes,
+    owned: Owned<S>,
+) -> Result<Response<ReplyBody<R>>, Svc::Error>
+where
+    Svc: Service<Request<B>, Response = Response<R>>,
+    S: Store,
+    B: From<Bytes>,
+    R: Body<Data = Bytes> + Unpin,
+    R::Error: Into<BoxError>,
+{
+    let Owned {
+        scope,
+        key,
+        fingerprint,
+        claimed,
+        held,
+    } = owned;
     Counters::add(&config.counters.claims);
     if claimed.taken_over {
         Counters::add(&config.counters.takeovers);
-        tracing::info!(target: "safe_retry_server", event = "takeover", scope, key, attempt = claimed.fence.attempt);
+        tracing::info!(target: "safe_retry_server", event = "takeover", %scope, %key, attempt = claimed.fence.attempt);
     } else {
-        tracing::debug!(target: "safe_retry_server", event = "claim", scope, key);
+        tracing::debug!(target: "safe_retry_server", event = "claim", %scope, %key);
     }
 
     // From here until the outcome is written, a failure or a drop of this future ends the
     // lease at once (`held`), so that a retry need not wait it out.
 
+    // A record resumed more often than allowed ends failed, with an answer that says so.
+    if claimed.fence.attempt > i64::from(config.max_attempts) {
+        let answer = Problem::GaveUp.response(&format!(
+            "the request was started {} times without finishing; it is kept failed, with its last recovery point, for an operator",
+            config.max_attempts
+        ));
+        let stored = StoredAnswer {
+            status: answer.status(),
+            headers: end_to_end(answer.headers()),
+            body: Some(answer.body().clone()),
+        };
+        return match config
+            .store
+            .fail(claimed.fence, &stored, config.failed_retention)
+            .await
+        {
+            Err(error) => Ok(ended(unavailable(config, &error), Ended::StoreFailed)),
+            Ok(Completion::Fenced) => Ok(ended(
+                self::answer(Problem::in_progress(config.in_progress_retry_after)),
+                Ended::Fenced,
+            )),
+            Ok(Completion::Completed) => {
+                held.done();
+                Counters::add(&config.counters.failed);
+                tracing::error!(target: "safe_retry_server", event = "gave_up", %scope, %key, attempt = claimed.fence.attempt);
+                Ok(ended(self::answer(answer), Ended::Failed))
+            }
+        };
+    }
+
     // The handler, with its execution in the request's extensions.
-    let scope: Arc<str> = scope.into();
-    let key: Arc<str> = key.into();
+    let snapshot = Snapshot::of(&parts, &bytes);
     let execution = Execution::new(
         config.store.clone(),
-        scope.clone(),
-        key.clone(),
-        claimed.fence,
-        claimed.taken_over,
+        crate::execution::Claimed {
+            scope: scope.clone(),
+            key: key.clone(),
+            fence: claimed.fence,
+            taken_over: claimed.taken_over,
+            lease: config.lease,
+            counters: config.counters.clone(),
+            snapshot,
+        },
     );
     parts.extensions.insert(execution.clone());
     let response = inner.call(Request::from_parts(parts, B::from(bytes))).await;
@@ -266,10 +383,30 @@ where
     let Ok(tx) = tx else {
         Counters::add(&config.counters.store_failures);
         tracing::error!(target: "safe_retry_server", event = "local_held", %scope, %key);
-        return Ok(answer(Problem::HandlerFailed.response(
-            "the handler still held its Local transaction when it answered; nothing was recorded",
-        )));
+        return Ok(ended(
+            answer(Problem::HandlerFailed.response(
+                "the handler still held its Local transaction when it answered; nothing was recorded",
+            )),
+            Ended::Unfinished,
+        ));
     };
+
+    if response.extensions().get::<Unfinished>().is_some() {
+        // The record stays at its last recovery point; `held` ends the lease as it drops, so
+        // a retry with the key, or the reconciler, resumes it at once.
+        drop(tx);
+        Counters::add(&config.counters.unfinished);
+        tracing::info!(target: "safe_retry_server", event = "unfinished", %scope, %key, attempt = claimed.fence.attempt);
+        let ended_as = if response.status() == http::StatusCode::CONFLICT {
+            Ended::Fenced
+        } else {
+            Ended::Unfinished
+        };
+        return Ok(ended(
+            response.map(|body| ReplyBody::inner(Bytes::new(), body)),
+            ended_as,
+        ));
+    }
 
     if response.extensions().get::<Rejected>().is_some() {
         return match config.store.release(tx, claimed.fence).await {
@@ -277,9 +414,12 @@ where
                 held.done();
                 Counters::add(&config.counters.rejections);
                 tracing::debug!(target: "safe_retry_server", event = "rejected", %scope, %key);
-                Ok(response.map(|body| ReplyBody::inner(Bytes::new(), body)))
+                Ok(ended(
+                    response.map(|body| ReplyBody::inner(Bytes::new(), body)),
+                    Ended::Rejected,
+                ))
             }
-            Err(error) => Ok(unavailable(&config, &error)),
+            Err(error) => Ok(ended(unavailable(config, &error), Ended::StoreFailed)),
         };
     }
 
@@ -304,9 +444,12 @@ where
                 tracing::error!(target: "safe_retry_server", event = "answer_failed", %scope, %key, error = %error);
                 // Dropping `tx` rolls the local effects back; `held` lets a retry run it.
                 drop(tx);
-                return Ok(answer(Problem::HandlerFailed.response(
-                    "the handler's answer failed while it was read; nothing was recorded; retry with the same key",
-                )));
+                return Ok(ended(
+                    answer(Problem::HandlerFailed.response(
+                        "the handler's answer failed while it was read; nothing was recorded; retry with the same key",
+                    )),
+                    Ended::Unfinished,
+                ));
             }
         }
     }
@@ -321,7 +464,7 @@ where
         held.done();
     }
     match completion {
-        Err(error) => Ok(unavailable(&config, &error)),
+        Err(error) => Ok(ended(unavailable(config, &error), Ended::StoreFailed)),
         Ok(Completion::Completed) => {
             Counters::add(&config.counters.completions);
             tracing::debug!(target: "safe_retry_server", event = "completed", %scope, %key, status = head.status.as_u16());
@@ -330,7 +473,7 @@ where
             } else {
                 ReplyBody::full(read)
             };
-            Ok(Response::from_parts(head, body))
+            Ok(ended(Response::from_parts(head, body), Ended::Completed))
         }
         Ok(Completion::Fenced) => {
             Counters::add(&config.counters.fenced);
@@ -342,16 +485,17 @@ where
                 attempt = claimed.fence.attempt,
                 "another attempt took this record over; this completion and its local effects were rolled back"
             );
-            match config.store.read(&scope, &key).await {
+            let response = match config.store.read(&scope, &key).await {
                 Ok(Some(record)) if record.fingerprint == fingerprint => match record.state {
-                    RecordState::Completed(stored) => Ok(replay(&config, &scope, &key, &stored)),
+                    RecordState::Completed(stored) => replay(config, &scope, &key, &stored),
                     RecordState::InProgress { .. } => {
-                        Ok(answer(Problem::in_progress(config.in_progress_retry_after)))
+                        answer(Problem::in_progress(config.in_progress_retry_after))
                     }
                 },
-                Ok(_) => Ok(answer(Problem::in_progress(config.in_progress_retry_after))),
-                Err(error) => Ok(unavailable(&config, &error)),
-            }
+                Ok(_) => answer(Problem::in_progress(config.in_progress_retry_after)),
+                Err(error) => unavailable(config, &error),
+            };
+            Ok(ended(response, Ended::Fenced))
         }
     }
 }
@@ -372,7 +516,7 @@ enum Hold {
 /// answer failed, or the request's future was dropped, even while the claim statement was on
 /// its way), it ends the record's lease at once, fenced, so the next request with the key
 /// takes it over instead of waiting the lease out.
-struct Held<S: Store> {
+pub(crate) struct Held<S: Store> {
     store: S,
     state: Arc<Mutex<Hold>>,
     counters: Arc<Counters>,
@@ -385,7 +529,7 @@ fn lock(state: &Mutex<Hold>) -> std::sync::MutexGuard<'_, Hold> {
 }
 
 impl<S: Store> Held<S> {
-    fn new(store: S, counters: Arc<Counters>) -> Held<S> {
+    pub(crate) fn new(store: S, counters: Arc<Counters>) -> Held<S> {
         Held {
             store,
             state: Arc::new(Mutex::new(Hold::Claiming)),
@@ -396,7 +540,7 @@ impl<S: Store> Held<S> {
     /// Runs the claim statement in a task of its own: if the request is dropped while the
     /// statement is on its way, the task ends the lease it took, so no record is left claimed
     /// with nobody holding it.
-    async fn claim(&self, claim: &Claim<'_>) -> Result<Option<Claimed>, StoreError> {
+    pub(crate) async fn claim(&self, claim: &Claim<'_>) -> Result<Option<Claimed>, StoreError> {
         let (answer, heard) = tokio::sync::oneshot::channel();
         let (store, state, counters) = (
             self.store.clone(),
@@ -500,7 +644,7 @@ fn replay<S, R>(
 
 /// The headers a replay sends again: all but the hop-by-hop ones (and those a `Connection`
 /// header names), and `content-length`, which the stored body sets again.
-fn end_to_end(headers: &http::HeaderMap) -> Vec<(HeaderName, HeaderValue)> {
+pub(crate) fn end_to_end(headers: &http::HeaderMap) -> Vec<(HeaderName, HeaderValue)> {
     const HOP: [HeaderName; 8] = [
         header::CONNECTION,
         HeaderName::from_static("keep-alive"),

@@ -89,9 +89,161 @@ pub trait Store: Clone + Send + Sync + 'static {
     fn abandon(&self, fence: Fence) -> impl Future<Output = Result<bool, StoreError>> + Send;
 
     /// Deletes at most `batch` records whose retention has ended (and whose lease, if they are
-    /// still in progress, has ended too), in one short statement. Returns how many it deleted:
-    /// call it again while that equals `batch`.
+    /// still in progress, has ended too), and at most `batch` outbox messages whose retention
+    /// has ended (sent or failed ones), in short statements. Returns how many rows it deleted:
+    /// call it again while that equals or passes `batch`.
     fn sweep(&self, batch: u32) -> impl Future<Output = Result<u64, StoreError>> + Send;
+
+    /// Reads what earlier holders of the record committed: the steps' outputs and the saved
+    /// request. A resumption reads it once, after its claim.
+    fn progress(&self, fence: Fence) -> impl Future<Output = Result<Progress, StoreError>> + Send;
+
+    /// Commits a recovery point while `fence` still holds the record, in `tx` when the step
+    /// opened one (its local effects and staged messages commit with it), and renews the lease.
+    /// When the record is no longer held by `fence` nothing is written, `tx` is rolled back and
+    /// the result is [`Completion::Fenced`].
+    fn commit_step(
+        &self,
+        tx: Option<Self::Tx>,
+        fence: Fence,
+        write: &StepWrite<'_>,
+    ) -> impl Future<Output = Result<Completion, StoreError>> + Send;
+
+    /// Ends the record in the `failed` state with `answer` (what every later request with the
+    /// key is sent), kept for `retention` from now, while `fence` still holds it.
+    fn fail(
+        &self,
+        fence: Fence,
+        answer: &StoredAnswer,
+        retention: Duration,
+    ) -> impl Future<Output = Result<Completion, StoreError>> + Send;
+
+    /// Up to `batch` records a resumption can finish: in progress, past their lease, within
+    /// their retention, with a saved request (they reached a recovery point). Oldest lease
+    /// first. Reading them claims nothing: each is then claimed like any request.
+    fn stalled(&self, batch: u32) -> impl Future<Output = Result<Vec<Stalled>, StoreError>> + Send;
+
+    /// Stages an outbox message in `tx`: it exists once `tx` commits, and never before. A
+    /// message whose id is already staged is left as it is (returns `false`).
+    fn stage(
+        &self,
+        tx: &mut Self::Tx,
+        message: &StagedMessage<'_>,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// Takes up to `batch` pending messages that are due, for `lease`: each is due again after
+    /// it unless it is settled first, and its delivery count goes up by one (the fence of
+    /// [`settle`](Store::settle)). Two relays never take one message at once.
+    fn take_messages(
+        &self,
+        batch: u32,
+        lease: Duration,
+    ) -> impl Future<Output = Result<Vec<OutboxMessage>, StoreError>> + Send;
+
+    /// Settles a message taken under `delivery`: sent, to be tried again, or failed. Returns
+    /// `false` (and writes nothing) when another relay has taken it since.
+    fn settle(
+        &self,
+        id: &str,
+        delivery: i64,
+        settle: &Settle,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+}
+
+/// What earlier holders of a record committed, read by a resumption.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Progress {
+    /// The committed steps' outputs: a JSON object by step name.
+    pub steps: Option<String>,
+    /// The request as saved with the first recovery point, in the layer's own encoding.
+    pub request: Option<Bytes>,
+}
+
+/// A recovery point to commit.
+#[derive(Debug, Clone, Copy)]
+pub struct StepWrite<'a> {
+    /// The recovery point's name, kept in the record's `step` column (`charge:started`,
+    /// `charge:done`).
+    pub point: &'a str,
+    /// Every committed step's output (a JSON object by step name), when this point adds one;
+    /// `None` leaves them as they are.
+    pub steps: Option<&'a str>,
+    /// The request, when the record has not saved it yet; `None` leaves it as it is.
+    pub request: Option<&'a [u8]>,
+    /// The lease from now: a recovery point renews it.
+    pub lease: Duration,
+}
+
+/// A record a resumption can finish, as [`Store::stalled`] finds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stalled {
+    /// The caller's scope.
+    pub scope: String,
+    /// The idempotency key.
+    pub key: String,
+    /// The fingerprint of the request that created it: a resumption claims with it.
+    pub fingerprint: [u8; 32],
+}
+
+/// An outbox message as a handler stages it.
+#[derive(Debug, Clone, Copy)]
+pub struct StagedMessage<'a> {
+    /// The message's natural id: the relay derives the delivery's idempotency key from it.
+    pub id: &'a str,
+    /// The HTTP method.
+    pub method: &'a str,
+    /// The URL.
+    pub url: &'a str,
+    /// The headers, in [`encode_headers`]'s form.
+    pub headers: &'a [u8],
+    /// The body.
+    pub body: &'a [u8],
+}
+
+/// An outbox message a relay took.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutboxMessage {
+    /// The message's natural id.
+    pub id: String,
+    /// The HTTP method.
+    pub method: String,
+    /// The URL.
+    pub url: String,
+    /// The headers.
+    pub headers: Vec<(HeaderName, HeaderValue)>,
+    /// The body.
+    pub body: Bytes,
+    /// How many times a relay has taken it, this time included: the fence of its settlement.
+    pub delivery: i64,
+}
+
+/// How a delivery ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Settle {
+    /// The receiver answered 2xx: the message is sent, kept for `keep`.
+    Sent {
+        /// The receiver's status.
+        status: u16,
+        /// How long the row is kept.
+        keep: Duration,
+    },
+    /// Not delivered this time: due again after `after`.
+    Retry {
+        /// The wait before the next delivery.
+        after: Duration,
+        /// What went wrong, kept in the row.
+        error: String,
+    },
+    /// Not to be delivered: the receiver refused it for good, or the relay gave up. Kept for
+    /// `keep`.
+    Failed {
+        /// The receiver's status, when it answered.
+        status: Option<u16>,
+        /// What went wrong.
+        error: String,
+        /// How long the row is kept.
+        keep: Duration,
+    },
 }
 
 /// What a claim asks the store for.
@@ -260,7 +412,7 @@ pub(crate) fn record_of(
     response_body: Option<Vec<u8>>,
     lease_left_ms: i64,
 ) -> Result<Record, StoreError> {
-    let state = if status == "completed" {
+    let state = if status == "completed" || status == "failed" {
         RecordState::Completed(answer_of(response_status, response_headers, response_body)?)
     } else {
         RecordState::InProgress {
@@ -279,6 +431,132 @@ pub(crate) fn fingerprint_of(column: &[u8]) -> Result<[u8; 32], StoreError> {
     column
         .try_into()
         .map_err(|_| StoreError::new("a record's fingerprint is not 32 bytes"))
+}
+
+/// Encodes a request as a record saves it for a resumption: the method's length (2 bytes),
+/// the target's length (4 bytes), the headers' length (4 bytes, big-endian), then the method,
+/// the target (path and query), the headers ([`encode_headers`]'s form) and the body.
+pub(crate) fn encode_request(
+    method: &http::Method,
+    target: &str,
+    headers: &[(HeaderName, HeaderValue)],
+    body: &[u8],
+) -> Vec<u8> {
+    let headers = encode_headers(headers);
+    let method = method.as_str().as_bytes();
+    let mut out = Vec::with_capacity(10 + method.len() + target.len() + headers.len() + body.len());
+    out.extend_from_slice(&(method.len() as u16).to_be_bytes());
+    out.extend_from_slice(&(target.len() as u32).to_be_bytes());
+    out.extend_from_slice(&(headers.len() as u32).to_be_bytes());
+    out.extend_from_slice(method);
+    out.extend_from_slice(target.as_bytes());
+    out.extend_from_slice(&headers);
+    out.extend_from_slice(body);
+    out
+}
+
+/// A request as a record saved it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct SavedRequest {
+    pub(crate) method: http::Method,
+    pub(crate) target: String,
+    pub(crate) headers: Vec<(HeaderName, HeaderValue)>,
+    pub(crate) body: Bytes,
+}
+
+/// Decodes what [`encode_request`] wrote; a row that does not decode is an error, never a
+/// panic.
+pub(crate) fn decode_request(bytes: &Bytes) -> Result<SavedRequest, StoreError> {
+    let bad = || StoreError::new("a saved request does not decode");
+    let (lengths, rest) = bytes.split_at_checked(10).ok_or_else(bad)?;
+    let method_len = u16::from_be_bytes([lengths[0], lengths[1]]) as usize;
+    let target_len = u32::from_be_bytes([lengths[2], lengths[3], lengths[4], lengths[5]]) as usize;
+    let headers_len = u32::from_be_bytes([lengths[6], lengths[7], lengths[8], lengths[9]]) as usize;
+    let (method, rest) = rest.split_at_checked(method_len).ok_or_else(bad)?;
+    let (target, rest) = rest.split_at_checked(target_len).ok_or_else(bad)?;
+    let (headers, _) = rest.split_at_checked(headers_len).ok_or_else(bad)?;
+    let body_at = 10 + method_len + target_len + headers_len;
+    Ok(SavedRequest {
+        method: http::Method::from_bytes(method).map_err(|_| bad())?,
+        target: std::str::from_utf8(target).map_err(|_| bad())?.to_owned(),
+        headers: decode_headers(headers)?,
+        body: bytes.slice(body_at..),
+    })
+}
+
+/// A stalled record from a row's columns (`scope`, `key`, `fingerprint`), as every store
+/// reads them.
+#[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
+pub(crate) fn stalled_of<R>(row: &R) -> Result<Stalled, StoreError>
+where
+    R: sqlx::Row,
+    for<'r> String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> Vec<u8>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> &'r str: sqlx::ColumnIndex<R>,
+{
+    Ok(Stalled {
+        scope: row.try_get("scope")?,
+        key: row.try_get("key")?,
+        fingerprint: fingerprint_of(&row.try_get::<Vec<u8>, _>("fingerprint")?)?,
+    })
+}
+
+/// An outbox message from a row's columns, as every store reads them.
+#[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
+pub(crate) fn message_of<R>(row: &R) -> Result<OutboxMessage, StoreError>
+where
+    R: sqlx::Row,
+    for<'r> String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> Vec<u8>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> &'r str: sqlx::ColumnIndex<R>,
+{
+    Ok(OutboxMessage {
+        id: row.try_get("id")?,
+        method: row.try_get("method")?,
+        url: row.try_get("url")?,
+        headers: decode_headers(&row.try_get::<Vec<u8>, _>("headers")?)?,
+        body: Bytes::from(row.try_get::<Vec<u8>, _>("body")?),
+        delivery: row.try_get("deliveries")?,
+    })
+}
+
+/// A settlement as the outbox's columns take it: status, the receiver's status, the error,
+/// how long the row is kept (ms, when it ends) and the wait before it is due again (ms, when
+/// it is tried again).
+#[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
+pub(crate) fn settle_columns(
+    settle: &Settle,
+) -> (
+    &'static str,
+    Option<i32>,
+    Option<&str>,
+    Option<i64>,
+    Option<i64>,
+) {
+    match settle {
+        Settle::Sent { status, keep } => (
+            "sent",
+            Some(i32::from(*status)),
+            None,
+            Some(millis(*keep)),
+            None,
+        ),
+        Settle::Retry { after, error } => {
+            ("pending", None, Some(error), None, Some(millis(*after)))
+        }
+        Settle::Failed {
+            status,
+            error,
+            keep,
+        } => (
+            "failed",
+            status.map(i32::from),
+            Some(error),
+            Some(millis(*keep)),
+            None,
+        ),
+    }
 }
 
 /// A duration in whole milliseconds, for a statement's parameter (saturating).

@@ -5,9 +5,12 @@ use std::time::Duration;
 use sqlx::postgres::{PgPool, PgPoolOptions};
 use sqlx::{Postgres, Row, Transaction};
 
+use bytes::Bytes;
+
 use super::{
-    Claim, Claimed, Completion, Fence, Record, Store, StoreError, StoredAnswer, encode_headers,
-    millis, record_of,
+    Claim, Claimed, Completion, Fence, OutboxMessage, Progress, Record, Settle, StagedMessage,
+    Stalled, StepWrite, Store, StoreError, StoredAnswer, encode_headers, message_of, millis,
+    record_of, settle_columns, stalled_of,
 };
 
 const MIGRATIONS: &[(i64, &str)] = &[(
@@ -99,9 +102,12 @@ impl Store for PostgresStore {
                 status = 'in_progress',
                 fingerprint = excluded.fingerprint,
                 response_status = NULL, response_headers = NULL, response_body = NULL,
+                step = CASE WHEN o.expires_at <= now() THEN NULL ELSE o.step END,
+                steps = CASE WHEN o.expires_at <= now() THEN NULL ELSE o.steps END,
+                request = CASE WHEN o.expires_at <= now() THEN NULL ELSE o.request END,
                 created_at = CASE WHEN o.expires_at <= now() THEN excluded.created_at ELSE o.created_at END,
                 expires_at = CASE WHEN o.expires_at <= now() THEN excluded.expires_at ELSE o.expires_at END
-             WHERE (o.expires_at <= now() AND (o.status = 'completed' OR o.locked_until <= now()))
+             WHERE (o.expires_at <= now() AND (o.status <> 'in_progress' OR o.locked_until <= now()))
                 OR (o.status = 'in_progress' AND o.locked_until <= now() AND o.fingerprint = excluded.fingerprint)
              RETURNING id, attempt, takeovers > 0 AS taken_over",
         )
@@ -212,13 +218,177 @@ impl Store for PostgresStore {
         let done = sqlx::query(
             "DELETE FROM safe_retry_outcomes WHERE id IN (
                 SELECT id FROM safe_retry_outcomes
-                WHERE expires_at <= now() AND (status = 'completed' OR locked_until <= now())
+                WHERE expires_at <= now() AND (status <> 'in_progress' OR locked_until <= now())
                 ORDER BY expires_at LIMIT $1
                 FOR UPDATE SKIP LOCKED)",
         )
         .bind(i64::from(batch))
         .execute(&self.pool)
         .await?;
-        Ok(done.rows_affected())
+        let messages = sqlx::query(
+            "DELETE FROM safe_retry_outbox WHERE id IN (
+                SELECT id FROM safe_retry_outbox WHERE expires_at <= now()
+                ORDER BY expires_at LIMIT $1
+                FOR UPDATE SKIP LOCKED)",
+        )
+        .bind(i64::from(batch))
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected() + messages.rows_affected())
+    }
+
+    async fn progress(&self, fence: Fence) -> Result<Progress, StoreError> {
+        let row = sqlx::query("SELECT steps, request FROM safe_retry_outcomes WHERE id = $1")
+            .bind(fence.id)
+            .fetch_optional(&self.pool)
+            .await?;
+        let Some(row) = row else {
+            return Ok(Progress::default());
+        };
+        Ok(Progress {
+            steps: row.try_get("steps")?,
+            request: row
+                .try_get::<Option<Vec<u8>>, _>("request")?
+                .map(Bytes::from),
+        })
+    }
+
+    async fn commit_step(
+        &self,
+        tx: Option<Self::Tx>,
+        fence: Fence,
+        write: &StepWrite<'_>,
+    ) -> Result<Completion, StoreError> {
+        let mut tx = match tx {
+            Some(tx) => tx,
+            None => self.begin().await?,
+        };
+        let done = sqlx::query(
+            "UPDATE safe_retry_outcomes
+             SET step = $3, steps = COALESCE($4, steps), request = COALESCE(request, $5),
+                 locked_until = now() + $6::BIGINT * INTERVAL '1 millisecond'
+             WHERE id = $1 AND attempt = $2 AND status = 'in_progress'",
+        )
+        .bind(fence.id)
+        .bind(fence.attempt)
+        .bind(write.point)
+        .bind(write.steps)
+        .bind(write.request)
+        .bind(millis(write.lease))
+        .execute(&mut *tx)
+        .await?;
+        if done.rows_affected() == 0 {
+            tx.rollback().await?;
+            return Ok(Completion::Fenced);
+        }
+        tx.commit().await?;
+        Ok(Completion::Completed)
+    }
+
+    async fn fail(
+        &self,
+        fence: Fence,
+        answer: &StoredAnswer,
+        retention: Duration,
+    ) -> Result<Completion, StoreError> {
+        let done = sqlx::query(
+            "UPDATE safe_retry_outcomes
+             SET status = 'failed', locked_until = NULL,
+                 response_status = $3, response_headers = $4, response_body = $5,
+                 expires_at = now() + $6::BIGINT * INTERVAL '1 millisecond'
+             WHERE id = $1 AND attempt = $2 AND status = 'in_progress'",
+        )
+        .bind(fence.id)
+        .bind(fence.attempt)
+        .bind(i32::from(answer.status.as_u16()))
+        .bind(encode_headers(&answer.headers))
+        .bind(answer.body.as_deref())
+        .bind(millis(retention))
+        .execute(&self.pool)
+        .await?;
+        Ok(if done.rows_affected() == 0 {
+            Completion::Fenced
+        } else {
+            Completion::Completed
+        })
+    }
+
+    async fn stalled(&self, batch: u32) -> Result<Vec<Stalled>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT scope, key, fingerprint FROM safe_retry_outcomes
+             WHERE status = 'in_progress' AND request IS NOT NULL
+               AND locked_until <= now() AND expires_at > now()
+             ORDER BY locked_until LIMIT $1",
+        )
+        .bind(i64::from(batch))
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter().map(stalled_of).collect()
+    }
+
+    async fn stage(
+        &self,
+        tx: &mut Self::Tx,
+        message: &StagedMessage<'_>,
+    ) -> Result<bool, StoreError> {
+        let done = sqlx::query(
+            "INSERT INTO safe_retry_outbox
+                (id, method, url, headers, body, status, available_at, created_at)
+             VALUES ($1, $2, $3, $4, $5, 'pending', now(), now())
+             ON CONFLICT (id) DO NOTHING",
+        )
+        .bind(message.id)
+        .bind(message.method)
+        .bind(message.url)
+        .bind(message.headers)
+        .bind(message.body)
+        .execute(&mut **tx)
+        .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn take_messages(
+        &self,
+        batch: u32,
+        lease: Duration,
+    ) -> Result<Vec<OutboxMessage>, StoreError> {
+        // SKIP LOCKED: relays on every server take disjoint batches without waiting.
+        let rows = sqlx::query(
+            "UPDATE safe_retry_outbox
+             SET deliveries = deliveries + 1,
+                 available_at = now() + $2::BIGINT * INTERVAL '1 millisecond'
+             WHERE id IN (
+                SELECT id FROM safe_retry_outbox
+                WHERE status = 'pending' AND available_at <= now()
+                ORDER BY available_at LIMIT $1
+                FOR UPDATE SKIP LOCKED)
+             RETURNING id, method, url, headers, body, deliveries",
+        )
+        .bind(i64::from(batch))
+        .bind(millis(lease))
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter().map(message_of).collect()
+    }
+
+    async fn settle(&self, id: &str, delivery: i64, settle: &Settle) -> Result<bool, StoreError> {
+        let (status, answer, error, keep, after) = settle_columns(settle);
+        let done = sqlx::query(
+            "UPDATE safe_retry_outbox
+             SET status = $3, answer_status = COALESCE($4, answer_status), last_error = $5,
+                 expires_at = now() + $6::BIGINT * INTERVAL '1 millisecond',
+                 available_at = COALESCE(now() + $7::BIGINT * INTERVAL '1 millisecond', available_at)
+             WHERE id = $1 AND deliveries = $2 AND status = 'pending'",
+        )
+        .bind(id)
+        .bind(delivery)
+        .bind(status)
+        .bind(answer)
+        .bind(error)
+        .bind(keep)
+        .bind(after)
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected() == 1)
     }
 }

@@ -6,9 +6,12 @@ use std::time::Duration;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions};
 use sqlx::{Row, Sqlite, Transaction};
 
+use bytes::Bytes;
+
 use super::{
-    Claim, Claimed, Completion, Fence, Record, Store, StoreError, StoredAnswer, encode_headers,
-    millis, record_of,
+    Claim, Claimed, Completion, Fence, OutboxMessage, Progress, Record, Settle, StagedMessage,
+    Stalled, StepWrite, Store, StoreError, StoredAnswer, encode_headers, message_of, millis,
+    record_of, settle_columns, stalled_of,
 };
 
 /// The database's clock in milliseconds since the Unix epoch, as every statement reads it.
@@ -123,6 +126,15 @@ impl Store for SqliteStore {
                 status = 'in_progress',
                 fingerprint = excluded.fingerprint,
                 response_status = NULL, response_headers = NULL, response_body = NULL,
+                step = CASE WHEN o.expires_at <= ",
+            now_ms!(),
+            " THEN NULL ELSE o.step END,
+                steps = CASE WHEN o.expires_at <= ",
+            now_ms!(),
+            " THEN NULL ELSE o.steps END,
+                request = CASE WHEN o.expires_at <= ",
+            now_ms!(),
+            " THEN NULL ELSE o.request END,
                 created_at = CASE WHEN o.expires_at <= ",
             now_ms!(),
             " THEN excluded.created_at ELSE o.created_at END,
@@ -131,7 +143,7 @@ impl Store for SqliteStore {
             " THEN excluded.expires_at ELSE o.expires_at END
              WHERE (o.expires_at <= ",
             now_ms!(),
-            " AND (o.status = 'completed' OR o.locked_until <= ",
+            " AND (o.status <> 'in_progress' OR o.locked_until <= ",
             now_ms!(),
             "))
                 OR (o.status = 'in_progress' AND o.locked_until <= ",
@@ -251,7 +263,7 @@ impl Store for SqliteStore {
                 WHERE expires_at <= ",
             now_ms!(),
             "
-                  AND (status = 'completed' OR locked_until <= ",
+                  AND (status <> 'in_progress' OR locked_until <= ",
             now_ms!(),
             ")
                 ORDER BY expires_at LIMIT ?1)"
@@ -259,6 +271,189 @@ impl Store for SqliteStore {
         .bind(i64::from(batch))
         .execute(&self.pool)
         .await?;
-        Ok(done.rows_affected())
+        let messages = sqlx::query(concat!(
+            "DELETE FROM safe_retry_outbox WHERE id IN (
+                SELECT id FROM safe_retry_outbox WHERE expires_at <= ",
+            now_ms!(),
+            " ORDER BY expires_at LIMIT ?1)"
+        ))
+        .bind(i64::from(batch))
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected() + messages.rows_affected())
+    }
+
+    async fn progress(&self, fence: Fence) -> Result<Progress, StoreError> {
+        let row = sqlx::query("SELECT steps, request FROM safe_retry_outcomes WHERE id = ?1")
+            .bind(fence.id)
+            .fetch_optional(&self.pool)
+            .await?;
+        let Some(row) = row else {
+            return Ok(Progress::default());
+        };
+        Ok(Progress {
+            steps: row.try_get("steps")?,
+            request: row
+                .try_get::<Option<Vec<u8>>, _>("request")?
+                .map(Bytes::from),
+        })
+    }
+
+    async fn commit_step(
+        &self,
+        tx: Option<Self::Tx>,
+        fence: Fence,
+        write: &StepWrite<'_>,
+    ) -> Result<Completion, StoreError> {
+        let mut tx = match tx {
+            Some(tx) => tx,
+            None => self.begin().await?,
+        };
+        let done = sqlx::query(concat!(
+            "UPDATE safe_retry_outcomes
+             SET step = ?3, steps = COALESCE(?4, steps), request = COALESCE(request, ?5),
+                 locked_until = ",
+            now_ms!(),
+            " + ?6
+             WHERE id = ?1 AND attempt = ?2 AND status = 'in_progress'"
+        ))
+        .bind(fence.id)
+        .bind(fence.attempt)
+        .bind(write.point)
+        .bind(write.steps)
+        .bind(write.request)
+        .bind(millis(write.lease))
+        .execute(&mut *tx)
+        .await?;
+        if done.rows_affected() == 0 {
+            tx.rollback().await?;
+            return Ok(Completion::Fenced);
+        }
+        tx.commit().await?;
+        Ok(Completion::Completed)
+    }
+
+    async fn fail(
+        &self,
+        fence: Fence,
+        answer: &StoredAnswer,
+        retention: Duration,
+    ) -> Result<Completion, StoreError> {
+        let done = sqlx::query(concat!(
+            "UPDATE safe_retry_outcomes
+             SET status = 'failed', locked_until = NULL,
+                 response_status = ?3, response_headers = ?4, response_body = ?5,
+                 expires_at = ",
+            now_ms!(),
+            " + ?6
+             WHERE id = ?1 AND attempt = ?2 AND status = 'in_progress'"
+        ))
+        .bind(fence.id)
+        .bind(fence.attempt)
+        .bind(i64::from(answer.status.as_u16()))
+        .bind(encode_headers(&answer.headers))
+        .bind(answer.body.as_deref())
+        .bind(millis(retention))
+        .execute(&self.pool)
+        .await?;
+        Ok(if done.rows_affected() == 0 {
+            Completion::Fenced
+        } else {
+            Completion::Completed
+        })
+    }
+
+    async fn stalled(&self, batch: u32) -> Result<Vec<Stalled>, StoreError> {
+        let rows = sqlx::query(concat!(
+            "SELECT scope, key, fingerprint FROM safe_retry_outcomes
+             WHERE status = 'in_progress' AND request IS NOT NULL
+               AND locked_until <= ",
+            now_ms!(),
+            " AND expires_at > ",
+            now_ms!(),
+            "
+             ORDER BY locked_until LIMIT ?1"
+        ))
+        .bind(i64::from(batch))
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter().map(stalled_of).collect()
+    }
+
+    async fn stage(
+        &self,
+        tx: &mut Self::Tx,
+        message: &StagedMessage<'_>,
+    ) -> Result<bool, StoreError> {
+        let done = sqlx::query(concat!(
+            "INSERT INTO safe_retry_outbox
+                (id, method, url, headers, body, status, available_at, created_at)
+             VALUES (?1, ?2, ?3, ?4, ?5, 'pending', ",
+            now_ms!(),
+            ", ",
+            now_ms!(),
+            ")
+             ON CONFLICT (id) DO NOTHING"
+        ))
+        .bind(message.id)
+        .bind(message.method)
+        .bind(message.url)
+        .bind(message.headers)
+        .bind(message.body)
+        .execute(&mut **tx)
+        .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn take_messages(
+        &self,
+        batch: u32,
+        lease: Duration,
+    ) -> Result<Vec<OutboxMessage>, StoreError> {
+        // One statement: SQLite runs one writer at a time, so two relays never take one row.
+        let rows = sqlx::query(concat!(
+            "UPDATE safe_retry_outbox
+             SET deliveries = deliveries + 1, available_at = ",
+            now_ms!(),
+            " + ?2
+             WHERE id IN (
+                SELECT id FROM safe_retry_outbox
+                WHERE status = 'pending' AND available_at <= ",
+            now_ms!(),
+            "
+                ORDER BY available_at LIMIT ?1)
+             RETURNING id, method, url, headers, body, deliveries"
+        ))
+        .bind(i64::from(batch))
+        .bind(millis(lease))
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter().map(message_of).collect()
+    }
+
+    async fn settle(&self, id: &str, delivery: i64, settle: &Settle) -> Result<bool, StoreError> {
+        let (status, answer, error, keep, after) = settle_columns(settle);
+        let done = sqlx::query(concat!(
+            "UPDATE safe_retry_outbox
+             SET status = ?3, answer_status = COALESCE(?4, answer_status),
+                 last_error = ?5,
+                 expires_at = CASE WHEN ?6 IS NULL THEN NULL ELSE ",
+            now_ms!(),
+            " + ?6 END,
+                 available_at = CASE WHEN ?7 IS NULL THEN available_at ELSE ",
+            now_ms!(),
+            " + ?7 END
+             WHERE id = ?1 AND deliveries = ?2 AND status = 'pending'"
+        ))
+        .bind(id)
+        .bind(delivery)
+        .bind(status)
+        .bind(answer)
+        .bind(error)
+        .bind(keep)
+        .bind(after)
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected() == 1)
     }
 }

@@ -11,7 +11,12 @@ use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body::{Body, Frame};
 use http_body_util::{BodyExt, Full};
-use safe_retry_server::store::{Claim, Claimed, Completion, Fence, Record, StoredAnswer};
+use std::time::Duration;
+
+use safe_retry_server::store::{
+    Claim, Claimed, Completion, Fence, OutboxMessage, Progress, Record, Settle, StagedMessage,
+    Stalled, StepWrite, StoredAnswer,
+};
 use safe_retry_server::{IdempotencyLayer, KeySource, SqliteStore, Store, StoreError};
 use tower_layer::Layer;
 use tower_service::Service;
@@ -246,6 +251,50 @@ impl<S: Store> Store for LateLease<S> {
     }
     fn sweep(&self, batch: u32) -> impl Future<Output = Result<u64, StoreError>> + Send {
         self.inner.sweep(batch)
+    }
+    fn progress(&self, fence: Fence) -> impl Future<Output = Result<Progress, StoreError>> + Send {
+        self.inner.progress(fence)
+    }
+    fn commit_step(
+        &self,
+        tx: Option<Self::Tx>,
+        fence: Fence,
+        write: &StepWrite<'_>,
+    ) -> impl Future<Output = Result<Completion, StoreError>> + Send {
+        self.inner.commit_step(tx, fence, write)
+    }
+    fn fail(
+        &self,
+        fence: Fence,
+        answer: &StoredAnswer,
+        retention: Duration,
+    ) -> impl Future<Output = Result<Completion, StoreError>> + Send {
+        self.inner.fail(fence, answer, retention)
+    }
+    fn stalled(&self, batch: u32) -> impl Future<Output = Result<Vec<Stalled>, StoreError>> + Send {
+        self.inner.stalled(batch)
+    }
+    fn stage(
+        &self,
+        tx: &mut Self::Tx,
+        message: &StagedMessage<'_>,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
+        self.inner.stage(tx, message)
+    }
+    fn take_messages(
+        &self,
+        batch: u32,
+        lease: Duration,
+    ) -> impl Future<Output = Result<Vec<OutboxMessage>, StoreError>> + Send {
+        self.inner.take_messages(batch, lease)
+    }
+    fn settle(
+        &self,
+        id: &str,
+        delivery: i64,
+        settle: &Settle,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
+        self.inner.settle(id, delivery, settle)
     }
 }
 

@@ -1,0 +1,504 @@
+//! Recovery points: a handler's work as named steps, each committed with the record, so that
+//! a resumed request skips what is done and starts at the first step not done.
+
+use std::fmt;
+use std::marker::PhantomData;
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use http::{HeaderName, HeaderValue, Method, Response, header};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::{Map, Value};
+
+use crate::config::Counters;
+use crate::execution::Execution;
+use crate::problem::Problem;
+use crate::store::{Completion, StagedMessage, StepWrite, Store, StoreError, encode_headers};
+
+/// What a request's steps share: the outputs committed so far and whether the request is saved.
+#[derive(Debug, Default)]
+pub(crate) struct Journal {
+    /// Read from the store (or known empty, for a record this request created).
+    pub(crate) loaded: bool,
+    /// The committed steps' outputs by name.
+    pub(crate) steps: Map<String, Value>,
+    /// The record holds the request a resumption runs again.
+    pub(crate) request_saved: bool,
+}
+
+/// The request as a resumption runs it again, kept until the first recovery point saves it.
+pub(crate) struct Snapshot {
+    pub(crate) method: Method,
+    pub(crate) target: String,
+    pub(crate) headers: Vec<(HeaderName, HeaderValue)>,
+    pub(crate) body: Bytes,
+}
+
+impl Snapshot {
+    /// The request's method, target, the headers a resumption needs (all but hop-by-hop and
+    /// credentials: `authorization`, `proxy-authorization`, `cookie`) and its body.
+    pub(crate) fn of(parts: &http::request::Parts, body: &Bytes) -> Snapshot {
+        let target = parts
+            .uri
+            .path_and_query()
+            .map_or_else(|| parts.uri.path().to_owned(), |pq| pq.as_str().to_owned());
+        let headers = crate::service::end_to_end(&parts.headers)
+            .into_iter()
+            .filter(|(name, _)| {
+                *name != header::AUTHORIZATION
+                    && *name != header::PROXY_AUTHORIZATION
+                    && *name != header::COOKIE
+            })
+            .collect();
+        Snapshot {
+            method: parts.method.clone(),
+            target,
+            headers,
+            body: body.clone(),
+        }
+    }
+
+    pub(crate) fn encode(&self) -> Vec<u8> {
+        crate::store::encode_request(&self.method, &self.target, &self.headers, &self.body)
+    }
+}
+
+/// The natural key of one of a record's effects: the scope and key, length-prefixed so that no
+/// two records share one, then the kind (`step`, `outbox`) and the effect's name.
+pub(crate) fn natural(scope: &str, key: &str, kind: &str, name: &str) -> String {
+    format!(
+        "safe-retry/{}:{scope}/{}:{key}/{kind}/{name}",
+        scope.len(),
+        key.len()
+    )
+}
+
+/// Where a step stands, as [`Execution::step`] finds it.
+#[derive(Debug)]
+pub enum Step<S: Store, T> {
+    /// An earlier attempt committed it: its output, as committed.
+    Done(T),
+    /// Not committed yet: do the work, then [`commit`](Pending::commit) its output.
+    Todo(Pending<S, T>),
+}
+
+/// A step to do: its transaction (for local effects and outbox messages that commit with it),
+/// its downstream key, and its commit.
+///
+/// Dropped without a commit, the step is not done: its transaction rolls back and a resumption
+/// runs it again.
+pub struct Pending<S: Store, T> {
+    execution: Execution<S>,
+    name: Arc<str>,
+    tx: Option<S::Tx>,
+    output: PhantomData<fn(T)>,
+}
+
+impl<S: Store, T> fmt::Debug for Pending<S, T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Pending")
+            .field("name", &self.name)
+            .field("tx_open", &self.tx.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Why a step could not go on.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StepError {
+    /// Another attempt took the record over: nothing of this step was written. Stop; the
+    /// other attempt finishes the request.
+    #[error("another attempt took this record over; this step was not committed")]
+    Fenced,
+    /// The store failed; the step was not committed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// A step's output could not be written as JSON, or an earlier attempt's could not be read
+    /// as this step's output type.
+    #[error("a step's output does not (de)serialize: {0}")]
+    Output(#[source] serde_json::Error),
+    /// A step's external call failed without an answer, after the client's own retries. The
+    /// step is not done; a resumption calls again with the same downstream key.
+    #[cfg(feature = "client")]
+    #[error("the step's external call failed: {0}")]
+    Call(#[source] reqwest_middleware::Error),
+    /// A step was used out of order (an external call with the step's transaction open).
+    #[error("{0}")]
+    Misuse(&'static str),
+}
+
+/// The marker of an answer that leaves the record at its last recovery point: put in a
+/// response's extensions (a [`StepError`]'s answer carries it), it tells the layer to store
+/// nothing, roll back the handler's transaction and end the lease now, so that a retry with
+/// the same key, or the reconciler, resumes the request at its first step not done.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Unfinished;
+
+impl StepError {
+    /// The answer for a caller whose request stopped at this error, marked [`Unfinished`]:
+    /// `409` `in-progress` when another attempt holds the record, else `503`
+    /// `step-unfinished` with `Retry-After: 1`.
+    pub fn response(&self) -> Response<Bytes> {
+        let mut response = match self {
+            StepError::Fenced => Problem::in_progress(std::time::Duration::from_secs(1)),
+            StepError::Store(_) => Problem::StoreUnavailable.response(&self.to_string()),
+            _ => Problem::StepUnfinished.response(&format!(
+                "{self}; the request is kept at its last recovery point; retry with the same key"
+            )),
+        };
+        response
+            .headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        response.extensions_mut().insert(Unfinished);
+        response
+    }
+}
+
+#[cfg(feature = "axum")]
+impl axum_core::response::IntoResponse for StepError {
+    fn into_response(self) -> axum_core::response::Response {
+        let (parts, body) = self.response().into_parts();
+        axum_core::response::Response::from_parts(parts, axum_core::body::Body::from(body))
+    }
+}
+
+impl<S: Store> Execution<S> {
+    /// Where the step `name` stands: [`Step::Done`] with its output when an earlier attempt
+    /// committed it, else [`Step::Todo`].
+    ///
+    /// Steps run in the same order on every attempt, each name once per request. A resumed
+    /// request runs the handler again from its start; each committed step returns its output
+    /// at once and the work resumes at the first step not done.
+    pub async fn step<T: DeserializeOwned>(&self, name: &str) -> Result<Step<S, T>, StepError> {
+        self.load_journal().await?;
+        let done = lock(&self.inner().journal).steps.get(name).cloned();
+        match done {
+            Some(output) => Ok(Step::Done(
+                serde_json::from_value(output).map_err(StepError::Output)?,
+            )),
+            None => Ok(Step::Todo(Pending {
+                execution: self.clone(),
+                name: name.into(),
+                tx: None,
+                output: PhantomData,
+            })),
+        }
+    }
+
+    /// The natural key a step's external call derives its idempotency key from: the same for
+    /// (scope, key, step) on every attempt and every server.
+    pub fn natural_key(&self, step: &str) -> String {
+        natural(self.scope(), self.key(), "step", step)
+    }
+
+    /// Stages an outbox message in `tx` (a step's transaction, or the request's
+    /// [`Local`](crate::Local)): the relay delivers it once `tx` commits, never before.
+    /// Staging a message of the same name again (a resumed request) adds nothing.
+    pub async fn stage(&self, tx: &mut S::Tx, message: &Message) -> Result<(), StoreError> {
+        let id = natural(self.scope(), self.key(), "outbox", &message.name);
+        let headers = encode_headers(&message.headers);
+        self.inner()
+            .store
+            .stage(
+                tx,
+                &StagedMessage {
+                    id: &id,
+                    method: message.method.as_str(),
+                    url: &message.url,
+                    headers: &headers,
+                    body: &message.body,
+                },
+            )
+            .await?;
+        Ok(())
+    }
+
+    async fn load_journal(&self) -> Result<(), StoreError> {
+        let inner = self.inner();
+        if lock(&inner.journal).loaded {
+            return Ok(());
+        }
+        let progress = inner.store.progress(inner.fence).await?;
+        let steps = match progress.steps.as_deref() {
+            Some(text) => serde_json::from_str::<Map<String, Value>>(text)
+                .map_err(|_| StoreError::new("a record's steps are not a JSON object"))?,
+            None => Map::new(),
+        };
+        let mut journal = lock(&inner.journal);
+        if !journal.loaded {
+            journal.loaded = true;
+            journal.steps = steps;
+            journal.request_saved |= progress.request.is_some();
+        }
+        Ok(())
+    }
+
+    /// Commits a recovery point; `output` adds a committed step.
+    async fn commit_point(
+        &self,
+        tx: Option<S::Tx>,
+        point: &str,
+        output: Option<(&str, Value)>,
+    ) -> Result<(), StepError> {
+        let inner = self.inner();
+        let (steps, request) = {
+            let journal = lock(&inner.journal);
+            let steps = match &output {
+                Some((name, value)) => {
+                    let mut steps = journal.steps.clone();
+                    steps.insert((*name).to_owned(), value.clone());
+                    Some(Value::Object(steps).to_string())
+                }
+                None => None,
+            };
+            let request = (!journal.request_saved).then(|| inner.snapshot.encode());
+            (steps, request)
+        };
+        let write = StepWrite {
+            point,
+            steps: steps.as_deref(),
+            request: request.as_deref(),
+            lease: inner.lease,
+        };
+        match inner.store.commit_step(tx, inner.fence, &write).await? {
+            Completion::Fenced => {
+                Counters::add(&inner.counters.fenced);
+                tracing::warn!(
+                    target: "safe_retry_server",
+                    event = "fenced",
+                    scope = %self.scope(),
+                    key = %self.key(),
+                    point,
+                    attempt = inner.fence.attempt,
+                    "another attempt took this record over; this step and its local effects were rolled back"
+                );
+                Err(StepError::Fenced)
+            }
+            Completion::Completed => {
+                Counters::add(&inner.counters.steps);
+                tracing::debug!(target: "safe_retry_server", event = "step", scope = %self.scope(), key = %self.key(), point);
+                let mut journal = lock(&inner.journal);
+                journal.request_saved = true;
+                if let Some((name, value)) = output {
+                    journal.steps.insert(name.to_owned(), value);
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl<S: Store, T: Serialize> Pending<S, T> {
+    /// The step's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The step's transaction, begun on the first call: local effects written in it commit
+    /// with the step. Under SQLite it holds the database's one writer: open it after any
+    /// external call, not before.
+    pub async fn tx(&mut self) -> Result<&mut S::Tx, StoreError> {
+        if self.tx.is_none() {
+            self.tx = Some(self.execution.inner().store.begin().await?);
+        }
+        Ok(self.tx.as_mut().expect("begun above"))
+    }
+
+    /// Stages an outbox message in the step's transaction: it is delivered once the step
+    /// commits, and never if it does not.
+    pub async fn stage(&mut self, message: &Message) -> Result<(), StoreError> {
+        let execution = self.execution.clone();
+        let tx = self.tx().await?;
+        execution.stage(tx, message).await
+    }
+
+    /// The natural key this step's external call derives its idempotency key from.
+    pub fn natural_key(&self) -> String {
+        self.execution.natural_key(&self.name)
+    }
+
+    /// Commits the step with `output` (and the local effects and messages of its
+    /// transaction), fenced: when another attempt has taken the record over, nothing is
+    /// written and the error is [`StepError::Fenced`]. Returns the output, for the next step.
+    pub async fn commit(mut self, output: T) -> Result<T, StepError> {
+        let value = serde_json::to_value(&output).map_err(StepError::Output)?;
+        let point = format!("{}:done", self.name);
+        let name = self.name.clone();
+        self.execution
+            .commit_point(self.tx.take(), &point, Some((&name, value)))
+            .await?;
+        Ok(output)
+    }
+
+    /// The recovery point before an external call: the record shows the call may have been
+    /// made, with the request saved for a resumption, and the lease renewed.
+    #[cfg_attr(not(feature = "client"), allow(dead_code))]
+    async fn started(&mut self) -> Result<(), StepError> {
+        if self.tx.is_some() {
+            return Err(StepError::Misuse(
+                "make a step's external call before opening its transaction",
+            ));
+        }
+        let point = format!("{}:started", self.name);
+        self.execution.commit_point(None, &point, None).await
+    }
+}
+
+#[cfg(feature = "client")]
+mod client {
+    use super::*;
+    use http::StatusCode;
+    use reqwest_safe_retry::NaturalKey;
+
+    /// A dependency's answer to a step's external call.
+    #[derive(Debug, Clone, PartialEq, Eq)]
+    pub struct Downstream {
+        /// The status.
+        pub status: StatusCode,
+        /// Whether the dependency said it replayed an earlier answer
+        /// (`Idempotent-Replayed: true`): a resumed call whose first try had reached it.
+        pub replayed: bool,
+        /// The body.
+        pub body: Bytes,
+    }
+
+    impl<S: Store, T: Serialize> Pending<S, T> {
+        /// Calls another service for this step through the `reqwest-safe-retry` client that
+        /// built `request`, with the idempotency key derived from (scope, key, step): every
+        /// attempt of every resumption sends the same key, so the dependency performs the
+        /// effect once.
+        ///
+        /// Before the call it commits the step's `started` recovery point (saving the request
+        /// for a resumption and renewing the lease); a fenced holder never calls. The answer
+        /// is returned whatever its status, for the handler to keep what it needs in the
+        /// step's output; a call that fails without an answer (after the client's retries) is
+        /// [`StepError::Call`].
+        pub async fn call(
+            &mut self,
+            request: reqwest_middleware::RequestBuilder,
+        ) -> Result<Downstream, StepError> {
+            self.started().await?;
+            let response = request
+                .with_extension(NaturalKey::new(self.natural_key()))
+                .send()
+                .await
+                .map_err(StepError::Call)?;
+            let status = response.status();
+            let replayed = response
+                .headers()
+                .get(crate::IDEMPOTENT_REPLAYED)
+                .is_some_and(|v| v == "true");
+            let body = response
+                .bytes()
+                .await
+                .map_err(|error| StepError::Call(error.into()))?;
+            Ok(Downstream {
+                status,
+                replayed,
+                body,
+            })
+        }
+    }
+}
+
+#[cfg(feature = "client")]
+pub use client::Downstream;
+
+/// A follow-on message a handler stages in its outbox: a request the relay delivers at least
+/// once after the transaction that staged it commits, with an idempotency key derived from the
+/// message's id (the record's scope and key and the message's name).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Message {
+    pub(crate) name: String,
+    pub(crate) method: Method,
+    pub(crate) url: String,
+    pub(crate) headers: Vec<(HeaderName, HeaderValue)>,
+    pub(crate) body: Bytes,
+}
+
+impl Message {
+    /// A `POST` of an empty body to `url`, named `name` (unique among the request's
+    /// messages).
+    pub fn post(name: impl Into<String>, url: impl Into<String>) -> Message {
+        Message {
+            name: name.into(),
+            method: Method::POST,
+            url: url.into(),
+            headers: Vec::new(),
+            body: Bytes::new(),
+        }
+    }
+
+    /// Another method.
+    pub fn method(mut self, method: Method) -> Message {
+        self.method = method;
+        self
+    }
+
+    /// Adds a header.
+    pub fn header(mut self, name: HeaderName, value: HeaderValue) -> Message {
+        self.headers.push((name, value));
+        self
+    }
+
+    /// A JSON body, with `content-type: application/json`.
+    pub fn json(mut self, body: &Value) -> Message {
+        self.headers.push((
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        ));
+        self.body = Bytes::from(body.to_string());
+        self
+    }
+
+    /// A body as it is.
+    pub fn body(mut self, body: impl Into<Bytes>) -> Message {
+        self.body = body.into();
+        self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn natural_keys_of_different_records_and_effects_never_meet() {
+        // The lengths keep "a/b" + "c" apart from "a" + "b/c".
+        assert_ne!(
+            natural("a/b", "c", "step", "x"),
+            natural("a", "b/c", "step", "x")
+        );
+        assert_ne!(
+            natural("s", "k", "step", "x"),
+            natural("s", "k", "outbox", "x")
+        );
+        assert_eq!(
+            natural("tenant", "k-1", "step", "charge"),
+            "safe-retry/6:tenant/3:k-1/step/charge"
+        );
+    }
+
+    #[test]
+    fn a_step_error_answers_unfinished_and_fenced_as_in_progress() {
+        let fenced = StepError::Fenced.response();
+        assert_eq!(fenced.status(), 409);
+        assert!(fenced.extensions().get::<Unfinished>().is_some());
+        let misuse = StepError::Misuse("x").response();
+        assert_eq!(misuse.status(), 503);
+        assert_eq!(misuse.headers()[header::RETRY_AFTER], "1");
+        assert!(misuse.extensions().get::<Unfinished>().is_some());
+        let body: Value = serde_json::from_slice(misuse.body()).unwrap();
+        assert_eq!(body["type"], "urn:safe-retry:problem:step-unfinished");
+        let store = StepError::Store(StoreError::new("down")).response();
+        assert_eq!(store.status(), 503);
+    }
+}
