@@ -392,9 +392,10 @@ where
     };
 
     if response.extensions().get::<Unfinished>().is_some() {
-        // The record stays at its last recovery point; `held` ends the lease as it drops, so
-        // a retry with the key, or the reconciler, resumes it at once.
+        // The record stays at its last recovery point; its lease ends before the answer
+        // leaves, so a retry with the key, or the reconciler, resumes it at once.
         drop(tx);
+        held.end_now().await;
         Counters::add(&config.counters.unfinished);
         tracing::info!(target: "safe_retry_server", event = "unfinished", %scope, %key, attempt = claimed.fence.attempt);
         let ended_as = if response.status() == http::StatusCode::CONFLICT {
@@ -581,6 +582,14 @@ impl<S: Store> Held<S> {
         heard
             .await
             .unwrap_or_else(|_| Err(StoreError::new("the claim's task ended without an answer")))
+    }
+
+    /// Ends the lease now, while this request still holds it, before going on.
+    pub(crate) async fn end_now(&self) {
+        let holding = std::mem::replace(&mut *lock(&self.state), Hold::Done);
+        if let Hold::Holding(fence) = holding {
+            abandon(self.store.clone(), fence, &self.counters).await;
+        }
     }
 
     /// The outcome is written, or the record released.

@@ -124,6 +124,11 @@ pub enum StepError {
     #[cfg(feature = "client")]
     #[error("the step's external call failed: {0}")]
     Call(#[source] reqwest_middleware::Error),
+    /// A step's external call was answered with a transient status (`408`, `429`, `5xx`)
+    /// after the client's own retries: whether the effect happened is not known yet. The step
+    /// is not done; a resumption calls again with the same downstream key.
+    #[error("the step's dependency answered {0} after the client's retries")]
+    Unavailable(http::StatusCode),
     /// A step was used out of order (an external call with the step's transaction open).
     #[error("{0}")]
     Misuse(&'static str),
@@ -378,9 +383,11 @@ mod client {
         ///
         /// Before the call it commits the step's `started` recovery point (saving the request
         /// for a resumption and renewing the lease); a fenced holder never calls. The answer
-        /// is returned whatever its status, for the handler to keep what it needs in the
-        /// step's output; a call that fails without an answer (after the client's retries) is
-        /// [`StepError::Call`].
+        /// is returned when it is final (`2xx`, `3xx`, a `4xx` but `408` and `429`), for the
+        /// handler to keep what it needs in the step's output. A call that fails without an
+        /// answer (after the client's retries) is [`StepError::Call`]; one answered with a
+        /// transient status is [`StepError::Unavailable`]: neither says whether the effect
+        /// happened, so the step stays undone for a resumption to call again.
         pub async fn call(
             &mut self,
             request: reqwest_middleware::RequestBuilder,
@@ -392,6 +399,9 @@ mod client {
                 .await
                 .map_err(StepError::Call)?;
             let status = response.status();
+            if status.is_server_error() || status == 408 || status == 429 {
+                return Err(StepError::Unavailable(status));
+            }
             let replayed = response
                 .headers()
                 .get(crate::IDEMPOTENT_REPLAYED)

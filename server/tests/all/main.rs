@@ -4,6 +4,30 @@
 //! `cargo test --all-features`) need a server at `SAFE_RETRY_POSTGRES_URL`
 //! [postgres://postgres@127.0.0.1:5432/test] and fail saying so when there is none.
 
+/// Runs each named test, generic over its store, once per store.
+macro_rules! on_every_store {
+    ($($name:ident),* $(,)?) => {
+        #[cfg(feature = "sqlite")]
+        mod sqlite {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $name() {
+                    super::$name::<safe_retry_server::SqliteStore>().await
+                }
+            )*
+        }
+        #[cfg(feature = "postgres")]
+        mod postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $name() {
+                    super::$name::<safe_retry_server::PostgresStore>().await
+                }
+            )*
+        }
+    };
+}
+
 mod both_halves;
 #[allow(dead_code)]
 #[path = "../../examples/support/charges_app.rs"]
@@ -13,5 +37,12 @@ mod direct;
 #[path = "../../examples/support/lossy_link.rs"]
 mod lossy_link;
 mod model;
+#[allow(dead_code)]
+#[path = "../../examples/support/orders_app.rs"]
+mod orders_app;
+#[allow(dead_code)]
+#[path = "../../examples/support/receiver.rs"]
+mod receiver;
 mod rules;
+mod steps;
 mod support;

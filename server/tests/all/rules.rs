@@ -719,29 +719,6 @@ pub async fn a_request_dropped_while_it_claims_leaves_nothing_held<S: Backend>()
     );
 }
 
-macro_rules! on_every_store {
-    ($($name:ident),* $(,)?) => {
-        #[cfg(feature = "sqlite")]
-        mod sqlite {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-                async fn $name() {
-                    super::$name::<safe_retry_server::SqliteStore>().await
-                }
-            )*
-        }
-        #[cfg(feature = "postgres")]
-        mod postgres {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-                async fn $name() {
-                    super::$name::<safe_retry_server::PostgresStore>().await
-                }
-            )*
-        }
-    };
-}
-
 on_every_store!(
     same_key_twice_is_one_effect_and_one_answer,
     thirty_two_at_once_make_one_effect,

@@ -1,0 +1,337 @@
+//! Recovery points, resumption, the reconciler and the outbox, on every store: the charge of
+//! the README (`examples/support/orders_app.rs`) against a payment provider and a receipt
+//! service on loopback that dedupe on the key and count their effects.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use reqwest_middleware::{ClientBuilder, ClientWithMiddleware};
+use reqwest_safe_retry::{Dependency, RetryMiddleware, RetryPolicy};
+use safe_retry_server::{Builder, IdempotencyLayer, Relay};
+
+use crate::orders_app::{Crash, Faults, Orders, orders_app};
+use crate::receiver::Receiver;
+use crate::support::{Answer, Backend, Running, post};
+
+/// The service, its dependencies and the clients around them.
+pub struct World<S: Backend> {
+    pub store: S,
+    pub layer: IdempotencyLayer<S>,
+    pub app: axum::Router,
+    pub server: Running,
+    pub payments: Arc<Receiver>,
+    pub receipts: Arc<Receiver>,
+    pub faults: Arc<Faults>,
+    pub caller: reqwest::Client,
+}
+
+/// This workspace's client, as the service and the relay reach their dependencies: 3
+/// attempts, short waits, and a timeout per attempt of `timeout`.
+pub fn downstream_client(timeout: Duration) -> ClientWithMiddleware {
+    let policy = RetryPolicy::builder()
+        .max_attempts(3)
+        .base_delay(Duration::from_millis(2))
+        .max_delay(Duration::from_millis(10))
+        .build()
+        .unwrap();
+    ClientBuilder::new(reqwest::Client::builder().timeout(timeout).build().unwrap())
+        .with(RetryMiddleware::new(Dependency::new(
+            "dependencies",
+            policy,
+        )))
+        .build()
+}
+
+impl<S: Backend> World<S> {
+    pub async fn new(configure: impl FnOnce(Builder<S>) -> Builder<S>) -> World<S> {
+        let store = S::fresh().await;
+        let layer = configure(IdempotencyLayer::builder(store.clone()))
+            .build()
+            .unwrap();
+        let (payments_addr, payments) = Receiver::start("ch").await;
+        let (receipts_addr, receipts) = Receiver::start("rc").await;
+        let faults = Arc::new(Faults::default());
+        let app = orders_app(
+            layer.clone(),
+            Orders {
+                client: downstream_client(Duration::from_secs(5)),
+                payments: format!("http://{payments_addr}"),
+                receipts: format!("http://{receipts_addr}"),
+                faults: faults.clone(),
+            },
+        );
+        let server = Running::start(app.clone()).await;
+        World {
+            store,
+            layer,
+            app,
+            server,
+            payments,
+            receipts,
+            faults,
+            caller: reqwest::Client::new(),
+        }
+    }
+
+    pub async fn order(&self, key: &str) -> Answer {
+        post(&self.caller, &self.server.url("/orders"), Some(key), BODY).await
+    }
+
+    pub fn relay(&self, timeout: Duration) -> Relay<S> {
+        Relay::new(self.store.clone(), downstream_client(timeout)).retry_after(Duration::ZERO)
+    }
+
+    /// The order rows (the local effect) of `key`.
+    pub async fn orders_of(&self, key: &str) -> usize {
+        self.store
+            .effects()
+            .await
+            .unwrap()
+            .iter()
+            .filter(|e| e.key == key)
+            .count()
+    }
+
+    /// Waits (at most 2 s) until `key`'s record can be resumed: its lease ended.
+    pub async fn until_stalled(&self, key: &str) {
+        for _ in 0..200 {
+            let stalled = self.store.stalled(100).await.unwrap();
+            if stalled.iter().any(|s| s.key == key) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("{key}'s record never stalled");
+    }
+}
+
+/// The handler fails after the provider answered and before the charge step committed; the
+/// client's retry resumes at the charge step: one charge, under one key, one order row, and the
+/// completed answer.
+/// The body of every order.
+const BODY: &str = r#"{"item":"book"}"#;
+
+pub async fn a_crash_after_the_call_is_finished_by_the_retry<S: Backend>() {
+    let world = World::<S>::new(|b| b).await;
+    world.faults.arm("after-charge-call", Crash::Fail);
+    let first = world.order("k-1").await;
+    assert_eq!(first.status, 503, "{first:?}");
+    assert_eq!(world.payments.effects().len(), 1);
+    assert_eq!(
+        world.store.point_of("k-1").await.as_deref(),
+        Some("charge:started")
+    );
+
+    let retry = world.order("k-1").await;
+    assert_eq!(retry.status, 201, "{retry:?}");
+    assert_eq!(retry.header("idempotent-replayed"), None);
+    // The provider was called twice, with one key: the second call was its replay.
+    assert_eq!(world.payments.calls.load(Ordering::SeqCst), 2);
+    assert_eq!(world.payments.effects().len(), 1);
+    assert_eq!(world.orders_of("k-1").await, 1);
+    let json: serde_json::Value = serde_json::from_slice(&retry.body).unwrap();
+    assert_eq!(json["charge"], "ch_1");
+
+    let again = world.order("k-1").await;
+    assert_eq!(again.header("idempotent-replayed"), Some("true"));
+    assert_eq!(again.unmarked(), retry);
+    let counters = world.layer.counters().snapshot();
+    assert_eq!((counters.claims, counters.takeovers), (2, 1));
+    assert_eq!(counters.unfinished, 1);
+    // order:done, charge:started (twice), charge:done, receipt:done.
+    assert_eq!(counters.steps, 5);
+}
+
+/// The request is dropped (the caller hangs up) after the provider answered and before the
+/// charge step committed; nobody retries: the reconciler finishes it.
+pub async fn a_dropped_request_is_finished_by_the_reconciler<S: Backend>() {
+    let world = World::<S>::new(|b| b).await;
+    world.faults.arm("after-charge-call", Crash::Hang);
+    let (caller, url) = (world.caller.clone(), world.server.url("/orders"));
+    let hung = tokio::spawn(async move { post(&caller, &url, Some("k-2"), BODY).await });
+    world.faults.reached.acquire().await.unwrap().forget();
+    hung.abort();
+    world.until_stalled("k-2").await;
+
+    let reconciler = world.layer.reconciler(world.app.clone());
+    let report = reconciler.tick().await.unwrap();
+    assert_eq!((report.found, report.completed), (1, 1), "{report:?}");
+    assert_eq!(world.payments.effects().len(), 1);
+    assert_eq!(world.payments.calls.load(Ordering::SeqCst), 2);
+    assert_eq!(world.orders_of("k-2").await, 1);
+    assert_eq!(reconciler.tick().await.unwrap().found, 0);
+
+    let later = world.order("k-2").await;
+    assert_eq!(later.status, 201);
+    assert_eq!(later.header("idempotent-replayed"), Some("true"));
+    // The reconciler ran the request as saved, body and all.
+    assert_eq!(world.store.effects().await.unwrap()[0].body, BODY);
+
+    let relayed = world.relay(Duration::from_secs(5)).tick().await.unwrap();
+    assert_eq!(relayed.sent, 1);
+    assert_eq!(world.receipts.effects().len(), 1);
+}
+
+/// The first holder pauses after its call; its lease ends and a retry resumes and finishes the
+/// record; the first wakes and commits its step: refused, rolled back, counted; one charge.
+pub async fn a_holder_that_wakes_after_a_resumption_is_fenced<S: Backend>() {
+    let world = World::<S>::new(|b| b).await;
+    world.faults.arm("after-charge-call", Crash::Pause);
+    let (caller, url) = (world.caller.clone(), world.server.url("/orders"));
+    let first = tokio::spawn(async move { post(&caller, &url, Some("k-3"), BODY).await });
+    world.faults.reached.acquire().await.unwrap().forget();
+    world.store.end_lease("k-3").await;
+
+    let retry = world.order("k-3").await;
+    assert_eq!(retry.status, 201, "{retry:?}");
+    world.faults.resume.add_permits(1);
+    let first = first.await.unwrap();
+    assert_eq!(first.status, 409, "{first:?}");
+    assert_eq!(world.layer.counters().snapshot().fenced, 1);
+    assert_eq!(world.payments.effects().len(), 1);
+    assert_eq!(world.orders_of("k-3").await, 1);
+    assert_eq!(world.store.outbox().await.len(), 1);
+    let replay = world.order("k-3").await;
+    assert_eq!(replay.unmarked(), retry);
+}
+
+/// Two reconcilers and a client's retry resume the same stalled records at once: each record
+/// is resumed once, with one charge and one order row.
+pub async fn reconcilers_racing_a_retry_resume_each_record_once<S: Backend>() {
+    let world = World::<S>::new(|b| b).await;
+    let keys: Vec<String> = (0..6).map(|i| format!("race-{i}")).collect();
+    for key in &keys {
+        world.faults.arm("after-order", Crash::Fail);
+        assert_eq!(world.order(key).await.status, 503);
+    }
+    let first = world.layer.reconciler(world.app.clone()).batch(4);
+    let second = world.layer.reconciler(world.app.clone()).batch(4);
+    let retries = async {
+        let mut fresh = 0;
+        for key in &keys {
+            let answer = world.order(key).await;
+            assert!(matches!(answer.status, 201 | 409), "{answer:?}");
+            if answer.status == 201 && answer.header("idempotent-replayed").is_none() {
+                fresh += 1;
+            }
+        }
+        fresh
+    };
+    let (a, b, fresh) = tokio::join!(first.tick(), second.tick(), retries);
+    let (a, b) = (a.unwrap(), b.unwrap());
+    assert_eq!(a.unfinished + b.unfinished, 0, "{a:?} {b:?}");
+    // Whatever was left (records the racers passed by) is finished by one more tick.
+    let rest = first.tick().await.unwrap();
+    assert_eq!(
+        a.completed + b.completed + fresh + rest.completed,
+        keys.len(),
+        "{a:?} {b:?} {rest:?} fresh {fresh}"
+    );
+    for key in &keys {
+        assert_eq!(world.orders_of(key).await, 1, "{key}");
+        assert_eq!(world.order(key).await.status, 201);
+    }
+    assert_eq!(world.payments.effects().len(), keys.len());
+    let counters = world.layer.counters().snapshot();
+    assert_eq!(counters.claims, 2 * keys.len() as u64, "{counters:?}");
+}
+
+/// The relay dies after the receiver performed the delivery and before it marked the message
+/// sent (its tick is dropped while the receiver holds the answer): once the relay's lease on
+/// the message ends, the next delivery carries the same key and the receiver collapses it.
+pub async fn a_delivery_made_again_is_collapsed_by_its_key<S: Backend>() {
+    let world = World::<S>::new(|b| b).await;
+    assert_eq!(world.order("k-5").await.status, 201);
+    world.receipts.hold.store(true, Ordering::SeqCst);
+    let relay = world
+        .relay(Duration::from_secs(5))
+        .lease(Duration::from_millis(100));
+    let dying = relay.clone();
+    let tick = tokio::spawn(async move { dying.tick().await });
+    world.receipts.held.acquire().await.unwrap().forget();
+    tick.abort();
+    assert_eq!(world.receipts.effects().len(), 1);
+    assert_eq!(world.store.outbox().await[0].1, "pending");
+
+    world.receipts.hold.store(false, Ordering::SeqCst);
+    let mut report = relay.tick().await.unwrap();
+    for _ in 0..100 {
+        if report.taken > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        report = relay.tick().await.unwrap();
+    }
+    assert_eq!(report.sent, 1, "{report:?}");
+    assert_eq!(world.receipts.effects().len(), 1);
+    assert_eq!(world.receipts.calls.load(Ordering::SeqCst), 2);
+    let outbox = world.store.outbox().await;
+    assert_eq!((outbox[0].1.as_str(), outbox[0].2), ("sent", 2));
+    assert_eq!(relay.tick().await.unwrap().taken, 0);
+}
+
+/// A receiver down for a while: the client's attempts within one delivery are its own
+/// policy's (3), the message waits, and is delivered when the receiver returns.
+pub async fn a_receiver_down_for_a_while_gets_the_message_when_it_returns<S: Backend>() {
+    let world = World::<S>::new(|b| b).await;
+    assert_eq!(world.order("k-6").await.status, 201);
+    world.receipts.down.store(true, Ordering::SeqCst);
+    let relay = world.relay(Duration::from_secs(5));
+    let report = relay.tick().await.unwrap();
+    assert_eq!(report.retrying, 1, "{report:?}");
+    assert_eq!(world.receipts.calls.load(Ordering::SeqCst), 3);
+    assert_eq!(world.store.outbox().await[0].1, "pending");
+
+    world.receipts.down.store(false, Ordering::SeqCst);
+    assert_eq!(relay.tick().await.unwrap().sent, 1);
+    assert_eq!(world.receipts.effects().len(), 1);
+    assert_eq!(world.store.outbox().await[0].2, 2);
+}
+
+/// A dependency that never answers: the record is resumed until `max_attempts`, then ends
+/// failed with its own retention, and every later request gets the `gave-up` answer; the sweep
+/// removes failed records and sent messages once their retention ends.
+pub async fn a_record_resumed_too_often_ends_failed_and_is_swept<S: Backend>() {
+    let world = World::<S>::new(|b| b.max_attempts(3)).await;
+    world.payments.down.store(true, Ordering::SeqCst);
+    let first = world.order("k-7").await;
+    assert_eq!(first.status, 503, "{first:?}");
+    let reconciler = world.layer.reconciler(world.app.clone());
+    for _ in 0..2 {
+        assert_eq!(reconciler.tick().await.unwrap().unfinished, 1);
+    }
+    assert_eq!(reconciler.tick().await.unwrap().failed, 1);
+    assert_eq!(reconciler.tick().await.unwrap().found, 0);
+    let gave_up = world.order("k-7").await;
+    assert_eq!(gave_up.status, 500);
+    assert_eq!(gave_up.problem_type(), "urn:safe-retry:problem:gave-up");
+    assert_eq!(gave_up.header("idempotent-replayed"), Some("true"));
+    assert_eq!(world.store.outcomes().await[0].1, "failed");
+    assert_eq!(world.payments.effects().len(), 0);
+    assert_eq!(world.layer.counters().snapshot().failed, 1);
+
+    // A completed order whose receipt was sent, kept for no time.
+    world.payments.down.store(false, Ordering::SeqCst);
+    assert_eq!(world.order("k-8").await.status, 201);
+    let relay = world
+        .relay(Duration::from_secs(5))
+        .keep_sent(Duration::ZERO);
+    assert_eq!(relay.tick().await.unwrap().sent, 1);
+    // The failed record is kept for its retention (7 days), and the completed one for 24 h.
+    assert_eq!(world.store.sweep(100).await.unwrap(), 1, "the sent message");
+    world.store.end_retention(None).await;
+    assert_eq!(world.store.sweep(100).await.unwrap(), 2);
+    assert!(world.store.outcomes().await.is_empty());
+    assert!(world.store.outbox().await.is_empty());
+}
+
+on_every_store!(
+    a_crash_after_the_call_is_finished_by_the_retry,
+    a_dropped_request_is_finished_by_the_reconciler,
+    a_holder_that_wakes_after_a_resumption_is_fenced,
+    reconcilers_racing_a_retry_resume_each_record_once,
+    a_delivery_made_again_is_collapsed_by_its_key,
+    a_receiver_down_for_a_while_gets_the_message_when_it_returns,
+    a_record_resumed_too_often_ends_failed_and_is_swept,
+);
