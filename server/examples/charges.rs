@@ -1,5 +1,5 @@
 //! A charges service behind the idempotency layer: see each charge happen once, however often
-//! a client retries it.
+//! a client retries it, and however its process dies.
 //!
 //! ```sh
 //! cargo run -p safe-retry-server --example charges
@@ -8,23 +8,58 @@
 //!   curl -s -XPOST -H 'Idempotency-Key: order-42' -d 'amount=1000' 127.0.0.1:8090/charges; echo
 //! done
 //! curl -s '127.0.0.1:8090/effects?key=order-42'; echo
+//!
+//! # the README's charge walk-through: a process killed with SIGKILL at each recovery point,
+//! # a new one on the same database, and what the payment provider and receipt service did
+//! cargo run -p safe-retry-server --example charges -- --walkthrough
 //! ```
 //!
 //! Options: `--addr` [127.0.0.1:8090], `--database-url` [a SQLite file in a new temporary
 //! directory; `postgres://…` with `--features postgres`], `--effect-delay-ms` [50]: how long
 //! a charge works before it writes its effect.
+//!
+//! The external call: `--payments-url URL` and `--receipts-url URL` turn on `POST /orders`
+//! (an order row, a charge at `URL/charges` through this workspace's client, a receipt to
+//! `URL/receipts` through the outbox), with the reconciler and the outbox relay running every
+//! `--every-ms` [500]. `--lease-ms` [30000] sets the lease. `--crash-at POINT` (off by
+//! default) is the fault injection: the first order to reach POINT prints `reached POINT` and
+//! stops there for the process to be killed; the points are `before-order`, `after-order`,
+//! `after-charge-call`, `after-charge`, `after-receipt`.
+//!
+//! `--walkthrough` runs the crash walk-through on loopback and prints it; with
+//! `--database-url postgres://…` each point gets a schema of its own there.
 
 #[path = "support/charges_app.rs"]
 mod charges_app;
+#[allow(dead_code)]
+#[path = "support/orders_app.rs"]
+mod orders_app;
+#[allow(dead_code)]
+#[path = "support/receiver.rs"]
+mod receiver;
+#[allow(dead_code)]
+#[path = "support/walkthrough.rs"]
+mod walkthrough;
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use safe_retry_server::IdempotencyLayer;
+use charges_app::ChargesDb;
+use orders_app::{Crash, Faults, Orders, POINTS};
+use reqwest_middleware::ClientBuilder;
+use reqwest_safe_retry::{Dependency, RetryMiddleware, RetryPolicy};
+use safe_retry_server::{IdempotencyLayer, Relay};
 
 struct Options {
     addr: String,
     database_url: Option<String>,
     effect_delay: Duration,
+    payments: Option<String>,
+    receipts: Option<String>,
+    crash_at: Option<String>,
+    lease: Duration,
+    every: Duration,
+    walkthrough: bool,
 }
 
 fn options() -> Result<Options, String> {
@@ -32,26 +67,55 @@ fn options() -> Result<Options, String> {
         addr: "127.0.0.1:8090".into(),
         database_url: None,
         effect_delay: Duration::from_millis(50),
+        payments: None,
+        receipts: None,
+        crash_at: None,
+        lease: Duration::from_secs(30),
+        every: Duration::from_millis(500),
+        walkthrough: false,
     };
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
         let mut value = || args.next().ok_or_else(|| format!("{flag} needs a value"));
+        let millis = |text: String| {
+            text.parse::<u64>()
+                .map(Duration::from_millis)
+                .map_err(|_| format!("{flag} takes milliseconds, not {text:?}"))
+        };
         match flag.as_str() {
             "--addr" => options.addr = value()?,
             "--database-url" => options.database_url = Some(value()?),
-            "--effect-delay-ms" => {
-                let ms = value()?;
-                let ms: u64 = ms
-                    .parse()
-                    .map_err(|_| format!("--effect-delay-ms takes milliseconds, not {ms:?}"))?;
-                options.effect_delay = Duration::from_millis(ms);
+            "--effect-delay-ms" => options.effect_delay = millis(value()?)?,
+            "--payments-url" => options.payments = Some(value()?),
+            "--receipts-url" => options.receipts = Some(value()?),
+            "--crash-at" => {
+                let point = value()?;
+                if !POINTS.contains(&point.as_str()) {
+                    return Err(format!(
+                        "--crash-at {point:?} is not a recovery point; the points are {}",
+                        POINTS.join(", ")
+                    ));
+                }
+                options.crash_at = Some(point);
             }
+            "--lease-ms" => options.lease = millis(value()?)?,
+            "--every-ms" => options.every = millis(value()?)?.max(Duration::from_millis(1)),
+            "--walkthrough" => options.walkthrough = true,
             other => {
                 return Err(format!(
-                    "unknown option {other:?}; the options are --addr, --database-url, --effect-delay-ms"
+                    "unknown option {other:?}; the options are --addr, --database-url, --effect-delay-ms, \
+                     --payments-url, --receipts-url, --crash-at, --lease-ms, --every-ms, --walkthrough"
                 ));
             }
         }
+    }
+    if options.payments.is_some() != options.receipts.is_some() {
+        return Err("--payments-url and --receipts-url go together".into());
+    }
+    if options.crash_at.is_some() && options.payments.is_none() {
+        return Err(
+            "--crash-at needs the external call: give --payments-url and --receipts-url".into(),
+        );
     }
     Ok(options)
 }
@@ -59,10 +123,12 @@ fn options() -> Result<Options, String> {
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let options = options()?;
+    if options.walkthrough {
+        return walk(options.database_url).await;
+    }
     let listener = tokio::net::TcpListener::bind(&options.addr).await?;
-    let addr = listener.local_addr()?;
-    let url = match options.database_url {
-        Some(url) => url,
+    let url = match &options.database_url {
+        Some(url) => url.clone(),
         None => {
             let dir =
                 std::env::temp_dir().join(format!("safe-retry-charges-{}", std::process::id()));
@@ -70,31 +136,167 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             format!("sqlite://{}", dir.join("charges.db").display())
         }
     };
-    let router = if url.starts_with("postgres") {
+    if url.starts_with("postgres") {
         #[cfg(feature = "postgres")]
         {
-            use charges_app::ChargesDb;
             let store = safe_retry_server::PostgresStore::connect(&url).await?;
-            store.prepare().await?;
-            charges_app::app(
-                IdempotencyLayer::builder(store).build()?,
-                options.effect_delay,
-            )
+            return serve(store, &url, options, listener).await;
         }
         #[cfg(not(feature = "postgres"))]
         return Err("a postgres:// database needs the postgres feature: cargo run -p safe-retry-server --features postgres --example charges".into());
-    } else {
-        use charges_app::ChargesDb;
-        let store = safe_retry_server::SqliteStore::open(&url).await?;
-        store.prepare().await?;
-        charges_app::app(
-            IdempotencyLayer::builder(store).build()?,
-            options.effect_delay,
+    }
+    let store = safe_retry_server::SqliteStore::open(&url).await?;
+    serve(store, &url, options, listener).await
+}
+
+async fn serve<S: ChargesDb>(
+    store: S,
+    url: &str,
+    options: Options,
+    listener: tokio::net::TcpListener,
+) -> Result<(), Box<dyn std::error::Error>> {
+    store.prepare().await?;
+    let addr = listener.local_addr()?;
+    let layer = IdempotencyLayer::builder(store.clone())
+        .lease(options.lease)
+        .build()?;
+    let mut router = charges_app::app(layer.clone(), options.effect_delay);
+    let external = options.payments.clone().zip(options.receipts.clone());
+    if let Some((payments, receipts)) = &external {
+        let faults = Faults::announced();
+        if let Some(point) = &options.crash_at {
+            faults.arm(point, Crash::Hang);
+        }
+        // This workspace's client: 3 attempts a call, 250 ms each at most.
+        let policy = RetryPolicy::builder()
+            .max_attempts(3)
+            .base_delay(Duration::from_millis(20))
+            .build()?;
+        let client = ClientBuilder::new(
+            reqwest::Client::builder()
+                .timeout(Duration::from_millis(250))
+                .build()?,
         )
-    };
+        .with(RetryMiddleware::new(Dependency::new(
+            "dependencies",
+            policy,
+        )))
+        .build();
+        let orders = orders_app::orders_app(
+            layer.clone(),
+            Orders {
+                client: client.clone(),
+                payments: payments.clone(),
+                receipts: receipts.clone(),
+                faults: Arc::new(faults),
+            },
+        );
+        router = router.merge(orders.clone());
+        tokio::spawn(layer.reconciler(orders).run(options.every));
+        let relay = Relay::new(store.clone(), client)
+            .lease(Duration::from_secs(1))
+            .retry_after(Duration::from_millis(200));
+        tokio::spawn(relay.run(options.every));
+    }
     println!("charges on http://{addr} (database: {url})");
     println!("  POST /charges with an Idempotency-Key header: one effect per key");
+    if let Some((payments, receipts)) = &external {
+        println!(
+            "  POST /orders: an order row, a charge at {payments}/charges, a receipt to {receipts}/receipts"
+        );
+    }
     println!("  GET  /effects?q=TEXT&key=K, GET /health");
     axum::serve(listener, router).await?;
     Ok(())
+}
+
+/// The crash walk-through, printed.
+async fn walk(database_url: Option<String>) -> Result<(), Box<dyn std::error::Error>> {
+    let binary = std::env::current_exe()?;
+    let dir = std::env::temp_dir().join(format!("safe-retry-walk-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let database = |point: &str| match &database_url {
+        Some(url) => format!(
+            "{url}{}options=-csearch_path%3Dwalk_{}_{}",
+            if url.contains('?') { "&" } else { "?" },
+            std::process::id(),
+            point.replace('-', "_")
+        ),
+        None => format!("sqlite://{}", dir.join(format!("{point}.db")).display()),
+    };
+    #[cfg(feature = "postgres")]
+    if let Some(url) = &database_url {
+        let admin = sqlx::PgPool::connect(url).await?;
+        for point in POINTS.into_iter().chain([walkthrough::AFTER_DELIVERY]) {
+            let schema = format!("walk_{}_{}", std::process::id(), point.replace('-', "_"));
+            sqlx::query(sqlx::AssertSqlSafe(format!("CREATE SCHEMA {schema}")))
+                .execute(&admin)
+                .await?;
+        }
+    }
+    println!("an order: claim → order row → charge (downstream key) → receipt (outbox) → answer");
+    println!(
+        "each run is killed with SIGKILL at the point; a new process on the same database finishes it\n"
+    );
+    println!(
+        "{:<18} {:<15} {:>8} {:>13} {:>9} {:>14} {:>11}  {:<9}",
+        "killed at",
+        "finished by",
+        "charges",
+        "charge calls",
+        "receipts",
+        "receipt calls",
+        "order rows",
+        "receipt"
+    );
+    let walked = walkthrough::walk_all(&binary, database).await;
+    for w in &walked {
+        println!(
+            "{:<18} {:<15} {:>8} {:>13} {:>9} {:>14} {:>11}  {:<9} {}",
+            w.point,
+            w.finished_by,
+            w.charges,
+            w.charge_calls,
+            w.receipts,
+            w.receipt_calls,
+            w.order_rows,
+            format!("{} ({}×)", w.outbox.0, w.outbox.1),
+            if w.answers_identical {
+                "answers identical"
+            } else {
+                "ANSWERS DIFFER"
+            }
+        );
+    }
+    let once = walked.iter().all(|w| {
+        w.charges == 1
+            && w.receipts == 1
+            && w.order_rows == 1
+            && w.outbox.0 == "sent"
+            && w.answers_identical
+    });
+    println!(
+        "\n{}",
+        if once {
+            "every point: one charge, one receipt, one order row, one answer"
+        } else {
+            "A PROMISE BROKE"
+        }
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    #[cfg(feature = "postgres")]
+    if let Some(url) = &database_url {
+        let admin = sqlx::PgPool::connect(url).await?;
+        for point in POINTS.into_iter().chain([walkthrough::AFTER_DELIVERY]) {
+            let schema = format!("walk_{}_{}", std::process::id(), point.replace('-', "_"));
+            sqlx::query(sqlx::AssertSqlSafe(format!("DROP SCHEMA {schema} CASCADE")))
+                .execute(&admin)
+                .await?;
+        }
+    }
+    if once {
+        Ok(())
+    } else {
+        Err("a crash point broke a promise".into())
+    }
 }

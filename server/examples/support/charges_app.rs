@@ -34,6 +34,17 @@ pub trait ChargesDb: Store {
 
     /// Every effect, in id order.
     fn effects(&self) -> impl Future<Output = Result<Vec<Effect>, sqlx::Error>> + Send;
+
+    /// The outbox's rows: (id, status, deliveries).
+    fn outbox(
+        &self,
+    ) -> impl Future<Output = Result<Vec<(String, String, i64)>, sqlx::Error>> + Send;
+
+    /// The status and last recovery point of `key`'s record.
+    fn record(
+        &self,
+        key: &str,
+    ) -> impl Future<Output = Result<Option<(String, Option<String>)>, sqlx::Error>> + Send;
 }
 
 #[cfg(feature = "sqlite")]
@@ -68,6 +79,19 @@ impl ChargesDb for safe_retry_server::SqliteStore {
             .into_iter()
             .map(|(id, key, body)| Effect { id, key, body })
             .collect())
+    }
+
+    async fn outbox(&self) -> Result<Vec<(String, String, i64)>, sqlx::Error> {
+        sqlx::query_as("SELECT id, status, deliveries FROM safe_retry_outbox ORDER BY id")
+            .fetch_all(self.pool())
+            .await
+    }
+
+    async fn record(&self, key: &str) -> Result<Option<(String, Option<String>)>, sqlx::Error> {
+        sqlx::query_as("SELECT status, step FROM safe_retry_outcomes WHERE key = ?1")
+            .bind(key)
+            .fetch_optional(self.pool())
+            .await
     }
 }
 
@@ -104,6 +128,19 @@ impl ChargesDb for safe_retry_server::PostgresStore {
             .map(|(id, key, body)| Effect { id, key, body })
             .collect())
     }
+
+    async fn outbox(&self) -> Result<Vec<(String, String, i64)>, sqlx::Error> {
+        sqlx::query_as("SELECT id, status, deliveries FROM safe_retry_outbox ORDER BY id")
+            .fetch_all(self.pool())
+            .await
+    }
+
+    async fn record(&self, key: &str) -> Result<Option<(String, Option<String>)>, sqlx::Error> {
+        sqlx::query_as("SELECT status, step FROM safe_retry_outcomes WHERE key = $1")
+            .bind(key)
+            .fetch_optional(self.pool())
+            .await
+    }
 }
 
 /// The service: `POST /charges` behind the layer (a key required), `GET /effects`,
@@ -116,6 +153,8 @@ pub fn app<S: ChargesDb>(layer: IdempotencyLayer<S>, effect_delay: Duration) -> 
         .with_state(effect_delay);
     Router::new()
         .route("/effects", get(effects::<S>))
+        .route("/outbox", get(outbox::<S>))
+        .route("/record", get(record::<S>))
         .route("/health", get(|| async { "ok" }))
         .with_state(store)
         .merge(charges)
@@ -139,6 +178,36 @@ async fn charge<S: ChargesDb>(
             Json(serde_json::json!({ "effect_id": id })),
         )
             .into_response(),
+        Err(error) => (StatusCode::SERVICE_UNAVAILABLE, error.to_string()).into_response(),
+    }
+}
+
+/// `GET /outbox`: the outbox's rows, `[{"id", "status", "deliveries"}]`.
+async fn outbox<S: ChargesDb>(State(store): State<S>) -> Response {
+    match store.outbox().await {
+        Ok(rows) => Json(
+            rows.into_iter()
+                .map(|(id, status, deliveries)| {
+                    serde_json::json!({ "id": id, "status": status, "deliveries": deliveries })
+                })
+                .collect::<Vec<_>>(),
+        )
+        .into_response(),
+        Err(error) => (StatusCode::SERVICE_UNAVAILABLE, error.to_string()).into_response(),
+    }
+}
+
+/// `GET /record?key=K`: the record's `{"status", "step"}` (its last recovery point), or 404.
+async fn record<S: ChargesDb>(
+    State(store): State<S>,
+    Query(query): Query<BTreeMap<String, String>>,
+) -> Response {
+    let key = query.get("key").map_or("", String::as_str);
+    match store.record(key).await {
+        Ok(Some((status, step))) => {
+            Json(serde_json::json!({ "status": status, "step": step })).into_response()
+        }
+        Ok(None) => StatusCode::NOT_FOUND.into_response(),
         Err(error) => (StatusCode::SERVICE_UNAVAILABLE, error.to_string()).into_response(),
     }
 }

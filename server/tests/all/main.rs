@@ -33,6 +33,7 @@ mod both_halves;
 #[path = "../../examples/support/charges_app.rs"]
 mod charges_app;
 mod config;
+mod crash;
 mod direct;
 #[path = "../../examples/support/lossy_link.rs"]
 mod lossy_link;
@@ -46,3 +47,6 @@ mod receiver;
 mod rules;
 mod steps;
 mod support;
+#[allow(dead_code)]
+#[path = "../../examples/support/walkthrough.rs"]
+mod walkthrough;

@@ -191,7 +191,7 @@ pub async fn a_holder_that_wakes_after_a_resumption_is_fenced<S: Backend>() {
     assert_eq!(world.layer.counters().snapshot().fenced, 1);
     assert_eq!(world.payments.effects().len(), 1);
     assert_eq!(world.orders_of("k-3").await, 1);
-    assert_eq!(world.store.outbox().await.len(), 1);
+    assert_eq!(world.store.outbox().await.unwrap().len(), 1);
     let replay = world.order("k-3").await;
     assert_eq!(replay.unmarked(), retry);
 }
@@ -252,7 +252,7 @@ pub async fn a_delivery_made_again_is_collapsed_by_its_key<S: Backend>() {
     world.receipts.held.acquire().await.unwrap().forget();
     tick.abort();
     assert_eq!(world.receipts.effects().len(), 1);
-    assert_eq!(world.store.outbox().await[0].1, "pending");
+    assert_eq!(world.store.outbox().await.unwrap()[0].1, "pending");
 
     world.receipts.hold.store(false, Ordering::SeqCst);
     let mut report = relay.tick().await.unwrap();
@@ -266,7 +266,7 @@ pub async fn a_delivery_made_again_is_collapsed_by_its_key<S: Backend>() {
     assert_eq!(report.sent, 1, "{report:?}");
     assert_eq!(world.receipts.effects().len(), 1);
     assert_eq!(world.receipts.calls.load(Ordering::SeqCst), 2);
-    let outbox = world.store.outbox().await;
+    let outbox = world.store.outbox().await.unwrap();
     assert_eq!((outbox[0].1.as_str(), outbox[0].2), ("sent", 2));
     assert_eq!(relay.tick().await.unwrap().taken, 0);
 }
@@ -281,12 +281,12 @@ pub async fn a_receiver_down_for_a_while_gets_the_message_when_it_returns<S: Bac
     let report = relay.tick().await.unwrap();
     assert_eq!(report.retrying, 1, "{report:?}");
     assert_eq!(world.receipts.calls.load(Ordering::SeqCst), 3);
-    assert_eq!(world.store.outbox().await[0].1, "pending");
+    assert_eq!(world.store.outbox().await.unwrap()[0].1, "pending");
 
     world.receipts.down.store(false, Ordering::SeqCst);
     assert_eq!(relay.tick().await.unwrap().sent, 1);
     assert_eq!(world.receipts.effects().len(), 1);
-    assert_eq!(world.store.outbox().await[0].2, 2);
+    assert_eq!(world.store.outbox().await.unwrap()[0].2, 2);
 }
 
 /// A dependency that never answers: the record is resumed until `max_attempts`, then ends
@@ -323,7 +323,7 @@ pub async fn a_record_resumed_too_often_ends_failed_and_is_swept<S: Backend>() {
     world.store.end_retention(None).await;
     assert_eq!(world.store.sweep(100).await.unwrap(), 2);
     assert!(world.store.outcomes().await.is_empty());
-    assert!(world.store.outbox().await.is_empty());
+    assert!(world.store.outbox().await.unwrap().is_empty());
 }
 
 on_every_store!(

@@ -38,9 +38,6 @@ pub trait Backend: ChargesDb {
     /// Drops the outcome table from under the layer: its next statement fails.
     fn break_outcomes(&self) -> impl Future<Output = ()> + Send;
 
-    /// The rows of the outbox: (id, status, deliveries).
-    fn outbox(&self) -> impl Future<Output = Vec<(String, String, i64)>> + Send;
-
     /// The last recovery point of `key`'s record.
     fn point_of(&self, key: &str) -> impl Future<Output = Option<String>> + Send;
 }
@@ -110,13 +107,6 @@ mod sqlite {
                 .execute(self.pool())
                 .await
                 .unwrap();
-        }
-
-        async fn outbox(&self) -> Vec<(String, String, i64)> {
-            sqlx::query_as("SELECT id, status, deliveries FROM safe_retry_outbox ORDER BY id")
-                .fetch_all(self.pool())
-                .await
-                .unwrap()
         }
 
         async fn point_of(&self, key: &str) -> Option<String> {
@@ -259,13 +249,6 @@ pub mod postgres {
                 .execute(self.pool())
                 .await
                 .unwrap();
-        }
-
-        async fn outbox(&self) -> Vec<(String, String, i64)> {
-            sqlx::query_as("SELECT id, status, deliveries FROM safe_retry_outbox ORDER BY id")
-                .fetch_all(self.pool())
-                .await
-                .unwrap()
         }
 
         async fn point_of(&self, key: &str) -> Option<String> {
