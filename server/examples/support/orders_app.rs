@@ -74,6 +74,11 @@ impl Faults {
         *self.armed.lock().unwrap() = Some((point.to_owned(), crash));
     }
 
+    /// Disarms the fault, if one is armed.
+    pub fn disarm(&self) {
+        *self.armed.lock().unwrap() = None;
+    }
+
     async fn reach(&self, point: &str) -> Result<(), StepError> {
         let crash = {
             let mut armed = self.armed.lock().unwrap();

@@ -45,6 +45,7 @@ mod orders_app;
 #[path = "../../examples/support/receiver.rs"]
 mod receiver;
 mod rules;
+mod step_model;
 mod steps;
 mod support;
 #[allow(dead_code)]
