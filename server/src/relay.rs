@@ -191,8 +191,15 @@ impl<S: Store> Relay<S> {
                 for (name, value) in &message.headers {
                     request = request.header(name, value);
                 }
-                let answer = request.send().await;
-                self.settlement(&message, answer.map(|r| r.status()))
+                match request.send().await {
+                    // A client without this workspace's middleware sent it without a key: kept
+                    // pending (and said so) until the relay is given the right client.
+                    Ok(response) if !crate::step::sent_with_key(&response) => Settle::Retry {
+                        after: self.retry_after,
+                        error: crate::step::NO_MIDDLEWARE.to_owned(),
+                    },
+                    answer => self.settlement(&message, answer.map(|r| r.status())),
+                }
             }
         };
         let settled = self

@@ -129,7 +129,8 @@ pub enum StepError {
     /// is not done; a resumption calls again with the same downstream key.
     #[error("the step's dependency answered {0} after the client's retries")]
     Unavailable(http::StatusCode),
-    /// A step was used out of order (an external call with the step's transaction open).
+    /// A step was used wrongly: an external call with the step's transaction open, or
+    /// through a client without this workspace's middleware (no key on the call).
     #[error("{0}")]
     Misuse(&'static str),
 }
@@ -361,7 +362,15 @@ impl<S: Store, T: Serialize> Pending<S, T> {
 mod client {
     use super::*;
     use http::StatusCode;
-    use reqwest_safe_retry::NaturalKey;
+    use reqwest_safe_retry::{NaturalKey, RetryRecord};
+
+    /// What a call made through a client without this workspace's middleware is told.
+    pub(crate) const NO_MIDDLEWARE: &str = "the call went out without an idempotency key: build its client with reqwest-safe-retry's RetryMiddleware, which derives the key";
+
+    /// Whether `response` came through this workspace's middleware with a key on its request.
+    pub(crate) fn sent_with_key(response: &reqwest::Response) -> bool {
+        RetryRecord::of(response).is_some_and(|record| record.idempotency_key().is_some())
+    }
 
     /// A dependency's answer to a step's external call.
     #[derive(Debug, Clone, PartialEq, Eq)]
@@ -398,6 +407,9 @@ mod client {
                 .send()
                 .await
                 .map_err(StepError::Call)?;
+            if !sent_with_key(&response) {
+                return Err(StepError::Misuse(NO_MIDDLEWARE));
+            }
             let status = response.status();
             if status.is_server_error() || status == 408 || status == 429 {
                 return Err(StepError::Unavailable(status));
@@ -421,6 +433,8 @@ mod client {
 
 #[cfg(feature = "client")]
 pub use client::Downstream;
+#[cfg(feature = "client")]
+pub(crate) use client::{NO_MIDDLEWARE, sent_with_key};
 
 /// A follow-on message a handler stages in its outbox: a request the relay delivers at least
 /// once after the transaction that staged it commits, with an idempotency key derived from the

@@ -45,6 +45,14 @@ pub fn downstream_client(timeout: Duration) -> ClientWithMiddleware {
 
 impl<S: Backend> World<S> {
     pub async fn new(configure: impl FnOnce(Builder<S>) -> Builder<S>) -> World<S> {
+        World::with_client(configure, downstream_client(Duration::from_secs(5))).await
+    }
+
+    /// A world whose service calls its dependencies through `client`.
+    pub async fn with_client(
+        configure: impl FnOnce(Builder<S>) -> Builder<S>,
+        client: ClientWithMiddleware,
+    ) -> World<S> {
         let store = S::fresh().await;
         let layer = configure(IdempotencyLayer::builder(store.clone()))
             .build()
@@ -55,7 +63,7 @@ impl<S: Backend> World<S> {
         let app = orders_app(
             layer.clone(),
             Orders {
-                client: downstream_client(Duration::from_secs(5)),
+                client,
                 payments: format!("http://{payments_addr}"),
                 receipts: format!("http://{receipts_addr}"),
                 faults: faults.clone(),
@@ -326,7 +334,37 @@ pub async fn a_record_resumed_too_often_ends_failed_and_is_swept<S: Backend>() {
     assert!(world.store.outbox().await.unwrap().is_empty());
 }
 
+/// A client without this workspace's middleware would send the charge without a key: the step
+/// refuses to go on (the record waits for a resumption with the right client), and the relay
+/// keeps the message pending, each saying why.
+pub async fn a_client_without_the_middleware_is_refused<S: Backend>() {
+    let plain = ClientBuilder::new(reqwest::Client::new()).build();
+    let world = World::<S>::with_client(|b| b, plain.clone()).await;
+    let answer = world.order("k-9").await;
+    assert_eq!(answer.status, 503, "{answer:?}");
+    let detail: serde_json::Value = serde_json::from_slice(&answer.body).unwrap();
+    assert!(
+        detail["detail"]
+            .as_str()
+            .unwrap()
+            .contains("RetryMiddleware"),
+        "{detail}"
+    );
+    assert_eq!(world.orders_of("k-9").await, 1);
+    assert_eq!(
+        world.store.point_of("k-9").await.as_deref(),
+        Some("charge:started")
+    );
+
+    let world = World::<S>::new(|b| b).await;
+    assert_eq!(world.order("k-10").await.status, 201);
+    let report = Relay::new(world.store.clone(), plain).tick().await.unwrap();
+    assert_eq!(report.retrying, 1, "{report:?}");
+    assert_eq!(world.store.outbox().await.unwrap()[0].1, "pending");
+}
+
 on_every_store!(
+    a_client_without_the_middleware_is_refused,
     a_crash_after_the_call_is_finished_by_the_retry,
     a_dropped_request_is_finished_by_the_reconciler,
     a_holder_that_wakes_after_a_resumption_is_fenced,
