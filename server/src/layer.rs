@@ -199,7 +199,7 @@ impl<S: Store> Builder<S> {
         self
     }
 
-    /// How many times a record may be started [10]: its first run and each resumption (a
+    /// How many times a record may be started \[10\]: its first run and each resumption (a
     /// retry's takeover, or the reconciler's) count one. A record started once more ends
     /// `failed` instead of running its handler again, and every later request with its key is
     /// sent a `500` `gave-up` problem: a dependency that never answers stops being called.

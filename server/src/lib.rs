@@ -66,6 +66,43 @@
 //! - **Retention** [24 h] is separate from the lease; [`Store::sweep`] deletes expired records
 //!   in bounded batches.
 //!
+//! # External effects: steps, the reconciler and the outbox
+//!
+//! Work that cannot join the answer's transaction (a charge at a payment provider, an email)
+//! runs as named steps, each committed with the record as a recovery point
+//! ([`Execution::step`]): a resumed request skips the steps done and resumes at the first not
+//! done. A step's external call (`Pending::call`, feature `client`) goes out through this
+//! workspace's client with an idempotency key derived from (scope, key, step), so every
+//! resumption sends the same key; a [`Reconciler`] finishes records stalled past their lease
+//! when no client comes back; follow-on messages are staged in a step's transaction
+//! ([`Pending::stage`]) and delivered at least once by a `Relay` (feature `client`) with keys derived from their
+//! ids. Records resumed more than [`Builder::max_attempts`] times end failed.
+//!
+//! ```no_run
+//! # #[cfg(all(feature = "sqlite", feature = "client"))]
+//! # async fn doc() {
+//! use reqwest_middleware::ClientWithMiddleware;
+//! use safe_retry_server::{Execution, SqliteStore, Step, StepError};
+//!
+//! /// Charges once per order, however often the handler is resumed.
+//! async fn charge(
+//!     execution: &Execution<SqliteStore>,
+//!     payments: &ClientWithMiddleware,
+//! ) -> Result<u16, StepError> {
+//!     match execution.step("charge").await? {
+//!         Step::Done(status) => Ok(status),
+//!         Step::Todo(mut step) => {
+//!             let answer = step.call(payments.post("http://127.0.0.1:9000/charges")).await?;
+//!             step.commit(answer.status.as_u16()).await
+//!         }
+//!     }
+//! }
+//! # }
+//! ```
+//!
+//! The crate's README walks through an order (an order row, a charge, a receipt through the
+//! outbox), what a crash at each recovery point leaves behind, and who finishes it.
+//!
 //! # Where the edges are
 //!
 //! - **Scope.** By default every caller shares one scope: two callers that pick the same key
@@ -76,7 +113,7 @@
 //!   lease at once: the next request with the key takes the record over and runs the handler
 //!   again, as attempt 2. A panic, or a killed process, leaves the record in progress until
 //!   the lease runs out. Effects outside the database (a call to another service) are not
-//!   rolled back: give them an idempotency key of their own.
+//!   rolled back: make them steps, whose calls carry an idempotency key of their own.
 //! - **Answers larger than the limit** [1 MiB] reach the first caller whole; a replay gets the
 //!   stored status with an `answer-not-stored` problem body. Trailers are not stored.
 //! - **Requests the layer does not guard** (other methods; no key where none is required)
@@ -88,7 +125,10 @@
 //!
 //! - `sqlite` (default): `SqliteStore`, SQLite bundled (nothing to install).
 //! - `postgres`: `PostgresStore`, for a fleet sharing one database.
-//! - `axum`: [`Local`] and [`Execution`] as extractors, [`Rejected`] as a response part.
+//! - `axum`: [`Local`] and [`Execution`] as extractors, [`Rejected`] as a response part,
+//!   [`StepError`] as a response.
+//! - `client`: `Pending::call` and the `Relay`, through `reqwest-safe-retry` (it brings
+//!   reqwest in).
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![deny(missing_docs)]
 
@@ -127,6 +167,6 @@ pub use store::SqliteStore;
 pub use store::{Store, StoreError};
 
 /// The README's examples, compiled as doctests.
-#[cfg(all(doctest, feature = "sqlite", feature = "axum"))]
+#[cfg(all(doctest, feature = "sqlite", feature = "axum", feature = "client"))]
 #[doc = include_str!("../README.md")]
 struct ReadmeDoctests;

@@ -94,7 +94,7 @@ where
     R: Body<Data = Bytes> + Unpin + Send + 'static,
     R::Error: Into<BoxError>,
 {
-    /// How many stalled records one tick resumes at most, concurrently [32].
+    /// How many stalled records one tick resumes at most, concurrently \[32\].
     pub fn batch(mut self, batch: u32) -> Self {
         self.batch = batch.max(1);
         self

@@ -80,7 +80,7 @@ impl<S: Store> Relay<S> {
         }
     }
 
-    /// How many messages one tick takes at most, and delivers concurrently [32].
+    /// How many messages one tick takes at most, and delivers concurrently \[32\].
     pub fn batch(mut self, batch: u32) -> Self {
         self.batch = batch.max(1);
         self
@@ -100,7 +100,7 @@ impl<S: Store> Relay<S> {
         self
     }
 
-    /// How many times a message is taken before it is marked failed [20].
+    /// How many times a message is taken before it is marked failed \[20\].
     pub fn max_deliveries(mut self, deliveries: u32) -> Self {
         self.max_deliveries = i64::from(deliveries.max(1));
         self

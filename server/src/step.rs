@@ -14,7 +14,7 @@ use serde_json::{Map, Value};
 use crate::config::Counters;
 use crate::execution::Execution;
 use crate::problem::Problem;
-use crate::store::{Completion, StagedMessage, StepWrite, Store, StoreError, encode_headers};
+use crate::store::{Completion, StagedMessage, StepWrite, Store, StoreError};
 
 /// What a request's steps share: the outputs committed so far and whether the request is saved.
 #[derive(Debug, Default)]
@@ -204,7 +204,6 @@ impl<S: Store> Execution<S> {
     /// Staging a message of the same name again (a resumed request) adds nothing.
     pub async fn stage(&self, tx: &mut S::Tx, message: &Message) -> Result<(), StoreError> {
         let id = natural(self.scope(), self.key(), "outbox", &message.name);
-        let headers = encode_headers(&message.headers);
         self.inner()
             .store
             .stage(
@@ -213,7 +212,7 @@ impl<S: Store> Execution<S> {
                     id: &id,
                     method: message.method.as_str(),
                     url: &message.url,
-                    headers: &headers,
+                    headers: &message.headers,
                     body: &message.body,
                 },
             )

@@ -194,8 +194,8 @@ pub struct StagedMessage<'a> {
     pub method: &'a str,
     /// The URL.
     pub url: &'a str,
-    /// The headers, in [`encode_headers`]'s form.
-    pub headers: &'a [u8],
+    /// The headers, in order.
+    pub headers: &'a [(HeaderName, HeaderValue)],
     /// The body.
     pub body: &'a [u8],
 }

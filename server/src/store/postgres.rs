@@ -340,7 +340,7 @@ impl Store for PostgresStore {
         .bind(message.id)
         .bind(message.method)
         .bind(message.url)
-        .bind(message.headers)
+        .bind(encode_headers(message.headers))
         .bind(message.body)
         .execute(&mut **tx)
         .await?;

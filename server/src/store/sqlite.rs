@@ -398,7 +398,7 @@ impl Store for SqliteStore {
         .bind(message.id)
         .bind(message.method)
         .bind(message.url)
-        .bind(message.headers)
+        .bind(encode_headers(message.headers))
         .bind(message.body)
         .execute(&mut **tx)
         .await?;
