@@ -12,9 +12,11 @@ use tower_service::Service;
 
 use crate::body::BoxError;
 use crate::config::Config;
+use crate::config::Counters;
 use crate::layer::IdempotencyLayer;
-use crate::service::{Ended, Held, Owned, Resumed, execute};
-use crate::store::{Claim, Stalled, Store, StoreError, decode_request};
+use crate::problem::Problem;
+use crate::service::{Ended, Held, Owned, Resumed, end_to_end, execute};
+use crate::store::{Claim, Completion, Stalled, Store, StoreError, StoredAnswer, decode_request};
 
 /// Finishes requests that stopped part-way: records in progress past their lease that reached a
 /// recovery point (so their request is saved). Each is claimed like a retry would claim it,
@@ -182,16 +184,50 @@ where
         Err(_) => return Resumption::StoreFailed,
         Ok(progress) => progress.request,
     };
-    let Some(Ok(saved)) = saved.as_ref().map(decode_request) else {
-        tracing::warn!(target: "safe_retry_server", event = "not_resumable", scope = %record.scope, key = %record.key, "the record's saved request is missing or does not decode");
-        return Resumption::StoreFailed;
+    let Some(saved) = saved else {
+        // The record was renewed (its retention ended) between the search and the claim: this
+        // claim made it new, and nothing ran under it.
+        let _ = config.store.release(None, claimed.fence).await;
+        held.done();
+        return Resumption::Lost;
+    };
+    let decoded = decode_request(&saved).and_then(|saved| {
+        let uri = saved
+            .target
+            .parse::<http::Uri>()
+            .map_err(|_| StoreError::new("a saved request's target is not a URI"))?;
+        Ok((saved, uri))
+    });
+    let (saved, uri) = match decoded {
+        Ok(decoded) => decoded,
+        Err(error) => {
+            // Never resumable: end it failed rather than find it again on every tick.
+            tracing::error!(target: "safe_retry_server", event = "not_resumable", scope = %record.scope, key = %record.key, %error);
+            let answer =
+                Problem::GaveUp.response(&format!("the request could not be resumed: {error}"));
+            let stored = StoredAnswer {
+                status: answer.status(),
+                headers: end_to_end(answer.headers()),
+                body: Some(answer.body().clone()),
+            };
+            return match config
+                .store
+                .fail(claimed.fence, &stored, config.failed_retention)
+                .await
+            {
+                Ok(Completion::Completed) => {
+                    held.done();
+                    Counters::add(&config.counters.failed);
+                    Resumption::Ran(Ended::Failed)
+                }
+                Ok(Completion::Fenced) => Resumption::Lost,
+                Err(_) => Resumption::StoreFailed,
+            };
+        }
     };
     let mut request = Request::new(B::from(saved.body.clone()));
     *request.method_mut() = saved.method;
-    match saved.target.parse() {
-        Ok(uri) => *request.uri_mut() = uri,
-        Err(_) => return Resumption::StoreFailed,
-    }
+    *request.uri_mut() = uri;
     for (name, value) in saved.headers {
         request.headers_mut().append(name, value);
     }

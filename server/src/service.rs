@@ -593,7 +593,7 @@ impl<S: Store> Held<S> {
     }
 
     /// The outcome is written, or the record released.
-    fn done(&self) {
+    pub(crate) fn done(&self) {
         *lock(&self.state) = Hold::Done;
     }
 }

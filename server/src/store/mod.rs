@@ -618,6 +618,66 @@ mod tests {
     }
 
     #[test]
+    fn a_saved_request_round_trips_and_a_cut_or_garbled_one_is_an_error() {
+        let headers = vec![(
+            HeaderName::from_static("content-type"),
+            HeaderValue::from_static("application/json"),
+        )];
+        let encoded = Bytes::from(encode_request(
+            &http::Method::PATCH,
+            "/orders/7?x=1",
+            &headers,
+            b"{\"a\":1}",
+        ));
+        let saved = decode_request(&encoded).unwrap();
+        assert_eq!(saved.method, http::Method::PATCH);
+        assert_eq!(saved.target, "/orders/7?x=1");
+        assert_eq!(saved.headers, headers);
+        assert_eq!(&saved.body[..], b"{\"a\":1}");
+        let head = encoded.len() - 7;
+        for cut in 0..head {
+            assert!(
+                decode_request(&encoded.slice(..cut)).is_err(),
+                "cut at {cut}"
+            );
+        }
+        let empty = Bytes::from(encode_request(&http::Method::POST, "/", &[], b""));
+        assert_eq!(&decode_request(&empty).unwrap().body[..], b"");
+        let mut bad = encoded.to_vec();
+        bad[10] = b' '; // the method
+        assert!(decode_request(&Bytes::from(bad)).is_err());
+        let mut bad = encoded.to_vec();
+        bad[15] = 0xff; // the target is not UTF-8
+        assert!(decode_request(&Bytes::from(bad)).is_err());
+    }
+
+    #[test]
+    fn a_settlement_s_columns_say_what_ended_and_for_how_long() {
+        assert_eq!(
+            settle_columns(&Settle::Sent {
+                status: 201,
+                keep: Duration::from_secs(2)
+            }),
+            ("sent", Some(201), None, Some(2000), None)
+        );
+        assert_eq!(
+            settle_columns(&Settle::Retry {
+                after: Duration::from_millis(5),
+                error: "down".into()
+            }),
+            ("pending", None, Some("down"), None, Some(5))
+        );
+        assert_eq!(
+            settle_columns(&Settle::Failed {
+                status: Some(410),
+                error: "gone".into(),
+                keep: Duration::from_secs(1)
+            }),
+            ("failed", Some(410), Some("gone"), Some(1000), None)
+        );
+    }
+
+    #[test]
     fn a_row_s_status_must_be_a_status() {
         assert!(answer_of(None, None, None).is_err());
         assert!(answer_of(Some(99), None, None).is_err());
@@ -656,6 +716,9 @@ mod tests {
             matches!(done.state, RecordState::Completed(ref a) if a.status == 201 && a.body.as_deref() == Some(&b"x"[..]))
         );
         assert!(record_of(&[2; 31], "completed", Some(201), None, None, 0).is_err());
+        let failed =
+            record_of(&[3; 32], "failed", Some(500), None, Some(b"p".to_vec()), 0).unwrap();
+        assert!(matches!(failed.state, RecordState::Completed(ref a) if a.status == 500));
         assert_eq!(millis(Duration::MAX), i64::MAX);
     }
 }

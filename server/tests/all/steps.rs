@@ -363,7 +363,25 @@ pub async fn a_client_without_the_middleware_is_refused<S: Backend>() {
     assert_eq!(world.store.outbox().await.unwrap()[0].1, "pending");
 }
 
+/// A saved request that no longer decodes (edited by hand, or by an incompatible release) is
+/// never resumed: the reconciler ends the record failed instead of finding it on every tick.
+pub async fn a_record_whose_request_does_not_decode_ends_failed<S: Backend>() {
+    let world = World::<S>::new(|b| b).await;
+    world.faults.arm("after-order", Crash::Fail);
+    assert_eq!(world.order("k-11").await.status, 503);
+    world.store.garble_request("k-11").await;
+    let reconciler = world.layer.reconciler(world.app.clone());
+    let report = reconciler.tick().await.unwrap();
+    assert_eq!((report.found, report.failed), (1, 1), "{report:?}");
+    assert_eq!(reconciler.tick().await.unwrap().found, 0);
+    let answer = world.order("k-11").await;
+    assert_eq!(answer.status, 500);
+    assert_eq!(answer.problem_type(), "urn:safe-retry:problem:gave-up");
+    assert_eq!(world.payments.effects().len(), 0);
+}
+
 on_every_store!(
+    a_record_whose_request_does_not_decode_ends_failed,
     a_client_without_the_middleware_is_refused,
     a_crash_after_the_call_is_finished_by_the_retry,
     a_dropped_request_is_finished_by_the_reconciler,

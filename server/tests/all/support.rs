@@ -38,6 +38,9 @@ pub trait Backend: ChargesDb {
     /// Drops the outcome table from under the layer: its next statement fails.
     fn break_outcomes(&self) -> impl Future<Output = ()> + Send;
 
+    /// Overwrites the saved request of `key`'s record with bytes that do not decode.
+    fn garble_request(&self, key: &str) -> impl Future<Output = ()> + Send;
+
     /// The last recovery point of `key`'s record.
     fn point_of(&self, key: &str) -> impl Future<Output = Option<String>> + Send;
 }
@@ -104,6 +107,14 @@ mod sqlite {
 
         async fn break_outcomes(&self) {
             sqlx::query("DROP TABLE safe_retry_outcomes")
+                .execute(self.pool())
+                .await
+                .unwrap();
+        }
+
+        async fn garble_request(&self, key: &str) {
+            sqlx::query("UPDATE safe_retry_outcomes SET request = X'0001' WHERE key = ?1")
+                .bind(key)
                 .execute(self.pool())
                 .await
                 .unwrap();
@@ -246,6 +257,14 @@ pub mod postgres {
 
         async fn break_outcomes(&self) {
             sqlx::query("DROP TABLE safe_retry_outcomes")
+                .execute(self.pool())
+                .await
+                .unwrap();
+        }
+
+        async fn garble_request(&self, key: &str) {
+            sqlx::query("UPDATE safe_retry_outcomes SET request = '\\x0001'::BYTEA WHERE key = $1")
+                .bind(key)
                 .execute(self.pool())
                 .await
                 .unwrap();
