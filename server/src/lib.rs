@@ -136,6 +136,7 @@ mod body;
 mod config;
 mod execution;
 mod fingerprint;
+mod headers;
 mod key;
 mod layer;
 mod problem;
@@ -150,13 +151,14 @@ pub use body::{BoxError, ReplyBody};
 pub use config::{CounterSnapshot, Counters};
 pub use execution::{Execution, Local, LocalError, Rejected};
 pub use fingerprint::Fingerprint;
+pub use headers::IDEMPOTENT_REPLAYED;
 pub use key::{IDEMPOTENCY_KEY, KeyForm, KeySource};
 pub use layer::{Builder, ConfigError, IdempotencyLayer};
 pub use problem::Problem;
 pub use reconciler::{ReconcileReport, Reconciler, SavedBody};
 #[cfg(feature = "client")]
 pub use relay::{Relay, RelayReport};
-pub use service::{IDEMPOTENT_REPLAYED, Idempotent, IdempotentFuture};
+pub use service::{Idempotent, IdempotentFuture};
 #[cfg(feature = "client")]
 pub use step::Downstream;
 pub use step::{Message, Pending, Step, StepError, Unfinished};

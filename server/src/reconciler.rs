@@ -13,9 +13,10 @@ use tower_service::Service;
 use crate::body::BoxError;
 use crate::config::Config;
 use crate::config::Counters;
+use crate::headers::end_to_end;
 use crate::layer::IdempotencyLayer;
 use crate::problem::Problem;
-use crate::service::{Ended, Held, Owned, Resumed, end_to_end, execute};
+use crate::service::{Ended, Held, Owned, Resumed, execute};
 use crate::store::{Claim, Completion, Stalled, Store, StoreError, StoredAnswer, decode_request};
 
 /// Finishes requests that stopped part-way: records in progress past their lease that reached a

@@ -16,54 +16,6 @@ use crate::execution::Execution;
 use crate::problem::Problem;
 use crate::store::{Completion, StagedMessage, StepWrite, Store, StoreError};
 
-/// What a request's steps share: the outputs committed so far and whether the request is saved.
-#[derive(Debug, Default)]
-pub(crate) struct Journal {
-    /// Read from the store (or known empty, for a record this request created).
-    pub(crate) loaded: bool,
-    /// The committed steps' outputs by name.
-    pub(crate) steps: Map<String, Value>,
-    /// The record holds the request a resumption runs again.
-    pub(crate) request_saved: bool,
-}
-
-/// The request as a resumption runs it again, kept until the first recovery point saves it.
-pub(crate) struct Snapshot {
-    pub(crate) method: Method,
-    pub(crate) target: String,
-    pub(crate) headers: Vec<(HeaderName, HeaderValue)>,
-    pub(crate) body: Bytes,
-}
-
-impl Snapshot {
-    /// The request's method, target, the headers a resumption needs (all but hop-by-hop and
-    /// credentials: `authorization`, `proxy-authorization`, `cookie`) and its body.
-    pub(crate) fn of(parts: &http::request::Parts, body: &Bytes) -> Snapshot {
-        let target = parts
-            .uri
-            .path_and_query()
-            .map_or_else(|| parts.uri.path().to_owned(), |pq| pq.as_str().to_owned());
-        let headers = crate::service::end_to_end(&parts.headers)
-            .into_iter()
-            .filter(|(name, _)| {
-                *name != header::AUTHORIZATION
-                    && *name != header::PROXY_AUTHORIZATION
-                    && *name != header::COOKIE
-            })
-            .collect();
-        Snapshot {
-            method: parts.method.clone(),
-            target,
-            headers,
-            body: body.clone(),
-        }
-    }
-
-    pub(crate) fn encode(&self) -> Vec<u8> {
-        crate::store::encode_request(&self.method, &self.target, &self.headers, &self.body)
-    }
-}
-
 /// The natural key of one of a record's effects: the scope and key, length-prefixed so that no
 /// two records share one, then the kind (`step`, `outbox`) and the effect's name.
 pub(crate) fn natural(scope: &str, key: &str, kind: &str, name: &str) -> String {
@@ -415,7 +367,7 @@ mod client {
             }
             let replayed = response
                 .headers()
-                .get(crate::IDEMPOTENT_REPLAYED)
+                .get(crate::headers::IDEMPOTENT_REPLAYED)
                 .is_some_and(|v| v == "true");
             let body = response
                 .bytes()
