@@ -380,7 +380,82 @@ pub async fn a_record_whose_request_does_not_decode_ends_failed<S: Backend>() {
     assert_eq!(world.payments.effects().len(), 0);
 }
 
+/// What a reconciler and a relay show of themselves.
+pub async fn reconcilers_and_relays_show_their_settings<S: Backend>() {
+    let world = World::<S>::new(|b| b).await;
+    let reconciler = format!("{:?}", world.layer.reconciler(world.app.clone()).batch(7));
+    assert!(
+        reconciler.starts_with("Reconciler { batch: 7"),
+        "{reconciler}"
+    );
+    let relay = format!(
+        "{:?}",
+        world
+            .relay(Duration::from_secs(1))
+            .batch(5)
+            .max_deliveries(4)
+            .keep_failed(Duration::from_secs(9))
+    );
+    for shown in [
+        "batch: 5",
+        "retry_after: 0ns",
+        "max_deliveries: 4",
+        "keep_failed: 9s",
+        "keep_sent: 86400s",
+        "lease: 60s",
+    ] {
+        assert!(relay.contains(shown), "{relay} lacks {shown}");
+    }
+}
+
+/// `run` ticks again at once while a tick fills its batch, then waits for its interval: three
+/// stalled records are resumed by batches of one straight away, and a fourth, stalled after
+/// that, waits for the next interval (an hour away). The relay's `run` the same.
+pub async fn run_drains_full_batches_then_waits_for_its_interval<S: Backend>() {
+    let world = World::<S>::new(|b| b).await;
+    for key in ["r-1", "r-2", "r-3"] {
+        world.faults.arm("after-order", Crash::Fail);
+        assert_eq!(world.order(key).await.status, 503);
+    }
+    let hour = Duration::from_secs(3600);
+    let reconciler = tokio::spawn(world.layer.reconciler(world.app.clone()).batch(1).run(hour));
+    // Every record resumed: its receipt staged.
+    let staged = |count: usize, status: &'static str| {
+        let store = world.store.clone();
+        async move {
+            for _ in 0..200 {
+                let outbox = store.outbox().await.unwrap();
+                if outbox.len() == count && outbox.iter().all(|m| m.1 == status) {
+                    return true;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            false
+        }
+    };
+    assert!(
+        staged(3, "pending").await,
+        "{:?}",
+        world.store.outbox().await.unwrap()
+    );
+    let relay = tokio::spawn(world.relay(Duration::from_secs(5)).batch(1).run(hour));
+    let done = staged(3, "sent").await;
+    assert!(done, "{:?}", world.store.outbox().await.unwrap());
+    assert_eq!(world.receipts.effects().len(), 3);
+
+    world.faults.arm("after-order", Crash::Fail);
+    assert_eq!(world.order("r-4").await.status, 503);
+    assert_eq!(world.order("r-5").await.status, 201);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(world.store.stalled(10).await.unwrap().len(), 1, "r-4 waits");
+    assert_eq!(world.receipts.effects().len(), 3, "r-5's receipt waits");
+    reconciler.abort();
+    relay.abort();
+}
+
 on_every_store!(
+    run_drains_full_batches_then_waits_for_its_interval,
+    reconcilers_and_relays_show_their_settings,
     a_record_whose_request_does_not_decode_ends_failed,
     a_client_without_the_middleware_is_refused,
     a_crash_after_the_call_is_finished_by_the_retry,
