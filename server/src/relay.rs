@@ -62,6 +62,8 @@ pub struct RelayReport {
     /// Delivered or not, but another relay took the message meanwhile (this relay's lease ran
     /// out): its settlement is that relay's.
     pub lost: usize,
+    /// Delivered or not, but the store failed to record it: due again after the lease.
+    pub store_failures: usize,
 }
 
 impl<S: Store> Relay<S> {
@@ -131,7 +133,6 @@ impl<S: Store> Relay<S> {
             let relay = self.clone();
             running.spawn(async move { relay.deliver(message).await });
         }
-        let mut failure = None;
         while let Some(done) = running.join_next().await {
             match done {
                 Ok(Ok((settle, true))) => match settle {
@@ -140,18 +141,18 @@ impl<S: Store> Relay<S> {
                     Settle::Failed { .. } => report.failed += 1,
                 },
                 Ok(Ok((_, false))) => report.lost += 1,
-                Ok(Err(error)) => failure = Some(error),
+                // Delivered or not, its settlement was not written: it is due again after the
+                // lease, and delivered again under its key.
+                Ok(Err(error)) => {
+                    report.store_failures += 1;
+                    tracing::warn!(target: "safe_retry_server", event = "settle_failed", %error);
+                }
                 // A delivery that panicked is due again after the lease.
                 Err(_) => report.retrying += 1,
             }
         }
         tracing::debug!(target: "safe_retry_server", event = "relayed", ?report);
-        match failure {
-            Some(error) if report.sent + report.retrying + report.failed + report.lost == 0 => {
-                Err(error)
-            }
-            _ => Ok(report),
-        }
+        Ok(report)
     }
 
     /// Ticks every `every`, for ever (a tick that fills its batch is followed by another at

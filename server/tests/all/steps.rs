@@ -453,7 +453,31 @@ pub async fn run_drains_full_batches_then_waits_for_its_interval<S: Backend>() {
     relay.abort();
 }
 
+/// The store fails between a delivery and its settlement: the tick reports it, and the
+/// message (its row untouched) would be due again after the relay's lease.
+pub async fn a_settlement_the_store_refuses_is_reported<S: Backend>() {
+    let world = World::<S>::new(|b| b).await;
+    assert_eq!(world.order("k-12").await.status, 201);
+    world.receipts.hold.store(true, Ordering::SeqCst);
+    // Each attempt waits 300 ms at most: the held one times out, the next is the receiver's
+    // replay.
+    let relay = world.relay(Duration::from_millis(300));
+    let tick = tokio::spawn(async move { relay.tick().await });
+    world.receipts.held.acquire().await.unwrap().forget();
+    world.receipts.hold.store(false, Ordering::SeqCst);
+    world.store.break_outbox().await;
+    let report = tick.await.unwrap().unwrap();
+    assert_eq!((report.taken, report.store_failures), (1, 1), "{report:?}");
+    assert_eq!(
+        report.sent + report.retrying + report.failed + report.lost,
+        0
+    );
+    assert_eq!(world.receipts.effects().len(), 1);
+    assert!(world.relay(Duration::from_secs(1)).tick().await.is_err());
+}
+
 on_every_store!(
+    a_settlement_the_store_refuses_is_reported,
     run_drains_full_batches_then_waits_for_its_interval,
     reconcilers_and_relays_show_their_settings,
     a_record_whose_request_does_not_decode_ends_failed,

@@ -38,6 +38,9 @@ pub trait Backend: ChargesDb {
     /// Drops the outcome table from under the layer: its next statement fails.
     fn break_outcomes(&self) -> impl Future<Output = ()> + Send;
 
+    /// Drops the outbox table from under the relay: its next statement fails.
+    fn break_outbox(&self) -> impl Future<Output = ()> + Send;
+
     /// Overwrites the saved request of `key`'s record with bytes that do not decode.
     fn garble_request(&self, key: &str) -> impl Future<Output = ()> + Send;
 
@@ -107,6 +110,13 @@ mod sqlite {
 
         async fn break_outcomes(&self) {
             sqlx::query("DROP TABLE safe_retry_outcomes")
+                .execute(self.pool())
+                .await
+                .unwrap();
+        }
+
+        async fn break_outbox(&self) {
+            sqlx::query("DROP TABLE safe_retry_outbox")
                 .execute(self.pool())
                 .await
                 .unwrap();
@@ -257,6 +267,13 @@ pub mod postgres {
 
         async fn break_outcomes(&self) {
             sqlx::query("DROP TABLE safe_retry_outcomes")
+                .execute(self.pool())
+                .await
+                .unwrap();
+        }
+
+        async fn break_outbox(&self) {
+            sqlx::query("DROP TABLE safe_retry_outbox")
                 .execute(self.pool())
                 .await
                 .unwrap();
