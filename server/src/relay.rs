@@ -266,3 +266,96 @@ impl<S: Store> Relay<S> {
         }
     }
 }
+
+#[cfg(all(test, feature = "sqlite"))]
+mod tests {
+    use super::*;
+    use crate::SqliteStore;
+
+    async fn relay() -> Relay<SqliteStore> {
+        let client = reqwest_middleware::ClientBuilder::new(reqwest::Client::new()).build();
+        Relay::new(SqliteStore::memory().await.unwrap(), client)
+            .max_deliveries(3)
+            .retry_after(Duration::from_millis(7))
+            .keep_sent(Duration::from_secs(11))
+            .keep_failed(Duration::from_secs(13))
+    }
+
+    fn message(delivery: i64) -> OutboxMessage {
+        OutboxMessage {
+            id: "m".into(),
+            method: "POST".into(),
+            url: "http://127.0.0.1:1/".into(),
+            headers: Vec::new(),
+            body: bytes::Bytes::new(),
+            delivery,
+        }
+    }
+
+    fn status(code: u16) -> Result<StatusCode, reqwest_middleware::Error> {
+        Ok(StatusCode::from_u16(code).unwrap())
+    }
+
+    #[tokio::test]
+    async fn a_2xx_is_sent_a_refusal_failed_and_the_rest_tried_again_until_the_last_delivery() {
+        let relay = relay().await;
+        assert_eq!(
+            relay.settlement(&message(1), status(202)),
+            Settle::Sent {
+                status: 202,
+                keep: Duration::from_secs(11)
+            }
+        );
+        for refused in [400, 404, 410, 422] {
+            assert_eq!(
+                relay.settlement(&message(1), status(refused)),
+                Settle::Failed {
+                    status: Some(refused),
+                    error: format!(
+                        "the receiver refused the message with {}",
+                        StatusCode::from_u16(refused).unwrap()
+                    ),
+                    keep: Duration::from_secs(13)
+                }
+            );
+        }
+        for transient in [408, 409, 425, 429, 500, 503] {
+            assert_eq!(
+                relay.settlement(&message(2), status(transient)),
+                Settle::Retry {
+                    after: Duration::from_millis(7),
+                    error: format!(
+                        "the receiver answered {}",
+                        StatusCode::from_u16(transient).unwrap()
+                    )
+                },
+                "{transient}"
+            );
+            match relay.settlement(&message(3), status(transient)) {
+                Settle::Failed {
+                    status,
+                    error,
+                    keep,
+                } => {
+                    assert_eq!(status, Some(transient));
+                    assert!(error.ends_with("gave up after 3 deliveries"), "{error}");
+                    assert_eq!(keep, Duration::from_secs(13));
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        let no_answer = || {
+            Err(reqwest_middleware::Error::middleware(
+                std::io::Error::other("connection refused"),
+            ))
+        };
+        assert!(matches!(
+            relay.settlement(&message(2), no_answer()),
+            Settle::Retry { ref error, .. } if error.contains("connection refused")
+        ));
+        assert!(matches!(
+            relay.settlement(&message(3), no_answer()),
+            Settle::Failed { status: None, .. }
+        ));
+    }
+}
