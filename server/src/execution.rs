@@ -26,21 +26,33 @@ pub(crate) struct Journal {
 
 /// The request as a resumption runs it again, kept until the first recovery point saves it.
 pub(crate) struct Snapshot {
-    pub(crate) method: Method,
-    pub(crate) target: String,
-    pub(crate) headers: Vec<(HeaderName, HeaderValue)>,
-    pub(crate) body: Bytes,
+    method: Method,
+    uri: http::Uri,
+    headers: http::HeaderMap,
+    body: Bytes,
 }
 
 impl Snapshot {
-    /// The request's method, target, the headers a resumption needs (all but hop-by-hop and
-    /// credentials: `authorization`, `proxy-authorization`, `cookie`) and its body.
+    /// The request as it arrived (cheap: its parts are reference-counted); what a resumption
+    /// needs of it is picked when it is saved.
     pub(crate) fn of(parts: &http::request::Parts, body: &Bytes) -> Snapshot {
-        let target = parts
+        Snapshot {
+            method: parts.method.clone(),
+            uri: parts.uri.clone(),
+            headers: parts.headers.clone(),
+            body: body.clone(),
+        }
+    }
+
+    /// The saved form: the method, the target (path and query), the headers a resumption
+    /// needs (all but hop-by-hop ones and credentials: `authorization`,
+    /// `proxy-authorization`, `cookie`) and the body.
+    pub(crate) fn encode(&self) -> Vec<u8> {
+        let target = self
             .uri
             .path_and_query()
-            .map_or_else(|| parts.uri.path().to_owned(), |pq| pq.as_str().to_owned());
-        let headers = crate::headers::end_to_end(&parts.headers)
+            .map_or_else(|| self.uri.path(), |pq| pq.as_str());
+        let headers: Vec<(HeaderName, HeaderValue)> = crate::headers::end_to_end(&self.headers)
             .into_iter()
             .filter(|(name, _)| {
                 *name != header::AUTHORIZATION
@@ -48,16 +60,7 @@ impl Snapshot {
                     && *name != header::COOKIE
             })
             .collect();
-        Snapshot {
-            method: parts.method.clone(),
-            target,
-            headers,
-            body: body.clone(),
-        }
-    }
-
-    pub(crate) fn encode(&self) -> Vec<u8> {
-        crate::store::encode_request(&self.method, &self.target, &self.headers, &self.body)
+        crate::store::encode_request(&self.method, target, &headers, &self.body)
     }
 }
 

@@ -249,13 +249,7 @@ where
         held,
     };
     match execute::<_, _, B, R>(&config, inner, parts, saved.body, owned).await {
-        Ok(answer) => Resumption::Ran(
-            answer
-                .extensions()
-                .get::<Ended>()
-                .copied()
-                .unwrap_or(Ended::Unfinished),
-        ),
+        Ok((_, ended)) => Resumption::Ran(ended),
         Err(_) => Resumption::Ran(Ended::Unfinished),
     }
 }

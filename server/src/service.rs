@@ -254,6 +254,7 @@ where
         },
     )
     .await
+    .map(|(answer, _)| answer)
 }
 
 /// A request its claim owns, on its way to the handler.
@@ -265,7 +266,7 @@ pub(crate) struct Owned<S: Store> {
     pub(crate) held: Held<S>,
 }
 
-/// What became of an execution, in its answer's extensions for the reconciler.
+/// What became of an execution, beside its answer: the reconciler counts them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Ended {
     /// The answer is stored.
@@ -287,11 +288,6 @@ pub(crate) enum Ended {
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Resumed;
 
-fn ended<R>(mut response: Response<ReplyBody<R>>, how: Ended) -> Response<ReplyBody<R>> {
-    response.extensions_mut().insert(how);
-    response
-}
-
 /// Runs the handler for a claimed request and stores its outcome: the part of a request's way
 /// that a resumption by the reconciler shares.
 pub(crate) async fn execute<Svc, S, B, R>(
@@ -300,7 +296,7 @@ pub(crate) async fn execute<Svc, S, B, R>(
     mut parts: http::request::Parts,
     bytes: Bytes,
     owned: Owned<S>,
-) -> Result<Response<ReplyBody<R>>, Svc::Error>
+) -> Result<(Response<ReplyBody<R>>, Ended), Svc::Error>
 where
     Svc: Service<Request<B>, Response = Response<R>>,
     S: Store,
@@ -342,8 +338,8 @@ where
             .fail(claimed.fence, &stored, config.failed_retention)
             .await
         {
-            Err(error) => Ok(ended(unavailable(config, &error), Ended::StoreFailed)),
-            Ok(Completion::Fenced) => Ok(ended(
+            Err(error) => Ok((unavailable(config, &error), Ended::StoreFailed)),
+            Ok(Completion::Fenced) => Ok((
                 self::answer(Problem::in_progress(config.in_progress_retry_after)),
                 Ended::Fenced,
             )),
@@ -351,7 +347,7 @@ where
                 held.done();
                 Counters::add(&config.counters.failed);
                 tracing::error!(target: "safe_retry_server", event = "gave_up", %scope, %key, attempt = claimed.fence.attempt);
-                Ok(ended(self::answer(answer), Ended::Failed))
+                Ok((self::answer(answer), Ended::Failed))
             }
         };
     }
@@ -382,7 +378,7 @@ where
     let Ok(tx) = tx else {
         Counters::add(&config.counters.store_failures);
         tracing::error!(target: "safe_retry_server", event = "local_held", %scope, %key);
-        return Ok(ended(
+        return Ok((
             answer(Problem::HandlerFailed.response(
                 "the handler still held its Local transaction when it answered; nothing was recorded",
             )),
@@ -402,7 +398,7 @@ where
         } else {
             Ended::Unfinished
         };
-        return Ok(ended(
+        return Ok((
             response.map(|body| ReplyBody::inner(Bytes::new(), body)),
             ended_as,
         ));
@@ -414,12 +410,12 @@ where
                 held.done();
                 Counters::add(&config.counters.rejections);
                 tracing::debug!(target: "safe_retry_server", event = "rejected", %scope, %key);
-                Ok(ended(
+                Ok((
                     response.map(|body| ReplyBody::inner(Bytes::new(), body)),
                     Ended::Rejected,
                 ))
             }
-            Err(error) => Ok(ended(unavailable(config, &error), Ended::StoreFailed)),
+            Err(error) => Ok((unavailable(config, &error), Ended::StoreFailed)),
         };
     }
 
@@ -444,7 +440,7 @@ where
                 tracing::error!(target: "safe_retry_server", event = "answer_failed", %scope, %key, error = %error);
                 // Dropping `tx` rolls the local effects back; `held` lets a retry run it.
                 drop(tx);
-                return Ok(ended(
+                return Ok((
                     answer(Problem::HandlerFailed.response(
                         "the handler's answer failed while it was read; nothing was recorded; retry with the same key",
                     )),
@@ -464,7 +460,7 @@ where
         held.done();
     }
     match completion {
-        Err(error) => Ok(ended(unavailable(config, &error), Ended::StoreFailed)),
+        Err(error) => Ok((unavailable(config, &error), Ended::StoreFailed)),
         Ok(Completion::Completed) => {
             Counters::add(&config.counters.completions);
             tracing::debug!(target: "safe_retry_server", event = "completed", %scope, %key, status = head.status.as_u16());
@@ -473,7 +469,7 @@ where
             } else {
                 ReplyBody::full(read)
             };
-            Ok(ended(Response::from_parts(head, body), Ended::Completed))
+            Ok((Response::from_parts(head, body), Ended::Completed))
         }
         Ok(Completion::Fenced) => {
             Counters::add(&config.counters.fenced);
@@ -495,7 +491,7 @@ where
                 Ok(_) => answer(Problem::in_progress(config.in_progress_retry_after)),
                 Err(error) => unavailable(config, &error),
             };
-            Ok(ended(response, Ended::Fenced))
+            Ok((response, Ended::Fenced))
         }
     }
 }
