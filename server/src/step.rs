@@ -475,5 +475,66 @@ mod tests {
         assert_eq!(body["type"], "urn:safe-retry:problem:step-unfinished");
         let store = StepError::Store(StoreError::new("down")).response();
         assert_eq!(store.status(), 503);
+        let body: Value = serde_json::from_slice(store.body()).unwrap();
+        assert_eq!(body["type"], "urn:safe-retry:problem:store-unavailable");
+    }
+
+    #[cfg(feature = "sqlite")]
+    #[tokio::test]
+    async fn a_pending_step_shows_its_name_and_its_key_comes_from_the_record() {
+        use crate::execution::{Claimed, Snapshot};
+        use crate::store::Claim;
+        let store = crate::SqliteStore::memory().await.unwrap();
+        let claimed = store
+            .try_claim(&Claim {
+                scope: "tenant",
+                key: "k-1",
+                fingerprint: &[0; 32],
+                lease: std::time::Duration::from_secs(30),
+                retention: std::time::Duration::from_secs(60),
+            })
+            .await
+            .unwrap()
+            .unwrap();
+        let request = http::Request::post("/orders").body(()).unwrap();
+        let (parts, ()) = request.into_parts();
+        let execution = Execution::new(
+            store,
+            Claimed {
+                scope: "tenant".into(),
+                key: "k-1".into(),
+                fence: claimed.fence,
+                taken_over: false,
+                lease: std::time::Duration::from_secs(30),
+                counters: Default::default(),
+                snapshot: Snapshot::of(&parts, &Bytes::new()),
+            },
+        );
+        let Step::Todo(mut pending) = execution.step::<u32>("charge").await.unwrap() else {
+            panic!("a new record has no steps done");
+        };
+        assert_eq!(pending.name(), "charge");
+        assert_eq!(
+            pending.natural_key(),
+            "safe-retry/6:tenant/3:k-1/step/charge"
+        );
+        assert_eq!(
+            format!("{pending:?}"),
+            "Pending { name: \"charge\", tx_open: false, .. }"
+        );
+        pending.tx().await.unwrap();
+        assert!(format!("{pending:?}").contains("tx_open: true"));
+        // An external call with the step's transaction open is refused before anything.
+        assert!(matches!(pending.started().await, Err(StepError::Misuse(_))));
+        assert_eq!(pending.commit(7).await.unwrap(), 7);
+        assert!(matches!(
+            execution.step::<u32>("charge").await.unwrap(),
+            Step::Done(7)
+        ));
+        // The output as another type is an error, not a panic.
+        assert!(matches!(
+            execution.step::<String>("charge").await,
+            Err(StepError::Output(_))
+        ));
     }
 }
