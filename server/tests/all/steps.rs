@@ -476,7 +476,64 @@ pub async fn a_settlement_the_store_refuses_is_reported<S: Backend>() {
     assert!(world.relay(Duration::from_secs(1)).tick().await.is_err());
 }
 
+/// A resumption that another attempt fences is reported lost; one whose store fails is
+/// reported as a store failure.
+pub async fn a_resumption_fenced_or_failing_is_reported<S: Backend>() {
+    let world = World::<S>::new(|b| b).await;
+    world.faults.arm("after-order", Crash::Fail);
+    assert_eq!(world.order("k-13").await.status, 503);
+    world.faults.reached.acquire().await.unwrap().forget();
+    world.faults.arm("after-charge-call", Crash::Pause);
+    let reconciler = world.layer.reconciler(world.app.clone());
+    let tick = tokio::spawn({
+        let reconciler = world.layer.reconciler(world.app.clone());
+        async move { reconciler.tick().await }
+    });
+    world.faults.reached.acquire().await.unwrap().forget();
+    world.store.end_lease("k-13").await;
+    assert_eq!(world.order("k-13").await.status, 201);
+    world.faults.resume.add_permits(1);
+    let report = tick.await.unwrap().unwrap();
+    assert_eq!((report.found, report.lost), (1, 1), "{report:?}");
+    assert_eq!(world.payments.effects().len(), 1);
+
+    world.faults.arm("after-order", Crash::Fail);
+    assert_eq!(world.order("k-14").await.status, 503);
+    world.faults.reached.acquire().await.unwrap().forget();
+    world.faults.arm("after-receipt", Crash::Pause);
+    let tick = tokio::spawn(async move { reconciler.tick().await });
+    world.faults.reached.acquire().await.unwrap().forget();
+    world.store.break_outcomes().await;
+    world.faults.resume.add_permits(1);
+    let report = tick.await.unwrap().unwrap();
+    assert_eq!((report.found, report.store_failures), (1, 1), "{report:?}");
+}
+
+/// A relay whose lease on a message ran out while it delivered finds, when it settles, that
+/// another relay took the message since: it writes nothing and reports it lost.
+pub async fn a_relay_that_outlived_its_lease_settles_nothing<S: Backend>() {
+    let world = World::<S>::new(|b| b).await;
+    assert_eq!(world.order("k-15").await.status, 201);
+    world.receipts.hold.store(true, Ordering::SeqCst);
+    let slow = world
+        .relay(Duration::from_millis(300))
+        .lease(Duration::from_millis(50));
+    let first = tokio::spawn(async move { slow.tick().await });
+    world.receipts.held.acquire().await.unwrap().forget();
+    world.receipts.hold.store(false, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(80)).await;
+    let second = world.relay(Duration::from_secs(5)).tick().await.unwrap();
+    assert_eq!(second.sent, 1, "{second:?}");
+    let first = first.await.unwrap().unwrap();
+    assert_eq!((first.taken, first.lost), (1, 1), "{first:?}");
+    assert_eq!(world.receipts.effects().len(), 1);
+    let outbox = world.store.outbox().await.unwrap();
+    assert_eq!((outbox[0].1.as_str(), outbox[0].2), ("sent", 2));
+}
+
 on_every_store!(
+    a_resumption_fenced_or_failing_is_reported,
+    a_relay_that_outlived_its_lease_settles_nothing,
     a_settlement_the_store_refuses_is_reported,
     run_drains_full_batches_then_waits_for_its_interval,
     reconcilers_and_relays_show_their_settings,
