@@ -125,6 +125,8 @@ pub struct Orders {
 struct Charge {
     status: u16,
     id: Option<String>,
+    /// The provider replayed an earlier answer: a resumed call whose first try reached it.
+    replayed: bool,
 }
 
 /// `POST /orders` behind `layer`.
@@ -186,6 +188,7 @@ async fn run<S: ChargesDb>(
             step.commit(Charge {
                 status: answer.status.as_u16(),
                 id,
+                replayed: answer.replayed,
             })
             .await?
         }
@@ -212,7 +215,11 @@ async fn run<S: ChargesDb>(
 
     Ok((
         StatusCode::CREATED,
-        Json(serde_json::json!({ "order": order, "charge": charge.id })),
+        Json(serde_json::json!({
+            "order": order,
+            "charge": charge.id,
+            "charge_replayed": charge.replayed,
+        })),
     )
         .into_response())
 }

@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use axum::Router;
@@ -23,6 +23,8 @@ pub struct Receiver {
     pub calls: AtomicUsize,
     /// While set, every request is answered 503 before anything is done.
     pub down: AtomicBool,
+    /// While not 0, every request is answered with this status before anything is done.
+    pub refuse_with: AtomicU16,
     /// While set, a request that performs an effect is not answered: it waits for ever after
     /// the effect (the caller dies or gives up first).
     pub hold: AtomicBool,
@@ -40,6 +42,7 @@ impl Receiver {
             effects: Mutex::default(),
             calls: AtomicUsize::new(0),
             down: AtomicBool::new(false),
+            refuse_with: AtomicU16::new(0),
             hold: AtomicBool::new(false),
             held: Semaphore::new(0),
             prefix,
@@ -82,6 +85,10 @@ async fn receive(
     receiver.calls.fetch_add(1, Ordering::SeqCst);
     if receiver.down.load(Ordering::SeqCst) {
         return (StatusCode::SERVICE_UNAVAILABLE, "down for a while").into_response();
+    }
+    let refuse = receiver.refuse_with.load(Ordering::SeqCst);
+    if let Ok(status) = StatusCode::from_u16(refuse) {
+        return (status, "refused before anything was done").into_response();
     }
     let Some(key) = headers
         .get("idempotency-key")

@@ -140,6 +140,8 @@ pub async fn a_crash_after_the_call_is_finished_by_the_retry<S: Backend>() {
     assert_eq!(world.orders_of("k-1").await, 1);
     let json: serde_json::Value = serde_json::from_slice(&retry.body).unwrap();
     assert_eq!(json["charge"], "ch_1");
+    // The provider told the resumed call it replayed the first try's answer.
+    assert_eq!(json["charge_replayed"], true);
 
     let again = world.order("k-1").await;
     assert_eq!(again.header("idempotent-replayed"), Some("true"));
@@ -531,7 +533,39 @@ pub async fn a_relay_that_outlived_its_lease_settles_nothing<S: Backend>() {
     assert_eq!((outbox[0].1.as_str(), outbox[0].2), ("sent", 2));
 }
 
+/// A provider that answers a transient status (`408`, `429`, `5xx`) after the client's
+/// retries has not said whether it charged: the step stays undone; a final `4xx` is kept.
+pub async fn a_transient_answer_leaves_the_step_undone_and_a_final_one_is_kept<S: Backend>() {
+    let world = World::<S>::new(|b| b).await;
+    for (i, status) in [408u16, 429, 500, 503].into_iter().enumerate() {
+        world.payments.refuse_with.store(status, Ordering::SeqCst);
+        let key = format!("t-{i}");
+        let answer = world.order(&key).await;
+        assert_eq!(answer.status, 503, "{status}: {answer:?}");
+        assert_eq!(
+            answer.problem_type(),
+            "urn:safe-retry:problem:step-unfinished"
+        );
+        assert_eq!(
+            world.store.point_of(&key).await.as_deref(),
+            Some("charge:started")
+        );
+    }
+    world.payments.refuse_with.store(402, Ordering::SeqCst);
+    let declined = world.order("t-final").await;
+    assert_eq!(declined.status, 402, "{declined:?}");
+    assert_eq!(
+        world.store.point_of("t-final").await.as_deref(),
+        Some("charge:done")
+    );
+    world.payments.refuse_with.store(0, Ordering::SeqCst);
+    let first = world.order("t-fresh").await;
+    let json: serde_json::Value = serde_json::from_slice(&first.body).unwrap();
+    assert_eq!(json["charge_replayed"], false);
+}
+
 on_every_store!(
+    a_transient_answer_leaves_the_step_undone_and_a_final_one_is_kept,
     a_resumption_fenced_or_failing_is_reported,
     a_relay_that_outlived_its_lease_settles_nothing,
     a_settlement_the_store_refuses_is_reported,
