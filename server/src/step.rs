@@ -187,7 +187,7 @@ impl<S: Store> Execution<S> {
         if !journal.loaded {
             journal.loaded = true;
             journal.steps = steps;
-            journal.request_saved |= progress.request.is_some();
+            journal.request_saved = progress.request.is_some();
         }
         Ok(())
     }

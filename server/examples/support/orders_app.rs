@@ -209,6 +209,8 @@ async fn run<S: ChargesDb>(
                 .json(&serde_json::json!({ "order": order, "charge": charge.id })),
         )
         .await?;
+        // Not a recovery point: the receipt is staged in the step's open transaction.
+        orders.faults.reach("receipt-staged").await?;
         step.commit(()).await?;
     }
     orders.faults.reach("after-receipt").await?;

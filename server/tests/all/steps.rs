@@ -564,7 +564,38 @@ pub async fn a_transient_answer_leaves_the_step_undone_and_a_final_one_is_kept<S
     assert_eq!(json["charge_replayed"], false);
 }
 
+/// A message staged in a step's transaction is not delivered before that transaction
+/// commits, however often the relay ticks meanwhile; once it commits, it is.
+pub async fn a_message_is_never_sent_before_its_transaction_commits<S: Backend>() {
+    let world = World::<S>::new(|b| b).await;
+    world.faults.arm("receipt-staged", Crash::Pause);
+    let (caller, url) = (world.caller.clone(), world.server.url("/orders"));
+    let order = tokio::spawn(async move { post(&caller, &url, Some("k-16"), BODY).await });
+    world.faults.reached.acquire().await.unwrap().forget();
+    // On PostgreSQL the row is invisible; on SQLite the relay waits for the step's write
+    // lock. Either way nothing is delivered while the transaction is open.
+    let relay = world.relay(Duration::from_secs(5));
+    let ticking = tokio::spawn({
+        let relay = relay.clone();
+        async move {
+            let mut sent = 0;
+            for _ in 0..5 {
+                sent += relay.tick().await.unwrap().sent;
+            }
+            sent
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(world.receipts.effects().len(), 0);
+    world.faults.resume.add_permits(1);
+    assert_eq!(order.await.unwrap().status, 201);
+    let sent = ticking.await.unwrap() + relay.tick().await.unwrap().sent;
+    assert_eq!(sent, 1);
+    assert_eq!(world.receipts.effects().len(), 1);
+}
+
 on_every_store!(
+    a_message_is_never_sent_before_its_transaction_commits,
     a_transient_answer_leaves_the_step_undone_and_a_final_one_is_kept,
     a_resumption_fenced_or_failing_is_reported,
     a_relay_that_outlived_its_lease_settles_nothing,
