@@ -233,8 +233,8 @@ fn check<S: Backend>(cases: u32) {
         let case = case.fetch_add(1, Ordering::Relaxed);
         let script = run_script(&world, &reconciler, &relay, case, &ops);
         runtime
-            .block_on(async { tokio::time::timeout(Duration::from_secs(20), script).await })
-            .map_err(|_| TestCaseError::fail("the script did not end in 20 s"))??;
+            .block_on(async { tokio::time::timeout(Duration::from_secs(5), script).await })
+            .map_err(|_| TestCaseError::fail("the script did not end in 5 s"))??;
     });
 }
 

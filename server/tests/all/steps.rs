@@ -594,7 +594,49 @@ pub async fn a_message_is_never_sent_before_its_transaction_commits<S: Backend>(
     assert_eq!(world.receipts.effects().len(), 1);
 }
 
+/// The saved request keeps what a resumption needs and no credentials: not `authorization`,
+/// `proxy-authorization` or `cookie`, nor hop-by-hop headers.
+pub async fn a_saved_request_keeps_no_credentials<S: Backend>() {
+    let world = World::<S>::new(|b| b).await;
+    world.faults.arm("after-order", Crash::Fail);
+    let answer = world
+        .caller
+        .post(world.server.url("/orders?region=eu"))
+        .header("idempotency-key", "k-17")
+        .header("authorization", "Bearer secret-token")
+        .header("proxy-authorization", "Basic proxy-secret")
+        .header("cookie", "session=cookie-secret")
+        .header("x-trace", "trace-42")
+        .header("connection", "keep-alive")
+        .body(BODY)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 503);
+    let saved = world.store.saved_request("k-17").await.expect("saved");
+    let text = String::from_utf8_lossy(&saved);
+    for kept in [
+        "POST",
+        "/orders?region=eu",
+        "x-trace",
+        "trace-42",
+        "idempotency-key",
+        BODY,
+    ] {
+        assert!(text.contains(kept), "{kept} is missing from {text:?}");
+    }
+    for dropped in [
+        "secret-token",
+        "proxy-secret",
+        "cookie-secret",
+        "keep-alive",
+    ] {
+        assert!(!text.contains(dropped), "{dropped} was saved: {text:?}");
+    }
+}
+
 on_every_store!(
+    a_saved_request_keeps_no_credentials,
     a_message_is_never_sent_before_its_transaction_commits,
     a_transient_answer_leaves_the_step_undone_and_a_final_one_is_kept,
     a_resumption_fenced_or_failing_is_reported,

@@ -38,6 +38,9 @@ pub trait Backend: ChargesDb {
     /// Drops the outcome table from under the layer: its next statement fails.
     fn break_outcomes(&self) -> impl Future<Output = ()> + Send;
 
+    /// The saved request of `key`'s record, as stored.
+    fn saved_request(&self, key: &str) -> impl Future<Output = Option<Vec<u8>>> + Send;
+
     /// Drops the outbox table from under the relay: its next statement fails.
     fn break_outbox(&self) -> impl Future<Output = ()> + Send;
 
@@ -113,6 +116,15 @@ mod sqlite {
                 .execute(self.pool())
                 .await
                 .unwrap();
+        }
+
+        async fn saved_request(&self, key: &str) -> Option<Vec<u8>> {
+            sqlx::query_scalar("SELECT request FROM safe_retry_outcomes WHERE key = ?1")
+                .bind(key)
+                .fetch_optional(self.pool())
+                .await
+                .unwrap()
+                .flatten()
         }
 
         async fn break_outbox(&self) {
@@ -270,6 +282,15 @@ pub mod postgres {
                 .execute(self.pool())
                 .await
                 .unwrap();
+        }
+
+        async fn saved_request(&self, key: &str) -> Option<Vec<u8>> {
+            sqlx::query_scalar("SELECT request FROM safe_retry_outcomes WHERE key = $1")
+                .bind(key)
+                .fetch_optional(self.pool())
+                .await
+                .unwrap()
+                .flatten()
         }
 
         async fn break_outbox(&self) {
