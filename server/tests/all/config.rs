@@ -49,8 +49,22 @@ async fn a_configuration_that_breaks_a_promise_fails_at_build_naming_the_fix() {
         "{shown}"
     );
     assert!(
-        shown.contains("methods: [POST, PATCH], key: IdempotencyKey(Either), require_key: true, lease: 30s, retention: 86400s"),
+        shown.contains("methods: [POST, PATCH], key: IdempotencyKey(Either), require_key: true, lease: 30s, retention: 86400s, max_attempts: 10, failed_retention: 604800s"),
         "{shown}"
+    );
+    let message = refused(IdempotencyLayer::builder(store.clone()).max_attempts(0));
+    assert!(
+        message.contains("`max_attempts` is 0") && message.contains("default 10"),
+        "{message}"
+    );
+    let tuned = IdempotencyLayer::builder(store.clone())
+        .max_attempts(1)
+        .failed_retention(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    assert!(
+        format!("{tuned:?}").contains("max_attempts: 1, failed_retention: 5s"),
+        "{tuned:?}"
     );
     // The edges that are allowed.
     IdempotencyLayer::builder(store.clone())
