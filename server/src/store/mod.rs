@@ -124,12 +124,12 @@ pub trait Store: Clone + Send + Sync + 'static {
     fn stalled(&self, batch: u32) -> impl Future<Output = Result<Vec<Stalled>, StoreError>> + Send;
 
     /// Stages an outbox message in `tx`: it exists once `tx` commits, and never before. A
-    /// message whose id is already staged is left as it is (returns `false`).
+    /// message whose id is already staged is left as it is.
     fn stage(
         &self,
         tx: &mut Self::Tx,
         message: &StagedMessage<'_>,
-    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
     /// Takes up to `batch` pending messages that are due, for `lease`: each is due again after
     /// it unless it is settled first, and its delivery count goes up by one (the fence of

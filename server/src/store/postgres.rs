@@ -330,8 +330,8 @@ impl Store for PostgresStore {
         &self,
         tx: &mut Self::Tx,
         message: &StagedMessage<'_>,
-    ) -> Result<bool, StoreError> {
-        let done = sqlx::query(
+    ) -> Result<(), StoreError> {
+        sqlx::query(
             "INSERT INTO safe_retry_outbox
                 (id, method, url, headers, body, status, available_at, created_at)
              VALUES ($1, $2, $3, $4, $5, 'pending', now(), now())
@@ -344,7 +344,7 @@ impl Store for PostgresStore {
         .bind(message.body)
         .execute(&mut **tx)
         .await?;
-        Ok(done.rows_affected() == 1)
+        Ok(())
     }
 
     async fn take_messages(

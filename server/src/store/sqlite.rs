@@ -384,8 +384,8 @@ impl Store for SqliteStore {
         &self,
         tx: &mut Self::Tx,
         message: &StagedMessage<'_>,
-    ) -> Result<bool, StoreError> {
-        let done = sqlx::query(concat!(
+    ) -> Result<(), StoreError> {
+        sqlx::query(concat!(
             "INSERT INTO safe_retry_outbox
                 (id, method, url, headers, body, status, available_at, created_at)
              VALUES (?1, ?2, ?3, ?4, ?5, 'pending', ",
@@ -402,7 +402,7 @@ impl Store for SqliteStore {
         .bind(message.body)
         .execute(&mut **tx)
         .await?;
-        Ok(done.rows_affected() == 1)
+        Ok(())
     }
 
     async fn take_messages(

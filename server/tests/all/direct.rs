@@ -278,7 +278,7 @@ impl<S: Store> Store for LateLease<S> {
         &self,
         tx: &mut Self::Tx,
         message: &StagedMessage<'_>,
-    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
         self.inner.stage(tx, message)
     }
     fn take_messages(
