@@ -97,12 +97,17 @@ impl Process {
     /// Waits for `reached POINT` on stdout.
     async fn reached(&mut self, point: &str) {
         let wanted = format!("reached {point}");
-        while let Some(line) = self.lines.next_line().await.expect("the example's stdout") {
-            if line == wanted {
-                return;
+        let reading = async {
+            while let Some(line) = self.lines.next_line().await.expect("the example's stdout") {
+                if line == wanted {
+                    return;
+                }
             }
-        }
-        panic!("the example ended before it reached {point}");
+            panic!("the example ended before it reached {point}");
+        };
+        tokio::time::timeout(Duration::from_secs(10), reading)
+            .await
+            .unwrap_or_else(|_| panic!("the example did not reach {point} in 10 s"));
     }
 
     /// SIGKILL, and the process reaped.
@@ -198,7 +203,11 @@ pub async fn walk(binary: &Path, point: &'static str, database: &str) -> Walked 
     };
     match crash {
         Some(point) => first.reached(point).await,
-        None => receipts.held.acquire().await.expect("open").forget(),
+        None => tokio::time::timeout(Duration::from_secs(10), receipts.held.acquire())
+            .await
+            .expect("the receipt is delivered within 10 s")
+            .expect("open")
+            .forget(),
     }
     first.kill().await;
     let _ = sent.await;

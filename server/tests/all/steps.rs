@@ -117,6 +117,15 @@ impl<S: Backend> World<S> {
 /// The handler fails after the provider answered and before the charge step committed; the
 /// client's retry resumes at the charge step: one charge, under one key, one order row, and the
 /// completed answer.
+/// Waits (at most 5 s) for a permit the service or a receiver gives when it reaches a point.
+pub async fn signalled(semaphore: &tokio::sync::Semaphore) {
+    tokio::time::timeout(Duration::from_secs(5), semaphore.acquire())
+        .await
+        .expect("the point is reached within 5 s")
+        .expect("never closed")
+        .forget();
+}
+
 /// The body of every order.
 const BODY: &str = r#"{"item":"book"}"#;
 
@@ -160,7 +169,7 @@ pub async fn a_dropped_request_is_finished_by_the_reconciler<S: Backend>() {
     world.faults.arm("after-charge-call", Crash::Hang);
     let (caller, url) = (world.caller.clone(), world.server.url("/orders"));
     let hung = tokio::spawn(async move { post(&caller, &url, Some("k-2"), BODY).await });
-    world.faults.reached.acquire().await.unwrap().forget();
+    signalled(&world.faults.reached).await;
     hung.abort();
     world.until_stalled("k-2").await;
 
@@ -190,7 +199,7 @@ pub async fn a_holder_that_wakes_after_a_resumption_is_fenced<S: Backend>() {
     world.faults.arm("after-charge-call", Crash::Pause);
     let (caller, url) = (world.caller.clone(), world.server.url("/orders"));
     let first = tokio::spawn(async move { post(&caller, &url, Some("k-3"), BODY).await });
-    world.faults.reached.acquire().await.unwrap().forget();
+    signalled(&world.faults.reached).await;
     world.store.end_lease("k-3").await;
 
     let retry = world.order("k-3").await;
@@ -259,7 +268,7 @@ pub async fn a_delivery_made_again_is_collapsed_by_its_key<S: Backend>() {
         .lease(Duration::from_millis(100));
     let dying = relay.clone();
     let tick = tokio::spawn(async move { dying.tick().await });
-    world.receipts.held.acquire().await.unwrap().forget();
+    signalled(&world.receipts.held).await;
     tick.abort();
     assert_eq!(world.receipts.effects().len(), 1);
     assert_eq!(world.store.outbox().await.unwrap()[0].1, "pending");
@@ -465,7 +474,7 @@ pub async fn a_settlement_the_store_refuses_is_reported<S: Backend>() {
     // replay.
     let relay = world.relay(Duration::from_millis(300));
     let tick = tokio::spawn(async move { relay.tick().await });
-    world.receipts.held.acquire().await.unwrap().forget();
+    signalled(&world.receipts.held).await;
     world.receipts.hold.store(false, Ordering::SeqCst);
     world.store.break_outbox().await;
     let report = tick.await.unwrap().unwrap();
@@ -484,14 +493,14 @@ pub async fn a_resumption_fenced_or_failing_is_reported<S: Backend>() {
     let world = World::<S>::new(|b| b).await;
     world.faults.arm("after-order", Crash::Fail);
     assert_eq!(world.order("k-13").await.status, 503);
-    world.faults.reached.acquire().await.unwrap().forget();
+    signalled(&world.faults.reached).await;
     world.faults.arm("after-charge-call", Crash::Pause);
     let reconciler = world.layer.reconciler(world.app.clone());
     let tick = tokio::spawn({
         let reconciler = world.layer.reconciler(world.app.clone());
         async move { reconciler.tick().await }
     });
-    world.faults.reached.acquire().await.unwrap().forget();
+    signalled(&world.faults.reached).await;
     world.store.end_lease("k-13").await;
     assert_eq!(world.order("k-13").await.status, 201);
     world.faults.resume.add_permits(1);
@@ -501,10 +510,10 @@ pub async fn a_resumption_fenced_or_failing_is_reported<S: Backend>() {
 
     world.faults.arm("after-order", Crash::Fail);
     assert_eq!(world.order("k-14").await.status, 503);
-    world.faults.reached.acquire().await.unwrap().forget();
+    signalled(&world.faults.reached).await;
     world.faults.arm("after-receipt", Crash::Pause);
     let tick = tokio::spawn(async move { reconciler.tick().await });
-    world.faults.reached.acquire().await.unwrap().forget();
+    signalled(&world.faults.reached).await;
     world.store.break_outcomes().await;
     world.faults.resume.add_permits(1);
     let report = tick.await.unwrap().unwrap();
@@ -521,7 +530,7 @@ pub async fn a_relay_that_outlived_its_lease_settles_nothing<S: Backend>() {
         .relay(Duration::from_millis(300))
         .lease(Duration::from_millis(50));
     let first = tokio::spawn(async move { slow.tick().await });
-    world.receipts.held.acquire().await.unwrap().forget();
+    signalled(&world.receipts.held).await;
     world.receipts.hold.store(false, Ordering::SeqCst);
     tokio::time::sleep(Duration::from_millis(80)).await;
     let second = world.relay(Duration::from_secs(5)).tick().await.unwrap();
@@ -571,7 +580,7 @@ pub async fn a_message_is_never_sent_before_its_transaction_commits<S: Backend>(
     world.faults.arm("receipt-staged", Crash::Pause);
     let (caller, url) = (world.caller.clone(), world.server.url("/orders"));
     let order = tokio::spawn(async move { post(&caller, &url, Some("k-16"), BODY).await });
-    world.faults.reached.acquire().await.unwrap().forget();
+    signalled(&world.faults.reached).await;
     // On PostgreSQL the row is invisible; on SQLite the relay waits for the step's write
     // lock. Either way nothing is delivered while the transaction is open.
     let relay = world.relay(Duration::from_secs(5));
