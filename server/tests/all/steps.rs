@@ -644,7 +644,22 @@ pub async fn a_saved_request_keeps_no_credentials<S: Backend>() {
     }
 }
 
+/// A receiver that refuses a message for good (a `4xx` but 408, 409, 425, 429) gets it once:
+/// the relay marks it failed, and no later tick takes it again.
+pub async fn a_refused_message_is_marked_failed<S: Backend>() {
+    let world = World::<S>::new(|b| b).await;
+    assert_eq!(world.order("k-18").await.status, 201);
+    world.receipts.refuse_with.store(410, Ordering::SeqCst);
+    let relay = world.relay(Duration::from_secs(5));
+    let report = relay.tick().await.unwrap();
+    assert_eq!((report.taken, report.failed), (1, 1), "{report:?}");
+    assert_eq!(world.receipts.calls.load(Ordering::SeqCst), 1);
+    assert_eq!(world.store.outbox().await.unwrap()[0].1, "failed");
+    assert_eq!(relay.tick().await.unwrap().taken, 0);
+}
+
 on_every_store!(
+    a_refused_message_is_marked_failed,
     a_saved_request_keeps_no_credentials,
     a_message_is_never_sent_before_its_transaction_commits,
     a_transient_answer_leaves_the_step_undone_and_a_final_one_is_kept,
