@@ -13,11 +13,10 @@ use tower_service::Service;
 use crate::body::BoxError;
 use crate::config::Config;
 use crate::config::Counters;
-use crate::headers::end_to_end;
 use crate::layer::IdempotencyLayer;
 use crate::problem::Problem;
-use crate::service::{Ended, Held, Owned, Resumed, execute};
-use crate::store::{Claim, Completion, Stalled, Store, StoreError, StoredAnswer, decode_request};
+use crate::service::{Ended, Held, Owned, Resumed, execute, stored_problem};
+use crate::store::{Claim, Completion, Stalled, Store, StoreError, decode_request};
 
 /// Finishes requests that stopped part-way: records in progress past their lease that reached a
 /// recovery point (so their request is saved). Each is claimed like a retry would claim it,
@@ -206,11 +205,7 @@ where
             tracing::error!(target: "safe_retry_server", event = "not_resumable", scope = %record.scope, key = %record.key, %error);
             let answer =
                 Problem::GaveUp.response(&format!("the request could not be resumed: {error}"));
-            let stored = StoredAnswer {
-                status: answer.status(),
-                headers: end_to_end(answer.headers()),
-                body: Some(answer.body().clone()),
-            };
+            let stored = stored_problem(&answer);
             return match config
                 .store
                 .fail(claimed.fence, &stored, config.failed_retention)

@@ -257,6 +257,15 @@ where
     .map(|(answer, _)| answer)
 }
 
+/// A problem answer as a record stores it.
+pub(crate) fn stored_problem(answer: &Response<Bytes>) -> StoredAnswer {
+    StoredAnswer {
+        status: answer.status(),
+        headers: end_to_end(answer.headers()),
+        body: Some(answer.body().clone()),
+    }
+}
+
 /// A request its claim owns, on its way to the handler.
 pub(crate) struct Owned<S: Store> {
     pub(crate) scope: Arc<str>,
@@ -328,11 +337,7 @@ where
             "the request was started {} times without finishing; it is kept failed, with its last recovery point, for an operator",
             config.max_attempts
         ));
-        let stored = StoredAnswer {
-            status: answer.status(),
-            headers: end_to_end(answer.headers()),
-            body: Some(answer.body().clone()),
-        };
+        let stored = stored_problem(&answer);
         return match config
             .store
             .fail(claimed.fence, &stored, config.failed_retention)
