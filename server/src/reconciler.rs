@@ -140,18 +140,36 @@ where
     /// once). Store failures are logged and the next tick tries again. Spawn it on tokio and
     /// abort the task to stop it.
     pub async fn run(self, every: Duration) {
-        let mut interval = tokio::time::interval(every);
-        interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let batch = self.batch as usize;
+        tick_every(every, batch, "reconcile_failed", || async {
+            self.tick().await.map(|report| report.found)
+        })
+        .await
+    }
+}
+
+/// Ticks every `every`, for ever: a tick that came back with a full `batch` is followed by
+/// another at once; a failed one is logged (as `failed_event`) and the next interval tries again.
+pub(crate) async fn tick_every<F, Fut>(
+    every: Duration,
+    batch: usize,
+    failed_event: &'static str,
+    mut tick: F,
+) where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<usize, StoreError>>,
+{
+    let mut interval = tokio::time::interval(every);
+    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        interval.tick().await;
         loop {
-            interval.tick().await;
-            loop {
-                match self.tick().await {
-                    Ok(report) if report.found == self.batch as usize => continue,
-                    Ok(_) => break,
-                    Err(error) => {
-                        tracing::warn!(target: "safe_retry_server", event = "reconcile_failed", %error);
-                        break;
-                    }
+            match tick().await {
+                Ok(done) if done == batch => continue,
+                Ok(_) => break,
+                Err(error) => {
+                    tracing::warn!(target: "safe_retry_server", event = failed_event, %error);
+                    break;
                 }
             }
         }

@@ -159,21 +159,11 @@ impl<S: Store> Relay<S> {
     /// once). Store failures are logged and the next tick tries again. Spawn it on tokio and
     /// abort the task to stop it.
     pub async fn run(self, every: Duration) {
-        let mut interval = tokio::time::interval(every);
-        interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            interval.tick().await;
-            loop {
-                match self.tick().await {
-                    Ok(report) if report.taken == self.batch as usize => continue,
-                    Ok(_) => break,
-                    Err(error) => {
-                        tracing::warn!(target: "safe_retry_server", event = "relay_failed", %error);
-                        break;
-                    }
-                }
-            }
-        }
+        let batch = self.batch as usize;
+        crate::reconciler::tick_every(every, batch, "relay_failed", || async {
+            self.tick().await.map(|report| report.taken)
+        })
+        .await
     }
 
     async fn deliver(&self, message: OutboxMessage) -> Result<(Settle, bool), StoreError> {
