@@ -256,7 +256,8 @@ impl RetryError {
     #[doc(alias = "is_timeout")]
     pub fn timed_out(&self) -> bool {
         self.last.is_timeout()
-            || crate::classify::transport_fault(&self.last) == Some(crate::classify::Fault::Timeout)
+            || crate::engine::classify::transport_fault(&self.last)
+                == Some(crate::engine::classify::Fault::Timeout)
     }
 
     /// Whether the last attempt failed to connect (the host name could not be resolved, or the
@@ -265,7 +266,8 @@ impl RetryError {
     #[doc(alias = "is_connect")]
     pub fn failed_to_connect(&self) -> bool {
         self.last.is_connect()
-            || crate::classify::transport_fault(&self.last) == Some(crate::classify::Fault::Connect)
+            || crate::engine::classify::transport_fault(&self.last)
+                == Some(crate::engine::classify::Fault::Connect)
     }
 
     /// The status code the last attempt's error carries, if any (reqwest's `error_for_status`
@@ -300,9 +302,9 @@ impl RetryError {
     /// attempt was sent (the reason says why).
     pub fn last_error_kind(&self) -> Option<crate::AttemptErrorKind> {
         (self.attempts > 0).then(|| {
-            crate::classify::transport_fault(&self.last).map_or(
+            crate::engine::classify::transport_fault(&self.last).map_or(
                 crate::AttemptErrorKind::Permanent,
-                crate::classify::Fault::kind,
+                crate::engine::classify::Fault::kind,
             )
         })
     }

@@ -430,56 +430,36 @@
 #![forbid(unsafe_code)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
-mod advice;
-mod attempt;
-mod attempt_headers;
-mod backoff;
-mod body;
-mod budget;
-mod chain;
-mod classifier;
-mod classify;
 mod clock;
-mod decide;
-mod dependency;
+mod door;
+mod driver;
+mod engine;
 mod error;
 #[cfg(feature = "test-util")]
 mod fake_clock;
-mod idempotency;
-mod latency;
-mod middleware;
 mod observe;
-mod policy;
-mod rate_limit;
-mod record;
-mod retry_after;
 mod rng;
-mod schedule;
 mod shared;
-mod throttle;
-#[cfg(feature = "tower")]
-mod tower;
-mod trace;
 
-pub use backoff::Jitter;
-pub use budget::{RetryBudget, RetryBudgetBuilder};
-pub use classifier::{Attempt, Outcome, Retryable};
 pub use clock::{Clock, Sleep, TokioClock};
-pub use dependency::{Dependency, RetryOverride};
+#[cfg(feature = "tower")]
+pub use door::tower::RetryService;
+pub use driver::phases::RetryMiddleware;
+pub use driver::record::RetryRecord;
+pub use engine::backoff::Jitter;
+pub use engine::budget::{RetryBudget, RetryBudgetBuilder};
+pub use engine::classifier::{Attempt, Outcome, Retryable};
+pub use engine::dependency::{Dependency, RetryOverride};
+pub use engine::idempotency::{
+    IdempotencyKeys, IdempotencyKeysBuilder, KeyFormat, KeySource, NaturalKey, SeededKeys,
+};
+pub use engine::policy::{RetryPolicy, RetryPolicyBuilder};
+pub use engine::throttle::{AdaptiveThrottle, AdaptiveThrottleBuilder};
 pub use error::{InvalidConfig, RetryError, RetryErrorExt, StopReason};
 #[cfg(feature = "test-util")]
 pub use fake_clock::FakeClock;
-pub use idempotency::{
-    IdempotencyKeys, IdempotencyKeysBuilder, KeyFormat, KeySource, NaturalKey, SeededKeys,
-};
-pub use middleware::RetryMiddleware;
 pub use observe::{AttemptErrorKind, CounterSnapshot, RetryAttempt, RetryEvent};
-pub use policy::{RetryPolicy, RetryPolicyBuilder};
-pub use record::RetryRecord;
 pub use rng::{RandomSource, SeededRng};
-pub use throttle::{AdaptiveThrottle, AdaptiveThrottleBuilder};
-#[cfg(feature = "tower")]
-pub use tower::RetryService;
 
 /// The README's examples, compiled and run as doctests.
 #[cfg(doctest)]

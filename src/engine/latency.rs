@@ -52,7 +52,7 @@ use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::policy::RetryPolicy;
+use crate::engine::policy::RetryPolicy;
 
 /// Slices in the window.
 pub(crate) const SLICES: usize = 10;

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant, SystemTime};
 use http::{HeaderMap, HeaderValue};
 
 use super::*;
-use crate::budget::RetryKind;
+use crate::engine::budget::RetryKind;
 use crate::observe::CounterSnapshot;
 
 mod hedges;
@@ -195,7 +195,9 @@ pub(super) fn begin(d: &mut Decider<'_>, time: &Time) -> Duration {
 }
 
 pub(super) fn policy(
-    f: impl FnOnce(crate::policy::RetryPolicyBuilder) -> crate::policy::RetryPolicyBuilder,
+    f: impl FnOnce(
+        crate::engine::policy::RetryPolicyBuilder,
+    ) -> crate::engine::policy::RetryPolicyBuilder,
 ) -> RetryPolicy {
     f(RetryPolicy::builder()).build().unwrap()
 }

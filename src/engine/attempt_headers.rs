@@ -19,8 +19,8 @@ use std::time::Duration;
 
 use http::{HeaderName, HeaderValue};
 
+use crate::engine::idempotency::STANDARD_FIELDS;
 use crate::error::InvalidConfig;
-use crate::idempotency::STANDARD_FIELDS;
 
 /// The area named in this module's configuration errors.
 const AREA: &str = "attempt headers";

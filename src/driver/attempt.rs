@@ -33,21 +33,21 @@ use std::time::Duration;
 use http::Extensions;
 use reqwest::{Request, Response, Url};
 
-use crate::attempt_headers::AttemptHeaders;
-use crate::body;
-use crate::chain::{self, Beneath, Claiming};
-use crate::classifier::{Classifier, RequestHead};
-use crate::classify::{self, Judging, Verdict};
 use crate::clock::{AttemptTimer, SharedClock};
-use crate::decide::{Decider, Facts, Plan};
-use crate::dependency::Dependency;
+use crate::driver::body;
+use crate::driver::claim::{self, Beneath, Claiming};
+use crate::driver::trace::{Ends, Watcher};
+use crate::engine::attempt_headers::AttemptHeaders;
+use crate::engine::classifier::{Classifier, RequestHead};
+use crate::engine::classify::{self, Judging, Verdict};
+use crate::engine::decide::{Decider, Facts, Plan};
+use crate::engine::dependency::Dependency;
+use crate::engine::idempotency::{self, IdempotencyKeys, Key, NaturalKey};
+use crate::engine::policy::RetryPolicy;
 use crate::error::{StopReason, nothing_sent};
-use crate::idempotency::{self, IdempotencyKeys, Key, NaturalKey};
 use crate::observe::Observer;
-use crate::policy::RetryPolicy;
 use crate::rng::RandomSource;
 use crate::shared::Shared;
-use crate::trace::{Ends, Watcher};
 
 /// An attempt's outcome as the chain returns it.
 pub(crate) type Outcome = reqwest_middleware::Result<Response>;
@@ -190,7 +190,7 @@ impl<'a> Sent<'a> {
             // Only a classifier needs the request after it has gone: its head is kept for it.
             head: (dependency.classifier.as_ref()).map(|c| (c, Box::new(RequestHead::of(request)))),
             watcher,
-            print: chain::fingerprint(request),
+            print: claim::fingerprint(request),
         };
         Ok((sent, facts))
     }
@@ -342,7 +342,7 @@ impl<'s, 'l, 'p, 'q, 'd> Flight<'s, 'l, 'p, 'q, 'd> {
         lent: &'l mut Lent<'p, 'q, 'd>,
     ) -> Self {
         let (extensions, next, span) = chain;
-        chain::announce(extensions, span, plan.number);
+        claim::announce(extensions, span, plan.number);
         let hedged = plan.hedge_after.map(|after| {
             // Copied before the first copy borrows the request's own for as long as it runs.
             spare.clone_from(extensions);
@@ -356,7 +356,7 @@ impl<'s, 'l, 'p, 'q, 'd> Flight<'s, 'l, 'p, 'q, 'd> {
             })
         });
         let sending = lent.sent.copy(lent.kept, plan);
-        let id = (chain::claim_id(extensions), lent.sent.print);
+        let id = (claim::claim_id(extensions), lent.sent.print);
         let first = Claiming::new(id, span, || next.run(sending, extensions));
         lent.decider.sent();
         Flight {
@@ -439,7 +439,7 @@ impl<'s, 'l, 'p, 'q, 'd> Flight<'s, 'l, 'p, 'q, 'd> {
             Poll::Ready(Err(e)) => (Err(reqwest_middleware::Error::Reqwest(e)), None),
             Poll::Pending => {
                 ready!(Pin::new(&mut *self.lent.timer).poll(cx));
-                (Err(chain::timed_out(self.limit)), None)
+                (Err(claim::timed_out(self.limit)), None)
             }
         };
         self.reading = None;
@@ -468,7 +468,7 @@ impl<'s, 'l, 'p, 'q, 'd> Flight<'s, 'l, 'p, 'q, 'd> {
                         .and_then(|more| Some((more, clock.timeout(more, Some(now)).ok()?)));
                     let Some((more, longer)) = longer else {
                         self.first = None;
-                        return Poll::Ready((Err(chain::timed_out(self.limit)), false));
+                        return Poll::Ready((Err(claim::timed_out(self.limit)), false));
                     };
                     self.limit += more;
                     *lent.timer = longer;
@@ -482,7 +482,7 @@ impl<'s, 'l, 'p, 'q, 'd> Flight<'s, 'l, 'p, 'q, 'd> {
                 let ended = match Pin::new(work).poll(cx) {
                     Poll::Ready(done) => done,
                     Poll::Pending => match Pin::new(timer).poll(cx) {
-                        Poll::Ready(()) => Err(chain::timed_out(*limit)),
+                        Poll::Ready(()) => Err(claim::timed_out(*limit)),
                         Poll::Pending => return Poll::Pending,
                     },
                 };
@@ -524,7 +524,7 @@ impl<'s, 'l, 'p, 'q, 'd> Flight<'s, 'l, 'p, 'q, 'd> {
         };
         let sending = lent.sent.copy(lent.kept, &plan);
         lent.decider.hedge_sent(true);
-        let id = (chain::claim_id(extensions), lent.sent.print);
+        let id = (claim::claim_id(extensions), lent.sent.print);
         let next = hedged.next;
         let running = Claiming::new(id, hedged.span, || next.run(sending, extensions));
         hedged.second = Some((running, timer, plan.limit));

@@ -2,8 +2,8 @@
 //! jitter, per origin, a floor for a retry, probes, and what a dropped request gives back.
 
 use super::*;
-use crate::decide::MOST_HOLDS;
-use crate::rate_limit::Quota;
+use crate::engine::decide::MOST_HOLDS;
+use crate::engine::rate_limit::Quota;
 
 fn spent(s: &Setup, url: &str, wait: Duration) {
     let origin = Origin::of(&Url::parse(url).unwrap());
@@ -14,7 +14,7 @@ fn spent(s: &Setup, url: &str, wait: Duration) {
 /// A quota spent for a day whose 60 s of belief have run out: the next request probes it.
 fn unbelieved(s: &Setup) {
     spent(s, "http://a.test/", secs(86_400));
-    s.time.advance(crate::rate_limit::BELIEF);
+    s.time.advance(crate::engine::rate_limit::BELIEF);
 }
 
 /// The next attempt of `d`, which must be sent at once with the default timeout, is sent.
@@ -240,7 +240,7 @@ fn a_probe_that_gets_no_answer_keeps_the_quota_believed_another_minute() {
     let origin = Origin::of(&URL);
     assert_eq!(
         s.quota.floor(&origin, s.time.now()),
-        Some(crate::rate_limit::BELIEF)
+        Some(crate::engine::rate_limit::BELIEF)
     );
 }
 

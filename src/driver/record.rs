@@ -103,7 +103,7 @@ impl RetryRecord {
         };
         // Under no key, or a key no server had seen before this answer's attempt, the marker
         // means nothing (a proxy may echo it).
-        record.replayed = record.replay_counts && crate::advice::replayed(headers);
+        record.replayed = record.replay_counts && crate::engine::advice::replayed(headers);
         Some(record)
     }
 

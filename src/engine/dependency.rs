@@ -10,18 +10,18 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::attempt_headers::{self, AttemptHeaders};
-use crate::budget::RetryBudget;
-use crate::classifier::{Attempt, Classifier, Retryable};
-use crate::decide::{Accounts, Cap};
+use crate::engine::attempt_headers::{self, AttemptHeaders};
+use crate::engine::budget::RetryBudget;
+use crate::engine::classifier::{Attempt, Classifier, Retryable};
+use crate::engine::decide::{Accounts, Cap};
+use crate::engine::idempotency::IdempotencyKeys;
+use crate::engine::latency::LatencyWindow;
+use crate::engine::policy::RetryPolicy;
+use crate::engine::rate_limit::QuotaState;
+use crate::engine::throttle::AdaptiveThrottle;
 use crate::error::InvalidConfig;
-use crate::idempotency::IdempotencyKeys;
-use crate::latency::LatencyWindow;
 use crate::observe::{CounterSnapshot, MetricKeys, RetryCounters};
-use crate::policy::RetryPolicy;
-use crate::rate_limit::QuotaState;
 use crate::shared::Shared;
-use crate::throttle::AdaptiveThrottle;
 
 /// One dependency's retry settings: a name (for counters, metrics and logs), a policy, a budget
 /// of its own unless one is shared on purpose, counters, idempotency keys, and optionally a
@@ -151,7 +151,7 @@ impl Dependency {
     where
         F: Fn(&Attempt<'_>) -> Retryable + Send + Sync + 'static,
     {
-        self.classifier = Some(Shared(Arc::new(crate::classifier::Hook {
+        self.classifier = Some(Shared(Arc::new(crate::engine::classifier::Hook {
             classify,
             told: std::sync::atomic::AtomicBool::new(false),
         })));

@@ -16,9 +16,9 @@ use std::time::{Duration, Instant, SystemTime};
 use reqwest::Url;
 
 use super::{Decider, Next, Observed};
+use crate::engine::schedule::Wait;
 use crate::error::StopReason;
 use crate::rng::RandomSource;
-use crate::schedule::Wait;
 
 /// What the core needs to know of a request before its first attempt, from the rules that
 /// read the request (`idempotency`, `classify`).

@@ -10,29 +10,27 @@
 
 use std::future::Future;
 use std::ops::ControlFlow;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
 use http::Extensions;
 use reqwest::{Request, Response};
-use reqwest_middleware::{Middleware, Next};
 use tracing::Level;
 
-use crate::attempt::{Flight, Kept, Lent, Outcome, Sent, Tools};
-use crate::body;
-use crate::chain::{self, Beneath};
-use crate::classify::Verdict;
 use crate::clock::{Clock, SharedClock, TimerUnavailable, TokioClock};
-use crate::decide::{Decider, Observed, Plan, Step};
-use crate::dependency::{Dependency, RetryOverride, Routes};
+use crate::driver::attempt::{Flight, Kept, Lent, Outcome, Sent, Tools};
+use crate::driver::body;
+use crate::driver::claim::Beneath;
+use crate::driver::trace::{self, Ends, LogLevels};
+use crate::engine::classify::Verdict;
+use crate::engine::decide::{Decider, Observed, Plan, Step};
+use crate::engine::dependency::{Dependency, RetryOverride, Routes};
+use crate::engine::policy::RetryPolicy;
+use crate::engine::schedule::Wait;
 use crate::error::{InvalidConfig, StopReason};
 use crate::observe::{Observer, RetryEvent};
-use crate::policy::RetryPolicy;
 use crate::rng::{RandomSource, ThreadRng};
-use crate::schedule::Wait;
 use crate::shared::Shared;
-use crate::trace::{self, Ends, LogLevels};
 
 /// A [`reqwest_middleware::Middleware`] that retries transient failures when repeating is safe.
 ///
@@ -341,29 +339,6 @@ impl RetryMiddleware {
         let (cause, stop) = (TimerUnavailable, StopReason::TimerUnavailable);
         let cause = reqwest_middleware::Error::middleware(cause);
         self.log.finish(span, Err(cause), stop, decider, ends)
-    }
-}
-
-// Not `async_trait`, whose future would hold the request twice more and box this one inside its
-// own: the logical request's future alone is boxed, and a request passed through costs none.
-impl Middleware for RetryMiddleware {
-    fn handle<'life0, 'life1, 'life2, 'async_trait>(
-        &'life0 self,
-        request: Request,
-        extensions: &'life1 mut Extensions,
-        next: Next<'life2>,
-    ) -> Pin<Box<dyn Future<Output = reqwest_middleware::Result<Response>> + Send + 'async_trait>>
-    where
-        'life0: 'async_trait,
-        'life1: 'async_trait,
-        'life2: 'async_trait,
-        Self: 'async_trait,
-    {
-        if chain::claimed(extensions, &request) {
-            // An instance further out on this request's path makes the attempts and retries.
-            return next.run(request, extensions);
-        }
-        Box::pin(self.execute(request, extensions, next))
     }
 }
 

@@ -53,11 +53,12 @@ pub(crate) async fn buffer(
 /// full (up to the limit) only to be thrown away.
 /// None when it was read already, for the classifier (`Judging::body_first`).
 pub(crate) fn to_read(
-    judging: &crate::classify::Judging<'_>,
+    judging: &crate::engine::classify::Judging<'_>,
     outcome: &reqwest_middleware::Result<reqwest::Response>,
-    verdict: crate::classify::Verdict,
+    verdict: crate::engine::classify::Verdict,
 ) -> Option<usize> {
-    let final_answer = outcome.is_ok() && matches!(verdict, crate::classify::Verdict::Final(_));
+    let final_answer =
+        outcome.is_ok() && matches!(verdict, crate::engine::classify::Verdict::Final(_));
     let limit = judging
         .policy
         .buffer_body_limit()

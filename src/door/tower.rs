@@ -26,9 +26,9 @@ use reqwest::ResponseBuilderExt;
 use tower_layer::Layer;
 use tower_service::Service;
 
-use crate::chain::Beneath;
+use crate::driver::claim::Beneath;
+use crate::driver::phases::RetryMiddleware;
 use crate::error::RetryError;
-use crate::middleware::RetryMiddleware;
 
 /// An error of the inner service or of the layer, as tower passes errors: boxed.
 pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -126,7 +126,7 @@ where
         Box::pin(async move {
             let request = request?;
             let claimed = extensions.get::<Claimed>().is_some()
-                || crate::chain::claimed(&extensions, &request);
+                || crate::driver::claim::claimed(&extensions, &request);
             let outcome = if claimed {
                 // A layer further out on this request's path makes its attempts.
                 inner.run(request, &mut extensions).await

@@ -214,7 +214,7 @@ impl AdaptiveThrottle {
 /// does not retry. The same set that makes a status worth a retry makes it a refusal here.
 pub(crate) fn accepted(
     status: Option<http::StatusCode>,
-    policy: &crate::policy::RetryPolicy,
+    policy: &crate::engine::policy::RetryPolicy,
 ) -> bool {
     status.is_some_and(|status| !policy.is_retryable_status(status))
 }

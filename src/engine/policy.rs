@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use http::{Method, StatusCode};
 
-use crate::backoff::Jitter;
+use crate::engine::backoff::Jitter;
 use crate::error::InvalidConfig;
 
 /// The area named in this module's configuration errors.

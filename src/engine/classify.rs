@@ -21,11 +21,11 @@ use std::io;
 use http::{HeaderValue, Method, StatusCode};
 use reqwest::Response;
 
-use crate::advice;
-use crate::budget::RetryKind;
-use crate::classifier::{Attempt, Classifier, Outcome, RequestHead, Retryable};
+use crate::engine::advice;
+use crate::engine::budget::RetryKind;
+use crate::engine::classifier::{Attempt, Classifier, Outcome, RequestHead, Retryable};
+use crate::engine::policy::RetryPolicy;
 use crate::error::StopReason;
-use crate::policy::RetryPolicy;
 use crate::shared::Shared;
 
 /// What an attempt's outcome calls for, before any limit (attempts, deadline, budget) is asked.
@@ -307,7 +307,7 @@ pub(crate) fn transport_fault(err: &reqwest_middleware::Error) -> Option<Fault> 
 /// The transient fault behind a tower service's error: the same causes as behind reqwest's,
 /// and a connect failure of hyper-util's client told apart as reqwest's is (nothing was sent).
 #[cfg(feature = "tower")]
-fn service_fault(err: &crate::tower::ServiceError) -> Option<Fault> {
+fn service_fault(err: &crate::door::tower::ServiceError) -> Option<Fault> {
     let err: &(dyn std::error::Error + 'static) = &*err.0;
     let cause = chain_fault(err);
     let mut source = Some(err);
@@ -575,10 +575,11 @@ mod tests {
     ) -> Verdict {
         let key = HeaderValue::from_static("k");
         let answer = classifier.flatten();
-        let hook: Shared<dyn Classifier> = Shared(std::sync::Arc::new(crate::classifier::Hook {
-            classify: move |a: &Attempt<'_>| answer.unwrap_or(a.default_verdict()),
-            told: Default::default(),
-        }));
+        let hook: Shared<dyn Classifier> =
+            Shared(std::sync::Arc::new(crate::engine::classifier::Hook {
+                classify: move |a: &Attempt<'_>| answer.unwrap_or(a.default_verdict()),
+                told: Default::default(),
+            }));
         let head = RequestHead {
             method: Method::GET,
             url: "http://127.0.0.1/".parse().unwrap(),
@@ -780,7 +781,9 @@ mod tests {
     fn only_an_error_that_certainly_sent_nothing_kept_the_key_from_the_server() {
         let ok = Response::from(http::Response::new(""));
         assert!(may_have_reached(&Ok(ok)));
-        let timeout = Err(crate::chain::timed_out(std::time::Duration::from_millis(5)));
+        let timeout = Err(crate::driver::claim::timed_out(
+            std::time::Duration::from_millis(5),
+        ));
         assert!(may_have_reached(&timeout));
         let other = Err(reqwest_middleware::Error::middleware(io::Error::other("x")));
         assert!(may_have_reached(&other));

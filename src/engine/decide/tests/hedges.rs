@@ -5,7 +5,7 @@
 
 use super::model::Gen;
 use super::*;
-use crate::rate_limit::Quota;
+use crate::engine::rate_limit::Quota;
 
 /// A window of 200 answers of 10 ms for a dependency with `policy`: believed, its p95 (and
 /// p99.9) 10.24 ms.
@@ -234,7 +234,7 @@ fn no_hedge_without_tokens_past_the_deadline_or_through_a_spent_quota() {
     s.quota.update(&Origin::of(&URL), Some(spent), s.time.now());
     assert_eq!(d.hedge(s.time.now(), &URL, TOP), None);
     // A quota past its belief: the first attempt goes as its probe, and no hedge goes beside.
-    s.time.advance(crate::rate_limit::BELIEF + secs(1));
+    s.time.advance(crate::engine::rate_limit::BELIEF + secs(1));
     let mut d = s.decider(false);
     d.allow_hedges();
     d.next(&s.time).unwrap();
@@ -468,7 +468,7 @@ fn at_a_measured_limit_a_few_attempts_are_cut_and_a_burst_runs_on_to_the_fixed_t
         at_limit,
         expected,
         "the window's allowance: {}",
-        crate::latency::MIN_CUTS
+        crate::engine::latency::MIN_CUTS
     );
     // One that ran on has the fixed timeout: at it, it is cut whatever the allowance.
     assert_eq!(deciders[2].at_limit(s.time.now()), None);
@@ -520,5 +520,5 @@ fn the_cut_allowance_is_a_share_of_the_answer_rate_and_never_below_its_floor() {
     let quiet = LatencyWindow::new(&policy);
     quiet.measured(start);
     let cuts = (0..20).filter(|_| quiet.take_cut(start)).count();
-    assert_eq!(cuts, crate::latency::MIN_CUTS as usize);
+    assert_eq!(cuts, crate::engine::latency::MIN_CUTS as usize);
 }

@@ -73,17 +73,17 @@ use std::time::{Duration, Instant, SystemTime};
 use http::{HeaderMap, StatusCode};
 use reqwest::Url;
 
-use crate::budget::{RetryBudget, RetryKind};
-use crate::classify::Verdict;
+use crate::engine::budget::{RetryBudget, RetryKind};
+use crate::engine::classify::Verdict;
+use crate::engine::latency::LatencyWindow;
+use crate::engine::policy::RetryPolicy;
+use crate::engine::rate_limit::{self, Gate, Origin, ProbeTicket, QuotaState};
+use crate::engine::retry_after;
+use crate::engine::schedule::{self, Wait};
+use crate::engine::throttle::{self, AdaptiveThrottle};
 use crate::error::StopReason;
-use crate::latency::LatencyWindow;
 use crate::observe::{Count, MetricKeys, RetryCounters};
-use crate::policy::RetryPolicy;
-use crate::rate_limit::{self, Gate, Origin, ProbeTicket, QuotaState};
-use crate::retry_after;
 use crate::rng::RandomSource;
-use crate::schedule::{self, Wait};
-use crate::throttle::{self, AdaptiveThrottle};
 
 /// The most holds one request waits out before it gives up with
 /// [`StopReason::QuotaExhausted`].
@@ -140,7 +140,8 @@ impl<'a> Observed<'a> {
         let timed_out = match outcome {
             Ok(_) => false,
             Err(err) => {
-                crate::classify::transport_fault(err) == Some(crate::classify::Fault::Timeout)
+                crate::engine::classify::transport_fault(err)
+                    == Some(crate::engine::classify::Fault::Timeout)
             }
         };
         Observed {

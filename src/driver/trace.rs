@@ -6,12 +6,12 @@ use std::time::Duration;
 use reqwest::{Request, Response};
 use tracing::Level;
 
-use crate::classify::{self, Fault, Verdict};
-use crate::decide::Decider;
+use crate::driver::record::RetryRecord;
+use crate::engine::classify::{self, Fault, Verdict};
+use crate::engine::decide::Decider;
+use crate::engine::schedule::Wait;
 use crate::error::StopReason;
 use crate::observe::{AttemptErrorKind, Observer, RetryEvent, url_without_query};
-use crate::record::RetryRecord;
-use crate::schedule::Wait;
 
 /// The tracing target of every span and event, whatever module emits them.
 pub(crate) const TARGET: &str = "reqwest_safe_retry";
@@ -100,7 +100,7 @@ impl<'a> Watcher<'a> {
 
 /// What a request's end needs of it besides its outcome: its key, who watches, and its URL.
 pub(crate) type Ends<'s, 'a> = (
-    Option<(crate::idempotency::Key, bool)>,
+    Option<(crate::engine::idempotency::Key, bool)>,
     Option<&'s Watcher<'a>>,
     Option<&'s reqwest::Url>,
 );

@@ -23,7 +23,6 @@ use std::time::Duration;
 
 use http::Extensions;
 use reqwest::{Request, Response};
-use reqwest_middleware::Next;
 
 /// What lies beneath the driver: where each copy of a request goes, with the request's
 /// extensions. The rest of a `reqwest-middleware` chain, or a tower service (`tower`): the one
@@ -35,17 +34,6 @@ pub(crate) trait Beneath: Send + Sync {
         request: Request,
         extensions: &'s mut Extensions,
     ) -> Pin<Box<dyn Future<Output = reqwest_middleware::Result<Response>> + Send + 's>>;
-}
-
-impl Beneath for Next<'_> {
-    #[inline]
-    fn run<'s>(
-        &'s self,
-        request: Request,
-        extensions: &'s mut Extensions,
-    ) -> Pin<Box<dyn Future<Output = reqwest_middleware::Result<Response>> + Send + 's>> {
-        self.clone().run(request, extensions)
-    }
 }
 
 /// Tells the middleware and transport beneath which attempt this is, before they see it (a first

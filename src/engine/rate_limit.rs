@@ -124,7 +124,7 @@ fn split_outside_quotes(text: &str, sep: char) -> impl Iterator<Item = &str> {
 pub(crate) fn of_response(headers: &HeaderMap, waits_read: bool) -> Option<Quota> {
     // Most answers have no RateLimit field: one lookup for them.
     let first = headers.get(RATE_LIMIT)?;
-    if waits_read && crate::retry_after::is_asked(headers) {
+    if waits_read && crate::engine::retry_after::is_asked(headers) {
         return None;
     }
     let mut lines = headers.get_all(RATE_LIMIT).iter();

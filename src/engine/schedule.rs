@@ -23,9 +23,9 @@
 
 use std::time::Duration;
 
-use crate::backoff::{self, Jitter};
+use crate::engine::backoff::{self, Jitter};
+use crate::engine::policy::RetryPolicy;
 use crate::error::StopReason;
-use crate::policy::RetryPolicy;
 use crate::rng::RandomSource;
 
 /// What to do after a transient failure that may be retried.

@@ -452,8 +452,9 @@ fn real(s: &Script) -> Run {
                 Wait::Sleep(delay) => {
                     trace.sleeps.push(delay);
                     if let Some((r, t)) = step.meanwhile {
-                        let said = crate::rate_limit::parse(format!("q;r={r};t={t}").as_bytes());
-                        let origin = crate::rate_limit::Origin::of(url);
+                        let said =
+                            crate::engine::rate_limit::parse(format!("q;r={r};t={t}").as_bytes());
+                        let origin = crate::engine::rate_limit::Origin::of(url);
                         setup.quota.update(&origin, said, setup.time.now());
                     }
                     if request.cancel == Some(Cancel::Waiting(n)) {
@@ -467,7 +468,7 @@ fn real(s: &Script) -> Run {
         traces.push(trace);
     }
     let now = setup.time.now();
-    let origins = urls.each_ref().map(crate::rate_limit::Origin::of);
+    let origins = urls.each_ref().map(crate::engine::rate_limit::Origin::of);
     Run {
         traces,
         counts: setup.counts(),

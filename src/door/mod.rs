@@ -1,0 +1,7 @@
+//! The front doors: one per kind of client, each on its own types. `reqwest` puts the driver in
+//! a `reqwest-middleware` chain; `tower` (feature `tower`) wraps a tower service of
+//! `http::Request`s.
+
+pub(crate) mod reqwest;
+#[cfg(feature = "tower")]
+pub(crate) mod tower;
