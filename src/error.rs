@@ -6,8 +6,8 @@
 //! [`RetryError::of`] finds it, and it answers the questions one asks a `reqwest::Error`, by
 //! the names [`RetryErrorExt`] asks them of any `reqwest_middleware::Error` (whose own methods
 //! cannot see inside a middleware's error): `timed_out()`, `failed_to_connect()`,
-//! `last_status()`, `strip_url()`. Also here: the stop reasons, the configuration error, and the
-//! causes the middleware puts in its errors.
+//! `last_status()`, `strip_url()`. Also here: the configuration error, and the causes the middleware
+//! puts in its errors.
 
 use std::fmt;
 use std::time::Duration;
@@ -15,121 +15,9 @@ use std::time::Duration;
 use http::HeaderValue;
 use reqwest::{StatusCode, Url};
 
-/// Why the middleware stopped making attempts.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum StopReason {
-    /// The last outcome was a success (a response that is not a retryable failure and has a
-    /// status below 400).
-    Succeeded,
-    /// The last outcome was a failure that repeating would not change: a status outside the
-    /// retryable set, or a permanent error (TLS, builder, redirect, decode, another middleware).
-    NotRetryable,
-    /// The failure was transient, but repeating the request could repeat its effect: a
-    /// non-idempotent method without an idempotency key, after bytes may have reached the server.
-    NotSafeToRetry,
-    /// The server answered with a failure it had stored under the request's idempotency key,
-    /// replayed (`Idempotent-Replayed: true`): it answers every further attempt with that key
-    /// the same way, so none is made. Its answer is returned. Only under a key sent before
-    /// (an earlier attempt's, a caller's own, a derived one): without a key, or on the first
-    /// answer under a key just made, the marker means nothing.
-    ReplayedFailure,
-    /// The server said its failure is not worth another attempt (`x-should-retry: false`, or
-    /// `stripe-should-retry: false`), though its status is in the retryable set; its answer is
-    /// returned. See
-    /// [`RetryPolicyBuilder::should_retry_fields`](crate::RetryPolicyBuilder::should_retry_fields).
-    ServerDeclinedRetry,
-    /// The request body is a stream that cannot be sent twice; the request was sent once.
-    BodyNotCloneable,
-    /// Every allowed attempt was made.
-    AttemptsExhausted,
-    /// The idempotency key cannot be sent: the key source returned one that is not valid in the
-    /// configured format, or the caller set one that is not (empty, unquoted where quotes are
-    /// expected, spaces in a bare key...). Nothing was sent.
-    InvalidIdempotencyKey,
-    /// The total deadline was reached, or the next wait would have ended at or past it; or the
-    /// request's [`RetryOverride::deadline`](crate::RetryOverride::deadline) was too short for
-    /// any retry's wait, so its one attempt was the last.
-    DeadlineReached,
-    /// The server's `Retry-After` asked for a wait longer than `max_retry_after`, or longer than
-    /// the deadline leaves; its response is returned.
-    RetryAfterTooLong,
-    /// The retry budget refused to pay for another retry.
-    BudgetExhausted,
-    /// The request's [`RetryOverride::no_retries`](crate::RetryOverride::no_retries) forbade
-    /// retries, or its method is not among the policy's
-    /// [`retryable_methods`](crate::RetryPolicyBuilder::retryable_methods).
-    RetriesDisabled,
-    /// The request's [`RetryOverride`](crate::RetryOverride) contradicts itself or would make
-    /// its dependency's policy invalid (0 attempts, an attempt timeout under a millisecond), or
-    /// the request carries another of this crate's settings where only a `RetryOverride` is
-    /// read (a `RetryPolicy`, say); nothing was sent. The error's source says what to change.
-    /// A deadline never makes an override invalid.
-    InvalidOverride,
-    /// The origin said its quota is spent (a `RateLimit` field with `r=0`), and the reset is
-    /// further off than `max_retry_after`, or than the deadline leaves time for: before a first
-    /// attempt nothing was sent; before a retry the answer that spent it is returned.
-    QuotaExhausted,
-    /// The dependency's [`AdaptiveThrottle`](crate::AdaptiveThrottle) rejected the attempt
-    /// locally, before anything was sent: the dependency has been turning attempts away. A
-    /// first attempt so rejected makes 0 attempts; a retry so rejected hands back the last
-    /// outcome.
-    Throttled,
-    /// The middleware's clock could not make a timer (a [`TokioClock`](crate::TokioClock) on a
-    /// runtime without tokio's time driver); nothing was sent.
-    TimerUnavailable,
-}
-
-impl StopReason {
-    /// A short, stable, lowercase name (`deadline_reached`), as the tracing events' `reason`
-    /// field has it: for metrics labels and log queries. Its `Display` is a sentence for people
-    /// ("the deadline was reached").
-    pub fn as_str(&self) -> &'static str {
-        match self {
-            StopReason::Succeeded => "succeeded",
-            StopReason::NotRetryable => "not_retryable",
-            StopReason::NotSafeToRetry => "not_safe_to_retry",
-            StopReason::ReplayedFailure => "replayed_failure",
-            StopReason::ServerDeclinedRetry => "server_declined_retry",
-            StopReason::BodyNotCloneable => "body_not_cloneable",
-            StopReason::AttemptsExhausted => "attempts_exhausted",
-            StopReason::InvalidIdempotencyKey => "invalid_idempotency_key",
-            StopReason::DeadlineReached => "deadline_reached",
-            StopReason::RetryAfterTooLong => "retry_after_too_long",
-            StopReason::BudgetExhausted => "budget_exhausted",
-            StopReason::RetriesDisabled => "retries_disabled",
-            StopReason::InvalidOverride => "invalid_override",
-            StopReason::Throttled => "throttled",
-            StopReason::QuotaExhausted => "quota_exhausted",
-            StopReason::TimerUnavailable => "timer_unavailable",
-        }
-    }
-}
-
-impl fmt::Display for StopReason {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            StopReason::Succeeded => "succeeded",
-            StopReason::NotRetryable => "the failure is not retryable",
-            StopReason::NotSafeToRetry => "retrying could repeat the request's effect",
-            StopReason::ReplayedFailure => "the server replayed a failure stored under the key",
-            StopReason::ServerDeclinedRetry => "the server said not to retry",
-            StopReason::BodyNotCloneable => "the request body cannot be sent twice",
-            StopReason::AttemptsExhausted => "attempts exhausted",
-            StopReason::InvalidIdempotencyKey => "the idempotency key cannot be sent",
-            StopReason::DeadlineReached => "deadline reached",
-            StopReason::RetryAfterTooLong => "the server asked to wait longer than allowed",
-            StopReason::BudgetExhausted => "the retry budget is exhausted",
-            StopReason::RetriesDisabled => "retries are disabled for this request",
-            StopReason::InvalidOverride => "the request's retry override is invalid",
-            StopReason::Throttled => "the dependency is turning attempts away: throttled locally",
-            StopReason::QuotaExhausted => {
-                "the dependency's quota is spent until after the request could wait"
-            }
-            StopReason::TimerUnavailable => "no timer to time the attempt with",
-        })
-    }
-}
+use crate::fault::{AttemptErrorKind, Fault};
+use crate::record::RetryRecord;
+use crate::stop::StopReason;
 
 /// The error of a logical request: the last attempt's error, with the attempt count and the
 /// reason retrying stopped.
@@ -160,6 +48,8 @@ pub struct RetryError {
     /// The capacity of the budget that refused a retry, for the message.
     budget: Option<f64>,
     last: reqwest_middleware::Error,
+    /// The transient fault the door found in the last error, if any.
+    fault: Option<Fault>,
 }
 
 impl RetryError {
@@ -177,7 +67,14 @@ impl RetryError {
             url: None,
             budget: None,
             last,
+            fault: None,
         }
+    }
+
+    /// With the transient fault the door found in the last error.
+    pub(crate) fn with_fault(mut self, fault: Option<Fault>) -> Self {
+        self.fault = fault;
+        self
     }
 
     /// With the capacity of the budget that refused its retry, which the message names.
@@ -256,8 +153,8 @@ impl RetryError {
     #[doc(alias = "is_timeout")]
     pub fn timed_out(&self) -> bool {
         self.last.is_timeout()
-            || crate::engine::classify::transport_fault(&self.last)
-                == Some(crate::engine::classify::Fault::Timeout)
+            || self.fault == Some(Fault::Timeout)
+            || AttemptTimeout::is(&self.last)
     }
 
     /// Whether the last attempt failed to connect (the host name could not be resolved, or the
@@ -265,9 +162,7 @@ impl RetryError {
     /// [`RetryErrorExt::failed_to_connect`] asks the same of any `reqwest_middleware::Error`.
     #[doc(alias = "is_connect")]
     pub fn failed_to_connect(&self) -> bool {
-        self.last.is_connect()
-            || crate::engine::classify::transport_fault(&self.last)
-                == Some(crate::engine::classify::Fault::Connect)
+        self.last.is_connect() || self.fault == Some(Fault::Connect)
     }
 
     /// The status code the last attempt's error carries, if any (reqwest's `error_for_status`
@@ -298,14 +193,13 @@ impl RetryError {
 
     /// What went wrong at the last attempt, as the retry rules read it: a timeout, a failed
     /// connection, a reset, an answer cut off, a refusal the protocol says was not processed,
-    /// or [`Permanent`](crate::AttemptErrorKind::Permanent) for any other error. `None` when no
+    /// or [`Permanent`](AttemptErrorKind::Permanent) for any other error. `None` when no
     /// attempt was sent (the reason says why).
-    pub fn last_error_kind(&self) -> Option<crate::AttemptErrorKind> {
+    pub fn last_error_kind(&self) -> Option<AttemptErrorKind> {
         (self.attempts > 0).then(|| {
-            crate::engine::classify::transport_fault(&self.last).map_or(
-                crate::AttemptErrorKind::Permanent,
-                crate::engine::classify::Fault::kind,
-            )
+            (self.fault)
+                .or_else(|| AttemptTimeout::is(&self.last).then_some(Fault::Timeout))
+                .map_or(AttemptErrorKind::Permanent, Fault::kind)
         })
     }
 
@@ -326,8 +220,8 @@ impl RetryError {
     /// }
     /// # }
     /// ```
-    pub fn record(&self) -> crate::RetryRecord {
-        crate::RetryRecord {
+    pub fn record(&self) -> RetryRecord {
+        RetryRecord {
             attempts: self.attempts,
             stop: self.stop,
             waited: self.waited,
@@ -565,6 +459,12 @@ impl std::error::Error for AttemptTimeout {
 }
 
 impl AttemptTimeout {
+    /// The fault behind one of this crate's own errors: its attempt timeout. Every other error
+    /// of its own (nothing sent, a throttle's rejection, an invalid key) is permanent.
+    pub(crate) fn fault(err: &(dyn std::error::Error + 'static)) -> Option<Fault> {
+        err.is::<AttemptTimeout>().then_some(Fault::Timeout)
+    }
+
     /// Whether `err` is an attempt timeout.
     pub(crate) fn is(err: &reqwest_middleware::Error) -> bool {
         matches!(err, reqwest_middleware::Error::Middleware(e) if e.is::<AttemptTimeout>())
@@ -791,6 +691,20 @@ mod tests {
         assert_eq!(
             err.to_string(),
             "invalid retry policy: max_attempts must be at least 1"
+        );
+    }
+
+    #[test]
+    fn only_this_crate_s_attempt_timeout_is_its_own_transient_fault() {
+        let timeout = AttemptTimeout {
+            after: std::time::Duration::from_millis(5),
+        };
+        assert_eq!(AttemptTimeout::fault(&timeout), Some(Fault::Timeout));
+        let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+        assert_eq!(
+            AttemptTimeout::fault(&refused),
+            None,
+            "not ours, whatever it says"
         );
     }
 }

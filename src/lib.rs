@@ -437,15 +437,17 @@ mod engine;
 mod error;
 #[cfg(feature = "test-util")]
 mod fake_clock;
+mod fault;
 mod observe;
+mod record;
 mod rng;
 mod shared;
+mod stop;
 
 pub use clock::{Clock, Sleep, TokioClock};
 #[cfg(feature = "tower")]
 pub use door::tower::RetryService;
 pub use driver::phases::RetryMiddleware;
-pub use driver::record::RetryRecord;
 pub use engine::backoff::Jitter;
 pub use engine::budget::{RetryBudget, RetryBudgetBuilder};
 pub use engine::classifier::{Attempt, Outcome, Retryable};
@@ -454,12 +456,16 @@ pub use engine::idempotency::{
     IdempotencyKeys, IdempotencyKeysBuilder, KeyFormat, KeySource, NaturalKey, SeededKeys,
 };
 pub use engine::policy::{RetryPolicy, RetryPolicyBuilder};
+pub use engine::seen::ResponseHead;
 pub use engine::throttle::{AdaptiveThrottle, AdaptiveThrottleBuilder};
-pub use error::{InvalidConfig, RetryError, RetryErrorExt, StopReason};
+pub use error::{InvalidConfig, RetryError, RetryErrorExt};
 #[cfg(feature = "test-util")]
 pub use fake_clock::FakeClock;
-pub use observe::{AttemptErrorKind, CounterSnapshot, RetryAttempt, RetryEvent};
+pub use fault::AttemptErrorKind;
+pub use observe::{CounterSnapshot, RetryAttempt, RetryEvent};
+pub use record::RetryRecord;
 pub use rng::{RandomSource, SeededRng};
+pub use stop::StopReason;
 
 /// The README's examples, compiled and run as doctests.
 #[cfg(doctest)]

@@ -12,7 +12,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use crate::error::StopReason;
+use crate::fault::AttemptErrorKind;
+use crate::stop::StopReason;
 
 /// Counters for one dependency. Clones share the same counts.
 #[derive(Clone, Default)]
@@ -85,6 +86,13 @@ pub struct CounterSnapshot {
     pub hedges_won: u64,
 }
 
+/// What holds a balance the metrics export as a gauge: a dependency's retry budget.
+pub(crate) trait Balance {
+    /// The tokens in it now (read only by the `metrics` feature's gauge).
+    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+    fn balance(&self) -> f64;
+}
+
 impl RetryCounters {
     /// New counters, all zero.
     pub(crate) fn new() -> Self {
@@ -132,7 +140,7 @@ pub(crate) enum Count {
 }
 
 impl RetryCounters {
-    pub(crate) fn add(&self, count: Count, keys: &MetricKeys, budget: Option<&crate::RetryBudget>) {
+    pub(crate) fn add(&self, count: Count, keys: &MetricKeys, budget: Option<&dyn Balance>) {
         let c = &*self.inner;
         let counter = match count {
             Count::Request => &c.requests,
@@ -250,7 +258,7 @@ impl MetricKeys {
     /// first count describes every metric and registers every counter at zero, so an exporter
     /// lists them all (a counter still at zero included) with what each means.
     #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
-    fn export(&self, count: Count, budget: Option<&crate::RetryBudget>) {
+    fn export(&self, count: Count, budget: Option<&dyn Balance>) {
         #[cfg(feature = "metrics")]
         metrics::with_recorder(|recorder| {
             let keys = &*self.keys;
@@ -318,40 +326,6 @@ impl RetryAttempt {
     /// attribute.
     pub fn resend_count(&self) -> u32 {
         self.number - 1
-    }
-}
-
-/// What kind of error an attempt ended in, as the default rules read it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum AttemptErrorKind {
-    /// The attempt timed out: the policy's per-attempt timeout, or the client's or request's.
-    Timeout,
-    /// Connecting failed for a reason that may pass; nothing of the request was sent.
-    Connect,
-    /// The connection was reset, aborted or broken after it was made.
-    Reset,
-    /// The server closed the connection before the response was complete.
-    Incomplete,
-    /// The server said it did not process the request (HTTP/2 REFUSED_STREAM, or above a
-    /// graceful GOAWAY's last stream).
-    NotProcessed,
-    /// An error that repeating would not change (TLS, a builder or redirect error, another
-    /// middleware's error), unless the dependency's classifier said otherwise.
-    Permanent,
-}
-
-impl AttemptErrorKind {
-    /// A short, stable, lowercase name, as the `error` field of the tracing events has it.
-    pub fn as_str(&self) -> &'static str {
-        match self {
-            AttemptErrorKind::Timeout => "timeout",
-            AttemptErrorKind::Connect => "connect",
-            AttemptErrorKind::Reset => "reset",
-            AttemptErrorKind::Incomplete => "incomplete",
-            AttemptErrorKind::NotProcessed => "not_processed",
-            AttemptErrorKind::Permanent => "permanent",
-        }
     }
 }
 

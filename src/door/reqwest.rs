@@ -7,9 +7,14 @@ use std::pin::Pin;
 use http::Extensions;
 use reqwest::{Request, Response};
 use reqwest_middleware::{Middleware, Next};
+use std::error::Error as _;
 
+use crate::driver::attempt::target_of;
 use crate::driver::claim::{self, Beneath};
 use crate::driver::phases::RetryMiddleware;
+use crate::engine::seen::{Failure, ResponseHead, Seen};
+use crate::error::AttemptTimeout;
+use crate::fault::{self, Fault};
 
 // Not `async_trait`, whose future would hold the request twice more and box this one inside its
 // own: the logical request's future alone is boxed, and a request passed through costs none.
@@ -42,5 +47,133 @@ impl Beneath for Next<'_> {
         extensions: &'s mut Extensions,
     ) -> Pin<Box<dyn Future<Output = reqwest_middleware::Result<Response>> + Send + 's>> {
         self.clone().run(request, extensions)
+    }
+
+    #[inline]
+    fn seen<'o>(&self, outcome: &'o reqwest_middleware::Result<Response>) -> Seen<'o> {
+        seen(outcome)
+    }
+}
+
+/// What the engine reads of an outcome of this door: the answer's head, or the error, with its
+/// transient fault and, for a classifier, the error itself (reqwest's, or another
+/// middleware's own).
+#[inline]
+pub(crate) fn seen(outcome: &reqwest_middleware::Result<Response>) -> Seen<'_> {
+    match outcome {
+        Ok(response) => Seen::Answer(ResponseHead {
+            status: response.status(),
+            version: response.version(),
+            headers: response.headers(),
+            from: target_of(response.url()),
+        }),
+        Err(err) => Seen::Failed(Failure {
+            fault: transport_fault(err),
+            error: match err {
+                reqwest_middleware::Error::Reqwest(e) => e,
+                reqwest_middleware::Error::Middleware(e) => e.as_ref(),
+            },
+        }),
+    }
+}
+
+/// The transient fault behind `err`, or `None` when the error is permanent: reqwest's own
+/// error by what it says of itself and its causes, this crate's attempt timeout, and never
+/// another middleware's error (one from an inner instance of ours that has already given up
+/// included): not ours to repeat.
+pub(crate) fn transport_fault(err: &reqwest_middleware::Error) -> Option<Fault> {
+    match err {
+        reqwest_middleware::Error::Middleware(e) => AttemptTimeout::fault(e.as_ref()),
+        reqwest_middleware::Error::Reqwest(e) => reqwest_fault(e),
+    }
+}
+
+fn reqwest_fault(err: &reqwest::Error) -> Option<Fault> {
+    if err.is_builder() || err.is_redirect() || err.is_status() {
+        return None;
+    }
+    if err.is_timeout() {
+        return Some(Fault::Timeout);
+    }
+    let cause = err.source().and_then(fault::of_causes);
+    if err.is_connect() {
+        return connect_fault(cause, err);
+    }
+    cause
+}
+
+/// What a connect error stands for. Only causes known to be passing make it transient: a
+/// certificate that failed to verify will fail the same way again. A name that did not resolve
+/// is transient: resolvers time out and lose their upstreams, and nothing was sent.
+fn connect_fault(cause: Option<Fault>, err: &reqwest::Error) -> Option<Fault> {
+    let passing = cause.is_some() || err.source().is_some_and(fault::resolution_failed);
+    passing.then_some(Fault::Connect)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io;
+
+    use super::*;
+
+    fn may_have_reached(outcome: &reqwest_middleware::Result<Response>) -> bool {
+        seen(outcome).may_have_reached()
+    }
+
+    #[test]
+    fn only_an_error_that_certainly_sent_nothing_kept_the_key_from_the_server() {
+        let ok = Response::from(http::Response::new(""));
+        assert!(may_have_reached(&Ok(ok)));
+        let timed_out = crate::driver::claim::timed_out(std::time::Duration::from_millis(5));
+        assert_eq!(transport_fault(&timed_out), Some(Fault::Timeout));
+        let timeout = Err(crate::driver::claim::timed_out(
+            std::time::Duration::from_millis(5),
+        ));
+        assert!(may_have_reached(&timeout));
+        let other = Err(reqwest_middleware::Error::middleware(io::Error::other("x")));
+        assert!(may_have_reached(&other));
+    }
+
+    #[tokio::test]
+    async fn a_refused_connection_kept_the_key_from_the_server() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        drop(listener);
+        let refused = reqwest::Client::new()
+            .get(format!("http://127.0.0.1:{port}/"))
+            .send()
+            .await
+            .unwrap_err();
+        let refused = Err(reqwest_middleware::Error::Reqwest(refused));
+        assert!(!may_have_reached(&refused));
+        // The classifier sees reqwest's own error.
+        let Seen::Failed(failure) = seen(&refused) else {
+            panic!("an error is a failure");
+        };
+        assert_eq!(failure.fault, Some(Fault::Connect));
+        assert!(failure.error.downcast_ref::<reqwest::Error>().is_some());
+    }
+
+    #[test]
+    fn builder_errors_are_permanent() {
+        let client = reqwest::Client::new();
+        let err = client.get("not a url").build().unwrap_err();
+        assert!(err.is_builder());
+        assert_eq!(transport_fault(&err.into()), None);
+    }
+
+    #[test]
+    fn other_middleware_errors_are_permanent() {
+        let err = reqwest_middleware::Error::middleware(io::Error::new(
+            io::ErrorKind::ConnectionReset,
+            "from another middleware",
+        ));
+        assert_eq!(transport_fault(&err), None);
+        // The classifier sees that middleware's own error.
+        let failed = Err(err);
+        let Seen::Failed(failure) = seen(&failed) else {
+            panic!("an error is a failure");
+        };
+        assert!(failure.error.downcast_ref::<io::Error>().is_some());
     }
 }

@@ -28,7 +28,9 @@ use tower_service::Service;
 
 use crate::driver::claim::Beneath;
 use crate::driver::phases::RetryMiddleware;
+use crate::engine::seen::{Failure, Seen};
 use crate::error::RetryError;
+use crate::fault::{self, Fault};
 
 /// An error of the inner service or of the layer, as tower passes errors: boxed.
 pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -336,6 +338,19 @@ where
             Ok(answer(response, url))
         })
     }
+
+    fn seen<'o>(&self, outcome: &'o reqwest_middleware::Result<reqwest::Response>) -> Seen<'o> {
+        if let Err(reqwest_middleware::Error::Middleware(e)) = outcome {
+            if let Some(service) = e.downcast_ref::<ServiceError>() {
+                // The inner service's own error, for the classifier to look into.
+                return Seen::Failed(Failure {
+                    fault: service_fault(service),
+                    error: &*service.0,
+                });
+            }
+        }
+        crate::door::reqwest::seen(outcome)
+    }
 }
 
 /// The inner service's answer as the driver judges it: a `reqwest::Response` with the URL its
@@ -356,4 +371,24 @@ where
     *rebuilt.headers_mut() = parts.headers;
     rebuilt.extensions_mut().extend(parts.extensions);
     reqwest::Response::from(rebuilt)
+}
+
+/// The transient fault behind a tower service's error: the same causes as behind reqwest's,
+/// and a connect failure of hyper-util's client told apart as reqwest's is (nothing was sent).
+fn service_fault(err: &ServiceError) -> Option<Fault> {
+    let err: &(dyn std::error::Error + 'static) = &*err.0;
+    let cause = fault::of_causes(err);
+    let mut source = Some(err);
+    // Bounded, as every walk of a chain here.
+    for _ in 0..64 {
+        let Some(at) = source else { break };
+        if let Some(client) = at.downcast_ref::<hyper_util::client::legacy::Error>() {
+            if client.is_connect() {
+                let passing = cause.is_some() || fault::resolution_failed(err);
+                return passing.then_some(Fault::Connect);
+            }
+        }
+        source = at.source();
+    }
+    cause
 }

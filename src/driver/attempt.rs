@@ -36,7 +36,7 @@ use reqwest::{Request, Response, Url};
 use crate::clock::{AttemptTimer, SharedClock};
 use crate::driver::body;
 use crate::driver::claim::{self, Beneath, Claiming};
-use crate::driver::trace::{Ends, Watcher};
+use crate::driver::trace::Watcher;
 use crate::engine::attempt_headers::AttemptHeaders;
 use crate::engine::classifier::{Classifier, RequestHead};
 use crate::engine::classify::{self, Judging, Verdict};
@@ -44,13 +44,27 @@ use crate::engine::decide::{Decider, Facts, Plan};
 use crate::engine::dependency::Dependency;
 use crate::engine::idempotency::{self, IdempotencyKeys, Key, NaturalKey};
 use crate::engine::policy::RetryPolicy;
-use crate::error::{StopReason, nothing_sent};
+use crate::engine::seen::{Seen, Target};
+use crate::error::nothing_sent;
+use crate::fault::Fault;
 use crate::observe::Observer;
 use crate::rng::RandomSource;
 use crate::shared::Shared;
+use crate::stop::StopReason;
 
 /// An attempt's outcome as the chain returns it.
 pub(crate) type Outcome = reqwest_middleware::Result<Response>;
+
+/// The last outcome of a request, with the transient fault its door found in it.
+pub(crate) type Last = (Outcome, Option<Fault>);
+
+/// What a request's end needs of it besides its outcome: its key (and whether it was sent
+/// before the last attempt), who watches, and its URL.
+pub(crate) struct Ends<'s, 'a> {
+    pub(crate) key: Option<(Key, bool)>,
+    pub(crate) watcher: Option<&'s Watcher<'a>>,
+    pub(crate) url: Option<&'s Url>,
+}
 
 /// What the request keeps between attempts: the original while another copy of it may be
 /// sent, its URL once the original itself went (for an error that has none), and the last
@@ -61,7 +75,7 @@ pub(crate) struct Kept {
     gone: Option<Box<Url>>,
     /// Kept for a stop that may follow the wait (boxed: only a retry needs room for it), and
     /// let go when the next attempt is sent.
-    pub(crate) previous: Option<Box<Outcome>>,
+    pub(crate) previous: Option<Box<Last>>,
 }
 
 impl Kept {
@@ -74,10 +88,10 @@ impl Kept {
     }
 
     /// What a stop before an attempt hands back: the last outcome, or what says nothing was sent.
-    pub(crate) fn last_outcome(&mut self, stop: StopReason) -> Outcome {
+    pub(crate) fn last_outcome(&mut self, stop: StopReason) -> Last {
         self.previous
             .take()
-            .map_or_else(|| Err(nothing_sent(stop)), |outcome| *outcome)
+            .map_or_else(|| (Err(nothing_sent(stop)), None), |last| *last)
     }
 
     /// The request, before its first attempt.
@@ -89,13 +103,15 @@ impl Kept {
     }
 
     /// Where a copy of the request would go, when one is at hand for another attempt.
-    pub(crate) fn resend(&self) -> Option<&Url> {
-        self.request.as_ref().map(Request::url)
+    pub(crate) fn resend(&self) -> Option<Target<'_>> {
+        self.request
+            .as_ref()
+            .map(|request| target_of(request.url()))
     }
 
     /// The request's URL, kept or gone.
     pub(crate) fn url(&self) -> Option<&Url> {
-        self.resend().or(self.gone.as_deref())
+        (self.request.as_ref().map(Request::url)).or(self.gone.as_deref())
     }
 
     /// The request for a copy: a clone when `keep` (the original stays kept), else the original
@@ -116,6 +132,24 @@ impl Kept {
         };
         self.gone = Some(Box::new(original.url().clone()));
         original
+    }
+}
+
+/// Where `url` points, as the engine reads it.
+#[inline]
+pub(crate) fn target_of(url: &Url) -> Target<'_> {
+    Target::new(url.scheme(), url.host_str().unwrap_or(""), url.port())
+}
+
+/// What a classifier sees of `request` after it has gone: its method, its URL as a URI (no
+/// fragment: a URI a request carries has none), and its headers.
+fn head_of(request: &Request) -> RequestHead {
+    let url = request.url().as_str();
+    let without_fragment = url.split_once('#').map_or(url, |(uri, _)| uri);
+    RequestHead {
+        method: request.method().clone(),
+        uri: without_fragment.parse().unwrap_or_default(),
+        headers: request.headers().clone(),
     }
 }
 
@@ -141,11 +175,11 @@ pub(crate) struct Sent<'a> {
 }
 
 /// A request stopped before its first attempt: why, the error that says so, and who watches.
-pub(crate) type Unsent<'a> = (
-    StopReason,
-    reqwest_middleware::Error,
-    Option<Box<Watcher<'a>>>,
-);
+pub(crate) struct Unsent<'a> {
+    pub(crate) stop: StopReason,
+    pub(crate) cause: reqwest_middleware::Error,
+    pub(crate) watcher: Option<Box<Watcher<'a>>>,
+}
 
 impl<'a> Sent<'a> {
     /// What a request needs after it has gone, and what the core needs to know of it: its key,
@@ -162,7 +196,12 @@ impl<'a> Sent<'a> {
         // Only when someone watches is the request's name (method, host, path) copied.
         let watcher = watched.then(|| Box::new(Watcher::of(observer, &dependency.name, request)));
         if let Some(cause) = refused {
-            return Err((StopReason::InvalidOverride, cause, watcher));
+            let stop = StopReason::InvalidOverride;
+            return Err(Unsent {
+                stop,
+                cause,
+                watcher,
+            });
         }
         let key = match idempotency::key_for(
             dependency.keys.as_ref(),
@@ -173,12 +212,18 @@ impl<'a> Sent<'a> {
             Ok(key) => key,
             Err(e) => {
                 let cause = reqwest_middleware::Error::middleware(e);
-                return Err((StopReason::InvalidIdempotencyKey, cause, watcher));
+                let stop = StopReason::InvalidIdempotencyKey;
+                return Err(Unsent {
+                    stop,
+                    cause,
+                    watcher,
+                });
             }
         };
+        let whole_body = request.body().is_none_or(|body| body.as_bytes().is_some());
         let facts = Facts {
             stamped: key.as_ref().is_some_and(|key| key.stamped),
-            hedgeable: classify::may_be_hedged(request, key.is_some()),
+            hedgeable: classify::may_be_hedged(request.method(), key.is_some(), whole_body),
         };
         let sent = Sent {
             repeatable: key.is_some() || classify::is_idempotent(request.method()),
@@ -188,7 +233,7 @@ impl<'a> Sent<'a> {
             keys: dependency.keys.as_ref(),
             headers: &dependency.attempt_headers,
             // Only a classifier needs the request after it has gone: its head is kept for it.
-            head: (dependency.classifier.as_ref()).map(|c| (c, Box::new(RequestHead::of(request)))),
+            head: (dependency.classifier.as_ref()).map(|c| (c, Box::new(head_of(request)))),
             watcher,
             print: claim::fingerprint(request),
         };
@@ -200,9 +245,9 @@ impl<'a> Sent<'a> {
     #[inline]
     fn copy(&self, kept: &mut Kept, plan: &Plan) -> Request {
         let mut sending = kept.take(plan.keep_copy);
-        idempotency::put_on(self.keys, self.key.as_ref(), &mut sending);
+        idempotency::put_on(self.keys, self.key.as_ref(), sending.headers_mut());
         if self.headers.are_on() {
-            self.headers.put_on(&mut sending, plan.number, plan.left);
+            (self.headers).put_on(sending.headers_mut(), plan.number, plan.left);
         }
         sending
     }
@@ -213,7 +258,11 @@ impl<'a> Sent<'a> {
             .key
             .take()
             .map(|key| (key, self.answered_under_sent_key));
-        (key, self.watcher.as_deref(), kept.url())
+        Ends {
+            key,
+            watcher: self.watcher.as_deref(),
+            url: kept.url(),
+        }
     }
 
     /// How this request's outcomes are judged under `policy`.
@@ -228,13 +277,13 @@ impl<'a> Sent<'a> {
         }
     }
 
-    /// Takes in an attempt's outcome: its key has been sent if the attempt may have reached
-    /// the server.
+    /// Takes in an attempt's outcome, `seen`: its key has been sent if the attempt may have
+    /// reached the server.
     #[inline]
-    pub(crate) fn took(&mut self, outcome: &Outcome) {
+    pub(crate) fn took(&mut self, seen: &Seen<'_>) {
         self.answered_under_sent_key = self.key_sent;
         if self.key.is_some() && !self.key_sent {
-            self.key_sent = classify::may_have_reached(outcome);
+            self.key_sent = seen.may_have_reached();
         }
     }
 }
@@ -290,6 +339,8 @@ type ReadBody = Result<(Response, Option<bytes::Bytes>), reqwest::Error>;
 /// polled until it has an outcome, judged, with its body read as the policy says.
 pub(crate) struct Flight<'s, 'l, 'p, 'q, 'd> {
     lent: &'l mut Lent<'p, 'q, 'd>,
+    /// The door beneath, which reads what each copy ends in.
+    door: &'s dyn Beneath,
     number: u32,
     /// The first copy's time limit, longer if it ran on past it.
     limit: Duration,
@@ -361,6 +412,7 @@ impl<'s, 'l, 'p, 'q, 'd> Flight<'s, 'l, 'p, 'q, 'd> {
         lent.decider.sent();
         Flight {
             lent,
+            door: next,
             number: plan.number,
             limit: plan.limit,
             first: Some(first),
@@ -387,7 +439,7 @@ impl<'s, 'l, 'p, 'q, 'd> Flight<'s, 'l, 'p, 'q, 'd> {
                     self.read(outcome, max, AfterRead::Judge, by_hedge);
                     continue;
                 }
-                let verdict = self.lent.judging.verdict(&outcome, self.number);
+                let verdict = (self.lent.judging).verdict(&self.door.seen(&outcome), self.number);
                 (outcome, verdict, by_hedge)
             };
             if let Some(hedged) = self.hedged.as_deref_mut() {
@@ -446,7 +498,8 @@ impl<'s, 'l, 'p, 'q, 'd> Flight<'s, 'l, 'p, 'q, 'd> {
         // Judged with the body the classifier is to see; after a verdict, judged again: a body
         // cut off is transient, and a body read whole leaves the verdict as it was (the same
         // status and head).
-        let verdict = (self.lent.judging).verdict_on(&outcome, self.number, body.as_ref());
+        let seen = self.door.seen(&outcome);
+        let verdict = (self.lent.judging).verdict_on(&seen, self.number, body.as_ref());
         Poll::Ready((outcome, verdict, by_hedge, then))
     }
 

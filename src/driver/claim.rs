@@ -24,6 +24,8 @@ use std::time::Duration;
 use http::Extensions;
 use reqwest::{Request, Response};
 
+use crate::engine::seen::Seen;
+
 /// What lies beneath the driver: where each copy of a request goes, with the request's
 /// extensions. The rest of a `reqwest-middleware` chain, or a tower service (`tower`): the one
 /// thing the two front doors do differently while a request is driven.
@@ -34,6 +36,10 @@ pub(crate) trait Beneath: Send + Sync {
         request: Request,
         extensions: &'s mut Extensions,
     ) -> Pin<Box<dyn Future<Output = reqwest_middleware::Result<Response>> + Send + 's>>;
+
+    /// An attempt's outcome as the engine reads it: the answer's head, or the error with the
+    /// transient fault this door finds in it.
+    fn seen<'o>(&self, outcome: &'o reqwest_middleware::Result<Response>) -> Seen<'o>;
 }
 
 /// Tells the middleware and transport beneath which attempt this is, before they see it (a first

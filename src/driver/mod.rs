@@ -1,11 +1,10 @@
 //! The driver: the only code that sends, times out, sleeps and awaits; it decides nothing. One
 //! logical request's phases (`phases`), the attempt in flight (`attempt`), bodies read inside
 //! an attempt or kept through a wait (`body`), the claim that lets one layer retry (`claim`),
-//! the record a request ends with (`record`) and its tracing (`trace`).
+//! and its tracing (`trace`). It builds the record a request ends with (`crate::record`).
 
 pub(crate) mod attempt;
 pub(crate) mod body;
 pub(crate) mod claim;
 pub(crate) mod phases;
-pub(crate) mod record;
 pub(crate) mod trace;

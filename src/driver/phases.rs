@@ -18,19 +18,23 @@ use reqwest::{Request, Response};
 use tracing::Level;
 
 use crate::clock::{Clock, SharedClock, TimerUnavailable, TokioClock};
-use crate::driver::attempt::{Flight, Kept, Lent, Outcome, Sent, Tools};
+use crate::driver::attempt::{Ends, Flight, Kept, Last, Lent, Outcome, Sent, Tools, target_of};
 use crate::driver::body;
 use crate::driver::claim::Beneath;
-use crate::driver::trace::{self, Ends, LogLevels};
+use crate::driver::trace::{self, Ended, LogLevels, Traced};
+use crate::engine::budget::RetryBudget;
 use crate::engine::classify::Verdict;
 use crate::engine::decide::{Decider, Observed, Plan, Step};
 use crate::engine::dependency::{Dependency, RetryOverride, Routes};
 use crate::engine::policy::RetryPolicy;
 use crate::engine::schedule::Wait;
-use crate::error::{InvalidConfig, StopReason};
+use crate::error::{InvalidConfig, RetryError};
+use crate::fault::Fault;
 use crate::observe::{Observer, RetryEvent};
+use crate::record::RetryRecord;
 use crate::rng::{RandomSource, ThreadRng};
 use crate::shared::Shared;
+use crate::stop::StopReason;
 
 /// A [`reqwest_middleware::Middleware`] that retries transient failures when repeating is safe.
 ///
@@ -195,11 +199,12 @@ impl RetryMiddleware {
         extensions: &'a mut Extensions,
         next: N,
     ) -> impl Future<Output = reqwest_middleware::Result<Response>> + Send + 'a {
-        let dependency = self.dependencies.pick(request.url());
+        let dependency = self.dependencies.pick(target_of(request.url()));
         let span = trace::request_span(&dependency.name, &request);
         let mut kept = Kept::new(request);
         async move {
             let (overriding, cap, refused) = RetryOverride::of_request(extensions, dependency);
+            let refused = refused.map(reqwest_middleware::Error::middleware);
             let policy = overriding.as_deref().unwrap_or(&dependency.policy);
             let (method, mut now) = (kept.request().method(), self.clock.get().now());
             let mut decider = Decider::start(policy, dependency.accounts(), cap, method, now);
@@ -228,8 +233,8 @@ impl RetryMiddleware {
                             let chain = (&mut *extensions, &next as &dyn Beneath, &span);
                             Flight::launch(chain, &mut spare, &plan, &mut lent(&mut timer)).await
                         };
-                        let request = (&mut sent, &kept);
-                        let (outcome, delay) =
+                        let request = (&mut sent, &kept, &next as &dyn Beneath);
+                        let (outcome, fault, delay) =
                             match self.after(&span, plan.number, judged, &mut decider, request) {
                                 ControlFlow::Continue(retried) => retried,
                                 ControlFlow::Break(end) => return end,
@@ -242,7 +247,7 @@ impl RetryMiddleware {
                             return self.no_timer(&span, &decider, sent.ends(&kept));
                         };
                         let kept_body = body::keep_within(outcome, body::KEPT, within);
-                        kept.previous = Some(Box::new(Box::pin(kept_body).await));
+                        kept.previous = Some(Box::new((Box::pin(kept_body).await, fault)));
                         now = self.clock.get().now();
                         Phase::Waiting(delay.saturating_sub(now.saturating_duration_since(reading)))
                     }
@@ -276,15 +281,20 @@ impl RetryMiddleware {
                 decider.know(facts);
                 ControlFlow::Continue(sent)
             }
-            Err((stop, cause, watcher)) => {
-                let ends = (None, watcher.as_deref(), kept.url());
-                ControlFlow::Break(self.log.finish(span, Err(cause), stop, decider, ends))
+            Err(unsent) => {
+                let ends = Ends {
+                    key: None,
+                    watcher: unsent.watcher.as_deref(),
+                    url: kept.url(),
+                };
+                let last = (Err(unsent.cause), None);
+                ControlFlow::Break(self.finish(span, last, unsent.stop, decider, ends))
             }
         }
     }
 
     /// What follows attempt `number`'s judged outcome: the core's decision, traced; the
-    /// outcome and the wait when a retry follows, else the caller's outcome.
+    /// outcome, its fault and the wait when a retry follows, else the caller's outcome.
     #[inline(always)]
     fn after(
         &self,
@@ -292,25 +302,32 @@ impl RetryMiddleware {
         number: u32,
         (outcome, verdict, by_hedge): (Outcome, Verdict, bool),
         decider: &mut Decider<'_>,
-        (sent, kept): (&mut Sent<'_>, &Kept),
-    ) -> ControlFlow<Outcome, (Outcome, Duration)> {
-        sent.took(&outcome);
+        (sent, kept, door): (&mut Sent<'_>, &Kept, &dyn Beneath),
+    ) -> ControlFlow<Outcome, (Outcome, Option<Fault>, Duration)> {
+        let seen = door.seen(&outcome);
+        let fault = seen.fault();
+        sent.took(&seen);
         let clock = self.clock.get();
-        let seen = Observed::of(&outcome, verdict, kept.resend());
+        let observed = Observed::of(&seen, verdict, kept.resend());
         let times = (&|| clock.now(), &|| clock.wall_now());
-        let decision = decider.ended(seen, by_hedge, times.0, times.1, &*self.rng.0);
+        let decision = decider.ended(observed, by_hedge, times.0, times.1, &*self.rng.0);
         if let Some(watcher) = sent.watcher.as_deref() {
-            let traced = (number, &outcome, verdict, decision, decider.floor());
+            let traced = Traced {
+                number,
+                outcome: &outcome,
+                fault,
+                verdict,
+                decision,
+                floor: decider.floor(),
+            };
             span.in_scope(|| self.log.attempt(watcher, traced));
         }
         match decision {
             Wait::Stop(stop) => {
-                ControlFlow::Break(
-                    self.log
-                        .finish(span, outcome, stop, decider, sent.ends(kept)),
-                )
+                let last = (outcome, fault);
+                ControlFlow::Break(self.finish(span, last, stop, decider, sent.ends(kept)))
             }
-            Wait::Sleep(delay) => ControlFlow::Continue((outcome, delay)),
+            Wait::Sleep(delay) => ControlFlow::Continue((outcome, fault, delay)),
         }
     }
 
@@ -324,9 +341,44 @@ impl RetryMiddleware {
         kept: &mut Kept,
         sent: &mut Sent<'_>,
     ) -> Outcome {
-        let outcome = kept.last_outcome(stop);
-        self.log
-            .finish(span, outcome, stop, decider, sent.ends(kept))
+        let last = kept.last_outcome(stop);
+        self.finish(span, last, stop, decider, sent.ends(kept))
+    }
+
+    /// The caller's outcome, the request's end traced in its span: the response with its
+    /// record, or the error wrapped with the count, the reason and the fault found in it.
+    fn finish(
+        &self,
+        span: &tracing::Span,
+        (outcome, fault): Last,
+        stop: StopReason,
+        decider: &Decider<'_>,
+        ends: Ends<'_, '_>,
+    ) -> Outcome {
+        let (attempts, waited) = (decider.attempts(), decider.waited());
+        if let Some(watcher) = ends.watcher {
+            let ended = Ended {
+                attempts,
+                stop,
+                waited,
+                outcome: &outcome,
+                fault,
+            };
+            span.in_scope(|| self.log.stopped(watcher, ended));
+        }
+        let record = RetryRecord {
+            attempts,
+            stop,
+            waited,
+            replay_counts: ends.key.as_ref().is_some_and(|(_, sent)| *sent),
+            key: ends.key.map(|(key, _)| key.value),
+            replayed: false,
+            answered_by_hedge: decider.hedge_answered(),
+        };
+        let budget = (stop == StopReason::BudgetExhausted)
+            .then(|| decider.budget().map(RetryBudget::capacity))
+            .flatten();
+        hand_back(record, (outcome, fault), ends.url, budget)
     }
 
     /// The clock and the random source, for an attempt.
@@ -338,7 +390,39 @@ impl RetryMiddleware {
     fn no_timer(&self, span: &tracing::Span, decider: &Decider<'_>, ends: Ends<'_, '_>) -> Outcome {
         let (cause, stop) = (TimerUnavailable, StopReason::TimerUnavailable);
         let cause = reqwest_middleware::Error::middleware(cause);
-        self.log.finish(span, Err(cause), stop, decider, ends)
+        self.finish(span, (Err(cause), None), stop, decider, ends)
+    }
+}
+
+/// The caller's outcome with its `record`: on the response, or in the error that wraps the
+/// last one, with the fault found in it, the request's `url` and the `budget` that refused a
+/// retry. The most common outcome, a first attempt's success without a key or a wait, carries
+/// none: [`RetryRecord::of`] infers it, and the success path is spared an allocation and a map
+/// insertion.
+#[inline]
+fn hand_back(
+    record: RetryRecord,
+    (outcome, fault): Last,
+    url: Option<&reqwest::Url>,
+    budget: Option<f64>,
+) -> Outcome {
+    match outcome {
+        Ok(mut response) => {
+            let inferred = record.attempts == 1
+                && record.stop == StopReason::Succeeded
+                && record.key.is_none()
+                && record.waited.is_zero()
+                && !record.answered_by_hedge;
+            if !inferred {
+                response.extensions_mut().insert(record);
+            }
+            Ok(response)
+        }
+        Err(last) => {
+            let err = RetryError::new(record.attempts, record.stop, record.key, last);
+            let err = err.with_fault(fault).with(record.waited, url);
+            Err(err.with_budget(budget).into())
+        }
     }
 }
 

@@ -6,12 +6,12 @@ use std::time::Duration;
 use reqwest::{Request, Response};
 use tracing::Level;
 
-use crate::driver::record::RetryRecord;
-use crate::engine::classify::{self, Fault, Verdict};
-use crate::engine::decide::Decider;
+use crate::engine::classify::Verdict;
 use crate::engine::schedule::Wait;
-use crate::error::StopReason;
-use crate::observe::{AttemptErrorKind, Observer, RetryEvent, url_without_query};
+use crate::fault::AttemptErrorKind;
+use crate::fault::Fault;
+use crate::observe::{Observer, RetryEvent, url_without_query};
+use crate::stop::StopReason;
 
 /// The tracing target of every span and event, whatever module emits them.
 pub(crate) const TARGET: &str = "reqwest_safe_retry";
@@ -98,22 +98,28 @@ impl<'a> Watcher<'a> {
     }
 }
 
-/// What a request's end needs of it besides its outcome: its key, who watches, and its URL.
-pub(crate) type Ends<'s, 'a> = (
-    Option<(crate::engine::idempotency::Key, bool)>,
-    Option<&'s Watcher<'a>>,
-    Option<&'s reqwest::Url>,
-);
+/// One attempt as traced.
+pub(crate) struct Traced<'o> {
+    pub(crate) number: u32,
+    pub(crate) outcome: &'o reqwest_middleware::Result<Response>,
+    /// The transient fault the door found in the outcome's error, if any.
+    pub(crate) fault: Option<Fault>,
+    pub(crate) verdict: Verdict,
+    /// The decision after it.
+    pub(crate) decision: Wait,
+    /// The floor the decision honoured (`Retry-After` and the like), if any.
+    pub(crate) floor: Option<Duration>,
+}
 
-/// One attempt as traced: its number, outcome and verdict, the decision after it, and the floor
-/// that decision honoured.
-pub(crate) type Seen<'o> = (
-    u32,
-    &'o reqwest_middleware::Result<Response>,
-    Verdict,
-    Wait,
-    Option<Duration>,
-);
+/// The end of a logical request, as traced.
+pub(crate) struct Ended<'o> {
+    pub(crate) attempts: u32,
+    pub(crate) stop: StopReason,
+    pub(crate) waited: Duration,
+    pub(crate) outcome: &'o reqwest_middleware::Result<Response>,
+    /// The transient fault the door found in the outcome's error, if any.
+    pub(crate) fault: Option<Fault>,
+}
 
 /// The levels of the middleware's events; see
 /// [`RetryMiddleware::with_retry_log_level`](crate::RetryMiddleware::with_retry_log_level).
@@ -154,51 +160,21 @@ impl LogLevels {
         }
     }
 
-    /// The caller's outcome, its end traced in the request's span: the response with its
-    /// record, or the error wrapped with the count and the reason.
-    pub(crate) fn finish(
-        &self,
-        span: &tracing::Span,
-        outcome: reqwest_middleware::Result<Response>,
-        stop: StopReason,
-        decider: &Decider<'_>,
-        (key, watcher, url): Ends<'_, '_>,
-    ) -> reqwest_middleware::Result<Response> {
-        let (attempts, waited) = (decider.attempts(), decider.waited());
-        if let Some(watcher) = watcher {
-            span.in_scope(|| self.trace_stop(watcher, attempts, stop, waited, &outcome));
-        }
-        let record = RetryRecord {
+    /// Traces the end of a logical request: the last attempt's status, or its error's kind
+    /// (none when nothing was sent: the reason says why).
+    pub(crate) fn stopped(&self, watcher: &Watcher<'_>, ended: Ended<'_>) {
+        let Ended {
             attempts,
             stop,
             waited,
-            replay_counts: key.as_ref().is_some_and(|(_, sent)| *sent),
-            key: key.map(|(key, _)| key.value),
-            replayed: false,
-            answered_by_hedge: decider.hedge_answered(),
-        };
-        let budget = (stop == StopReason::BudgetExhausted)
-            .then(|| decider.budget().map(crate::RetryBudget::capacity))
-            .flatten();
-        record.hand_back(outcome, url, budget)
-    }
-
-    /// Traces the end of a logical request.
-    fn trace_stop(
-        &self,
-        watcher: &Watcher<'_>,
-        attempts: u32,
-        stop: StopReason,
-        waited: Duration,
-        outcome: &reqwest_middleware::Result<Response>,
-    ) {
-        // What went wrong at the last attempt: its status, or its error's kind (none when
-        // nothing was sent: the reason says why).
+            outcome,
+            fault,
+        } = ended;
         let (status, error) = match outcome {
             Ok(response) => (Some(response.status().as_u16()), None),
             Err(err) => (
                 err.status().map(|s| s.as_u16()),
-                (attempts > 0).then(|| error_kind(err)),
+                (attempts > 0).then(|| error_kind(fault)),
             ),
         };
         event_at!(
@@ -217,18 +193,25 @@ impl LogLevels {
     }
 
     /// Traces one attempt and tells the observer, if any, with the floor the decision honoured.
-    pub(crate) fn attempt(&self, watcher: &Watcher<'_>, seen: Seen<'_>) {
-        let (attempt, outcome, verdict, decision, floor) = seen;
+    pub(crate) fn attempt(&self, watcher: &Watcher<'_>, traced: Traced<'_>) {
+        let Traced {
+            number: attempt,
+            outcome,
+            fault,
+            verdict,
+            decision,
+            floor,
+        } = traced;
         let (status, error) = match outcome {
             Ok(r) => (Some(r.status().as_u16()), None),
-            Err(e) => (e.status().map(|s| s.as_u16()), Some(error_kind(e))),
+            Err(e) => (e.status().map(|s| s.as_u16()), Some(error_kind(fault))),
         };
         let (delay, stop) = match decision {
             Wait::Sleep(delay) => (Some(delay), None),
             Wait::Stop(stop) => (None, Some(stop)),
         };
         let decision = match (verdict, decision) {
-            (Verdict::Transient(_, why), Wait::Sleep(_)) => why,
+            (Verdict::Transient(cause), Wait::Sleep(_)) => cause.as_str(),
             (_, Wait::Stop(stop)) => stop.as_str(),
             (Verdict::Final(stop), _) => stop.as_str(),
         };
@@ -270,7 +253,7 @@ fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
-/// The kind of an attempt's error, as the events' `error` field names it.
-fn error_kind(err: &reqwest_middleware::Error) -> AttemptErrorKind {
-    classify::transport_fault(err).map_or(AttemptErrorKind::Permanent, Fault::kind)
+/// The kind of an attempt's error with `fault`, as the events' `error` field names it.
+fn error_kind(fault: Option<Fault>) -> AttemptErrorKind {
+    fault.map_or(AttemptErrorKind::Permanent, Fault::kind)
 }

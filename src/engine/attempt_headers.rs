@@ -43,8 +43,7 @@ impl AttemptHeaders {
 
     /// Puts attempt `number`'s headers on the copy of the request it sends, `left` before the
     /// request's deadline.
-    pub(crate) fn put_on(&self, sending: &mut reqwest::Request, number: u32, left: Duration) {
-        let headers = sending.headers_mut();
+    pub(crate) fn put_on(&self, headers: &mut http::HeaderMap, number: u32, left: Duration) {
         if let Some(name) = &self.attempt {
             headers.insert(name.clone(), HeaderValue::from(number));
         }
@@ -94,8 +93,8 @@ pub(crate) fn header_name(
 mod tests {
     use super::*;
 
-    fn request() -> reqwest::Request {
-        reqwest::Request::new(http::Method::GET, "http://127.0.0.1/".parse().unwrap())
+    fn request() -> http::Request<()> {
+        http::Request::new(())
     }
 
     #[test]
@@ -108,18 +107,18 @@ mod tests {
         sending
             .headers_mut()
             .insert("x-attempt", HeaderValue::from_static("callers"));
-        headers.put_on(&mut sending, 2, Duration::from_micros(29_950_999));
+        headers.put_on(sending.headers_mut(), 2, Duration::from_micros(29_950_999));
         assert_eq!(sending.headers()["x-attempt"], "2");
         assert_eq!(sending.headers()["x-deadline-ms"], "29950");
         assert_eq!(sending.headers().get_all("x-attempt").iter().count(), 1);
-        headers.put_on(&mut sending, u32::MAX, Duration::MAX);
+        headers.put_on(sending.headers_mut(), u32::MAX, Duration::MAX);
         assert_eq!(sending.headers()["x-attempt"], "4294967295");
         assert_eq!(sending.headers()["x-deadline-ms"], "18446744073709551615");
         // None configured: nothing added.
         let mut bare = request();
         let off = AttemptHeaders::default();
         assert!(!off.are_on() && headers.are_on());
-        off.put_on(&mut bare, 1, Duration::ZERO);
+        off.put_on(bare.headers_mut(), 1, Duration::ZERO);
         assert!(bare.headers().is_empty());
         let one = AttemptHeaders {
             attempt: None,

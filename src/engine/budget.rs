@@ -536,6 +536,12 @@ impl Tokens {
     }
 }
 
+impl crate::observe::Balance for RetryBudget {
+    fn balance(&self) -> f64 {
+        RetryBudget::balance(self)
+    }
+}
+
 #[cfg(all(test, not(reqwest_safe_retry_loom)))]
 mod tests {
     use super::*;

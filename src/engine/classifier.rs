@@ -13,10 +13,15 @@
 //! loudly a classifier says "transient". The attempt limit, the deadline, `Retry-After` and the
 //! budget apply as always.
 
-use bytes::Bytes;
-use http::{HeaderMap, HeaderValue, Method, StatusCode};
-use reqwest::{Response, Url};
+use std::error::Error;
 use std::sync::atomic::AtomicBool;
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderValue, Method, StatusCode, Uri, Version};
+
+use crate::engine::seen::ResponseHead;
+use crate::fault::AttemptErrorKind;
+use crate::fault::Fault;
 
 /// Whether an attempt's outcome is worth another attempt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -29,14 +34,18 @@ pub enum Retryable {
     Fatal,
 }
 
-/// What an attempt ended in.
+/// What an attempt ended in, the same behind either door.
 #[derive(Debug, Clone, Copy)]
 pub enum Outcome<'a> {
-    /// The server answered; the response's head (its body has not been read, unless the
+    /// The server answered: the answer's head (its body has not been read, unless the
     /// policy's `buffer_body` read it: then [`Attempt::body`] has it).
-    Response(&'a Response),
-    /// No answer: a transport error, the attempt's timeout, or another middleware's error.
-    Error(&'a reqwest_middleware::Error),
+    Response(ResponseHead<'a>),
+    /// No answer: a transport error, the attempt's timeout, or another layer's error. Behind
+    /// the `reqwest-middleware` door it is the `reqwest::Error` itself, or the error another
+    /// middleware returned; behind the tower door, the inner service's own error. Downcast it
+    /// to look into it (`error.downcast_ref::<reqwest::Error>()`), and see
+    /// [`Attempt::error_kind`] for what the default rules made of it.
+    Error(&'a (dyn Error + 'static)),
 }
 
 /// One attempt, as a [classifier](crate::Dependency::with_classifier) sees it: the request and its outcome, and what the default
@@ -44,7 +53,7 @@ pub enum Outcome<'a> {
 #[derive(Debug, Clone, Copy)]
 pub struct Attempt<'a> {
     pub(crate) method: &'a Method,
-    pub(crate) url: &'a Url,
+    pub(crate) uri: &'a Uri,
     pub(crate) headers: &'a HeaderMap,
     pub(crate) key: Option<&'a HeaderValue>,
     pub(crate) number: u32,
@@ -53,6 +62,8 @@ pub struct Attempt<'a> {
     /// flag, so that one that asks for it is told, once, how to get it.
     pub(crate) body_unread: Option<&'a AtomicBool>,
     pub(crate) outcome: Outcome<'a>,
+    /// The transient fault the door found in an error, if any.
+    pub(crate) fault: Option<Fault>,
     pub(crate) default: Retryable,
 }
 
@@ -62,9 +73,9 @@ impl<'a> Attempt<'a> {
         self.method
     }
 
-    /// The request's URL.
-    pub fn url(&self) -> &'a Url {
-        self.url
+    /// The request's URI, absolute (scheme, authority, path and query) behind either door.
+    pub fn uri(&self) -> &'a Uri {
+        self.uri
     }
 
     /// The request's headers as the caller built it (the idempotency key the middleware stamps
@@ -123,6 +134,33 @@ impl<'a> Attempt<'a> {
         }
     }
 
+    /// The HTTP version the answer came over, if the server answered.
+    pub fn version(&self) -> Option<Version> {
+        match self.outcome {
+            Outcome::Response(response) => Some(response.version()),
+            Outcome::Error(_) => None,
+        }
+    }
+
+    /// The attempt's error, if it got no answer: a shorthand for matching
+    /// [`outcome`](Self::outcome) on [`Outcome::Error`].
+    pub fn error(&self) -> Option<&'a (dyn Error + 'static)> {
+        match self.outcome {
+            Outcome::Response(_) => None,
+            Outcome::Error(error) => Some(error),
+        }
+    }
+
+    /// What kind of failure the default rules found in the attempt's error (a timeout, a
+    /// refused or reset connection, a response cut off, a request the server did not process),
+    /// or [`AttemptErrorKind::Permanent`] for one they would not retry; `None` for an answer.
+    pub fn error_kind(&self) -> Option<AttemptErrorKind> {
+        match self.outcome {
+            Outcome::Response(_) => None,
+            Outcome::Error(_) => Some(self.fault.map_or(AttemptErrorKind::Permanent, Fault::kind)),
+        }
+    }
+
     /// What the default rules make of the outcome under the dependency's policy: a classifier
     /// returns it for every case it has no rule of its own for.
     pub fn default_verdict(&self) -> Retryable {
@@ -170,16 +208,6 @@ impl crate::shared::Named for dyn Classifier {
 #[derive(Debug)]
 pub(crate) struct RequestHead {
     pub(crate) method: Method,
-    pub(crate) url: Url,
+    pub(crate) uri: Uri,
     pub(crate) headers: HeaderMap,
-}
-
-impl RequestHead {
-    pub(crate) fn of(request: &reqwest::Request) -> Self {
-        RequestHead {
-            method: request.method().clone(),
-            url: request.url().clone(),
-            headers: request.headers().clone(),
-        }
-    }
 }

@@ -11,33 +11,51 @@
 //!    server can recognise the copy, or when the failure happened while connecting, before any
 //!    byte of it reached the server.
 //!
-//! Transport errors are recognised by what they are made of (timeouts, `std::io` error kinds,
-//! hyper's "incomplete message"), not by their text, so a new wording in a dependency cannot
-//! change a decision.
-
-use std::error::Error as _;
-use std::io;
+//! The outcome is read as the engine sees it (`seen`): an answer's head, or a failure with the
+//! fault its door found in it (`crate::fault`), so the rules are the same behind every door.
 
 use http::{HeaderValue, Method, StatusCode};
-use reqwest::Response;
 
 use crate::engine::advice;
-use crate::engine::budget::RetryKind;
 use crate::engine::classifier::{Attempt, Classifier, Outcome, RequestHead, Retryable};
 use crate::engine::policy::RetryPolicy;
-use crate::error::StopReason;
+use crate::engine::seen::{ResponseHead, Seen};
+use crate::fault::Fault;
 use crate::shared::Shared;
+use crate::stop::StopReason;
 
 /// What an attempt's outcome calls for, before any limit (attempts, deadline, budget) is asked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Verdict {
-    /// A transient failure that is safe to repeat: what a retry after it costs, and the reason
-    /// for the trace.
-    Transient(RetryKind, &'static str),
+    /// A transient failure that is safe to repeat, and what made it transient: the core maps
+    /// it to what a retry after it costs, the trace names it.
+    Transient(Cause),
     /// No retry: [`StopReason::Succeeded`], [`StopReason::NotRetryable`],
     /// [`StopReason::NotSafeToRetry`], [`StopReason::ServerDeclinedRetry`] or
     /// [`StopReason::ReplayedFailure`].
     Final(StopReason),
+}
+
+/// What made a failure transient.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Cause {
+    /// An answer whose status is a transient failure; `throttled`: a 429.
+    Status { throttled: bool },
+    /// A transport fault.
+    Fault(Fault),
+    /// The dependency's classifier, for an error the default rules do not know.
+    Classifier,
+}
+
+impl Cause {
+    /// The reason a retry follows, as the trace names it.
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Cause::Status { .. } => "status",
+            Cause::Fault(fault) => fault.as_str(),
+            Cause::Classifier => "classifier",
+        }
+    }
 }
 
 /// What judging an attempt's outcome takes, fixed for the logical request: the default rules
@@ -59,14 +77,10 @@ pub(crate) struct Judging<'a> {
 }
 
 impl Judging<'_> {
-    /// The verdict on attempt `number`'s outcome: transient by the default rules or the
-    /// classifier, then retried only where the safety rule allows.
-    pub(crate) fn verdict(
-        &self,
-        outcome: &reqwest_middleware::Result<Response>,
-        number: u32,
-    ) -> Verdict {
-        self.verdict_on(outcome, number, None)
+    /// The verdict on attempt `number`'s outcome, `seen`: transient by the default rules or
+    /// the classifier, then retried only where the safety rule allows.
+    pub(crate) fn verdict(&self, seen: &Seen<'_>, number: u32) -> Verdict {
+        self.verdict_on(seen, number, None)
     }
 
     /// How much of an answer's body to read before the verdict, for the classifier to see it:
@@ -79,40 +93,38 @@ impl Judging<'_> {
     /// The verdict, with the answer's `body` when it was read whole for the classifier.
     pub(crate) fn verdict_on(
         &self,
-        outcome: &reqwest_middleware::Result<Response>,
+        seen: &Seen<'_>,
         number: u32,
         body: Option<&bytes::Bytes>,
     ) -> Verdict {
         // The common answer, a success with no classifier to ask: final, whatever else it says.
-        if let (Ok(response), None) = (outcome, self.hook) {
-            if response.status().as_u16() < 400 {
+        if let (Seen::Answer(answer), None) = (seen, self.hook) {
+            if answer.status.as_u16() < 400 {
                 return Verdict::Final(StopReason::Succeeded);
             }
         }
-        let fault = match outcome {
-            Ok(_) => None,
-            Err(err) => transport_fault(err),
-        };
-        let (by_default, declined) = match outcome {
-            Ok(response) => self.answer_is_transient(response),
-            Err(_) => (fault.is_some(), false),
+        let (by_default, declined) = match seen {
+            Seen::Answer(answer) => self.answer_is_transient(answer),
+            Seen::Failed(failure) => (failure.fault.is_some(), false),
         };
         let transient = match self.hook {
             None => by_default,
             Some((classifier, head)) => {
                 let seen = Attempt {
                     method: &head.method,
-                    url: &head.url,
+                    uri: &head.uri,
                     headers: &head.headers,
                     key: self.key,
                     number,
                     body,
-                    body_unread: (outcome.is_ok() && self.policy.buffer_body_limit().is_none())
-                        .then(|| classifier.0.told()),
-                    outcome: match outcome {
-                        Ok(response) => Outcome::Response(response),
-                        Err(err) => Outcome::Error(err),
+                    body_unread: (matches!(seen, Seen::Answer(_))
+                        && self.policy.buffer_body_limit().is_none())
+                    .then(|| classifier.0.told()),
+                    outcome: match seen {
+                        Seen::Answer(answer) => Outcome::Response(*answer),
+                        Seen::Failed(failure) => Outcome::Error(failure.error),
                     },
+                    fault: seen.fault(),
                     default: if by_default {
                         Retryable::Transient
                     } else {
@@ -122,19 +134,20 @@ impl Judging<'_> {
                 classifier.0.classify(&seen) == Retryable::Transient
             }
         };
-        match outcome {
-            Ok(response) => match status_verdict(response.status(), transient, self.repeatable) {
+        match seen {
+            Seen::Answer(answer) => match status_verdict(answer.status, transient, self.repeatable)
+            {
                 Verdict::Final(StopReason::NotRetryable) if declined => {
                     Verdict::Final(StopReason::ServerDeclinedRetry)
                 }
                 // Every further attempt with the key would be answered with the same replay;
                 // under a key never sent, or none, the marker means nothing.
-                Verdict::Transient(..) if self.key_sent && advice::replayed(response.headers()) => {
+                Verdict::Transient(..) if self.key_sent && advice::replayed(answer.headers) => {
                     Verdict::Final(StopReason::ReplayedFailure)
                 }
                 verdict => verdict,
             },
-            Err(_) => error_verdict(fault, transient, self.repeatable),
+            Seen::Failed(failure) => error_verdict(failure.fault, transient, self.repeatable),
         }
     }
 
@@ -143,8 +156,8 @@ impl Judging<'_> {
     /// heeds it, says otherwise. The second value: the server's `false` made a failure final
     /// that the status alone would have retried.
     #[inline]
-    fn answer_is_transient(&self, response: &Response) -> (bool, bool) {
-        let status = response.status();
+    fn answer_is_transient(&self, answer: &ResponseHead<'_>) -> (bool, bool) {
+        let status = answer.status;
         let by_status = is_transient_status(
             status,
             |s| self.policy.is_retryable_status(s),
@@ -155,7 +168,7 @@ impl Judging<'_> {
         if status.as_u16() < 400 || !self.policy.should_retry_fields() {
             return (by_status, false);
         }
-        match advice::should_retry(response.headers()) {
+        match advice::should_retry(answer.headers) {
             Some(true) => (by_status || advice::may_be_made_transient(status), false),
             Some(false) => (false, by_status),
             None => (by_status, false),
@@ -178,12 +191,9 @@ fn status_verdict(status: StatusCode, transient: bool, repeatable: bool) -> Verd
         // The server answered: it may have acted on the request.
         return Verdict::Final(StopReason::NotSafeToRetry);
     }
-    let kind = if status == StatusCode::TOO_MANY_REQUESTS {
-        RetryKind::Throttled
-    } else {
-        RetryKind::Other
-    };
-    Verdict::Transient(kind, "status")
+    Verdict::Transient(Cause::Status {
+        throttled: status == StatusCode::TOO_MANY_REQUESTS,
+    })
 }
 
 /// The verdict on an attempt that ended in an error with transient `fault` (if the default
@@ -197,52 +207,7 @@ fn error_verdict(fault: Option<Fault>, transient: bool, repeatable: bool) -> Ver
     if !(repeatable || fault.is_some_and(Fault::nothing_sent)) {
         return Verdict::Final(StopReason::NotSafeToRetry);
     }
-    match fault {
-        Some(Fault::Timeout) => Verdict::Transient(RetryKind::Timeout, Fault::Timeout.as_str()),
-        Some(fault) => Verdict::Transient(RetryKind::Other, fault.as_str()),
-        None => Verdict::Transient(RetryKind::Other, "classifier"),
-    }
-}
-
-/// A transport failure worth another attempt.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Fault {
-    /// The attempt timed out (connecting, waiting for the head, or reading a buffered body).
-    Timeout,
-    /// Connecting failed for a transient reason: no byte of the request reached the server.
-    Connect,
-    /// The connection was reset, aborted or broken after it was established.
-    Reset,
-    /// The server closed the connection before the response was complete.
-    Incomplete,
-    /// The request was not processed: an HTTP/2 stream refused with REFUSED_STREAM, or above
-    /// the last stream id of a graceful GOAWAY (feature `http2`), or a connection that closed
-    /// before the request was handed to it (hyper's "channel closed").
-    NotProcessed,
-}
-
-impl Fault {
-    pub(crate) fn as_str(self) -> &'static str {
-        self.kind().as_str()
-    }
-
-    /// The public name of this kind of fault.
-    pub(crate) fn kind(self) -> crate::observe::AttemptErrorKind {
-        use crate::observe::AttemptErrorKind as Kind;
-        match self {
-            Fault::Timeout => Kind::Timeout,
-            Fault::Connect => Kind::Connect,
-            Fault::Reset => Kind::Reset,
-            Fault::Incomplete => Kind::Incomplete,
-            Fault::NotProcessed => Kind::NotProcessed,
-        }
-    }
-
-    /// Whether the request certainly had no effect: no byte of it reached the server, or the
-    /// server said it did not process it.
-    pub(crate) fn nothing_sent(self) -> bool {
-        matches!(self, Fault::Connect | Fault::NotProcessed)
-    }
+    Verdict::Transient(fault.map_or(Cause::Classifier, Cause::Fault))
 }
 
 /// Whether `method` may be repeated without a key: RFC 9110 §9.2.2 idempotent methods.
@@ -253,15 +218,12 @@ pub(crate) fn is_idempotent(method: &Method) -> bool {
     )
 }
 
-/// Whether `request` may be hedged (a second copy sent while the first is out): a read (GET,
-/// HEAD, OPTIONS) without an idempotency key, whose body, if any, can be sent twice. Two copies
-/// of a write are two writes; two copies of a keyed request race for one key.
-pub(crate) fn may_be_hedged(request: &reqwest::Request, keyed: bool) -> bool {
-    matches!(
-        *request.method(),
-        Method::GET | Method::HEAD | Method::OPTIONS
-    ) && !keyed
-        && request.body().is_none_or(|body| body.as_bytes().is_some())
+/// Whether a request may be hedged (a second copy sent while the first is out): a read (GET,
+/// HEAD, OPTIONS) without an idempotency key, whose body, if any, can be sent twice
+/// (`whole_body`). Two copies of a write are two writes; two copies of a keyed request race for
+/// one key.
+pub(crate) fn may_be_hedged(method: &Method, keyed: bool, whole_body: bool) -> bool {
+    matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS) && !keyed && whole_body
 }
 
 /// Whether `status` is a transient failure under a policy's status set; 409 counts only under
@@ -275,197 +237,20 @@ pub(crate) fn is_transient_status(
     in_set(status) || (key_sent && status == StatusCode::CONFLICT)
 }
 
-/// Whether an attempt that ended in `outcome` may have reached the server, and with it the
-/// key it carried: anything but a failure that certainly sent nothing.
-pub(crate) fn may_have_reached(outcome: &reqwest_middleware::Result<Response>) -> bool {
-    match outcome {
-        Ok(_) => true,
-        Err(err) => !transport_fault(err).is_some_and(Fault::nothing_sent),
-    }
-}
-
-/// The transient fault behind `err`, or `None` when the error is permanent.
-pub(crate) fn transport_fault(err: &reqwest_middleware::Error) -> Option<Fault> {
-    match err {
-        _ if crate::error::AttemptTimeout::is(err) => Some(Fault::Timeout),
-        reqwest_middleware::Error::Middleware(e) => {
-            // A tower service's error (feature `tower`) is judged by its causes, as a
-            // transport error.
-            #[cfg(feature = "tower")]
-            if let Some(service) = e.downcast_ref() {
-                return service_fault(service);
-            }
-            // Another middleware's error, including one from an inner instance of ours that
-            // has already given up: never ours to repeat.
-            let _ = e;
-            None
-        }
-        reqwest_middleware::Error::Reqwest(e) => reqwest_fault(e),
-    }
-}
-
-/// The transient fault behind a tower service's error: the same causes as behind reqwest's,
-/// and a connect failure of hyper-util's client told apart as reqwest's is (nothing was sent).
-#[cfg(feature = "tower")]
-fn service_fault(err: &crate::door::tower::ServiceError) -> Option<Fault> {
-    let err: &(dyn std::error::Error + 'static) = &*err.0;
-    let cause = chain_fault(err);
-    let mut source = Some(err);
-    // Bounded, as every walk of a chain here.
-    for _ in 0..64 {
-        let Some(at) = source else { break };
-        if let Some(client) = at.downcast_ref::<hyper_util::client::legacy::Error>() {
-            if client.is_connect() {
-                let passing = cause.is_some() || resolution_failed(err);
-                return passing.then_some(Fault::Connect);
-            }
-        }
-        source = at.source();
-    }
-    cause
-}
-
-fn reqwest_fault(err: &reqwest::Error) -> Option<Fault> {
-    if err.is_builder() || err.is_redirect() || err.is_status() {
-        return None;
-    }
-    if err.is_timeout() {
-        return Some(Fault::Timeout);
-    }
-    let cause = err.source().and_then(chain_fault);
-    if err.is_connect() {
-        return connect_fault(cause, err);
-    }
-    cause
-}
-
-/// What a connect error stands for. Only causes known to be passing make it transient: a
-/// certificate that failed to verify will fail the same way again. A name that did not resolve
-/// is transient: resolvers time out and lose their upstreams, and nothing was sent.
-fn connect_fault(cause: Option<Fault>, err: &reqwest::Error) -> Option<Fault> {
-    let passing = cause.is_some() || err.source().is_some_and(resolution_failed);
-    passing.then_some(Fault::Connect)
-}
-
-/// What hyper's connector calls the error of a name that could not be resolved, whatever the
-/// resolver (the system's, hickory's, or one given to reqwest's `dns_resolver`) said.
-const DNS_ERROR: &str = "dns error";
-
-/// Whether `err` or one of its sources is a failure to resolve the host name. hyper's
-/// connector error is not public, so it is known by its message, written into a fixed buffer
-/// (no allocation, and a message of any length is compared in bounded time).
-fn resolution_failed(err: &(dyn std::error::Error + 'static)) -> bool {
-    let mut source = Some(err);
-    // Bounded: no real chain is this deep, and a cycle must not loop for ever.
-    for _ in 0..64 {
-        let Some(cause) = source else {
-            return false;
-        };
-        if displays_as(cause, DNS_ERROR) {
-            return true;
-        }
-        source = cause.source();
-    }
-    false
-}
-
-/// Whether `value` displays exactly as `text`.
-fn displays_as(value: &dyn std::fmt::Display, text: &str) -> bool {
-    /// Compares what is written with the rest of `text`, and stops at the first difference.
-    struct Compare<'t>(&'t str);
-    impl std::fmt::Write for Compare<'_> {
-        fn write_str(&mut self, s: &str) -> std::fmt::Result {
-            match self.0.strip_prefix(s) {
-                Some(rest) => {
-                    self.0 = rest;
-                    Ok(())
-                }
-                None => Err(std::fmt::Error),
-            }
-        }
-    }
-    let mut compare = Compare(text);
-    std::fmt::write(&mut compare, format_args!("{value}")).is_ok() && compare.0.is_empty()
-}
-
-/// The first transient cause found in `err` or its sources.
-fn chain_fault(err: &(dyn std::error::Error + 'static)) -> Option<Fault> {
-    let mut source = Some(err);
-    // Bounded: no real chain is this deep, and a cycle must not loop for ever.
-    for _ in 0..64 {
-        let cause = source?;
-        if let Some(io) = cause.downcast_ref::<io::Error>() {
-            if let Some(fault) = io_fault(io) {
-                return Some(fault);
-            }
-        }
-        #[cfg(feature = "http2")]
-        if let Some(h2) = cause.downcast_ref::<h2::Error>() {
-            return h2_fault(h2);
-        }
-        if let Some(hyper) = cause.downcast_ref::<hyper::Error>() {
-            if hyper.is_timeout() {
-                return Some(Fault::Timeout);
-            }
-            if hyper.is_incomplete_message() || hyper.is_canceled() {
-                return Some(Fault::Incomplete);
-            }
-            // The connection had closed before the request was handed to it (an HTTP/2
-            // GOAWAY before any stream, an HTTP/1 connection gone while idle): no byte of it
-            // was written.
-            if hyper.is_closed() {
-                return Some(Fault::NotProcessed);
-            }
-        }
-        source = cause.source();
-    }
-    None
-}
-
-/// The transient fault an HTTP/2 error stands for (RFC 9113 §8.7): a stream the server refused,
-/// or left above a graceful GOAWAY's last stream id, was not processed and is safe to send again
-/// whatever its method; any other reset or connection failure may have come after processing.
-/// Errors this side raised itself are not transient.
-#[cfg(feature = "http2")]
-fn h2_fault(err: &h2::Error) -> Option<Fault> {
-    if let Some(io) = err.get_io() {
-        return io_fault(io).or(Some(Fault::Reset));
-    }
-    if !err.is_remote() {
-        return None;
-    }
-    match err.reason() {
-        Some(h2::Reason::REFUSED_STREAM) if err.is_reset() => Some(Fault::NotProcessed),
-        Some(h2::Reason::NO_ERROR) if err.is_go_away() => Some(Fault::NotProcessed),
-        Some(_) => Some(Fault::Reset),
-        None => None,
-    }
-}
-
-/// The transient fault an I/O error stands for. An error of another kind may wrap one that is
-/// decisive (reqwest's TLS connector wraps a reset during the handshake in an error of kind
-/// `Other`), and `io::Error::source` skips the wrapped error itself, so it is looked into here.
-fn io_fault(io: &io::Error) -> Option<Fault> {
-    let mut io = io;
-    for _ in 0..8 {
-        match io.kind() {
-            io::ErrorKind::TimedOut => return Some(Fault::Timeout),
-            io::ErrorKind::ConnectionRefused
-            | io::ErrorKind::ConnectionReset
-            | io::ErrorKind::ConnectionAborted
-            | io::ErrorKind::BrokenPipe
-            | io::ErrorKind::NotConnected => return Some(Fault::Reset),
-            io::ErrorKind::UnexpectedEof => return Some(Fault::Incomplete),
-            _ => {}
-        }
-        io = io.get_ref()?.downcast_ref::<io::Error>()?;
-    }
-    None
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::seen::{Failure, Target};
+
+    /// An answer with `status` and `headers`, as the engine sees it.
+    fn answer(status: u16, headers: &http::HeaderMap) -> Seen<'_> {
+        Seen::Answer(ResponseHead {
+            status: StatusCode::from_u16(status).unwrap(),
+            version: http::Version::HTTP_11,
+            headers,
+            from: Target::new("http", "127.0.0.1", None),
+        })
+    }
 
     #[test]
     fn idempotent_methods_are_the_rfc_ones() {
@@ -515,13 +300,13 @@ mod tests {
                 503,
                 true,
                 false,
-                Verdict::Transient(RetryKind::Other, "status"),
+                Verdict::Transient(Cause::Status { throttled: false }),
             ),
             (
                 429,
                 true,
                 false,
-                Verdict::Transient(RetryKind::Throttled, "status"),
+                Verdict::Transient(Cause::Status { throttled: true }),
             ),
             (
                 503,
@@ -533,7 +318,7 @@ mod tests {
                 409,
                 true,
                 true,
-                Verdict::Transient(RetryKind::Other, "status"),
+                Verdict::Transient(Cause::Status { throttled: false }),
             ),
             (409, true, false, Verdict::Final(StopReason::NotRetryable)),
         ];
@@ -557,8 +342,7 @@ mod tests {
             key_sent: keyed,
             hook: None,
         };
-        let response = http::Response::builder().status(status).body("").unwrap();
-        judging.verdict(&Ok(Response::from(response)), 1)
+        judging.verdict(&answer(status.as_u16(), &http::HeaderMap::new()), 1)
     }
 
     /// A classifier that answers this, or delegates to the default verdict.
@@ -574,15 +358,15 @@ mod tests {
         classifier: Option<Option<Retryable>>,
     ) -> Verdict {
         let key = HeaderValue::from_static("k");
-        let answer = classifier.flatten();
+        let says = classifier.flatten();
         let hook: Shared<dyn Classifier> =
             Shared(std::sync::Arc::new(crate::engine::classifier::Hook {
-                classify: move |a: &Attempt<'_>| answer.unwrap_or(a.default_verdict()),
+                classify: move |a: &Attempt<'_>| says.unwrap_or(a.default_verdict()),
                 told: Default::default(),
             }));
         let head = RequestHead {
             method: Method::GET,
-            url: "http://127.0.0.1/".parse().unwrap(),
+            uri: "http://127.0.0.1/".parse().unwrap(),
             headers: http::HeaderMap::new(),
         };
         let judging = Judging {
@@ -592,11 +376,11 @@ mod tests {
             key_sent: keyed,
             hook: classifier.is_some().then_some((&hook, &head)),
         };
-        let mut response = http::Response::builder().status(status);
+        let mut headers = http::HeaderMap::new();
         for (name, value) in lines {
-            response = response.header(*name, *value);
+            headers.append(*name, HeaderValue::from_static(value));
         }
-        judging.verdict(&Ok(Response::from(response.body("").unwrap())), 1)
+        judging.verdict(&answer(status, &headers), 1)
     }
 
     #[test]
@@ -607,7 +391,7 @@ mod tests {
         const YES: [(&str, &str); 1] = [("x-should-retry", "true")];
         let (no, yes) = (&NO, &YES);
         let stripe_yes = &[("stripe-should-retry", "true")];
-        let retried = Verdict::Transient(RetryKind::Other, "status");
+        let retried = Verdict::Transient(Cause::Status { throttled: false });
         let safe = (true, false);
         type Lines<'a> = &'a [(&'a str, &'a str)];
         let cases: &[(u16, Lines<'_>, (bool, bool), Verdict)] = &[
@@ -625,7 +409,7 @@ mod tests {
                 429,
                 yes,
                 safe,
-                Verdict::Transient(RetryKind::Throttled, "status"),
+                Verdict::Transient(Cause::Status { throttled: true }),
             ),
             // Never a success, a malformed request or a reused key.
             (200, yes, safe, Verdict::Final(Succeeded)),
@@ -661,7 +445,7 @@ mod tests {
         let policy = RetryPolicy::default();
         let (no, yes) = ([("x-should-retry", "false")], [("x-should-retry", "true")]);
         let safe = (true, false);
-        let retried = Verdict::Transient(RetryKind::Other, "status");
+        let retried = Verdict::Transient(Cause::Status { throttled: false });
         // Delegating to the default verdict: the server's.
         assert_eq!(judge_answer(&policy, 500, &yes, safe, DELEGATES), retried);
         assert_eq!(
@@ -735,7 +519,7 @@ mod tests {
         let not_a_replay = [("idempotent-replayed", "false")];
         assert_eq!(
             judge_answer(&policy, 503, &not_a_replay, keyed, None),
-            Verdict::Transient(RetryKind::Other, "status")
+            Verdict::Transient(Cause::Status { throttled: false })
         );
     }
 
@@ -752,14 +536,13 @@ mod tests {
                 key_sent,
                 hook: None,
             };
-            let mut response = http::Response::builder().status(status);
+            let mut headers = http::HeaderMap::new();
             if replayed {
-                response = response.header("idempotent-replayed", "true");
+                headers.insert("idempotent-replayed", HeaderValue::from_static("true"));
             }
-            let response = Response::from(response.body("").unwrap());
-            judging.verdict(&Ok(response), 1)
+            judging.verdict(&answer(status, &headers), 1)
         };
-        let retried = Verdict::Transient(RetryKind::Other, "status");
+        let retried = Verdict::Transient(Cause::Status { throttled: false });
         // A key just made, on its first attempt: the 409 is a conflict, the marker nothing.
         assert_eq!(
             judge(409, Some(&key), false, false),
@@ -777,35 +560,8 @@ mod tests {
         assert_eq!(judge(409, None, false, false), Verdict::Final(NotRetryable));
     }
 
-    #[test]
-    fn only_an_error_that_certainly_sent_nothing_kept_the_key_from_the_server() {
-        let ok = Response::from(http::Response::new(""));
-        assert!(may_have_reached(&Ok(ok)));
-        let timeout = Err(crate::driver::claim::timed_out(
-            std::time::Duration::from_millis(5),
-        ));
-        assert!(may_have_reached(&timeout));
-        let other = Err(reqwest_middleware::Error::middleware(io::Error::other("x")));
-        assert!(may_have_reached(&other));
-    }
-
-    #[tokio::test]
-    async fn a_refused_connection_kept_the_key_from_the_server() {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let port = listener.local_addr().unwrap().port();
-        drop(listener);
-        let refused = reqwest::Client::new()
-            .get(format!("http://127.0.0.1:{port}/"))
-            .send()
-            .await
-            .unwrap_err();
-        assert!(!may_have_reached(&Err(reqwest_middleware::Error::Reqwest(
-            refused
-        ))));
-    }
-
-    /// The verdict on an attempt that ended in `err`.
-    fn judge_error(err: reqwest_middleware::Error, repeatable: bool) -> Verdict {
+    /// The verdict on an attempt that ended in an error with `fault`.
+    fn judge_error(fault: Option<Fault>, repeatable: bool) -> Verdict {
         let policy = RetryPolicy::default();
         let judging = Judging {
             policy: &policy,
@@ -814,197 +570,42 @@ mod tests {
             key_sent: false,
             hook: None,
         };
-        judging.verdict(&Err(err), 1)
-    }
-
-    #[test]
-    fn a_message_is_compared_whole_however_it_is_written() {
-        /// Writes its parts one by one, as a `Display` of several `write!`s does.
-        struct Parts(&'static [&'static str]);
-        impl std::fmt::Display for Parts {
-            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                self.0.iter().try_for_each(|part| f.write_str(part))
-            }
-        }
-        assert!(displays_as(&Parts(&["dns error"]), DNS_ERROR));
-        assert!(displays_as(&Parts(&["dns", " ", "error"]), DNS_ERROR));
-        assert!(!displays_as(&Parts(&["dns"]), DNS_ERROR), "a prefix");
-        assert!(
-            !displays_as(&Parts(&["dns error: more"]), DNS_ERROR),
-            "longer"
-        );
-        assert!(
-            !displays_as(&Parts(&["dns error", "!"]), DNS_ERROR),
-            "longer"
-        );
-        assert!(!displays_as(&Parts(&["tcp connect error"]), DNS_ERROR));
-        assert!(displays_as(&Parts(&[]), ""));
-    }
-
-    #[test]
-    fn a_resolution_failure_is_found_anywhere_in_the_chain() {
-        #[derive(Debug)]
-        struct Wrap(&'static str, Option<Box<Wrap>>);
-        impl std::fmt::Display for Wrap {
-            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str(self.0)
-            }
-        }
-        impl std::error::Error for Wrap {
-            fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-                self.1.as_deref().map(|e| e as _)
-            }
-        }
-        let deep = Wrap(
-            "client error (Connect)",
-            Some(Box::new(Wrap(
-                "dns error",
-                Some(Box::new(Wrap("no upstream", None))),
-            ))),
-        );
-        assert!(resolution_failed(&deep));
-        assert!(resolution_failed(&Wrap("dns error", None)));
-        let refused = Wrap(
-            "client error (Connect)",
-            Some(Box::new(Wrap("tcp connect error", None))),
-        );
-        assert!(!resolution_failed(&refused));
+        let error = std::io::Error::other("an error");
+        judging.verdict(
+            &Seen::Failed(Failure {
+                fault,
+                error: &error,
+            }),
+            1,
+        )
     }
 
     #[test]
     fn errors_are_judged_by_their_fault_and_the_method() {
-        let timeout = || {
-            reqwest_middleware::Error::middleware(crate::error::AttemptTimeout {
-                after: std::time::Duration::from_secs(1),
-            })
-        };
+        let timeout = Some(Fault::Timeout);
         assert_eq!(
-            judge_error(timeout(), true),
-            Verdict::Transient(RetryKind::Timeout, "timeout")
+            judge_error(timeout, true),
+            Verdict::Transient(Cause::Fault(Fault::Timeout))
         );
         // A timeout may have reached the server: not for an unkeyed POST.
         assert_eq!(
-            judge_error(timeout(), false),
+            judge_error(timeout, false),
             Verdict::Final(StopReason::NotSafeToRetry)
         );
-        let other = reqwest_middleware::Error::middleware(io::Error::other("not ours"));
+        // Nothing of it reached the server: safe for any method.
+        for fault in [Fault::Connect, Fault::NotProcessed] {
+            assert_eq!(
+                judge_error(Some(fault), false),
+                Verdict::Transient(Cause::Fault(fault))
+            );
+        }
         assert_eq!(
-            judge_error(other, true),
+            judge_error(Some(Fault::Reset), false),
+            Verdict::Final(StopReason::NotSafeToRetry)
+        );
+        assert_eq!(
+            judge_error(None, true),
             Verdict::Final(StopReason::NotRetryable)
         );
-    }
-
-    #[test]
-    fn only_a_connect_fault_guarantees_nothing_was_sent() {
-        assert!(Fault::Connect.nothing_sent());
-        for f in [Fault::Timeout, Fault::Reset, Fault::Incomplete] {
-            assert!(!f.nothing_sent(), "{f:?}");
-        }
-    }
-
-    fn io(kind: io::ErrorKind, text: &str) -> io::Error {
-        io::Error::new(kind, text.to_owned())
-    }
-
-    #[test]
-    fn passing_socket_failures_are_transient() {
-        for (kind, fault) in [
-            (io::ErrorKind::ConnectionRefused, Fault::Reset),
-            (io::ErrorKind::ConnectionReset, Fault::Reset),
-            (io::ErrorKind::ConnectionAborted, Fault::Reset),
-            (io::ErrorKind::BrokenPipe, Fault::Reset),
-            (io::ErrorKind::TimedOut, Fault::Timeout),
-            (io::ErrorKind::UnexpectedEof, Fault::Incomplete),
-        ] {
-            assert_eq!(chain_fault(&io(kind, "socket")), Some(fault), "{kind:?}");
-        }
-    }
-
-    /// TLS failures reach reqwest as `InvalidData` I/O errors wrapping the TLS library's error
-    /// (a certificate that does not verify, a handshake the peer botched): nothing in them
-    /// says "try again", and trying again would fail the same way.
-    #[test]
-    fn certificate_and_other_permanent_failures_are_not_transient() {
-        for (kind, text) in [
-            (
-                io::ErrorKind::InvalidData,
-                "invalid peer certificate: UnknownIssuer",
-            ),
-            (io::ErrorKind::InvalidData, "received corrupt message"),
-            (io::ErrorKind::PermissionDenied, "permission denied"),
-            (io::ErrorKind::Other, "failed to lookup address information"),
-        ] {
-            assert_eq!(chain_fault(&io(kind, text)), None, "{text}");
-        }
-    }
-
-    /// A wrapper around a cause, as hyper and reqwest wrap theirs.
-    #[derive(Debug)]
-    struct Wrapped(io::Error);
-
-    impl std::fmt::Display for Wrapped {
-        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-            f.write_str("while connecting")
-        }
-    }
-
-    impl std::error::Error for Wrapped {
-        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-            Some(&self.0)
-        }
-    }
-
-    #[test]
-    fn an_io_error_wrapping_a_decisive_one_is_judged_by_it() {
-        // How reqwest's TLS connector reports a reset during the handshake.
-        let wrapped = io::Error::other(io(io::ErrorKind::ConnectionReset, "reset by peer"));
-        assert_eq!(wrapped.kind(), io::ErrorKind::Other);
-        assert_eq!(chain_fault(&wrapped), Some(Fault::Reset));
-        let certificate = io::Error::new(
-            io::ErrorKind::InvalidData,
-            io(io::ErrorKind::Other, "invalid peer certificate"),
-        );
-        assert_eq!(chain_fault(&certificate), None);
-    }
-
-    /// hyper's "channel closed": the connection had ended before the request was handed to
-    /// it (a GOAWAY before any stream, an idle connection gone), so no byte of it was sent.
-    #[tokio::test]
-    async fn a_connection_closed_before_the_request_was_handed_to_it_sent_nothing() {
-        let (near, _far) = tokio::io::duplex(64);
-        let io = hyper_util::rt::TokioIo::new(near);
-        let (mut sender, connection) = hyper::client::conn::http1::handshake::<_, String>(io)
-            .await
-            .unwrap();
-        drop(connection);
-        let closed = sender.ready().await.unwrap_err();
-        assert!(closed.is_closed(), "{closed:?}");
-        assert_eq!(chain_fault(&closed), Some(Fault::NotProcessed));
-        assert!(Fault::NotProcessed.nothing_sent());
-    }
-
-    #[test]
-    fn causes_are_found_deep_in_the_chain() {
-        let refused = Wrapped(io(io::ErrorKind::ConnectionRefused, "refused"));
-        assert_eq!(chain_fault(&refused), Some(Fault::Reset));
-        let certificate = Wrapped(io(io::ErrorKind::InvalidData, "invalid peer certificate"));
-        assert_eq!(chain_fault(&certificate), None);
-    }
-
-    #[test]
-    fn builder_errors_are_permanent() {
-        let client = reqwest::Client::new();
-        let err = client.get("not a url").build().unwrap_err();
-        assert!(err.is_builder());
-        assert_eq!(transport_fault(&err.into()), None);
-    }
-
-    #[test]
-    fn other_middleware_errors_are_permanent() {
-        let err = reqwest_middleware::Error::middleware(io::Error::new(
-            io::ErrorKind::ConnectionReset,
-            "from another middleware",
-        ));
-        assert_eq!(transport_fault(&err), None);
     }
 }

@@ -71,19 +71,20 @@
 use std::time::{Duration, Instant, SystemTime};
 
 use http::{HeaderMap, StatusCode};
-use reqwest::Url;
 
 use crate::engine::budget::{RetryBudget, RetryKind};
-use crate::engine::classify::Verdict;
+use crate::engine::classify::{Cause, Verdict};
 use crate::engine::latency::LatencyWindow;
 use crate::engine::policy::RetryPolicy;
 use crate::engine::rate_limit::{self, Gate, Origin, ProbeTicket, QuotaState};
 use crate::engine::retry_after;
 use crate::engine::schedule::{self, Wait};
+use crate::engine::seen::{Seen, Target};
 use crate::engine::throttle::{self, AdaptiveThrottle};
-use crate::error::StopReason;
-use crate::observe::{Count, MetricKeys, RetryCounters};
+use crate::fault::Fault;
+use crate::observe::{Balance, Count, MetricKeys, RetryCounters};
 use crate::rng::RandomSource;
+use crate::stop::StopReason;
 
 /// The most holds one request waits out before it gives up with
 /// [`StopReason::QuotaExhausted`].
@@ -101,13 +102,20 @@ pub(crate) struct Accounts<'a> {
     pub(crate) latency: Option<&'a LatencyWindow>,
 }
 
+impl Accounts<'_> {
+    /// The budget, as the metrics read its balance.
+    fn balance(&self) -> Option<&dyn Balance> {
+        self.budget.map(|budget| budget as &dyn Balance)
+    }
+}
+
 /// The dependency's answer to an attempt: what the core reads of it.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Answer<'a> {
     pub(crate) status: StatusCode,
     pub(crate) headers: &'a HeaderMap,
     /// Where the answer came from (after any redirect): its quota is that origin's.
-    pub(crate) url: &'a Url,
+    pub(crate) from: Target<'a>,
 }
 
 /// What the decider is told about one attempt's outcome.
@@ -118,38 +126,41 @@ pub(crate) struct Observed<'a> {
     /// The answer, if the dependency answered with an HTTP response (of any status).
     pub(crate) answer: Option<Answer<'a>>,
     /// Where a copy of the request would go, when one is at hand for another attempt.
-    pub(crate) resend: Option<&'a Url>,
+    pub(crate) resend: Option<Target<'a>>,
     /// The attempt timed out (the policy's attempt timeout, or reqwest's).
     pub(crate) timed_out: bool,
 }
 
 impl<'a> Observed<'a> {
-    /// What the core reads of an attempt's outcome with `verdict`; `resend`: where a copy of the
-    /// request would go, if one is at hand.
+    /// What the core reads of an attempt's outcome, `seen`, with `verdict`; `resend`: where a
+    /// copy of the request would go, if one is at hand.
     #[inline]
-    pub(crate) fn of(
-        outcome: &'a reqwest_middleware::Result<reqwest::Response>,
-        verdict: Verdict,
-        resend: Option<&'a Url>,
-    ) -> Self {
-        let answer = outcome.as_ref().ok().map(|r| Answer {
-            status: r.status(),
-            headers: r.headers(),
-            url: r.url(),
-        });
-        let timed_out = match outcome {
-            Ok(_) => false,
-            Err(err) => {
-                crate::engine::classify::transport_fault(err)
-                    == Some(crate::engine::classify::Fault::Timeout)
-            }
+    pub(crate) fn of(seen: &Seen<'a>, verdict: Verdict, resend: Option<Target<'a>>) -> Self {
+        let answer = match seen {
+            Seen::Answer(head) => Some(Answer {
+                status: head.status,
+                headers: head.headers,
+                from: head.from,
+            }),
+            Seen::Failed(_) => None,
         };
         Observed {
             verdict,
             answer,
             resend,
-            timed_out,
+            timed_out: seen.fault() == Some(Fault::Timeout),
         }
+    }
+}
+
+/// What a retry after a failure of `cause` costs the budget: a throttled answer (429) and a
+/// timeout are priced apart (the budget's `throttled_cost` and `timeout_cost`), every other
+/// cause at the retry's base cost.
+fn cost_kind(cause: Cause) -> RetryKind {
+    match cause {
+        Cause::Status { throttled: true } => RetryKind::Throttled,
+        Cause::Fault(Fault::Timeout) => RetryKind::Timeout,
+        Cause::Status { .. } | Cause::Fault(_) | Cause::Classifier => RetryKind::Other,
     }
 }
 
@@ -262,7 +273,7 @@ impl<'a> Decider<'a> {
     ) -> Self {
         accounts
             .counters
-            .add(Count::Request, accounts.metric_keys, accounts.budget);
+            .add(Count::Request, accounts.metric_keys, accounts.balance());
         // A method the policy does not retry goes once, as under `no_retries`.
         let cap = if policy.is_retryable_method(method) {
             cap
@@ -369,7 +380,7 @@ impl<'a> Decider<'a> {
         let accounts = &self.accounts;
         accounts
             .counters
-            .add(count, accounts.metric_keys, accounts.budget);
+            .add(count, accounts.metric_keys, accounts.balance());
     }
 
     /// The time left at `now` before the request's deadline.
@@ -399,7 +410,7 @@ impl<'a> Decider<'a> {
     pub(crate) fn next_attempt(
         &mut self,
         now: Instant,
-        resend: Option<&Url>,
+        resend: Option<Target<'_>>,
         rng: &dyn RandomSource,
     ) -> Next {
         self.waited = self.waited.saturating_add(std::mem::take(&mut self.asleep));
@@ -492,7 +503,7 @@ impl<'a> Decider<'a> {
     pub(crate) fn hedge(
         &mut self,
         now: Instant,
-        resend: &Url,
+        resend: Target<'_>,
         rng: &dyn RandomSource,
     ) -> Option<Duration> {
         let limit = match self.hedging.as_deref() {
@@ -704,7 +715,7 @@ impl<'a> Decider<'a> {
                 self.settle(stop, observed.answer.is_some());
                 return Wait::Stop(stop);
             }
-            Verdict::Transient(kind, _) => kind,
+            Verdict::Transient(cause) => cost_kind(cause),
         };
         // What the server asked for (`retry-after-ms`, `x-ms-retry-after-ms` or `Retry-After`)
         // is reported whatever follows; a quota may raise it below.
@@ -742,7 +753,7 @@ impl<'a> Decider<'a> {
         }
         let waits_read = self.policy.retry_after_fields();
         if let Some(said) = rate_limit::of_response(answer.headers, waits_read) {
-            quota.update(&Origin::of(answer.url), Some(said), now);
+            quota.update(&Origin::of(answer.from), Some(said), now);
         }
     }
 
@@ -751,7 +762,7 @@ impl<'a> Decider<'a> {
     fn schedule(
         &mut self,
         kind: RetryKind,
-        resend: &Url,
+        resend: Target<'_>,
         now: Instant,
         rng: &dyn RandomSource,
     ) -> Result<Duration, StopReason> {

@@ -18,6 +18,7 @@ use crate::engine::idempotency::IdempotencyKeys;
 use crate::engine::latency::LatencyWindow;
 use crate::engine::policy::RetryPolicy;
 use crate::engine::rate_limit::QuotaState;
+use crate::engine::seen::Target;
 use crate::engine::throttle::AdaptiveThrottle;
 use crate::error::InvalidConfig;
 use crate::observe::{CounterSnapshot, MetricKeys, RetryCounters};
@@ -139,7 +140,7 @@ impl Dependency {
     /// // 503s from the report endpoint are final (it sheds load for minutes); 500s from the
     /// // search endpoint are transient; the default rules for everything else.
     /// let api = Dependency::new("api", RetryPolicy::default()).with_classifier(|attempt| {
-    ///     match (attempt.url().path(), attempt.status().map(|s| s.as_u16())) {
+    ///     match (attempt.uri().path(), attempt.status().map(|s| s.as_u16())) {
     ///         ("/reports", Some(503)) => Retryable::Fatal,
     ///         ("/search", Some(500)) => Retryable::Transient,
     ///         _ => attempt.default_verdict(),
@@ -325,11 +326,11 @@ impl Routes {
         Ok(())
     }
 
-    /// The dependency a request to `url` goes through.
-    pub(crate) fn pick(&self, url: &reqwest::Url) -> &Dependency {
+    /// The dependency a request to `target` goes through.
+    pub(crate) fn pick(&self, target: Target<'_>) -> &Dependency {
         self.routes
             .iter()
-            .find(|(host, _)| host.matches(url))
+            .find(|(host, _)| host.matches(target))
             .map_or(&self.default, |(_, dependency)| dependency)
     }
 }
@@ -386,14 +387,9 @@ impl HostMatch {
         })
     }
 
-    pub(crate) fn matches(&self, url: &reqwest::Url) -> bool {
-        let host_matches = url
-            .host_str()
-            .is_some_and(|h| h.eq_ignore_ascii_case(&self.host));
-        host_matches
-            && self
-                .port
-                .is_none_or(|p| url.port_or_known_default() == Some(p))
+    pub(crate) fn matches(&self, target: Target<'_>) -> bool {
+        target.host.eq_ignore_ascii_case(&self.host)
+            && self.port.is_none_or(|p| target.port == Some(p))
     }
 }
 
@@ -502,18 +498,10 @@ impl RetryOverride {
     pub(crate) fn of_request(
         extensions: &http::Extensions,
         dependency: &Dependency,
-    ) -> (
-        Option<Box<RetryPolicy>>,
-        Cap,
-        Option<reqwest_middleware::Error>,
-    ) {
+    ) -> (Option<Box<RetryPolicy>>, Cap, Option<InvalidConfig>) {
         match Self::plan(extensions, &dependency.policy) {
             Ok((policy, cap)) => (policy, cap, None),
-            Err(invalid) => (
-                None,
-                Cap::Policy,
-                Some(reqwest_middleware::Error::middleware(invalid)),
-            ),
+            Err(invalid) => (None, Cap::Policy, Some(invalid)),
         }
     }
 
@@ -630,7 +618,10 @@ impl RetryOverride {
 fn misplaced(extensions: &http::Extensions) -> Result<(), InvalidConfig> {
     let found = if extensions.get::<RetryPolicy>().is_some() {
         "a RetryPolicy"
-    } else if extensions.get::<crate::RetryPolicyBuilder>().is_some() {
+    } else if extensions
+        .get::<crate::engine::policy::RetryPolicyBuilder>()
+        .is_some()
+    {
         "a RetryPolicyBuilder"
     } else if extensions.get::<Dependency>().is_some() {
         "a Dependency"
@@ -677,8 +668,14 @@ mod tests {
         }
     }
 
-    fn url(s: &str) -> reqwest::Url {
-        reqwest::Url::parse(s).unwrap()
+    /// The target of the absolute URI `s`, as a door makes it.
+    fn url(s: &str) -> Target<'static> {
+        let uri: &'static http::Uri = Box::leak(Box::new(s.parse().unwrap()));
+        Target::new(
+            uri.scheme_str().unwrap(),
+            uri.host().unwrap(),
+            uri.port_u16(),
+        )
     }
 
     #[test]
@@ -700,7 +697,7 @@ mod tests {
         assert!(dependency.throttle().is_none());
         assert!(dependency.keys.is_some(), "keys by default");
         assert!(dependency.clone().without_idempotency_keys().keys.is_none());
-        let throttle = crate::AdaptiveThrottle::builder().build().unwrap();
+        let throttle = AdaptiveThrottle::builder().build().unwrap();
         let throttled = dependency.with_throttle(throttle.clone());
         assert!(throttled.throttle().unwrap().same_account(&throttle));
         let fresh = Dependency::new("x", policy);
@@ -727,7 +724,7 @@ mod tests {
         routes
             .add("127.0.0.1:9000", Dependency::new("local", policy))
             .unwrap();
-        let pick = |s: &str| routes.pick(&url(s)).name().to_owned();
+        let pick = |s: &str| routes.pick(url(s)).name().to_owned();
         assert_eq!(pick("http://unrouted.example/"), "payments");
         assert_eq!(
             pick("http://API.example.com:8080/x"),
@@ -736,7 +733,7 @@ mod tests {
         );
         assert_eq!(pick("http://127.0.0.1:9000/"), "local");
         assert_eq!(pick("http://127.0.0.1:9001/"), "payments");
-        let unrouted = routes.pick(&url("http://unrouted.example/"));
+        let unrouted = routes.pick(url("http://unrouted.example/"));
         unrouted
             .counters
             .add(crate::observe::Count::Request, &unrouted.metric_keys, None);
@@ -912,27 +909,27 @@ mod tests {
     #[test]
     fn a_host_matches_any_port_and_any_case() {
         let m = HostMatch::parse("API.example.com").unwrap();
-        assert!(m.matches(&url("http://api.example.com/x")));
-        assert!(m.matches(&url("https://api.EXAMPLE.com:8443/x")));
-        assert!(!m.matches(&url("http://other.example.com/x")));
+        assert!(m.matches(url("http://api.example.com/x")));
+        assert!(m.matches(url("https://api.EXAMPLE.com:8443/x")));
+        assert!(!m.matches(url("http://other.example.com/x")));
     }
 
     #[test]
     fn a_host_with_a_port_matches_that_port_only() {
         let m = HostMatch::parse("127.0.0.1:8080").unwrap();
-        assert!(m.matches(&url("http://127.0.0.1:8080/")));
-        assert!(!m.matches(&url("http://127.0.0.1:8081/")));
+        assert!(m.matches(url("http://127.0.0.1:8080/")));
+        assert!(!m.matches(url("http://127.0.0.1:8081/")));
         let https = HostMatch::parse("api.example.com:443").unwrap();
-        assert!(https.matches(&url("https://api.example.com/")));
+        assert!(https.matches(url("https://api.example.com/")));
     }
 
     #[test]
     fn ipv6_hosts_keep_their_colons() {
         let any_port = HostMatch::parse("[::1]").unwrap();
-        assert!(any_port.matches(&url("http://[::1]:9000/")));
+        assert!(any_port.matches(url("http://[::1]:9000/")));
         let one_port = HostMatch::parse("[::1]:9000").unwrap();
-        assert!(one_port.matches(&url("http://[::1]:9000/")));
-        assert!(!one_port.matches(&url("http://[::1]:9001/")));
+        assert!(one_port.matches(url("http://[::1]:9000/")));
+        assert!(!one_port.matches(url("http://[::1]:9001/")));
     }
 
     #[test]

@@ -358,7 +358,7 @@ pub(crate) fn key_for(
 pub(crate) fn put_on(
     keys: Option<&IdempotencyKeys>,
     key: Option<&Key>,
-    sending: &mut reqwest::Request,
+    sending: &mut http::HeaderMap,
 ) {
     if let (
         Some(keys),
@@ -369,9 +369,7 @@ pub(crate) fn put_on(
         }),
     ) = (keys, key)
     {
-        sending
-            .headers_mut()
-            .insert(keys.header_name(), value.clone());
+        sending.insert(keys.header_name(), value.clone());
     }
 }
 

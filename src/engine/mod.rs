@@ -18,4 +18,5 @@ pub(crate) mod policy;
 pub(crate) mod rate_limit;
 pub(crate) mod retry_after;
 pub(crate) mod schedule;
+pub(crate) mod seen;
 pub(crate) mod throttle;

@@ -22,8 +22,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+use crate::engine::seen::Target;
 use http::{HeaderMap, HeaderValue};
-use reqwest::Url;
 
 /// The field's name.
 const RATE_LIMIT: http::HeaderName = http::HeaderName::from_static("ratelimit");
@@ -163,10 +163,11 @@ const ORIGINS: usize = 64;
 pub(crate) struct Origin(Box<str>);
 
 impl Origin {
-    pub(crate) fn of(url: &Url) -> Origin {
-        let port = url.port_or_known_default().unwrap_or(0);
-        let host = url.host_str().unwrap_or("");
-        Origin(format!("{}://{host}:{port}", url.scheme()).into_boxed_str())
+    pub(crate) fn of(target: Target<'_>) -> Origin {
+        let port = target.port.unwrap_or(0);
+        // Hosts are compared without regard to case, as a URL parser would have lowered them.
+        let origin = format!("{}://{}:{port}", target.scheme, target.host);
+        Origin(origin.to_ascii_lowercase().into_boxed_str())
     }
 }
 
@@ -410,7 +411,12 @@ mod tests {
     }
 
     fn origin(url: &str) -> Origin {
-        Origin::of(&Url::parse(url).unwrap())
+        let uri: http::Uri = url.parse().unwrap();
+        Origin::of(Target::new(
+            uri.scheme_str().unwrap(),
+            uri.host().unwrap(),
+            uri.port_u16(),
+        ))
     }
 
     #[test]

@@ -25,8 +25,8 @@ use std::time::Duration;
 
 use crate::engine::backoff::{self, Jitter};
 use crate::engine::policy::RetryPolicy;
-use crate::error::StopReason;
 use crate::rng::RandomSource;
+use crate::stop::StopReason;
 
 /// What to do after a transient failure that may be retried.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

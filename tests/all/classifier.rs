@@ -42,7 +42,7 @@ fn attempts_of(response: &reqwest::Response) -> (u32, StopReason) {
 async fn a_classifier_can_make_a_status_transient_for_one_path() {
     let server = always(500).await;
     let client = client(
-        |a: &Attempt<'_>| match (a.url().path(), a.status().map(|s| s.as_u16())) {
+        |a: &Attempt<'_>| match (a.uri().path(), a.status().map(|s| s.as_u16())) {
             ("/search", Some(500)) => Retryable::Transient,
             _ => a.default_verdict(),
         },
@@ -70,7 +70,7 @@ async fn a_classifier_can_make_a_503_final_for_one_path() {
     let server = always(503).await;
     let client = client(
         |a: &Attempt<'_>| {
-            if a.url().path() == "/reports" {
+            if a.uri().path() == "/reports" {
                 Retryable::Fatal
             } else {
                 a.default_verdict()
@@ -118,7 +118,7 @@ async fn a_delegating_classifier_sees_each_attempt_and_changes_nothing() {
         move |a: &Attempt<'_>| {
             record.lock().unwrap().push((
                 a.method().to_string(),
-                a.url().path().to_owned(),
+                a.uri().path().to_owned(),
                 a.headers()
                     .get("x-tenant")
                     .map(|v| v.to_str().unwrap().to_owned()),

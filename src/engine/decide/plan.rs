@@ -13,12 +13,12 @@
 
 use std::time::{Duration, Instant, SystemTime};
 
-use reqwest::Url;
+use crate::engine::seen::Target;
 
 use super::{Decider, Next, Observed};
 use crate::engine::schedule::Wait;
-use crate::error::StopReason;
 use crate::rng::RandomSource;
+use crate::stop::StopReason;
 
 /// What the core needs to know of a request before its first attempt, from the rules that
 /// read the request (`idempotency`, `classify`).
@@ -75,7 +75,7 @@ impl Decider<'_> {
     pub(crate) fn plan(
         &mut self,
         now: Instant,
-        resend: Option<&Url>,
+        resend: Option<Target<'_>>,
         rng: &dyn RandomSource,
     ) -> Step {
         match self.next_attempt(now, resend, rng) {
@@ -104,7 +104,7 @@ impl Decider<'_> {
     pub(crate) fn hedge_plan(
         &mut self,
         now: Instant,
-        resend: Option<&Url>,
+        resend: Option<Target<'_>>,
         rng: &dyn RandomSource,
     ) -> Option<Plan> {
         let limit = self.hedge(now, resend?, rng)?;

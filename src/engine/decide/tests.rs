@@ -8,7 +8,6 @@ use std::time::{Duration, Instant, SystemTime};
 use http::{HeaderMap, HeaderValue};
 
 use super::*;
-use crate::engine::budget::RetryKind;
 use crate::observe::CounterSnapshot;
 
 mod hedges;
@@ -40,7 +39,21 @@ impl Time {
 }
 
 /// Where the tests' requests go.
-pub(super) static URL: LazyLock<Url> = LazyLock::new(|| Url::parse("http://a.test/x").unwrap());
+pub(super) const URL: Target<'static> = Target {
+    scheme: "http",
+    host: "a.test",
+    port: Some(80),
+};
+
+/// The target of the absolute URL `url`, as a door reads it.
+pub(super) fn target(url: &str) -> Target<'static> {
+    let uri: &'static http::Uri = Box::leak(Box::new(url.parse().unwrap()));
+    Target::new(
+        uri.scheme_str().unwrap(),
+        uri.host().unwrap(),
+        uri.port_u16(),
+    )
+}
 static NO_HEADERS: LazyLock<HeaderMap> = LazyLock::new(HeaderMap::new);
 
 /// An answer from [`URL`] with `status` and `headers`.
@@ -48,7 +61,7 @@ pub(super) fn answer(status: u16, headers: &HeaderMap) -> Answer<'_> {
     Answer {
         status: StatusCode::from_u16(status).unwrap(),
         headers,
-        url: &URL,
+        from: URL,
     }
 }
 
@@ -68,7 +81,7 @@ pub(super) trait Drive {
 
 impl Drive for Decider<'_> {
     fn next(&mut self, time: &Time) -> Result<Duration, StopReason> {
-        match self.next_attempt(time.now(), Some(&URL), TOP) {
+        match self.next_attempt(time.now(), Some(URL), TOP) {
             Next::Send(timeout) => Ok(timeout),
             Next::Stop(stop) => Err(stop),
             Next::Hold(hold) => panic!("held {hold:?}"),
@@ -152,9 +165,9 @@ impl Setup {
 
 pub(super) fn transient() -> Observed<'static> {
     Observed {
-        verdict: Verdict::Transient(RetryKind::Other, "status"),
+        verdict: Verdict::Transient(Cause::Status { throttled: false }),
         answer: Some(answer(503, &NO_HEADERS)),
-        resend: Some(&URL),
+        resend: Some(URL),
         timed_out: false,
     }
 }
@@ -179,7 +192,7 @@ pub(super) fn final_(stop: StopReason, answered: bool) -> Observed<'static> {
     Observed {
         verdict: Verdict::Final(stop),
         answer: answered.then(|| answer(200, &NO_HEADERS)),
-        resend: Some(&URL),
+        resend: Some(URL),
         timed_out: false,
     }
 }
@@ -511,21 +524,23 @@ fn without_a_budget_every_retry_is_free() {
 #[test]
 fn kinds_cost_what_the_budget_says() {
     let s = Setup::new(RetryPolicy::default(), Some(RetryBudget::aws_like()));
-    for (kind, cost) in [
-        (RetryKind::Other, 5_000),
-        (RetryKind::Timeout, 10_000),
-        (RetryKind::Throttled, 1_000),
+    for (cause, cost) in [
+        (Cause::Status { throttled: false }, 5_000),
+        (Cause::Fault(Fault::Reset), 5_000),
+        (Cause::Classifier, 5_000),
+        (Cause::Fault(Fault::Timeout), 10_000),
+        (Cause::Status { throttled: true }, 1_000),
     ] {
         let before = s.balance();
         let mut d = s.decider(false);
         begin(&mut d, &s.time);
         let observed = Observed {
-            verdict: Verdict::Transient(kind, "test"),
+            verdict: Verdict::Transient(cause),
             ..transient()
         };
         assert!(matches!(d.after(observed, &s.time, TOP), Wait::Sleep(_)));
         begin(&mut d, &s.time);
-        assert_eq!(before - s.balance(), cost, "{kind:?}");
+        assert_eq!(before - s.balance(), cost, "{cause:?}");
     }
 }
 

@@ -322,14 +322,14 @@ fn headers(step: &Step) -> HeaderMap {
 /// The verdict `classify` gives an outcome, and whether the dependency answered.
 fn judged(outcome: Outcome, timed_out: bool) -> (Verdict, bool) {
     if timed_out {
-        return (Verdict::Transient(RetryKind::Timeout, "timeout"), false);
+        return (Verdict::Transient(Cause::Fault(Fault::Timeout)), false);
     }
     match outcome {
         Outcome::Ok => (Verdict::Final(StopReason::Succeeded), true),
         Outcome::Rejected => (Verdict::Final(StopReason::NotRetryable), true),
         Outcome::Broken => (Verdict::Final(StopReason::NotRetryable), false),
-        Outcome::Unavailable => (Verdict::Transient(RetryKind::Other, "status"), true),
-        Outcome::Throttled => (Verdict::Transient(RetryKind::Throttled, "status"), true),
+        Outcome::Unavailable => (Verdict::Transient(Cause::Status { throttled: false }), true),
+        Outcome::Throttled => (Verdict::Transient(Cause::Status { throttled: true }), true),
         Outcome::Unsafe => (Verdict::Final(StopReason::NotSafeToRetry), true),
     }
 }
@@ -373,11 +373,11 @@ fn real(s: &Script) -> Run {
     });
     let mut setup = Setup::new(policy, budget);
     setup.throttle = s.throttle.map(long_throttle);
-    let urls = ORIGINS.map(|u| Url::parse(u).unwrap());
+    let urls = ORIGINS.map(target);
     let mut traces = Vec::new();
     for request in &s.requests {
         setup.time.advance(request.gap);
-        let url = &urls[request.origin];
+        let url = urls[request.origin];
         let began = setup.time.now();
         let since = |t: &Time| t.now() - began;
         let mut trace = Trace::new();
@@ -428,7 +428,7 @@ fn real(s: &Script) -> Run {
             let answer = answered.then(|| Answer {
                 status: StatusCode::from_u16(step.outcome.status()).unwrap(),
                 headers: &headers,
-                url,
+                from: url,
             });
             let observed = Observed {
                 verdict,
@@ -468,7 +468,7 @@ fn real(s: &Script) -> Run {
         traces.push(trace);
     }
     let now = setup.time.now();
-    let origins = urls.each_ref().map(crate::engine::rate_limit::Origin::of);
+    let origins = urls.map(crate::engine::rate_limit::Origin::of);
     Run {
         traces,
         counts: setup.counts(),

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use http::HeaderValue;
 
-use crate::error::{RetryError, StopReason};
+use crate::stop::StopReason;
 
 /// The record of one logical request, found in the extensions of the response it returned.
 ///
@@ -33,36 +33,6 @@ pub struct RetryRecord {
 }
 
 impl RetryRecord {
-    /// The caller's outcome with this record: on the response, or in the error that wraps the
-    /// last one. The most common outcome, a first attempt's success without a key or a wait,
-    /// carries none: [`of`](Self::of) infers it, and the success path is spared an allocation
-    /// and a map insertion.
-    #[inline]
-    pub(crate) fn hand_back(
-        self,
-        outcome: reqwest_middleware::Result<reqwest::Response>,
-        url: Option<&reqwest::Url>,
-        budget: Option<f64>,
-    ) -> reqwest_middleware::Result<reqwest::Response> {
-        match outcome {
-            Ok(mut response) => {
-                let inferred = self.attempts == 1
-                    && self.stop == StopReason::Succeeded
-                    && self.key.is_none()
-                    && self.waited.is_zero()
-                    && !self.answered_by_hedge;
-                if !inferred {
-                    response.extensions_mut().insert(self);
-                }
-                Ok(response)
-            }
-            Err(last) => {
-                let err = RetryError::new(self.attempts, self.stop, self.key, last);
-                Err(err.with(self.waited, url).with_budget(budget).into())
-            }
-        }
-    }
-
     /// The record of the logical request that gave `response`.
     ///
     /// A response that succeeded (a status below 400) at its first attempt, without an

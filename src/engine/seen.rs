@@ -1,0 +1,131 @@
+//! What the engine reads of a request and of an attempt's outcome, whatever door they came
+//! through: borrowed heads in `http`'s types and the crate's own, and a door-neutral fault. Each
+//! door makes these of its own types (`crate::door`); nothing here knows a client library.
+
+use std::error::Error;
+
+use http::{HeaderMap, StatusCode, Version};
+
+use crate::fault::Fault;
+
+/// Where a request goes, or where an answer came from: its scheme, host and port (the port as
+/// written, else the scheme's known default), as an origin (RFC 6454) is made of.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Target<'a> {
+    pub(crate) scheme: &'a str,
+    /// The host as written, an IPv6 address in brackets.
+    pub(crate) host: &'a str,
+    pub(crate) port: Option<u16>,
+}
+
+impl<'a> Target<'a> {
+    /// The target of `scheme://host[:port]`; `port` as written, if it was: an `http` or `https`
+    /// target without one has its scheme's default.
+    pub(crate) fn new(scheme: &'a str, host: &'a str, port: Option<u16>) -> Self {
+        let port = port.or(match scheme {
+            "http" => Some(80),
+            "https" => Some(443),
+            _ => None,
+        });
+        Target { scheme, host, port }
+    }
+}
+
+/// An answer's head, as the engine and a [classifier](crate::Dependency::with_classifier) read
+/// it: its status, HTTP version and headers, whichever door it came through.
+#[derive(Debug, Clone, Copy)]
+pub struct ResponseHead<'a> {
+    pub(crate) status: StatusCode,
+    pub(crate) version: Version,
+    pub(crate) headers: &'a HeaderMap,
+    /// Where the answer came from (after any redirect): its quota is that origin's.
+    pub(crate) from: Target<'a>,
+}
+
+impl<'a> ResponseHead<'a> {
+    /// The answer's status.
+    pub fn status(&self) -> StatusCode {
+        self.status
+    }
+
+    /// The HTTP version it came over.
+    pub fn version(&self) -> Version {
+        self.version
+    }
+
+    /// The answer's headers.
+    pub fn headers(&self) -> &'a HeaderMap {
+        self.headers
+    }
+}
+
+/// An attempt that got no answer: its fault, if the door knows a transient one, and the error
+/// itself, for a classifier to look into.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Failure<'a> {
+    pub(crate) fault: Option<Fault>,
+    pub(crate) error: &'a (dyn Error + 'static),
+}
+
+/// An attempt's outcome, as the engine reads it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Seen<'a> {
+    /// The server answered, with any status.
+    Answer(ResponseHead<'a>),
+    /// No answer.
+    Failed(Failure<'a>),
+}
+
+impl Seen<'_> {
+    /// The transient fault of an attempt that got no answer, if there is one.
+    pub(crate) fn fault(&self) -> Option<Fault> {
+        match self {
+            Seen::Answer(_) => None,
+            Seen::Failed(failure) => failure.fault,
+        }
+    }
+
+    /// Whether the attempt may have reached the server, and with it the key it carried:
+    /// anything but a failure that certainly sent nothing.
+    pub(crate) fn may_have_reached(&self) -> bool {
+        !self.fault().is_some_and(Fault::nothing_sent)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_target_without_a_port_has_its_scheme_s_default() {
+        assert_eq!(Target::new("http", "a", None).port, Some(80));
+        assert_eq!(Target::new("https", "a", None).port, Some(443));
+        assert_eq!(Target::new("https", "a", Some(8443)).port, Some(8443));
+        assert_eq!(Target::new("ws+unix", "a", None).port, None);
+    }
+
+    #[test]
+    fn only_a_failure_that_certainly_sent_nothing_kept_the_key_from_the_server() {
+        let io = std::io::Error::other("x");
+        let failed = |fault| Seen::Failed(Failure { fault, error: &io });
+        assert!(!failed(Some(Fault::Connect)).may_have_reached());
+        assert!(!failed(Some(Fault::NotProcessed)).may_have_reached());
+        for fault in [
+            None,
+            Some(Fault::Timeout),
+            Some(Fault::Reset),
+            Some(Fault::Incomplete),
+        ] {
+            assert!(failed(fault).may_have_reached(), "{fault:?}");
+        }
+        let headers = HeaderMap::new();
+        let answer = Seen::Answer(ResponseHead {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            version: Version::HTTP_11,
+            headers: &headers,
+            from: Target::new("http", "127.0.0.1", None),
+        });
+        assert!(answer.may_have_reached());
+        assert_eq!(answer.fault(), None);
+    }
+}
