@@ -289,8 +289,10 @@ impl std::fmt::Display for ServiceError {
 }
 
 impl std::error::Error for ServiceError {
+    /// The inner service's own error, so a caller walking the sources of a
+    /// [`RetryError`] finds it and can downcast to it.
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        self.0.source()
+        Some(&*self.0)
     }
 }
 

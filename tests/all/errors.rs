@@ -351,3 +351,38 @@ async fn the_error_names_the_last_kind_and_never_prints_the_query() {
         retry.last_error_kind()
     );
 }
+
+/// Behind the tower door, a give-up's sources lead to the inner service's own error: a caller
+/// can downcast to hyper-util's client error and ask it what it asks it without the layer.
+#[cfg(feature = "tower")]
+#[tokio::test]
+async fn behind_the_tower_door_the_inner_service_s_error_is_reachable() {
+    use tower_layer::Layer;
+    use tower_service::Service;
+
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http::<reqwest::Body>();
+    let policy = RetryPolicy::builder().max_attempts(2).build().unwrap();
+    let mut service = RetryMiddleware::new(policy)
+        .with_clock(FakeClock::new())
+        .layer(client);
+    let request = http::Request::get(support::refused_url().await)
+        .body(bytes::Bytes::new())
+        .unwrap();
+    let err = service.call(request).await.unwrap_err();
+    let retry = err.downcast_ref::<RetryError>().expect("the layer's error");
+    assert_eq!(retry.attempts(), 2, "{retry}");
+    assert!(retry.failed_to_connect(), "{retry}");
+    let mut cause = std::error::Error::source(retry);
+    let mut found = None;
+    for _ in 0..16 {
+        let Some(at) = cause else { break };
+        if let Some(client) = at.downcast_ref::<hyper_util::client::legacy::Error>() {
+            found = Some(client);
+            break;
+        }
+        cause = at.source();
+    }
+    let client = found.unwrap_or_else(|| panic!("hyper-util's error is not a source of {retry:?}"));
+    assert!(client.is_connect(), "{client:?}");
+}
