@@ -50,7 +50,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     std::future::poll_fn(|cx| Service::<http::Request<Bytes>>::poll_ready(&mut orders, cx)).await?;
     let response = orders.call(request).await?;
 
-    let record = RetryRecord::of_http(&response).expect("the layer's answers carry a record");
+    let record = RetryRecord::of(&response).expect("the layer's answers carry a record");
     println!(
         "{} after {} attempts, {:?} waited",
         response.status(),

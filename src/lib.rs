@@ -463,7 +463,7 @@ pub use error::{InvalidConfig, RetryError, RetryErrorExt};
 pub use fake_clock::FakeClock;
 pub use fault::AttemptErrorKind;
 pub use observe::{CounterSnapshot, RetryAttempt, RetryEvent};
-pub use record::RetryRecord;
+pub use record::{Answer, RetryRecord};
 pub use rng::{RandomSource, SeededRng};
 pub use stop::StopReason;
 

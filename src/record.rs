@@ -41,15 +41,12 @@ impl RetryRecord {
     /// Every other response from the middleware carries one. `None` for a response of 400 or
     /// above without a record: it did not pass through the middleware. A success that did not
     /// pass through it gets the first-attempt record too: it also made one attempt.
-    pub fn of(response: &reqwest::Response) -> Option<RetryRecord> {
-        RetryRecord::read(response.status(), response.headers(), response.extensions())
-    }
-
-    /// The record of the logical request that gave `response`, an answer of the tower layer
-    /// ([`RetryService`](crate::RetryService), feature `tower`): as [`of`](Self::of) says.
-    #[cfg(feature = "tower")]
-    pub fn of_http<B>(response: &http::Response<B>) -> Option<RetryRecord> {
-        RetryRecord::read(response.status(), response.headers(), response.extensions())
+    ///
+    /// `response` is an answer of either door: a `reqwest::Response` from a
+    /// `reqwest-middleware` chain, or an `http::Response` from the tower layer.
+    pub fn of(response: &impl Answer) -> Option<RetryRecord> {
+        let (status, headers, extensions) = response.parts();
+        RetryRecord::read(status, headers, extensions)
     }
 
     /// The record an answer's head carries, or the first attempt's that it stands for.
@@ -115,4 +112,30 @@ impl RetryRecord {
     pub fn replayed(&self) -> bool {
         self.replayed
     }
+}
+
+/// An answer a [`RetryRecord`] is read from: a `reqwest::Response`, or an `http::Response` of
+/// any body. Sealed: both doors' answers, and nothing else.
+pub trait Answer: sealed::Sealed {
+    /// The answer's status, headers and extensions.
+    #[doc(hidden)]
+    fn parts(&self) -> (http::StatusCode, &http::HeaderMap, &http::Extensions);
+}
+
+impl Answer for reqwest::Response {
+    fn parts(&self) -> (http::StatusCode, &http::HeaderMap, &http::Extensions) {
+        (self.status(), self.headers(), self.extensions())
+    }
+}
+
+impl<B> Answer for http::Response<B> {
+    fn parts(&self) -> (http::StatusCode, &http::HeaderMap, &http::Extensions) {
+        (self.status(), self.headers(), self.extensions())
+    }
+}
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for reqwest::Response {}
+    impl<B> Sealed for http::Response<B> {}
 }

@@ -200,7 +200,7 @@ async fn through_tower(
     let answer = tokio::time::timeout(Duration::from_secs(10), service.call(request));
     match answer.await.expect("an answer within 10 s") {
         Ok(response) => {
-            let attempts = RetryRecord::of_http(&response).unwrap().attempts();
+            let attempts = RetryRecord::of(&response).unwrap().attempts();
             let body = response.into_body().collect().await.unwrap().to_bytes();
             Ok((attempts, String::from_utf8_lossy(&body).into_owned()))
         }

@@ -61,7 +61,7 @@ impl<S> Layer<S> for RetryMiddleware {
 /// sends each attempt to the inner service as an `http::Request<reqwest::Body>`; the inner
 /// service answers with an `http::Response` of any body. The answer comes back as an
 /// `http::Response<reqwest::Body>` carrying the same [`RetryRecord`](crate::RetryRecord) in its
-/// extensions ([`RetryRecord::of_http`](crate::RetryRecord::of_http) reads it), and an error as a
+/// extensions ([`RetryRecord::of`](crate::RetryRecord::of) reads it), and an error as a
 /// boxed error: a [`RetryError`](crate::RetryError) when the layer made the attempts
 /// (`err.downcast_ref::<RetryError>()`), else the inner service's error as it was.
 ///

@@ -911,7 +911,7 @@ where
             .await
             .unwrap();
         match service.call(request).await {
-            Ok(response) => ended(RetryRecord::of_http(&response)),
+            Ok(response) => ended(RetryRecord::of(&response)),
             Err(err) => failed(err.downcast_ref::<RetryError>(), &*err),
         }
     })

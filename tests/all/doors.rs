@@ -223,7 +223,7 @@ where
         .unwrap();
     match service.call(request).await {
         Ok(response) => {
-            let end = ended(response.status().as_u16(), RetryRecord::of_http(&response));
+            let end = ended(response.status().as_u16(), RetryRecord::of(&response));
             let body = http_body_util::BodyExt::collect(response.into_body()).await;
             let body = body
                 .map(|b| String::from_utf8_lossy(&b.to_bytes()).into_owned())

@@ -194,7 +194,7 @@ mod across_doors {
             .unwrap();
         let response = service.call(request).await.unwrap();
         assert_eq!(response.status(), 503);
-        let record = RetryRecord::of_http(&response).unwrap();
+        let record = RetryRecord::of(&response).unwrap();
         one_layer_of_attempts(record, &server, [&outer_counts, &inner_counts]).await;
     }
 
