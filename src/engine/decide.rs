@@ -153,6 +153,13 @@ impl<'a> Observed<'a> {
     }
 }
 
+/// What an answer says of its origin's quota: its `RateLimit` field, unless a valid wait field
+/// (`Retry-After`, or a millisecond one) beside it takes precedence, when the policy reads
+/// them (`waits_read`).
+fn quota_said(headers: &HeaderMap, waits_read: bool) -> Option<rate_limit::Quota> {
+    rate_limit::of_response(headers).filter(|_| !(waits_read && retry_after::is_asked(headers)))
+}
+
 /// What a retry after a failure of `cause` costs the budget: a throttled answer (429) and a
 /// timeout are priced apart (the budget's `throttled_cost` and `timeout_cost`), every other
 /// cause at the retry's base cost.
@@ -306,14 +313,14 @@ impl<'a> Decider<'a> {
 
     /// The request may be hedged, if its policy hedges reads: it is a read without a key whose
     /// body can be sent twice (`classify::may_be_hedged`).
-    pub(crate) fn allow_hedges(&mut self) {
+    fn allow_hedges(&mut self) {
         if self.policy.hedge_reads().is_some() {
             self.hedging = Some(Box::default());
         }
     }
 
     /// How long after the attempt last allowed a hedge of it may be sent, if one may.
-    pub(crate) fn hedge_after(&self) -> Option<Duration> {
+    fn hedge_after(&self) -> Option<Duration> {
         self.hedging.as_deref()?.after
     }
 
@@ -335,7 +342,7 @@ impl<'a> Decider<'a> {
     }
 
     /// The request's key was stamped by the middleware: counted once its first attempt is sent.
-    pub(crate) fn key_stamped(&mut self) {
+    fn key_stamped(&mut self) {
         self.stamped = true;
     }
 
@@ -372,7 +379,7 @@ impl<'a> Decider<'a> {
 
     /// Whether another attempt may follow the next one: whether the driver needs to keep a copy
     /// of the request.
-    pub(crate) fn may_retry_after_next(&self) -> bool {
+    fn may_retry_after_next(&self) -> bool {
         self.attempt + 1 < self.max_attempts()
     }
 
@@ -384,7 +391,7 @@ impl<'a> Decider<'a> {
     }
 
     /// The time left at `now` before the request's deadline.
-    pub(crate) fn remaining(&self, now: Instant) -> Duration {
+    fn remaining(&self, now: Instant) -> Duration {
         if now == self.started {
             // The first attempt without a hold, as nearly every request's: no subtraction.
             return self.policy.deadline();
@@ -407,7 +414,7 @@ impl<'a> Decider<'a> {
     /// `max_retry_after` or than the deadline leaves), the throttle
     /// ([`StopReason::Throttled`]). A stop gives back what a retry paid; nothing is counted
     /// as an attempt until [`attempt_started`](Self::attempt_started).
-    pub(crate) fn next_attempt(
+    fn next_attempt(
         &mut self,
         now: Instant,
         resend: Option<Target<'_>>,
@@ -500,7 +507,7 @@ impl<'a> Decider<'a> {
     /// if so. It is paid for from the budget like a retry, and the deadline, the origin's
     /// quota (no hold, no probe: a hedge only ever goes through an open gate) and the throttle
     /// apply to it. At most one per attempt.
-    pub(crate) fn hedge(
+    fn hedge(
         &mut self,
         now: Instant,
         resend: Target<'_>,
@@ -551,7 +558,7 @@ impl<'a> Decider<'a> {
     /// The hedge [`hedge`](Self::hedge) allowed could not be sent (no timer for it): what it
     /// withdrew comes back, and its admission counts nothing (the throttle's admission of a
     /// copy not sent counts nothing, as for an attempt).
-    pub(crate) fn hedge_unsent(&mut self) {
+    fn hedge_unsent(&mut self) {
         let Some(hedge) = self.hedging.as_deref_mut().and_then(|h| h.out.take()) else {
             return;
         };
@@ -562,13 +569,13 @@ impl<'a> Decider<'a> {
 
     /// The hedge [`hedge`](Self::hedge) allowed is being sent: counted, and from now on what
     /// it cost stays spent, whatever becomes of it.
-    pub(crate) fn hedge_started(&mut self) {
+    fn hedge_started(&mut self) {
         self.count(Count::Hedge);
     }
 
     /// The hedge's outcome, not the first copy's, is the one about to be taken in: its time
     /// is measured and its admission counted, and the first copy is the one given up.
-    pub(crate) fn hedge_won(&mut self) {
+    fn hedge_won(&mut self) {
         let Some(hedging) = self.hedging.as_deref_mut() else {
             return;
         };
@@ -621,7 +628,7 @@ impl<'a> Decider<'a> {
 
     /// The attempt the last [`next_attempt`](Self::next_attempt) allowed is being sent: counts
     /// it (and the retry, which now uses its tokens; and a stamped key, on the first).
-    pub(crate) fn attempt_started(&mut self) {
+    fn attempt_started(&mut self) {
         self.attempt += 1;
         if let Some(hedging) = self.hedging.as_deref_mut() {
             hedging.answered = false;
@@ -645,7 +652,7 @@ impl<'a> Decider<'a> {
     /// and no throttle that counts it at its end rather than its admission. Most requests end
     /// so, and the driver then reads no clock for them. `None`: ask
     /// [`after_attempt`](Self::after_attempt) with the time.
-    pub(crate) fn stop_without_time(&mut self, observed: &Observed<'_>) -> Option<StopReason> {
+    fn stop_without_time(&mut self, observed: &Observed<'_>) -> Option<StopReason> {
         let Verdict::Final(stop) = observed.verdict else {
             return None;
         };
@@ -687,7 +694,7 @@ impl<'a> Decider<'a> {
     /// attempt, or a stop. `wall` is the wall time, for a `Retry-After` date; `rng` draws the
     /// jitter. The throttle learns whether the dependency accepted the attempt, and the quota
     /// what the answer said of it.
-    pub(crate) fn after_attempt(
+    fn after_attempt(
         &mut self,
         observed: Observed<'_>,
         now: Instant,
@@ -752,7 +759,7 @@ impl<'a> Decider<'a> {
             quota.clear_probed(ticket, now);
         }
         let waits_read = self.policy.retry_after_fields();
-        if let Some(said) = rate_limit::of_response(answer.headers, waits_read) {
+        if let Some(said) = quota_said(answer.headers, waits_read) {
             quota.update(&Origin::of(answer.from), Some(said), now);
         }
     }

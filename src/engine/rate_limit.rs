@@ -118,15 +118,12 @@ fn split_outside_quotes(text: &str, sep: char) -> impl Iterator<Item = &str> {
     cuts.into_iter()
 }
 
-/// What a response says of the quota, if it says anything: nothing when it has a valid
-/// `Retry-After` (or a millisecond one) and `waits_read` (the policy reads them), which then
-/// takes precedence. Field lines are one list (RFC 9110 section 5.3): every line is read.
-pub(crate) fn of_response(headers: &HeaderMap, waits_read: bool) -> Option<Quota> {
+/// What a response's `RateLimit` field says of the quota, if it says anything. Field lines are
+/// one list (RFC 9110 section 5.3): every line is read. (Whether a `Retry-After` beside it takes
+/// precedence is the core's rule: `decide`.)
+pub(crate) fn of_response(headers: &HeaderMap) -> Option<Quota> {
     // Most answers have no RateLimit field: one lookup for them.
     let first = headers.get(RATE_LIMIT)?;
-    if waits_read && crate::engine::retry_after::is_asked(headers) {
-        return None;
-    }
     let mut lines = headers.get_all(RATE_LIMIT).iter();
     if lines.size_hint().1 == Some(1) {
         return parse(first.as_bytes());
@@ -383,33 +380,6 @@ mod tests {
         assert_eq!(parse(b"\xff\xfe"), None);
     }
 
-    #[test]
-    fn retry_after_takes_precedence() {
-        let mut headers = HeaderMap::new();
-        headers.insert("ratelimit", r#""default";r=0;t=12"#.parse().unwrap());
-        assert_eq!(of_response(&headers, true), secs(12));
-        for name in ["retry-after", "retry-after-ms", "x-ms-retry-after-ms"] {
-            let mut asked = headers.clone();
-            asked.insert(name, "3".parse().unwrap());
-            assert_eq!(of_response(&asked, true), None, "{name}");
-            // Unless the policy reads no wait fields: the quota is then what the answer says.
-            assert_eq!(of_response(&asked, false), secs(12), "{name}");
-            // A value that cannot be read is no wait: the field beside it stays in force.
-            for unreadable in ["soon", "1.5e3", "-1", ""] {
-                let mut bad = headers.clone();
-                bad.insert(name, unreadable.parse().unwrap());
-                assert_eq!(of_response(&bad, true), secs(12), "{name}: {unreadable:?}");
-            }
-        }
-        // A date in the past is a valid wait of none: it takes precedence too.
-        let mut past = headers.clone();
-        past.insert(
-            "retry-after",
-            "Thu, 01 Jan 1970 00:00:00 GMT".parse().unwrap(),
-        );
-        assert_eq!(of_response(&past, true), None);
-    }
-
     fn origin(url: &str) -> Origin {
         let uri: http::Uri = url.parse().unwrap();
         Origin::of(Target::new(
@@ -432,11 +402,11 @@ mod tests {
     fn field_lines_are_one_list() {
         let mut headers = HeaderMap::new();
         headers.append("ratelimit", r#""burst";r=4;t=1"#.parse().unwrap());
-        assert_eq!(of_response(&headers, true), Some(Quota::Left));
+        assert_eq!(of_response(&headers), Some(Quota::Left));
         headers.append("ratelimit", r#""daily";r=0;t=600"#.parse().unwrap());
-        assert_eq!(of_response(&headers, true), secs(600));
+        assert_eq!(of_response(&headers), secs(600));
         headers.append("ratelimit", "garbage".parse().unwrap());
-        assert_eq!(of_response(&headers, true), secs(600));
+        assert_eq!(of_response(&headers), secs(600));
     }
 
     #[test]

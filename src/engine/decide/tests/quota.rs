@@ -493,3 +493,32 @@ fn a_throttle_whose_slices_last_an_attempt_timeout_counts_it_at_its_admission() 
     assert_eq!(throttle.counts(start + secs(11) + 900 * MS), (1, 1));
     assert_eq!(throttle.counts(start + secs(12) + 100 * MS), (0, 0));
 }
+
+#[test]
+fn a_wait_field_takes_precedence_over_the_quota() {
+    use crate::engine::rate_limit::Quota;
+    let spent = |s| Some(Quota::Spent(Duration::from_secs(s)));
+    let mut headers = HeaderMap::new();
+    headers.insert("ratelimit", r#""default";r=0;t=12"#.parse().unwrap());
+    assert_eq!(quota_said(&headers, true), spent(12));
+    for name in ["retry-after", "retry-after-ms", "x-ms-retry-after-ms"] {
+        let mut asked = headers.clone();
+        asked.insert(name, "3".parse().unwrap());
+        assert_eq!(quota_said(&asked, true), None, "{name}");
+        // Unless the policy reads no wait fields: the quota is then what the answer says.
+        assert_eq!(quota_said(&asked, false), spent(12), "{name}");
+        // A value that cannot be read is no wait: the field beside it stays in force.
+        for unreadable in ["soon", "1.5e3", "-1", ""] {
+            let mut bad = headers.clone();
+            bad.insert(name, unreadable.parse().unwrap());
+            assert_eq!(quota_said(&bad, true), spent(12), "{name}: {unreadable:?}");
+        }
+    }
+    // A date in the past is a valid wait of none: it takes precedence too.
+    let mut past = headers.clone();
+    past.insert(
+        "retry-after",
+        "Thu, 01 Jan 1970 00:00:00 GMT".parse().unwrap(),
+    );
+    assert_eq!(quota_said(&past, true), None);
+}
