@@ -290,7 +290,11 @@ impl<'a> Sent<'a> {
 
 /// Where an attempt's copies go: the rest of the chain, with the request's extensions, in its
 /// span.
-pub(crate) type Chain<'s> = (&'s mut Extensions, &'s dyn Beneath, &'s tracing::Span);
+pub(crate) struct Chain<'s> {
+    pub(crate) extensions: &'s mut Extensions,
+    pub(crate) next: &'s dyn Beneath,
+    pub(crate) span: &'s tracing::Span,
+}
 
 /// What an attempt borrows while it runs: the request's own state and how its outcomes are
 /// judged, the core, the clock (for the time, and the hedge's timers) and the random source,
@@ -305,7 +309,11 @@ pub(crate) struct Lent<'p, 's, 'd> {
 }
 
 /// The clock and the random source.
-pub(crate) type Tools<'p> = (&'p SharedClock, &'p dyn RandomSource);
+#[derive(Clone, Copy)]
+pub(crate) struct Tools<'p> {
+    pub(crate) clock: &'p SharedClock,
+    pub(crate) rng: &'p dyn RandomSource,
+}
 
 impl<'p, 's, 'd> Lent<'p, 's, 'd> {
     /// What an attempt borrows, judged under the request's policy, all but the timer, which the
@@ -392,13 +400,17 @@ impl<'s, 'l, 'p, 'q, 'd> Flight<'s, 'l, 'p, 'q, 'd> {
         plan: &Plan,
         lent: &'l mut Lent<'p, 'q, 'd>,
     ) -> Self {
-        let (extensions, next, span) = chain;
+        let Chain {
+            extensions,
+            next,
+            span,
+        } = chain;
         claim::announce(extensions, span, plan.number);
         let hedged = plan.hedge_after.map(|after| {
             // Copied before the first copy borrows the request's own for as long as it runs.
             spare.clone_from(extensions);
             Box::new(Hedged {
-                due: lent.tools.0.timeout(after, None).ok(),
+                due: lent.tools.clock.timeout(after, None).ok(),
                 lend: Some(spare),
                 next,
                 span,
@@ -509,7 +521,7 @@ impl<'s, 'l, 'p, 'q, 'd> Flight<'s, 'l, 'p, 'q, 'd> {
     fn poll_copies(&mut self, cx: &mut Context<'_>) -> Poll<(Outcome, bool)> {
         loop {
             let lent = &mut *self.lent;
-            let clock = lent.tools.0;
+            let clock = lent.tools.clock;
             if let Some(work) = self.first.as_mut() {
                 if let Poll::Ready(done) = Pin::new(work).poll(cx) {
                     self.first = None;
@@ -564,7 +576,7 @@ impl<'s, 'l, 'p, 'q, 'd> Flight<'s, 'l, 'p, 'q, 'd> {
             return;
         };
         let lent = &mut *self.lent;
-        let (clock, rng) = lent.tools;
+        let Tools { clock, rng } = lent.tools;
         let now = clock.get().now();
         let Some(plan) = lent.decider.hedge_plan(now, lent.kept.resend(), rng) else {
             return;

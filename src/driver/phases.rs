@@ -18,7 +18,9 @@ use reqwest::{Request, Response};
 use tracing::Level;
 
 use crate::clock::{Clock, SharedClock, TimerUnavailable, TokioClock};
-use crate::driver::attempt::{Ends, Flight, Kept, Last, Lent, Outcome, Sent, Tools, target_of};
+use crate::driver::attempt::{
+    Chain, Ends, Flight, Kept, Last, Lent, Outcome, Sent, Tools, target_of,
+};
 use crate::driver::body;
 use crate::driver::claim::Beneath;
 use crate::driver::trace::{self, Ended, LogLevels, Traced};
@@ -230,7 +232,11 @@ impl RetryMiddleware {
                         let judged = {
                             let mut spare = Extensions::new();
                             let lent = Lent::new(&mut kept, &sent, &mut decider, self.tools());
-                            let chain = (&mut *extensions, &next as &dyn Beneath, &span);
+                            let chain = Chain {
+                                extensions: &mut *extensions,
+                                next: &next as &dyn Beneath,
+                                span: &span,
+                            };
                             Flight::launch(chain, &mut spare, &plan, &mut lent(&mut timer)).await
                         };
                         let request = (&mut sent, &kept, &next as &dyn Beneath);
@@ -383,7 +389,10 @@ impl RetryMiddleware {
 
     /// The clock and the random source, for an attempt.
     fn tools(&self) -> Tools<'_> {
-        (&self.clock, &*self.rng.0)
+        Tools {
+            clock: &self.clock,
+            rng: &*self.rng.0,
+        }
     }
 
     /// The end of a request whose clock has no timer to wait or time an attempt with.
