@@ -450,6 +450,9 @@ enum Phase {
 
 #[cfg(test)]
 mod tests {
+    use std::pin::Pin;
+    use std::task::Poll;
+
     use super::*;
     use crate::observe::RetryEvent;
 
@@ -461,5 +464,192 @@ mod tests {
         assert!(debug.contains("observer: Some(Observer)"), "{debug}");
         assert!(debug.contains("clock: Clock"), "{debug}");
         assert!(debug.contains("rng: RandomSource"), "{debug}");
+    }
+
+    /// A door beneath whose copies answer when the test says: each copy sent takes the next
+    /// slot, and its future is pending until the test fills that slot. Counts the copies
+    /// dropped before they answered.
+    #[derive(Clone, Default)]
+    struct Scripted {
+        slots: Arc<std::sync::Mutex<Vec<Option<Outcome>>>>,
+        dropped: Arc<std::sync::atomic::AtomicUsize>,
+        /// Each copy, sent, answers at once with an empty 200 after this much virtual time.
+        answer_after: Option<(crate::FakeClock, Duration)>,
+    }
+
+    impl Scripted {
+        fn sent(&self) -> usize {
+            self.slots.lock().unwrap().len()
+        }
+
+        fn answer(&self, copy: usize, outcome: Outcome) {
+            self.slots.lock().unwrap()[copy] = Some(outcome);
+        }
+
+        fn dropped(&self) -> usize {
+            self.dropped.load(std::sync::atomic::Ordering::Relaxed)
+        }
+    }
+
+    /// A copy's future: the slot's outcome once it is filled.
+    struct Copy {
+        at: usize,
+        door: Scripted,
+        done: bool,
+    }
+
+    impl Future for Copy {
+        type Output = Outcome;
+
+        fn poll(mut self: Pin<&mut Self>, _: &mut std::task::Context<'_>) -> Poll<Outcome> {
+            let taken = self.door.slots.lock().unwrap()[self.at].take();
+            match taken {
+                Some(outcome) => {
+                    self.done = true;
+                    Poll::Ready(outcome)
+                }
+                None => Poll::Pending,
+            }
+        }
+    }
+
+    impl Drop for Copy {
+        fn drop(&mut self) {
+            if !self.done {
+                (self.door.dropped).fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
+    }
+
+    impl Beneath for Scripted {
+        fn run<'s>(
+            &'s self,
+            _: Request,
+            _: &'s mut Extensions,
+        ) -> Pin<Box<dyn Future<Output = Outcome> + Send + 's>> {
+            let mut slots = self.slots.lock().unwrap();
+            let at = slots.len();
+            slots.push(None);
+            if let Some((clock, takes)) = &self.answer_after {
+                clock.advance(*takes);
+                slots[at] = Some(Ok(Response::from(http::Response::new(""))));
+            }
+            drop(slots);
+            Box::pin(Copy {
+                at,
+                door: self.clone(),
+                done: false,
+            })
+        }
+
+        fn seen<'o>(&self, outcome: &'o Outcome) -> crate::engine::seen::Seen<'o> {
+            crate::door::reqwest::seen(outcome)
+        }
+    }
+
+    /// A body that has nothing to give until its gate opens, then `text`.
+    struct Gated {
+        open: Arc<std::sync::atomic::AtomicBool>,
+        text: Option<bytes::Bytes>,
+    }
+
+    impl http_body::Body for Gated {
+        type Data = bytes::Bytes;
+        type Error = std::io::Error;
+
+        fn poll_frame(
+            mut self: Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+        ) -> Poll<Option<Result<http_body::Frame<bytes::Bytes>, std::io::Error>>> {
+            if !self.open.load(std::sync::atomic::Ordering::Relaxed) {
+                return Poll::Pending;
+            }
+            Poll::Ready(
+                self.text
+                    .take()
+                    .map(|text| Ok(http_body::Frame::data(text))),
+            )
+        }
+    }
+
+    /// One hedged attempt, poll by poll, on a fake clock: the first copy goes at once; the
+    /// hedge goes when its delay (the window's p95) has passed and not before; the hedge's
+    /// answer wins and the first copy is dropped; its body is read inside the first copy's
+    /// time, which cuts a body that stalls; the cut is a timeout, retried after the planned
+    /// wait, and the retry's answer is the request's.
+    #[test]
+    fn an_attempt_in_flight_poll_by_poll() {
+        use std::task::{Context, Poll as P, Waker};
+
+        let clock = crate::FakeClock::new();
+        let policy = RetryPolicy::builder()
+            .attempt_timeout(Duration::from_secs(5))
+            .hedge_reads(0.05, Duration::from_secs(1))
+            .buffer_body(1024)
+            .build()
+            .unwrap();
+        let dependency = Dependency::new("scripted", policy);
+        let middleware = RetryMiddleware::new(dependency.clone())
+            .with_clock(clock.clone())
+            .with_rng(crate::SeededRng::new(3));
+        let request = || Request::new(http::Method::GET, "http://127.0.0.1/x".parse().unwrap());
+        let mut cx = Context::from_waker(Waker::noop());
+        // The latency window learns 10 ms answers: its p95 is then 10.24 ms.
+        let warm = Scripted {
+            answer_after: Some((clock.clone(), Duration::from_millis(10))),
+            ..Scripted::default()
+        };
+        for _ in 0..150 {
+            let mut extensions = Extensions::new();
+            let run = std::pin::pin!(middleware.execute(request(), &mut extensions, warm.clone()));
+            assert!(matches!(run.poll(&mut cx), P::Ready(Ok(_))));
+        }
+        clock.advance(Duration::from_secs(1));
+        assert_eq!(dependency.counters().hedges, 0);
+
+        let door = Scripted::default();
+        let mut extensions = Extensions::new();
+        let mut run = std::pin::pin!(middleware.execute(request(), &mut extensions, door.clone()));
+        // The first copy goes at once.
+        assert!(run.as_mut().poll(&mut cx).is_pending());
+        assert_eq!(door.sent(), 1);
+        // Not before the hedging delay...
+        clock.advance(Duration::from_millis(10));
+        assert!(run.as_mut().poll(&mut cx).is_pending());
+        assert_eq!(door.sent(), 1, "no hedge before the p95");
+        // ...and at it, the hedge.
+        clock.advance(Duration::from_millis(1));
+        assert!(run.as_mut().poll(&mut cx).is_pending());
+        assert_eq!((door.sent(), dependency.counters().hedges), (2, 1));
+        // The hedge answers; its body stalls. The first copy is given up, and the body read.
+        let open = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let body = Gated {
+            open: open.clone(),
+            text: Some(bytes::Bytes::from_static(b"late")),
+        };
+        let answer = http::Response::new(reqwest::Body::wrap(body));
+        door.answer(1, Ok(Response::from(answer)));
+        assert!(run.as_mut().poll(&mut cx).is_pending());
+        assert_eq!(door.dropped(), 1, "the first copy is dropped");
+        assert_eq!(door.sent(), 2);
+        // The body is read within the first copy's time, 5 s from its start: not cut before...
+        clock.advance(Duration::from_millis(4_988));
+        assert!(run.as_mut().poll(&mut cx).is_pending());
+        assert_eq!((door.sent(), clock.sleeps().len()), (2, 0));
+        // ...cut at it: a timeout, retried after its wait (the fake clock's sleeps end at once).
+        clock.advance(Duration::from_millis(1));
+        assert!(run.as_mut().poll(&mut cx).is_pending());
+        assert_eq!(door.sent(), 3, "the retry went");
+        assert_eq!(clock.sleeps().len(), 1, "one wait before it");
+        assert!(!open.load(std::sync::atomic::Ordering::Relaxed));
+        // The retry's answer is the request's.
+        door.answer(2, Ok(Response::from(http::Response::new("second"))));
+        let P::Ready(Ok(response)) = run.as_mut().poll(&mut cx) else {
+            panic!("the retry's answer ends the request");
+        };
+        let record = crate::RetryRecord::of(&response).unwrap();
+        assert_eq!((record.attempts(), record.answered_by_hedge()), (2, false));
+        // The hedge's answer was the first attempt's outcome (then cut, and retried after).
+        assert_eq!(dependency.counters().hedges_won, 1);
     }
 }
