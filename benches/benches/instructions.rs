@@ -84,7 +84,7 @@ fn main() {
     );
     println!(
         "\ntower clients over hyper-util's client (each retrying one over the bare service of \
-         its request body: (T2) over (T0), (T3) and (T4) over (T1))"
+         its request body: (T2) and (T5) over (T0), (T3) and (T4) over (T1))"
     );
     let names: Vec<_> = tower_clients().into_iter().map(|(n, _)| n).collect();
     for in_flight in [1u64, 64] {
@@ -96,7 +96,7 @@ fn main() {
         for (i, (name, ir)) in names.iter().zip(&per).enumerate() {
             let bare = match i {
                 0 | 1 => *ir,
-                2 => per[0],
+                2 | 3 => per[0],
                 _ => per[1],
             };
             println!("{name:<32} {ir:>10.0} {:>+10.0}", ir - bare);

@@ -210,6 +210,22 @@ pub fn clients() -> Vec<Labelled> {
         ("(h) (b) + a key by hand", || {
             Client::HandKeyed(chain().build())
         }),
+        // The same guarantee as (e): reqwest-retry over a client whose every attempt is cut at
+        // 10 s, this crate's default attempt timeout.
+        ("(c+t) (c) + 10 s timeout", || {
+            let timed = reqwest::Client::builder()
+                .timeout(Duration::from_secs(10))
+                .build()
+                .unwrap();
+            Client::Chain(ClientBuilder::new(timed).with(reqwest_retry(false)).build())
+        }),
+        ("(h+t) (h) + 10 s timeout", || {
+            let timed = reqwest::Client::builder()
+                .timeout(Duration::from_secs(10))
+                .build()
+                .unwrap();
+            Client::HandKeyed(ClientBuilder::new(timed).with(reqwest_retry(false)).build())
+        }),
     ]
 }
 
@@ -466,6 +482,18 @@ pub fn tower_clients() -> Vec<Labelled> {
             ));
             let policy = TowerAttempts { left: 2, budget };
             tower_post(tower::retry::Retry::new(policy, full_client()), full)
+        }),
+        // The same guarantee as (T3): tower's retry over `tower::timeout` at 10 s, this crate's
+        // default attempt timeout.
+        ("(T5) (T2) + 10 s timeout", || {
+            let budget = Arc::new(tower::retry::budget::TpsBudget::new(
+                Duration::from_secs(10),
+                10,
+                0.2,
+            ));
+            let policy = TowerAttempts { left: 2, budget };
+            let timed = tower::timeout::Timeout::new(full_client(), Duration::from_secs(10));
+            tower_post(tower::retry::Retry::new(policy, timed), full)
         }),
         ("(T3) this crate, no keys", || {
             let dependency =

@@ -35,7 +35,7 @@ impl Middleware for RetryMiddleware {
             // An instance further out on this request's path makes the attempts and retries.
             return next.run(request, extensions);
         }
-        Box::pin(self.execute(request, extensions, next))
+        Box::pin(RetryMiddleware::execute(self, request, extensions, next))
     }
 }
 

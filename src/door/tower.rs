@@ -124,19 +124,45 @@ where
             *request.body_mut() = Some(body.into());
             request
         });
-        let retry = self.retry.clone();
-        Box::pin(async move {
-            let request = request?;
-            let claimed = extensions.get::<Claimed>().is_some()
-                || crate::driver::claim::claimed(&extensions, &request);
-            let outcome = if claimed {
-                // A layer further out on this request's path makes its attempts.
-                inner.run(request, &mut extensions).await
-            } else {
-                retry.execute(request, &mut extensions, inner).await
-            };
-            outcome.map(http::Response::from).map_err(boxed)
-        })
+        let request = match request {
+            Ok(request) => request,
+            Err(e) => return Box::pin(std::future::ready(Err(e))),
+        };
+        let claimed = extensions.get::<Claimed>().is_some()
+            || crate::driver::claim::claimed(&extensions, &request);
+        if claimed {
+            // A layer further out on this request's path makes its attempts.
+            return Box::pin(async move {
+                let outcome = inner.run(request, &mut extensions).await;
+                outcome.map(http::Response::from).map_err(boxed)
+            });
+        }
+        // The future owns the middleware and the extensions, and the inner service boxed (a
+        // client is hundreds of bytes): it is one allocation in the allocator's fast size class.
+        let run =
+            RetryMiddleware::execute(self.retry.clone(), request, extensions, Box::new(inner));
+        Box::pin(Handed { run })
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// The driver's outcome handed back as the layer answers: not an `async` block, which
+    /// would hold the driver's future twice (as captured, and as awaited).
+    struct Handed<F> {
+        #[pin]
+        run: F,
+    }
+}
+
+impl<F> Future for Handed<F>
+where
+    F: Future<Output = reqwest_middleware::Result<reqwest::Response>>,
+{
+    type Output = Result<http::Response<reqwest::Body>, BoxError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let outcome = std::task::ready!(self.project().run.poll(cx));
+        Poll::Ready(outcome.map(http::Response::from).map_err(boxed))
     }
 }
 
@@ -352,6 +378,21 @@ where
             }
         }
         crate::door::reqwest::seen(outcome)
+    }
+}
+
+impl<T: Beneath + ?Sized> Beneath for Box<T> {
+    fn run<'s>(
+        &'s self,
+        request: reqwest::Request,
+        extensions: &'s mut Extensions,
+    ) -> Pin<Box<dyn Future<Output = reqwest_middleware::Result<reqwest::Response>> + Send + 's>>
+    {
+        (**self).run(request, extensions)
+    }
+
+    fn seen<'o>(&self, outcome: &'o reqwest_middleware::Result<reqwest::Response>) -> Seen<'o> {
+        (**self).seen(outcome)
     }
 }
 

@@ -8,8 +8,10 @@
 //! and `idempotency`, the verdict from `classify`, whether this instance retries at all from
 //! `chain`. What is left here is the awaiting, and the order of the phases.
 
+use std::borrow::BorrowMut;
 use std::future::Future;
 use std::ops::ControlFlow;
+use std::ops::Deref;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -195,43 +197,49 @@ impl RetryMiddleware {
     /// hedge's second copy) are boxed where they arise.
     ///
     /// `next` is where each copy goes: the rest of the chain, or a tower service.
+    ///
+    /// `this` and `extensions` are borrowed by the reqwest door (the chain owns them) and owned
+    /// by the tower door (its future owns everything it holds): either way they are held once,
+    /// inside this future.
     pub(crate) fn execute<'a, N: Beneath + 'a>(
-        &'a self,
+        this: impl Deref<Target = RetryMiddleware> + Send + 'a,
         request: Request,
-        extensions: &'a mut Extensions,
+        mut extensions: impl BorrowMut<Extensions> + Send + 'a,
         next: N,
     ) -> impl Future<Output = reqwest_middleware::Result<Response>> + Send + 'a {
-        let dependency = self.dependencies.pick(target_of(request.url()));
-        let span = trace::request_span(&dependency.name, &request);
         let mut kept = Kept::new(request);
         async move {
+            let this = &*this;
+            let extensions = extensions.borrow_mut();
+            let dependency = this.dependencies.pick(target_of(kept.request().url()));
+            let span = trace::request_span(&dependency.name, kept.request());
             let (overriding, cap, refused) = RetryOverride::of_request(extensions, dependency);
             let refused = refused.map(reqwest_middleware::Error::middleware);
             let policy = overriding.as_deref().unwrap_or(&dependency.policy);
-            let (method, mut now) = (kept.request().method(), self.clock.get().now());
+            let (method, mut now) = (kept.request().method(), this.clock.get().now());
             let mut decider = Decider::start(policy, dependency.accounts(), cap, method, now);
             let given = (&kept, &*extensions, &span, refused);
-            let mut sent = match self.prepare(dependency, &mut decider, given) {
+            let mut sent = match this.prepare(dependency, &mut decider, given) {
                 ControlFlow::Continue(sent) => sent,
                 ControlFlow::Break(end) => return end,
             };
             let mut phase = Phase::Asking;
             loop {
                 phase = match phase {
-                    Phase::Asking => match decider.plan(now, kept.resend(), &*self.rng.0) {
+                    Phase::Asking => match decider.plan(now, kept.resend(), &*this.rng.0) {
                         Step::Send(plan) => Phase::InFlight(plan),
                         Step::Hold(hold) => Phase::Waiting(hold),
                         Step::Stop(stop) => {
-                            return self.stop(&span, stop, &decider, &mut kept, &mut sent);
+                            return this.stop(&span, stop, &decider, &mut kept, &mut sent);
                         }
                     },
                     Phase::InFlight(plan) => {
-                        let Ok(mut timer) = self.clock.timeout(plan.limit, Some(now)) else {
-                            return self.no_timer(&span, &decider, sent.ends(&kept));
+                        let Ok(mut timer) = this.clock.timeout(plan.limit, Some(now)) else {
+                            return this.no_timer(&span, &decider, sent.ends(&kept));
                         };
                         let judged = {
                             let mut spare = Extensions::new();
-                            let lent = Lent::new(&mut kept, &sent, &mut decider, self.tools());
+                            let lent = Lent::new(&mut kept, &sent, &mut decider, this.tools());
                             let chain = Chain {
                                 extensions: &mut *extensions,
                                 next: &next as &dyn Beneath,
@@ -241,28 +249,28 @@ impl RetryMiddleware {
                         };
                         let request = (&mut sent, &kept, &next as &dyn Beneath);
                         let (outcome, fault, delay) =
-                            match self.after(&span, plan.number, judged, &mut decider, request) {
+                            match this.after(&span, plan.number, judged, &mut decider, request) {
                                 ControlFlow::Continue(retried) => retried,
                                 ControlFlow::Break(end) => return end,
                             };
                         // The body is read within the wait, not past it (none: what has come).
-                        let reading = self.clock.get().now();
+                        let reading = this.clock.get().now();
                         let within =
-                            (!delay.is_zero()).then(|| self.clock.timeout(delay, Some(reading)));
+                            (!delay.is_zero()).then(|| this.clock.timeout(delay, Some(reading)));
                         let Ok(within) = within.transpose() else {
-                            return self.no_timer(&span, &decider, sent.ends(&kept));
+                            return this.no_timer(&span, &decider, sent.ends(&kept));
                         };
                         let kept_body = body::keep_within(outcome, body::KEPT, within);
                         kept.previous = Some(Box::new((Box::pin(kept_body).await, fault)));
-                        now = self.clock.get().now();
+                        now = this.clock.get().now();
                         Phase::Waiting(delay.saturating_sub(now.saturating_duration_since(reading)))
                     }
-                    Phase::Waiting(delay) => match self.clock.wait(delay).await {
+                    Phase::Waiting(delay) => match this.clock.wait(delay).await {
                         Ok(()) => {
-                            now = self.clock.get().now();
+                            now = this.clock.get().now();
                             Phase::Asking
                         }
-                        Err(_) => return self.no_timer(&span, &decider, sent.ends(&kept)),
+                        Err(_) => return this.no_timer(&span, &decider, sent.ends(&kept)),
                     },
                 };
             }
@@ -601,7 +609,12 @@ mod tests {
         };
         for _ in 0..150 {
             let mut extensions = Extensions::new();
-            let run = std::pin::pin!(middleware.execute(request(), &mut extensions, warm.clone()));
+            let run = std::pin::pin!(RetryMiddleware::execute(
+                &middleware,
+                request(),
+                &mut extensions,
+                warm.clone()
+            ));
             assert!(matches!(run.poll(&mut cx), P::Ready(Ok(_))));
         }
         clock.advance(Duration::from_secs(1));
@@ -609,7 +622,12 @@ mod tests {
 
         let door = Scripted::default();
         let mut extensions = Extensions::new();
-        let mut run = std::pin::pin!(middleware.execute(request(), &mut extensions, door.clone()));
+        let mut run = std::pin::pin!(RetryMiddleware::execute(
+            &middleware,
+            request(),
+            &mut extensions,
+            door.clone()
+        ));
         // The first copy goes at once.
         assert!(run.as_mut().poll(&mut cx).is_pending());
         assert_eq!(door.sent(), 1);

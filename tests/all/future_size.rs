@@ -75,3 +75,61 @@ async fn the_request_future_stays_within_the_allocator_s_fast_size_class() {
         );
     }
 }
+
+/// The same bound behind the tower door, whose service boxes the logical request's future (with
+/// the inner service and the request's extensions it holds) once per call.
+#[cfg(feature = "tower")]
+#[tokio::test]
+async fn the_tower_door_s_request_future_stays_within_the_same_size_class() {
+    use tower_layer::Layer;
+    use tower_service::Service;
+
+    let server = crate::support::always(200).await;
+    let hedging = RetryPolicy::builder()
+        .hedge_reads(0.05, Duration::from_millis(50))
+        .build()
+        .unwrap();
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http::<reqwest::Body>();
+    let mut plain = RetryMiddleware::new(RetryPolicy::default()).layer(client.clone());
+    let mut hedged = RetryMiddleware::new(Dependency::new("hedged", hedging)).layer(client);
+    let over = RetryOverride::new()
+        .max_attempts(5)
+        .deadline(Duration::from_secs(5));
+    let requests = [
+        (
+            "plain",
+            http::Request::get(server.uri()).body(bytes::Bytes::new()),
+        ),
+        (
+            "keyed",
+            http::Request::post(server.uri()).body(bytes::Bytes::from_static(b"x")),
+        ),
+        (
+            "overridden",
+            http::Request::get(server.uri())
+                .extension(over)
+                .body(bytes::Bytes::new()),
+        ),
+    ];
+    let mut sizes = Vec::new();
+    for (kind, request) in requests {
+        let future = plain.call(request.unwrap());
+        sizes.push((kind, std::mem::size_of_val(&*future)));
+        assert_eq!(future.await.unwrap().status(), 200, "{kind}");
+    }
+    let future = hedged.call(
+        http::Request::get(server.uri())
+            .body(bytes::Bytes::new())
+            .unwrap(),
+    );
+    sizes.push(("hedged", std::mem::size_of_val(&*future)));
+    assert_eq!(future.await.unwrap().status(), 200, "hedged");
+    for (kind, size) in sizes {
+        assert!(
+            size <= BOUND,
+            "the {kind} request's future is {size} bytes behind the tower door, over {BOUND}: \
+             box the state that grew, or hold less across an await"
+        );
+    }
+}
