@@ -227,7 +227,6 @@ impl RetryError {
             waited: self.waited,
             key: self.key.clone(),
             replayed: false,
-            replay_counts: false,
             answered_by_hedge: false,
         }
     }

@@ -26,9 +26,9 @@ pub struct RetryRecord {
     pub(crate) stop: StopReason,
     pub(crate) waited: Duration,
     pub(crate) key: Option<HeaderValue>,
+    /// The answer carried the server's replay marker, and its attempt went under a key sent
+    /// before it (else the marker means nothing: a proxy may echo it).
     pub(crate) replayed: bool,
-    /// The answer's attempt went under a key sent before it, so a replay marker on it counts.
-    pub(crate) replay_counts: bool,
     pub(crate) answered_by_hedge: bool,
 }
 
@@ -45,17 +45,13 @@ impl RetryRecord {
     /// `response` is an answer of either door: a `reqwest::Response` from a
     /// `reqwest-middleware` chain, or an `http::Response` from the tower layer.
     pub fn of(response: &impl Answer) -> Option<RetryRecord> {
-        let (status, headers, extensions) = response.parts();
-        RetryRecord::read(status, headers, extensions)
+        let (status, extensions) = response.parts();
+        RetryRecord::read(status, extensions)
     }
 
     /// The record an answer's head carries, or the first attempt's that it stands for.
-    fn read(
-        status: http::StatusCode,
-        headers: &http::HeaderMap,
-        extensions: &http::Extensions,
-    ) -> Option<RetryRecord> {
-        let mut record = match extensions.get::<RetryRecord>() {
+    fn read(status: http::StatusCode, extensions: &http::Extensions) -> Option<RetryRecord> {
+        let record = match extensions.get::<RetryRecord>() {
             Some(record) => record.clone(),
             None if status.as_u16() < 400 => RetryRecord {
                 attempts: 1,
@@ -63,14 +59,10 @@ impl RetryRecord {
                 waited: Duration::ZERO,
                 key: None,
                 replayed: false,
-                replay_counts: false,
                 answered_by_hedge: false,
             },
             None => return None,
         };
-        // Under no key, or a key no server had seen before this answer's attempt, the marker
-        // means nothing (a proxy may echo it).
-        record.replayed = record.replay_counts && crate::engine::advice::replayed(headers);
         Some(record)
     }
 
@@ -117,20 +109,20 @@ impl RetryRecord {
 /// An answer a [`RetryRecord`] is read from: a `reqwest::Response`, or an `http::Response` of
 /// any body. Sealed: both doors' answers, and nothing else.
 pub trait Answer: sealed::Sealed {
-    /// The answer's status, headers and extensions.
+    /// The answer's status and extensions.
     #[doc(hidden)]
-    fn parts(&self) -> (http::StatusCode, &http::HeaderMap, &http::Extensions);
+    fn parts(&self) -> (http::StatusCode, &http::Extensions);
 }
 
 impl Answer for reqwest::Response {
-    fn parts(&self) -> (http::StatusCode, &http::HeaderMap, &http::Extensions) {
-        (self.status(), self.headers(), self.extensions())
+    fn parts(&self) -> (http::StatusCode, &http::Extensions) {
+        (self.status(), self.extensions())
     }
 }
 
 impl<B> Answer for http::Response<B> {
-    fn parts(&self) -> (http::StatusCode, &http::HeaderMap, &http::Extensions) {
-        (self.status(), self.headers(), self.extensions())
+    fn parts(&self) -> (http::StatusCode, &http::Extensions) {
+        (self.status(), self.extensions())
     }
 }
 

@@ -26,6 +26,7 @@ use crate::driver::attempt::{
 use crate::driver::body;
 use crate::driver::claim::Beneath;
 use crate::driver::trace::{self, Ended, LogLevels, Traced};
+use crate::engine::advice;
 use crate::engine::budget::RetryBudget;
 use crate::engine::classify::Verdict;
 use crate::engine::decide::{Decider, Observed, Plan, Step};
@@ -380,13 +381,17 @@ impl RetryMiddleware {
             };
             span.in_scope(|| self.log.stopped(watcher, ended));
         }
+        // Under no key, or a key no server had seen before this answer's attempt, the marker
+        // means nothing (a proxy may echo it).
+        let replay_counts = ends.key.as_ref().is_some_and(|(_, sent)| *sent);
+        let replayed = replay_counts
+            && (outcome.as_ref()).is_ok_and(|answer| advice::replayed(answer.headers()));
         let record = RetryRecord {
             attempts,
             stop,
             waited,
-            replay_counts: ends.key.as_ref().is_some_and(|(_, sent)| *sent),
             key: ends.key.map(|(key, _)| key.value),
-            replayed: false,
+            replayed,
             answered_by_hedge: decider.hedge_answered(),
         };
         let budget = (stop == StopReason::BudgetExhausted)
@@ -551,7 +556,21 @@ mod tests {
         }
 
         fn seen<'o>(&self, outcome: &'o Outcome) -> crate::engine::seen::Seen<'o> {
-            crate::door::reqwest::seen(outcome)
+            use crate::engine::seen::{Failure, ResponseHead, Seen};
+            match outcome {
+                Ok(response) => Seen::Answer(ResponseHead {
+                    status: response.status(),
+                    version: response.version(),
+                    headers: response.headers(),
+                    from: target_of(response.url()),
+                }),
+                // The only error these copies end in is the attempt's timeout.
+                Err(reqwest_middleware::Error::Middleware(e)) => Seen::Failed(Failure {
+                    fault: crate::error::AttemptTimeout::fault(e.as_ref()),
+                    error: e.as_ref(),
+                }),
+                Err(e) => unreachable!("a scripted copy fails only by its timeout: {e}"),
+            }
         }
     }
 

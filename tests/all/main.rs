@@ -18,6 +18,7 @@ mod hedging;
 mod idempotency;
 mod latency;
 mod layers;
+mod layout;
 mod methods;
 mod properties;
 mod rate_limit;
