@@ -9,7 +9,6 @@ use reqwest::{Request, Response};
 use reqwest_middleware::{Middleware, Next};
 use std::error::Error as _;
 
-use crate::driver::attempt::target_of;
 use crate::driver::claim::{self, Beneath};
 use crate::driver::phases::RetryMiddleware;
 use crate::engine::seen::{Failure, ResponseHead, Seen};
@@ -65,7 +64,7 @@ pub(crate) fn seen(outcome: &reqwest_middleware::Result<Response>) -> Seen<'_> {
             status: response.status(),
             version: response.version(),
             headers: response.headers(),
-            from: target_of(response.url()),
+            from: response.url(),
         }),
         Err(err) => Seen::Failed(Failure {
             fault: transport_fault(err),

@@ -44,7 +44,7 @@ use crate::engine::decide::{Decider, Facts, Plan};
 use crate::engine::dependency::Dependency;
 use crate::engine::idempotency::{self, IdempotencyKeys, Key, NaturalKey};
 use crate::engine::policy::RetryPolicy;
-use crate::engine::seen::{Seen, Target};
+use crate::engine::seen::{Locate, Seen, Target};
 use crate::error::nothing_sent;
 use crate::fault::Fault;
 use crate::observe::Observer;
@@ -103,10 +103,8 @@ impl Kept {
     }
 
     /// Where a copy of the request would go, when one is at hand for another attempt.
-    pub(crate) fn resend(&self) -> Option<Target<'_>> {
-        self.request
-            .as_ref()
-            .map(|request| target_of(request.url()))
+    pub(crate) fn resend(&self) -> Option<&dyn Locate> {
+        self.request.as_ref().map(|request| request.url() as _)
     }
 
     /// The request's URL, kept or gone.
@@ -135,10 +133,12 @@ impl Kept {
     }
 }
 
-/// Where `url` points, as the engine reads it.
-#[inline]
-pub(crate) fn target_of(url: &Url) -> Target<'_> {
-    Target::new(url.scheme(), url.host_str().unwrap_or(""), url.port())
+/// Where a URL points, as the engine reads it: only when a rule asks (a quota to look up, a
+/// route to match).
+impl Locate for Url {
+    fn target(&self) -> Target<'_> {
+        Target::new(self.scheme(), self.host_str().unwrap_or(""), self.port())
+    }
 }
 
 /// What a classifier sees of `request` after it has gone: its method, its URL as a URI (no

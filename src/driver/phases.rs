@@ -20,9 +20,7 @@ use reqwest::{Request, Response};
 use tracing::Level;
 
 use crate::clock::{Clock, SharedClock, TimerUnavailable, TokioClock};
-use crate::driver::attempt::{
-    Chain, Ends, Flight, Kept, Last, Lent, Outcome, Sent, Tools, target_of,
-};
+use crate::driver::attempt::{Chain, Ends, Flight, Kept, Last, Lent, Outcome, Sent, Tools};
 use crate::driver::body;
 use crate::driver::claim::Beneath;
 use crate::driver::trace::{self, Ended, LogLevels, Traced};
@@ -212,7 +210,7 @@ impl RetryMiddleware {
         async move {
             let this = &*this;
             let extensions = extensions.borrow_mut();
-            let dependency = this.dependencies.pick(target_of(kept.request().url()));
+            let dependency = this.dependencies.pick(kept.request().url());
             let span = trace::request_span(&dependency.name, kept.request());
             let (overriding, cap, refused) = RetryOverride::of_request(extensions, dependency);
             let refused = refused.map(reqwest_middleware::Error::middleware);
@@ -562,7 +560,7 @@ mod tests {
                     status: response.status(),
                     version: response.version(),
                     headers: response.headers(),
-                    from: target_of(response.url()),
+                    from: response.url(),
                 }),
                 // The only error these copies end in is the attempt's timeout.
                 Err(reqwest_middleware::Error::Middleware(e)) => Seen::Failed(Failure {

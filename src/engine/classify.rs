@@ -248,7 +248,11 @@ mod tests {
             status: StatusCode::from_u16(status).unwrap(),
             version: http::Version::HTTP_11,
             headers,
-            from: Target::new("http", "127.0.0.1", None),
+            from: &Target {
+                scheme: "http",
+                host: "127.0.0.1",
+                port: Some(80),
+            },
         })
     }
 

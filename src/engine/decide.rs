@@ -79,7 +79,7 @@ use crate::engine::policy::RetryPolicy;
 use crate::engine::rate_limit::{self, Gate, Origin, ProbeTicket, QuotaState};
 use crate::engine::retry_after;
 use crate::engine::schedule::{self, Wait};
-use crate::engine::seen::{Seen, Target};
+use crate::engine::seen::{Locate, Seen};
 use crate::engine::throttle::{self, AdaptiveThrottle};
 use crate::fault::Fault;
 use crate::observe::{Balance, Count, MetricKeys, RetryCounters};
@@ -115,7 +115,7 @@ pub(crate) struct Answer<'a> {
     pub(crate) status: StatusCode,
     pub(crate) headers: &'a HeaderMap,
     /// Where the answer came from (after any redirect): its quota is that origin's.
-    pub(crate) from: Target<'a>,
+    pub(crate) from: &'a dyn Locate,
 }
 
 /// What the decider is told about one attempt's outcome.
@@ -126,7 +126,7 @@ pub(crate) struct Observed<'a> {
     /// The answer, if the dependency answered with an HTTP response (of any status).
     pub(crate) answer: Option<Answer<'a>>,
     /// Where a copy of the request would go, when one is at hand for another attempt.
-    pub(crate) resend: Option<Target<'a>>,
+    pub(crate) resend: Option<&'a dyn Locate>,
     /// The attempt timed out (the policy's attempt timeout, or reqwest's).
     pub(crate) timed_out: bool,
 }
@@ -135,7 +135,7 @@ impl<'a> Observed<'a> {
     /// What the core reads of an attempt's outcome, `seen`, with `verdict`; `resend`: where a
     /// copy of the request would go, if one is at hand.
     #[inline]
-    pub(crate) fn of(seen: &Seen<'a>, verdict: Verdict, resend: Option<Target<'a>>) -> Self {
+    pub(crate) fn of(seen: &Seen<'a>, verdict: Verdict, resend: Option<&'a dyn Locate>) -> Self {
         let answer = match seen {
             Seen::Answer(head) => Some(Answer {
                 status: head.status,
@@ -417,7 +417,7 @@ impl<'a> Decider<'a> {
     fn next_attempt(
         &mut self,
         now: Instant,
-        resend: Option<Target<'_>>,
+        resend: Option<&dyn Locate>,
         rng: &dyn RandomSource,
     ) -> Next {
         self.waited = self.waited.saturating_add(std::mem::take(&mut self.asleep));
@@ -429,7 +429,7 @@ impl<'a> Decider<'a> {
             return self.refuse(StopReason::BodyNotCloneable);
         };
         if self.quota_in_question() {
-            match self.accounts.quota.gate(&Origin::of(url), now) {
+            match self.accounts.quota.gate(&Origin::of(url.target()), now) {
                 Gate::Open => {}
                 Gate::Probe(ticket) => self.probe = Some(Box::new(ticket)),
                 // A clock whose sleeps pass no time would hold for ever: a few holds are all
@@ -510,7 +510,7 @@ impl<'a> Decider<'a> {
     fn hedge(
         &mut self,
         now: Instant,
-        resend: Target<'_>,
+        resend: &dyn Locate,
         rng: &dyn RandomSource,
     ) -> Option<Duration> {
         let limit = match self.hedging.as_deref() {
@@ -524,7 +524,7 @@ impl<'a> Decider<'a> {
             return None;
         }
         if self.quota_in_question() {
-            match self.accounts.quota.gate(&Origin::of(resend), now) {
+            match self.accounts.quota.gate(&Origin::of(resend.target()), now) {
                 Gate::Open => {}
                 Gate::Probe(ticket) => {
                     self.accounts.quota.give_back(&ticket);
@@ -760,7 +760,7 @@ impl<'a> Decider<'a> {
         }
         let waits_read = self.policy.retry_after_fields();
         if let Some(said) = quota_said(answer.headers, waits_read) {
-            quota.update(&Origin::of(answer.from), Some(said), now);
+            quota.update(&Origin::of(answer.from.target()), Some(said), now);
         }
     }
 
@@ -769,7 +769,7 @@ impl<'a> Decider<'a> {
     fn schedule(
         &mut self,
         kind: RetryKind,
-        resend: Target<'_>,
+        resend: &dyn Locate,
         now: Instant,
         rng: &dyn RandomSource,
     ) -> Result<Duration, StopReason> {
@@ -780,7 +780,7 @@ impl<'a> Decider<'a> {
         let retry_after = self.floor;
         // A quota spent at the origin the retry goes to is a floor like `Retry-After`.
         let quota = if self.quota_in_question() {
-            self.accounts.quota.floor(&Origin::of(resend), now)
+            self.accounts.quota.floor(&Origin::of(resend.target()), now)
         } else {
             None
         };

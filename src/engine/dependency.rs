@@ -18,7 +18,7 @@ use crate::engine::idempotency::IdempotencyKeys;
 use crate::engine::latency::LatencyWindow;
 use crate::engine::policy::RetryPolicy;
 use crate::engine::rate_limit::QuotaState;
-use crate::engine::seen::Target;
+use crate::engine::seen::{Locate, Target};
 use crate::engine::throttle::AdaptiveThrottle;
 use crate::error::InvalidConfig;
 use crate::observe::{CounterSnapshot, MetricKeys, RetryCounters};
@@ -326,8 +326,13 @@ impl Routes {
         Ok(())
     }
 
-    /// The dependency a request to `target` goes through.
-    pub(crate) fn pick(&self, target: Target<'_>) -> &Dependency {
+    /// The dependency a request to `to` goes through (its target is read only when there
+    /// are routes).
+    pub(crate) fn pick(&self, to: &dyn Locate) -> &Dependency {
+        if self.routes.is_empty() {
+            return &self.default;
+        }
+        let target = to.target();
         self.routes
             .iter()
             .find(|(host, _)| host.matches(target))
@@ -724,7 +729,7 @@ mod tests {
         routes
             .add("127.0.0.1:9000", Dependency::new("local", policy))
             .unwrap();
-        let pick = |s: &str| routes.pick(url(s)).name().to_owned();
+        let pick = |s: &str| routes.pick(&url(s)).name().to_owned();
         assert_eq!(pick("http://unrouted.example/"), "payments");
         assert_eq!(
             pick("http://API.example.com:8080/x"),
@@ -733,7 +738,7 @@ mod tests {
         );
         assert_eq!(pick("http://127.0.0.1:9000/"), "local");
         assert_eq!(pick("http://127.0.0.1:9001/"), "payments");
-        let unrouted = routes.pick(url("http://unrouted.example/"));
+        let unrouted = routes.pick(&url("http://unrouted.example/"));
         unrouted
             .counters
             .add(crate::observe::Count::Request, &unrouted.metric_keys, None);

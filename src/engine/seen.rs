@@ -31,6 +31,25 @@ impl<'a> Target<'a> {
     }
 }
 
+/// What knows where it points (a door's URL or URI), asked only when a rule needs the target:
+/// a quota to look up, a route to match. Most requests need neither.
+pub(crate) trait Locate: Sync {
+    /// The target it points to.
+    fn target(&self) -> Target<'_>;
+}
+
+impl Locate for Target<'_> {
+    fn target(&self) -> Target<'_> {
+        *self
+    }
+}
+
+impl std::fmt::Debug for dyn Locate + '_ {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.target().fmt(f)
+    }
+}
+
 /// An answer's head, as the engine and a [classifier](crate::Dependency::with_classifier) read
 /// it: its status, HTTP version and headers, whichever door it came through.
 #[derive(Debug, Clone, Copy)]
@@ -39,7 +58,7 @@ pub struct ResponseHead<'a> {
     pub(crate) version: Version,
     pub(crate) headers: &'a HeaderMap,
     /// Where the answer came from (after any redirect): its quota is that origin's.
-    pub(crate) from: Target<'a>,
+    pub(crate) from: &'a dyn Locate,
 }
 
 impl<'a> ResponseHead<'a> {
@@ -123,7 +142,7 @@ mod tests {
             status: StatusCode::SERVICE_UNAVAILABLE,
             version: Version::HTTP_11,
             headers: &headers,
-            from: Target::new("http", "127.0.0.1", None),
+            from: &Target::new("http", "127.0.0.1", None),
         });
         assert!(answer.may_have_reached());
         assert_eq!(answer.fault(), None);

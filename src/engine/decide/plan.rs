@@ -13,7 +13,7 @@
 
 use std::time::{Duration, Instant, SystemTime};
 
-use crate::engine::seen::Target;
+use crate::engine::seen::Locate;
 
 use super::{Decider, Next, Observed};
 use crate::engine::schedule::Wait;
@@ -75,7 +75,7 @@ impl Decider<'_> {
     pub(crate) fn plan(
         &mut self,
         now: Instant,
-        resend: Option<Target<'_>>,
+        resend: Option<&dyn Locate>,
         rng: &dyn RandomSource,
     ) -> Step {
         match self.next_attempt(now, resend, rng) {
@@ -104,7 +104,7 @@ impl Decider<'_> {
     pub(crate) fn hedge_plan(
         &mut self,
         now: Instant,
-        resend: Option<Target<'_>>,
+        resend: Option<&dyn Locate>,
         rng: &dyn RandomSource,
     ) -> Option<Plan> {
         let limit = self.hedge(now, resend?, rng)?;

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant, SystemTime};
 use http::{HeaderMap, HeaderValue};
 
 use super::*;
+use crate::engine::seen::Target;
 use crate::observe::CounterSnapshot;
 
 mod hedges;
@@ -61,7 +62,7 @@ pub(super) fn answer(status: u16, headers: &HeaderMap) -> Answer<'_> {
     Answer {
         status: StatusCode::from_u16(status).unwrap(),
         headers,
-        from: URL,
+        from: &URL,
     }
 }
 
@@ -81,7 +82,7 @@ pub(super) trait Drive {
 
 impl Drive for Decider<'_> {
     fn next(&mut self, time: &Time) -> Result<Duration, StopReason> {
-        match self.next_attempt(time.now(), Some(URL), TOP) {
+        match self.next_attempt(time.now(), Some(&URL), TOP) {
             Next::Send(timeout) => Ok(timeout),
             Next::Stop(stop) => Err(stop),
             Next::Hold(hold) => panic!("held {hold:?}"),
@@ -167,7 +168,7 @@ pub(super) fn transient() -> Observed<'static> {
     Observed {
         verdict: Verdict::Transient(Cause::Status { throttled: false }),
         answer: Some(answer(503, &NO_HEADERS)),
-        resend: Some(URL),
+        resend: Some(&URL),
         timed_out: false,
     }
 }
@@ -192,7 +193,7 @@ pub(super) fn final_(stop: StopReason, answered: bool) -> Observed<'static> {
     Observed {
         verdict: Verdict::Final(stop),
         answer: answered.then(|| answer(200, &NO_HEADERS)),
-        resend: Some(URL),
+        resend: Some(&URL),
         timed_out: false,
     }
 }

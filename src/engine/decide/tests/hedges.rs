@@ -52,7 +52,7 @@ fn answered(status: u16) -> Observed<'static> {
     Observed {
         verdict,
         answer: Some(answer(status, &NO_HEADERS)),
-        resend: Some(URL),
+        resend: Some(&URL),
         timed_out: false,
     }
 }
@@ -63,7 +63,7 @@ fn only_a_request_allowed_to_hedge_gets_a_hedging_delay_the_window_s_percentile_
     let mut d = s.decider(false);
     assert_eq!(d.next(&s.time), Ok(secs(1)));
     assert_eq!(d.hedge_after(), None, "not allowed: a write, or keyed");
-    assert_eq!(d.hedge(s.time.now(), URL, TOP), None);
+    assert_eq!(d.hedge(s.time.now(), &URL, TOP), None);
     let mut d = s.decider(false);
     d.allow_hedges();
     d.next(&s.time).unwrap();
@@ -113,13 +113,13 @@ fn a_hedge_is_paid_for_counted_once_and_its_limit_is_the_attempt_s_cut_to_the_de
     d.next(&s.time).unwrap();
     d.attempt_started();
     s.time.advance(20 * MS);
-    assert_eq!(d.hedge(s.time.now(), URL, TOP), Some(secs(1)));
+    assert_eq!(d.hedge(s.time.now(), &URL, TOP), Some(secs(1)));
     assert_eq!(s.budget.as_ref().unwrap().balance(), 1.0);
     // Counted when it is sent.
     assert_eq!(s.counts().hedges, 0);
     d.hedge_started();
     // At most one per attempt.
-    assert_eq!(d.hedge(s.time.now(), URL, TOP), None);
+    assert_eq!(d.hedge(s.time.now(), &URL, TOP), None);
     assert_eq!(s.counts().hedges, 1);
     d.hedge_won();
     assert!(d.hedge_answered());
@@ -153,7 +153,7 @@ fn a_hedge_is_a_retry_sent_early_so_only_an_attempt_a_retry_may_follow_is_hedged
             "{max_attempts} attempts, {retries_disabled}"
         );
         d.attempt_started();
-        assert_eq!(d.hedge(s.time.now(), URL, TOP), None);
+        assert_eq!(d.hedge(s.time.now(), &URL, TOP), None);
         assert_eq!(s.budget.as_ref().unwrap().balance(), 10.0);
     }
     // Two attempts: the first may be hedged, the last not.
@@ -178,7 +178,7 @@ fn a_hedge_sent_stays_paid_for_when_its_caller_gives_up_and_one_not_sent_costs_n
     d.allow_hedges();
     d.next(&s.time).unwrap();
     d.attempt_started();
-    assert!(d.hedge(s.time.now(), URL, TOP).is_some());
+    assert!(d.hedge(s.time.now(), &URL, TOP).is_some());
     d.hedge_started();
     drop(d);
     assert_eq!(
@@ -192,7 +192,7 @@ fn a_hedge_sent_stays_paid_for_when_its_caller_gives_up_and_one_not_sent_costs_n
     d.allow_hedges();
     d.next(&s.time).unwrap();
     d.attempt_started();
-    assert!(d.hedge(s.time.now(), URL, TOP).is_some());
+    assert!(d.hedge(s.time.now(), &URL, TOP).is_some());
     assert_eq!(s.budget.as_ref().unwrap().balance(), 3.0);
     d.hedge_unsent();
     assert_eq!(s.budget.as_ref().unwrap().balance(), 4.0);
@@ -209,7 +209,7 @@ fn no_hedge_without_tokens_past_the_deadline_or_through_a_spent_quota() {
     d.allow_hedges();
     d.next(&s.time).unwrap();
     d.attempt_started();
-    assert_eq!(d.hedge(s.time.now(), URL, TOP), None, "no token");
+    assert_eq!(d.hedge(s.time.now(), &URL, TOP), None, "no token");
     assert_eq!(s.counts().hedges, 0);
 
     let s = setup(hedging(secs(1), 3), None);
@@ -219,7 +219,7 @@ fn no_hedge_without_tokens_past_the_deadline_or_through_a_spent_quota() {
     d.attempt_started();
     s.time.advance(secs(30));
     assert_eq!(
-        d.hedge(s.time.now(), URL, TOP),
+        d.hedge(s.time.now(), &URL, TOP),
         None,
         "the deadline has passed"
     );
@@ -232,14 +232,14 @@ fn no_hedge_without_tokens_past_the_deadline_or_through_a_spent_quota() {
     d.attempt_started();
     let spent = Quota::Spent(secs(30));
     s.quota.update(&Origin::of(URL), Some(spent), s.time.now());
-    assert_eq!(d.hedge(s.time.now(), URL, TOP), None);
+    assert_eq!(d.hedge(s.time.now(), &URL, TOP), None);
     // A quota past its belief: the first attempt goes as its probe, and no hedge goes beside.
     s.time.advance(crate::engine::rate_limit::BELIEF + secs(1));
     let mut d = s.decider(false);
     d.allow_hedges();
     d.next(&s.time).unwrap();
     d.attempt_started();
-    assert_eq!(d.hedge(s.time.now(), URL, TOP), None);
+    assert_eq!(d.hedge(s.time.now(), &URL, TOP), None);
     assert_eq!(s.counts().hedges, 0);
 }
 
@@ -258,11 +258,11 @@ fn a_hedge_the_throttle_turns_away_is_not_sent_and_costs_nothing() {
     d.next(&s.time).unwrap();
     d.attempt_started();
     // ...and the hedge rejected by the lowest: not sent, its token back.
-    assert_eq!(d.hedge(s.time.now(), URL, &|| 0u64), None);
+    assert_eq!(d.hedge(s.time.now(), &URL, &|| 0u64), None);
     assert_eq!(s.budget.as_ref().unwrap().balance(), 5.0);
     assert_eq!(s.counts().hedges, 0);
     // Admitted, it is sent and paid for.
-    assert_eq!(d.hedge(s.time.now(), URL, TOP), Some(secs(1)));
+    assert_eq!(d.hedge(s.time.now(), &URL, TOP), Some(secs(1)));
     assert_eq!(s.budget.as_ref().unwrap().balance(), 4.0);
 }
 
@@ -337,7 +337,7 @@ fn run_script(seed: u64) -> Result<(), String> {
             if let (Some(after), true) = (after, g.chance(60)) {
                 s.time.advance(after);
                 let affordable = want.balance >= 1000;
-                let sent = d.hedge(s.time.now(), URL, TOP);
+                let sent = d.hedge(s.time.now(), &URL, TOP);
                 if sent.is_some() != affordable {
                     return Err(format!("hedge {sent:?} with {} milli-tokens", want.balance));
                 }

@@ -377,7 +377,7 @@ fn real(s: &Script) -> Run {
     let mut traces = Vec::new();
     for request in &s.requests {
         setup.time.advance(request.gap);
-        let url = urls[request.origin];
+        let url = &urls[request.origin];
         let began = setup.time.now();
         let since = |t: &Time| t.now() - began;
         let mut trace = Trace::new();
@@ -454,7 +454,7 @@ fn real(s: &Script) -> Run {
                     if let Some((r, t)) = step.meanwhile {
                         let said =
                             crate::engine::rate_limit::parse(format!("q;r={r};t={t}").as_bytes());
-                        let origin = crate::engine::rate_limit::Origin::of(url);
+                        let origin = crate::engine::rate_limit::Origin::of(*url);
                         setup.quota.update(&origin, said, setup.time.now());
                     }
                     if request.cancel == Some(Cancel::Waiting(n)) {

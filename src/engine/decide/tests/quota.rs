@@ -20,7 +20,7 @@ fn unbelieved(s: &Setup) {
 /// The next attempt of `d`, which must be sent at once with the default timeout, is sent.
 fn send(d: &mut Decider<'_>, s: &Setup) {
     assert_eq!(
-        d.next_attempt(s.time.now(), Some(URL), TOP),
+        d.next_attempt(s.time.now(), Some(&URL), TOP),
         Next::Send(secs(10))
     );
     d.attempt_started();
@@ -39,19 +39,19 @@ fn a_spent_quota_holds_the_first_attempt_with_jitter_and_the_hold_counts_as_wait
     let mut d = s.decider(false);
     // The jitter above the hold is the first backoff's window: [0, 100 ms].
     assert_eq!(
-        d.next_attempt(s.time.now(), Some(URL), &|| 0u64),
+        d.next_attempt(s.time.now(), Some(&URL), &|| 0u64),
         Next::Hold(secs(5))
     );
     drop(d);
     let mut d = s.decider(false);
     assert_eq!(
-        d.next_attempt(s.time.now(), Some(URL), TOP),
+        d.next_attempt(s.time.now(), Some(&URL), TOP),
         Next::Hold(secs(5) + 100 * MS)
     );
     s.time.advance(secs(5) + 100 * MS);
     // The reset has passed: the attempt goes, its timeout cut to what the deadline leaves.
     assert_eq!(
-        d.next_attempt(s.time.now(), Some(URL), TOP),
+        d.next_attempt(s.time.now(), Some(&URL), TOP),
         Next::Send(secs(10))
     );
     assert_eq!(d.waited(), secs(5) + 100 * MS);
@@ -69,19 +69,19 @@ fn a_hold_the_deadline_cannot_cover_stops_before_anything_is_sent() {
     let mut d = s.decider(false);
     // Nine seconds of hold fit in ten: held, and the deadline runs from the start.
     assert!(matches!(
-        d.next_attempt(s.time.now(), Some(URL), TOP),
+        d.next_attempt(s.time.now(), Some(&URL), TOP),
         Next::Hold(_)
     ));
     s.time.advance(secs(9) + 100 * MS);
     assert_eq!(
-        d.next_attempt(s.time.now(), Some(URL), TOP),
+        d.next_attempt(s.time.now(), Some(&URL), TOP),
         Next::Send(secs(10) - secs(9) - 100 * MS)
     );
     let s = Setup::new(policy(|p| p.deadline(secs(10))), None);
     spent(&s, "http://a.test/", secs(10));
     let mut d = s.decider(false);
     assert_eq!(
-        d.next_attempt(s.time.now(), Some(URL), TOP),
+        d.next_attempt(s.time.now(), Some(&URL), TOP),
         Next::Stop(StopReason::QuotaExhausted)
     );
     assert_eq!(s.counts().attempts, 0);
@@ -93,7 +93,7 @@ fn a_hold_longer_than_max_retry_after_stops() {
     spent(&s, "http://a.test/", secs(3));
     let mut d = s.decider(false);
     assert_eq!(
-        d.next_attempt(s.time.now(), Some(URL), TOP),
+        d.next_attempt(s.time.now(), Some(&URL), TOP),
         Next::Stop(StopReason::QuotaExhausted)
     );
 }
@@ -104,7 +104,7 @@ fn a_quota_holds_its_own_origin_only() {
     spent(&s, "http://b.test/", secs(5));
     let mut d = s.decider(false);
     assert_eq!(
-        d.next_attempt(s.time.now(), Some(URL), TOP),
+        d.next_attempt(s.time.now(), Some(&URL), TOP),
         Next::Send(secs(10))
     );
 }
@@ -115,7 +115,7 @@ fn without_rate_limit_fields_a_spent_quota_is_not_heeded() {
     spent(&s, "http://a.test/", secs(5));
     let mut d = s.decider(false);
     assert_eq!(
-        d.next_attempt(s.time.now(), Some(URL), TOP),
+        d.next_attempt(s.time.now(), Some(&URL), TOP),
         Next::Send(secs(10))
     );
     begin_at(&mut d);
@@ -169,7 +169,7 @@ fn a_retry_after_longer_than_the_quota_s_reset_keeps_its_own_reason() {
     spent(&s, "http://a.test/", secs(1));
     let mut d = s.decider(false);
     assert!(matches!(
-        d.next_attempt(s.time.now(), Some(URL), TOP),
+        d.next_attempt(s.time.now(), Some(&URL), TOP),
         Next::Hold(_)
     ));
     s.time.advance(secs(2));
@@ -194,7 +194,7 @@ fn a_request_dropped_during_a_hold_before_its_retry_gives_the_tokens_back() {
         // Another request's answer spent the quota during the wait.
         spent(&s, "http://a.test/", secs(5));
         assert!(matches!(
-            d.next_attempt(s.time.now(), Some(URL), TOP),
+            d.next_attempt(s.time.now(), Some(&URL), TOP),
             Next::Hold(_)
         ));
     }
@@ -212,7 +212,7 @@ fn a_probe_goes_once_the_belief_runs_out_and_a_dropped_probe_is_given_back() {
         // While the probe is out, the others are held for another minute: longer than they may.
         let mut other = s.decider(false);
         assert_eq!(
-            other.next_attempt(s.time.now(), Some(URL), TOP),
+            other.next_attempt(s.time.now(), Some(&URL), TOP),
             Next::Stop(StopReason::QuotaExhausted)
         );
     }
@@ -269,7 +269,7 @@ fn an_attempt_dropped_on_the_wire_counts_for_the_throttle_without_an_accept() {
     {
         let mut d = s.decider(false);
         assert!(matches!(
-            d.next_attempt(s.time.now(), Some(URL), TOP),
+            d.next_attempt(s.time.now(), Some(&URL), TOP),
             Next::Send(_)
         ));
     }
@@ -301,7 +301,7 @@ fn what_the_throttle_counts_as_accepted_follows_the_policy_s_statuses() {
         let observed = Observed {
             verdict,
             answer: Some(answer(status, &headers)),
-            resend: Some(URL),
+            resend: Some(&URL),
             timed_out: false,
         };
         d.after(observed, &s.time, TOP);
@@ -326,7 +326,7 @@ fn a_throttle_rejection_gives_back_a_retry_s_tokens_and_a_probe() {
     unbelieved(&s);
     let mut d = s.decider(false);
     assert_eq!(
-        d.next_attempt(s.time.now(), Some(URL), &|| 0u64),
+        d.next_attempt(s.time.now(), Some(&URL), &|| 0u64),
         Next::Stop(StopReason::Throttled)
     );
     assert_eq!(s.counts().throttled, 1);
@@ -405,7 +405,7 @@ fn a_final_answer_needs_no_time_unless_the_quota_or_a_probe_has_something_to_tak
     let answered = Observed {
         verdict: Verdict::Final(StopReason::Succeeded),
         answer: Some(answer(200, &headers)),
-        resend: Some(URL),
+        resend: Some(&URL),
         timed_out: false,
     };
     assert_eq!(d.stop_without_time(&answered), None, "a field to take in");
@@ -433,7 +433,7 @@ fn a_clock_whose_sleeps_pass_no_time_cannot_hold_a_request_for_ever() {
     let mut holds = 0;
     // Bounded: the core stops after its own limit, or the test fails at 100.
     for _ in 0..100 {
-        match d.next_attempt(s.time.now(), Some(URL), TOP) {
+        match d.next_attempt(s.time.now(), Some(&URL), TOP) {
             Next::Hold(_) => holds += 1,
             other => {
                 assert_eq!(other, Next::Stop(StopReason::QuotaExhausted));
