@@ -152,9 +152,7 @@ impl RetryError {
     /// same of a `reqwest_middleware::Error`, from this middleware or not.
     #[doc(alias = "is_timeout")]
     pub fn timed_out(&self) -> bool {
-        self.last.is_timeout()
-            || self.fault == Some(Fault::Timeout)
-            || AttemptTimeout::is(&self.last)
+        self.last.is_timeout() || self.fault == Some(Fault::Timeout)
     }
 
     /// Whether the last attempt failed to connect (the host name could not be resolved, or the
@@ -197,9 +195,7 @@ impl RetryError {
     /// attempt was sent (the reason says why).
     pub fn last_error_kind(&self) -> Option<AttemptErrorKind> {
         (self.attempts > 0).then(|| {
-            (self.fault)
-                .or_else(|| AttemptTimeout::is(&self.last).then_some(Fault::Timeout))
-                .map_or(AttemptErrorKind::Permanent, Fault::kind)
+            (self.fault).map_or(AttemptErrorKind::Permanent, Fault::kind)
         })
     }
 
@@ -663,8 +659,33 @@ mod tests {
         let err = reqwest_middleware::Error::middleware(timeout);
         assert!(AttemptTimeout::is(&err));
         assert!(!AttemptTimeout::is(&refused()));
+        let fault = match &err {
+            reqwest_middleware::Error::Middleware(e) => AttemptTimeout::fault(e.as_ref()),
+            reqwest_middleware::Error::Reqwest(_) => None,
+        };
         let retry = RetryError::new(3, StopReason::AttemptsExhausted, None, err);
+        let retry = retry.with_fault(fault);
         assert!(retry.timed_out());
+        assert_eq!(retry.last_error_kind(), Some(AttemptErrorKind::Timeout));
+    }
+
+    /// What the door found in the last error answers for it, whatever error carries the
+    /// fault: the middleware's own checks of a wrapped error see nothing.
+    #[test]
+    fn the_fault_the_door_found_answers_for_the_last_error() {
+        let wrapped = || reqwest_middleware::Error::middleware(std::io::Error::other("wrapped"));
+        let plain = RetryError::new(2, StopReason::AttemptsExhausted, None, wrapped());
+        assert!(!plain.timed_out() && !plain.failed_to_connect());
+        assert_eq!(plain.last_error_kind(), Some(AttemptErrorKind::Permanent));
+        let timed = RetryError::new(2, StopReason::AttemptsExhausted, None, wrapped());
+        let timed = timed.with_fault(Some(Fault::Timeout));
+        assert!(timed.timed_out() && !timed.failed_to_connect());
+        let refused = RetryError::new(2, StopReason::AttemptsExhausted, None, wrapped());
+        let refused = refused.with_fault(Some(Fault::Connect));
+        assert!(refused.failed_to_connect() && !refused.timed_out());
+        assert_eq!(refused.last_error_kind(), Some(AttemptErrorKind::Connect));
+        let unsent = RetryError::new(0, StopReason::QuotaExhausted, None, wrapped());
+        assert_eq!(unsent.with_fault(Some(Fault::Connect)).last_error_kind(), None);
     }
 
     #[test]
