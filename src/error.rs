@@ -194,9 +194,7 @@ impl RetryError {
     /// or [`Permanent`](AttemptErrorKind::Permanent) for any other error. `None` when no
     /// attempt was sent (the reason says why).
     pub fn last_error_kind(&self) -> Option<AttemptErrorKind> {
-        (self.attempts > 0).then(|| {
-            (self.fault).map_or(AttemptErrorKind::Permanent, Fault::kind)
-        })
+        (self.attempts > 0).then(|| (self.fault).map_or(AttemptErrorKind::Permanent, Fault::kind))
     }
 
     /// The request's record, as a response's [`RetryRecord::of`](crate::RetryRecord::of) reads
@@ -459,11 +457,6 @@ impl AttemptTimeout {
     pub(crate) fn fault(err: &(dyn std::error::Error + 'static)) -> Option<Fault> {
         err.is::<AttemptTimeout>().then_some(Fault::Timeout)
     }
-
-    /// Whether `err` is an attempt timeout.
-    pub(crate) fn is(err: &reqwest_middleware::Error) -> bool {
-        matches!(err, reqwest_middleware::Error::Middleware(e) if e.is::<AttemptTimeout>())
-    }
 }
 
 impl From<RetryError> for reqwest_middleware::Error {
@@ -657,8 +650,6 @@ mod tests {
         let io = io.downcast_ref::<std::io::Error>().unwrap();
         assert_eq!(io.kind(), std::io::ErrorKind::TimedOut);
         let err = reqwest_middleware::Error::middleware(timeout);
-        assert!(AttemptTimeout::is(&err));
-        assert!(!AttemptTimeout::is(&refused()));
         let fault = match &err {
             reqwest_middleware::Error::Middleware(e) => AttemptTimeout::fault(e.as_ref()),
             reqwest_middleware::Error::Reqwest(_) => None,
@@ -685,7 +676,10 @@ mod tests {
         assert!(refused.failed_to_connect() && !refused.timed_out());
         assert_eq!(refused.last_error_kind(), Some(AttemptErrorKind::Connect));
         let unsent = RetryError::new(0, StopReason::QuotaExhausted, None, wrapped());
-        assert_eq!(unsent.with_fault(Some(Fault::Connect)).last_error_kind(), None);
+        assert_eq!(
+            unsent.with_fault(Some(Fault::Connect)).last_error_kind(),
+            None
+        );
     }
 
     #[test]
