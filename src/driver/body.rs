@@ -276,4 +276,41 @@ mod tests {
         let only_rest = prefixed(&[], b"xyz");
         assert!(!only_rest.is_end_stream());
     }
+
+    /// Only a final answer's body is read inside its attempt: not a transient answer's (it
+    /// would be read only to be thrown away), not an error's (it has none), and not when the
+    /// classifier has read it already.
+    #[test]
+    fn only_a_final_answer_s_body_is_read_and_only_once() {
+        use crate::engine::classify::{Cause, Judging, Verdict};
+        use crate::engine::policy::RetryPolicy;
+        use crate::stop::StopReason;
+
+        let policy = RetryPolicy::builder().buffer_body(64).build().unwrap();
+        let judging = Judging {
+            policy: &policy,
+            repeatable: true,
+            key: None,
+            key_sent: false,
+            hook: None,
+        };
+        let answer = || Ok(reqwest::Response::from(http::Response::new("")));
+        let failed = || {
+            Err(reqwest_middleware::Error::middleware(
+                std::io::Error::other("x"),
+            ))
+        };
+        let done = Verdict::Final(StopReason::Succeeded);
+        let again = Verdict::Transient(Cause::Status { throttled: false });
+        assert_eq!(to_read(&judging, &answer(), done), Some(64));
+        assert_eq!(to_read(&judging, &answer(), again), None);
+        let refused = Verdict::Final(StopReason::NotRetryable);
+        assert_eq!(to_read(&judging, &failed(), refused), None);
+        let unbuffered = RetryPolicy::default();
+        let plain = Judging {
+            policy: &unbuffered,
+            ..judging
+        };
+        assert_eq!(to_read(&plain, &answer(), done), None);
+    }
 }
