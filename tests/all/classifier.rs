@@ -465,3 +465,123 @@ async fn a_body_cut_off_while_read_for_the_classifier_is_judged_as_the_error_it_
     assert_eq!(*outcomes.lock().unwrap(), [(false, false), (true, true)]);
     assert_eq!(response.text().await.unwrap(), "fine");
 }
+
+/// What one classifier saw of one attempt.
+#[derive(Debug, Clone, PartialEq)]
+struct Looked {
+    uri: String,
+    status: Option<u16>,
+    version: Option<http::Version>,
+    error_kind: Option<reqwest_safe_retry::AttemptErrorKind>,
+    /// The error downcast to the door's own error type, where the classifier looked for it.
+    error_is_reqwest: bool,
+    error_is_hyper_util: bool,
+}
+
+/// One classifier, written once: it records what it sees and delegates to the default rules.
+fn looking(seen: Arc<Mutex<Vec<Looked>>>) -> impl Fn(&Attempt<'_>) -> Retryable + Send + Sync {
+    move |a: &Attempt<'_>| {
+        let error = a.error();
+        seen.lock().unwrap().push(Looked {
+            uri: a.uri().to_string(),
+            status: a.status().map(|s| s.as_u16()),
+            version: a.version(),
+            error_kind: a.error_kind(),
+            error_is_reqwest: error.is_some_and(|e| e.downcast_ref::<reqwest::Error>().is_some()),
+            #[cfg(feature = "tower")]
+            error_is_hyper_util: error.is_some_and(|e| {
+                e.downcast_ref::<hyper_util::client::legacy::Error>()
+                    .is_some()
+            }),
+            #[cfg(not(feature = "tower"))]
+            error_is_hyper_util: false,
+        });
+        assert_eq!(
+            a.error().is_some(),
+            matches!(a.outcome(), Outcome::Error(_))
+        );
+        a.default_verdict()
+    }
+}
+
+/// A classifier sees an answer's status and version, and an error's kind with the error itself
+/// to downcast, behind the reqwest door; and the same head behind the tower door, whose error is
+/// the inner service's own.
+#[tokio::test]
+async fn one_classifier_sees_the_same_attempt_behind_either_door() {
+    let server = always(503).await;
+    let refused = support::refused_url().await;
+    let policy = RetryPolicy::builder().max_attempts(2).build().unwrap();
+    let reqwest_seen = Arc::new(Mutex::new(Vec::new()));
+    let dependency = Dependency::new("default", policy)
+        .with_classifier(looking(reqwest_seen.clone()))
+        .without_budget();
+    let middleware = RetryMiddleware::new(dependency).with_clock(FakeClock::new());
+    let client = ClientBuilder::new(reqwest::Client::new())
+        .with(middleware.clone())
+        .build();
+    let url = format!("{}/a?b=1", server.uri());
+    client.get(&url).send().await.unwrap();
+    client.get(&refused).send().await.unwrap_err();
+    let reqwest_seen = reqwest_seen.lock().unwrap().clone();
+    let answered = Looked {
+        uri: url.clone(),
+        status: Some(503),
+        version: Some(http::Version::HTTP_11),
+        error_kind: None,
+        error_is_reqwest: false,
+        error_is_hyper_util: false,
+    };
+    let failed = Looked {
+        uri: refused.clone(),
+        status: None,
+        version: None,
+        error_kind: Some(reqwest_safe_retry::AttemptErrorKind::Connect),
+        error_is_reqwest: true,
+        error_is_hyper_util: false,
+    };
+    assert_eq!(
+        reqwest_seen,
+        [
+            answered.clone(),
+            answered.clone(),
+            failed.clone(),
+            failed.clone()
+        ]
+    );
+
+    #[cfg(feature = "tower")]
+    {
+        use tower_layer::Layer;
+        use tower_service::Service;
+
+        let tower_seen = Arc::new(Mutex::new(Vec::new()));
+        let policy = RetryPolicy::builder().max_attempts(2).build().unwrap();
+        let dependency = Dependency::new("default", policy)
+            .with_classifier(looking(tower_seen.clone()))
+            .without_budget();
+        let hyper =
+            hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+                .build_http::<reqwest::Body>();
+        let mut service = RetryMiddleware::new(dependency)
+            .with_clock(FakeClock::new())
+            .layer(hyper);
+        let get = |uri: &str| http::Request::get(uri).body(bytes::Bytes::new()).unwrap();
+        service.call(get(&url)).await.unwrap();
+        service.call(get(&refused)).await.unwrap_err();
+        let tower_failed = Looked {
+            error_is_reqwest: false,
+            error_is_hyper_util: true,
+            ..failed
+        };
+        assert_eq!(
+            *tower_seen.lock().unwrap(),
+            [
+                answered.clone(),
+                answered,
+                tower_failed.clone(),
+                tower_failed
+            ]
+        );
+    }
+}
