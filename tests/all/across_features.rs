@@ -504,12 +504,14 @@ impl Middleware for Wire {
 
 /// The network's stand-in beneath the tower layer: the same [`Wire`], around hyper-util's
 /// client.
+#[cfg(feature = "tower")]
 #[derive(Clone)]
 struct WireService<S> {
     inner: S,
     wire: Arc<Wire>,
 }
 
+#[cfg(feature = "tower")]
 impl<S> tower_service::Service<http::Request<reqwest::Body>> for WireService<S>
 where
     S: tower_service::Service<http::Request<reqwest::Body>> + Send,
