@@ -147,4 +147,24 @@ mod tests {
         assert!(answer.may_have_reached());
         assert_eq!(answer.fault(), None);
     }
+
+    #[test]
+    fn a_response_head_shows_what_it_was_given() {
+        let mut headers = HeaderMap::new();
+        headers.insert("x-reason", "maintenance".parse().unwrap());
+        let head = ResponseHead {
+            status: StatusCode::BAD_GATEWAY,
+            version: Version::HTTP_2,
+            headers: &headers,
+            from: &Target::new("https", "a.test", None),
+        };
+        assert_eq!(head.status(), StatusCode::BAD_GATEWAY);
+        assert_eq!(head.version(), Version::HTTP_2);
+        assert_eq!(head.headers()["x-reason"], "maintenance");
+        assert_eq!(head.from.target().port, Some(443));
+        assert_eq!(
+            format!("{:?}", head.from),
+            format!("{:?}", head.from.target())
+        );
+    }
 }
