@@ -298,6 +298,23 @@ pub fn retrying_clients() -> Vec<Labelled> {
                     .build(),
             )
         }),
+        // The tower door's retry path: tower's retry over `tower::timeout` (a budget that
+        // never runs dry here; it retries a POST without a key, which this crate will not)
+        // against this crate's layer with keys.
+        ("(T5) tower retry + 10 s timeout", || {
+            let budget = Arc::new(tower::retry::budget::TpsBudget::new(
+                Duration::from_secs(10),
+                1_000_000,
+                0.2,
+            ));
+            let policy = TowerAttempts { left: 2, budget };
+            let timed = tower::timeout::Timeout::new(full_client(), Duration::from_secs(10));
+            tower_post(tower::retry::Retry::new(policy, timed), full)
+        }),
+        ("(T4) this crate, keys", || {
+            let layer = tower::Layer::layer(&ours(|d| d), reqwest_body_client());
+            tower_post(layer, whole)
+        }),
     ]
 }
 
