@@ -57,40 +57,8 @@ use crate::rng::{RandomSource, uniform_duration};
 /// every request of the middleware in the order they draw: give a test's concurrent requests a
 /// source each, or expect their draws interleaved.
 ///
-/// So a test can state a schedule from the policy and the seed alone:
-///
-/// ```
-/// use std::time::Duration;
-/// use reqwest_middleware::ClientBuilder;
-/// use reqwest_safe_retry::{FakeClock, RandomSource, RetryMiddleware, RetryPolicy, SeededRng};
-/// use wiremock::{matchers::any, Mock, MockServer, ResponseTemplate};
-///
-/// /// Full jitter's wait before retry `k`, by the rule above.
-/// fn full_jitter(policy: &RetryPolicy, k: u32, x: u64) -> Duration {
-///     let c = policy.base_delay().saturating_mul(1 << k).min(policy.max_delay());
-///     let nanos = (u128::from(x) * (c.as_nanos() + 1)) >> 64;
-///     Duration::from_nanos(nanos as u64)
-/// }
-///
-/// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-/// let policy = RetryPolicy::builder().max_attempts(4).build()?; // base 100 ms, cap 10 s
-/// let draws = SeededRng::new(42);
-/// let expected: Vec<Duration> = (0..3).map(|k| full_jitter(&policy, k, draws.next_u64())).collect();
-///
-/// let server = MockServer::start().await;
-/// Mock::given(any()).respond_with(ResponseTemplate::new(503)).mount(&server).await;
-/// let clock = FakeClock::new();
-/// let client = ClientBuilder::new(reqwest::Client::new())
-///     .with(RetryMiddleware::new(policy).with_clock(clock.clone()).with_rng(SeededRng::new(42)))
-///     .build();
-/// client.get(server.uri()).send().await?;
-///
-/// assert_eq!(clock.sleeps(), expected);
-/// let millis: Vec<u128> = expected.iter().map(Duration::as_millis).collect();
-/// assert_eq!(millis, [74, 31, 111]);
-/// # Ok(()) }
-/// ```
+/// So a test can state a schedule from the policy and the seed alone: see
+/// [`RetryMiddleware::with_rng`](crate::RetryMiddleware::with_rng).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 #[non_exhaustive]
 pub enum Jitter {

@@ -41,10 +41,10 @@ pub enum Outcome<'a> {
     /// policy's `buffer_body` read it: then [`Attempt::body`] has it).
     Response(ResponseHead<'a>),
     /// No answer: a transport error, the attempt's timeout, or another layer's error. Behind
-    /// the `reqwest-middleware` door it is the `reqwest::Error` itself, or the error another
+    /// the `reqwest-middleware` door it is reqwest's own `Error`, or the error another
     /// middleware returned; behind the tower door, the inner service's own error. Downcast it
-    /// to look into it (`error.downcast_ref::<reqwest::Error>()`), and see
-    /// [`Attempt::error_kind`] for what the default rules made of it.
+    /// to the client's error type to look into it, and see [`Attempt::error_kind`] for what
+    /// the default rules made of it.
     Error(&'a (dyn Error + 'static)),
 }
 

@@ -35,7 +35,6 @@ use crate::shared::Shared;
 ///
 /// ```
 /// use std::time::Duration;
-/// use reqwest_middleware::ClientBuilder;
 /// use reqwest_safe_retry::{Dependency, RetryBudget, RetryMiddleware, RetryPolicy, Retryable};
 ///
 /// let payments = Dependency::new("payments", RetryPolicy::default())
@@ -52,9 +51,8 @@ use crate::shared::Shared;
 /// });
 /// let middleware = RetryMiddleware::new(payments.clone())
 ///     .route("inventory.internal", inventory.clone())?;
-/// let client = ClientBuilder::new(reqwest::Client::new()).with(middleware).build();
 /// assert_eq!(payments.counters().requests, 0);
-/// # drop(client);
+/// # drop(middleware);
 /// # Ok::<(), reqwest_safe_retry::InvalidConfig>(())
 /// ```
 #[derive(Debug, Clone)]
@@ -402,20 +400,22 @@ impl HostMatch {
 /// says everything this call changes, each setting over the dependency's policy, the rest kept.
 ///
 /// ```
-/// # async fn run(client: reqwest_middleware::ClientWithMiddleware) -> reqwest_middleware::Result<()> {
 /// use std::time::Duration;
 /// use reqwest_safe_retry::RetryOverride;
 ///
-/// // One call that must not be repeated, whatever the policy says.
+/// // One call that must not be repeated, whatever the policy says. It goes in the request's
+/// // extensions: `.with_extension(..)` on a reqwest-middleware request, `.extension(..)` on
+/// // an `http::Request` for the tower layer.
 /// let once = RetryOverride::new().no_retries();
-/// client.get("http://127.0.0.1:8080/once").with_extension(once).send().await?;
+/// let report = http::Request::get("http://127.0.0.1:8080/once").extension(once).body(())?;
 ///
 /// // One call that may try harder and longer than the dependency's policy says.
 /// let patient = RetryOverride::new()
 ///     .max_attempts(6)
 ///     .deadline(Duration::from_secs(60));
-/// client.get("http://127.0.0.1:8080/report").with_extension(patient).send().await?;
-/// # Ok(()) }
+/// let long = http::Request::get("http://127.0.0.1:8080/report").extension(patient).body(())?;
+/// # drop((report, long));
+/// # Ok::<(), http::Error>(())
 /// ```
 ///
 /// A request carries at most one (extensions hold one value per type: a second

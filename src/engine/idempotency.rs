@@ -243,17 +243,16 @@ impl IdempotencyKeys {
 /// and replays its answer.
 ///
 /// ```
-/// # async fn charge(client: reqwest_middleware::ClientWithMiddleware, order: u64) -> reqwest_middleware::Result<()> {
 /// use reqwest_safe_retry::NaturalKey;
 ///
 /// // The same order and step give the same key, whichever process sends it and however often.
-/// client
-///     .post("http://127.0.0.1:8080/charges")
-///     .with_extension(NaturalKey::new(format!("order-{order}/charge")))
-///     .body(r#"{"amount": 4200}"#)
-///     .send()
-///     .await?;
-/// # Ok(()) }
+/// // With a reqwest-middleware client: `.with_extension(NaturalKey::new(..))` on the request.
+/// let order = 7;
+/// let charge = http::Request::post("http://127.0.0.1:8080/charges")
+///     .extension(NaturalKey::new(format!("order-{order}/charge")))
+///     .body(r#"{"amount": 4200}"#)?;
+/// assert!(charge.extensions().get::<NaturalKey>().is_some());
+/// # Ok::<(), http::Error>(())
 /// ```
 ///
 /// The key is the name-based UUID (version 5) of the natural key's UTF-8 bytes in the
