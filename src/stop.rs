@@ -117,3 +117,53 @@ impl fmt::Display for StopReason {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_stop_reason_has_a_distinct_name_and_a_sentence() {
+        use StopReason::*;
+        let all = [
+            Succeeded,
+            NotRetryable,
+            NotSafeToRetry,
+            ReplayedFailure,
+            ServerDeclinedRetry,
+            BodyNotCloneable,
+            AttemptsExhausted,
+            InvalidIdempotencyKey,
+            DeadlineReached,
+            RetryAfterTooLong,
+            BudgetExhausted,
+            RetriesDisabled,
+            InvalidOverride,
+            Throttled,
+            QuotaExhausted,
+            TimerUnavailable,
+        ];
+        let mut names: Vec<&str> = all.iter().map(StopReason::as_str).collect();
+        let mut sentences: Vec<String> = all.iter().map(ToString::to_string).collect();
+        assert!(
+            names
+                .iter()
+                .all(|n| n.chars().all(|c| c.is_ascii_lowercase() || c == '_'))
+        );
+        assert_eq!(StopReason::DeadlineReached.as_str(), "deadline_reached");
+        assert_eq!(StopReason::ReplayedFailure.as_str(), "replayed_failure");
+        assert_eq!(
+            StopReason::ServerDeclinedRetry.as_str(),
+            "server_declined_retry"
+        );
+        assert_eq!(
+            StopReason::RetriesDisabled.to_string(),
+            "retries are disabled for this request"
+        );
+        names.sort_unstable();
+        names.dedup();
+        sentences.sort_unstable();
+        sentences.dedup();
+        assert_eq!((names.len(), sentences.len()), (all.len(), all.len()));
+    }
+}
