@@ -6,7 +6,9 @@
 //! once, at the door; each copy of it goes down to the inner service as an `http::Request`
 //! whose body is a [`reqwest::Body`], and each answer comes back through the same judging,
 //! waiting, record and tracing as on the reqwest side. What differs is only where a copy goes
-//! ([`Inner`]) and how the inner service's errors are read (`classify`, by their causes).
+//! ([`Inner`]) and how the inner service's errors are read (`service_fault`: by their causes,
+//! and hyper-util's connect failures as nothing sent), and the inner service's own error is
+//! what a classifier and a give-up's sources see.
 //!
 //! Bodies: a body that is whole in memory (`Bytes`, `Vec<u8>`, `String`, a `&'static str`, an
 //! empty one) is kept for a retry or a hedge; a [`reqwest::Body`] made from a stream is sent
