@@ -5,10 +5,12 @@ use std::future::Future;
 use std::pin::Pin;
 
 use http::Extensions;
+use reqwest::ResponseBuilderExt;
 use reqwest::{Request, Response};
 use reqwest_middleware::{Middleware, Next};
 use std::error::Error as _;
 
+use crate::driver::body::Reply;
 use crate::driver::claim::{self, Beneath};
 use crate::driver::phases::RetryMiddleware;
 use crate::engine::seen::{Failure, ResponseHead, Seen};
@@ -39,6 +41,8 @@ impl Middleware for RetryMiddleware {
 }
 
 impl Beneath for Next<'_> {
+    type Reply = Response;
+
     #[inline]
     fn run<'s>(
         &'s self,
@@ -49,8 +53,55 @@ impl Beneath for Next<'_> {
     }
 
     #[inline]
-    fn seen<'o>(&self, outcome: &'o reqwest_middleware::Result<Response>) -> Seen<'o> {
+    fn seen<'o>(&'o self, outcome: &'o reqwest_middleware::Result<Response>) -> Seen<'o> {
         seen(outcome)
+    }
+}
+
+impl Reply for Response {
+    fn status(&self) -> http::StatusCode {
+        Response::status(self)
+    }
+
+    fn headers(&self) -> &http::HeaderMap {
+        Response::headers(self)
+    }
+
+    fn headers_mut(&mut self) -> &mut http::HeaderMap {
+        Response::headers_mut(self)
+    }
+
+    fn extensions_mut(&mut self) -> &mut Extensions {
+        Response::extensions_mut(self)
+    }
+
+    fn content_length(&self) -> Option<u64> {
+        Response::content_length(self)
+    }
+
+    fn chunk(
+        &mut self,
+    ) -> impl Future<Output = Result<Option<bytes::Bytes>, reqwest::Error>> + Send {
+        Response::chunk(self)
+    }
+
+    /// The same head (status, version, headers, URL, extensions) with a new body.
+    fn rebody(mut self, body: impl FnOnce(reqwest::Body) -> reqwest::Body) -> Self {
+        let status = self.status();
+        let version = self.version();
+        let url = self.url().clone();
+        let headers = std::mem::take(Response::headers_mut(&mut self));
+        let extensions = std::mem::take(Response::extensions_mut(&mut self));
+        let body = body(reqwest::Body::from(self));
+        let mut rebuilt = http::Response::builder()
+            .url(url)
+            .body(body)
+            .unwrap_or_else(|_| unreachable!("a builder given only a URL cannot fail"));
+        *rebuilt.status_mut() = status;
+        *rebuilt.version_mut() = version;
+        *rebuilt.headers_mut() = headers;
+        rebuilt.extensions_mut().extend(extensions);
+        Response::from(rebuilt)
     }
 }
 
@@ -66,13 +117,19 @@ pub(crate) fn seen(outcome: &reqwest_middleware::Result<Response>) -> Seen<'_> {
             headers: response.headers(),
             from: response.url(),
         }),
-        Err(err) => Seen::Failed(Failure {
-            fault: transport_fault(err),
-            error: match err {
-                reqwest_middleware::Error::Reqwest(e) => e,
-                reqwest_middleware::Error::Middleware(e) => e.as_ref(),
-            },
-        }),
+        Err(err) => Seen::Failed(failure(err)),
+    }
+}
+
+/// What the engine reads of an error of this door: its transient fault, and the error itself
+/// for a classifier (reqwest's own, or another middleware's).
+pub(crate) fn failure(err: &reqwest_middleware::Error) -> Failure<'_> {
+    Failure {
+        fault: transport_fault(err),
+        error: match err {
+            reqwest_middleware::Error::Reqwest(e) => e,
+            reqwest_middleware::Error::Middleware(e) => e.as_ref(),
+        },
     }
 }
 

@@ -24,15 +24,16 @@ use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use http::Extensions;
-use reqwest::ResponseBuilderExt;
 use tower_layer::Layer;
 use tower_service::Service;
 
+use crate::driver::body::Reply;
 use crate::driver::claim::Beneath;
 use crate::driver::phases::RetryMiddleware;
-use crate::engine::seen::{Failure, Seen};
+use crate::engine::seen::{Failure, Locate, ResponseHead, Seen, Target};
 use crate::error::RetryError;
 use crate::fault::{self, Fault};
+use http_body::Body as _;
 
 /// An error of the inner service or of the layer, as tower passes errors: boxed.
 pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -134,10 +135,9 @@ where
             || crate::driver::claim::claimed(&extensions, &request);
         if claimed {
             // A layer further out on this request's path makes its attempts.
-            return Box::pin(async move {
-                let outcome = inner.run(request, &mut extensions).await;
-                outcome.map(http::Response::from).map_err(boxed)
-            });
+            return Box::pin(
+                async move { inner.run(request, &mut extensions).await.map_err(boxed) },
+            );
         }
         // The future owns the middleware and the extensions, and the inner service boxed (a
         // client is hundreds of bytes): it is one allocation in the allocator's fast size class.
@@ -158,13 +158,13 @@ pin_project_lite::pin_project! {
 
 impl<F> Future for Handed<F>
 where
-    F: Future<Output = reqwest_middleware::Result<reqwest::Response>>,
+    F: Future<Output = reqwest_middleware::Result<http::Response<reqwest::Body>>>,
 {
     type Output = Result<http::Response<reqwest::Body>, BoxError>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let outcome = std::task::ready!(self.project().run.poll(cx));
-        Poll::Ready(outcome.map(http::Response::from).map_err(boxed))
+        Poll::Ready(outcome.map_err(boxed))
     }
 }
 
@@ -337,14 +337,14 @@ where
     R::Data: Into<Bytes>,
     R::Error: Into<BoxError>,
 {
+    type Reply = http::Response<reqwest::Body>;
+
     fn run<'s>(
         &'s self,
         request: reqwest::Request,
         extensions: &'s mut Extensions,
-    ) -> Pin<Box<dyn Future<Output = reqwest_middleware::Result<reqwest::Response>> + Send + 's>>
-    {
+    ) -> Pin<Box<dyn Future<Output = reqwest_middleware::Result<Self::Reply>> + Send + 's>> {
         let mut service = self.service.clone();
-        let url = request.url().clone();
         // The copy as the inner service takes it: the URI as the caller gave it (not parsed
         // again from the URL), the request's extensions with the mark.
         let mut request = request;
@@ -365,59 +365,106 @@ where
                 .await
                 .map_err(failed)?;
             let response = service.call(request).await.map_err(failed)?;
-            Ok(answer(response, url))
+            // The answer as the layer hands it back, its body boxed once.
+            Ok(response.map(reqwest::Body::wrap))
         })
     }
 
-    fn seen<'o>(&self, outcome: &'o reqwest_middleware::Result<reqwest::Response>) -> Seen<'o> {
-        if let Err(reqwest_middleware::Error::Middleware(e)) = outcome {
-            if let Some(service) = e.downcast_ref::<ServiceError>() {
+    fn seen<'o>(&'o self, outcome: &'o reqwest_middleware::Result<Self::Reply>) -> Seen<'o> {
+        match outcome {
+            Ok(response) => Seen::Answer(ResponseHead {
+                status: response.status(),
+                version: response.version(),
+                headers: response.headers(),
+                from: &self.uri,
+            }),
+            Err(reqwest_middleware::Error::Middleware(e)) if e.is::<ServiceError>() => {
+                let Some(service) = e.downcast_ref::<ServiceError>() else {
+                    unreachable!("the error was just found to be the inner service's");
+                };
                 // The inner service's own error, for the classifier to look into.
-                return Seen::Failed(Failure {
+                Seen::Failed(Failure {
                     fault: service_fault(service),
                     error: &*service.0,
-                });
+                })
             }
+            Err(err) => Seen::Failed(crate::door::reqwest::failure(err)),
         }
-        crate::door::reqwest::seen(outcome)
     }
 }
 
 impl<T: Beneath + ?Sized> Beneath for Box<T> {
+    type Reply = T::Reply;
+
     fn run<'s>(
         &'s self,
         request: reqwest::Request,
         extensions: &'s mut Extensions,
-    ) -> Pin<Box<dyn Future<Output = reqwest_middleware::Result<reqwest::Response>> + Send + 's>>
-    {
+    ) -> Pin<Box<dyn Future<Output = reqwest_middleware::Result<T::Reply>> + Send + 's>> {
         (**self).run(request, extensions)
     }
 
-    fn seen<'o>(&self, outcome: &'o reqwest_middleware::Result<reqwest::Response>) -> Seen<'o> {
+    fn seen<'o>(&'o self, outcome: &'o reqwest_middleware::Result<T::Reply>) -> Seen<'o> {
         (**self).seen(outcome)
     }
 }
 
-/// The inner service's answer as the driver judges it: a `reqwest::Response` with the URL its
-/// request went to (an origin's quota is kept by it).
-fn answer<R>(response: http::Response<R>, url: reqwest::Url) -> reqwest::Response
-where
-    R: http_body::Body + Send + Sync + 'static,
-    R::Data: Into<Bytes>,
-    R::Error: Into<BoxError>,
-{
-    let (parts, body) = response.into_parts();
-    let mut rebuilt = http::Response::builder()
-        .url(url)
-        .body(reqwest::Body::wrap(body))
-        .unwrap_or_else(|_| unreachable!("a builder given only a URL cannot fail"));
-    *rebuilt.status_mut() = parts.status;
-    *rebuilt.version_mut() = parts.version;
-    *rebuilt.headers_mut() = parts.headers;
-    rebuilt.extensions_mut().extend(parts.extensions);
-    reqwest::Response::from(rebuilt)
+/// Where a URI points, as the engine reads it: only when a rule asks.
+impl Locate for http::Uri {
+    fn target(&self) -> Target<'_> {
+        Target::new(
+            self.scheme_str().unwrap_or(""),
+            self.host().unwrap_or(""),
+            self.port_u16(),
+        )
+    }
 }
 
+/// An answer of the tower door: its body is read a frame at a time, and replaced in place.
+impl Reply for http::Response<reqwest::Body> {
+    fn status(&self) -> http::StatusCode {
+        http::Response::status(self)
+    }
+
+    fn headers(&self) -> &http::HeaderMap {
+        http::Response::headers(self)
+    }
+
+    fn headers_mut(&mut self) -> &mut http::HeaderMap {
+        http::Response::headers_mut(self)
+    }
+
+    fn extensions_mut(&mut self) -> &mut Extensions {
+        http::Response::extensions_mut(self)
+    }
+
+    fn content_length(&self) -> Option<u64> {
+        http_body::Body::size_hint(self.body()).exact()
+    }
+
+    fn chunk(&mut self) -> impl Future<Output = Result<Option<Bytes>, reqwest::Error>> + Send {
+        std::future::poll_fn(|cx| {
+            // Bounded by what the body has ready: a frame that is not data (trailers) is
+            // passed over, and the next one polled at once.
+            loop {
+                let frame = std::task::ready!(Pin::new(self.body_mut()).poll_frame(cx));
+                match frame {
+                    None => return Poll::Ready(Ok(None)),
+                    Some(Err(e)) => return Poll::Ready(Err(e)),
+                    Some(Ok(frame)) => {
+                        if let Ok(data) = frame.into_data() {
+                            return Poll::Ready(Ok(Some(data)));
+                        }
+                    }
+                }
+            }
+        })
+    }
+
+    fn rebody(self, body: impl FnOnce(reqwest::Body) -> reqwest::Body) -> Self {
+        self.map(body)
+    }
+}
 /// The transient fault behind a tower service's error: the same causes as behind reqwest's,
 /// and a connect failure of hyper-util's client told apart as reqwest's is (nothing was sent).
 fn service_fault(err: &ServiceError) -> Option<Fault> {

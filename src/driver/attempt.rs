@@ -31,10 +31,10 @@ use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
 use http::Extensions;
-use reqwest::{Request, Response, Url};
+use reqwest::{Request, Url};
 
 use crate::clock::{AttemptTimer, SharedClock};
-use crate::driver::body;
+use crate::driver::body::{self, Reply};
 use crate::driver::claim::{self, Beneath, Claiming};
 use crate::driver::trace::Watcher;
 use crate::engine::attempt_headers::AttemptHeaders;
@@ -53,10 +53,10 @@ use crate::shared::Shared;
 use crate::stop::StopReason;
 
 /// An attempt's outcome as the chain returns it.
-pub(crate) type Outcome = reqwest_middleware::Result<Response>;
+pub(crate) type Outcome<R> = reqwest_middleware::Result<R>;
 
 /// The last outcome of a request, with the transient fault its door found in it.
-pub(crate) type Last = (Outcome, Option<Fault>);
+pub(crate) type Last<R> = (Outcome<R>, Option<Fault>);
 
 /// What a request's end needs of it besides its outcome: its key (and whether it was sent
 /// before the last attempt), who watches, and its URL.
@@ -69,17 +69,17 @@ pub(crate) struct Ends<'s, 'a> {
 /// What the request keeps between attempts: the original while another copy of it may be
 /// sent, its URL once the original itself went (for an error that has none), and the last
 /// outcome through the wait after it.
-pub(crate) struct Kept {
+pub(crate) struct Kept<R> {
     request: Option<Request>,
     /// Boxed, as only a last attempt needs it.
     gone: Option<Box<Url>>,
     /// Kept for a stop that may follow the wait (boxed: only a retry needs room for it), and
     /// let go when the next attempt is sent.
-    pub(crate) previous: Option<Box<Last>>,
+    pub(crate) previous: Option<Box<Last<R>>>,
 }
 
-impl Kept {
-    pub(crate) fn new(request: Request) -> Kept {
+impl<R> Kept<R> {
+    pub(crate) fn new(request: Request) -> Kept<R> {
         Kept {
             request: Some(request),
             gone: None,
@@ -88,7 +88,7 @@ impl Kept {
     }
 
     /// What a stop before an attempt hands back: the last outcome, or what says nothing was sent.
-    pub(crate) fn last_outcome(&mut self, stop: StopReason) -> Last {
+    pub(crate) fn last_outcome(&mut self, stop: StopReason) -> Last<R> {
         self.previous
             .take()
             .map_or_else(|| (Err(nothing_sent(stop)), None), |last| *last)
@@ -243,7 +243,7 @@ impl<'a> Sent<'a> {
     /// The copy of the request that `plan` sends: the one place where a copy gets the key and
     /// the attempt headers, each computed for this copy.
     #[inline]
-    fn copy(&self, kept: &mut Kept, plan: &Plan) -> Request {
+    fn copy<R>(&self, kept: &mut Kept<R>, plan: &Plan) -> Request {
         let mut sending = kept.take(plan.keep_copy);
         idempotency::put_on(self.keys, self.key.as_ref(), sending.headers_mut());
         if self.headers.are_on() {
@@ -253,7 +253,7 @@ impl<'a> Sent<'a> {
     }
 
     /// What the request's end needs, with what it `kept`.
-    pub(crate) fn ends<'s>(&'s mut self, kept: &'s Kept) -> Ends<'s, 'a> {
+    pub(crate) fn ends<'s, R>(&'s mut self, kept: &'s Kept<R>) -> Ends<'s, 'a> {
         let key = self
             .key
             .take()
@@ -290,17 +290,17 @@ impl<'a> Sent<'a> {
 
 /// Where an attempt's copies go: the rest of the chain, with the request's extensions, in its
 /// span.
-pub(crate) struct Chain<'s> {
+pub(crate) struct Chain<'s, R> {
     pub(crate) extensions: &'s mut Extensions,
-    pub(crate) next: &'s dyn Beneath,
+    pub(crate) next: &'s dyn Beneath<Reply = R>,
     pub(crate) span: &'s tracing::Span,
 }
 
 /// What an attempt borrows while it runs: the request's own state and how its outcomes are
 /// judged, the core, the clock (for the time, and the hedge's timers) and the random source,
 /// and the first copy's timer, which the driver keeps for the answer's body after it.
-pub(crate) struct Lent<'p, 's, 'd> {
-    kept: &'p mut Kept,
+pub(crate) struct Lent<'p, 's, 'd, R> {
+    kept: &'p mut Kept<R>,
     sent: &'p Sent<'s>,
     judging: Judging<'p>,
     decider: &'p mut Decider<'d>,
@@ -315,12 +315,12 @@ pub(crate) struct Tools<'p> {
     pub(crate) rng: &'p dyn RandomSource,
 }
 
-impl<'p, 's, 'd> Lent<'p, 's, 'd> {
+impl<'p, 's, 'd, R> Lent<'p, 's, 'd, R> {
     /// What an attempt borrows, judged under the request's policy, all but the timer, which the
     /// returned closure takes.
     #[inline]
     pub(crate) fn new(
-        kept: &'p mut Kept,
+        kept: &'p mut Kept<R>,
         sent: &'p Sent<'s>,
         decider: &'p mut Decider<'d>,
         tools: Tools<'p>,
@@ -337,33 +337,33 @@ impl<'p, 's, 'd> Lent<'p, 's, 'd> {
 }
 
 /// A copy running down the rest of the chain.
-type Running<'s> = Claiming<'s, Pin<Box<dyn Future<Output = Outcome> + Send + 's>>>;
+type Running<'s, R> = Claiming<'s, Pin<Box<dyn Future<Output = Outcome<R>> + Send + 's>>>;
 
 /// A body being read into memory (`buffer_body`), with the bytes read.
-type Reading = Pin<Box<dyn Future<Output = ReadBody> + Send>>;
-type ReadBody = Result<(Response, Option<bytes::Bytes>), reqwest::Error>;
+type Reading<R> = Pin<Box<dyn Future<Output = ReadBody<R>> + Send>>;
+type ReadBody<R> = Result<(R, Option<bytes::Bytes>), reqwest::Error>;
 
 /// One attempt in flight: its first copy and, when the core planned a hedge, the hedged state;
 /// polled until it has an outcome, judged, with its body read as the policy says.
-pub(crate) struct Flight<'s, 'l, 'p, 'q, 'd> {
-    lent: &'l mut Lent<'p, 'q, 'd>,
+pub(crate) struct Flight<'s, 'l, 'p, 'q, 'd, R> {
+    lent: &'l mut Lent<'p, 'q, 'd, R>,
     /// The door beneath, which reads what each copy ends in.
-    door: &'s dyn Beneath,
+    door: &'s dyn Beneath<Reply = R>,
     number: u32,
     /// The first copy's time limit, longer if it ran on past it.
     limit: Duration,
-    first: Option<Running<'s>>,
+    first: Option<Running<'s, R>>,
     /// Boxed: only a read the core may hedge needs room for a second copy.
-    hedged: Option<Box<Hedged<'s>>>,
+    hedged: Option<Box<Hedged<'s, R>>>,
     /// An answer's body being read, racing the first copy's timer: for the classifier to see
     /// it before the verdict, or, the verdict given, for the caller. While it is, the copies
     /// are not polled. Boxed: only a policy that reads bodies needs room for it.
-    reading: Option<Box<ReadingBody>>,
+    reading: Option<Box<ReadingBody<R>>>,
 }
 
 /// A body being read, and what follows.
-struct ReadingBody {
-    read: Reading,
+struct ReadingBody<R> {
+    read: Reading<R>,
     then: AfterRead,
     by_hedge: bool,
 }
@@ -379,26 +379,26 @@ enum AfterRead {
 
 /// The hedged state: its delay's timer, the extensions lent to its copy, the copy, and a
 /// transient failure of one copy kept while the other is out.
-struct Hedged<'s> {
+struct Hedged<'s, R> {
     due: Option<AttemptTimer>,
     lend: Option<&'s mut Extensions>,
-    next: &'s dyn Beneath,
+    next: &'s dyn Beneath<Reply = R>,
     span: &'s tracing::Span,
-    second: Option<(Running<'s>, AttemptTimer, Duration)>,
-    failed: Option<(Outcome, Verdict)>,
+    second: Option<(Running<'s, R>, AttemptTimer, Duration)>,
+    failed: Option<(Outcome<R>, Verdict)>,
 }
 
-impl<'s, 'l, 'p, 'q, 'd> Flight<'s, 'l, 'p, 'q, 'd> {
+impl<'s, 'l, 'p, 'q, 'd, R: Reply> Flight<'s, 'l, 'p, 'q, 'd, R> {
     /// Sends attempt `plan.number`'s first copy down `chain`; `spare` takes the copy of the
     /// extensions a hedge would go with, if the core planned one. The hedging delay's timer is
     /// armed as the first copy starts (a middleware may take time before its future is
     /// polled); without a timer there is no hedge.
     #[inline(always)]
     pub(crate) fn launch(
-        chain: Chain<'s>,
+        chain: Chain<'s, R>,
         spare: &'s mut Extensions,
         plan: &Plan,
-        lent: &'l mut Lent<'p, 'q, 'd>,
+        lent: &'l mut Lent<'p, 'q, 'd, R>,
     ) -> Self {
         let Chain {
             extensions,
@@ -436,7 +436,7 @@ impl<'s, 'l, 'p, 'q, 'd> Flight<'s, 'l, 'p, 'q, 'd> {
     /// The attempt's outcome and verdict, and whether its hedge answered, once it has them. The
     /// outcome is looked at where it lies and moved once, to where it goes: nearly every
     /// request's answer passes through here.
-    fn poll_judged(&mut self, cx: &mut Context<'_>) -> Poll<(Outcome, Verdict, bool)> {
+    fn poll_judged(&mut self, cx: &mut Context<'_>) -> Poll<(Outcome<R>, Verdict, bool)> {
         loop {
             let (outcome, verdict, by_hedge) = if self.reading.is_some() {
                 let (outcome, verdict, by_hedge, then) = ready!(self.poll_read(cx));
@@ -480,7 +480,7 @@ impl<'s, 'l, 'p, 'q, 'd> Flight<'s, 'l, 'p, 'q, 'd> {
     }
 
     /// Starts reading the body of `outcome`, an answer, up to `max` bytes.
-    fn read(&mut self, outcome: Outcome, max: usize, then: AfterRead, by_hedge: bool) {
+    fn read(&mut self, outcome: Outcome<R>, max: usize, then: AfterRead, by_hedge: bool) {
         let Ok(response) = outcome else {
             unreachable!("only an answer has a body to read");
         };
@@ -493,7 +493,7 @@ impl<'s, 'l, 'p, 'q, 'd> Flight<'s, 'l, 'p, 'q, 'd> {
 
     /// Polls the body being read, racing the first copy's timer: the answer with its body, or
     /// the error that cut it, judged (again, after a verdict: a body cut off is transient).
-    fn poll_read(&mut self, cx: &mut Context<'_>) -> Poll<(Outcome, Verdict, bool, AfterRead)> {
+    fn poll_read(&mut self, cx: &mut Context<'_>) -> Poll<(Outcome<R>, Verdict, bool, AfterRead)> {
         let Some(reading) = self.reading.as_deref_mut() else {
             unreachable!("polled only while a body is read");
         };
@@ -518,7 +518,7 @@ impl<'s, 'l, 'p, 'q, 'd> Flight<'s, 'l, 'p, 'q, 'd> {
     /// Polls the copies out and their timers, until one of them ends: the first copy's timer
     /// asks the core whether it is cut or runs on; when the hedging delay's fires, a hedge may
     /// go (and is polled at once).
-    fn poll_copies(&mut self, cx: &mut Context<'_>) -> Poll<(Outcome, bool)> {
+    fn poll_copies(&mut self, cx: &mut Context<'_>) -> Poll<(Outcome<R>, bool)> {
         loop {
             let lent = &mut *self.lent;
             let clock = lent.tools.clock;
@@ -596,8 +596,8 @@ impl<'s, 'l, 'p, 'q, 'd> Flight<'s, 'l, 'p, 'q, 'd> {
     }
 }
 
-impl Future for Flight<'_, '_, '_, '_, '_> {
-    type Output = (Outcome, Verdict, bool);
+impl<R: Reply> Future for Flight<'_, '_, '_, '_, '_, R> {
+    type Output = (Outcome<R>, Verdict, bool);
 
     /// The attempt's outcome and verdict, and whether its hedge answered.
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {

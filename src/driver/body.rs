@@ -13,18 +13,39 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
+use http::{Extensions, HeaderMap, StatusCode};
 use http_body::{Body as HttpBody, Frame, SizeHint};
-use reqwest::{Body, ResponseBuilderExt};
+use reqwest::Body;
+
+/// An answer as a door hands it to the driver: its head, its body read a chunk at a time, and
+/// the same head with another body. A `reqwest::Response` behind the reqwest door, an
+/// `http::Response<reqwest::Body>` behind the tower door: neither is made into the other.
+pub(crate) trait Reply: Send + Sized + 'static {
+    /// The answer's status.
+    fn status(&self) -> StatusCode;
+    /// The answer's headers.
+    fn headers(&self) -> &HeaderMap;
+    /// The answer's headers, to change.
+    fn headers_mut(&mut self) -> &mut HeaderMap;
+    /// The answer's extensions, where its record goes.
+    fn extensions_mut(&mut self) -> &mut Extensions;
+    /// The length the body declares, if it declares one.
+    fn content_length(&self) -> Option<u64>;
+    /// The body's next chunk, `None` at its end.
+    fn chunk(&mut self) -> impl Future<Output = Result<Option<Bytes>, reqwest::Error>> + Send;
+    /// The same head with a new body, made from what is left of the old one.
+    fn rebody(self, body: impl FnOnce(Body) -> Body) -> Self;
+}
 
 /// Reads `response`'s body up to `limit` bytes.
 ///
 /// Returns the response with its body in memory, and those bytes (shared, not copied), or,
 /// when the body is longer than `limit`, a response that streams the part already read and then
 /// the rest, and no bytes.
-pub(crate) async fn buffer(
-    mut response: reqwest::Response,
+pub(crate) async fn buffer<R: Reply>(
+    mut response: R,
     limit: usize,
-) -> Result<(reqwest::Response, Option<Bytes>), reqwest::Error> {
+) -> Result<(R, Option<Bytes>), reqwest::Error> {
     let declared = response.content_length();
     if declared.is_some_and(|n| n > limit as u64) {
         return Ok((response, None));
@@ -34,7 +55,7 @@ pub(crate) async fn buffer(
     while let Some(chunk) = response.chunk().await? {
         if read.len().saturating_add(chunk.len()) > limit {
             let prefix = [Bytes::from(read), chunk];
-            let streamed = rebuild(response, |rest| {
+            let streamed = response.rebody(|rest| {
                 Body::wrap(Prefixed {
                     prefix: prefix.into_iter().filter(|b| !b.is_empty()).collect(),
                     rest,
@@ -45,16 +66,16 @@ pub(crate) async fn buffer(
         read.extend_from_slice(&chunk);
     }
     let read = Bytes::from(read);
-    Ok((rebuild(response, |_| Body::from(read.clone())), Some(read)))
+    Ok((response.rebody(|_| Body::from(read.clone())), Some(read)))
 }
 
 /// How much of an answer's body to read inside its attempt, if any: with the policy's
 /// `buffer_body` on, the body of an answer that will not be retried. A 503's body would be read in
 /// full (up to the limit) only to be thrown away.
 /// None when it was read already, for the classifier (`Judging::body_first`).
-pub(crate) fn to_read(
+pub(crate) fn to_read<R>(
     judging: &crate::engine::classify::Judging<'_>,
-    outcome: &reqwest_middleware::Result<reqwest::Response>,
+    outcome: &reqwest_middleware::Result<R>,
     verdict: crate::engine::classify::Verdict,
 ) -> Option<usize> {
     let final_answer =
@@ -76,11 +97,11 @@ pub(crate) const KEPT: usize = 64 * 1024;
 /// arriving when `timer` fires (the wait's: a body that trickles never holds the request past
 /// its wait, nor so past its deadline), is dropped, and so is the `Content-Length`
 /// that promised it: the head never promises bytes that are gone.
-pub(crate) async fn keep<T: Future<Output = ()>>(
-    outcome: reqwest_middleware::Result<reqwest::Response>,
+pub(crate) async fn keep<R: Reply, T: Future<Output = ()>>(
+    outcome: reqwest_middleware::Result<R>,
     limit: usize,
     mut timer: Pin<&mut T>,
-) -> reqwest_middleware::Result<reqwest::Response> {
+) -> reqwest_middleware::Result<R> {
     let mut response = outcome?;
     if response.content_length().is_none_or(|n| n <= limit as u64) {
         let mut read = Vec::new();
@@ -99,13 +120,13 @@ pub(crate) async fn keep<T: Future<Output = ()>>(
                 Some(Ok(Some(chunk))) if read.len().saturating_add(chunk.len()) <= limit => {
                     read.extend_from_slice(&chunk);
                 }
-                Some(Ok(None)) => return Ok(rebuild(response, |_| Body::from(read))),
+                Some(Ok(None)) => return Ok(response.rebody(|_| Body::from(read))),
                 // Too long, cut off, or out of time.
                 _ => break,
             }
         }
     }
-    let mut head = rebuild(response, |rest| {
+    let mut head = response.rebody(|rest| {
         drop(rest);
         Body::from(Bytes::new())
     });
@@ -115,36 +136,15 @@ pub(crate) async fn keep<T: Future<Output = ()>>(
 
 /// [`keep`], while `within` runs (the wait before the retry); with no wait, what has already
 /// arrived.
-pub(crate) async fn keep_within(
-    outcome: reqwest_middleware::Result<reqwest::Response>,
+pub(crate) async fn keep_within<R: Reply>(
+    outcome: reqwest_middleware::Result<R>,
     limit: usize,
     within: Option<crate::clock::AttemptTimer>,
-) -> reqwest_middleware::Result<reqwest::Response> {
+) -> reqwest_middleware::Result<R> {
     match within {
         Some(timer) => keep(outcome, limit, std::pin::pin!(timer)).await,
         None => keep(outcome, limit, std::pin::pin!(std::future::ready(()))).await,
     }
-}
-
-/// The same response head (status, version, headers, URL, extensions) with a new body, made
-/// from what is left of the old one.
-fn rebuild(mut response: reqwest::Response, body: impl FnOnce(Body) -> Body) -> reqwest::Response {
-    let status = response.status();
-    let version = response.version();
-    let url = response.url().clone();
-    let headers = std::mem::take(response.headers_mut());
-    let extensions = std::mem::take(response.extensions_mut());
-    let body = body(Body::from(response));
-
-    let mut rebuilt = http::Response::builder()
-        .url(url)
-        .body(body)
-        .unwrap_or_else(|_| unreachable!("a builder given only a URL cannot fail"));
-    *rebuilt.status_mut() = status;
-    *rebuilt.version_mut() = version;
-    *rebuilt.headers_mut() = headers;
-    rebuilt.extensions_mut().extend(extensions);
-    reqwest::Response::from(rebuilt)
 }
 
 /// Chunks already read, then the rest of a body.
@@ -295,7 +295,7 @@ mod tests {
             hook: None,
         };
         let answer = || Ok(reqwest::Response::from(http::Response::new("")));
-        let failed = || {
+        let failed = || -> reqwest_middleware::Result<reqwest::Response> {
             Err(reqwest_middleware::Error::middleware(
                 std::io::Error::other("x"),
             ))

@@ -22,24 +22,28 @@ use std::task::Poll;
 use std::time::Duration;
 
 use http::Extensions;
-use reqwest::{Request, Response};
+use reqwest::Request;
 
+use crate::driver::body::Reply;
 use crate::engine::seen::Seen;
 
 /// What lies beneath the driver: where each copy of a request goes, with the request's
 /// extensions. The rest of a `reqwest-middleware` chain, or a tower service (`tower`): the one
 /// thing the two front doors do differently while a request is driven.
 pub(crate) trait Beneath: Send + Sync {
+    /// An answer as this door hands it back.
+    type Reply: Reply;
+
     /// Sends `request` on, with `extensions`.
     fn run<'s>(
         &'s self,
         request: Request,
         extensions: &'s mut Extensions,
-    ) -> Pin<Box<dyn Future<Output = reqwest_middleware::Result<Response>> + Send + 's>>;
+    ) -> Pin<Box<dyn Future<Output = reqwest_middleware::Result<Self::Reply>> + Send + 's>>;
 
     /// An attempt's outcome as the engine reads it: the answer's head, or the error with the
     /// transient fault this door finds in it.
-    fn seen<'o>(&self, outcome: &'o reqwest_middleware::Result<Response>) -> Seen<'o>;
+    fn seen<'o>(&'o self, outcome: &'o reqwest_middleware::Result<Self::Reply>) -> Seen<'o>;
 }
 
 /// Tells the middleware and transport beneath which attempt this is, before they see it (a first

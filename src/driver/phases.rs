@@ -16,12 +16,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::Extensions;
-use reqwest::{Request, Response};
+use reqwest::Request;
 use tracing::Level;
 
 use crate::clock::{Clock, SharedClock, TimerUnavailable, TokioClock};
 use crate::driver::attempt::{Chain, Ends, Flight, Kept, Last, Lent, Outcome, Sent, Tools};
 use crate::driver::body;
+use crate::driver::body::Reply;
 use crate::driver::claim::Beneath;
 use crate::driver::trace::{self, Ended, LogLevels, Traced};
 use crate::engine::advice;
@@ -241,7 +242,7 @@ impl RetryMiddleware {
         request: Request,
         mut extensions: impl BorrowMut<Extensions> + Send + 'a,
         next: N,
-    ) -> impl Future<Output = reqwest_middleware::Result<Response>> + Send + 'a {
+    ) -> impl Future<Output = Outcome<N::Reply>> + Send + 'a {
         let mut kept = Kept::new(request);
         async move {
             let this = &*this;
@@ -277,12 +278,12 @@ impl RetryMiddleware {
                             let lent = Lent::new(&mut kept, &sent, &mut decider, this.tools());
                             let chain = Chain {
                                 extensions: &mut *extensions,
-                                next: &next as &dyn Beneath,
+                                next: &next as &dyn Beneath<Reply = N::Reply>,
                                 span: &span,
                             };
                             Flight::launch(chain, &mut spare, &plan, &mut lent(&mut timer)).await
                         };
-                        let request = (&mut sent, &kept, &next as &dyn Beneath);
+                        let request = (&mut sent, &kept, &next as &dyn Beneath<Reply = N::Reply>);
                         let (outcome, fault, delay) =
                             match this.after(&span, plan.number, judged, &mut decider, request) {
                                 ControlFlow::Continue(retried) => retried,
@@ -316,12 +317,12 @@ impl RetryMiddleware {
     /// needs to know of it told to `decider`; or its end, when it may not go (`refused`, an
     /// invalid key).
     #[inline(always)]
-    fn prepare<'p>(
+    fn prepare<'p, R: Reply>(
         &'p self,
         dependency: &'p Dependency,
         decider: &mut Decider<'_>,
-        (kept, extensions, span, refused): (&Kept, &Extensions, &tracing::Span, Refused),
-    ) -> ControlFlow<Outcome, Sent<'p>> {
+        (kept, extensions, span, refused): (&Kept<R>, &Extensions, &tracing::Span, Refused),
+    ) -> ControlFlow<Outcome<R>, Sent<'p>> {
         let observer = self.observer.as_ref().map(|observer| &*observer.0);
         let watched = observer.is_some() || self.log.enabled();
         let given = (kept.request(), extensions);
@@ -345,14 +346,14 @@ impl RetryMiddleware {
     /// What follows attempt `number`'s judged outcome: the core's decision, traced; the
     /// outcome, its fault and the wait when a retry follows, else the caller's outcome.
     #[inline(always)]
-    fn after(
+    fn after<R: Reply>(
         &self,
         span: &tracing::Span,
         number: u32,
-        (outcome, verdict, by_hedge): (Outcome, Verdict, bool),
+        (outcome, verdict, by_hedge): (Outcome<R>, Verdict, bool),
         decider: &mut Decider<'_>,
-        (sent, kept, door): (&mut Sent<'_>, &Kept, &dyn Beneath),
-    ) -> ControlFlow<Outcome, (Outcome, Option<Fault>, Duration)> {
+        (sent, kept, door): (&mut Sent<'_>, &Kept<R>, &dyn Beneath<Reply = R>),
+    ) -> ControlFlow<Outcome<R>, (Outcome<R>, Option<Fault>, Duration)> {
         let seen = door.seen(&outcome);
         let fault = seen.fault();
         sent.took(&seen);
@@ -382,28 +383,28 @@ impl RetryMiddleware {
 
     /// The end of a request the core stopped before an attempt: its last outcome, or what says
     /// nothing was sent.
-    fn stop(
+    fn stop<R: Reply>(
         &self,
         span: &tracing::Span,
         stop: StopReason,
         decider: &Decider<'_>,
-        kept: &mut Kept,
+        kept: &mut Kept<R>,
         sent: &mut Sent<'_>,
-    ) -> Outcome {
+    ) -> Outcome<R> {
         let last = kept.last_outcome(stop);
         self.finish(span, last, stop, decider, sent.ends(kept))
     }
 
     /// The caller's outcome, the request's end traced in its span: the response with its
     /// record, or the error wrapped with the count, the reason and the fault found in it.
-    fn finish(
+    fn finish<R: Reply>(
         &self,
         span: &tracing::Span,
-        (outcome, fault): Last,
+        (outcome, fault): Last<R>,
         stop: StopReason,
         decider: &Decider<'_>,
         ends: Ends<'_, '_>,
-    ) -> Outcome {
+    ) -> Outcome<R> {
         let (attempts, waited) = (decider.attempts(), decider.waited());
         if let Some(watcher) = ends.watcher {
             let ended = Ended {
@@ -443,7 +444,12 @@ impl RetryMiddleware {
     }
 
     /// The end of a request whose clock has no timer to wait or time an attempt with.
-    fn no_timer(&self, span: &tracing::Span, decider: &Decider<'_>, ends: Ends<'_, '_>) -> Outcome {
+    fn no_timer<R: Reply>(
+        &self,
+        span: &tracing::Span,
+        decider: &Decider<'_>,
+        ends: Ends<'_, '_>,
+    ) -> Outcome<R> {
         let (cause, stop) = (TimerUnavailable, StopReason::TimerUnavailable);
         let cause = reqwest_middleware::Error::middleware(cause);
         self.finish(span, (Err(cause), None), stop, decider, ends)
@@ -456,12 +462,12 @@ impl RetryMiddleware {
 /// none: [`RetryRecord::of`] infers it, and the success path is spared an allocation and a map
 /// insertion.
 #[inline]
-fn hand_back(
+fn hand_back<R: Reply>(
     record: RetryRecord,
-    (outcome, fault): Last,
+    (outcome, fault): Last<R>,
     url: Option<&reqwest::Url>,
     budget: Option<f64>,
-) -> Outcome {
+) -> Outcome<R> {
     match outcome {
         Ok(mut response) => {
             let inferred = record.attempts == 1
@@ -500,6 +506,8 @@ mod tests {
     use std::pin::Pin;
     use std::task::Poll;
 
+    use reqwest::Response;
+
     use super::*;
     use crate::observe::RetryEvent;
 
@@ -518,7 +526,7 @@ mod tests {
     /// dropped before they answered.
     #[derive(Clone, Default)]
     struct Scripted {
-        slots: Arc<std::sync::Mutex<Vec<Option<Outcome>>>>,
+        slots: Arc<std::sync::Mutex<Vec<Option<Outcome<Response>>>>>,
         dropped: Arc<std::sync::atomic::AtomicUsize>,
         /// Each copy, sent, answers at once with an empty 200 after this much virtual time.
         answer_after: Option<(crate::FakeClock, Duration)>,
@@ -529,7 +537,7 @@ mod tests {
             self.slots.lock().unwrap().len()
         }
 
-        fn answer(&self, copy: usize, outcome: Outcome) {
+        fn answer(&self, copy: usize, outcome: Outcome<Response>) {
             self.slots.lock().unwrap()[copy] = Some(outcome);
         }
 
@@ -546,9 +554,12 @@ mod tests {
     }
 
     impl Future for Copy {
-        type Output = Outcome;
+        type Output = Outcome<Response>;
 
-        fn poll(mut self: Pin<&mut Self>, _: &mut std::task::Context<'_>) -> Poll<Outcome> {
+        fn poll(
+            mut self: Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+        ) -> Poll<Outcome<Response>> {
             let taken = self.door.slots.lock().unwrap()[self.at].take();
             match taken {
                 Some(outcome) => {
@@ -569,11 +580,13 @@ mod tests {
     }
 
     impl Beneath for Scripted {
+        type Reply = Response;
+
         fn run<'s>(
             &'s self,
             _: Request,
             _: &'s mut Extensions,
-        ) -> Pin<Box<dyn Future<Output = Outcome> + Send + 's>> {
+        ) -> Pin<Box<dyn Future<Output = Outcome<Response>> + Send + 's>> {
             let mut slots = self.slots.lock().unwrap();
             let at = slots.len();
             slots.push(None);
@@ -589,7 +602,7 @@ mod tests {
             })
         }
 
-        fn seen<'o>(&self, outcome: &'o Outcome) -> crate::engine::seen::Seen<'o> {
+        fn seen<'o>(&'o self, outcome: &'o Outcome<Response>) -> crate::engine::seen::Seen<'o> {
             use crate::engine::seen::{Failure, ResponseHead, Seen};
             match outcome {
                 Ok(response) => Seen::Answer(ResponseHead {

@@ -3,7 +3,9 @@
 
 use std::time::Duration;
 
-use reqwest::{Request, Response};
+use reqwest::Request;
+
+use crate::driver::body::Reply;
 use tracing::Level;
 
 use crate::engine::classify::Verdict;
@@ -99,9 +101,9 @@ impl<'a> Watcher<'a> {
 }
 
 /// One attempt as traced.
-pub(crate) struct Traced<'o> {
+pub(crate) struct Traced<'o, R> {
     pub(crate) number: u32,
-    pub(crate) outcome: &'o reqwest_middleware::Result<Response>,
+    pub(crate) outcome: &'o reqwest_middleware::Result<R>,
     /// The transient fault the door found in the outcome's error, if any.
     pub(crate) fault: Option<Fault>,
     pub(crate) verdict: Verdict,
@@ -112,11 +114,11 @@ pub(crate) struct Traced<'o> {
 }
 
 /// The end of a logical request, as traced.
-pub(crate) struct Ended<'o> {
+pub(crate) struct Ended<'o, R> {
     pub(crate) attempts: u32,
     pub(crate) stop: StopReason,
     pub(crate) waited: Duration,
-    pub(crate) outcome: &'o reqwest_middleware::Result<Response>,
+    pub(crate) outcome: &'o reqwest_middleware::Result<R>,
     /// The transient fault the door found in the outcome's error, if any.
     pub(crate) fault: Option<Fault>,
 }
@@ -162,7 +164,7 @@ impl LogLevels {
 
     /// Traces the end of a logical request: the last attempt's status, or its error's kind
     /// (none when nothing was sent: the reason says why).
-    pub(crate) fn stopped(&self, watcher: &Watcher<'_>, ended: Ended<'_>) {
+    pub(crate) fn stopped<R: Reply>(&self, watcher: &Watcher<'_>, ended: Ended<'_, R>) {
         let Ended {
             attempts,
             stop,
@@ -193,7 +195,7 @@ impl LogLevels {
     }
 
     /// Traces one attempt and tells the observer, if any, with the floor the decision honoured.
-    pub(crate) fn attempt(&self, watcher: &Watcher<'_>, traced: Traced<'_>) {
+    pub(crate) fn attempt<R: Reply>(&self, watcher: &Watcher<'_>, traced: Traced<'_, R>) {
         let Traced {
             number: attempt,
             outcome,
