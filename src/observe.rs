@@ -358,22 +358,6 @@ pub struct RetryEvent<'a> {
     pub stop: Option<StopReason>,
 }
 
-/// A request's URL as the observer sees it: `scheme://host:port/path`, without user info,
-/// query or fragment.
-pub(crate) fn url_without_query(url: &reqwest::Url) -> String {
-    use std::fmt::Write as _;
-    let mut out = String::with_capacity(url.as_str().len());
-    out.push_str(url.scheme());
-    out.push_str("://");
-    out.push_str(url.host_str().unwrap_or(""));
-    if let Some(port) = url.port() {
-        // Writing to a String cannot fail.
-        let _ = write!(out, ":{port}");
-    }
-    out.push_str(url.path());
-    out
-}
-
 /// The observer as the middleware keeps it: any `Fn(&RetryEvent<'_>)` closure; see
 /// [`RetryMiddleware::with_observer`](crate::RetryMiddleware::with_observer).
 pub(crate) trait Observer: Send + Sync + 'static {
@@ -397,24 +381,6 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_observed_url_leaves_out_credentials_query_and_fragment() {
-        for (url, seen) in [
-            (
-                "http://127.0.0.1:8080/a/b?token=1#top",
-                "http://127.0.0.1:8080/a/b",
-            ),
-            (
-                "https://user:secret@api.example.com/pay?x=1",
-                "https://api.example.com/pay",
-            ),
-            ("http://[::1]:9/", "http://[::1]:9/"),
-            ("http://h", "http://h/"),
-        ] {
-            assert_eq!(url_without_query(&reqwest::Url::parse(url).unwrap()), seen);
-        }
-    }
 
     #[test]
     fn counts_add_up_and_clones_share_them() {

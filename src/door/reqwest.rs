@@ -11,9 +11,9 @@ use reqwest_middleware::{Middleware, Next};
 use std::error::Error as _;
 
 use crate::driver::body::Reply;
-use crate::driver::claim::{self, Beneath};
+use crate::driver::claim::{self, Address, Beneath, Outgoing};
 use crate::driver::phases::RetryMiddleware;
-use crate::engine::seen::{Failure, ResponseHead, Seen};
+use crate::engine::seen::{Failure, Locate, ResponseHead, Seen};
 use crate::error::AttemptTimeout;
 use crate::fault::{self, Fault};
 
@@ -41,6 +41,7 @@ impl Middleware for RetryMiddleware {
 }
 
 impl Beneath for Next<'_> {
+    type Request = Request;
     type Reply = Response;
 
     #[inline]
@@ -55,6 +56,61 @@ impl Beneath for Next<'_> {
     #[inline]
     fn seen<'o>(&'o self, outcome: &'o reqwest_middleware::Result<Response>) -> Seen<'o> {
         seen(outcome)
+    }
+}
+
+impl Outgoing for Request {
+    fn method(&self) -> &http::Method {
+        Request::method(self)
+    }
+
+    fn headers(&self) -> &http::HeaderMap {
+        Request::headers(self)
+    }
+
+    fn headers_mut(&mut self) -> &mut http::HeaderMap {
+        Request::headers_mut(self)
+    }
+
+    fn whole_body(&self) -> bool {
+        self.body().is_none_or(|body| body.as_bytes().is_some())
+    }
+
+    fn try_clone(&self) -> Option<Self> {
+        Request::try_clone(self)
+    }
+
+    fn locate(&self) -> &dyn Locate {
+        self.url()
+    }
+
+    fn address(&self) -> Address<'_> {
+        let url = self.url();
+        Address {
+            scheme: url.scheme(),
+            host: url.host_str().unwrap_or(""),
+            port: url.port(),
+            known_port: url.port_or_known_default(),
+            path: url.path(),
+            query: url.query(),
+        }
+    }
+
+    /// Its URL as a URI (a URI a request carries has no fragment).
+    fn uri(&self) -> http::Uri {
+        let url = self.url().as_str();
+        let without_fragment = url.split_once('#').map_or(url, |(uri, _)| uri);
+        without_fragment.parse().unwrap_or_default()
+    }
+
+    type Gone = reqwest::Url;
+
+    fn gone(&self) -> reqwest::Url {
+        self.url().clone()
+    }
+
+    fn url_of(gone: &reqwest::Url) -> Option<reqwest::Url> {
+        Some(gone.clone())
     }
 }
 

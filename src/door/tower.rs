@@ -28,7 +28,7 @@ use tower_layer::Layer;
 use tower_service::Service;
 
 use crate::driver::body::Reply;
-use crate::driver::claim::Beneath;
+use crate::driver::claim::{Address, Beneath, Outgoing};
 use crate::driver::phases::RetryMiddleware;
 use crate::engine::seen::{Failure, Locate, ResponseHead, Seen, Target};
 use crate::error::RetryError;
@@ -112,25 +112,19 @@ where
     }
 
     fn call(&mut self, request: http::Request<B>) -> Self::Future {
-        // The extensions stay with the driver, as a chain's do, and go with each copy; the URI
-        // too, for the copies (the driver reads the request's URL, parsed once here).
-        let (parts, body) = request.into_parts();
-        let mut extensions = parts.extensions;
+        // The extensions stay with the driver, as a chain's do, and go with each copy; the
+        // request itself goes to the driver as it is, its body made a `reqwest::Body` (which a
+        // copy for a retry can clone when it is whole in memory).
+        let (mut parts, body) = request.into_parts();
+        if let Err(e) = absolute(&parts.uri) {
+            return Box::pin(std::future::ready(Err(e)));
+        }
+        let mut extensions = std::mem::take(&mut parts.extensions);
         let inner = Inner {
             service: self.inner.clone(),
-            uri: parts.uri,
+            uri: parts.uri.clone(),
         };
-        let request = url_of(&inner.uri).map(|url| {
-            let mut request = reqwest::Request::new(parts.method, url);
-            *request.headers_mut() = parts.headers;
-            *request.version_mut() = parts.version;
-            *request.body_mut() = Some(body.into());
-            request
-        });
-        let request = match request {
-            Ok(request) => request,
-            Err(e) => return Box::pin(std::future::ready(Err(e))),
-        };
+        let request = http::Request::from_parts(parts, body.into());
         let claimed = extensions.get::<Claimed>().is_some()
             || crate::driver::claim::claimed(&extensions, &request);
         if claimed {
@@ -195,113 +189,158 @@ struct Inner<S> {
     uri: http::Uri,
 }
 
-/// The URL of `uri`, as `Url::parse` reads it. Parsing a host costs most of a URL's parse
-/// (and most of a request's cost at this door), and a client sends to few origins: the last
-/// origin's URL is kept on the thread, and a request to it costs a copy and its path and query.
-fn url_of(uri: &http::Uri) -> Result<reqwest::Url, BoxError> {
-    let (Some(scheme), Some(authority)) = (uri.scheme_str(), uri.authority()) else {
-        return Err(relative(uri, "no scheme or no host"));
-    };
-    let origin = LAST_ORIGIN.try_with(|last| {
-        let last = last.borrow();
-        let (kept_scheme, kept_authority, url) = last.as_ref()?;
-        (kept_scheme == scheme && kept_authority == authority.as_str()).then(|| url.clone())
-    });
-    let mut url = match origin.ok().flatten() {
-        Some(url) => url,
-        None => {
-            let url = reqwest::Url::parse(&format!("{scheme}://{authority}/"))
-                .map_err(|e| relative(uri, e))?;
-            let kept = (
-                scheme.to_owned(),
-                authority.as_str().to_owned(),
-                url.clone(),
-            );
-            let _ = LAST_ORIGIN.try_with(|last| *last.borrow_mut() = Some(kept));
-            url
-        }
-    };
-    url.set_path(uri.path());
-    url.set_query(uri.query());
-    Ok(url)
-}
-
-thread_local! {
-    /// The scheme and authority of the last URI whose URL was made on this thread, and that
-    /// URL's origin (see [`url_of`]).
-    static LAST_ORIGIN: std::cell::RefCell<Option<(String, String, reqwest::Url)>> =
-        const { std::cell::RefCell::new(None) };
-}
-
-/// The error for a request whose URI the layer cannot send: one without a scheme or a host.
-fn relative(uri: &http::Uri, cause: impl std::fmt::Display) -> BoxError {
-    format!(
+/// Whether the layer can send a request to `uri`: one with a scheme and a host, as a client
+/// needs; else the error that says so.
+fn absolute(uri: &http::Uri) -> Result<(), BoxError> {
+    if uri.scheme().is_some() && uri.host().is_some() {
+        return Ok(());
+    }
+    Err(format!(
         "the retry layer needs an absolute URI, with a scheme and a host (http://host/path), \
-         as a client does; got {uri:?}: {cause}"
+         as a client does; got {uri:?}"
     )
-    .into()
+    .into())
+}
+
+/// A request of the tower door, as the driver keeps and copies it: an `http::Request` whose
+/// body is a `reqwest::Body`, copied for another attempt when that body is whole in memory.
+impl Outgoing for http::Request<reqwest::Body> {
+    fn method(&self) -> &http::Method {
+        http::Request::method(self)
+    }
+
+    fn headers(&self) -> &http::HeaderMap {
+        http::Request::headers(self)
+    }
+
+    fn headers_mut(&mut self) -> &mut http::HeaderMap {
+        http::Request::headers_mut(self)
+    }
+
+    fn whole_body(&self) -> bool {
+        self.body().as_bytes().is_some()
+    }
+
+    /// A copy without the extensions: the driver keeps them, and hands each copy its own.
+    fn try_clone(&self) -> Option<Self> {
+        let bytes = self.body().as_bytes()?;
+        let mut copy = http::Request::new(reqwest::Body::from(Bytes::copy_from_slice(bytes)));
+        *copy.method_mut() = self.method().clone();
+        *copy.uri_mut() = self.uri().clone();
+        *copy.version_mut() = self.version();
+        *copy.headers_mut() = self.headers().clone();
+        Some(copy)
+    }
+
+    fn locate(&self) -> &dyn Locate {
+        http::Request::uri(self)
+    }
+
+    fn address(&self) -> Address<'_> {
+        let uri = http::Request::uri(self);
+        let scheme = uri.scheme_str().unwrap_or("");
+        let known = match scheme {
+            "http" => Some(80),
+            "https" => Some(443),
+            _ => None,
+        };
+        let written = uri.port_u16();
+        let path = match uri.path() {
+            "" => "/",
+            path => path,
+        };
+        Address {
+            scheme,
+            host: uri.host().unwrap_or(""),
+            port: written.filter(|port| Some(*port) != known),
+            known_port: written.or(known),
+            path,
+            query: uri.query(),
+        }
+    }
+
+    fn uri(&self) -> http::Uri {
+        http::Request::uri(self).clone()
+    }
+
+    type Gone = http::Uri;
+
+    fn gone(&self) -> http::Uri {
+        http::Request::uri(self).clone()
+    }
+
+    /// Parsed only for the error of a request that gives up.
+    fn url_of(gone: &http::Uri) -> Option<reqwest::Url> {
+        reqwest::Url::parse(&gone.to_string()).ok()
+    }
 }
 
 #[cfg(test)]
 mod tests {
-    use proptest::prelude::*;
-
-    use super::url_of;
-
-    proptest! {
-        /// Made from the origin kept on the thread or parsed whole, a URI's URL is the one
-        /// `Url::parse` gives: whatever its path and query (dot segments, percent signs,
-        /// characters a path must escape), and whichever origin came before it.
-        #[test]
-        fn a_url_from_the_kept_origin_is_the_parsed_url(
-            origins in prop::collection::vec(
-                prop::sample::select(vec![
-                    "http://127.0.0.1:8080", "http://example.com", "https://example.com",
-                    "https://EXAMPLE.com:443",
-                    "http://[::1]:9", "http://user:pw@example.com", "http://xn--nxasmq6b.com",
-                ]),
-                1..4,
-            ),
-            paths in prop::collection::vec("(/[a-zA-Z0-9._~%!$&'()*+,;=:@|^{}\\-]{0,6}){0,4}", 1..4),
-            queries in prop::collection::vec(prop::option::of("[a-zA-Z0-9=&%/?._~'-]{0,8}"), 1..4),
-        ) {
-            for ((origin, path), query) in origins.iter().zip(&paths).zip(&queries) {
-                let mut text = format!("{origin}{path}");
-                if let Some(query) = query {
-                    text = format!("{text}?{query}");
-                }
-                let Ok(uri) = text.parse::<http::Uri>() else { continue };
-                let parsed = reqwest::Url::parse(&uri.to_string());
-                let made = url_of(&uri);
-                match (parsed, made) {
-                    (Ok(parsed), Ok(made)) => prop_assert_eq!(parsed.as_str(), made.as_str(), "{}", text),
-                    (Err(_), Err(_)) => {}
-                    (parsed, made) => prop_assert!(false, "{text}: {parsed:?} against {made:?}"),
-                }
-            }
-        }
-    }
-
-    /// An origin is its scheme and its authority: the same host under another scheme is not the
-    /// kept origin.
-    #[test]
-    fn the_same_authority_under_another_scheme_is_another_origin() {
-        for uri in [
-            "http://example.com/a",
-            "https://example.com/b",
-            "http://example.com/c",
-        ] {
-            let made = url_of(&uri.parse().unwrap()).unwrap();
-            assert_eq!(made.as_str(), uri);
-        }
-    }
+    use super::*;
 
     #[test]
     fn a_uri_without_a_scheme_or_a_host_is_refused() {
         for uri in ["/orders", "example.com"] {
-            let err = url_of(&uri.parse().unwrap()).unwrap_err().to_string();
+            let err = absolute(&uri.parse().unwrap()).unwrap_err().to_string();
             assert!(err.contains("absolute URI"), "{uri}: {err}");
         }
+        assert!(absolute(&"http://127.0.0.1:8080/orders".parse().unwrap()).is_ok());
+    }
+
+    /// A request is named by the same parts behind either door, so the claim knows it across
+    /// them and the observer sees the same URL: the scheme's own port left out, an empty path
+    /// read as `/`.
+    #[test]
+    fn a_request_has_the_same_address_and_fingerprint_behind_either_door() {
+        for (uri, url) in [
+            (
+                "http://127.0.0.1:8080/orders?id=7",
+                "http://127.0.0.1:8080/orders?id=7",
+            ),
+            ("http://127.0.0.1:80/a", "http://127.0.0.1/a"),
+            (
+                "https://api.example.com:443/pay",
+                "https://api.example.com/pay",
+            ),
+            ("http://[::1]:9/", "http://[::1]:9/"),
+            ("http://h", "http://h/"),
+        ] {
+            let tower = http::Request::post(uri)
+                .body(reqwest::Body::from("x"))
+                .unwrap();
+            let reqwest = reqwest::Request::new("POST".parse().unwrap(), url.parse().unwrap());
+            let (a, b) = (tower.address(), reqwest.address());
+            assert_eq!(
+                (a.scheme, a.host, a.port, a.known_port, a.path, a.query),
+                (b.scheme, b.host, b.port, b.known_port, b.path, b.query),
+                "{uri}"
+            );
+            assert_eq!(
+                crate::driver::claim::fingerprint(&tower),
+                crate::driver::claim::fingerprint(&reqwest),
+                "{uri}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_copy_carries_the_head_and_the_body_but_not_the_extensions() {
+        let mut request = http::Request::put("http://127.0.0.1/x")
+            .header("x-a", "1")
+            .body(reqwest::Body::from("body"))
+            .unwrap();
+        request.extensions_mut().insert(Claimed);
+        let copy = Outgoing::try_clone(&request).unwrap();
+        assert_eq!(copy.method(), "PUT");
+        assert_eq!(copy.uri(), "http://127.0.0.1/x");
+        assert_eq!(copy.headers()["x-a"], "1");
+        assert_eq!(copy.body().as_bytes(), Some(&b"body"[..]));
+        assert!(copy.extensions().get::<Claimed>().is_none());
+        // A body of another kind, read as it comes: sent once.
+        let other = http_body_util::Full::new(Bytes::from_static(b"x"));
+        let streamed = http::Request::new(reqwest::Body::wrap(other));
+        assert!(!streamed.whole_body() && Outgoing::try_clone(&streamed).is_none());
     }
 }
 
@@ -337,24 +376,17 @@ where
     R::Data: Into<Bytes>,
     R::Error: Into<BoxError>,
 {
+    type Request = http::Request<reqwest::Body>;
     type Reply = http::Response<reqwest::Body>;
 
     fn run<'s>(
         &'s self,
-        request: reqwest::Request,
+        request: Self::Request,
         extensions: &'s mut Extensions,
     ) -> Pin<Box<dyn Future<Output = reqwest_middleware::Result<Self::Reply>> + Send + 's>> {
         let mut service = self.service.clone();
-        // The copy as the inner service takes it: the URI as the caller gave it (not parsed
-        // again from the URL), the request's extensions with the mark.
-        let mut request = request;
-        let body = request.body_mut().take();
-        let mut copy =
-            http::Request::new(body.unwrap_or_else(|| reqwest::Body::from(Bytes::new())));
-        *copy.method_mut() = request.method().clone();
-        *copy.uri_mut() = self.uri.clone();
-        *copy.version_mut() = request.version();
-        *copy.headers_mut() = std::mem::take(request.headers_mut());
+        // The copy as the inner service takes it: the request's extensions with the mark.
+        let mut copy = request;
         *copy.extensions_mut() = extensions.clone();
         copy.extensions_mut().insert(Claimed);
         Box::pin(async move {
@@ -394,11 +426,12 @@ where
 }
 
 impl<T: Beneath + ?Sized> Beneath for Box<T> {
+    type Request = T::Request;
     type Reply = T::Reply;
 
     fn run<'s>(
         &'s self,
-        request: reqwest::Request,
+        request: T::Request,
         extensions: &'s mut Extensions,
     ) -> Pin<Box<dyn Future<Output = reqwest_middleware::Result<T::Reply>> + Send + 's>> {
         (**self).run(request, extensions)

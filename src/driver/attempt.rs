@@ -31,11 +31,11 @@ use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
 use http::Extensions;
-use reqwest::{Request, Url};
+use reqwest::Url;
 
 use crate::clock::{AttemptTimer, SharedClock};
 use crate::driver::body::{self, Reply};
-use crate::driver::claim::{self, Beneath, Claiming};
+use crate::driver::claim::{self, Beneath, Claiming, Outgoing};
 use crate::driver::trace::Watcher;
 use crate::engine::attempt_headers::AttemptHeaders;
 use crate::engine::classifier::{Classifier, RequestHead};
@@ -59,27 +59,33 @@ pub(crate) type Outcome<R> = reqwest_middleware::Result<R>;
 pub(crate) type Last<R> = (Outcome<R>, Option<Fault>);
 
 /// What a request's end needs of it besides its outcome: its key (and whether it was sent
-/// before the last attempt), who watches, and its URL.
+/// before the last attempt), who watches, and where its URL is found, for an error.
 pub(crate) struct Ends<'s, 'a> {
     pub(crate) key: Option<(Key, bool)>,
     pub(crate) watcher: Option<&'s Watcher<'a>>,
-    pub(crate) url: Option<&'s Url>,
+    pub(crate) url: &'s dyn KeptUrl,
+}
+
+/// Where a request's URL is found after it has gone: asked only for an error.
+pub(crate) trait KeptUrl {
+    /// The request's URL, kept or gone.
+    fn url(&self) -> Option<Url>;
 }
 
 /// What the request keeps between attempts: the original while another copy of it may be
 /// sent, its URL once the original itself went (for an error that has none), and the last
 /// outcome through the wait after it.
-pub(crate) struct Kept<R> {
-    request: Option<Request>,
-    /// Boxed, as only a last attempt needs it.
-    gone: Option<Box<Url>>,
+pub(crate) struct Kept<Q: Outgoing, R> {
+    request: Option<Q>,
+    /// Where the original went, once it went itself (boxed, as only a last attempt needs it).
+    gone: Option<Box<Q::Gone>>,
     /// Kept for a stop that may follow the wait (boxed: only a retry needs room for it), and
     /// let go when the next attempt is sent.
     pub(crate) previous: Option<Box<Last<R>>>,
 }
 
-impl<R> Kept<R> {
-    pub(crate) fn new(request: Request) -> Kept<R> {
+impl<Q: Outgoing, R> Kept<Q, R> {
+    pub(crate) fn new(request: Q) -> Kept<Q, R> {
         Kept {
             request: Some(request),
             gone: None,
@@ -95,7 +101,7 @@ impl<R> Kept<R> {
     }
 
     /// The request, before its first attempt.
-    pub(crate) fn request(&self) -> &Request {
+    pub(crate) fn request(&self) -> &Q {
         let Some(request) = &self.request else {
             unreachable!("the request is kept until its first attempt");
         };
@@ -104,32 +110,37 @@ impl<R> Kept<R> {
 
     /// Where a copy of the request would go, when one is at hand for another attempt.
     pub(crate) fn resend(&self) -> Option<&dyn Locate> {
-        self.request.as_ref().map(|request| request.url() as _)
-    }
-
-    /// The request's URL, kept or gone.
-    pub(crate) fn url(&self) -> Option<&Url> {
-        (self.request.as_ref().map(Request::url)).or(self.gone.as_deref())
+        self.request.as_ref().map(Q::locate)
     }
 
     /// The request for a copy: a clone when `keep` (the original stays kept), else the original
     /// itself, and the original too when it cannot be cloned (a stream: nothing is then kept).
     #[inline]
-    fn take(&mut self, keep: bool) -> Request {
+    fn take(&mut self, keep: bool) -> Q {
         self.previous = None;
         if let Some(copy) = self
             .request
             .as_ref()
             .filter(|_| keep)
-            .and_then(Request::try_clone)
+            .and_then(Q::try_clone)
         {
             return copy;
         }
         let Some(original) = self.request.take() else {
             unreachable!("a request is kept for every copy that is sent");
         };
-        self.gone = Some(Box::new(original.url().clone()));
+        self.gone = Some(Box::new(original.gone()));
         original
+    }
+}
+
+impl<Q: Outgoing, R> KeptUrl for Kept<Q, R> {
+    fn url(&self) -> Option<Url> {
+        match (&self.request, &self.gone) {
+            (Some(request), _) => Q::url_of(&request.gone()),
+            (None, Some(gone)) => Q::url_of(gone),
+            (None, None) => None,
+        }
     }
 }
 
@@ -143,12 +154,10 @@ impl Locate for Url {
 
 /// What a classifier sees of `request` after it has gone: its method, its URL as a URI (no
 /// fragment: a URI a request carries has none), and its headers.
-fn head_of(request: &Request) -> RequestHead {
-    let url = request.url().as_str();
-    let without_fragment = url.split_once('#').map_or(url, |(uri, _)| uri);
+fn head_of(request: &impl Outgoing) -> RequestHead {
     RequestHead {
         method: request.method().clone(),
-        uri: without_fragment.parse().unwrap_or_default(),
+        uri: request.uri(),
         headers: request.headers().clone(),
     }
 }
@@ -190,7 +199,7 @@ impl<'a> Sent<'a> {
         dependency: &'a Dependency,
         observer: Option<&'a dyn Observer>,
         watched: bool,
-        (request, extensions): (&Request, &Extensions),
+        (request, extensions): (&impl Outgoing, &Extensions),
         refused: Option<reqwest_middleware::Error>,
     ) -> Result<(Sent<'a>, Facts), Unsent<'a>> {
         // Only when someone watches is the request's name (method, host, path) copied.
@@ -220,7 +229,7 @@ impl<'a> Sent<'a> {
                 });
             }
         };
-        let whole_body = request.body().is_none_or(|body| body.as_bytes().is_some());
+        let whole_body = request.whole_body();
         let facts = Facts {
             stamped: key.as_ref().is_some_and(|key| key.stamped),
             hedgeable: classify::may_be_hedged(request.method(), key.is_some(), whole_body),
@@ -243,7 +252,7 @@ impl<'a> Sent<'a> {
     /// The copy of the request that `plan` sends: the one place where a copy gets the key and
     /// the attempt headers, each computed for this copy.
     #[inline]
-    fn copy<R>(&self, kept: &mut Kept<R>, plan: &Plan) -> Request {
+    fn copy<Q: Outgoing, R>(&self, kept: &mut Kept<Q, R>, plan: &Plan) -> Q {
         let mut sending = kept.take(plan.keep_copy);
         idempotency::put_on(self.keys, self.key.as_ref(), sending.headers_mut());
         if self.headers.are_on() {
@@ -253,7 +262,7 @@ impl<'a> Sent<'a> {
     }
 
     /// What the request's end needs, with what it `kept`.
-    pub(crate) fn ends<'s, R>(&'s mut self, kept: &'s Kept<R>) -> Ends<'s, 'a> {
+    pub(crate) fn ends<'s, Q: Outgoing, R>(&'s mut self, kept: &'s Kept<Q, R>) -> Ends<'s, 'a> {
         let key = self
             .key
             .take()
@@ -261,7 +270,7 @@ impl<'a> Sent<'a> {
         Ends {
             key,
             watcher: self.watcher.as_deref(),
-            url: kept.url(),
+            url: kept,
         }
     }
 
@@ -290,17 +299,17 @@ impl<'a> Sent<'a> {
 
 /// Where an attempt's copies go: the rest of the chain, with the request's extensions, in its
 /// span.
-pub(crate) struct Chain<'s, R> {
+pub(crate) struct Chain<'s, Q, R> {
     pub(crate) extensions: &'s mut Extensions,
-    pub(crate) next: &'s dyn Beneath<Reply = R>,
+    pub(crate) next: &'s dyn Beneath<Request = Q, Reply = R>,
     pub(crate) span: &'s tracing::Span,
 }
 
 /// What an attempt borrows while it runs: the request's own state and how its outcomes are
 /// judged, the core, the clock (for the time, and the hedge's timers) and the random source,
 /// and the first copy's timer, which the driver keeps for the answer's body after it.
-pub(crate) struct Lent<'p, 's, 'd, R> {
-    kept: &'p mut Kept<R>,
+pub(crate) struct Lent<'p, 's, 'd, Q: Outgoing, R> {
+    kept: &'p mut Kept<Q, R>,
     sent: &'p Sent<'s>,
     judging: Judging<'p>,
     decider: &'p mut Decider<'d>,
@@ -315,12 +324,12 @@ pub(crate) struct Tools<'p> {
     pub(crate) rng: &'p dyn RandomSource,
 }
 
-impl<'p, 's, 'd, R> Lent<'p, 's, 'd, R> {
+impl<'p, 's, 'd, Q: Outgoing, R> Lent<'p, 's, 'd, Q, R> {
     /// What an attempt borrows, judged under the request's policy, all but the timer, which the
     /// returned closure takes.
     #[inline]
     pub(crate) fn new(
-        kept: &'p mut Kept<R>,
+        kept: &'p mut Kept<Q, R>,
         sent: &'p Sent<'s>,
         decider: &'p mut Decider<'d>,
         tools: Tools<'p>,
@@ -345,16 +354,16 @@ type ReadBody<R> = Result<(R, Option<bytes::Bytes>), reqwest::Error>;
 
 /// One attempt in flight: its first copy and, when the core planned a hedge, the hedged state;
 /// polled until it has an outcome, judged, with its body read as the policy says.
-pub(crate) struct Flight<'s, 'l, 'p, 'q, 'd, R> {
-    lent: &'l mut Lent<'p, 'q, 'd, R>,
+pub(crate) struct Flight<'s, 'l, 'p, 'q, 'd, Q: Outgoing, R> {
+    lent: &'l mut Lent<'p, 'q, 'd, Q, R>,
     /// The door beneath, which reads what each copy ends in.
-    door: &'s dyn Beneath<Reply = R>,
+    door: &'s dyn Beneath<Request = Q, Reply = R>,
     number: u32,
     /// The first copy's time limit, longer if it ran on past it.
     limit: Duration,
     first: Option<Running<'s, R>>,
     /// Boxed: only a read the core may hedge needs room for a second copy.
-    hedged: Option<Box<Hedged<'s, R>>>,
+    hedged: Option<Box<Hedged<'s, Q, R>>>,
     /// An answer's body being read, racing the first copy's timer: for the classifier to see
     /// it before the verdict, or, the verdict given, for the caller. While it is, the copies
     /// are not polled. Boxed: only a policy that reads bodies needs room for it.
@@ -379,26 +388,26 @@ enum AfterRead {
 
 /// The hedged state: its delay's timer, the extensions lent to its copy, the copy, and a
 /// transient failure of one copy kept while the other is out.
-struct Hedged<'s, R> {
+struct Hedged<'s, Q, R> {
     due: Option<AttemptTimer>,
     lend: Option<&'s mut Extensions>,
-    next: &'s dyn Beneath<Reply = R>,
+    next: &'s dyn Beneath<Request = Q, Reply = R>,
     span: &'s tracing::Span,
     second: Option<(Running<'s, R>, AttemptTimer, Duration)>,
     failed: Option<(Outcome<R>, Verdict)>,
 }
 
-impl<'s, 'l, 'p, 'q, 'd, R: Reply> Flight<'s, 'l, 'p, 'q, 'd, R> {
+impl<'s, 'l, 'p, 'q, 'd, Q: Outgoing, R: Reply> Flight<'s, 'l, 'p, 'q, 'd, Q, R> {
     /// Sends attempt `plan.number`'s first copy down `chain`; `spare` takes the copy of the
     /// extensions a hedge would go with, if the core planned one. The hedging delay's timer is
     /// armed as the first copy starts (a middleware may take time before its future is
     /// polled); without a timer there is no hedge.
     #[inline(always)]
     pub(crate) fn launch(
-        chain: Chain<'s, R>,
+        chain: Chain<'s, Q, R>,
         spare: &'s mut Extensions,
         plan: &Plan,
-        lent: &'l mut Lent<'p, 'q, 'd, R>,
+        lent: &'l mut Lent<'p, 'q, 'd, Q, R>,
     ) -> Self {
         let Chain {
             extensions,
@@ -596,7 +605,7 @@ impl<'s, 'l, 'p, 'q, 'd, R: Reply> Flight<'s, 'l, 'p, 'q, 'd, R> {
     }
 }
 
-impl<R: Reply> Future for Flight<'_, '_, '_, '_, '_, R> {
+impl<Q: Outgoing, R: Reply> Future for Flight<'_, '_, '_, '_, '_, Q, R> {
     type Output = (Outcome<R>, Verdict, bool);
 
     /// The attempt's outcome and verdict, and whether its hedge answered.

@@ -22,28 +22,72 @@ use std::task::Poll;
 use std::time::Duration;
 
 use http::Extensions;
-use reqwest::Request;
+use http::{HeaderMap, Method};
 
 use crate::driver::body::Reply;
-use crate::engine::seen::Seen;
+use crate::engine::seen::{Locate, Seen};
 
 /// What lies beneath the driver: where each copy of a request goes, with the request's
 /// extensions. The rest of a `reqwest-middleware` chain, or a tower service (`tower`): the one
 /// thing the two front doors do differently while a request is driven.
 pub(crate) trait Beneath: Send + Sync {
+    /// A request as this door takes it.
+    type Request: Outgoing;
     /// An answer as this door hands it back.
     type Reply: Reply;
 
     /// Sends `request` on, with `extensions`.
     fn run<'s>(
         &'s self,
-        request: Request,
+        request: Self::Request,
         extensions: &'s mut Extensions,
     ) -> Pin<Box<dyn Future<Output = reqwest_middleware::Result<Self::Reply>> + Send + 's>>;
 
     /// An attempt's outcome as the engine reads it: the answer's head, or the error with the
     /// transient fault this door finds in it.
     fn seen<'o>(&'o self, outcome: &'o reqwest_middleware::Result<Self::Reply>) -> Seen<'o>;
+}
+
+/// A request as a door hands it to the driver: its head, a copy of it for another attempt, and
+/// where it goes. A `reqwest::Request` behind the reqwest door, an `http::Request` behind the
+/// tower door: neither is made into the other.
+pub(crate) trait Outgoing: Send + Sized + 'static {
+    /// The request's method.
+    fn method(&self) -> &Method;
+    /// The request's headers.
+    fn headers(&self) -> &HeaderMap;
+    /// The request's headers, for the key and the attempt headers a copy carries.
+    fn headers_mut(&mut self) -> &mut HeaderMap;
+    /// Whether its body, if any, is whole in memory and can be sent twice.
+    fn whole_body(&self) -> bool;
+    /// A copy for another attempt, unless its body can be sent only once.
+    fn try_clone(&self) -> Option<Self>;
+    /// Where it goes, for a rule that asks (a route, a quota).
+    fn locate(&self) -> &dyn Locate;
+    /// Where it goes, in the parts the trace, the observer and the claim name it by.
+    fn address(&self) -> Address<'_>;
+    /// Its URI, for a classifier to see.
+    fn uri(&self) -> http::Uri;
+    /// What is kept of it once its last copy went: where it went, for the error of a request
+    /// that gives up.
+    type Gone: Send + Sync;
+    /// What is kept of it once its last copy went.
+    fn gone(&self) -> Self::Gone;
+    /// The URL of a request that went, for its error (the only caller: a give-up).
+    fn url_of(gone: &Self::Gone) -> Option<reqwest::Url>;
+}
+
+/// Where a request goes, in parts.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Address<'a> {
+    pub(crate) scheme: &'a str,
+    pub(crate) host: &'a str,
+    /// The port as written, unless it is the scheme's own.
+    pub(crate) port: Option<u16>,
+    /// The port as written, else the scheme's own.
+    pub(crate) known_port: Option<u16>,
+    pub(crate) path: &'a str,
+    pub(crate) query: Option<&'a str>,
 }
 
 /// Tells the middleware and transport beneath which attempt this is, before they see it (a first
@@ -61,7 +105,7 @@ pub(crate) fn announce(extensions: &mut Extensions, span: &tracing::Span, number
 /// across the two doors, the same request (its method and URL), which a service or middleware
 /// between them carried from one door's types to the other's.
 #[inline]
-pub(crate) fn claimed(extensions: &Extensions, request: &Request) -> bool {
+pub(crate) fn claimed(extensions: &Extensions, request: &impl Outgoing) -> bool {
     let (id, print) = CLAIMED.get();
     id != 0 && (id == claim_id(extensions) || print == fingerprint(request))
 }
@@ -84,10 +128,19 @@ pub(crate) fn claim_id(extensions: &Extensions) -> usize {
 /// method and URL, hashed once per logical request, eight bytes at a step. A request of another method or URL that a service between
 /// the doors makes of its own (a token fetch) is retried by its own instance; one of the same
 /// method and URL is taken for the request itself and passed through.
-pub(crate) fn fingerprint(request: &Request) -> u64 {
+pub(crate) fn fingerprint(request: &impl Outgoing) -> u64 {
     let hash = fold(0x243f_6a88_85a3_08d3, request.method().as_str().as_bytes());
+    let at = request.address();
+    let hash = fold(hash, at.scheme.as_bytes());
+    let hash = fold(hash, at.host.as_bytes());
+    let hash = fold(hash, &at.known_port.unwrap_or(0).to_le_bytes());
+    let hash = fold(hash, at.path.as_bytes());
+    let hash = match at.query {
+        Some(query) => fold(fold(hash, b"?"), query.as_bytes()),
+        None => hash,
+    };
     // Never the "none" mark's value.
-    fold(hash, request.url().as_str().as_bytes()).max(1)
+    hash.max(1)
 }
 
 /// `hash` with `bytes` folded in, their length first (so where one part ends and the next
@@ -178,6 +231,8 @@ pub(crate) fn timed_out(limit: Duration) -> reqwest_middleware::Error {
 
 #[cfg(test)]
 mod tests {
+    use reqwest::Request;
+
     use super::*;
 
     fn request(method: &str, url: &str) -> Request {

@@ -16,14 +16,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::Extensions;
-use reqwest::Request;
 use tracing::Level;
 
 use crate::clock::{Clock, SharedClock, TimerUnavailable, TokioClock};
-use crate::driver::attempt::{Chain, Ends, Flight, Kept, Last, Lent, Outcome, Sent, Tools};
+use crate::driver::attempt::{
+    Chain, Ends, Flight, Kept, KeptUrl, Last, Lent, Outcome, Sent, Tools,
+};
 use crate::driver::body;
 use crate::driver::body::Reply;
-use crate::driver::claim::Beneath;
+use crate::driver::claim::{Beneath, Outgoing};
 use crate::driver::trace::{self, Ended, LogLevels, Traced};
 use crate::engine::advice;
 use crate::engine::budget::RetryBudget;
@@ -239,7 +240,7 @@ impl RetryMiddleware {
     /// inside this future.
     pub(crate) fn execute<'a, N: Beneath + 'a>(
         this: impl Deref<Target = RetryMiddleware> + Send + 'a,
-        request: Request,
+        request: N::Request,
         mut extensions: impl BorrowMut<Extensions> + Send + 'a,
         next: N,
     ) -> impl Future<Output = Outcome<N::Reply>> + Send + 'a {
@@ -247,7 +248,7 @@ impl RetryMiddleware {
         async move {
             let this = &*this;
             let extensions = extensions.borrow_mut();
-            let dependency = this.dependencies.pick(kept.request().url());
+            let dependency = this.dependencies.pick(kept.request().locate());
             let span = trace::request_span(&dependency.name, kept.request());
             let (overriding, cap, refused) = RetryOverride::of_request(extensions, dependency);
             let refused = refused.map(reqwest_middleware::Error::middleware);
@@ -278,12 +279,13 @@ impl RetryMiddleware {
                             let lent = Lent::new(&mut kept, &sent, &mut decider, this.tools());
                             let chain = Chain {
                                 extensions: &mut *extensions,
-                                next: &next as &dyn Beneath<Reply = N::Reply>,
+                                next: &next as &dyn Beneath<Request = N::Request, Reply = N::Reply>,
                                 span: &span,
                             };
                             Flight::launch(chain, &mut spare, &plan, &mut lent(&mut timer)).await
                         };
-                        let request = (&mut sent, &kept, &next as &dyn Beneath<Reply = N::Reply>);
+                        let door = &next as &dyn Beneath<Request = N::Request, Reply = N::Reply>;
+                        let request = (&mut sent, &kept, door);
                         let (outcome, fault, delay) =
                             match this.after(&span, plan.number, judged, &mut decider, request) {
                                 ControlFlow::Continue(retried) => retried,
@@ -317,11 +319,11 @@ impl RetryMiddleware {
     /// needs to know of it told to `decider`; or its end, when it may not go (`refused`, an
     /// invalid key).
     #[inline(always)]
-    fn prepare<'p, R: Reply>(
+    fn prepare<'p, Q: Outgoing, R: Reply>(
         &'p self,
         dependency: &'p Dependency,
         decider: &mut Decider<'_>,
-        (kept, extensions, span, refused): (&Kept<R>, &Extensions, &tracing::Span, Refused),
+        (kept, extensions, span, refused): (&Kept<Q, R>, &Extensions, &tracing::Span, Refused),
     ) -> ControlFlow<Outcome<R>, Sent<'p>> {
         let observer = self.observer.as_ref().map(|observer| &*observer.0);
         let watched = observer.is_some() || self.log.enabled();
@@ -335,7 +337,7 @@ impl RetryMiddleware {
                 let ends = Ends {
                     key: None,
                     watcher: unsent.watcher.as_deref(),
-                    url: kept.url(),
+                    url: kept,
                 };
                 let last = (Err(unsent.cause), None);
                 ControlFlow::Break(self.finish(span, last, unsent.stop, decider, ends))
@@ -346,13 +348,17 @@ impl RetryMiddleware {
     /// What follows attempt `number`'s judged outcome: the core's decision, traced; the
     /// outcome, its fault and the wait when a retry follows, else the caller's outcome.
     #[inline(always)]
-    fn after<R: Reply>(
+    fn after<Q: Outgoing, R: Reply>(
         &self,
         span: &tracing::Span,
         number: u32,
         (outcome, verdict, by_hedge): (Outcome<R>, Verdict, bool),
         decider: &mut Decider<'_>,
-        (sent, kept, door): (&mut Sent<'_>, &Kept<R>, &dyn Beneath<Reply = R>),
+        (sent, kept, door): (
+            &mut Sent<'_>,
+            &Kept<Q, R>,
+            &dyn Beneath<Request = Q, Reply = R>,
+        ),
     ) -> ControlFlow<Outcome<R>, (Outcome<R>, Option<Fault>, Duration)> {
         let seen = door.seen(&outcome);
         let fault = seen.fault();
@@ -383,12 +389,12 @@ impl RetryMiddleware {
 
     /// The end of a request the core stopped before an attempt: its last outcome, or what says
     /// nothing was sent.
-    fn stop<R: Reply>(
+    fn stop<Q: Outgoing, R: Reply>(
         &self,
         span: &tracing::Span,
         stop: StopReason,
         decider: &Decider<'_>,
-        kept: &mut Kept<R>,
+        kept: &mut Kept<Q, R>,
         sent: &mut Sent<'_>,
     ) -> Outcome<R> {
         let last = kept.last_outcome(stop);
@@ -465,7 +471,7 @@ impl RetryMiddleware {
 fn hand_back<R: Reply>(
     record: RetryRecord,
     (outcome, fault): Last<R>,
-    url: Option<&reqwest::Url>,
+    url: &dyn KeptUrl,
     budget: Option<f64>,
 ) -> Outcome<R> {
     match outcome {
@@ -482,7 +488,9 @@ fn hand_back<R: Reply>(
         }
         Err(last) => {
             let err = RetryError::new(record.attempts, record.stop, record.key, last);
-            let err = err.with_fault(fault).with(record.waited, url);
+            let err = err
+                .with_fault(fault)
+                .with(record.waited, url.url().as_ref());
             Err(err.with_budget(budget).into())
         }
     }
@@ -506,7 +514,7 @@ mod tests {
     use std::pin::Pin;
     use std::task::Poll;
 
-    use reqwest::Response;
+    use reqwest::{Request, Response};
 
     use super::*;
     use crate::observe::RetryEvent;
@@ -580,6 +588,7 @@ mod tests {
     }
 
     impl Beneath for Scripted {
+        type Request = Request;
         type Reply = Response;
 
         fn run<'s>(

@@ -3,16 +3,15 @@
 
 use std::time::Duration;
 
-use reqwest::Request;
-
 use crate::driver::body::Reply;
+use crate::driver::claim::{Address, Outgoing};
 use tracing::Level;
 
 use crate::engine::classify::Verdict;
 use crate::engine::schedule::Wait;
 use crate::fault::AttemptErrorKind;
 use crate::fault::Fault;
-use crate::observe::{Observer, RetryEvent, url_without_query};
+use crate::observe::{Observer, RetryEvent};
 use crate::stop::StopReason;
 
 /// The tracing target of every span and event, whatever module emits them.
@@ -33,14 +32,15 @@ macro_rules! event_at {
 
 /// The span of one logical request.
 #[inline]
-pub(crate) fn request_span(dependency: &str, request: &Request) -> tracing::Span {
+pub(crate) fn request_span(dependency: &str, request: &impl Outgoing) -> tracing::Span {
+    let at = request.address();
     tracing::debug_span!(
         target: TARGET,
         "reqwest_safe_retry.request",
         dependency,
         method = %request.method(),
-        host = request.url().host_str().unwrap_or(""),
-        path = request.url().path(),
+        host = at.host,
+        path = at.path,
         http.request.resend_count = tracing::field::Empty,
     )
 }
@@ -75,20 +75,19 @@ impl<'a> Watcher<'a> {
     pub(crate) fn of(
         observer: Option<&'a dyn Observer>,
         dependency: &'a str,
-        request: &Request,
+        request: &impl Outgoing,
     ) -> Self {
-        let url = request.url();
-        let seen = url_without_query(url);
-        let host = match (url.host_str(), url.port_or_known_default()) {
-            (Some(host), Some(port)) => format!("{host}:{port}"),
-            (host, None) => host.unwrap_or("").to_owned(),
-            (None, Some(port)) => format!(":{port}"),
+        let at = request.address();
+        let seen = url_without_query(&at);
+        let host = match (at.host, at.known_port) {
+            (host, Some(port)) => format!("{host}:{port}"),
+            (host, None) => host.to_owned(),
         };
         Watcher {
             observer,
             dependency,
             method: request.method().clone(),
-            path_at: seen.len() - url.path().len(),
+            path_at: seen.len() - at.path.len(),
             url: seen,
             host,
         }
@@ -258,4 +257,68 @@ fn millis(d: Duration) -> u64 {
 /// The kind of an attempt's error with `fault`, as the events' `error` field names it.
 fn error_kind(fault: Option<Fault>) -> AttemptErrorKind {
     fault.map_or(AttemptErrorKind::Permanent, Fault::kind)
+}
+
+/// `scheme://host[:port]/path` of `at`: no user info, query or fragment, and the port only when
+/// it is not the scheme's own, as the observer sees a request.
+fn url_without_query(at: &Address<'_>) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::with_capacity(at.scheme.len() + at.host.len() + at.path.len() + 9);
+    out.push_str(at.scheme);
+    out.push_str("://");
+    out.push_str(at.host);
+    if let Some(port) = at.port {
+        // Writing to a String cannot fail.
+        let _ = write!(out, ":{port}");
+    }
+    out.push_str(at.path);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_observed_url_leaves_out_credentials_query_and_fragment() {
+        for (url, seen) in [
+            (
+                "http://127.0.0.1:8080/a/b?token=1#top",
+                "http://127.0.0.1:8080/a/b",
+            ),
+            (
+                "https://user:secret@api.example.com/pay?x=1",
+                "https://api.example.com/pay",
+            ),
+            ("http://[::1]:9/", "http://[::1]:9/"),
+            ("http://h", "http://h/"),
+        ] {
+            let request = reqwest::Request::new(http::Method::GET, url.parse().unwrap());
+            assert_eq!(url_without_query(&request.address()), seen, "{url}");
+        }
+    }
+
+    #[cfg(feature = "tower")]
+    /// Behind the tower door the observer sees the same URL, from the request's URI.
+    #[test]
+    fn a_uri_is_observed_as_its_url_is() {
+        for (uri, seen) in [
+            (
+                "http://127.0.0.1:8080/a/b?token=1",
+                "http://127.0.0.1:8080/a/b",
+            ),
+            ("http://127.0.0.1:80/a", "http://127.0.0.1/a"),
+            (
+                "https://api.example.com:443/pay?x=1",
+                "https://api.example.com/pay",
+            ),
+            ("http://[::1]:9/", "http://[::1]:9/"),
+            ("http://h", "http://h/"),
+        ] {
+            let request = http::Request::get(uri)
+                .body(reqwest::Body::from(""))
+                .unwrap();
+            assert_eq!(url_without_query(&request.address()), seen, "{uri}");
+        }
+    }
 }
