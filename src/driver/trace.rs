@@ -30,17 +30,17 @@ macro_rules! event_at {
     };
 }
 
-/// The span of one logical request.
+/// The span of one logical request. Its fields are read only when a subscriber takes it: a
+/// request's address is parsed again from its URI behind the tower door.
 #[inline]
 pub(crate) fn request_span(dependency: &str, request: &impl Outgoing) -> tracing::Span {
-    let at = request.address();
     tracing::debug_span!(
         target: TARGET,
         "reqwest_safe_retry.request",
         dependency,
         method = %request.method(),
-        host = at.host,
-        path = at.path,
+        host = request.address().host,
+        path = request.address().path,
         http.request.resend_count = tracing::field::Empty,
     )
 }
