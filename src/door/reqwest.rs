@@ -103,6 +103,10 @@ impl Outgoing for Request {
         without_fragment.parse().unwrap_or_default()
     }
 
+    fn fingerprint(&self) -> u64 {
+        claim::fingerprint_of(self.method(), self.url().as_str().as_bytes())
+    }
+
     type Gone = reqwest::Url;
 
     fn gone(&self) -> reqwest::Url {
@@ -287,5 +291,47 @@ mod tests {
             panic!("an error is a failure");
         };
         assert!(failure.error.downcast_ref::<io::Error>().is_some());
+    }
+
+    #[test]
+    fn only_a_body_whole_in_memory_can_be_sent_twice() {
+        let mut request =
+            Request::new("GET".parse().unwrap(), "http://127.0.0.1/".parse().unwrap());
+        assert!(request.whole_body(), "no body");
+        *request.body_mut() = Some(reqwest::Body::from("whole"));
+        assert!(request.whole_body());
+        assert!(Outgoing::try_clone(&request).is_some());
+        let other = http_body_util::Full::new(bytes::Bytes::from_static(b"read as it comes"));
+        *request.body_mut() = Some(reqwest::Body::wrap(other));
+        assert!(!request.whole_body());
+        assert!(Outgoing::try_clone(&request).is_none());
+    }
+
+    /// A body that declares its length over the limit is not read at all: the answer comes back
+    /// at once, even from a body that would never give a byte.
+    #[test]
+    fn a_declared_length_over_the_limit_is_not_read() {
+        struct Never;
+        impl http_body::Body for Never {
+            type Data = bytes::Bytes;
+            type Error = std::io::Error;
+            fn poll_frame(
+                self: Pin<&mut Self>,
+                _: &mut std::task::Context<'_>,
+            ) -> std::task::Poll<Option<Result<http_body::Frame<bytes::Bytes>, std::io::Error>>>
+            {
+                std::task::Poll::Pending
+            }
+            fn size_hint(&self) -> http_body::SizeHint {
+                http_body::SizeHint::with_exact(9)
+            }
+        }
+        let response = Response::from(http::Response::new(reqwest::Body::wrap(Never)));
+        assert_eq!(Reply::content_length(&response), Some(9));
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        let read = std::pin::pin!(crate::driver::body::buffer(response, 8));
+        let std::task::Poll::Ready(Ok((_, None))) = read.poll(&mut cx) else {
+            panic!("a body declared over the limit is handed back unread, at once");
+        };
     }
 }

@@ -2,13 +2,17 @@
 //! [`Service`] of `http::Request`s (hyper-util's client, a `tower::ServiceBuilder` stack).
 //!
 //! The layer is the same middleware: the same dependencies, clock, random source, observer and
-//! log levels, the same core and the same driver. A request is turned into a `reqwest::Request`
-//! once, at the door; each copy of it goes down to the inner service as an `http::Request`
-//! whose body is a [`reqwest::Body`], and each answer comes back through the same judging,
-//! waiting, record and tracing as on the reqwest side. What differs is only where a copy goes
-//! ([`Inner`]) and how the inner service's errors are read (`service_fault`: by their causes,
-//! and hyper-util's connect failures as nothing sent), and the inner service's own error is
-//! what a classifier and a give-up's sources see.
+//! log levels, the same core and the same driver, which is generic over the door. This door
+//! hands the driver its caller's `http::Request` as it is (its body made a [`reqwest::Body`],
+//! which can be copied for another attempt when it is whole in memory); each copy goes down to
+//! the inner service as such a request, and each answer comes back as the inner service's
+//! `http::Response`, its body boxed once into a `reqwest::Body`, through the same judging,
+//! waiting, record and tracing as on the reqwest side. No `reqwest::Request`, `Url` or
+//! `reqwest::Response` is made. What differs is where a copy goes ([`Inner`]), how a request is
+//! copied and named (its `Outgoing` impl), how an answer's body is read (its `Reply` impl),
+//! and how the inner service's errors are read (`service_fault`: by their causes, and
+//! hyper-util's connect failures as nothing sent); the inner service's own error is what a
+//! classifier and a give-up's sources see.
 //!
 //! Bodies: a body that is whole in memory (`Bytes`, `Vec<u8>`, `String`, a `&'static str`, an
 //! empty one) is kept for a retry or a hedge; a [`reqwest::Body`] made from a stream is sent
@@ -263,6 +267,22 @@ impl Outgoing for http::Request<reqwest::Body> {
         http::Request::uri(self).clone()
     }
 
+    /// Of the URL's text as `Url::as_str` would write it, written into a buffer on the stack
+    /// (a longer URL, rare, into one on the heap).
+    fn fingerprint(&self) -> u64 {
+        let at = self.address();
+        let mut stack = [0u8; 256];
+        let mut cursor = std::io::Cursor::new(&mut stack[..]);
+        let wrote = write_url(&mut cursor, &at).is_ok();
+        let written = usize::try_from(cursor.position()).unwrap_or(0);
+        if wrote {
+            return crate::driver::claim::fingerprint_of(self.method(), &stack[..written]);
+        }
+        let mut heap = Vec::new();
+        let _ = write_url(&mut heap, &at);
+        crate::driver::claim::fingerprint_of(self.method(), &heap)
+    }
+
     type Gone = http::Uri;
 
     fn gone(&self) -> http::Uri {
@@ -273,6 +293,37 @@ impl Outgoing for http::Request<reqwest::Body> {
     fn url_of(gone: &http::Uri) -> Option<reqwest::Url> {
         reqwest::Url::parse(&gone.to_string()).ok()
     }
+}
+
+/// `scheme://host[:port]/path[?query]` of `at` into `out`, a piece at a time (no formatting
+/// machinery: this runs once a request).
+fn write_url(out: &mut impl std::io::Write, at: &Address<'_>) -> std::io::Result<()> {
+    out.write_all(at.scheme.as_bytes())?;
+    out.write_all(b"://")?;
+    out.write_all(at.host.as_bytes())?;
+    if let Some(port) = at.port {
+        let mut digits = [0u8; 6];
+        let mut at_digit = digits.len();
+        let mut left = port;
+        // At most five digits.
+        loop {
+            at_digit -= 1;
+            digits[at_digit] = b'0' + (left % 10) as u8;
+            left /= 10;
+            if left == 0 {
+                break;
+            }
+        }
+        at_digit -= 1;
+        digits[at_digit] = b':';
+        out.write_all(&digits[at_digit..])?;
+    }
+    out.write_all(at.path.as_bytes())?;
+    if let Some(query) = at.query {
+        out.write_all(b"?")?;
+        out.write_all(query.as_bytes())?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]

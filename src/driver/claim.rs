@@ -68,6 +68,8 @@ pub(crate) trait Outgoing: Send + Sized + 'static {
     fn address(&self) -> Address<'_>;
     /// Its URI, for a classifier to see.
     fn uri(&self) -> http::Uri;
+    /// What identifies it across the doors: [`fingerprint_of`] its method and its URL's text.
+    fn fingerprint(&self) -> u64;
     /// What is kept of it once its last copy went: where it went, for the error of a request
     /// that gives up.
     type Gone: Send + Sync;
@@ -129,18 +131,15 @@ pub(crate) fn claim_id(extensions: &Extensions) -> usize {
 /// the doors makes of its own (a token fetch) is retried by its own instance; one of the same
 /// method and URL is taken for the request itself and passed through.
 pub(crate) fn fingerprint(request: &impl Outgoing) -> u64 {
-    let hash = fold(0x243f_6a88_85a3_08d3, request.method().as_str().as_bytes());
-    let at = request.address();
-    let hash = fold(hash, at.scheme.as_bytes());
-    let hash = fold(hash, at.host.as_bytes());
-    let hash = fold(hash, &at.known_port.unwrap_or(0).to_le_bytes());
-    let hash = fold(hash, at.path.as_bytes());
-    let hash = match at.query {
-        Some(query) => fold(fold(hash, b"?"), query.as_bytes()),
-        None => hash,
-    };
+    request.fingerprint()
+}
+
+/// The fingerprint of a request of `method` to the URL whose text is `url`
+/// (`scheme://host[:port]/path[?query]`, as `Url::as_str` writes it), which each door gives.
+pub(crate) fn fingerprint_of(method: &Method, url: &[u8]) -> u64 {
+    let hash = fold(0x243f_6a88_85a3_08d3, method.as_str().as_bytes());
     // Never the "none" mark's value.
-    hash.max(1)
+    fold(hash, url).max(1)
 }
 
 /// `hash` with `bytes` folded in, their length first (so where one part ends and the next
