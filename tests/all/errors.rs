@@ -366,13 +366,14 @@ async fn behind_the_tower_door_the_inner_service_s_error_is_reachable() {
     let mut service = RetryMiddleware::new(policy)
         .with_clock(FakeClock::new())
         .layer(client);
-    let request = http::Request::get(support::refused_url().await)
-        .body(bytes::Bytes::new())
-        .unwrap();
+    let url = format!("{}orders?id=7", support::refused_url().await);
+    let request = http::Request::get(&url).body(bytes::Bytes::new()).unwrap();
     let err = service.call(request).await.unwrap_err();
     let retry = err.downcast_ref::<RetryError>().expect("the layer's error");
     assert_eq!(retry.attempts(), 2, "{retry}");
     assert!(retry.failed_to_connect(), "{retry}");
+    // The request's URL, as on the reqwest side, though no URL was made while it ran.
+    assert_eq!(retry.url().map(|u| u.as_str()), Some(url.as_str()));
     let mut cause = std::error::Error::source(retry);
     let mut found = None;
     for _ in 0..16 {
