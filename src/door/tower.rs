@@ -393,6 +393,53 @@ mod tests {
         let streamed = http::Request::new(reqwest::Body::wrap(other));
         assert!(!streamed.whole_body() && Outgoing::try_clone(&streamed).is_none());
     }
+
+    /// A body that declares a length and never gives a byte.
+    struct Never(u64);
+
+    impl http_body::Body for Never {
+        type Data = Bytes;
+        type Error = std::io::Error;
+
+        fn poll_frame(
+            self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+        ) -> Poll<Option<Result<http_body::Frame<Bytes>, std::io::Error>>> {
+            Poll::Pending
+        }
+
+        fn size_hint(&self) -> http_body::SizeHint {
+            http_body::SizeHint::with_exact(self.0)
+        }
+    }
+
+    /// An answer of this door is read as the reqwest door's is: a body declared over the limit
+    /// is handed back unread, at once; one kept through a wait that does not fit is dropped with
+    /// the `Content-Length` that promised it.
+    #[test]
+    fn an_answer_s_body_is_read_and_kept_as_on_the_other_door() {
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        let answer = |declared| {
+            let mut answer = http::Response::new(reqwest::Body::wrap(Never(declared)));
+            answer
+                .headers_mut()
+                .insert("content-length", declared.into());
+            answer
+        };
+        assert_eq!(Reply::content_length(&answer(9)), Some(9));
+        let read = std::pin::pin!(crate::driver::body::buffer(answer(9), 8));
+        let Poll::Ready(Ok((unread, None))) = read.poll(&mut cx) else {
+            panic!("a body declared over the limit is handed back unread, at once");
+        };
+        assert_eq!(unread.headers()["content-length"], "9");
+        let now = std::pin::pin!(std::future::ready(()));
+        let kept = crate::driver::body::keep(Ok(answer(9)), 8, now);
+        let Poll::Ready(Ok(kept)) = std::pin::pin!(kept).poll(&mut cx) else {
+            panic!("keeping a body that does not fit ends at once");
+        };
+        assert!(kept.headers().get("content-length").is_none());
+        assert_eq!(kept.body().as_bytes(), Some(&b""[..]));
+    }
 }
 
 /// An error of the inner service: judged by its causes (a refused or reset connection, a
