@@ -92,7 +92,6 @@ impl Outgoing for Request {
             port: url.port(),
             known_port: url.port_or_known_default(),
             path: url.path(),
-            query: url.query(),
         }
     }
 

@@ -259,7 +259,6 @@ impl Outgoing for http::Request<reqwest::Body> {
             port: written.filter(|port| Some(*port) != known),
             known_port: written.or(known),
             path,
-            query: uri.query(),
         }
     }
 
@@ -273,13 +272,14 @@ impl Outgoing for http::Request<reqwest::Body> {
         let at = self.address();
         let mut stack = [0u8; 256];
         let mut cursor = std::io::Cursor::new(&mut stack[..]);
-        let wrote = write_url(&mut cursor, &at).is_ok();
+        let query = http::Request::uri(self).query();
+        let wrote = write_url(&mut cursor, &at, query).is_ok();
         let written = usize::try_from(cursor.position()).unwrap_or(0);
         if wrote {
             return crate::driver::claim::fingerprint_of(self.method(), &stack[..written]);
         }
         let mut heap = Vec::new();
-        let _ = write_url(&mut heap, &at);
+        let _ = write_url(&mut heap, &at, query);
         crate::driver::claim::fingerprint_of(self.method(), &heap)
     }
 
@@ -295,9 +295,13 @@ impl Outgoing for http::Request<reqwest::Body> {
     }
 }
 
-/// `scheme://host[:port]/path[?query]` of `at` into `out`, a piece at a time (no formatting
-/// machinery: this runs once a request).
-fn write_url(out: &mut impl std::io::Write, at: &Address<'_>) -> std::io::Result<()> {
+/// `scheme://host[:port]/path[?query]` of `at` and `query` into `out`, a piece at a time (no
+/// formatting machinery: this runs once a request).
+fn write_url(
+    out: &mut impl std::io::Write,
+    at: &Address<'_>,
+    query: Option<&str>,
+) -> std::io::Result<()> {
     out.write_all(at.scheme.as_bytes())?;
     out.write_all(b"://")?;
     out.write_all(at.host.as_bytes())?;
@@ -319,7 +323,7 @@ fn write_url(out: &mut impl std::io::Write, at: &Address<'_>) -> std::io::Result
         out.write_all(&digits[at_digit..])?;
     }
     out.write_all(at.path.as_bytes())?;
-    if let Some(query) = at.query {
+    if let Some(query) = query {
         out.write_all(b"?")?;
         out.write_all(query.as_bytes())?;
     }
@@ -363,8 +367,8 @@ mod tests {
             let reqwest = reqwest::Request::new("POST".parse().unwrap(), url.parse().unwrap());
             let (a, b) = (tower.address(), reqwest.address());
             assert_eq!(
-                (a.scheme, a.host, a.port, a.known_port, a.path, a.query),
-                (b.scheme, b.host, b.port, b.known_port, b.path, b.query),
+                (a.scheme, a.host, a.port, a.known_port, a.path),
+                (b.scheme, b.host, b.port, b.known_port, b.path),
                 "{uri}"
             );
             assert_eq!(

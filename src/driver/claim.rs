@@ -89,7 +89,6 @@ pub(crate) struct Address<'a> {
     /// The port as written, else the scheme's own.
     pub(crate) known_port: Option<u16>,
     pub(crate) path: &'a str,
-    pub(crate) query: Option<&'a str>,
 }
 
 /// Tells the middleware and transport beneath which attempt this is, before they see it (a first

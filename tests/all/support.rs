@@ -77,7 +77,9 @@ pub enum Action {
     /// Waits this long (real time), then writes these bytes.
     Delay(Duration, Vec<u8>),
     /// Writes the head, then one byte of its body every interval (real time) for as long as
-    /// the connection lasts, or until the body's bytes run out.
+    /// the connection lasts, or until the body's bytes run out. (Its scenario runs through both
+    /// doors, so only with the `tower` feature.)
+    #[cfg_attr(not(feature = "tower"), allow(dead_code))]
     Trickle(Vec<u8>, Duration, usize),
 }
 
