@@ -10,7 +10,11 @@ use reqwest::{Request, Response};
 use reqwest_middleware::{Middleware, Next};
 use std::error::Error as _;
 
-use crate::driver::body::Reply;
+use bytes::Bytes;
+use http_body::{Body as HttpBody, Frame, SizeHint};
+use std::task::{Context, Poll};
+
+use crate::driver::body::{Prefix, Reply};
 use crate::driver::claim::{self, Address, Beneath, Outgoing};
 use crate::driver::phases::RetryMiddleware;
 use crate::engine::seen::{Failure, Locate, ResponseHead, Seen};
@@ -140,27 +144,69 @@ impl Reply for Response {
 
     fn chunk(
         &mut self,
-    ) -> impl Future<Output = Result<Option<bytes::Bytes>, reqwest::Error>> + Send {
-        Response::chunk(self)
+    ) -> impl Future<Output = Result<Option<Bytes>, reqwest_middleware::Error>> + Send {
+        let chunk = Response::chunk(self);
+        async move { chunk.await.map_err(reqwest_middleware::Error::Reqwest) }
     }
 
-    /// The same head (status, version, headers, URL, extensions) with a new body.
-    fn rebody(mut self, body: impl FnOnce(reqwest::Body) -> reqwest::Body) -> Self {
-        let status = self.status();
-        let version = self.version();
-        let url = self.url().clone();
-        let headers = std::mem::take(Response::headers_mut(&mut self));
-        let extensions = std::mem::take(Response::extensions_mut(&mut self));
-        let body = body(reqwest::Body::from(self));
-        let mut rebuilt = http::Response::builder()
-            .url(url)
-            .body(body)
-            .unwrap_or_else(|_| unreachable!("a builder given only a URL cannot fail"));
-        *rebuilt.status_mut() = status;
-        *rebuilt.version_mut() = version;
-        *rebuilt.headers_mut() = headers;
-        rebuilt.extensions_mut().extend(extensions);
-        Response::from(rebuilt)
+    fn read_whole(self, body: Bytes) -> Self {
+        rebody(self, |rest| {
+            drop(rest);
+            reqwest::Body::from(body)
+        })
+    }
+
+    fn read_first(self, read: Prefix) -> Self {
+        rebody(self, |rest| reqwest::Body::wrap(Prefixed { read, rest }))
+    }
+}
+
+/// The same head (status, version, headers, URL, extensions) with a new body, made from what is
+/// left of the old one.
+fn rebody(mut response: Response, body: impl FnOnce(reqwest::Body) -> reqwest::Body) -> Response {
+    let status = response.status();
+    let version = response.version();
+    let url = response.url().clone();
+    let headers = std::mem::take(Response::headers_mut(&mut response));
+    let extensions = std::mem::take(Response::extensions_mut(&mut response));
+    let body = body(reqwest::Body::from(response));
+    let mut rebuilt = http::Response::builder()
+        .url(url)
+        .body(body)
+        .unwrap_or_else(|_| unreachable!("a builder given only a URL cannot fail"));
+    *rebuilt.status_mut() = status;
+    *rebuilt.version_mut() = version;
+    *rebuilt.headers_mut() = headers;
+    rebuilt.extensions_mut().extend(extensions);
+    Response::from(rebuilt)
+}
+
+/// The chunks of a body read already, then the rest of it.
+struct Prefixed {
+    read: Prefix,
+    rest: reqwest::Body,
+}
+
+impl HttpBody for Prefixed {
+    type Data = Bytes;
+    type Error = reqwest::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, reqwest::Error>>> {
+        if let Some(chunk) = self.read.pop() {
+            return Poll::Ready(Some(Ok(Frame::data(chunk))));
+        }
+        Pin::new(&mut self.rest).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.read.is_empty() && self.rest.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.read.before(self.rest.size_hint())
     }
 }
 
@@ -230,6 +276,44 @@ mod tests {
     use std::io;
 
     use super::*;
+
+    #[test]
+    fn a_prefixed_body_reports_its_size_and_its_end() {
+        let prefixed = |read: &'static [u8], over: &'static [u8], rest: &'static [u8]| Prefixed {
+            read: Prefix::new(Bytes::from_static(read), Bytes::from_static(over)),
+            rest: reqwest::Body::from(rest),
+        };
+        let body = prefixed(b"ab", b"cd", b"efg");
+        let hint = body.size_hint();
+        assert_eq!((hint.lower(), hint.upper()), (7, Some(7)));
+        assert!(!body.is_end_stream(), "the prefix is still to come");
+        assert!(prefixed(b"", b"", b"").is_end_stream());
+        assert!(!prefixed(b"ab", b"", b"").is_end_stream());
+        assert!(!prefixed(b"", b"", b"xyz").is_end_stream());
+    }
+
+    /// What was read comes first, then the rest, and the head stays as it was.
+    #[tokio::test]
+    async fn an_answer_read_in_part_or_whole_keeps_its_head_and_its_bytes_in_order() {
+        let answer = || {
+            let mut answer = http::Response::builder()
+                .status(201)
+                .header("x-a", "1")
+                .body("efg")
+                .unwrap();
+            answer.extensions_mut().insert(7u8);
+            Response::from(answer)
+        };
+        let read = Prefix::new(Bytes::from_static(b"ab"), Bytes::from_static(b"cd"));
+        let mut first = answer().read_first(read);
+        assert_eq!(first.status(), 201);
+        assert_eq!(first.headers()["x-a"], "1");
+        assert_eq!(first.extensions_mut().get::<u8>(), Some(&7));
+        assert_eq!(first.bytes().await.unwrap(), "abcdefg");
+        let whole = answer().read_whole(Bytes::from_static(b"xyz"));
+        assert_eq!(whole.status(), 201);
+        assert_eq!(whole.bytes().await.unwrap(), "xyz");
+    }
 
     fn may_have_reached(outcome: &reqwest_middleware::Result<Response>) -> bool {
         seen(outcome).may_have_reached()

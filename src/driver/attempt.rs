@@ -350,7 +350,7 @@ type Running<'s, R> = Claiming<'s, Pin<Box<dyn Future<Output = Outcome<R>> + Sen
 
 /// A body being read into memory (`buffer_body`), with the bytes read.
 type Reading<R> = Pin<Box<dyn Future<Output = ReadBody<R>> + Send>>;
-type ReadBody<R> = Result<(R, Option<bytes::Bytes>), reqwest::Error>;
+type ReadBody<R> = Result<(R, Option<bytes::Bytes>), reqwest_middleware::Error>;
 
 /// One attempt in flight: its first copy and, when the core planned a hedge, the hedged state;
 /// polled until it has an outcome, judged, with its body read as the policy says.
@@ -509,7 +509,7 @@ impl<'s, 'l, 'p, 'q, 'd, Q: Outgoing, R: Reply> Flight<'s, 'l, 'p, 'q, 'd, Q, R>
         let (then, by_hedge) = (reading.then, reading.by_hedge);
         let (outcome, body) = match reading.read.as_mut().poll(cx) {
             Poll::Ready(Ok((response, body))) => (Ok(response), body),
-            Poll::Ready(Err(e)) => (Err(reqwest_middleware::Error::Reqwest(e)), None),
+            Poll::Ready(Err(e)) => (Err(e), None),
             Poll::Pending => {
                 ready!(Pin::new(&mut *self.lent.timer).poll(cx));
                 (Err(claim::timed_out(self.limit)), None)

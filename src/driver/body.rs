@@ -10,16 +10,16 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::task::{Context, Poll};
+use std::task::Poll;
 
 use bytes::Bytes;
 use http::{Extensions, HeaderMap, StatusCode};
-use http_body::{Body as HttpBody, Frame, SizeHint};
-use reqwest::Body;
+use http_body::SizeHint;
 
 /// An answer as a door hands it to the driver: its head, its body read a chunk at a time, and
-/// the same head with another body. A `reqwest::Response` behind the reqwest door, an
-/// `http::Response<reqwest::Body>` behind the tower door: neither is made into the other.
+/// the same head with what the driver read of the body. A `reqwest::Response` behind the
+/// reqwest door, an `http::Response` of the inner service's body behind the tower door: neither
+/// is made into the other.
 pub(crate) trait Reply: Send + Sized + 'static {
     /// The answer's status.
     fn status(&self) -> StatusCode;
@@ -31,10 +31,66 @@ pub(crate) trait Reply: Send + Sized + 'static {
     fn extensions_mut(&mut self) -> &mut Extensions;
     /// The length the body declares, if it declares one.
     fn content_length(&self) -> Option<u64>;
-    /// The body's next chunk, `None` at its end.
-    fn chunk(&mut self) -> impl Future<Output = Result<Option<Bytes>, reqwest::Error>> + Send;
-    /// The same head with a new body, made from what is left of the old one.
-    fn rebody(self, body: impl FnOnce(Body) -> Body) -> Self;
+    /// The body's next chunk, `None` at its end; an error that cut it, as the door's attempts
+    /// fail (its `seen` finds the fault in it).
+    fn chunk(
+        &mut self,
+    ) -> impl Future<Output = Result<Option<Bytes>, reqwest_middleware::Error>> + Send;
+    /// The same head with its body read whole into `body` (empty: the body dropped).
+    fn read_whole(self, body: Bytes) -> Self;
+    /// The same head with its body made of `read`, what was read of it already, then the rest.
+    fn read_first(self, read: Prefix) -> Self;
+}
+
+/// The chunks of a body read already, handed out before the rest of it: at most two (what was
+/// read within the limit, and the chunk that went over it), empty ones skipped.
+#[derive(Debug, Default)]
+pub(crate) struct Prefix {
+    chunks: [Bytes; 2],
+    next: usize,
+}
+
+impl Prefix {
+    /// `read`, then `over`.
+    pub(crate) fn new(read: Bytes, over: Bytes) -> Prefix {
+        Prefix {
+            chunks: [read, over],
+            next: 0,
+        }
+    }
+
+    /// The next chunk that is not empty, until none is left.
+    pub(crate) fn pop(&mut self) -> Option<Bytes> {
+        // Bounded: two chunks.
+        while self.chunks.get(self.next).is_some_and(Bytes::is_empty) {
+            self.next += 1;
+        }
+        let chunk = std::mem::take(self.chunks.get_mut(self.next)?);
+        self.next += 1;
+        Some(chunk)
+    }
+
+    /// Whether every byte was handed out.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// How many bytes are still to be handed out.
+    pub(crate) fn len(&self) -> u64 {
+        let left = self.chunks.get(self.next..).unwrap_or_default();
+        left.iter().map(|chunk| chunk.len() as u64).sum()
+    }
+
+    /// A body's size hint with this prefix before it.
+    pub(crate) fn before(&self, rest: SizeHint) -> SizeHint {
+        let held = self.len();
+        let mut hint = SizeHint::new();
+        hint.set_lower(rest.lower().saturating_add(held));
+        if let Some(upper) = rest.upper() {
+            hint.set_upper(upper.saturating_add(held));
+        }
+        hint
+    }
 }
 
 /// Reads `response`'s body up to `limit` bytes.
@@ -45,7 +101,7 @@ pub(crate) trait Reply: Send + Sized + 'static {
 pub(crate) async fn buffer<R: Reply>(
     mut response: R,
     limit: usize,
-) -> Result<(R, Option<Bytes>), reqwest::Error> {
+) -> Result<(R, Option<Bytes>), reqwest_middleware::Error> {
     let declared = response.content_length();
     if declared.is_some_and(|n| n > limit as u64) {
         return Ok((response, None));
@@ -54,19 +110,13 @@ pub(crate) async fn buffer<R: Reply>(
     let mut read: Vec<u8> = Vec::with_capacity(capacity);
     while let Some(chunk) = response.chunk().await? {
         if read.len().saturating_add(chunk.len()) > limit {
-            let prefix = [Bytes::from(read), chunk];
-            let streamed = response.rebody(|rest| {
-                Body::wrap(Prefixed {
-                    prefix: prefix.into_iter().filter(|b| !b.is_empty()).collect(),
-                    rest,
-                })
-            });
+            let streamed = response.read_first(Prefix::new(Bytes::from(read), chunk));
             return Ok((streamed, None));
         }
         read.extend_from_slice(&chunk);
     }
     let read = Bytes::from(read);
-    Ok((response.rebody(|_| Body::from(read.clone())), Some(read)))
+    Ok((response.read_whole(read.clone()), Some(read)))
 }
 
 /// How much of an answer's body to read inside its attempt, if any: with the policy's
@@ -120,16 +170,13 @@ pub(crate) async fn keep<R: Reply, T: Future<Output = ()>>(
                 Some(Ok(Some(chunk))) if read.len().saturating_add(chunk.len()) <= limit => {
                     read.extend_from_slice(&chunk);
                 }
-                Some(Ok(None)) => return Ok(response.rebody(|_| Body::from(read))),
+                Some(Ok(None)) => return Ok(response.read_whole(Bytes::from(read))),
                 // Too long, cut off, or out of time.
                 _ => break,
             }
         }
     }
-    let mut head = response.rebody(|rest| {
-        drop(rest);
-        Body::from(Bytes::new())
-    });
+    let mut head = response.read_whole(Bytes::new());
     head.headers_mut().remove(http::header::CONTENT_LENGTH);
     Ok(head)
 }
@@ -147,45 +194,12 @@ pub(crate) async fn keep_within<R: Reply>(
     }
 }
 
-/// Chunks already read, then the rest of a body.
-struct Prefixed {
-    prefix: std::collections::VecDeque<Bytes>,
-    rest: Body,
-}
-
-impl HttpBody for Prefixed {
-    type Data = Bytes;
-    type Error = reqwest::Error;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, reqwest::Error>>> {
-        if let Some(chunk) = self.prefix.pop_front() {
-            return Poll::Ready(Some(Ok(Frame::data(chunk))));
-        }
-        Pin::new(&mut self.rest).poll_frame(cx)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.prefix.is_empty() && self.rest.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        let held: u64 = self.prefix.iter().map(|b| b.len() as u64).sum();
-        let rest = self.rest.size_hint();
-        let mut hint = SizeHint::new();
-        hint.set_lower(rest.lower().saturating_add(held));
-        if let Some(upper) = rest.upper() {
-            hint.set_upper(upper.saturating_add(held));
-        }
-        hint
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use http_body::{Body as HttpBody, Frame};
+    use reqwest::Body;
+    use std::task::Context;
 
     /// A body of `chunks`, then, if `fails`, an error instead of its end. `length`: the size it
     /// declares (reqwest's `content_length()` reads it from here, not from the header).
@@ -260,21 +274,27 @@ mod tests {
     }
 
     #[test]
-    fn a_prefixed_body_reports_its_size_and_its_end() {
-        let prefixed = |prefix: &[&'static [u8]], rest: &'static [u8]| Prefixed {
-            prefix: prefix.iter().map(|p| Bytes::from_static(p)).collect(),
-            rest: Body::from(rest),
-        };
-        let body = prefixed(&[b"ab", b"cd"], b"efg");
-        let hint = body.size_hint();
-        assert_eq!((hint.lower(), hint.upper()), (7, Some(7)));
-        assert!(!body.is_end_stream(), "the prefix is still to come");
-        let empty_prefix = prefixed(&[], b"");
-        assert!(empty_prefix.is_end_stream());
-        let only_prefix = prefixed(&[b"ab"], b"");
-        assert!(!only_prefix.is_end_stream());
-        let only_rest = prefixed(&[], b"xyz");
-        assert!(!only_rest.is_end_stream());
+    fn a_prefix_hands_out_its_chunks_in_order_skipping_empty_ones() {
+        let b = |text: &'static str| Bytes::from_static(text.as_bytes());
+        let mut both = Prefix::new(b("ab"), b("cde"));
+        assert_eq!((both.len(), both.is_empty()), (5, false));
+        let hint = both.before(SizeHint::with_exact(4));
+        assert_eq!((hint.lower(), hint.upper()), (9, Some(9)));
+        assert_eq!(both.pop(), Some(b("ab")));
+        assert_eq!((both.len(), both.is_empty()), (3, false));
+        assert_eq!(both.pop(), Some(b("cde")));
+        assert_eq!((both.len(), both.is_empty(), both.pop()), (0, true, None));
+        let mut second = Prefix::new(Bytes::new(), b("x"));
+        assert_eq!(
+            (second.len(), second.pop(), second.is_empty()),
+            (1, Some(b("x")), true)
+        );
+        let mut first = Prefix::new(b("y"), Bytes::new());
+        assert_eq!((first.pop(), first.is_empty()), (Some(b("y")), true));
+        let none = Prefix::new(Bytes::new(), Bytes::new());
+        assert!(none.is_empty());
+        let open = none.before(SizeHint::new());
+        assert_eq!((open.lower(), open.upper()), (0, None));
     }
 
     /// Only a final answer's body is read inside its attempt: not a transient answer's (it

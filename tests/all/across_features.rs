@@ -875,7 +875,7 @@ impl Front {
 /// Request `r` through a tower `service` of the layer: how it ended.
 #[cfg(feature = "tower")]
 #[allow(clippy::too_many_arguments)]
-fn through_tower<S>(
+fn through_tower<S, R>(
     mut service: S,
     r: usize,
     req: &Req,
@@ -888,11 +888,12 @@ fn through_tower<S>(
 where
     S: tower_service::Service<
             http::Request<reqwest::Body>,
-            Response = http::Response<reqwest::Body>,
+            Response = http::Response<R>,
             Error = Box<dyn std::error::Error + Send + Sync>,
         > + Send
         + 'static,
     S::Future: Send,
+    R: Send + 'static,
 {
     let mut request = http::Request::builder()
         .method(req.method.clone())

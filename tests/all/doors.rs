@@ -210,13 +210,15 @@ where
 }
 
 /// Sends `request` through a tower `service` and reads how it ended.
-async fn call_service<S, B>(mut service: S, request: http::Request<B>) -> Ended
+async fn call_service<S, B, R>(mut service: S, request: http::Request<B>) -> Ended
 where
     S: Service<
             http::Request<B>,
-            Response = http::Response<reqwest::Body>,
+            Response = http::Response<R>,
             Error = Box<dyn std::error::Error + Send + Sync>,
         >,
+    R: http_body::Body,
+    R::Error: std::fmt::Debug,
 {
     std::future::poll_fn(|cx| service.poll_ready(cx))
         .await

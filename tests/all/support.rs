@@ -427,17 +427,17 @@ mod bridges {
     pub struct ThroughTower<S>(pub S);
 
     #[async_trait::async_trait]
-    impl<S> Middleware for ThroughTower<S>
+    impl<S, R> Middleware for ThroughTower<S>
     where
-        S: Service<
-                http::Request<reqwest::Body>,
-                Response = http::Response<reqwest::Body>,
-                Error = BoxError,
-            > + Clone
+        S: Service<http::Request<reqwest::Body>, Response = http::Response<R>, Error = BoxError>
+            + Clone
             + Send
             + Sync
             + 'static,
         S::Future: Send,
+        R: http_body::Body + Send + Sync + 'static,
+        R::Data: Into<bytes::Bytes>,
+        R::Error: Into<BoxError>,
     {
         async fn handle(
             &self,
@@ -451,6 +451,7 @@ mod bridges {
             let answer = answer.map_err(|e| reqwest_middleware::Error::middleware(Failed(e)))?;
             // The answer keeps its request's URL, as reqwest's own does.
             let (parts, body) = answer.into_parts();
+            let body = reqwest::Body::wrap(body);
             let mut rebuilt = http::Response::builder().url(url).body(body).unwrap();
             *rebuilt.status_mut() = parts.status;
             *rebuilt.headers_mut() = parts.headers;

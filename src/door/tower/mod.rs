@@ -6,7 +6,7 @@
 //! hands the driver its caller's `http::Request` as it is (its body made a [`reqwest::Body`],
 //! which can be copied for another attempt when it is whole in memory); each copy goes down to
 //! the inner service as such a request, and each answer comes back as the inner service's
-//! `http::Response`, its body boxed once into a `reqwest::Body`, through the same judging,
+//! `http::Response`, its body passed on as it is in a [`RetryBody`], through the same judging,
 //! waiting, record and tracing as on the reqwest side. No `reqwest::Request`, `Url` or
 //! `reqwest::Response` is made. What differs is where a copy goes ([`Inner`]), how a request is
 //! copied and named (its `Outgoing` impl), how an answer's body is read (its `Reply` impl),
@@ -31,7 +31,11 @@ use http::Extensions;
 use tower_layer::Layer;
 use tower_service::Service;
 
-use crate::driver::body::Reply;
+mod body;
+
+pub use body::RetryBody;
+
+use crate::driver::body::{Prefix, Reply};
 use crate::driver::claim::{Address, Beneath, Outgoing};
 use crate::driver::phases::RetryMiddleware;
 use crate::engine::seen::{Failure, Locate, ResponseHead, Seen, Target};
@@ -66,10 +70,11 @@ impl<S> Layer<S> for RetryMiddleware {
 /// It takes an `http::Request<B>` whose body converts into a [`reqwest::Body`] (`Bytes`,
 /// `Vec<u8>`, `String`, `&'static str`, or a `reqwest::Body` itself) and an absolute URI, and
 /// sends each attempt to the inner service as an `http::Request<reqwest::Body>`; the inner
-/// service answers with an `http::Response` of any body. The answer comes back as an
-/// `http::Response<reqwest::Body>` carrying the same [`RetryRecord`](crate::RetryRecord) in its
-/// extensions ([`RetryRecord::of`](crate::RetryRecord::of) reads it), and an error as a
-/// boxed error: a [`RetryError`](crate::RetryError) when the layer made the attempts
+/// service answers with an `http::Response<R>` of any `Unpin` body (wrap another in
+/// `Box::pin`). The answer comes back as an `http::Response<RetryBody<R>>`, the inner body
+/// passed on as it comes unless the layer read it, carrying the same
+/// [`RetryRecord`](crate::RetryRecord) in its extensions
+/// ([`RetryRecord::of`](crate::RetryRecord::of) reads it), and an error as a boxed error: a [`RetryError`](crate::RetryError) when the layer made the attempts
 /// (`err.downcast_ref::<RetryError>()`), else the inner service's error as it was.
 ///
 /// ```
@@ -103,11 +108,11 @@ where
     S::Future: Send,
     S::Error: Into<BoxError>,
     B: Into<reqwest::Body>,
-    R: http_body::Body + Send + Sync + 'static,
+    R: http_body::Body + Unpin + Send + Sync + 'static,
     R::Data: Into<Bytes>,
     R::Error: Into<BoxError>,
 {
-    type Response = http::Response<reqwest::Body>;
+    type Response = http::Response<RetryBody<R>>;
     type Error = BoxError;
     type Future = Pin<Box<dyn Future<Output = Result<Self::Response, BoxError>> + Send>>;
 
@@ -154,11 +159,11 @@ pin_project_lite::pin_project! {
     }
 }
 
-impl<F> Future for Handed<F>
+impl<F, A> Future for Handed<F>
 where
-    F: Future<Output = reqwest_middleware::Result<http::Response<reqwest::Body>>>,
+    F: Future<Output = reqwest_middleware::Result<A>>,
 {
-    type Output = Result<http::Response<reqwest::Body>, BoxError>;
+    type Output = Result<A, BoxError>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let outcome = std::task::ready!(self.project().run.poll(cx));
@@ -424,7 +429,7 @@ mod tests {
     fn an_answer_s_body_is_read_and_kept_as_on_the_other_door() {
         let mut cx = Context::from_waker(std::task::Waker::noop());
         let answer = |declared| {
-            let mut answer = http::Response::new(reqwest::Body::wrap(Never(declared)));
+            let mut answer = http::Response::new(RetryBody::inner(Never(declared)));
             answer
                 .headers_mut()
                 .insert("content-length", declared.into());
@@ -442,7 +447,8 @@ mod tests {
             panic!("keeping a body that does not fit ends at once");
         };
         assert!(kept.headers().get("content-length").is_none());
-        assert_eq!(kept.body().as_bytes(), Some(&b""[..]));
+        assert!(kept.body().is_end_stream());
+        assert_eq!(kept.body().size_hint().exact(), Some(0));
     }
 }
 
@@ -474,12 +480,12 @@ where
         + 'static,
     S::Future: Send,
     S::Error: Into<BoxError>,
-    R: http_body::Body + Send + Sync + 'static,
+    R: http_body::Body + Unpin + Send + Sync + 'static,
     R::Data: Into<Bytes>,
     R::Error: Into<BoxError>,
 {
     type Request = http::Request<reqwest::Body>;
-    type Reply = http::Response<reqwest::Body>;
+    type Reply = http::Response<RetryBody<R>>;
 
     fn run<'s>(
         &'s self,
@@ -499,8 +505,8 @@ where
                 .await
                 .map_err(failed)?;
             let response = service.call(request).await.map_err(failed)?;
-            // The answer as the layer hands it back, its body boxed once.
-            Ok(response.map(reqwest::Body::wrap))
+            // The answer as the layer hands it back: the inner service's body, as it comes.
+            Ok(response.map(RetryBody::inner))
         })
     }
 
@@ -555,8 +561,14 @@ impl Locate for http::Uri {
     }
 }
 
-/// An answer of the tower door: its body is read a frame at a time, and replaced in place.
-impl Reply for http::Response<reqwest::Body> {
+/// An answer of the tower door: the inner service's, its body read a frame at a time, and
+/// replaced in place by what was read of it.
+impl<R> Reply for http::Response<RetryBody<R>>
+where
+    R: http_body::Body + Unpin + Send + Sync + 'static,
+    R::Data: Into<Bytes>,
+    R::Error: Into<BoxError>,
+{
     fn status(&self) -> http::StatusCode {
         http::Response::status(self)
     }
@@ -577,7 +589,9 @@ impl Reply for http::Response<reqwest::Body> {
         http_body::Body::size_hint(self.body()).exact()
     }
 
-    fn chunk(&mut self) -> impl Future<Output = Result<Option<Bytes>, reqwest::Error>> + Send {
+    fn chunk(
+        &mut self,
+    ) -> impl Future<Output = Result<Option<Bytes>, reqwest_middleware::Error>> + Send {
         std::future::poll_fn(|cx| {
             // Bounded by what the body has ready: a frame that is not data (trailers) is
             // passed over, and the next one polled at once.
@@ -585,7 +599,11 @@ impl Reply for http::Response<reqwest::Body> {
                 let frame = std::task::ready!(Pin::new(self.body_mut()).poll_frame(cx));
                 match frame {
                     None => return Poll::Ready(Ok(None)),
-                    Some(Err(e)) => return Poll::Ready(Err(e)),
+                    // Judged as the inner service's errors are: by their causes.
+                    Some(Err(e)) => {
+                        let cut = reqwest_middleware::Error::middleware(ServiceError(e));
+                        return Poll::Ready(Err(cut));
+                    }
                     Some(Ok(frame)) => {
                         if let Ok(data) = frame.into_data() {
                             return Poll::Ready(Ok(Some(data)));
@@ -596,10 +614,15 @@ impl Reply for http::Response<reqwest::Body> {
         })
     }
 
-    fn rebody(self, body: impl FnOnce(reqwest::Body) -> reqwest::Body) -> Self {
-        self.map(body)
+    fn read_whole(self, body: Bytes) -> Self {
+        self.map(|_| RetryBody::whole(body))
+    }
+
+    fn read_first(self, read: Prefix) -> Self {
+        self.map(|rest| rest.after(read))
     }
 }
+
 /// The transient fault behind a tower service's error: the same causes as behind reqwest's,
 /// and a connect failure of hyper-util's client told apart as reqwest's is (nothing was sent).
 fn service_fault(err: &ServiceError) -> Option<Fault> {
