@@ -32,13 +32,14 @@ use tower_layer::Layer;
 use tower_service::Service;
 
 mod body;
+mod uri;
 
 pub use body::RetryBody;
 
 use crate::driver::body::{Prefix, Reply};
 use crate::driver::claim::{Address, Beneath, Outgoing};
 use crate::driver::phases::RetryMiddleware;
-use crate::engine::seen::{Failure, Locate, ResponseHead, Seen, Target};
+use crate::engine::seen::{Failure, Locate, ResponseHead, Seen};
 use crate::error::RetryError;
 use crate::fault::{self, Fault};
 use http_body::Body as _;
@@ -201,7 +202,7 @@ struct Inner<S> {
 /// Whether the layer can send a request to `uri`: one with a scheme and a host, as a client
 /// needs; else the error that says so.
 fn absolute(uri: &http::Uri) -> Result<(), BoxError> {
-    if uri.scheme().is_some() && uri.host().is_some() {
+    if uri.scheme().is_some() && uri.authority().is_some() {
         return Ok(());
     }
     Err(format!(
@@ -246,46 +247,16 @@ impl Outgoing for http::Request<reqwest::Body> {
     }
 
     fn address(&self) -> Address<'_> {
-        let uri = http::Request::uri(self);
-        let scheme = uri.scheme_str().unwrap_or("");
-        let known = match scheme {
-            "http" => Some(80),
-            "https" => Some(443),
-            _ => None,
-        };
-        let written = uri.port_u16();
-        let path = match uri.path() {
-            "" => "/",
-            path => path,
-        };
-        Address {
-            scheme,
-            host: uri.host().unwrap_or(""),
-            port: written.filter(|port| Some(*port) != known),
-            known_port: written.or(known),
-            path,
-        }
+        uri::address_of(http::Request::uri(self))
     }
 
     fn uri(&self) -> http::Uri {
         http::Request::uri(self).clone()
     }
 
-    /// Of the URL's text as `Url::as_str` would write it, written into a buffer on the stack
-    /// (a longer URL, rare, into one on the heap).
+    /// Of the URL's text as `Url::as_str` writes it, read from the URI's parts in place.
     fn fingerprint(&self) -> u64 {
-        let at = self.address();
-        let mut stack = [0u8; 256];
-        let mut cursor = std::io::Cursor::new(&mut stack[..]);
-        let query = http::Request::uri(self).query();
-        let wrote = write_url(&mut cursor, &at, query).is_ok();
-        let written = usize::try_from(cursor.position()).unwrap_or(0);
-        if wrote {
-            return crate::driver::claim::fingerprint_of(self.method(), &stack[..written]);
-        }
-        let mut heap = Vec::new();
-        let _ = write_url(&mut heap, &at, query);
-        crate::driver::claim::fingerprint_of(self.method(), &heap)
+        uri::fingerprint(self.method(), http::Request::uri(self))
     }
 
     type Gone = http::Uri;
@@ -298,41 +269,6 @@ impl Outgoing for http::Request<reqwest::Body> {
     fn url_of(gone: &http::Uri) -> Option<reqwest::Url> {
         reqwest::Url::parse(&gone.to_string()).ok()
     }
-}
-
-/// `scheme://host[:port]/path[?query]` of `at` and `query` into `out`, a piece at a time (no
-/// formatting machinery: this runs once a request).
-fn write_url(
-    out: &mut impl std::io::Write,
-    at: &Address<'_>,
-    query: Option<&str>,
-) -> std::io::Result<()> {
-    out.write_all(at.scheme.as_bytes())?;
-    out.write_all(b"://")?;
-    out.write_all(at.host.as_bytes())?;
-    if let Some(port) = at.port {
-        let mut digits = [0u8; 6];
-        let mut at_digit = digits.len();
-        let mut left = port;
-        // At most five digits.
-        loop {
-            at_digit -= 1;
-            digits[at_digit] = b'0' + (left % 10) as u8;
-            left /= 10;
-            if left == 0 {
-                break;
-            }
-        }
-        at_digit -= 1;
-        digits[at_digit] = b':';
-        out.write_all(&digits[at_digit..])?;
-    }
-    out.write_all(at.path.as_bytes())?;
-    if let Some(query) = query {
-        out.write_all(b"?")?;
-        out.write_all(query.as_bytes())?;
-    }
-    Ok(())
 }
 
 #[cfg(test)]
@@ -365,6 +301,10 @@ mod tests {
             ),
             ("http://[::1]:9/", "http://[::1]:9/"),
             ("http://h", "http://h/"),
+            ("http://h?q=1", "http://h/?q=1"),
+            ("https://h:8443/a", "https://h:8443/a"),
+            ("http://h:8080/a", "http://h:8080/a"),
+            ("http://u:p@h:80/a", "http://u:p@h/a"),
         ] {
             let tower = http::Request::post(uri)
                 .body(reqwest::Body::from("x"))
@@ -547,17 +487,6 @@ impl<T: Beneath + ?Sized> Beneath for Box<T> {
 
     fn seen<'o>(&'o self, outcome: &'o reqwest_middleware::Result<T::Reply>) -> Seen<'o> {
         (**self).seen(outcome)
-    }
-}
-
-/// Where a URI points, as the engine reads it: only when a rule asks.
-impl Locate for http::Uri {
-    fn target(&self) -> Target<'_> {
-        Target::new(
-            self.scheme_str().unwrap_or(""),
-            self.host().unwrap_or(""),
-            self.port_u16(),
-        )
     }
 }
 

@@ -1,0 +1,208 @@
+//! Where a request of the tower door goes, read from its URI: its host and port in one pass over
+//! the authority, and its URL's text as the reqwest door's `Url` writes it, for the fingerprint
+//! that knows a request across the doors.
+
+use crate::driver::claim::Address;
+use crate::engine::seen::{Locate, Target};
+
+/// The host and the port of an authority (`[user@]host[:port]`), as `http::Uri::host` and
+/// `port_u16` read them, in one pass over its bytes: a port that is not a number up to 65535 is
+/// none, as there. This runs for every request, where `http`'s own readers search the text
+/// three times.
+pub(super) fn split_authority(authority: &str) -> (&str, Option<u16>) {
+    let bytes = authority.as_bytes();
+    // Where the host starts (after the last `@`), and the last `:` and `]` after that, plus one
+    // (0: none).
+    let (mut start, mut colon, mut closed) = (0, 0, 0);
+    for (at, byte) in bytes.iter().enumerate() {
+        if *byte == b':' {
+            colon = at + 1;
+        } else if *byte == b'@' {
+            (start, colon, closed) = (at + 1, 0, 0);
+        } else if *byte == b']' {
+            closed = at + 1;
+        }
+    }
+    // A colon inside an IPv6 address's brackets is not the port's.
+    if colon <= closed {
+        return (authority.get(start..).unwrap_or(""), None);
+    }
+    let host = authority.get(start..colon - 1).unwrap_or("");
+    (host, bytes.get(colon..).and_then(port_of))
+}
+
+/// The port `digits` write, read as `http` reads one (as `u16`'s own parser does: decimal
+/// digits after an optional `+`, up to 65535).
+fn port_of(digits: &[u8]) -> Option<u16> {
+    let digits = digits.strip_prefix(b"+").unwrap_or(digits);
+    if digits.is_empty() {
+        return None;
+    }
+    let mut value: u16 = 0;
+    for digit in digits {
+        let digit = digit.wrapping_sub(b'0');
+        if digit > 9 {
+            return None;
+        }
+        value = value.checked_mul(10)?.checked_add(u16::from(digit))?;
+    }
+    Some(value)
+}
+
+/// Where `uri` goes, in the parts the trace, the observer and the claim name it by: the scheme's
+/// own port left out, an empty path read as `/`.
+pub(super) fn address_of(uri: &http::Uri) -> Address<'_> {
+    let scheme = uri.scheme_str().unwrap_or("");
+    let known = match scheme {
+        "http" => Some(80),
+        "https" => Some(443),
+        _ => None,
+    };
+    let (host, written) = uri
+        .authority()
+        .map_or(("", None), |authority| split_authority(authority.as_str()));
+    let path = match uri.path() {
+        "" => "/",
+        path => path,
+    };
+    Address {
+        scheme,
+        host,
+        port: written.filter(|port| Some(*port) != known),
+        known_port: written.or(known),
+        path,
+    }
+}
+
+/// Where a URI points, as the engine reads it: only when a rule asks.
+impl Locate for http::Uri {
+    fn target(&self) -> Target<'_> {
+        let (host, port) = self
+            .authority()
+            .map_or(("", None), |authority| split_authority(authority.as_str()));
+        Target::new(self.scheme_str().unwrap_or(""), host, port)
+    }
+}
+
+/// [`fingerprint_of`](crate::driver::claim::fingerprint_of) a request of `method` to `uri`, of
+/// the URL's text written from its parts as `Url::as_str` writes it (`scheme://authority/path?query`):
+/// the authority as written, less the scheme's own port, and `/` for an empty path. The URI is
+/// not parsed again: this runs for every request.
+pub(super) fn fingerprint(method: &http::Method, uri: &http::Uri) -> u64 {
+    let scheme = uri.scheme_str().unwrap_or("");
+    let written = uri.authority().map_or("", |authority| authority.as_str());
+    let own_port = match scheme {
+        "http" => written.strip_suffix(":80"),
+        "https" => written.strip_suffix(":443"),
+        _ => None,
+    };
+    let authority = own_port.unwrap_or(written);
+    let path_and_query = uri.path_and_query().map_or("/", |pq| pq.as_str());
+    // A query after an empty path: the URL writes the path as `/`.
+    let slash = if path_and_query.starts_with('?') {
+        "/"
+    } else {
+        ""
+    };
+    let pieces = [
+        scheme.as_bytes(),
+        b"://",
+        authority.as_bytes(),
+        slash.as_bytes(),
+        path_and_query.as_bytes(),
+    ];
+    // Written out on the stack (a longer URL, rare, on the heap), and folded in one piece.
+    let mut stack = [0u8; 256];
+    if let Some(text) = joined(&mut stack, &pieces) {
+        return crate::driver::claim::fingerprint_of(method, text);
+    }
+    let mut heap = vec![0u8; pieces.iter().map(|piece| piece.len()).sum()];
+    let text = joined(&mut heap, &pieces).unwrap_or_default();
+    crate::driver::claim::fingerprint_of(method, text)
+}
+
+/// `pieces` one after another at the start of `out`, if they fit.
+fn joined<'o>(out: &'o mut [u8], pieces: &[&[u8]]) -> Option<&'o [u8]> {
+    let mut written = 0;
+    for piece in pieces {
+        let end = written + piece.len();
+        out.get_mut(written..end)?.copy_from_slice(piece);
+        written = end;
+    }
+    Some(&out[..written])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    proptest::proptest! {
+        /// The host and port read in one pass are those `http` reads, for any authority it
+        /// parses: names, IPv4 and IPv6 addresses, user info, ports in and out of range.
+        #[test]
+        fn the_host_and_port_are_those_http_reads(
+            user in proptest::option::of("[a-z0-9:]{0,6}"),
+            host in "[a-z0-9.-]{1,12}|\\[[0-9a-f:]{2,12}\\]|[0-9]{1,3}\\.[0-9]{1,3}\\.[0-9]{1,3}\\.[0-9]{1,3}",
+            port in proptest::option::of("\\+?[0-9]{0,7}"),
+        ) {
+            let mut text = String::new();
+            if let Some(user) = user {
+                text.push_str(&user);
+                text.push('@');
+            }
+            text.push_str(&host);
+            if let Some(port) = port {
+                text.push(':');
+                text.push_str(&port);
+            }
+            let Ok(uri) = format!("http://{text}/x").parse::<http::Uri>() else {
+                return Ok(());
+            };
+            let authority = uri.authority().unwrap().as_str();
+            proptest::prop_assert_eq!(
+                split_authority(authority),
+                (uri.host().unwrap(), uri.port_u16()),
+                "{}", authority
+            );
+        }
+    }
+
+    #[test]
+    fn a_long_url_is_written_on_the_heap_and_one_that_does_not_fit_not_at_all() {
+        let long = format!("http://127.0.0.1:8080/{}", "a".repeat(300));
+        let uri: http::Uri = long.parse().unwrap();
+        let url: reqwest::Url = long.parse().unwrap();
+        let method: http::Method = "GET".parse().unwrap();
+        assert_eq!(
+            fingerprint(&method, &uri),
+            crate::driver::claim::fingerprint_of(&method, url.as_str().as_bytes())
+        );
+        let mut room = [0u8; 5];
+        assert_eq!(joined(&mut room, &[b"ab", b"cde"]), Some(&b"abcde"[..]));
+        assert_eq!(joined(&mut room, &[b"ab", b"cdef"]), None);
+    }
+
+    #[test]
+    fn a_port_is_a_number_up_to_65535() {
+        for (digits, port) in [
+            ("0", Some(0)),
+            ("80", Some(80)),
+            ("65535", Some(65535)),
+            ("65536", None),
+            ("99999", None),
+            ("000080", Some(80)),
+            ("", None),
+            ("8a", None),
+            ("+8", Some(8)),
+            ("+", None),
+            ("-8", None),
+            ("8+", None),
+        ] {
+            assert_eq!(port_of(digits.as_bytes()), port, "{digits}");
+        }
+        assert_eq!(split_authority("a@b:1@h:2"), ("h", Some(2)));
+        assert_eq!(split_authority("[::1]"), ("[::1]", None));
+        assert_eq!(split_authority("[::1]:9"), ("[::1]", Some(9)));
+        assert_eq!(split_authority(""), ("", None));
+    }
+}
