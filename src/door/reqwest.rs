@@ -57,8 +57,13 @@ impl Beneath for Next<'_> {
         self.clone().run(request, extensions)
     }
 
+    /// An answer says where it came from (its URL, after any redirect).
     #[inline]
-    fn seen<'o>(&'o self, outcome: &'o reqwest_middleware::Result<Response>) -> Seen<'o> {
+    fn seen<'o>(
+        &'o self,
+        outcome: &'o reqwest_middleware::Result<Response>,
+        _: &'o dyn Locate,
+    ) -> Seen<'o> {
         seen(outcome)
     }
 }

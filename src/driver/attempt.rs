@@ -108,6 +108,15 @@ impl<Q: Outgoing, R> Kept<Q, R> {
         request
     }
 
+    /// Where the request goes: the request kept, or what was kept of it once it went itself.
+    pub(crate) fn went_to(&self) -> &dyn Locate {
+        match (&self.request, &self.gone) {
+            (Some(request), _) => request.locate(),
+            (None, Some(gone)) => &**gone,
+            (None, None) => unreachable!("what went of a request is kept when it goes"),
+        }
+    }
+
     /// Where a copy of the request would go, when one is at hand for another attempt.
     pub(crate) fn resend(&self) -> Option<&dyn Locate> {
         self.request.as_ref().map(Q::locate)
@@ -460,7 +469,8 @@ impl<'s, 'l, 'p, 'q, 'd, Q: Outgoing, R: Reply> Flight<'s, 'l, 'p, 'q, 'd, Q, R>
                     self.read(outcome, max, AfterRead::Judge, by_hedge);
                     continue;
                 }
-                let verdict = (self.lent.judging).verdict(&self.door.seen(&outcome), self.number);
+                let seen = self.door.seen(&outcome, self.lent.kept.went_to());
+                let verdict = (self.lent.judging).verdict(&seen, self.number);
                 (outcome, verdict, by_hedge)
             };
             if let Some(hedged) = self.hedged.as_deref_mut() {
@@ -519,7 +529,7 @@ impl<'s, 'l, 'p, 'q, 'd, Q: Outgoing, R: Reply> Flight<'s, 'l, 'p, 'q, 'd, Q, R>
         // Judged with the body the classifier is to see; after a verdict, judged again: a body
         // cut off is transient, and a body read whole leaves the verdict as it was (the same
         // status and head).
-        let seen = self.door.seen(&outcome);
+        let seen = self.door.seen(&outcome, self.lent.kept.went_to());
         let verdict = (self.lent.judging).verdict_on(&seen, self.number, body.as_ref());
         Poll::Ready((outcome, verdict, by_hedge, then))
     }

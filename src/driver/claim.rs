@@ -44,8 +44,13 @@ pub(crate) trait Beneath: Send + Sync {
     ) -> Pin<Box<dyn Future<Output = reqwest_middleware::Result<Self::Reply>> + Send + 's>>;
 
     /// An attempt's outcome as the engine reads it: the answer's head, or the error with the
-    /// transient fault this door finds in it.
-    fn seen<'o>(&'o self, outcome: &'o reqwest_middleware::Result<Self::Reply>) -> Seen<'o>;
+    /// transient fault this door finds in it. `to`: where the request went, for a door whose
+    /// answers do not say where they came from.
+    fn seen<'o>(
+        &'o self,
+        outcome: &'o reqwest_middleware::Result<Self::Reply>,
+        to: &'o dyn Locate,
+    ) -> Seen<'o>;
 }
 
 /// A request as a door hands it to the driver: its head, a copy of it for another attempt, and
@@ -71,8 +76,8 @@ pub(crate) trait Outgoing: Send + Sized + 'static {
     /// What identifies it across the doors: [`fingerprint_of`] its method and its URL's text.
     fn fingerprint(&self) -> u64;
     /// What is kept of it once its last copy went: where it went, for the error of a request
-    /// that gives up.
-    type Gone: Send + Sync;
+    /// that gives up and the head of its last answer.
+    type Gone: Locate + Send + Sync;
     /// What is kept of it once its last copy went.
     fn gone(&self) -> Self::Gone;
     /// The URL of a request that went, for its error (the only caller: a give-up).

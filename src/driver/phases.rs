@@ -360,7 +360,7 @@ impl RetryMiddleware {
             &dyn Beneath<Request = Q, Reply = R>,
         ),
     ) -> ControlFlow<Outcome<R>, (Outcome<R>, Option<Fault>, Duration)> {
-        let seen = door.seen(&outcome);
+        let seen = door.seen(&outcome, kept.went_to());
         let fault = seen.fault();
         sent.took(&seen);
         let clock = self.clock.get();
@@ -611,7 +611,11 @@ mod tests {
             })
         }
 
-        fn seen<'o>(&'o self, outcome: &'o Outcome<Response>) -> crate::engine::seen::Seen<'o> {
+        fn seen<'o>(
+            &'o self,
+            outcome: &'o Outcome<Response>,
+            _: &'o dyn crate::engine::seen::Locate,
+        ) -> crate::engine::seen::Seen<'o> {
             use crate::engine::seen::{Failure, ResponseHead, Seen};
             match outcome {
                 Ok(response) => Seen::Answer(ResponseHead {

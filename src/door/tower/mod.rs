@@ -55,7 +55,7 @@ impl<S> Layer<S> for RetryMiddleware {
     fn layer(&self, inner: S) -> RetryService<S> {
         RetryService {
             retry: Arc::new(self.clone()),
-            inner,
+            inner: Arc::new(inner),
         }
     }
 }
@@ -96,7 +96,9 @@ impl<S> Layer<S> for RetryMiddleware {
 #[derive(Debug, Clone)]
 pub struct RetryService<S> {
     retry: Arc<RetryMiddleware>,
-    inner: S,
+    /// Shared by the clones of this service and the requests in flight: each attempt calls a
+    /// clone of its own.
+    inner: Arc<S>,
 }
 
 impl<S, B, R> Service<http::Request<B>> for RetryService<S>
@@ -132,7 +134,6 @@ where
         let mut extensions = std::mem::take(&mut parts.extensions);
         let inner = Inner {
             service: self.inner.clone(),
-            uri: parts.uri.clone(),
         };
         let request = http::Request::from_parts(parts, body.into());
         let claimed = extensions.get::<Claimed>().is_some()
@@ -143,10 +144,9 @@ where
                 async move { inner.run(request, &mut extensions).await.map_err(boxed) },
             );
         }
-        // The future owns the middleware and the extensions, and the inner service boxed (a
-        // client is hundreds of bytes): it is one allocation in the allocator's fast size class.
-        let run =
-            RetryMiddleware::execute(self.retry.clone(), request, extensions, Box::new(inner));
+        // The future owns the middleware, the extensions and a handle on the inner service: it
+        // is one allocation in the allocator's fast size class.
+        let run = RetryMiddleware::execute(self.retry.clone(), request, extensions, inner);
         Box::pin(Handed { run })
     }
 }
@@ -193,10 +193,9 @@ fn boxed(err: reqwest_middleware::Error) -> BoxError {
 #[derive(Debug, Clone, Copy)]
 struct Claimed;
 
-/// The inner service, as the driver sends copies to it, and the URI every copy goes to.
+/// The inner service, as the driver sends copies to it: each copy to a clone of its own.
 struct Inner<S> {
-    service: S,
-    uri: http::Uri,
+    service: Arc<S>,
 }
 
 /// Whether the layer can send a request to `uri`: one with a scheme and a host, as a client
@@ -432,7 +431,7 @@ where
         request: Self::Request,
         extensions: &'s mut Extensions,
     ) -> Pin<Box<dyn Future<Output = reqwest_middleware::Result<Self::Reply>> + Send + 's>> {
-        let mut service = self.service.clone();
+        let mut service = S::clone(&self.service);
         // The copy as the inner service takes it: the request's extensions with the mark.
         let mut copy = request;
         *copy.extensions_mut() = extensions.clone();
@@ -450,13 +449,19 @@ where
         })
     }
 
-    fn seen<'o>(&'o self, outcome: &'o reqwest_middleware::Result<Self::Reply>) -> Seen<'o> {
+    /// An answer came from where its request went (`to`): the inner service's answer does not
+    /// say.
+    fn seen<'o>(
+        &'o self,
+        outcome: &'o reqwest_middleware::Result<Self::Reply>,
+        to: &'o dyn Locate,
+    ) -> Seen<'o> {
         match outcome {
             Ok(response) => Seen::Answer(ResponseHead {
                 status: response.status(),
                 version: response.version(),
                 headers: response.headers(),
-                from: &self.uri,
+                from: to,
             }),
             Err(reqwest_middleware::Error::Middleware(e)) if e.is::<ServiceError>() => {
                 let Some(service) = e.downcast_ref::<ServiceError>() else {
@@ -470,23 +475,6 @@ where
             }
             Err(err) => Seen::Failed(crate::door::reqwest::failure(err)),
         }
-    }
-}
-
-impl<T: Beneath + ?Sized> Beneath for Box<T> {
-    type Request = T::Request;
-    type Reply = T::Reply;
-
-    fn run<'s>(
-        &'s self,
-        request: T::Request,
-        extensions: &'s mut Extensions,
-    ) -> Pin<Box<dyn Future<Output = reqwest_middleware::Result<T::Reply>> + Send + 's>> {
-        (**self).run(request, extensions)
-    }
-
-    fn seen<'o>(&'o self, outcome: &'o reqwest_middleware::Result<T::Reply>) -> Seen<'o> {
-        (**self).seen(outcome)
     }
 }
 
