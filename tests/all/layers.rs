@@ -146,8 +146,9 @@ async fn a_request_a_middleware_makes_of_its_own_is_retried_by_its_own_instance(
 
 /// One layer retries across the two doors too: a tower layer over a service that sends
 /// through a reqwest chain carrying the middleware, and a reqwest chain whose transport is a
-/// tower `RetryService`. Either door alone makes 3 attempts of an always-503 GET; nested, the
-/// server sees 3 arrivals, not 9, and the inner instance counts nothing.
+/// tower `RetryService`; and two tower layers with a service between them that sends from another
+/// task. Either door alone makes 3 attempts of an always-503 GET; nested, the server sees 3
+/// arrivals, not 9, and the inner instance counts nothing.
 #[cfg(feature = "tower")]
 mod across_doors {
     use tower_layer::Layer;
@@ -211,6 +212,60 @@ mod across_doors {
             .with(ThroughTower(inner.layer(client)))
             .build();
         let response = chain.get(server.uri()).send().await.unwrap();
+        assert_eq!(response.status(), 503);
+        let record = RetryRecord::of(&response).unwrap();
+        one_layer_of_attempts(record, &server, [&outer_counts, &inner_counts]).await;
+    }
+
+    /// A service between two layers that sends each request on from another task (as
+    /// `tower::buffer` does): the claim's mark on the thread does not reach it, the mark each
+    /// copy carries in its extensions does.
+    #[derive(Clone)]
+    struct Spawning<S>(S);
+
+    impl<S> Service<http::Request<reqwest::Body>> for Spawning<S>
+    where
+        S: Service<http::Request<reqwest::Body>> + Clone + Send + 'static,
+        S::Future: Send,
+        S::Response: Send + 'static,
+        S::Error: Send + 'static,
+    {
+        type Response = S::Response;
+        type Error = S::Error;
+        type Future = std::pin::Pin<
+            Box<dyn std::future::Future<Output = Result<S::Response, S::Error>> + Send>,
+        >;
+
+        fn poll_ready(
+            &mut self,
+            cx: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<Result<(), S::Error>> {
+            self.0.poll_ready(cx)
+        }
+
+        fn call(&mut self, request: http::Request<reqwest::Body>) -> Self::Future {
+            let mut inner = self.0.clone();
+            let task = tokio::spawn(async move {
+                std::future::poll_fn(|cx| inner.poll_ready(cx)).await?;
+                inner.call(request).await
+            });
+            Box::pin(async move { task.await.expect("the sending task ends") })
+        }
+    }
+
+    #[tokio::test]
+    async fn two_tower_layers_with_a_task_between_them_make_one_layer_of_attempts() {
+        let server = support::always(503).await;
+        let client =
+            hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+                .build_http::<reqwest::Body>();
+        let (inner, inner_counts) = retrying("inner");
+        let (outer, outer_counts) = retrying("outer");
+        let mut service = outer.layer(Spawning(inner.layer(client)));
+        let request = http::Request::get(server.uri())
+            .body(bytes::Bytes::new())
+            .unwrap();
+        let response = service.call(request).await.unwrap();
         assert_eq!(response.status(), 503);
         let record = RetryRecord::of(&response).unwrap();
         one_layer_of_attempts(record, &server, [&outer_counts, &inner_counts]).await;

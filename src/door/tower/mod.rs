@@ -389,7 +389,8 @@ mod tests {
         }
 
         fn call(&mut self, _: http::Request<reqwest::Body>) -> Self::Future {
-            self.called.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            self.called
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             std::future::ready(Ok(http::Response::new(http_body_util::Full::new(
                 Bytes::from_static(b"done"),
             ))))
@@ -435,10 +436,7 @@ mod tests {
             source = at.source();
         }
         assert!(found, "{retry:?}");
-        assert_eq!(
-            (gate.asked.load(SeqCst), gate.called.load(SeqCst)),
-            (1, 0)
-        );
+        assert_eq!((gate.asked.load(SeqCst), gate.called.load(SeqCst)), (1, 0));
     }
 
     /// A body that declares a length and never gives a byte.
