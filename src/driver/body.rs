@@ -59,15 +59,14 @@ impl Prefix {
         }
     }
 
-    /// The next chunk that is not empty, until none is left.
+    /// The next chunk that is not empty, until none is left (a chunk handed out is left empty
+    /// in its place, and passed over with the others).
     pub(crate) fn pop(&mut self) -> Option<Bytes> {
         // Bounded: two chunks.
         while self.chunks.get(self.next).is_some_and(Bytes::is_empty) {
             self.next += 1;
         }
-        let chunk = std::mem::take(self.chunks.get_mut(self.next)?);
-        self.next += 1;
-        Some(chunk)
+        Some(std::mem::take(self.chunks.get_mut(self.next)?))
     }
 
     /// Whether every byte was handed out.

@@ -11,8 +11,8 @@ use crate::engine::seen::{Locate, Target};
 /// three times.
 pub(super) fn split_authority(authority: &str) -> (&str, Option<u16>) {
     let bytes = authority.as_bytes();
-    // Where the host starts (after the last `@`), and the last `:` and `]` after that, plus one
-    // (0: none).
+    // Where the host starts (after the last `@`); after that, where the last `:` ends (0: none)
+    // and where the last `]` is (0: none, as no authority starts with one).
     let (mut start, mut colon, mut closed) = (0, 0, 0);
     for (at, byte) in bytes.iter().enumerate() {
         if *byte == b':' {
@@ -20,10 +20,10 @@ pub(super) fn split_authority(authority: &str) -> (&str, Option<u16>) {
         } else if *byte == b'@' {
             (start, colon, closed) = (at + 1, 0, 0);
         } else if *byte == b']' {
-            closed = at + 1;
+            closed = at;
         }
     }
-    // A colon inside an IPv6 address's brackets is not the port's.
+    // No colon, or one inside an IPv6 address's brackets: no port.
     if colon <= closed {
         return (authority.get(start..).unwrap_or(""), None);
     }
