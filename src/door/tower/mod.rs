@@ -75,7 +75,8 @@ impl<S> Layer<S> for RetryMiddleware {
 /// `Box::pin`). The answer comes back as an `http::Response<RetryBody<R>>`, the inner body
 /// passed on as it comes unless the layer read it, carrying the same
 /// [`RetryRecord`](crate::RetryRecord) in its extensions
-/// ([`RetryRecord::of`](crate::RetryRecord::of) reads it), and an error as a boxed error: a [`RetryError`](crate::RetryError) when the layer made the attempts
+/// ([`RetryRecord::of`](crate::RetryRecord::of) reads it), and an error as a boxed error: a
+/// [`RetryError`](crate::RetryError) when the layer made the attempts
 /// (`err.downcast_ref::<RetryError>()`), else the inner service's error as it was.
 ///
 /// ```

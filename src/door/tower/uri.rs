@@ -85,9 +85,9 @@ impl Locate for http::Uri {
 }
 
 /// [`fingerprint_of`](crate::driver::claim::fingerprint_of) a request of `method` to `uri`, of
-/// the URL's text written from its parts as `Url::as_str` writes it (`scheme://authority/path?query`):
-/// the authority as written, less the scheme's own port, and `/` for an empty path. The URI is
-/// not parsed again: this runs for every request.
+/// the URL's text written from its parts as `Url::as_str` writes it
+/// (`scheme://authority/path?query`): the authority as written, less the scheme's own port, and
+/// `/` for an empty path. The URI is not parsed again: this runs for every request.
 pub(super) fn fingerprint(method: &http::Method, uri: &http::Uri) -> u64 {
     let scheme = uri.scheme_str().unwrap_or("");
     let written = uri.authority().map_or("", |authority| authority.as_str());
@@ -142,7 +142,10 @@ mod tests {
         #[test]
         fn the_host_and_port_are_those_http_reads(
             user in proptest::option::of("[a-z0-9:]{0,6}"),
-            host in "[a-z0-9.-]{1,12}|\\[[0-9a-f:]{2,12}\\]|[0-9]{1,3}\\.[0-9]{1,3}\\.[0-9]{1,3}\\.[0-9]{1,3}",
+            host in concat!(
+                "[a-z0-9.-]{1,12}|\\[[0-9a-f:]{2,12}\\]",
+                "|[0-9]{1,3}\\.[0-9]{1,3}\\.[0-9]{1,3}\\.[0-9]{1,3}",
+            ),
             port in proptest::option::of("\\+?[0-9]{0,7}"),
         ) {
             let mut text = String::new();
