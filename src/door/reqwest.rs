@@ -111,8 +111,9 @@ impl Outgoing for Request {
         without_fragment.parse().unwrap_or_default()
     }
 
+    /// Of the URL's parts, read as slices of its text.
     fn fingerprint(&self) -> u64 {
-        claim::fingerprint_of(self.method(), self.url().as_str().as_bytes())
+        claim::fingerprint_of(self.method(), url_parts(self.url()))
     }
 
     type Gone = reqwest::Url;
@@ -123,6 +124,25 @@ impl Outgoing for Request {
 
     fn url_of(gone: &reqwest::Url) -> Option<reqwest::Url> {
         Some(gone.clone())
+    }
+}
+
+/// The parts of `url` a fingerprint is made of, as slices of its text: the authority is what
+/// lies between the `://` and the path.
+fn url_parts(url: &reqwest::Url) -> claim::UrlParts<'_> {
+    let (text, path) = (url.as_str(), url.path());
+    let authority = if url.has_authority() {
+        // The path is a slice of the text: where it starts, the authority ends.
+        let path_at = (path.as_ptr() as usize).saturating_sub(text.as_ptr() as usize);
+        text.get(url.scheme().len() + 3..path_at).unwrap_or("")
+    } else {
+        ""
+    };
+    claim::UrlParts {
+        scheme: url.scheme(),
+        authority,
+        path,
+        query: url.query(),
     }
 }
 

@@ -73,7 +73,7 @@ pub(crate) trait Outgoing: Send + Sized + 'static {
     fn address(&self) -> Address<'_>;
     /// Its URI, for a classifier to see.
     fn uri(&self) -> http::Uri;
-    /// What identifies it across the doors: [`fingerprint_of`] its method and its URL's text.
+    /// What identifies it across the doors: [`fingerprint_of`] its method and its URL's parts.
     fn fingerprint(&self) -> u64;
     /// What is kept of it once its last copy went: where it went, for the error of a request
     /// that gives up and the head of its last answer.
@@ -131,38 +131,74 @@ pub(crate) fn claim_id(extensions: &Extensions) -> usize {
 }
 
 /// What identifies a request across the doors, where its extensions are another map: its
-/// method and URL, hashed once per logical request, eight bytes at a step. A request of another method or URL that a service between
-/// the doors makes of its own (a token fetch) is retried by its own instance; one of the same
-/// method and URL is taken for the request itself and passed through.
+/// method and URL, hashed once per logical request, eight bytes at a step. A request of another
+/// method or URL that a service between the doors makes of its own (a token fetch) is retried by
+/// its own instance; one of the same method and URL is taken for the request itself and passed
+/// through.
 pub(crate) fn fingerprint(request: &impl Outgoing) -> u64 {
     request.fingerprint()
 }
 
-/// The fingerprint of a request of `method` to the URL whose text is `url`
-/// (`scheme://host[:port]/path[?query]`, as `Url::as_str` writes it), which each door gives.
-pub(crate) fn fingerprint_of(method: &Method, url: &[u8]) -> u64 {
-    let hash = fold(0x243f_6a88_85a3_08d3, method.as_str().as_bytes());
+/// A URL in the parts each door reads in place, as `Url` writes them: the scheme, the
+/// authority (`[user[:password]@]host[:port]`, without the scheme's own port), the path (`/`
+/// when empty) and the query (after the `?`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct UrlParts<'a> {
+    pub(crate) scheme: &'a str,
+    pub(crate) authority: &'a str,
+    pub(crate) path: &'a str,
+    pub(crate) query: Option<&'a str>,
+}
+
+/// The fingerprint of a request of `method` to the URL of `parts`: each part folded in on its
+/// own, its length first, so neither door writes the URL's text out to hash it.
+pub(crate) fn fingerprint_of(method: &Method, url: UrlParts<'_>) -> u64 {
+    let mut hash = fold(0x243f_6a88_85a3_08d3, method.as_str().as_bytes());
+    for part in [url.scheme, url.authority, url.path] {
+        hash = fold(hash, part.as_bytes());
+    }
+    hash = match url.query {
+        Some(query) => fold(hash, query.as_bytes()),
+        // No `?` at all: not the length of any query.
+        None => mix(hash, u64::MAX),
+    };
     // Never the "none" mark's value.
-    fold(hash, url).max(1)
+    hash.max(1)
+}
+
+/// `hash` and `word` mixed.
+fn mix(hash: u64, word: u64) -> u64 {
+    (hash ^ word)
+        .wrapping_mul(0x9e37_79b9_7f4a_7c15)
+        .rotate_left(29)
 }
 
 /// `hash` with `bytes` folded in, their length first (so where one part ends and the next
 /// begins counts), then eight bytes at a step; a tail shorter than eight is the last eight
-/// bytes, overlapping the step before (no copy), or the bytes themselves when fewer.
+/// bytes, overlapping the step before (no copy), or, when there are fewer, read as two
+/// overlapping halves (four to seven bytes) or its first, middle and last byte (one to three),
+/// which, with the length, is every byte.
 fn fold(hash: u64, bytes: &[u8]) -> u64 {
-    const K: u64 = 0x9e37_79b9_7f4a_7c15;
-    let mix = |hash: u64, word: u64| (hash ^ word).wrapping_mul(K).rotate_left(29);
+    let four = |at: usize| {
+        bytes.get(at..at + 4).map_or(0, |four| {
+            u64::from(u32::from_le_bytes(four.try_into().unwrap_or([0; 4])))
+        })
+    };
     let word = |eight: &[u8]| u64::from_le_bytes(eight.try_into().unwrap_or([0; 8]));
     let mut hash = mix(hash, bytes.len() as u64);
     let mut words = bytes.chunks_exact(8);
     for eight in &mut words {
         hash = mix(hash, word(eight));
     }
-    let tail = words.remainder();
+    let (len, tail) = (bytes.len(), words.remainder());
     if !tail.is_empty() {
-        let last = match bytes.len().checked_sub(8) {
-            Some(from) => word(&bytes[from..]),
-            None => tail.iter().fold(0, |acc, b| acc << 8 | u64::from(*b)),
+        let last = match len {
+            8.. => word(&bytes[len - 8..]),
+            4.. => four(0) | four(len - 4) << 32,
+            _ => {
+                let byte = |at: usize| u64::from(bytes.get(at).copied().unwrap_or(0));
+                byte(0) << 16 | byte(len / 2) << 8 | byte(len - 1)
+            }
         };
         hash = mix(hash, last);
     }
@@ -255,9 +291,22 @@ mod tests {
             ("GET", "http://127.0.0.1:8080/orders?id=8"),
             ("GET", "http://127.0.0.1:8081/orders?id=7"),
             ("GE", "Thttp://127.0.0.1:8080/orders?id=7"),
+            ("GET", "http://127.0.0.1:8080/orders?id=7?"),
+            ("GET", "http://127.0.0.1:8080/orders/?id=7"),
+            ("GET", "http://127.0.0.1:8080/orders"),
         ] {
             assert_ne!(get, fingerprint(&request(method, url)), "{method} {url}");
         }
+        // No query, and an empty one, are told apart; a fragment is not sent, and not counted.
+        let bare = fingerprint(&request("GET", "http://127.0.0.1/orders"));
+        assert_ne!(
+            bare,
+            fingerprint(&request("GET", "http://127.0.0.1/orders?"))
+        );
+        assert_eq!(
+            bare,
+            fingerprint(&request("GET", "http://127.0.0.1/orders#top"))
+        );
     }
 
     proptest::proptest! {

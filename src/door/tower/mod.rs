@@ -259,7 +259,7 @@ impl Outgoing for http::Request<reqwest::Body> {
         http::Request::uri(self).clone()
     }
 
-    /// Of the URL's text as `Url::as_str` writes it, read from the URI's parts in place.
+    /// Of the URL's parts as `Url` writes them, read from the URI's in place.
     fn fingerprint(&self) -> u64 {
         uri::fingerprint(self.method(), http::Request::uri(self))
     }
@@ -294,6 +294,11 @@ mod tests {
     /// read as `/`.
     #[test]
     fn a_request_has_the_same_address_and_fingerprint_behind_either_door() {
+        let long = format!(
+            "http://127.0.0.1:8080/{}?q={}",
+            "a".repeat(300),
+            "b".repeat(9)
+        );
         for (uri, url) in [
             (
                 "http://127.0.0.1:8080/orders?id=7",
@@ -310,8 +315,14 @@ mod tests {
             ("https://h:8443/a", "https://h:8443/a"),
             ("http://h:8080/a", "http://h:8080/a"),
             ("http://u:p@h:80/a", "http://u:p@h/a"),
-        ] {
-            let tower = http::Request::post(uri)
+            ("http://h/a?", "http://h/a?"),
+            ("https://[::1]:443/a?b=c&d", "https://[::1]/a?b=c&d"),
+        ]
+        .into_iter()
+        .map(|(uri, url)| (uri.to_owned(), url.to_owned()))
+        .chain(std::iter::once((long.clone(), long.clone())))
+        {
+            let tower = http::Request::post(&uri)
                 .body(reqwest::Body::from("x"))
                 .unwrap();
             let reqwest = reqwest::Request::new("POST".parse().unwrap(), url.parse().unwrap());
