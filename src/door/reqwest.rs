@@ -48,12 +48,14 @@ impl Beneath for Next<'_> {
     type Request = Request;
     type Reply = Response;
 
+    /// The chain's own future, boxed by the chain.
+    type Running<'s>
+        = Pin<Box<dyn Future<Output = reqwest_middleware::Result<Response>> + Send + 's>>
+    where
+        Self: 's;
+
     #[inline]
-    fn run<'s>(
-        &'s self,
-        request: Request,
-        extensions: &'s mut Extensions,
-    ) -> Pin<Box<dyn Future<Output = reqwest_middleware::Result<Response>> + Send + 's>> {
+    fn run<'s>(&'s self, request: Request, extensions: &'s mut Extensions) -> Self::Running<'s> {
         self.clone().run(request, extensions)
     }
 
@@ -111,9 +113,19 @@ impl Outgoing for Request {
         without_fragment.parse().unwrap_or_default()
     }
 
-    /// Of the URL's parts, read as slices of its text.
+    /// Of the URL's text up to its fragment, which is never sent.
     fn fingerprint(&self) -> u64 {
-        claim::fingerprint_of(self.method(), url_parts(self.url()))
+        let text = self.url().as_str();
+        // The fragment is a slice of the text, after its `#`.
+        let at = |part: &str| (part.as_ptr() as usize).saturating_sub(text.as_ptr() as usize);
+        let end = self
+            .url()
+            .fragment()
+            .map_or(text.len(), |fragment| at(fragment).saturating_sub(1));
+        claim::fingerprint_of(
+            self.method(),
+            text.as_bytes().get(..end).unwrap_or_default(),
+        )
     }
 
     type Gone = reqwest::Url;
@@ -124,25 +136,6 @@ impl Outgoing for Request {
 
     fn url_of(gone: &reqwest::Url) -> Option<reqwest::Url> {
         Some(gone.clone())
-    }
-}
-
-/// The parts of `url` a fingerprint is made of, as slices of its text: the authority is what
-/// lies between the `://` and the path.
-fn url_parts(url: &reqwest::Url) -> claim::UrlParts<'_> {
-    let (text, path) = (url.as_str(), url.path());
-    let authority = if url.has_authority() {
-        // The path is a slice of the text: where it starts, the authority ends.
-        let path_at = (path.as_ptr() as usize).saturating_sub(text.as_ptr() as usize);
-        text.get(url.scheme().len() + 3..path_at).unwrap_or("")
-    } else {
-        ""
-    };
-    claim::UrlParts {
-        scheme: url.scheme(),
-        authority,
-        path,
-        query: url.query(),
     }
 }
 

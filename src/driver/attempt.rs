@@ -34,7 +34,7 @@ use http::Extensions;
 use reqwest::Url;
 
 use crate::clock::{AttemptTimer, SharedClock};
-use crate::driver::body::{self, Reply};
+use crate::driver::body;
 use crate::driver::claim::{self, Beneath, Claiming, Outgoing};
 use crate::driver::trace::Watcher;
 use crate::engine::attempt_headers::AttemptHeaders;
@@ -308,9 +308,9 @@ impl<'a> Sent<'a> {
 
 /// Where an attempt's copies go: the rest of the chain, with the request's extensions, in its
 /// span.
-pub(crate) struct Chain<'s, Q, R> {
+pub(crate) struct Chain<'s, N> {
     pub(crate) extensions: &'s mut Extensions,
-    pub(crate) next: &'s dyn Beneath<Request = Q, Reply = R>,
+    pub(crate) next: &'s N,
     pub(crate) span: &'s tracing::Span,
 }
 
@@ -354,8 +354,8 @@ impl<'p, 's, 'd, Q: Outgoing, R> Lent<'p, 's, 'd, Q, R> {
     }
 }
 
-/// A copy running down the rest of the chain.
-type Running<'s, R> = Claiming<'s, Pin<Box<dyn Future<Output = Outcome<R>> + Send + 's>>>;
+/// A copy running down the rest of the chain: the door's own future, marked as claimed.
+pub(crate) type Running<'s, N> = Claiming<'s, <N as Beneath>::Running<'s>>;
 
 /// A body being read into memory (`buffer_body`), with the bytes read.
 type Reading<R> = Pin<Box<dyn Future<Output = ReadBody<R>> + Send>>;
@@ -363,20 +363,22 @@ type ReadBody<R> = Result<(R, Option<bytes::Bytes>), reqwest_middleware::Error>;
 
 /// One attempt in flight: its first copy and, when the core planned a hedge, the hedged state;
 /// polled until it has an outcome, judged, with its body read as the policy says.
-pub(crate) struct Flight<'s, 'l, 'p, 'q, 'd, Q: Outgoing, R> {
-    lent: &'l mut Lent<'p, 'q, 'd, Q, R>,
-    /// The door beneath, which reads what each copy ends in.
-    door: &'s dyn Beneath<Request = Q, Reply = R>,
+pub(crate) struct Flight<'s, 'l, 'p, 'q, 'd, N: Beneath> {
+    lent: &'l mut Lent<'p, 'q, 'd, N::Request, N::Reply>,
+    /// The door beneath: where each copy goes, and what reads what it ends in.
+    door: &'s N,
     number: u32,
     /// The first copy's time limit, longer if it ran on past it.
     limit: Duration,
-    first: Option<Running<'s, R>>,
+    /// The first copy, in the place the driver keeps for it: the door's future as it is, not
+    /// boxed.
+    first: Pin<&'l mut Option<Running<'s, N>>>,
     /// Boxed: only a read the core may hedge needs room for a second copy.
-    hedged: Option<Box<Hedged<'s, Q, R>>>,
+    hedged: Option<Box<Hedged<'s, N>>>,
     /// An answer's body being read, racing the first copy's timer: for the classifier to see
     /// it before the verdict, or, the verdict given, for the caller. While it is, the copies
     /// are not polled. Boxed: only a policy that reads bodies needs room for it.
-    reading: Option<Box<ReadingBody<R>>>,
+    reading: Option<Box<ReadingBody<N::Reply>>>,
 }
 
 /// A body being read, and what follows.
@@ -395,28 +397,35 @@ enum AfterRead {
     Done,
 }
 
-/// The hedged state: its delay's timer, the extensions lent to its copy, the copy, and a
-/// transient failure of one copy kept while the other is out.
-struct Hedged<'s, Q, R> {
+/// The hedged state: its delay's timer, the extensions lent to its copy, the copy (boxed, as
+/// only a hedge needs it), and a transient failure of one copy kept while the other is out.
+struct Hedged<'s, N: Beneath> {
     due: Option<AttemptTimer>,
     lend: Option<&'s mut Extensions>,
-    next: &'s dyn Beneath<Request = Q, Reply = R>,
     span: &'s tracing::Span,
-    second: Option<(Running<'s, R>, AttemptTimer, Duration)>,
-    failed: Option<(Outcome<R>, Verdict)>,
+    second: Option<Second<'s, N>>,
+    failed: Option<(Outcome<N::Reply>, Verdict)>,
 }
 
-impl<'s, 'l, 'p, 'q, 'd, Q: Outgoing, R: Reply> Flight<'s, 'l, 'p, 'q, 'd, Q, R> {
-    /// Sends attempt `plan.number`'s first copy down `chain`; `spare` takes the copy of the
-    /// extensions a hedge would go with, if the core planned one. The hedging delay's timer is
-    /// armed as the first copy starts (a middleware may take time before its future is
-    /// polled); without a timer there is no hedge.
+/// A hedge's copy on its way (boxed: only a hedge needs room for it), its timer and its limit.
+struct Second<'s, N: Beneath + 's> {
+    running: Pin<Box<Running<'s, N>>>,
+    timer: AttemptTimer,
+    limit: Duration,
+}
+
+impl<'s, 'l, 'p, 'q, 'd, N: Beneath + 's> Flight<'s, 'l, 'p, 'q, 'd, N> {
+    /// Sends attempt `plan.number`'s first copy down `chain`, into `first`; `spare` takes the
+    /// copy of the extensions a hedge would go with, if the core planned one. The hedging
+    /// delay's timer is armed as the first copy starts (a middleware may take time before its
+    /// future is polled); without a timer there is no hedge.
     #[inline(always)]
     pub(crate) fn launch(
-        chain: Chain<'s, Q, R>,
+        chain: Chain<'s, N>,
         spare: &'s mut Extensions,
+        mut first: Pin<&'l mut Option<Running<'s, N>>>,
         plan: &Plan,
-        lent: &'l mut Lent<'p, 'q, 'd, Q, R>,
+        lent: &'l mut Lent<'p, 'q, 'd, N::Request, N::Reply>,
     ) -> Self {
         let Chain {
             extensions,
@@ -430,7 +439,6 @@ impl<'s, 'l, 'p, 'q, 'd, Q: Outgoing, R: Reply> Flight<'s, 'l, 'p, 'q, 'd, Q, R>
             Box::new(Hedged {
                 due: lent.tools.clock.timeout(after, None).ok(),
                 lend: Some(spare),
-                next,
                 span,
                 second: None,
                 failed: None,
@@ -438,14 +446,16 @@ impl<'s, 'l, 'p, 'q, 'd, Q: Outgoing, R: Reply> Flight<'s, 'l, 'p, 'q, 'd, Q, R>
         });
         let sending = lent.sent.copy(lent.kept, plan);
         let id = (claim::claim_id(extensions), lent.sent.print);
-        let first = Claiming::new(id, span, || next.run(sending, extensions));
+        first.set(Some(Claiming::new(id, span, || {
+            next.run(sending, extensions)
+        })));
         lent.decider.sent();
         Flight {
             lent,
             door: next,
             number: plan.number,
             limit: plan.limit,
-            first: Some(first),
+            first,
             hedged,
             reading: None,
         }
@@ -454,7 +464,7 @@ impl<'s, 'l, 'p, 'q, 'd, Q: Outgoing, R: Reply> Flight<'s, 'l, 'p, 'q, 'd, Q, R>
     /// The attempt's outcome and verdict, and whether its hedge answered, once it has them. The
     /// outcome is looked at where it lies and moved once, to where it goes: nearly every
     /// request's answer passes through here.
-    fn poll_judged(&mut self, cx: &mut Context<'_>) -> Poll<(Outcome<R>, Verdict, bool)> {
+    fn poll_judged(&mut self, cx: &mut Context<'_>) -> Poll<(Outcome<N::Reply>, Verdict, bool)> {
         loop {
             let (outcome, verdict, by_hedge) = if self.reading.is_some() {
                 let (outcome, verdict, by_hedge, then) = ready!(self.poll_read(cx));
@@ -487,7 +497,7 @@ impl<'s, 'l, 'p, 'q, 'd, Q: Outgoing, R: Reply> Flight<'s, 'l, 'p, 'q, 'd, Q, R>
                 // The other copy, if out, is given up here: dropped, its connection closed.
                 (hedged.failed, hedged.second) = (None, None);
             }
-            self.first = None;
+            self.first.set(None);
             // The body is read within the first copy's time, which began first: a hedge's
             // answer gets a little less than its own limit, never more than the attempt's.
             if let Some(max) = body::to_read(&self.lent.judging, &outcome, verdict) {
@@ -499,7 +509,7 @@ impl<'s, 'l, 'p, 'q, 'd, Q: Outgoing, R: Reply> Flight<'s, 'l, 'p, 'q, 'd, Q, R>
     }
 
     /// Starts reading the body of `outcome`, an answer, up to `max` bytes.
-    fn read(&mut self, outcome: Outcome<R>, max: usize, then: AfterRead, by_hedge: bool) {
+    fn read(&mut self, outcome: Outcome<N::Reply>, max: usize, then: AfterRead, by_hedge: bool) {
         let Ok(response) = outcome else {
             unreachable!("only an answer has a body to read");
         };
@@ -512,7 +522,10 @@ impl<'s, 'l, 'p, 'q, 'd, Q: Outgoing, R: Reply> Flight<'s, 'l, 'p, 'q, 'd, Q, R>
 
     /// Polls the body being read, racing the first copy's timer: the answer with its body, or
     /// the error that cut it, judged (again, after a verdict: a body cut off is transient).
-    fn poll_read(&mut self, cx: &mut Context<'_>) -> Poll<(Outcome<R>, Verdict, bool, AfterRead)> {
+    fn poll_read(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<(Outcome<N::Reply>, Verdict, bool, AfterRead)> {
         let Some(reading) = self.reading.as_deref_mut() else {
             unreachable!("polled only while a body is read");
         };
@@ -537,13 +550,13 @@ impl<'s, 'l, 'p, 'q, 'd, Q: Outgoing, R: Reply> Flight<'s, 'l, 'p, 'q, 'd, Q, R>
     /// Polls the copies out and their timers, until one of them ends: the first copy's timer
     /// asks the core whether it is cut or runs on; when the hedging delay's fires, a hedge may
     /// go (and is polled at once).
-    fn poll_copies(&mut self, cx: &mut Context<'_>) -> Poll<(Outcome<R>, bool)> {
+    fn poll_copies(&mut self, cx: &mut Context<'_>) -> Poll<(Outcome<N::Reply>, bool)> {
         loop {
             let lent = &mut *self.lent;
             let clock = lent.tools.clock;
-            if let Some(work) = self.first.as_mut() {
-                if let Poll::Ready(done) = Pin::new(work).poll(cx) {
-                    self.first = None;
+            if let Some(work) = self.first.as_mut().as_pin_mut() {
+                if let Poll::Ready(done) = work.poll(cx) {
+                    self.first.set(None);
                     return Poll::Ready((done, false));
                 }
                 while Pin::new(&mut *lent.timer).poll(cx).is_ready() {
@@ -551,7 +564,7 @@ impl<'s, 'l, 'p, 'q, 'd, Q: Outgoing, R: Reply> Flight<'s, 'l, 'p, 'q, 'd, Q, R>
                     let longer = (lent.decider.at_limit(now))
                         .and_then(|more| Some((more, clock.timeout(more, Some(now)).ok()?)));
                     let Some((more, longer)) = longer else {
-                        self.first = None;
+                        self.first.set(None);
                         return Poll::Ready((Err(claim::timed_out(self.limit)), false));
                     };
                     self.limit += more;
@@ -562,11 +575,11 @@ impl<'s, 'l, 'p, 'q, 'd, Q: Outgoing, R: Reply> Flight<'s, 'l, 'p, 'q, 'd, Q, R>
                 assert!(self.first.is_some(), "an attempt waits with no copy out");
                 return Poll::Pending;
             };
-            if let Some((work, timer, limit)) = hedged.second.as_mut() {
-                let ended = match Pin::new(work).poll(cx) {
+            if let Some(second) = hedged.second.as_mut() {
+                let ended = match second.running.as_mut().poll(cx) {
                     Poll::Ready(done) => done,
-                    Poll::Pending => match Pin::new(timer).poll(cx) {
-                        Poll::Ready(()) => Err(claim::timed_out(*limit)),
+                    Poll::Pending => match Pin::new(&mut second.timer).poll(cx) {
+                        Poll::Ready(()) => Err(claim::timed_out(second.limit)),
                         Poll::Pending => return Poll::Pending,
                     },
                 };
@@ -609,14 +622,18 @@ impl<'s, 'l, 'p, 'q, 'd, Q: Outgoing, R: Reply> Flight<'s, 'l, 'p, 'q, 'd, Q, R>
         let sending = lent.sent.copy(lent.kept, &plan);
         lent.decider.hedge_sent(true);
         let id = (claim::claim_id(extensions), lent.sent.print);
-        let next = hedged.next;
+        let next = self.door;
         let running = Claiming::new(id, hedged.span, || next.run(sending, extensions));
-        hedged.second = Some((running, timer, plan.limit));
+        hedged.second = Some(Second {
+            running: Box::pin(running),
+            timer,
+            limit: plan.limit,
+        });
     }
 }
 
-impl<Q: Outgoing, R: Reply> Future for Flight<'_, '_, '_, '_, '_, Q, R> {
-    type Output = (Outcome<R>, Verdict, bool);
+impl<'s, N: Beneath + 's> Future for Flight<'s, '_, '_, '_, '_, N> {
+    type Output = (Outcome<N::Reply>, Verdict, bool);
 
     /// The attempt's outcome and verdict, and whether its hedge answered.
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {

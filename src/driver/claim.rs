@@ -36,12 +36,17 @@ pub(crate) trait Beneath: Send + Sync {
     /// An answer as this door hands it back.
     type Reply: Reply;
 
+    /// A copy on its way: the door's own future, held in the attempt as it is (not boxed).
+    type Running<'s>: Future<Output = reqwest_middleware::Result<Self::Reply>> + Send + 's
+    where
+        Self: 's;
+
     /// Sends `request` on, with `extensions`.
     fn run<'s>(
         &'s self,
         request: Self::Request,
         extensions: &'s mut Extensions,
-    ) -> Pin<Box<dyn Future<Output = reqwest_middleware::Result<Self::Reply>> + Send + 's>>;
+    ) -> Self::Running<'s>;
 
     /// An attempt's outcome as the engine reads it: the answer's head, or the error with the
     /// transient fault this door finds in it. `to`: where the request went, for a door whose
@@ -73,7 +78,7 @@ pub(crate) trait Outgoing: Send + Sized + 'static {
     fn address(&self) -> Address<'_>;
     /// Its URI, for a classifier to see.
     fn uri(&self) -> http::Uri;
-    /// What identifies it across the doors: [`fingerprint_of`] its method and its URL's parts.
+    /// What identifies it across the doors: [`fingerprint_of`] its method and its URL's text.
     fn fingerprint(&self) -> u64;
     /// What is kept of it once its last copy went: where it went, for the error of a request
     /// that gives up and the head of its last answer.
@@ -139,31 +144,13 @@ pub(crate) fn fingerprint(request: &impl Outgoing) -> u64 {
     request.fingerprint()
 }
 
-/// A URL in the parts each door reads in place, as `Url` writes them: the scheme, the
-/// authority (`[user[:password]@]host[:port]`, without the scheme's own port), the path (`/`
-/// when empty) and the query (after the `?`).
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct UrlParts<'a> {
-    pub(crate) scheme: &'a str,
-    pub(crate) authority: &'a str,
-    pub(crate) path: &'a str,
-    pub(crate) query: Option<&'a str>,
-}
-
-/// The fingerprint of a request of `method` to the URL of `parts`: each part folded in on its
-/// own, its length first, so neither door writes the URL's text out to hash it.
-pub(crate) fn fingerprint_of(method: &Method, url: UrlParts<'_>) -> u64 {
-    let mut hash = fold(0x243f_6a88_85a3_08d3, method.as_str().as_bytes());
-    for part in [url.scheme, url.authority, url.path] {
-        hash = fold(hash, part.as_bytes());
-    }
-    hash = match url.query {
-        Some(query) => fold(hash, query.as_bytes()),
-        // No `?` at all: not the length of any query.
-        None => mix(hash, u64::MAX),
-    };
+/// The fingerprint of a request of `method` to the URL whose text is `url`
+/// (`scheme://host[:port]/path[?query]`, as `Url::as_str` writes it, without a fragment), which
+/// each door gives.
+pub(crate) fn fingerprint_of(method: &Method, url: &[u8]) -> u64 {
+    let hash = fold(0x243f_6a88_85a3_08d3, method.as_str().as_bytes());
     // Never the "none" mark's value.
-    hash.max(1)
+    fold(hash, url).max(1)
 }
 
 /// `hash` and `word` mixed.
@@ -205,18 +192,21 @@ fn fold(hash: u64, bytes: &[u8]) -> u64 {
     hash
 }
 
-/// The rest of the chain for one attempt, run with its request marked as claimed on the
-/// thread, so that instances nearer the transport pass it through instead of retrying it again.
-/// Costs no allocation, unlike a mark in the extensions; the mark is the extensions' address,
-/// so a request that a middleware of the chain makes of its own (a token refresh, say) through
-/// another client is not mistaken for this one.
-///
-/// The logical request's span is entered for as long as the rest of the chain runs, so the
-/// spans and events of the middleware and transport beneath are its children.
-pub(crate) struct Claiming<'s, F> {
-    id: (usize, u64),
-    span: &'s tracing::Span,
-    run: F,
+pin_project_lite::pin_project! {
+    /// The rest of the chain for one attempt, run with its request marked as claimed on the
+    /// thread, so that instances nearer the transport pass it through instead of retrying it again.
+    /// Costs no allocation, unlike a mark in the extensions; the mark is the extensions' address,
+    /// so a request that a middleware of the chain makes of its own (a token refresh, say) through
+    /// another client is not mistaken for this one.
+    ///
+    /// The logical request's span is entered for as long as the rest of the chain runs, so the
+    /// spans and events of the middleware and transport beneath are its children.
+    pub(crate) struct Claiming<'s, F> {
+        id: (usize, u64),
+        span: &'s tracing::Span,
+        #[pin]
+        run: F,
+    }
 }
 
 impl<'s, F> Claiming<'s, F> {
@@ -234,16 +224,17 @@ impl<'s, F> Claiming<'s, F> {
     }
 }
 
-impl<F: Future + Unpin> Future for Claiming<'_, F> {
+impl<F: Future> Future for Claiming<'_, F> {
     type Output = F::Output;
 
-    fn poll(mut self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<F::Output> {
-        let _marked = Mark::set(self.id);
-        if self.span.is_disabled() {
-            return Pin::new(&mut self.run).poll(cx);
+    fn poll(self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<F::Output> {
+        let this = self.project();
+        let _marked = Mark::set(*this.id);
+        if this.span.is_disabled() {
+            return this.run.poll(cx);
         }
-        let _entered = self.span.enter();
-        Pin::new(&mut self.run).poll(cx)
+        let _entered = this.span.enter();
+        this.run.poll(cx)
     }
 }
 

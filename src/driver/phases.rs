@@ -276,16 +276,18 @@ impl RetryMiddleware {
                         };
                         let judged = {
                             let mut spare = Extensions::new();
+                            // Where the first copy runs: here, in this future, not boxed.
+                            let first = std::pin::pin!(None);
                             let lent = Lent::new(&mut kept, &sent, &mut decider, this.tools());
                             let chain = Chain {
                                 extensions: &mut *extensions,
-                                next: &next as &dyn Beneath<Request = N::Request, Reply = N::Reply>,
+                                next: &next,
                                 span: &span,
                             };
-                            Flight::launch(chain, &mut spare, &plan, &mut lent(&mut timer)).await
+                            let lent = &mut lent(&mut timer);
+                            Flight::launch(chain, &mut spare, first, &plan, lent).await
                         };
-                        let door = &next as &dyn Beneath<Request = N::Request, Reply = N::Reply>;
-                        let request = (&mut sent, &kept, door);
+                        let request = (&mut sent, &kept, &next);
                         let (outcome, fault, delay) =
                             match this.after(&span, plan.number, judged, &mut decider, request) {
                                 ControlFlow::Continue(retried) => retried,
@@ -357,7 +359,7 @@ impl RetryMiddleware {
         (sent, kept, door): (
             &mut Sent<'_>,
             &Kept<Q, R>,
-            &dyn Beneath<Request = Q, Reply = R>,
+            &impl Beneath<Request = Q, Reply = R>,
         ),
     ) -> ControlFlow<Outcome<R>, (Outcome<R>, Option<Fault>, Duration)> {
         let seen = door.seen(&outcome, kept.went_to());
@@ -590,12 +592,9 @@ mod tests {
     impl Beneath for Scripted {
         type Request = Request;
         type Reply = Response;
+        type Running<'s> = Copy;
 
-        fn run<'s>(
-            &'s self,
-            _: Request,
-            _: &'s mut Extensions,
-        ) -> Pin<Box<dyn Future<Output = Outcome<Response>> + Send + 's>> {
+        fn run<'s>(&'s self, _: Request, _: &'s mut Extensions) -> Copy {
             let mut slots = self.slots.lock().unwrap();
             let at = slots.len();
             slots.push(None);
@@ -604,11 +603,11 @@ mod tests {
                 slots[at] = Some(Ok(Response::from(http::Response::new(""))));
             }
             drop(slots);
-            Box::pin(Copy {
+            Copy {
                 at,
                 door: self.clone(),
                 done: false,
-            })
+            }
         }
 
         fn seen<'o>(

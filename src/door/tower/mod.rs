@@ -199,6 +199,67 @@ struct Inner<S> {
     service: Arc<S>,
 }
 
+pin_project_lite::pin_project! {
+    /// A copy on its way to the inner service: its call, or, while the service is not ready,
+    /// the service asked again with the copy waiting (boxed: rare), or the error that the
+    /// service gave when asked.
+    #[project = CallNow]
+    pub(crate) enum Call<S, F> {
+        Called {
+            #[pin]
+            call: F,
+        },
+        Waiting {
+            waiting: Box<(S, Option<http::Request<reqwest::Body>>)>,
+        },
+        Failed {
+            error: Option<BoxError>,
+        },
+    }
+}
+
+impl<S, R> Future for Call<S, S::Future>
+where
+    S: Service<http::Request<reqwest::Body>, Response = http::Response<R>>,
+    S::Error: Into<BoxError>,
+{
+    type Output = reqwest_middleware::Result<http::Response<RetryBody<R>>>;
+
+    /// The inner service's answer, its body passed on as it comes, or its error, judged by
+    /// its causes. Turns at most twice: asked until ready, then called.
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let failed = |e: BoxError| reqwest_middleware::Error::middleware(ServiceError(e));
+        loop {
+            let call = match self.as_mut().project() {
+                CallNow::Called { call } => {
+                    let answer = std::task::ready!(call.poll(cx));
+                    return Poll::Ready(match answer {
+                        Ok(response) => Ok(response.map(RetryBody::inner)),
+                        Err(e) => Err(failed(e.into())),
+                    });
+                }
+                CallNow::Failed { error } => {
+                    let Some(error) = error.take() else {
+                        panic!("a copy's call was polled after it ended");
+                    };
+                    return Poll::Ready(Err(failed(error)));
+                }
+                CallNow::Waiting { waiting } => {
+                    let (service, request) = &mut **waiting;
+                    if let Err(e) = std::task::ready!(service.poll_ready(cx)) {
+                        return Poll::Ready(Err(failed(e.into())));
+                    }
+                    let Some(request) = request.take() else {
+                        panic!("a copy's call was polled after it ended");
+                    };
+                    service.call(request)
+                }
+            };
+            self.set(Call::Called { call });
+        }
+    }
+}
+
 /// Whether the layer can send a request to `uri`: one with a scheme and a host, as a client
 /// needs; else the error that says so.
 fn absolute(uri: &http::Uri) -> Result<(), BoxError> {
@@ -535,40 +596,37 @@ where
     type Request = http::Request<reqwest::Body>;
     type Reply = http::Response<RetryBody<R>>;
 
+    /// The inner service's call, held as it is.
+    type Running<'s>
+        = Call<S, S::Future>
+    where
+        Self: 's;
+
     fn run<'s>(
         &'s self,
         request: Self::Request,
         extensions: &'s mut Extensions,
-    ) -> Pin<Box<dyn Future<Output = reqwest_middleware::Result<Self::Reply>> + Send + 's>> {
+    ) -> Call<S, S::Future> {
         let mut service = S::clone(&self.service);
         // The copy as the inner service takes it: the request's extensions with the mark.
         let mut request = request;
         *request.extensions_mut() = extensions.clone();
         request.extensions_mut().insert(Claimed);
-        let failed = |e: S::Error| reqwest_middleware::Error::middleware(ServiceError(e.into()));
         // Most services are ready at once (a client's pool takes any number of requests): then
         // the copy is handed over here, under the claim's mark like the rest of the attempt,
         // and only the call's own future is held. One that is not is asked again, by the
         // attempt's task, before the copy goes.
         let mut asking = Context::from_waker(std::task::Waker::noop());
         match service.poll_ready(&mut asking) {
-            Poll::Ready(Ok(())) => {
-                let call = service.call(request);
-                Box::pin(async move {
-                    let response = call.await.map_err(failed)?;
-                    // The answer as the layer hands it back: the inner service's body, as it
-                    // comes.
-                    Ok(response.map(RetryBody::inner))
-                })
-            }
-            Poll::Ready(Err(e)) => Box::pin(std::future::ready(Err(failed(e)))),
-            Poll::Pending => Box::pin(async move {
-                std::future::poll_fn(|cx| service.poll_ready(cx))
-                    .await
-                    .map_err(failed)?;
-                let response = service.call(request).await.map_err(failed)?;
-                Ok(response.map(RetryBody::inner))
-            }),
+            Poll::Ready(Ok(())) => Call::Called {
+                call: service.call(request),
+            },
+            Poll::Ready(Err(e)) => Call::Failed {
+                error: Some(e.into()),
+            },
+            Poll::Pending => Call::Waiting {
+                waiting: Box::new((service, Some(request))),
+            },
         }
     }
 

@@ -1,6 +1,6 @@
 //! Where a request of the tower door goes, read from its URI: its host and port in one pass over
-//! the authority, and its URL's parts as the reqwest door's `Url` writes them, for the
-//! fingerprint that knows a request across the doors.
+//! the authority, and its URL's text as the reqwest door's `Url` writes it, for the fingerprint
+//! that knows a request across the doors.
 
 use crate::driver::claim::Address;
 use crate::engine::seen::{Locate, Target};
@@ -84,9 +84,10 @@ impl Locate for http::Uri {
     }
 }
 
-/// [`fingerprint_of`](crate::driver::claim::fingerprint_of) a request of `method` to `uri`,
-/// of its parts as `Url` writes them: the authority as written, less the scheme's own port, and
-/// `/` for an empty path. Read in place: this runs for every request.
+/// [`fingerprint_of`](crate::driver::claim::fingerprint_of) a request of `method` to `uri`, of
+/// the URL's text written from its parts as `Url::as_str` writes it
+/// (`scheme://authority/path?query`): the authority as written, less the scheme's own port, and
+/// `/` for an empty path. The URI is not parsed again: this runs for every request.
 pub(super) fn fingerprint(method: &http::Method, uri: &http::Uri) -> u64 {
     let scheme = uri.scheme_str().unwrap_or("");
     let written = uri.authority().map_or("", |authority| authority.as_str());
@@ -95,14 +96,40 @@ pub(super) fn fingerprint(method: &http::Method, uri: &http::Uri) -> u64 {
         "https" => written.strip_suffix(":443"),
         _ => None,
     };
-    let parts = crate::driver::claim::UrlParts {
-        scheme,
-        authority: own_port.unwrap_or(written),
-        // `/` when empty, as `Url` writes it.
-        path: uri.path(),
-        query: uri.query(),
+    let authority = own_port.unwrap_or(written);
+    let path_and_query = uri.path_and_query().map_or("/", |pq| pq.as_str());
+    // A query after an empty path: the URL writes the path as `/`.
+    let slash = if path_and_query.starts_with('?') {
+        "/"
+    } else {
+        ""
     };
-    crate::driver::claim::fingerprint_of(method, parts)
+    let pieces = [
+        scheme.as_bytes(),
+        b"://",
+        authority.as_bytes(),
+        slash.as_bytes(),
+        path_and_query.as_bytes(),
+    ];
+    // Written out on the stack (a longer URL, rare, on the heap), and folded in one piece.
+    let mut stack = [0u8; 256];
+    if let Some(text) = joined(&mut stack, &pieces) {
+        return crate::driver::claim::fingerprint_of(method, text);
+    }
+    let mut heap = vec![0u8; pieces.iter().map(|piece| piece.len()).sum()];
+    let text = joined(&mut heap, &pieces).unwrap_or_default();
+    crate::driver::claim::fingerprint_of(method, text)
+}
+
+/// `pieces` one after another at the start of `out`, if they fit.
+fn joined<'o>(out: &'o mut [u8], pieces: &[&[u8]]) -> Option<&'o [u8]> {
+    let mut written = 0;
+    for piece in pieces {
+        let end = written + piece.len();
+        out.get_mut(written..end)?.copy_from_slice(piece);
+        written = end;
+    }
+    Some(&out[..written])
 }
 
 #[cfg(test)]
@@ -141,6 +168,21 @@ mod tests {
                 "{}", authority
             );
         }
+    }
+
+    #[test]
+    fn a_long_url_is_written_on_the_heap_and_one_that_does_not_fit_not_at_all() {
+        let long = format!("http://127.0.0.1:8080/{}", "a".repeat(300));
+        let uri: http::Uri = long.parse().unwrap();
+        let url: reqwest::Url = long.parse().unwrap();
+        let method: http::Method = "GET".parse().unwrap();
+        assert_eq!(
+            fingerprint(&method, &uri),
+            crate::driver::claim::fingerprint_of(&method, url.as_str().as_bytes())
+        );
+        let mut room = [0u8; 5];
+        assert_eq!(joined(&mut room, &[b"ab", b"cde"]), Some(&b"abcde"[..]));
+        assert_eq!(joined(&mut room, &[b"ab", b"cdef"]), None);
     }
 
     #[test]
