@@ -147,8 +147,11 @@ where
         }
         // The future owns the middleware, the extensions and a handle on the inner service: it
         // is one allocation in the allocator's fast size class.
+        // Written into its place as it is made, not made beside it and copied there.
+        let place = Box::new_uninit();
         let run = RetryMiddleware::execute(self.retry.clone(), request, extensions, inner);
-        Box::pin(Handed { run })
+        let handed: Box<Handed<_>> = Box::write(place, Handed { run });
+        Box::into_pin(handed)
     }
 }
 
