@@ -40,7 +40,11 @@ impl Middleware for RetryMiddleware {
             // An instance further out on this request's path makes the attempts and retries.
             return next.run(request, extensions);
         }
-        Box::pin(RetryMiddleware::execute(self, request, extensions, next))
+        // Written into its place as it is made, not made beside it and copied there.
+        let place = Box::new_uninit();
+        let run = RetryMiddleware::execute(self, request, extensions, next);
+        let run: Box<_> = Box::write(place, run);
+        Box::into_pin(run)
     }
 }
 
