@@ -464,6 +464,7 @@ impl<'s, 'l, 'p, 'q, 'd, N: Beneath + 's> Flight<'s, 'l, 'p, 'q, 'd, N> {
     /// The attempt's outcome and verdict, and whether its hedge answered, once it has them. The
     /// outcome is looked at where it lies and moved once, to where it goes: nearly every
     /// request's answer passes through here.
+    #[inline(always)]
     fn poll_judged(&mut self, cx: &mut Context<'_>) -> Poll<(Outcome<N::Reply>, Verdict, bool)> {
         loop {
             let (outcome, verdict, by_hedge) = if self.reading.is_some() {
@@ -550,6 +551,7 @@ impl<'s, 'l, 'p, 'q, 'd, N: Beneath + 's> Flight<'s, 'l, 'p, 'q, 'd, N> {
     /// Polls the copies out and their timers, until one of them ends: the first copy's timer
     /// asks the core whether it is cut or runs on; when the hedging delay's fires, a hedge may
     /// go (and is polled at once).
+    #[inline(always)]
     fn poll_copies(&mut self, cx: &mut Context<'_>) -> Poll<(Outcome<N::Reply>, bool)> {
         loop {
             let lent = &mut *self.lent;
@@ -636,6 +638,7 @@ impl<'s, N: Beneath + 's> Future for Flight<'s, '_, '_, '_, '_, N> {
     type Output = (Outcome<N::Reply>, Verdict, bool);
 
     /// The attempt's outcome and verdict, and whether its hedge answered.
+    #[inline]
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         self.poll_judged(cx)
     }
