@@ -146,8 +146,8 @@ where
             );
         }
         // The future owns the middleware, the extensions and a handle on the inner service: it
-        // is one allocation in the allocator's fast size class.
-        // Written into its place as it is made, not made beside it and copied there.
+        // is one allocation in the allocator's fast size class, written into its place as it is
+        // made (not made beside it and copied there).
         let place = Box::new_uninit();
         let run = RetryMiddleware::execute(self.retry.clone(), request, extensions, inner);
         let handed: Box<Handed<_>> = Box::write(place, Handed { run });
@@ -253,7 +253,7 @@ where
                         return Poll::Ready(Err(failed(e.into())));
                     }
                     let Some(request) = request.take() else {
-                        panic!("a copy's call was polled after it ended");
+                        unreachable!("a waiting copy is called once, as it stops waiting");
                     };
                     service.call(request)
                 }
@@ -323,7 +323,7 @@ impl Outgoing for http::Request<reqwest::Body> {
         http::Request::uri(self).clone()
     }
 
-    /// Of the URL's parts as `Url` writes them, read from the URI's in place.
+    /// Of the URL's text as `Url::as_str` writes it, read from the URI's parts in place.
     fn fingerprint(&self) -> u64 {
         uri::fingerprint(self.method(), http::Request::uri(self))
     }
