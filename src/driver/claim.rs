@@ -342,6 +342,32 @@ mod tests {
         );
     }
 
+    /// Parts of every length up to three words, one byte apart at every position (whole words,
+    /// the overlapping last word, the two halves, the first, middle and last byte), all fold
+    /// apart, and apart from the same part one byte shorter: each byte and the length count.
+    #[test]
+    fn every_byte_of_a_part_of_any_length_counts() {
+        let mut seen = std::collections::HashSet::new();
+        let mut parts = 0;
+        for len in 1..=24 {
+            let base: Vec<u8> = (0..len).map(|at| b'a' + (at % 26) as u8).collect();
+            assert!(seen.insert(fold(7, &base)), "length {len}");
+            parts += 1;
+            for at in 0..len {
+                for byte in [0x00, 0x7f, 0xff] {
+                    let mut part = base.clone();
+                    part[at] = byte;
+                    assert!(
+                        seen.insert(fold(7, &part)),
+                        "length {len}, byte {at} = {byte}"
+                    );
+                    parts += 1;
+                }
+            }
+        }
+        assert_eq!(seen.len(), parts);
+    }
+
     #[test]
     fn only_the_marked_request_or_its_passage_is_claimed() {
         let (mine, other) = (Extensions::new(), Extensions::new());
