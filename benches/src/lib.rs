@@ -66,7 +66,7 @@ pub async fn start(mode: Mode) -> SocketAddr {
                     let read = body.map_or(0, |b| b.to_bytes().len());
                     let n = served.fetch_add(1, Ordering::Relaxed);
                     let (status, answer) = match mode {
-                        Mode::FailThenOk if n % 2 == 0 => (503, Bytes::new()),
+                        Mode::FailThenOk if n.is_multiple_of(2) => (503, Bytes::new()),
                         _ if read == BODY.len() => (200, Bytes::from_static(b"ok")),
                         _ => (400, Bytes::new()),
                     };

@@ -281,7 +281,7 @@ fn marker<DB: DrawingBackend>(
     size: u32,
     colour: RGBColor,
 ) -> DynElement<'static, DB, (f64, f64)> {
-    let style = if i % 2 == 0 {
+    let style = if i.is_multiple_of(2) {
         colour.filled()
     } else {
         colour.stroke_width(2)
