@@ -560,9 +560,7 @@ async fn one_classifier_sees_the_same_attempt_behind_either_door() {
         let dependency = Dependency::new("default", policy)
             .with_classifier(looking(tower_seen.clone()))
             .without_budget();
-        let hyper =
-            hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-                .build_http::<reqwest::Body>();
+        let hyper = crate::support::hyper_client();
         let mut service = RetryMiddleware::new(dependency)
             .with_clock(FakeClock::new())
             .layer(hyper);

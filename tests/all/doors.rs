@@ -157,10 +157,7 @@ impl Door {
                 }
             }
             Door::Tower => {
-                let client = hyper_util::client::legacy::Client::builder(
-                    hyper_util::rt::TokioExecutor::new(),
-                )
-                .build_http::<reqwest::Body>();
+                let client = crate::support::hyper_client();
                 let mut request = http::Request::builder().method(call.method).uri(&call.url);
                 for (name, value) in &call.headers {
                     request = request.header(*name, value);
@@ -1376,8 +1373,7 @@ fn ms(n: u64) -> Duration {
 /// other), while an `http::Request` may carry a path alone.
 #[tokio::test]
 async fn a_relative_uri_at_the_tower_door_is_refused_with_what_to_write() {
-    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-        .build_http::<reqwest::Body>();
+    let client = crate::support::hyper_client();
     let mut service = RetryMiddleware::new(policy()).layer(client);
     let request = http::Request::get("/orders")
         .body(Bytes::from_static(b""))

@@ -360,8 +360,7 @@ async fn behind_the_tower_door_the_inner_service_s_error_is_reachable() {
     use tower_layer::Layer;
     use tower_service::Service;
 
-    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-        .build_http::<reqwest::Body>();
+    let client = crate::support::hyper_client();
     let policy = RetryPolicy::builder().max_attempts(2).build().unwrap();
     let mut service = RetryMiddleware::new(policy)
         .with_clock(FakeClock::new())

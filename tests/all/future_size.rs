@@ -89,8 +89,7 @@ async fn the_tower_door_s_request_future_stays_within_the_same_size_class() {
         .hedge_reads(0.05, Duration::from_millis(50))
         .build()
         .unwrap();
-    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-        .build_http::<reqwest::Body>();
+    let client = crate::support::hyper_client();
     let mut plain = RetryMiddleware::new(RetryPolicy::default()).layer(client.clone());
     let mut hedged = RetryMiddleware::new(Dependency::new("hedged", hedging)).layer(client);
     let over = RetryOverride::new()

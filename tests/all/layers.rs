@@ -202,9 +202,7 @@ mod across_doors {
     #[tokio::test]
     async fn a_reqwest_chain_over_a_retry_service_makes_one_layer_of_attempts() {
         let server = support::always(503).await;
-        let client =
-            hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-                .build_http::<reqwest::Body>();
+        let client = crate::support::hyper_client();
         let (inner, inner_counts) = retrying("inner");
         let (outer, outer_counts) = retrying("outer");
         let chain = ClientBuilder::new(reqwest::Client::new())
@@ -256,9 +254,7 @@ mod across_doors {
     #[tokio::test]
     async fn two_tower_layers_with_a_task_between_them_make_one_layer_of_attempts() {
         let server = support::always(503).await;
-        let client =
-            hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-                .build_http::<reqwest::Body>();
+        let client = crate::support::hyper_client();
         let (inner, inner_counts) = retrying("inner");
         let (outer, outer_counts) = retrying("outer");
         let mut service = outer.layer(Spawning(inner.layer(client)));

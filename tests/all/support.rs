@@ -52,6 +52,16 @@ pub fn client() -> (ClientWithMiddleware, FakeClock) {
     client_with(policy())
 }
 
+/// hyper-util's client for plain HTTP, of `reqwest::Body` requests: what the tower door's tests
+/// put beneath the layer.
+#[cfg(feature = "tower")]
+pub fn hyper_client() -> hyper_util::client::legacy::Client<
+    hyper_util::client::legacy::connect::HttpConnector,
+    reqwest::Body,
+> {
+    hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build_http()
+}
+
 /// A client that neither stamps nor recognises idempotency keys: safety by method alone.
 pub fn unkeyed_client() -> (ClientWithMiddleware, FakeClock) {
     let clock = FakeClock::new();
