@@ -14,9 +14,11 @@
 //! cargo run -p safe-retry-server --example charges -- --walkthrough
 //! ```
 //!
-//! Options: `--addr` [127.0.0.1:8090], `--database-url` [a SQLite file in a new temporary
-//! directory; `postgres://…` with `--features postgres`], `--effect-delay-ms` [50]: how long
-//! a charge works before it writes its effect.
+//! Options: `--addr` [127.0.0.1:8090], `--database-url` [one SQLite file, the same on every
+//! run, in the temporary directory: `safe-retry-charges/charges.db`, printed at start;
+//! `postgres://…` with `--features postgres`], `--effect-delay-ms` [50]: how long a charge
+//! works before it writes its effect. Any number of processes may start on one new database at
+//! once.
 //!
 //! The external call: `--payments-url URL` and `--receipts-url URL` turn on `POST /orders`
 //! (an order row, a charge at `URL/charges` through this workspace's client, a receipt to
@@ -48,7 +50,7 @@ use charges_app::ChargesDb;
 use orders_app::{Crash, Faults, Orders, POINTS};
 use reqwest_middleware::ClientBuilder;
 use reqwest_safe_retry::{Dependency, RetryMiddleware, RetryPolicy};
-use safe_retry_server::{IdempotencyLayer, Relay};
+use safe_retry_server::{IdempotencyLayer, Relay, Sweeper};
 
 struct Options {
     addr: String,
@@ -129,9 +131,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let listener = tokio::net::TcpListener::bind(&options.addr).await?;
     let url = match &options.database_url {
         Some(url) => url.clone(),
+        // One stable file, the same for every run: a restarted server keeps its keys (and a
+        // charge retried across the restart is still made once).
         None => {
-            let dir =
-                std::env::temp_dir().join(format!("safe-retry-charges-{}", std::process::id()));
+            let dir = std::env::temp_dir().join("safe-retry-charges");
             std::fs::create_dir_all(&dir)?;
             format!("sqlite://{}", dir.join("charges.db").display())
         }
@@ -157,10 +160,12 @@ async fn serve<S: ChargesDb>(
 ) -> Result<(), Box<dyn std::error::Error>> {
     store.prepare().await?;
     let addr = listener.local_addr()?;
-    let layer = IdempotencyLayer::builder(store.clone())
+    let layer = IdempotencyLayer::builder(store.clone()).shared_scope()
         .lease(options.lease)
         .build()?;
     let mut router = charges_app::app(layer.clone(), options.effect_delay);
+    // Expired records and messages leave in batches, every minute.
+    tokio::spawn(Sweeper::new(store.clone()).run(Duration::from_secs(60)));
     let external = options.payments.clone().zip(options.receipts.clone());
     if let Some((payments, receipts)) = &external {
         let faults = Faults::announced();

@@ -4,13 +4,40 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use http::Method;
 use http::request::Parts;
+use http::{HeaderName, Method, StatusCode};
 
+use crate::events::EventLevels;
 use crate::fingerprint::Fingerprint;
 use crate::key::KeySource;
 
 pub(crate) type ScopeFn = dyn Fn(&Parts) -> Option<String> + Send + Sync;
+
+/// Whose keys are whose: chosen on purpose, never by default.
+#[derive(Clone)]
+pub(crate) enum ScopeRule {
+    /// Not chosen yet: `build` refuses it.
+    Unset,
+    /// Every caller shares one scope.
+    Shared,
+    /// The caller's scope, from the request's head.
+    By(Arc<ScopeFn>),
+}
+
+impl ScopeRule {
+    /// The request's scope; `None` when the function finds no caller.
+    pub(crate) fn of(&self, parts: &Parts) -> Option<String> {
+        match self {
+            ScopeRule::Unset | ScopeRule::Shared => Some(String::new()),
+            ScopeRule::By(scope) => scope(parts),
+        }
+    }
+
+    /// Whether every caller shares one scope, so that a replay may reach another caller.
+    pub(crate) fn is_shared(&self) -> bool {
+        !matches!(self, ScopeRule::By(_))
+    }
+}
 
 /// The layer's settings, as the builder checked them.
 pub(crate) struct Config<S> {
@@ -18,7 +45,7 @@ pub(crate) struct Config<S> {
     pub(crate) methods: Vec<Method>,
     pub(crate) key: KeySource,
     pub(crate) require_key: bool,
-    pub(crate) scope: Arc<ScopeFn>,
+    pub(crate) scope: ScopeRule,
     pub(crate) lease: Duration,
     pub(crate) in_progress_retry_after: Duration,
     pub(crate) retention: Duration,
@@ -28,6 +55,10 @@ pub(crate) struct Config<S> {
     pub(crate) fingerprint: Fingerprint,
     pub(crate) max_attempts: u32,
     pub(crate) failed_retention: Duration,
+    pub(crate) not_stored: Vec<StatusCode>,
+    pub(crate) saved_headers: Vec<HeaderName>,
+    pub(crate) request_body_timeout: Duration,
+    pub(crate) events: Arc<EventLevels>,
     pub(crate) counters: Arc<Counters>,
 }
 
@@ -75,7 +106,7 @@ pub struct CounterSnapshot {
     /// Completions and recovery points refused because another attempt had taken the record
     /// over; their transactions rolled back.
     pub fenced: u64,
-    /// Requests answered `400`, `401` or `413` before any claim (key, scope or body).
+    /// Requests answered `400`, `401`, `408` or `413` before any claim (key, scope or body).
     pub refused: u64,
     /// Requests answered `503` (or `500`) because the store failed.
     pub store_failures: u64,

@@ -7,10 +7,11 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{HeaderName, HeaderValue, Method, header};
+use http::{HeaderName, HeaderValue, Method};
 use serde_json::{Map, Value};
 
 use crate::config::Counters;
+use crate::events::EventLevels;
 use crate::store::{Fence, Store, StoreError};
 
 /// What a request's steps share: the outputs committed so far and whether the request is saved.
@@ -33,32 +34,34 @@ pub(crate) struct Snapshot {
 }
 
 impl Snapshot {
-    /// The request as it arrived (cheap: its parts are reference-counted); what a resumption
-    /// needs of it is picked when it is saved.
-    pub(crate) fn of(parts: &http::request::Parts, body: &Bytes) -> Snapshot {
+    /// The request as it arrived, with only the headers in `saved` (cheap: its parts are
+    /// reference-counted).
+    pub(crate) fn of(parts: &http::request::Parts, body: &Bytes, saved: &[HeaderName]) -> Snapshot {
+        let mut headers = http::HeaderMap::new();
+        for name in saved {
+            for value in parts.headers.get_all(name) {
+                headers.append(name.clone(), value.clone());
+            }
+        }
         Snapshot {
             method: parts.method.clone(),
             uri: parts.uri.clone(),
-            headers: parts.headers.clone(),
+            headers,
             body: body.clone(),
         }
     }
 
-    /// The saved form: the method, the target (path and query), the headers a resumption
-    /// needs (all but hop-by-hop ones and credentials: `authorization`,
-    /// `proxy-authorization`, `cookie`) and the body.
+    /// The saved form: the method, the target (path and query), the allowed headers and the
+    /// body.
     pub(crate) fn encode(&self) -> Vec<u8> {
         let target = self
             .uri
             .path_and_query()
             .map_or_else(|| self.uri.path(), |pq| pq.as_str());
-        let headers: Vec<(HeaderName, HeaderValue)> = crate::headers::end_to_end(&self.headers)
-            .into_iter()
-            .filter(|(name, _)| {
-                *name != header::AUTHORIZATION
-                    && *name != header::PROXY_AUTHORIZATION
-                    && *name != header::COOKIE
-            })
+        let headers: Vec<(HeaderName, HeaderValue)> = self
+            .headers
+            .iter()
+            .map(|(name, value)| (name.clone(), value.clone()))
             .collect();
         crate::store::encode_request(&self.method, target, &headers, &self.body)
     }
@@ -91,10 +94,12 @@ pub(crate) struct Inner<S: Store> {
     slot: Arc<Mutex<Slot<S::Tx>>>,
     scope: Arc<str>,
     key: Arc<str>,
+    pub(crate) record: (i64, i64),
     pub(crate) fence: Fence,
     taken_over: bool,
     pub(crate) lease: Duration,
     pub(crate) counters: Arc<Counters>,
+    pub(crate) events: Arc<EventLevels>,
     pub(crate) journal: Mutex<Journal>,
     pub(crate) snapshot: Snapshot,
 }
@@ -126,11 +131,14 @@ fn lock<T>(slot: &Mutex<T>) -> MutexGuard<'_, T> {
 pub(crate) struct Claimed {
     pub(crate) scope: Arc<str>,
     pub(crate) key: Arc<str>,
+    /// The record's row id and generation: what its downstream keys derive from.
+    pub(crate) record: (i64, i64),
     pub(crate) fence: Fence,
     pub(crate) taken_over: bool,
     pub(crate) lease: Duration,
     pub(crate) counters: Arc<Counters>,
     pub(crate) snapshot: Snapshot,
+    pub(crate) events: Arc<EventLevels>,
 }
 
 impl<S: Store> Execution<S> {
@@ -146,10 +154,12 @@ impl<S: Store> Execution<S> {
                 slot: Arc::new(Mutex::new(Slot::Idle)),
                 scope: claimed.scope,
                 key: claimed.key,
+                record: claimed.record,
                 fence: claimed.fence,
                 taken_over: claimed.taken_over,
                 lease: claimed.lease,
                 counters: claimed.counters,
+                events: claimed.events,
                 journal: Mutex::new(journal),
                 snapshot: claimed.snapshot,
             }),
@@ -289,6 +299,34 @@ pub enum LocalError {
     Store(#[from] StoreError),
 }
 
+impl LocalError {
+    /// The answer for a caller whose handler could not get its transaction, marked
+    /// [`Unfinished`](crate::Unfinished): nothing is stored, the lease ends at once, and a
+    /// retry with the same key runs the handler again. The store's failure is `503`
+    /// `store-unavailable` with a retry hint (the driver's error text stays in the logs);
+    /// a misuse of the layer is `500` `handler-failed`.
+    pub fn response(&self) -> http::Response<Bytes> {
+        let mut response = match self {
+            LocalError::Store(_) => crate::problem::Problem::store_unavailable(),
+            _ => crate::problem::Problem::HandlerFailed.response(&self.to_string()),
+        };
+        response.extensions_mut().insert(crate::step::Unfinished);
+        response
+    }
+}
+
+impl StoreError {
+    /// The answer for a caller whose handler met this error (a query in its `Local`
+    /// transaction that failed), marked [`Unfinished`](crate::Unfinished): `503`
+    /// `store-unavailable` with a retry hint and without the driver's text; nothing is stored
+    /// and the lease ends at once.
+    pub fn response(&self) -> http::Response<Bytes> {
+        let mut response = crate::problem::Problem::store_unavailable();
+        response.extensions_mut().insert(crate::step::Unfinished);
+        response
+    }
+}
+
 /// The marker of an answer given before the handler did anything (a validation failure):
 /// put in the response's extensions, it tells the layer to store nothing and roll back the
 /// handler's transaction, so a corrected request with the same key runs.
@@ -324,11 +362,20 @@ mod axum_parts {
 
     impl LocalError {
         fn into_problem(self) -> Response {
-            let problem = match self {
-                LocalError::Store(_) => crate::problem::Problem::StoreUnavailable,
-                _ => crate::problem::Problem::HandlerFailed,
-            };
-            let (parts, body) = problem.response(&self.to_string()).into_parts();
+            axum_core::response::IntoResponse::into_response(self)
+        }
+    }
+
+    impl axum_core::response::IntoResponse for LocalError {
+        fn into_response(self) -> Response {
+            let (parts, body) = self.response().into_parts();
+            Response::from_parts(parts, axum_core::body::Body::from(body))
+        }
+    }
+
+    impl axum_core::response::IntoResponse for StoreError {
+        fn into_response(self) -> Response {
+            let (parts, body) = self.response().into_parts();
             Response::from_parts(parts, axum_core::body::Body::from(body))
         }
     }
@@ -346,7 +393,8 @@ mod axum_parts {
     }
 
     /// The handler's transaction as an extractor: fails with a `500` problem when the layer is
-    /// not on the route, and a `503` when the store cannot begin a transaction.
+    /// not on the route, and a `503` when the store cannot begin a transaction; neither is
+    /// stored (see [`LocalError::response`]).
     impl<St: Sync, S: Store> FromRequestParts<St> for Local<S> {
         type Rejection = Response;
 

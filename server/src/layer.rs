@@ -4,11 +4,13 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use http::Method;
 use http::request::Parts;
+use http::{HeaderName, Method, StatusCode, header};
 use tower_layer::Layer;
+use tracing::Level;
 
-use crate::config::{Config, Counters};
+use crate::config::{Config, Counters, ScopeRule};
+use crate::events::Event;
 use crate::fingerprint::Fingerprint;
 use crate::key::KeySource;
 use crate::service::Idempotent;
@@ -41,6 +43,10 @@ impl<S: fmt::Debug> fmt::Debug for IdempotencyLayer<S> {
             .field("retention", &c.retention)
             .field("max_attempts", &c.max_attempts)
             .field("failed_retention", &c.failed_retention)
+            .field("shared_scope", &c.scope.is_shared())
+            .field("not_stored", &c.not_stored)
+            .field("saved_headers", &c.saved_headers)
+            .field("request_body_timeout", &c.request_body_timeout)
             .finish_non_exhaustive()
     }
 }
@@ -54,7 +60,7 @@ impl<S: Store> IdempotencyLayer<S> {
                 methods: vec![Method::POST, Method::PATCH],
                 key: KeySource::default(),
                 require_key: true,
-                scope: Arc::new(|_| Some(String::new())),
+                scope: ScopeRule::Unset,
                 lease: Duration::from_secs(30),
                 in_progress_retry_after: Duration::from_secs(1),
                 retention: Duration::from_secs(24 * 60 * 60),
@@ -64,6 +70,10 @@ impl<S: Store> IdempotencyLayer<S> {
                 fingerprint: Fingerprint::default(),
                 max_attempts: 10,
                 failed_retention: Duration::from_secs(7 * 24 * 60 * 60),
+                not_stored: Vec::new(),
+                saved_headers: DEFAULT_SAVED_HEADERS.to_vec(),
+                request_body_timeout: Duration::from_secs(10),
+                events: Arc::default(),
                 counters: Arc::default(),
             },
         }
@@ -129,19 +139,65 @@ impl<S: Store> Builder<S> {
         self
     }
 
-    /// The caller's scope, from the request's head [everyone shares one scope].
+    /// The caller's scope, from the request's head: keys are unique per scope. Every builder
+    /// chooses a scope on purpose, this or [`shared_scope`](Builder::shared_scope); `build`
+    /// refuses one that chose neither.
     ///
-    /// Keys are unique per scope only. **Under the default, two callers that send the same key
-    /// share one record: the second gets the first's stored answer (its body included) or a
-    /// `422`.** Any API with more than one caller should scope keys by the authenticated
-    /// principal, e.g. one an auth layer put in the extensions:
-    /// `.scope(|parts| parts.extensions.get::<Principal>().map(|p| p.id.clone()))`.
+    /// Scope keys by the authenticated principal, e.g. one an auth layer put in the
+    /// extensions: `.scope(|parts| parts.extensions.get::<Principal>().map(|p| p.id.clone()))`.
     /// A request the function returns `None` for is answered `401`, and nothing runs.
     pub fn scope(
         mut self,
         scope: impl Fn(&Parts) -> Option<String> + Send + Sync + 'static,
     ) -> Self {
-        self.config.scope = Arc::new(scope);
+        self.config.scope = ScopeRule::By(Arc::new(scope));
+        self
+    }
+
+    /// One scope for every caller: two callers that send the same key share one record, and
+    /// the second gets the first's stored answer (or a `422`). For a service with one caller,
+    /// or keys no two callers can share (a webhook's event ids). A replay under the shared
+    /// scope never carries the first caller's `Set-Cookie`.
+    pub fn shared_scope(mut self) -> Self {
+        self.config.scope = ScopeRule::Shared;
+        self
+    }
+
+    /// Statuses of the handler's answers that are not outcomes and are never stored [none]:
+    /// such an answer reaches its caller, the handler's transaction rolls back, and the lease
+    /// ends at once, so a retry with the key runs the handler again. For answers a framework
+    /// makes before the handler (axum's `415` or `400` for a body its extractor refuses) or a
+    /// proxy's own; a `5xx` the handler chose after it began is an outcome and is stored.
+    /// The layer's own failures (the store, its pool) and the crate's `LocalError`,
+    /// `StoreError` and `StepError` answers are never stored, whatever this says.
+    pub fn not_stored(mut self, statuses: impl IntoIterator<Item = StatusCode>) -> Self {
+        self.config.not_stored = statuses.into_iter().collect();
+        self
+    }
+
+    /// The request headers a record saves for a resumption (the reconciler runs the request
+    /// again from them) [`content-type`, `content-encoding`, `content-language`, `accept`,
+    /// `accept-language`, `idempotency-key`]. The saved request is cleared when its record
+    /// completes or fails. Credentials are never saved: `build` refuses an allow-list that
+    /// names `authorization`, `proxy-authorization`, `cookie` or a name that reads as a secret
+    /// (`…token…`, `…secret…`, `…password…`, `…api-key…`, `…apikey…`, `…session…`).
+    pub fn saved_headers(mut self, names: impl IntoIterator<Item = HeaderName>) -> Self {
+        self.config.saved_headers = names.into_iter().collect();
+        self
+    }
+
+    /// How long the layer waits for a guarded request's body to arrive whole [10 s]; a body
+    /// still arriving then is answered `408 body-timeout` and nothing is stored, so a client
+    /// that never ends its body holds no memory past it.
+    pub fn request_body_timeout(mut self, timeout: Duration) -> Self {
+        self.config.request_body_timeout = timeout;
+        self
+    }
+
+    /// The level `event` is logged at (see [`Event`] for each one's default). For example,
+    /// `.event_level(Event::Replay, Level::DEBUG)` quiets replays.
+    pub fn event_level(mut self, event: Event, level: Level) -> Self {
+        Arc::make_mut(&mut self.config.events).set(event, level);
         self
     }
 
@@ -237,6 +293,17 @@ impl<S: Store> Builder<S> {
                     .into(),
             ));
         }
+        if matches!(c.scope, ScopeRule::Unset) {
+            return Err(ConfigError("no scope chosen: call `.scope(|parts| ...)` to scope keys by the authenticated caller, or `.shared_scope()` for one scope every caller shares".into()));
+        }
+        if let Some(secret) = c.saved_headers.iter().find(|name| is_secret(name)) {
+            return Err(ConfigError(format!(
+                "`saved_headers` names `{secret}`, a credential: saved requests never keep credentials; take it out (the reconciler's handler reads the caller from `Execution::scope`)"
+            )));
+        }
+        if c.request_body_timeout.is_zero() {
+            return Err(ConfigError("`request_body_timeout` is zero: no body would ever be read; allow the slowest client's upload (default 10 s)".into()));
+        }
         if c.max_key_len == 0 || c.max_key_len > 4096 {
             return Err(ConfigError(format!(
                 "`max_key_len` is {}: set it between 1 and 4096 bytes (default 255)",
@@ -247,6 +314,25 @@ impl<S: Store> Builder<S> {
             config: Arc::new(self.config),
         })
     }
+}
+
+/// The headers a saved request keeps unless the builder says otherwise.
+const DEFAULT_SAVED_HEADERS: [HeaderName; 6] = [
+    header::CONTENT_TYPE,
+    header::CONTENT_ENCODING,
+    header::CONTENT_LANGUAGE,
+    header::ACCEPT,
+    header::ACCEPT_LANGUAGE,
+    crate::key::IDEMPOTENCY_KEY,
+];
+
+/// Whether a header's name says it carries a credential.
+fn is_secret(name: &HeaderName) -> bool {
+    const WORDS: [&str; 7] = [
+        "auth", "cookie", "token", "secret", "password", "api-key", "apikey",
+    ];
+    let name = name.as_str();
+    WORDS.iter().any(|word| name.contains(word)) || name.contains("session")
 }
 
 /// A configuration the layer refuses; the message names the setting and the fix.

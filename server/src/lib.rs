@@ -134,11 +134,13 @@
 
 mod body;
 mod config;
+mod events;
 mod execution;
 mod fingerprint;
 mod headers;
 mod key;
 mod layer;
+mod outgoing;
 mod problem;
 mod reconciler;
 #[cfg(feature = "client")]
@@ -146,9 +148,12 @@ mod relay;
 mod service;
 mod step;
 pub mod store;
+mod sweeper;
+mod worker;
 
 pub use body::{BoxError, ReplyBody};
 pub use config::{CounterSnapshot, Counters};
+pub use events::Event;
 pub use execution::{Execution, Local, LocalError, Rejected};
 pub use fingerprint::Fingerprint;
 pub use headers::IDEMPOTENT_REPLAYED;
@@ -165,8 +170,9 @@ pub use step::{Message, Pending, Step, StepError, Unfinished};
 #[cfg(feature = "postgres")]
 pub use store::PostgresStore;
 #[cfg(feature = "sqlite")]
-pub use store::SqliteStore;
+pub use store::{SqliteBuilder, SqliteStore};
 pub use store::{Store, StoreError};
+pub use sweeper::{SweepReport, Sweeper};
 
 /// The README's examples, compiled as doctests.
 #[cfg(all(doctest, feature = "sqlite", feature = "axum", feature = "client"))]

@@ -22,6 +22,8 @@ pub enum Problem {
     BodyTooLarge,
     /// `400`: the request body could not be read.
     BodyUnreadable,
+    /// `408`: the request body did not arrive whole within the layer's time for it.
+    BodyTimeout,
     /// `422`: the key was used before with another request.
     KeyReused,
     /// `409`: the first request with this key is still running; `Retry-After` says when to ask
@@ -51,6 +53,7 @@ impl Problem {
             Problem::NoScope => "no-scope",
             Problem::BodyTooLarge => "body-too-large",
             Problem::BodyUnreadable => "body-unreadable",
+            Problem::BodyTimeout => "body-timeout",
             Problem::KeyReused => "key-reused",
             Problem::InProgress => "in-progress",
             Problem::StoreUnavailable => "store-unavailable",
@@ -68,6 +71,7 @@ impl Problem {
                 StatusCode::BAD_REQUEST
             }
             Problem::NoScope => StatusCode::UNAUTHORIZED,
+            Problem::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
             Problem::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Problem::KeyReused => StatusCode::UNPROCESSABLE_ENTITY,
             Problem::InProgress => StatusCode::CONFLICT,
@@ -85,6 +89,7 @@ impl Problem {
             Problem::NoScope => "No caller to scope the key to",
             Problem::BodyTooLarge => "The request body is too large",
             Problem::BodyUnreadable => "The request body could not be read",
+            Problem::BodyTimeout => "The request body did not arrive in time",
             Problem::KeyReused => "The idempotency key was used with another request",
             Problem::InProgress => "A request with this idempotency key is in progress",
             Problem::StoreUnavailable => "The idempotency store is unavailable",
@@ -116,17 +121,41 @@ impl Problem {
         response
     }
 
-    /// A `409` with `Retry-After` in whole seconds (rounded up, at least 1).
+    /// A `409` with the retry hint (see [`retry_hint`]).
     pub(crate) fn in_progress(retry_after: Duration) -> Response<Bytes> {
         let seconds = retry_after.as_millis().div_ceil(1000).max(1);
         let mut response = Problem::InProgress.response(&format!(
             "the first request with this key is still running; ask again in {seconds} s with the same key"
         ));
-        response
-            .headers_mut()
-            .insert(header::RETRY_AFTER, HeaderValue::from(seconds as u64));
+        retry_hint(&mut response, retry_after);
         response
     }
+
+    /// `503 store-unavailable` with a one-second retry hint: the store, its pool or the layer
+    /// failed, nothing was recorded, and the error's own text goes to the log only.
+    pub(crate) fn store_unavailable() -> Response<Bytes> {
+        let mut response = Problem::StoreUnavailable
+            .response("the outcome store failed; nothing was recorded; retry with the same key");
+        retry_hint(&mut response, Duration::from_secs(1));
+        response
+    }
+}
+
+/// When to ask again: `Retry-After` in whole seconds (rounded up, at least 1), and beside it
+/// `retry-after-ms` with the milliseconds, which clients that read it (this workspace's does)
+/// take as the finer hint.
+pub(crate) fn retry_hint(response: &mut Response<Bytes>, after: Duration) {
+    let millis = u64::try_from(after.as_millis()).unwrap_or(u64::MAX);
+    let seconds = millis.div_ceil(1000).max(1);
+    let headers = response.headers_mut();
+    headers.insert(header::RETRY_AFTER, HeaderValue::from(seconds));
+    headers.insert(
+        http::HeaderName::from_static("retry-after-ms"),
+        HeaderValue::from(millis),
+    );
+}
+
+impl Problem {
 }
 
 #[cfg(test)]
@@ -159,6 +188,16 @@ mod tests {
         assert_eq!(after(1001), "2");
         assert_eq!(after(29_500), "30");
         assert_eq!(Problem::in_progress(Duration::ZERO).status(), 409);
+        let ms = |ms| {
+            Problem::in_progress(Duration::from_millis(ms)).headers()["retry-after-ms"].clone()
+        };
+        assert_eq!(ms(0), "0");
+        assert_eq!(ms(250), "250");
+        assert_eq!(ms(1500), "1500");
+        let unavailable = Problem::store_unavailable();
+        assert_eq!(unavailable.status(), 503);
+        assert_eq!(unavailable.headers()[header::RETRY_AFTER], "1");
+        assert_eq!(unavailable.headers()["retry-after-ms"], "1000");
     }
 
     #[test]
@@ -167,6 +206,7 @@ mod tests {
             Problem::MissingKey,
             Problem::MalformedKey,
             Problem::NoScope,
+            Problem::BodyTimeout,
             Problem::BodyTooLarge,
             Problem::BodyUnreadable,
             Problem::KeyReused,

@@ -12,11 +12,10 @@ use tower_service::Service;
 
 use crate::body::BoxError;
 use crate::config::Config;
-use crate::config::Counters;
+use crate::events::{Event, emit};
 use crate::layer::IdempotencyLayer;
-use crate::problem::Problem;
-use crate::service::{Ended, Held, Owned, Resumed, execute, stored_problem};
-use crate::store::{Claim, Completion, Stalled, Store, StoreError, decode_request};
+use crate::service::{Ended, Held, Owned, Resumed, end_failed, execute};
+use crate::store::{Claim, Stalled, Store, StoreError, decode_request};
 
 /// Finishes requests that stopped part-way: records in progress past their lease that reached a
 /// recovery point (so their request is saved). Each is claimed like a retry would claim it,
@@ -27,9 +26,8 @@ use crate::store::{Claim, Completion, Stalled, Store, StoreError, decode_request
 /// [`tick`](Reconciler::tick) on a schedule of your own or [`run`](Reconciler::run) it on
 /// tokio.
 ///
-/// The handler runs on the saved request: its method, path and query, its headers except
-/// credentials (`authorization`, `proxy-authorization`, `cookie`) and hop-by-hop ones, and
-/// its body. Extensions that layers outside this one set (an authenticated principal) are not
+/// The handler runs on the saved request: its method, path and query, the headers the layer's
+/// [`saved_headers`](crate::Builder::saved_headers) allow (never credentials), and its body. Extensions that layers outside this one set (an authenticated principal) are not
 /// there: read the caller from [`Execution::scope`](crate::Execution::scope).
 pub struct Reconciler<Svc, S> {
     config: Arc<Config<S>>,
@@ -132,7 +130,19 @@ where
                 }
             }
         }
-        tracing::debug!(target: "safe_retry_server", event = "reconciled", ?report);
+        if report.found > 0 {
+            let r = report;
+            emit!(
+                self.config.events,
+                Event::Reconciled,
+                found = r.found,
+                completed = r.completed,
+                unfinished = r.unfinished,
+                failed = r.failed,
+                lost = r.lost,
+                store_failures = r.store_failures
+            );
+        }
         Ok(report)
     }
 
@@ -141,38 +151,10 @@ where
     /// abort the task to stop it.
     pub async fn run(self, every: Duration) {
         let batch = self.batch as usize;
-        tick_every(every, batch, "reconcile_failed", || async {
+        crate::worker::tick_every(every, batch, "reconciler", || async {
             self.tick().await.map(|report| report.found)
         })
         .await
-    }
-}
-
-/// Ticks every `every`, for ever: a tick that came back with a full `batch` is followed by
-/// another at once; a failed one is logged (as `failed_event`) and the next interval tries again.
-pub(crate) async fn tick_every<F, Fut>(
-    every: Duration,
-    batch: usize,
-    failed_event: &'static str,
-    mut tick: F,
-) where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<usize, StoreError>>,
-{
-    let mut interval = tokio::time::interval(every);
-    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        interval.tick().await;
-        loop {
-            match tick().await {
-                Ok(done) if done == batch => continue,
-                Ok(_) => break,
-                Err(error) => {
-                    tracing::warn!(target: "safe_retry_server", event = failed_event, %error);
-                    break;
-                }
-            }
-        }
     }
 }
 
@@ -184,7 +166,7 @@ where
     R: Body<Data = Bytes> + Unpin,
     R::Error: Into<BoxError>,
 {
-    let held = Held::new(config.store.clone(), config.counters.clone());
+    let held = Held::new(&config);
     let claim = Claim {
         scope: &record.scope,
         key: &record.key,
@@ -209,6 +191,13 @@ where
         held.done();
         return Resumption::Lost;
     };
+    let owned = Owned {
+        scope: record.scope.into(),
+        key: record.key.into(),
+        fingerprint: record.fingerprint,
+        claimed,
+        held,
+    };
     let decoded = decode_request(&saved).and_then(|saved| {
         let uri = saved
             .target
@@ -220,23 +209,9 @@ where
         Ok(decoded) => decoded,
         Err(error) => {
             // Never resumable: end it failed rather than find it again on every tick.
-            tracing::error!(target: "safe_retry_server", event = "not_resumable", scope = %record.scope, key = %record.key, %error);
-            let answer =
-                Problem::GaveUp.response(&format!("the request could not be resumed: {error}"));
-            let stored = stored_problem(&answer);
-            return match config
-                .store
-                .fail(claimed.fence, &stored, config.failed_retention)
-                .await
-            {
-                Ok(Completion::Completed) => {
-                    held.done();
-                    Counters::add(&config.counters.failed);
-                    Resumption::Ran(Ended::Failed)
-                }
-                Ok(Completion::Fenced) => Resumption::Lost,
-                Err(_) => Resumption::StoreFailed,
-            };
+            let detail = format!("the request could not be resumed: {error}");
+            let (_, ended) = end_failed::<S, R>(&config, &owned, &detail).await;
+            return Resumption::Ran(ended);
         }
     };
     let mut request = Request::new(B::from(saved.body.clone()));
@@ -254,13 +229,6 @@ where
     }
     let (parts, body) = request.into_parts();
     drop(body);
-    let owned = Owned {
-        scope: record.scope.into(),
-        key: record.key.into(),
-        fingerprint: record.fingerprint,
-        claimed,
-        held,
-    };
     match execute::<_, _, B, R>(&config, inner, parts, saved.body, owned).await {
         Ok((_, ended)) => Resumption::Ran(ended),
         Err(_) => Resumption::Ran(Ended::Unfinished),

@@ -7,6 +7,8 @@ use http::StatusCode;
 use reqwest_middleware::ClientWithMiddleware;
 use reqwest_safe_retry::NaturalKey;
 
+use crate::events::{Event, EventLevels, emit};
+use crate::outgoing::{NO_MIDDLEWARE, Verdict, sent_with_key, verdict};
 use crate::store::{OutboxMessage, Settle, Store, StoreError};
 
 /// Delivers the outbox's messages: each at least once after the transaction that staged it
@@ -14,9 +16,10 @@ use crate::store::{OutboxMessage, Settle, Store, StoreError};
 /// delivery), with the idempotency key derived from the message's id, so that a delivery made
 /// again (a relay that died before marking it sent) is the same request to the receiver.
 ///
-/// A `2xx` marks the message sent. A `4xx` other than `408`, `409`, `425` and `429` marks it
-/// failed: the receiver refused it, and sending it again would not change that. Anything else
-/// (no answer, `5xx`, those four) leaves it pending, due again after
+/// A `2xx` marks the message sent. A `3xx`, or a `4xx` other than `408`, `409`, `425` and
+/// `429`, marks it failed: the receiver refused it, and sending it again would not change that
+/// (a step's call reads a status the same way). Anything else (no answer, `5xx`, those four)
+/// leaves it pending, due again after
 /// [`retry_after`](Relay::retry_after), until it has been taken
 /// [`max_deliveries`](Relay::max_deliveries) times.
 ///
@@ -128,6 +131,7 @@ impl<S: Store> Relay<S> {
             taken: taken.len(),
             ..RelayReport::default()
         };
+        let levels = EventLevels::default();
         let mut running = tokio::task::JoinSet::new();
         for message in taken {
             let relay = self.clone();
@@ -145,13 +149,25 @@ impl<S: Store> Relay<S> {
                 // lease, and delivered again under its key.
                 Ok(Err(error)) => {
                     report.store_failures += 1;
-                    tracing::warn!(target: "safe_retry_server", event = "settle_failed", %error);
+                    emit!(levels, Event::WorkerFailed, worker = "relay", error = %error);
                 }
                 // A delivery that panicked is due again after the lease.
                 Err(_) => report.retrying += 1,
             }
         }
-        tracing::debug!(target: "safe_retry_server", event = "relayed", ?report);
+        if report.taken > 0 {
+            let r = report;
+            emit!(
+                levels,
+                Event::Relayed,
+                taken = r.taken,
+                sent = r.sent,
+                retrying = r.retrying,
+                failed = r.failed,
+                lost = r.lost,
+                store_failures = r.store_failures
+            );
+        }
         Ok(report)
     }
 
@@ -160,7 +176,7 @@ impl<S: Store> Relay<S> {
     /// abort the task to stop it.
     pub async fn run(self, every: Duration) {
         let batch = self.batch as usize;
-        crate::reconciler::tick_every(every, batch, "relay_failed", || async {
+        crate::worker::tick_every(every, batch, "relay", || async {
             self.tick().await.map(|report| report.taken)
         })
         .await
@@ -185,9 +201,9 @@ impl<S: Store> Relay<S> {
                 match request.send().await {
                     // A client without this workspace's middleware sent it without a key: kept
                     // pending (and said so) until the relay is given the right client.
-                    Ok(response) if !crate::step::sent_with_key(&response) => Settle::Retry {
+                    Ok(response) if !sent_with_key(&response) => Settle::Retry {
                         after: self.retry_after,
-                        error: crate::step::NO_MIDDLEWARE.to_owned(),
+                        error: NO_MIDDLEWARE.to_owned(),
                     },
                     answer => self.settlement(&message, answer.map(|r| r.status())),
                 }
@@ -197,15 +213,17 @@ impl<S: Store> Relay<S> {
             .store
             .settle(&message.id, message.delivery, &settle)
             .await?;
+        let levels = EventLevels::default();
+        let (id, delivery) = (&message.id, message.delivery);
         match &settle {
             Settle::Sent { status, .. } => {
-                tracing::debug!(target: "safe_retry_server", event = "delivered", id = %message.id, status, settled);
+                emit!(levels, Event::Delivered, id = %id, delivery, status, settled);
             }
             Settle::Retry { error, .. } => {
-                tracing::info!(target: "safe_retry_server", event = "delivery_retry", id = %message.id, delivery = message.delivery, error, settled);
+                emit!(levels, Event::DeliveryRetry, id = %id, delivery, error, settled);
             }
             Settle::Failed { error, .. } => {
-                tracing::warn!(target: "safe_retry_server", event = "delivery_failed", id = %message.id, delivery = message.delivery, error, settled);
+                emit!(levels, Event::DeliveryFailed, id = %id, delivery, error, settled);
             }
         }
         Ok((settle, settled))
@@ -231,13 +249,11 @@ impl<S: Store> Relay<S> {
             }
         };
         match answer {
-            Ok(status) if status.is_success() => Settle::Sent {
+            Ok(status) if verdict(status) == Verdict::Done => Settle::Sent {
                 status: status.as_u16(),
                 keep: self.keep_sent,
             },
-            Ok(status)
-                if status.is_client_error() && ![408, 409, 425, 429].contains(&status.as_u16()) =>
-            {
+            Ok(status) if verdict(status) == Verdict::Refused => {
                 Settle::Failed {
                     status: Some(status.as_u16()),
                     error: format!("the receiver refused the message with {status}"),
@@ -296,7 +312,7 @@ mod tests {
                 keep: Duration::from_secs(11)
             }
         );
-        for refused in [400, 404, 410, 422] {
+        for refused in [301, 400, 404, 410, 422] {
             assert_eq!(
                 relay.settlement(&message(1), status(refused)),
                 Settle::Failed {

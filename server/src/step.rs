@@ -12,17 +12,23 @@ use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
 
 use crate::config::Counters;
+use crate::events::{Event, emit};
 use crate::execution::Execution;
 use crate::problem::Problem;
 use crate::store::{Completion, StagedMessage, StepWrite, Store, StoreError};
 
 /// The natural key of one of a record's effects: the scope and key, length-prefixed so that no
-/// two records share one, then the kind (`step`, `outbox`) and the effect's name.
-pub(crate) fn natural(scope: &str, key: &str, kind: &str, name: &str) -> String {
+/// two keys share one, then the record (its row id, never reused, and its generation, new when
+/// the key is renewed after its retention), the kind (`step`, `outbox`) and the effect's name.
+/// Every attempt, takeover and resumption of one record derives the same; a renewed key, or a
+/// new database, another.
+pub(crate) fn natural(scope: &str, key: &str, record: (i64, i64), kind: &str, name: &str) -> String {
     format!(
-        "safe-retry/{}:{scope}/{}:{key}/{kind}/{name}",
+        "safe-retry/{}:{scope}/{}:{key}/{}.{}/{kind}/{name}",
         scope.len(),
-        key.len()
+        key.len(),
+        record.0,
+        record.1
     )
 }
 
@@ -94,23 +100,67 @@ pub enum StepError {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Unfinished;
 
+/// The marker of a [`StepError::Fenced`] answer: the layer replaces it with what happened to
+/// the record (its stored outcome, or `409` while it is still in progress).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct FencedStep;
+
 impl StepError {
-    /// The answer for a caller whose request stopped at this error, marked [`Unfinished`]:
-    /// `409` `in-progress` when another attempt holds the record, else `503`
-    /// `step-unfinished` with `Retry-After: 1`.
+    /// The answer for a caller whose request stopped at this error, marked [`Unfinished`]
+    /// (nothing is stored): when another attempt holds the record, what happened to it (the
+    /// layer replays its outcome once completed, else `409` `in-progress`); when the store
+    /// failed, `503` `store-unavailable`; else `503` `step-unfinished`; each with a retry hint.
+    /// No error's inner text (a driver's, a dependency's URL) reaches the caller.
     pub fn response(&self) -> Response<Bytes> {
         let mut response = match self {
-            StepError::Fenced => Problem::in_progress(std::time::Duration::from_secs(1)),
-            StepError::Store(_) => Problem::StoreUnavailable.response(&self.to_string()),
-            _ => Problem::StepUnfinished.response(&format!(
-                "{self}; the request is kept at its last recovery point; retry with the same key"
-            )),
+            StepError::Fenced => {
+                let mut fenced = Problem::in_progress(std::time::Duration::from_secs(1));
+                fenced.extensions_mut().insert(FencedStep);
+                fenced
+            }
+            StepError::Store(_) => Problem::store_unavailable(),
+            _ => {
+                let mut unfinished = Problem::StepUnfinished.response(&format!(
+                    "{}; the request is kept at its last recovery point; retry with the same key",
+                    self.public_reason()
+                ));
+                crate::problem::retry_hint(&mut unfinished, std::time::Duration::from_secs(1));
+                unfinished
+            }
         };
-        response
-            .headers_mut()
-            .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
         response.extensions_mut().insert(Unfinished);
         response
+    }
+
+    /// What a caller may be told of this error.
+    fn public_reason(&self) -> String {
+        match self {
+            StepError::Fenced => "another attempt holds this request".into(),
+            StepError::Store(_) => "the outcome store failed".into(),
+            StepError::Output(_) => "a step's output could not be kept".into(),
+            #[cfg(feature = "client")]
+            StepError::Call(_) => "a step's dependency did not answer".into(),
+            StepError::Unavailable(status) => {
+                format!("a step's dependency answered {status} after the client's retries")
+            }
+            StepError::Misuse(misuse) => (*misuse).into(),
+        }
+    }
+}
+
+impl From<crate::execution::LocalError> for StepError {
+    fn from(error: crate::execution::LocalError) -> StepError {
+        use crate::execution::LocalError;
+        match error {
+            LocalError::Store(error) => StepError::Store(error),
+            LocalError::AlreadyHeld => {
+                StepError::Misuse("this request's transaction is already held by another Local")
+            }
+            LocalError::Finished => StepError::Misuse("this request's execution has finished"),
+            LocalError::NoExecution => StepError::Misuse(
+                "no idempotent execution on this request: put the layer on this route and method",
+            ),
+        }
     }
 }
 
@@ -146,16 +196,24 @@ impl<S: Store> Execution<S> {
     }
 
     /// The natural key a step's external call derives its idempotency key from: the same for
-    /// (scope, key, step) on every attempt and every server.
+    /// (scope, key, record, step) on every attempt, takeover and resumption of the record, on
+    /// every server; a new one once the key is renewed after its retention, so a dependency
+    /// that keeps its keys longer than this layer never replays an old effect for a new request.
     pub fn natural_key(&self, step: &str) -> String {
-        natural(self.scope(), self.key(), "step", step)
+        natural(self.scope(), self.key(), self.inner().record, "step", step)
     }
 
     /// Stages an outbox message in `tx` (a step's transaction, or the request's
     /// [`Local`](crate::Local)): the relay delivers it once `tx` commits, never before.
     /// Staging a message of the same name again (a resumed request) adds nothing.
     pub async fn stage(&self, tx: &mut S::Tx, message: &Message) -> Result<(), StoreError> {
-        let id = natural(self.scope(), self.key(), "outbox", &message.name);
+        let id = natural(
+            self.scope(),
+            self.key(),
+            self.inner().record,
+            "outbox",
+            &message.name,
+        );
         self.inner()
             .store
             .stage(
@@ -220,22 +278,12 @@ impl<S: Store> Execution<S> {
             lease: inner.lease,
         };
         match inner.store.commit_step(tx, inner.fence, &write).await? {
-            Completion::Fenced => {
-                Counters::add(&inner.counters.fenced);
-                tracing::warn!(
-                    target: "safe_retry_server",
-                    event = "fenced",
-                    scope = %self.scope(),
-                    key = %self.key(),
-                    point,
-                    attempt = inner.fence.attempt,
-                    "another attempt took this record over; this step and its local effects were rolled back"
-                );
-                Err(StepError::Fenced)
-            }
+            // Counted and logged where the layer answers it (`Ended::Fenced`).
+            Completion::Fenced => Err(StepError::Fenced),
             Completion::Completed => {
                 Counters::add(&inner.counters.steps);
-                tracing::debug!(target: "safe_retry_server", event = "step", scope = %self.scope(), key = %self.key(), point);
+                let (scope, key) = (self.scope(), self.key());
+                emit!(inner.events, Event::Step, scope, key, point);
                 let mut journal = lock(&inner.journal);
                 journal.request_saved = true;
                 if let Some((name, value)) = output {
@@ -312,16 +360,9 @@ impl<S: Store, T: Serialize> Pending<S, T> {
 #[cfg(feature = "client")]
 mod client {
     use super::*;
+    use crate::outgoing::{NO_MIDDLEWARE, Verdict, sent_with_key, verdict};
     use http::StatusCode;
-    use reqwest_safe_retry::{NaturalKey, RetryRecord};
-
-    /// What a call made through a client without this workspace's middleware is told.
-    pub(crate) const NO_MIDDLEWARE: &str = "the call went out without an idempotency key: build its client with reqwest-safe-retry's RetryMiddleware, which derives the key";
-
-    /// Whether `response` came through this workspace's middleware with a key on its request.
-    pub(crate) fn sent_with_key(response: &reqwest::Response) -> bool {
-        RetryRecord::of(response).is_some_and(|record| record.idempotency_key().is_some())
-    }
+    use reqwest_safe_retry::NaturalKey;
 
     /// A dependency's answer to a step's external call.
     #[derive(Debug, Clone, PartialEq, Eq)]
@@ -337,13 +378,14 @@ mod client {
 
     impl<S: Store, T: Serialize> Pending<S, T> {
         /// Calls another service for this step through the `reqwest-safe-retry` client that
-        /// built `request`, with the idempotency key derived from (scope, key, step): every
-        /// attempt of every resumption sends the same key, so the dependency performs the
-        /// effect once.
+        /// built `request`, with the idempotency key derived from the record and the step
+        /// ([`natural_key`](Pending::natural_key)): every attempt of every resumption sends the
+        /// same key, so the dependency performs the effect once.
         ///
         /// Before the call it commits the step's `started` recovery point (saving the request
         /// for a resumption and renewing the lease); a fenced holder never calls. The answer
-        /// is returned when it is final (`2xx`, `3xx`, a `4xx` but `408` and `429`), for the
+        /// is returned when it is final (`2xx`, `3xx`, a `4xx` but `408`, `409`, `425` and
+        /// `429`, as the outbox relay reads a status), for the
         /// handler to keep what it needs in the step's output. A call that fails without an
         /// answer (after the client's retries) is [`StepError::Call`]; one answered with a
         /// transient status is [`StepError::Unavailable`]: neither says whether the effect
@@ -362,7 +404,7 @@ mod client {
                 return Err(StepError::Misuse(NO_MIDDLEWARE));
             }
             let status = response.status();
-            if status.is_server_error() || status == 408 || status == 429 {
+            if verdict(status) == Verdict::Transient {
                 return Err(StepError::Unavailable(status));
             }
             let replayed = response
@@ -385,7 +427,6 @@ mod client {
 #[cfg(feature = "client")]
 pub use client::Downstream;
 #[cfg(feature = "client")]
-pub(crate) use client::{NO_MIDDLEWARE, sent_with_key};
 
 /// A follow-on message a handler stages in its outbox: a request the relay delivers at least
 /// once after the transaction that staged it commits, with an idempotency key derived from the
@@ -449,16 +490,25 @@ mod tests {
     fn natural_keys_of_different_records_and_effects_never_meet() {
         // The lengths keep "a/b" + "c" apart from "a" + "b/c".
         assert_ne!(
-            natural("a/b", "c", "step", "x"),
-            natural("a", "b/c", "step", "x")
+            natural("a/b", "c", (1, 1), "step", "x"),
+            natural("a", "b/c", (1, 1), "step", "x")
         );
         assert_ne!(
-            natural("s", "k", "step", "x"),
-            natural("s", "k", "outbox", "x")
+            natural("s", "k", (1, 1), "step", "x"),
+            natural("s", "k", (1, 1), "outbox", "x")
+        );
+        // A renewed record (a new generation), or another row, is another record.
+        assert_ne!(
+            natural("s", "k", (1, 1), "step", "x"),
+            natural("s", "k", (1, 4), "step", "x")
+        );
+        assert_ne!(
+            natural("s", "k", (1, 1), "step", "x"),
+            natural("s", "k", (2, 1), "step", "x")
         );
         assert_eq!(
-            natural("tenant", "k-1", "step", "charge"),
-            "safe-retry/6:tenant/3:k-1/step/charge"
+            natural("tenant", "k-1", (12, 3), "step", "charge"),
+            "safe-retry/6:tenant/3:k-1/12.3/step/charge"
         );
     }
 
@@ -467,16 +517,25 @@ mod tests {
         let fenced = StepError::Fenced.response();
         assert_eq!(fenced.status(), 409);
         assert!(fenced.extensions().get::<Unfinished>().is_some());
+        assert!(fenced.extensions().get::<FencedStep>().is_some());
         let misuse = StepError::Misuse("x").response();
         assert_eq!(misuse.status(), 503);
         assert_eq!(misuse.headers()[header::RETRY_AFTER], "1");
+        assert_eq!(misuse.headers()["retry-after-ms"], "1000");
+        assert!(misuse.extensions().get::<FencedStep>().is_none());
         assert!(misuse.extensions().get::<Unfinished>().is_some());
         let body: Value = serde_json::from_slice(misuse.body()).unwrap();
         assert_eq!(body["type"], "urn:safe-retry:problem:step-unfinished");
-        let store = StepError::Store(StoreError::new("down")).response();
+        let store = StepError::Store(StoreError::new("database is locked")).response();
         assert_eq!(store.status(), 503);
+        assert!(store.extensions().get::<Unfinished>().is_some());
         let body: Value = serde_json::from_slice(store.body()).unwrap();
         assert_eq!(body["type"], "urn:safe-retry:problem:store-unavailable");
+        // No driver's text reaches the caller.
+        assert!(!String::from_utf8_lossy(store.body()).contains("locked"));
+        let output = serde_json::from_str::<u8>("x").unwrap_err();
+        let output = StepError::Output(output).response();
+        assert!(!String::from_utf8_lossy(output.body()).contains("expected"));
     }
 
     #[cfg(feature = "sqlite")]
@@ -503,11 +562,13 @@ mod tests {
             Claimed {
                 scope: "tenant".into(),
                 key: "k-1".into(),
+                record: (claimed.fence.id, claimed.generation),
                 fence: claimed.fence,
                 taken_over: false,
                 lease: std::time::Duration::from_secs(30),
                 counters: Default::default(),
-                snapshot: Snapshot::of(&parts, &Bytes::new()),
+                snapshot: Snapshot::of(&parts, &Bytes::new(), &[]),
+                events: Default::default(),
             },
         );
         let Step::Todo(mut pending) = execution.step::<u32>("charge").await.unwrap() else {
@@ -516,7 +577,10 @@ mod tests {
         assert_eq!(pending.name(), "charge");
         assert_eq!(
             pending.natural_key(),
-            "safe-retry/6:tenant/3:k-1/step/charge"
+            format!(
+                "safe-retry/6:tenant/3:k-1/{}.1/step/charge",
+                claimed.fence.id
+            )
         );
         assert_eq!(
             format!("{pending:?}"),

@@ -10,7 +10,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Extension, Json, Router};
-use safe_retry_server::{Execution, IdempotencyLayer, Store};
+use safe_retry_server::{Execution, IdempotencyLayer, Store, StoreError};
 
 /// One effect: a row the charge wrote, with the key it ran under.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -22,7 +22,8 @@ pub struct Effect {
 
 /// What the service needs of its database beyond the outcome table: a table of effects.
 pub trait ChargesDb: Store {
-    /// Creates the effects table if it is missing.
+    /// Creates the effects table if it is missing; safe when several processes start on one new
+    /// database at once.
     fn prepare(&self) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
 
     /// Writes one effect in the handler's transaction and returns its id.
@@ -50,13 +51,15 @@ pub trait ChargesDb: Store {
 #[cfg(feature = "sqlite")]
 impl ChargesDb for safe_retry_server::SqliteStore {
     async fn prepare(&self) -> Result<(), sqlx::Error> {
+        // SQLite runs one writer at a time: `BEGIN IMMEDIATE` makes the processes take turns.
+        let mut tx = self.pool().begin_with("BEGIN IMMEDIATE").await?;
         sqlx::query(
             "CREATE TABLE IF NOT EXISTS charge_effects
              (id INTEGER PRIMARY KEY AUTOINCREMENT, key TEXT NOT NULL, body TEXT NOT NULL)",
         )
-        .execute(self.pool())
-        .await
-        .map(drop)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await
     }
 
     fn record_effect<'a>(
@@ -98,13 +101,20 @@ impl ChargesDb for safe_retry_server::SqliteStore {
 #[cfg(feature = "postgres")]
 impl ChargesDb for safe_retry_server::PostgresStore {
     async fn prepare(&self) -> Result<(), sqlx::Error> {
+        // Two `CREATE TABLE IF NOT EXISTS` at once can both find no table and both create it:
+        // the second fails on the catalogue's unique index. An advisory lock (the bytes of
+        // "charges!") makes the processes take turns; the second then finds the table.
+        let mut tx = self.pool().begin().await?;
+        sqlx::query("SELECT pg_advisory_xact_lock(7163082351321641761)")
+            .execute(&mut *tx)
+            .await?;
         sqlx::query(
             "CREATE TABLE IF NOT EXISTS charge_effects
              (id BIGSERIAL PRIMARY KEY, key TEXT NOT NULL, body TEXT NOT NULL)",
         )
-        .execute(self.pool())
-        .await
-        .map(drop)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await
     }
 
     fn record_effect<'a>(
@@ -168,9 +178,11 @@ async fn charge<S: ChargesDb>(
     body: String,
 ) -> Response {
     tokio::time::sleep(delay).await;
+    // The crate's own answers for a store that failed: `503` with a retry hint, never stored,
+    // the lease ended at once, so the retry runs the charge.
     let mut tx = match execution.local().await {
         Ok(tx) => tx,
-        Err(error) => return (StatusCode::SERVICE_UNAVAILABLE, error.to_string()).into_response(),
+        Err(error) => return error.into_response(),
     };
     match S::record_effect(&mut tx, execution.key(), &body).await {
         Ok(id) => (
@@ -178,7 +190,7 @@ async fn charge<S: ChargesDb>(
             Json(serde_json::json!({ "effect_id": id })),
         )
             .into_response(),
-        Err(error) => (StatusCode::SERVICE_UNAVAILABLE, error.to_string()).into_response(),
+        Err(error) => StoreError::from(error).into_response(),
     }
 }
 

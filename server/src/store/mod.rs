@@ -25,7 +25,7 @@ mod sqlite;
 #[cfg(feature = "postgres")]
 pub use postgres::PostgresStore;
 #[cfg(feature = "sqlite")]
-pub use sqlite::SqliteStore;
+pub use sqlite::{SqliteBuilder, SqliteStore};
 
 use std::future::Future;
 use std::time::Duration;
@@ -47,8 +47,10 @@ pub trait Store: Clone + Send + Sync + 'static {
     /// Claims the key in one atomic statement.
     ///
     /// Returns the holder's fence when this call owns the execution: the key was new, its
-    /// retention had ended, or it was `in_progress` under the same fingerprint past its lease
-    /// (a takeover). Returns `None` when another holder or a completed outcome has it.
+    /// retention had ended (a renewal: a new generation), or it was `in_progress` under the
+    /// same fingerprint past its lease (a takeover). Returns `None` when another holder or a
+    /// completed outcome has it, or when another transaction holds the record's row locked: a
+    /// claim never waits on a row lock without a bound.
     fn try_claim(
         &self,
         claim: &Claim<'_>,
@@ -65,7 +67,7 @@ pub trait Store: Clone + Send + Sync + 'static {
     fn begin(&self) -> impl Future<Output = Result<Self::Tx, StoreError>> + Send;
 
     /// Stores the answer and marks the record completed, in `tx` when the handler opened one,
-    /// then commits. When the record is no longer held by `fence` (another attempt took it
+    /// then commits. The saved request and the steps' outputs are cleared with it. When the record is no longer held by `fence` (another attempt took it
     /// over) nothing is written, `tx` is rolled back and the result is
     /// [`Completion::Fenced`].
     fn complete(
@@ -110,7 +112,8 @@ pub trait Store: Clone + Send + Sync + 'static {
     ) -> impl Future<Output = Result<Completion, StoreError>> + Send;
 
     /// Ends the record in the `failed` state with `answer` (what every later request with the
-    /// key is sent), kept for `retention` from now, while `fence` still holds it.
+    /// key is sent), kept for `retention` from now, while `fence` still holds it. The saved
+    /// request is cleared; the last recovery point and the steps' outputs stay for an operator.
     fn fail(
         &self,
         fence: Fence,
@@ -277,6 +280,12 @@ pub struct Fence {
 pub struct Claimed {
     /// The fence every later write of this holder carries.
     pub fence: Fence,
+    /// The attempt at which the record's current generation began: its first claim, or the
+    /// claim that renewed it after its retention. The generation's starts so far are
+    /// `fence.attempt - generation + 1`, and (`fence.id`, `generation`) names the record for
+    /// the keys its steps and messages send downstream: the same for every attempt, takeover
+    /// and resumption, new after a renewal.
+    pub generation: i64,
     /// Whether this claim took over a record another holder left in progress past its lease.
     pub taken_over: bool,
 }

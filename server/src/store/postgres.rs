@@ -13,10 +13,16 @@ use super::{
     record_of, settle_columns, stalled_of,
 };
 
-const MIGRATIONS: &[(i64, &str)] = &[(
-    1,
-    include_str!("../../migrations/postgres/0001_outcomes.sql"),
-)];
+const MIGRATIONS: &[(i64, &str)] = &[
+    (
+        1,
+        include_str!("../../migrations/postgres/0001_outcomes.sql"),
+    ),
+    (
+        2,
+        include_str!("../../migrations/postgres/0002_generations.sql"),
+    ),
+];
 
 /// The advisory lock that serialises servers of a fleet migrating the same database at once
 /// (a constant: the bytes of "safe-rtr").
@@ -89,14 +95,26 @@ impl Store for PostgresStore {
     type Tx = Transaction<'static, Postgres>;
 
     async fn try_claim(&self, claim: &Claim<'_>) -> Result<Option<Claimed>, StoreError> {
+        // A row another transaction holds locked (a holder frozen between its write and its
+        // commit) is passed by, not waited for: `held` skips it, and the insert then adds
+        // nothing, so the claim answers at once and the request reads the record (a `409`
+        // while it is in progress). Only a row this statement could lock, or no row, is claimed.
         let row = sqlx::query(
-            "INSERT INTO safe_retry_outcomes AS o
-                (scope, key, fingerprint, status, attempt, locked_until, created_at, expires_at)
-             VALUES ($1, $2, $3, 'in_progress', 1,
-                     now() + $4::BIGINT * INTERVAL '1 millisecond', now(),
-                     now() + $5::BIGINT * INTERVAL '1 millisecond')
+            "WITH held AS (
+                SELECT id FROM safe_retry_outcomes WHERE scope = $1 AND key = $2
+                FOR UPDATE SKIP LOCKED
+             )
+             INSERT INTO safe_retry_outcomes AS o
+                (scope, key, fingerprint, status, attempt, generation, locked_until, created_at,
+                 expires_at)
+             SELECT $1, $2, $3, 'in_progress', 1, 1,
+                    now() + $4::BIGINT * INTERVAL '1 millisecond', now(),
+                    now() + $5::BIGINT * INTERVAL '1 millisecond'
+             WHERE EXISTS (SELECT 1 FROM held)
+                OR NOT EXISTS (SELECT 1 FROM safe_retry_outcomes WHERE scope = $1 AND key = $2)
              ON CONFLICT (scope, key) DO UPDATE SET
                 attempt = o.attempt + 1,
+                generation = CASE WHEN o.expires_at <= now() THEN o.attempt + 1 ELSE o.generation END,
                 takeovers = CASE WHEN o.expires_at <= now() THEN 0 ELSE o.takeovers + 1 END,
                 locked_until = excluded.locked_until,
                 status = 'in_progress',
@@ -109,7 +127,7 @@ impl Store for PostgresStore {
                 expires_at = CASE WHEN o.expires_at <= now() THEN excluded.expires_at ELSE o.expires_at END
              WHERE (o.expires_at <= now() AND (o.status <> 'in_progress' OR o.locked_until <= now()))
                 OR (o.status = 'in_progress' AND o.locked_until <= now() AND o.fingerprint = excluded.fingerprint)
-             RETURNING id, attempt, takeovers > 0 AS taken_over",
+             RETURNING id, attempt, generation, takeovers > 0 AS taken_over",
         )
         .bind(claim.scope)
         .bind(claim.key)
@@ -125,6 +143,7 @@ impl Store for PostgresStore {
                     id: row.try_get("id")?,
                     attempt: row.try_get("attempt")?,
                 },
+                generation: row.try_get("generation")?,
                 taken_over: row.try_get("taken_over")?,
             }),
         })
@@ -169,7 +188,7 @@ impl Store for PostgresStore {
         };
         let done = sqlx::query(
             "UPDATE safe_retry_outcomes
-             SET status = 'completed', locked_until = NULL,
+             SET status = 'completed', locked_until = NULL, request = NULL, steps = NULL,
                  response_status = $3, response_headers = $4, response_body = $5
              WHERE id = $1 AND attempt = $2 AND status = 'in_progress'",
         )
@@ -293,7 +312,7 @@ impl Store for PostgresStore {
     ) -> Result<Completion, StoreError> {
         let done = sqlx::query(
             "UPDATE safe_retry_outcomes
-             SET status = 'failed', locked_until = NULL,
+             SET status = 'failed', locked_until = NULL, request = NULL,
                  response_status = $3, response_headers = $4, response_body = $5,
                  expires_at = now() + $6::BIGINT * INTERVAL '1 millisecond'
              WHERE id = $1 AND attempt = $2 AND status = 'in_progress'",

@@ -21,8 +21,13 @@ macro_rules! now_ms {
     };
 }
 
-const MIGRATIONS: &[(i64, &str)] =
-    &[(1, include_str!("../../migrations/sqlite/0001_outcomes.sql"))];
+const MIGRATIONS: &[(i64, &str)] = &[
+    (1, include_str!("../../migrations/sqlite/0001_outcomes.sql")),
+    (
+        2,
+        include_str!("../../migrations/sqlite/0002_generations.sql"),
+    ),
+];
 
 /// The outcome table in SQLite: the embedded default, for one process (or several on one
 /// machine sharing a file).
@@ -38,19 +43,19 @@ pub struct SqliteStore {
 
 impl SqliteStore {
     /// Opens (creating it if missing) the database at `url` (`sqlite://path/to/file.db`, or a
-    /// bare path) in WAL mode with a 5 s busy timeout, and applies the migrations.
+    /// bare path) with the defaults of [`SqliteStore::builder`], and applies the migrations.
     pub async fn open(url: &str) -> Result<SqliteStore, StoreError> {
-        let options = SqliteConnectOptions::from_str(url)?
-            .create_if_missing(true)
-            .journal_mode(SqliteJournalMode::Wal)
-            .busy_timeout(Duration::from_secs(5));
-        let pool = SqlitePoolOptions::new()
-            .max_connections(8)
-            .connect_with(options)
-            .await?;
-        let store = SqliteStore { pool };
-        store.migrate().await?;
-        Ok(store)
+        SqliteStore::builder(url).open().await
+    }
+
+    /// Sets up how the database at `url` is opened: [`busy_timeout`](SqliteBuilder::busy_timeout)
+    /// and [`max_connections`](SqliteBuilder::max_connections).
+    pub fn builder(url: &str) -> SqliteBuilder {
+        SqliteBuilder {
+            url: url.to_owned(),
+            busy_timeout: Duration::from_secs(5),
+            max_connections: 8,
+        }
     }
 
     /// An in-memory database for one process, with the migrations applied. It lives on one
@@ -103,14 +108,57 @@ impl SqliteStore {
     }
 }
 
+/// How a [`SqliteStore`] opens its database file (WAL mode, created if missing).
+#[derive(Debug, Clone)]
+pub struct SqliteBuilder {
+    url: String,
+    busy_timeout: Duration,
+    max_connections: u32,
+}
+
+impl SqliteBuilder {
+    /// How long a statement waits for SQLite's one writer before it fails [5 s]. Every wait of
+    /// the layer on the database is bounded by it: a claim, a handler's `BEGIN IMMEDIATE` and a
+    /// completion behind a writer that does not finish fail after it, and the request is
+    /// answered `503 store-unavailable` with nothing stored.
+    pub fn busy_timeout(mut self, timeout: Duration) -> SqliteBuilder {
+        self.busy_timeout = timeout;
+        self
+    }
+
+    /// The pool's connections \[8\]: requests in flight at once that hold one (a claim, a
+    /// handler's transaction, a completion).
+    pub fn max_connections(mut self, connections: u32) -> SqliteBuilder {
+        self.max_connections = connections.max(1);
+        self
+    }
+
+    /// Opens the database and applies the migrations.
+    pub async fn open(self) -> Result<SqliteStore, StoreError> {
+        let options = SqliteConnectOptions::from_str(&self.url)?
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .busy_timeout(self.busy_timeout);
+        let pool = SqlitePoolOptions::new()
+            .max_connections(self.max_connections)
+            .acquire_timeout(self.busy_timeout.max(Duration::from_secs(1)))
+            .connect_with(options)
+            .await?;
+        let store = SqliteStore { pool };
+        store.migrate().await?;
+        Ok(store)
+    }
+}
+
 impl Store for SqliteStore {
     type Tx = Transaction<'static, Sqlite>;
 
     async fn try_claim(&self, claim: &Claim<'_>) -> Result<Option<Claimed>, StoreError> {
         let row = sqlx::query(concat!(
             "INSERT INTO safe_retry_outcomes AS o
-                (scope, key, fingerprint, status, attempt, locked_until, created_at, expires_at)
-             VALUES (?1, ?2, ?3, 'in_progress', 1, ",
+                (scope, key, fingerprint, status, attempt, generation, locked_until, created_at,
+                 expires_at)
+             VALUES (?1, ?2, ?3, 'in_progress', 1, 1, ",
             now_ms!(),
             " + ?4, ",
             now_ms!(),
@@ -119,6 +167,9 @@ impl Store for SqliteStore {
             " + ?5)
              ON CONFLICT (scope, key) DO UPDATE SET
                 attempt = o.attempt + 1,
+                generation = CASE WHEN o.expires_at <= ",
+            now_ms!(),
+            " THEN o.attempt + 1 ELSE o.generation END,
                 takeovers = CASE WHEN o.expires_at <= ",
             now_ms!(),
             " THEN 0 ELSE o.takeovers + 1 END,
@@ -149,7 +200,7 @@ impl Store for SqliteStore {
                 OR (o.status = 'in_progress' AND o.locked_until <= ",
             now_ms!(),
             " AND o.fingerprint = excluded.fingerprint)
-             RETURNING id, attempt, takeovers > 0 AS taken_over"
+             RETURNING id, attempt, generation, takeovers > 0 AS taken_over"
         ))
         .bind(claim.scope)
         .bind(claim.key)
@@ -165,6 +216,7 @@ impl Store for SqliteStore {
                     id: row.try_get("id")?,
                     attempt: row.try_get("attempt")?,
                 },
+                generation: row.try_get("generation")?,
                 taken_over: row.try_get("taken_over")?,
             }),
         })
@@ -209,7 +261,7 @@ impl Store for SqliteStore {
         };
         let done = sqlx::query(
             "UPDATE safe_retry_outcomes
-             SET status = 'completed', locked_until = NULL,
+             SET status = 'completed', locked_until = NULL, request = NULL, steps = NULL,
                  response_status = ?3, response_headers = ?4, response_body = ?5
              WHERE id = ?1 AND attempt = ?2 AND status = 'in_progress'",
         )
@@ -341,7 +393,7 @@ impl Store for SqliteStore {
     ) -> Result<Completion, StoreError> {
         let done = sqlx::query(concat!(
             "UPDATE safe_retry_outcomes
-             SET status = 'failed', locked_until = NULL,
+             SET status = 'failed', locked_until = NULL, request = NULL,
                  response_status = ?3, response_headers = ?4, response_body = ?5,
                  expires_at = ",
             now_ms!(),

@@ -118,6 +118,7 @@ fn post(key: Option<&str>, body: TestBody) -> Request<TestBody> {
 #[tokio::test]
 async fn the_layer_is_ready_when_its_handler_is_and_says_what_it_wraps() {
     let layer = IdempotencyLayer::builder(SqliteStore::memory().await.unwrap())
+        .shared_scope()
         .build()
         .unwrap();
     let mut refusing = layer.layer(Handler {
@@ -141,6 +142,7 @@ async fn the_layer_is_ready_when_its_handler_is_and_says_what_it_wraps() {
 #[tokio::test]
 async fn a_request_body_that_fails_is_a_400_and_runs_nothing() {
     let layer = IdempotencyLayer::builder(SqliteStore::memory().await.unwrap())
+        .shared_scope()
         .build()
         .unwrap();
     let handler = Handler::new();
@@ -160,7 +162,7 @@ async fn a_request_body_that_fails_is_a_400_and_runs_nothing() {
 async fn a_key_in_the_body_is_required_or_passes_through_as_configured() {
     let body = |text: &'static str| TestBody::from(Bytes::from_static(text.as_bytes()));
     let store = SqliteStore::memory().await.unwrap();
-    let required = IdempotencyLayer::builder(store.clone())
+    let required = IdempotencyLayer::builder(store.clone()).shared_scope()
         .key(KeySource::json_pointer("/id"))
         .build()
         .unwrap();
@@ -179,7 +181,7 @@ async fn a_key_in_the_body_is_required_or_passes_through_as_configured() {
     );
     assert_eq!(handler.calls.load(Ordering::Relaxed), 1);
 
-    let optional = IdempotencyLayer::builder(store)
+    let optional = IdempotencyLayer::builder(store).shared_scope()
         .key(KeySource::json_pointer("/id"))
         .require_key(false)
         .build()
@@ -306,7 +308,7 @@ async fn a_claim_that_meets_a_lease_ending_claims_again() {
         empty_claims: Arc::default(),
         failing_begin: Arc::default(),
     };
-    let layer = IdempotencyLayer::builder(racy.clone()).build().unwrap();
+    let layer = IdempotencyLayer::builder(racy.clone()).shared_scope().build().unwrap();
     // A first holder claimed and went away; its lease has ended.
     let fingerprint_of_the_request = {
         let handler = Handler::new();
@@ -339,22 +341,26 @@ async fn a_claim_that_meets_a_lease_ending_claims_again() {
         store.read("", "k").await.unwrap().unwrap().fingerprint,
         fingerprint_of_the_request
     );
-    // Claims that keep coming back empty while the record stays free end in a 503, not a loop.
+    // Claims that keep coming back empty while the record stays in progress (its row held by
+    // a transaction that has not ended) end in a 409 after three, not a loop and not a wait.
     sqlx::query("UPDATE safe_retry_outcomes SET status = 'in_progress', locked_until = 0")
         .execute(store.pool())
         .await
         .unwrap();
     racy.empty_claims.store(3, Ordering::Relaxed);
-    let (status, _) = send(
+    let (status, body) = send(
         &mut service,
         post(Some("k"), TestBody::from(Bytes::from_static(b"x"))),
     )
     .await;
-    assert_eq!(status, 503);
+    assert_eq!(status, 409);
+    let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(json["type"], "urn:safe-retry:problem:in-progress");
+    assert_eq!(racy.empty_claims.load(Ordering::Relaxed), 0, "three claims were tried");
 }
 
-/// The `Local` extractor answers a store that cannot begin a transaction with a 503 problem,
-/// and the record is left for a retry.
+/// The `Local` extractor answers a store that cannot begin a transaction with a 503 problem
+/// that names no driver's error, stores nothing, and ends the lease: the retry runs.
 #[cfg(feature = "axum")]
 #[tokio::test]
 async fn a_local_that_cannot_begin_is_a_503() {
@@ -368,7 +374,7 @@ async fn a_local_that_cannot_begin_is_a_503() {
         failing_begin: Arc::default(),
     };
     racy.failing_begin.store(true, Ordering::Relaxed);
-    let layer = IdempotencyLayer::builder(racy.clone()).build().unwrap();
+    let layer = IdempotencyLayer::builder(racy.clone()).shared_scope().build().unwrap();
     let mut router = axum::Router::new()
         .route(
             "/charges",
@@ -389,11 +395,23 @@ async fn a_local_that_cannot_begin_is_a_503() {
         .unwrap();
     let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
     assert_eq!(json["type"], "urn:safe-retry:problem:store-unavailable");
-    assert!(
-        json["detail"]
-            .as_str()
-            .unwrap()
-            .contains("too many connections"),
-        "{json}"
-    );
+    assert!(!json.to_string().contains("too many connections"), "{json}");
+    assert_eq!(layer.counters().snapshot().completions, 0);
+    // The store is back: the same key runs the handler at once (the lease was ended).
+    racy.failing_begin.store(false, Ordering::Relaxed);
+    let mut answered = None;
+    for _ in 0..100 {
+        let request = Request::post("/charges")
+            .header("idempotency-key", "k")
+            .body(axum::body::Body::from("x"))
+            .unwrap();
+        let response = router.call(request).await.unwrap();
+        if response.status() != 409 {
+            answered = Some(response.status());
+            break;
+        }
+        // The lease ends in a task of its own, just after the answer.
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    assert_eq!(answered, Some(StatusCode::OK));
 }

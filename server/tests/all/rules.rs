@@ -8,7 +8,11 @@ use tokio::sync::Barrier;
 use crate::support::{Answer, Backend, Running, Script, post, service};
 
 async fn start<S: Backend>(store: S, script: Script) -> (Running, IdempotencyLayer<S>) {
-    let layer = IdempotencyLayer::builder(store).build().unwrap();
+    // One caller: its replays carry everything the first answer had, `Set-Cookie` included.
+    let layer = IdempotencyLayer::builder(store)
+        .scope(|_| Some("caller".into()))
+        .build()
+        .unwrap();
     (Running::start(service(layer.clone(), script)).await, layer)
 }
 
@@ -81,11 +85,11 @@ pub async fn same_key_twice_is_one_effect_and_one_answer<S: Backend>() {
             json["taken_over"].as_bool(),
             json["scope"].as_str()
         ),
-        (Some(1), Some(false), Some(""))
+        (Some(1), Some(false), Some("caller"))
     );
     let execution = json["execution"].as_str().unwrap();
     assert!(
-        execution.starts_with("Execution { scope: \"\", key: \"k-1\", fence: Fence { id: "),
+        execution.starts_with("Execution { scope: \"caller\", key: \"k-1\", fence: Fence { id: "),
         "{execution}"
     );
     assert!(
@@ -358,7 +362,7 @@ pub async fn after_retention_the_key_is_new_and_the_sweep_goes_in_batches<S: Bac
 /// each answered with a problem that says what is wrong; nothing is stored or done.
 pub async fn bad_input_gets_a_clear_answer_and_changes_nothing<S: Backend>() {
     let store = S::fresh().await;
-    let layer = IdempotencyLayer::builder(store.clone())
+    let layer = IdempotencyLayer::builder(store.clone()).shared_scope()
         .max_request_body(1024)
         .build()
         .unwrap();
@@ -509,7 +513,7 @@ pub async fn keys_are_scoped_by_caller<S: Backend>() {
 /// completed, with its status and the replay marker.
 pub async fn an_answer_over_the_limit_is_sent_whole_and_its_status_replayed<S: Backend>() {
     let store = S::fresh().await;
-    let layer = IdempotencyLayer::builder(store.clone())
+    let layer = IdempotencyLayer::builder(store.clone()).shared_scope()
         .max_answer_body(8)
         .build()
         .unwrap();
@@ -530,7 +534,7 @@ pub async fn an_answer_over_the_limit_is_sent_whole_and_its_status_replayed<S: B
 
     // An answer of exactly the limit is stored whole.
     let store = S::fresh().await;
-    let layer = IdempotencyLayer::builder(store.clone())
+    let layer = IdempotencyLayer::builder(store.clone()).shared_scope()
         .max_answer_body(b"{\"effect_id\":1}".len())
         .build()
         .unwrap();
@@ -575,7 +579,7 @@ pub async fn a_fenced_holder_never_answers_with_another_request_s_outcome<S: Bac
 /// methods pass through.
 pub async fn unguarded_requests_pass_through<S: Backend>() {
     let store = S::fresh().await;
-    let layer = IdempotencyLayer::builder(store.clone())
+    let layer = IdempotencyLayer::builder(store.clone()).shared_scope()
         .require_key(false)
         .build()
         .unwrap();
@@ -657,7 +661,7 @@ pub async fn a_request_dropped_mid_handler_ends_its_lease_for_the_retry<S: Backe
     assert!(gave_up.unwrap_err().is_timeout());
     let mut polls = 0;
     loop {
-        let lease_over = match store.read("", "k").await.unwrap() {
+        let lease_over = match store.read("caller", "k").await.unwrap() {
             Some(record) => {
                 matches!(record.state, safe_retry_server::store::RecordState::InProgress { lease_left } if lease_left.is_zero())
             }

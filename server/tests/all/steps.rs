@@ -54,7 +54,7 @@ impl<S: Backend> World<S> {
         client: ClientWithMiddleware,
     ) -> World<S> {
         let store = S::fresh().await;
-        let layer = configure(IdempotencyLayer::builder(store.clone()))
+        let layer = configure(IdempotencyLayer::builder(store.clone()).shared_scope())
             .build()
             .unwrap();
         let (payments_addr, payments) = Receiver::start("ch").await;
@@ -194,6 +194,8 @@ pub async fn a_dropped_request_is_finished_by_the_reconciler<S: Backend>() {
 
 /// The first holder pauses after its call; its lease ends and a retry resumes and finishes the
 /// record; the first wakes and commits its step: refused, rolled back, counted; one charge.
+/// The first's caller is told what happened: the stored outcome, replayed, never a `409` that
+/// a client on a fresh key would take as final (and resubmit under a new key: a second charge).
 pub async fn a_holder_that_wakes_after_a_resumption_is_fenced<S: Backend>() {
     let world = World::<S>::new(|b| b).await;
     world.faults.arm("after-charge-call", Crash::Pause);
@@ -206,7 +208,9 @@ pub async fn a_holder_that_wakes_after_a_resumption_is_fenced<S: Backend>() {
     assert_eq!(retry.status, 201, "{retry:?}");
     world.faults.resume.add_permits(1);
     let first = first.await.unwrap();
-    assert_eq!(first.status, 409, "{first:?}");
+    assert_eq!(first.status, 201, "{first:?}");
+    assert_eq!(first.header("idempotent-replayed"), Some("true"));
+    assert_eq!(first.unmarked(), retry);
     assert_eq!(world.layer.counters().snapshot().fenced, 1);
     assert_eq!(world.payments.effects().len(), 1);
     assert_eq!(world.orders_of("k-3").await, 1);
@@ -603,32 +607,35 @@ pub async fn a_message_is_never_sent_before_its_transaction_commits<S: Backend>(
     assert_eq!(world.receipts.effects().len(), 1);
 }
 
-/// The saved request keeps what a resumption needs and no credentials: not `authorization`,
-/// `proxy-authorization` or `cookie`, nor hop-by-hop headers.
+/// The saved request keeps what a resumption needs and no credentials: the allow-listed
+/// headers only (not `authorization`, `proxy-authorization`, `cookie`, an `x-api-key`, nor a
+/// header nobody listed), and it is cleared once the record completes.
 pub async fn a_saved_request_keeps_no_credentials<S: Backend>() {
     let world = World::<S>::new(|b| b).await;
     world.faults.arm("after-order", Crash::Fail);
-    let answer = world
-        .caller
-        .post(world.server.url("/orders?region=eu"))
-        .header("idempotency-key", "k-17")
-        .header("authorization", "Bearer secret-token")
-        .header("proxy-authorization", "Basic proxy-secret")
-        .header("cookie", "session=cookie-secret")
-        .header("x-trace", "trace-42")
-        .header("connection", "keep-alive")
-        .body(BODY)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(answer.status(), 503);
+    let send = || {
+        world
+            .caller
+            .post(world.server.url("/orders?region=eu"))
+            .header("idempotency-key", "k-17")
+            .header("authorization", "Bearer secret-token")
+            .header("proxy-authorization", "Basic proxy-secret")
+            .header("cookie", "session=cookie-secret")
+            .header("x-api-key", "api-key-secret")
+            .header("x-trace", "trace-42")
+            .header("content-type", "application/json")
+            .header("connection", "keep-alive")
+            .body(BODY)
+            .send()
+    };
+    assert_eq!(send().await.unwrap().status(), 503);
     let saved = world.store.saved_request("k-17").await.expect("saved");
     let text = String::from_utf8_lossy(&saved);
     for kept in [
         "POST",
         "/orders?region=eu",
-        "x-trace",
-        "trace-42",
+        "content-type",
+        "application/json",
         "idempotency-key",
         BODY,
     ] {
@@ -638,10 +645,31 @@ pub async fn a_saved_request_keeps_no_credentials<S: Backend>() {
         "secret-token",
         "proxy-secret",
         "cookie-secret",
+        "api-key-secret",
+        "trace-42",
         "keep-alive",
     ] {
         assert!(!text.contains(dropped), "{dropped} was saved: {text:?}");
     }
+    // Completed: nothing of the request is kept at rest any more.
+    assert_eq!(send().await.unwrap().status(), 201);
+    assert_eq!(world.store.saved_request("k-17").await, None);
+}
+
+/// A record that ends failed keeps its answer and its last recovery point, not its request.
+pub async fn a_failed_record_keeps_no_request<S: Backend>() {
+    let world = World::<S>::new(|b| b.max_attempts(1)).await;
+    world.payments.down.store(true, Ordering::SeqCst);
+    assert_eq!(world.order("k-19").await.status, 503);
+    assert!(world.store.saved_request("k-19").await.is_some());
+    let reconciler = world.layer.reconciler(world.app.clone());
+    assert_eq!(reconciler.tick().await.unwrap().failed, 1);
+    assert_eq!(world.store.outcomes().await[0].1, "failed");
+    assert_eq!(world.store.saved_request("k-19").await, None);
+    assert_eq!(
+        world.store.point_of("k-19").await.as_deref(),
+        Some("charge:started")
+    );
 }
 
 /// A receiver that refuses a message for good (a `4xx` but 408, 409, 425, 429) gets it once:
@@ -661,6 +689,7 @@ pub async fn a_refused_message_is_marked_failed<S: Backend>() {
 on_every_store!(
     a_refused_message_is_marked_failed,
     a_saved_request_keeps_no_credentials,
+    a_failed_record_keeps_no_request,
     a_message_is_never_sent_before_its_transaction_commits,
     a_transient_answer_leaves_the_step_undone_and_a_final_one_is_kept,
     a_resumption_fenced_or_failing_is_reported,

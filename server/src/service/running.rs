@@ -1,0 +1,273 @@
+//! Running and completing: the handler runs under the claim, and its answer is stored with its
+//! local effects — unless the answer is not an outcome (a recovery point, a rejection, a
+//! failure of the store, the pool or the layer, a status the layer is told not to store).
+
+use bytes::{Bytes, BytesMut};
+use http::request::Parts;
+use http::{Request, Response};
+use http_body::Body;
+use http_body_util::BodyExt;
+use tower_service::Service;
+
+use crate::body::{BoxError, ReplyBody};
+use crate::config::{Config, Counters};
+use crate::events::Event;
+use crate::execution::{Execution, Rejected, Snapshot};
+use crate::headers::end_to_end;
+use crate::problem::Problem;
+use crate::step::{FencedStep, Unfinished};
+use crate::store::{Claimed, Completion, Fence, RecordState, Store, StoredAnswer};
+
+use super::answers::{answer, in_progress, not_stored, replay, unavailable};
+use super::claim::Owned;
+
+/// What became of an execution, beside its answer: the reconciler counts them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Ended {
+    /// The answer is stored.
+    Completed,
+    /// The handler left the record at a recovery point, or failed without an outcome.
+    Unfinished,
+    /// The record had been started too often and ended failed.
+    Failed,
+    /// Another attempt took the record over.
+    Fenced,
+    /// The handler rejected the request; the record is gone.
+    Rejected,
+    /// The store failed.
+    StoreFailed,
+}
+
+/// How many times the claimed record has been started in its generation, this start included.
+pub(crate) fn starts(claimed: &Claimed) -> i64 {
+    claimed.fence.attempt - claimed.generation + 1
+}
+
+/// Runs the handler for a claimed request and stores its outcome: the part of a request's way
+/// that a resumption by the reconciler shares. From the claim until the outcome is written, a
+/// failure or a drop of this future ends the lease at once (`held`), so a retry need not wait
+/// it out.
+pub(crate) async fn execute<Svc, S, B, R>(
+    config: &Config<S>,
+    mut inner: Svc,
+    mut parts: Parts,
+    body: Bytes,
+    owned: Owned<S>,
+) -> Result<(Response<ReplyBody<R>>, Ended), Svc::Error>
+where
+    Svc: Service<Request<B>, Response = Response<R>>,
+    S: Store,
+    B: From<Bytes>,
+    R: Body<Data = Bytes> + Unpin,
+    R::Error: Into<BoxError>,
+{
+    let (scope, key, claimed) = (&owned.scope, &owned.key, owned.claimed);
+    Counters::add(&config.counters.claims);
+    if claimed.taken_over {
+        Counters::add(&config.counters.takeovers);
+        crate::events::emit!(config.events, Event::Takeover, scope = %scope, key = %key, attempt = claimed.fence.attempt);
+    } else {
+        crate::events::emit!(config.events, Event::Claim, scope = %scope, key = %key);
+    }
+    if starts(&claimed) > i64::from(config.max_attempts) {
+        let detail = format!(
+            "the request was started {} times without finishing; it is kept failed, with its last recovery point, for an operator",
+            config.max_attempts
+        );
+        return Ok(end_failed(config, &owned, &detail).await);
+    }
+    let execution = Execution::new(
+        config.store.clone(),
+        crate::execution::Claimed {
+            scope: scope.clone(),
+            key: key.clone(),
+            record: (claimed.fence.id, claimed.generation),
+            fence: claimed.fence,
+            taken_over: claimed.taken_over,
+            lease: config.lease,
+            counters: config.counters.clone(),
+            snapshot: Snapshot::of(&parts, &body, &config.saved_headers),
+            events: config.events.clone(),
+        },
+    );
+    parts.extensions.insert(execution.clone());
+    // The handler failed without an answer: its transaction rolls back as it drops, and
+    // `held` ends the lease, so a retry takes the record over.
+    let response = inner.call(Request::from_parts(parts, B::from(body))).await?;
+    let Ok(tx) = execution.close() else {
+        Counters::add(&config.counters.store_failures);
+        crate::events::emit!(config.events, Event::LocalHeld, scope = %scope, key = %key);
+        let detail = "the handler still held its Local transaction when it answered; nothing was recorded";
+        return Ok((answer(Problem::HandlerFailed.response(detail)), Ended::Unfinished));
+    };
+    Ok(settle(config, response, tx, &owned).await)
+}
+
+/// What the handler's answer makes of the record.
+async fn settle<S, R>(
+    config: &Config<S>,
+    response: Response<R>,
+    tx: Option<S::Tx>,
+    owned: &Owned<S>,
+) -> (Response<ReplyBody<R>>, Ended)
+where
+    S: Store,
+    R: Body<Data = Bytes> + Unpin,
+    R::Error: Into<BoxError>,
+{
+    let (scope, key, fence) = (&owned.scope, &owned.key, owned.claimed.fence);
+    let passed = |response: Response<R>| response.map(|body| ReplyBody::inner(Bytes::new(), body));
+    if response.extensions().get::<FencedStep>().is_some() {
+        // Another attempt holds the record: this holder wrote nothing, and says what happened.
+        drop(tx);
+        owned.held.done();
+        return (fenced_answer(config, owned).await, Ended::Fenced);
+    }
+    if response.extensions().get::<Unfinished>().is_some() || not_stored(config, response.status()) {
+        // Not an outcome: the record stays at its last recovery point, and its lease ends
+        // before the answer leaves, so a retry with the key, or the reconciler, resumes it.
+        drop(tx);
+        owned.held.end_now().await;
+        Counters::add(&config.counters.unfinished);
+        let status = response.status().as_u16();
+        crate::events::emit!(config.events, Event::Unfinished, scope = %scope, key = %key, attempt = fence.attempt, status);
+        return (passed(response), Ended::Unfinished);
+    }
+    if response.extensions().get::<Rejected>().is_some() {
+        return match config.store.release(tx, fence).await {
+            Ok(_) => {
+                owned.held.done();
+                Counters::add(&config.counters.rejections);
+                crate::events::emit!(config.events, Event::Rejected, scope = %scope, key = %key, status = response.status().as_u16());
+                (passed(response), Ended::Rejected)
+            }
+            Err(error) => (unavailable(config, &error), Ended::StoreFailed),
+        };
+    }
+    complete(config, response, tx, owned).await
+}
+
+/// Reads the answer up to the storage limit, stores it with the local effects, then sends it.
+async fn complete<S, R>(
+    config: &Config<S>,
+    response: Response<R>,
+    tx: Option<S::Tx>,
+    owned: &Owned<S>,
+) -> (Response<ReplyBody<R>>, Ended)
+where
+    S: Store,
+    R: Body<Data = Bytes> + Unpin,
+    R::Error: Into<BoxError>,
+{
+    let (scope, key, fence) = (&owned.scope, &owned.key, owned.claimed.fence);
+    let (head, mut body) = response.into_parts();
+    let (read, over) = match read_answer(&mut body, config.max_answer_body).await {
+        Ok(read) => read,
+        Err(error) => {
+            Counters::add(&config.counters.store_failures);
+            crate::events::emit!(config.events, Event::AnswerFailed, scope = %scope, key = %key, error = %error);
+            // Dropping `tx` rolls the local effects back; `held` lets a retry run it.
+            drop(tx);
+            let detail = "the handler's answer failed while it was read; nothing was recorded; retry with the same key";
+            return (answer(Problem::HandlerFailed.response(detail)), Ended::Unfinished);
+        }
+    };
+    let stored = StoredAnswer {
+        status: head.status,
+        headers: end_to_end(&head.headers),
+        body: (!over).then(|| read.clone()),
+    };
+    match config.store.complete(tx, fence, &stored).await {
+        Err(error) => (unavailable(config, &error), Ended::StoreFailed),
+        Ok(Completion::Completed) => {
+            owned.held.done();
+            Counters::add(&config.counters.completions);
+            crate::events::emit!(config.events, Event::Completed, scope = %scope, key = %key, status = head.status.as_u16());
+            let body = if over {
+                ReplyBody::inner(read, body)
+            } else {
+                ReplyBody::full(read)
+            };
+            (Response::from_parts(head, body), Ended::Completed)
+        }
+        Ok(Completion::Fenced) => {
+            owned.held.done();
+            (fenced_answer(config, owned).await, Ended::Fenced)
+        }
+    }
+}
+
+/// The answer's body up to `limit` bytes; `true` beside it when there is more.
+async fn read_answer<R>(body: &mut R, limit: usize) -> Result<(Bytes, bool), BoxError>
+where
+    R: Body<Data = Bytes> + Unpin,
+    R::Error: Into<BoxError>,
+{
+    let mut read = BytesMut::new();
+    while let Some(frame) = body.frame().await {
+        if let Ok(data) = frame.map_err(Into::into)?.into_data() {
+            read.extend_from_slice(&data);
+            if read.len() > limit {
+                return Ok((read.freeze(), true));
+            }
+        }
+    }
+    Ok((read.freeze(), false))
+}
+
+/// The answer of a holder that another attempt took over (at a recovery point or at its
+/// completion): it wrote nothing, and it answers what happened — the stored outcome once the
+/// record has completed, `409` while it is still in progress.
+pub(crate) async fn fenced_answer<S: Store, R>(
+    config: &Config<S>,
+    owned: &Owned<S>,
+) -> Response<ReplyBody<R>> {
+    let (scope, key) = (&owned.scope, &owned.key);
+    Counters::add(&config.counters.fenced);
+    crate::events::emit!(
+        config.events,
+        Event::Fenced,
+        scope = %scope,
+        key = %key,
+        attempt = owned.claimed.fence.attempt,
+        "another attempt took this record over; this holder's writes were rolled back"
+    );
+    match config.store.read(scope, key).await {
+        Ok(Some(record)) if record.fingerprint == owned.fingerprint => match record.state {
+            RecordState::Completed(stored) => replay(config, scope, key, &stored),
+            RecordState::InProgress { .. } => in_progress(config, scope, key),
+        },
+        // The key was renewed by another request: its outcome is not this request's.
+        Ok(_) => in_progress(config, scope, key),
+        Err(error) => unavailable(config, &error),
+    }
+}
+
+/// Ends the record `failed` with a `gave-up` problem that every later request with its key is
+/// sent: a record started too often, or one whose saved request cannot be run again.
+pub(crate) async fn end_failed<S: Store, R>(
+    config: &Config<S>,
+    owned: &Owned<S>,
+    detail: &str,
+) -> (Response<ReplyBody<R>>, Ended) {
+    let (scope, key, fence): (&str, &str, Fence) = (&owned.scope, &owned.key, owned.claimed.fence);
+    let problem = Problem::GaveUp.response(detail);
+    let stored = StoredAnswer {
+        status: problem.status(),
+        headers: end_to_end(problem.headers()),
+        body: Some(problem.body().clone()),
+    };
+    match config.store.fail(fence, &stored, config.failed_retention).await {
+        Err(error) => (unavailable(config, &error), Ended::StoreFailed),
+        Ok(Completion::Fenced) => {
+            owned.held.done();
+            (fenced_answer(config, owned).await, Ended::Fenced)
+        }
+        Ok(Completion::Completed) => {
+            owned.held.done();
+            Counters::add(&config.counters.failed);
+            crate::events::emit!(config.events, Event::GaveUp, scope, key, attempt = fence.attempt, detail);
+            (answer(problem), Ended::Failed)
+        }
+    }
+}
