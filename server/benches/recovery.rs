@@ -154,7 +154,10 @@ async fn main() {
         "PostgreSQL {version}, pool of 16, {rounds} rounds; figures are mean [lowest, highest round]\n"
     );
 
-    let layer = IdempotencyLayer::builder(store.clone()).shared_scope().build().unwrap();
+    let layer = IdempotencyLayer::builder(store.clone())
+        .shared_scope()
+        .build()
+        .unwrap();
     let stall = Arc::new(AtomicBool::new(false));
     let app = axum::Router::new()
         .route("/orders", post(order))

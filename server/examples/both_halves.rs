@@ -27,7 +27,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let store =
         SqliteStore::open(&format!("sqlite://{}", dir.join("charges.db").display())).await?;
     store.prepare().await?;
-    let layer = IdempotencyLayer::builder(store.clone()).shared_scope().build()?;
+    let layer = IdempotencyLayer::builder(store.clone())
+        .shared_scope()
+        .build()?;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let server = listener.local_addr()?;
     let app = charges_app::app(layer.clone(), Duration::from_millis(20));

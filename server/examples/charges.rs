@@ -160,7 +160,8 @@ async fn serve<S: ChargesDb>(
 ) -> Result<(), Box<dyn std::error::Error>> {
     store.prepare().await?;
     let addr = listener.local_addr()?;
-    let layer = IdempotencyLayer::builder(store.clone()).shared_scope()
+    let layer = IdempotencyLayer::builder(store.clone())
+        .shared_scope()
         .lease(options.lease)
         .build()?;
     let mut router = charges_app::app(layer.clone(), options.effect_delay);

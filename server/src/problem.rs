@@ -155,8 +155,7 @@ pub(crate) fn retry_hint(response: &mut Response<Bytes>, after: Duration) {
     );
 }
 
-impl Problem {
-}
+impl Problem {}
 
 #[cfg(test)]
 mod tests {

@@ -253,13 +253,11 @@ impl<S: Store> Relay<S> {
                 status: status.as_u16(),
                 keep: self.keep_sent,
             },
-            Ok(status) if verdict(status) == Verdict::Refused => {
-                Settle::Failed {
-                    status: Some(status.as_u16()),
-                    error: format!("the receiver refused the message with {status}"),
-                    keep: self.keep_failed,
-                }
-            }
+            Ok(status) if verdict(status) == Verdict::Refused => Settle::Failed {
+                status: Some(status.as_u16()),
+                error: format!("the receiver refused the message with {status}"),
+                keep: self.keep_failed,
+            },
             Ok(status) => match retry(format!("the receiver answered {status}")) {
                 Settle::Failed { error, keep, .. } => Settle::Failed {
                     status: Some(status.as_u16()),

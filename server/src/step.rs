@@ -22,7 +22,13 @@ use crate::store::{Completion, StagedMessage, StepWrite, Store, StoreError};
 /// the key is renewed after its retention), the kind (`step`, `outbox`) and the effect's name.
 /// Every attempt, takeover and resumption of one record derives the same; a renewed key, or a
 /// new database, another.
-pub(crate) fn natural(scope: &str, key: &str, record: (i64, i64), kind: &str, name: &str) -> String {
+pub(crate) fn natural(
+    scope: &str,
+    key: &str,
+    record: (i64, i64),
+    kind: &str,
+    name: &str,
+) -> String {
     format!(
         "safe-retry/{}:{scope}/{}:{key}/{}.{}/{kind}/{name}",
         scope.len(),

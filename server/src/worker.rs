@@ -9,8 +9,12 @@ use crate::store::StoreError;
 /// Ticks every `every`, for ever: a tick that came back with a full `batch` is followed by
 /// another at once; a failed one is logged (`worker_failed`, naming `worker`) and the next
 /// interval tries again.
-pub(crate) async fn tick_every<F, Fut>(every: Duration, batch: usize, worker: &'static str, mut tick: F)
-where
+pub(crate) async fn tick_every<F, Fut>(
+    every: Duration,
+    batch: usize,
+    worker: &'static str,
+    mut tick: F,
+) where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<usize, StoreError>>,
 {

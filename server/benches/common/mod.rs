@@ -62,7 +62,8 @@ pub fn layered<S: ChargesDb>(store: S) -> Router {
             .expect("an effect");
         (StatusCode::CREATED, format!("{{\"effect_id\":{id}}}")).into_response()
     }
-    let layer = IdempotencyLayer::builder(store).shared_scope()
+    let layer = IdempotencyLayer::builder(store)
+        .shared_scope()
         .build()
         .expect("the defaults build");
     Router::new()

@@ -23,7 +23,12 @@ pub(crate) fn refuse<S, R>(
     detail: &str,
 ) -> Response<ReplyBody<R>> {
     Counters::add(&config.counters.refused);
-    crate::events::emit!(config.events, Event::Refused, problem = problem.name(), detail);
+    crate::events::emit!(
+        config.events,
+        Event::Refused,
+        problem = problem.name(),
+        detail
+    );
     answer(problem.response(detail))
 }
 
@@ -39,7 +44,11 @@ pub(crate) fn unavailable<S, R>(
 }
 
 /// `409`: the key's first request is still running.
-pub(crate) fn in_progress<S, R>(config: &Config<S>, scope: &str, key: &str) -> Response<ReplyBody<R>> {
+pub(crate) fn in_progress<S, R>(
+    config: &Config<S>,
+    scope: &str,
+    key: &str,
+) -> Response<ReplyBody<R>> {
     Counters::add(&config.counters.in_progress);
     crate::events::emit!(config.events, Event::InProgress, scope, key);
     answer(Problem::in_progress(config.in_progress_retry_after))
@@ -63,7 +72,13 @@ pub(crate) fn replay<S, R>(
     stored: &StoredAnswer,
 ) -> Response<ReplyBody<R>> {
     Counters::add(&config.counters.replays);
-    crate::events::emit!(config.events, Event::Replay, scope, key, status = stored.status.as_u16());
+    crate::events::emit!(
+        config.events,
+        Event::Replay,
+        scope,
+        key,
+        status = stored.status.as_u16()
+    );
     let mut response = match &stored.body {
         Some(body) => {
             let mut response = Response::new(ReplyBody::full(body.clone()));

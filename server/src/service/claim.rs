@@ -67,9 +67,7 @@ pub(crate) async fn claim<S: Store, R>(config: &Config<S>, admitted: &Admitted) 
         let answer = match config.store.read(scope, key).await {
             Err(error) => unavailable(config, &error),
             Ok(None) => continue,
-            Ok(Some(record)) if record.fingerprint != *fingerprint => {
-                mismatch(config, scope, key)
-            }
+            Ok(Some(record)) if record.fingerprint != *fingerprint => mismatch(config, scope, key),
             Ok(Some(record)) => match record.state {
                 RecordState::Completed(stored) => replay(config, scope, key, &stored),
                 RecordState::InProgress { lease_left } if !lease_left.is_zero() => {
@@ -185,7 +183,12 @@ impl<S: Store> Held<S> {
 
 async fn abandon<S: Store>(store: S, fence: Fence, counters: &Counters, events: &EventLevels) {
     Counters::add(&counters.abandoned);
-    crate::events::emit!(events, Event::Abandoned, attempt = fence.attempt, "the request ended without an outcome; its lease ends now");
+    crate::events::emit!(
+        events,
+        Event::Abandoned,
+        attempt = fence.attempt,
+        "the request ended without an outcome; its lease ends now"
+    );
     if let Err(error) = store.abandon(fence).await {
         crate::events::emit!(events, Event::AbandonFailed, attempt = fence.attempt, error = %error, "the lease will run out instead");
     }
@@ -209,4 +212,3 @@ impl<S: Store> Drop for Held<S> {
         runtime.spawn(async move { abandon(store, fence, &counters, &events).await });
     }
 }
-

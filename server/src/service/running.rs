@@ -93,12 +93,18 @@ where
     parts.extensions.insert(execution.clone());
     // The handler failed without an answer: its transaction rolls back as it drops, and
     // `held` ends the lease, so a retry takes the record over.
-    let response = inner.call(Request::from_parts(parts, B::from(body))).await?;
+    let response = inner
+        .call(Request::from_parts(parts, B::from(body)))
+        .await?;
     let Ok(tx) = execution.close() else {
         Counters::add(&config.counters.store_failures);
         crate::events::emit!(config.events, Event::LocalHeld, scope = %scope, key = %key);
-        let detail = "the handler still held its Local transaction when it answered; nothing was recorded";
-        return Ok((answer(Problem::HandlerFailed.response(detail)), Ended::Unfinished));
+        let detail =
+            "the handler still held its Local transaction when it answered; nothing was recorded";
+        return Ok((
+            answer(Problem::HandlerFailed.response(detail)),
+            Ended::Unfinished,
+        ));
     };
     Ok(settle(config, response, tx, &owned).await)
 }
@@ -123,7 +129,8 @@ where
         owned.held.done();
         return (fenced_answer(config, owned).await, Ended::Fenced);
     }
-    if response.extensions().get::<Unfinished>().is_some() || not_stored(config, response.status()) {
+    if response.extensions().get::<Unfinished>().is_some() || not_stored(config, response.status())
+    {
         // Not an outcome: the record stays at its last recovery point, and its lease ends
         // before the answer leaves, so a retry with the key, or the reconciler, resumes it.
         drop(tx);
@@ -169,7 +176,10 @@ where
             // Dropping `tx` rolls the local effects back; `held` lets a retry run it.
             drop(tx);
             let detail = "the handler's answer failed while it was read; nothing was recorded; retry with the same key";
-            return (answer(Problem::HandlerFailed.response(detail)), Ended::Unfinished);
+            return (
+                answer(Problem::HandlerFailed.response(detail)),
+                Ended::Unfinished,
+            );
         }
     };
     let stored = StoredAnswer {
@@ -257,7 +267,11 @@ pub(crate) async fn end_failed<S: Store, R>(
         headers: end_to_end(problem.headers()),
         body: Some(problem.body().clone()),
     };
-    match config.store.fail(fence, &stored, config.failed_retention).await {
+    match config
+        .store
+        .fail(fence, &stored, config.failed_retention)
+        .await
+    {
         Err(error) => (unavailable(config, &error), Ended::StoreFailed),
         Ok(Completion::Fenced) => {
             owned.held.done();
@@ -266,7 +280,14 @@ pub(crate) async fn end_failed<S: Store, R>(
         Ok(Completion::Completed) => {
             owned.held.done();
             Counters::add(&config.counters.failed);
-            crate::events::emit!(config.events, Event::GaveUp, scope, key, attempt = fence.attempt, detail);
+            crate::events::emit!(
+                config.events,
+                Event::GaveUp,
+                scope,
+                key,
+                attempt = fence.attempt,
+                detail
+            );
             (answer(problem), Ended::Failed)
         }
     }

@@ -133,21 +133,44 @@ impl SqliteBuilder {
         self
     }
 
-    /// Opens the database and applies the migrations.
+    /// Opens the database and applies the migrations. Several processes may open one new
+    /// file at once: a first connection that meets another's switch to WAL mode (which SQLite
+    /// answers "database is locked" at once, without waiting) tries again, within the busy
+    /// timeout.
     pub async fn open(self) -> Result<SqliteStore, StoreError> {
         let options = SqliteConnectOptions::from_str(&self.url)?
             .create_if_missing(true)
             .journal_mode(SqliteJournalMode::Wal)
             .busy_timeout(self.busy_timeout);
-        let pool = SqlitePoolOptions::new()
-            .max_connections(self.max_connections)
-            .acquire_timeout(self.busy_timeout.max(Duration::from_secs(1)))
-            .connect_with(options)
-            .await?;
-        let store = SqliteStore { pool };
-        store.migrate().await?;
-        Ok(store)
+        let until = tokio::time::Instant::now() + self.busy_timeout;
+        loop {
+            let opened = async {
+                let pool = SqlitePoolOptions::new()
+                    .max_connections(self.max_connections)
+                    .acquire_timeout(self.busy_timeout.max(Duration::from_secs(1)))
+                    .connect_with(options.clone())
+                    .await?;
+                let store = SqliteStore { pool };
+                store.migrate().await?;
+                Ok::<_, StoreError>(store)
+            };
+            match opened.await {
+                Err(error) if is_busy(&error) && tokio::time::Instant::now() < until => {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                opened => return opened,
+            }
+        }
     }
+}
+
+/// Whether SQLite answered `SQLITE_BUSY` ("database is locked").
+fn is_busy(error: &StoreError) -> bool {
+    std::error::Error::source(error)
+        .and_then(|source| source.downcast_ref::<sqlx::Error>())
+        .and_then(|error| error.as_database_error())
+        .and_then(|error| error.code())
+        .is_some_and(|code| code == "5")
 }
 
 impl Store for SqliteStore {

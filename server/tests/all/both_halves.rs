@@ -14,7 +14,10 @@ use safe_retry_server::IdempotencyLayer;
 pub async fn every_charge_happens_once_through_a_lossy_link<S: Backend>() {
     const CHARGES: usize = 40;
     let store = S::fresh().await;
-    let layer = IdempotencyLayer::builder(store.clone()).shared_scope().build().unwrap();
+    let layer = IdempotencyLayer::builder(store.clone())
+        .shared_scope()
+        .build()
+        .unwrap();
     let server = Running::start(crate::charges_app::app(
         layer.clone(),
         Duration::from_millis(5),

@@ -10,18 +10,27 @@ async fn a_configuration_that_breaks_a_promise_fails_at_build_naming_the_fix() {
     let store = SqliteStore::memory().await.unwrap();
     let refused =
         |builder: safe_retry_server::Builder<SqliteStore>| builder.build().unwrap_err().to_string();
-    let message = refused(IdempotencyLayer::builder(store.clone()).shared_scope().methods([]));
+    let message = refused(
+        IdempotencyLayer::builder(store.clone())
+            .shared_scope()
+            .methods([]),
+    );
     assert!(
         message.contains("`methods` is empty") && message.contains("POST"),
         "{message}"
     );
-    let message = refused(IdempotencyLayer::builder(store.clone()).shared_scope().lease(Duration::ZERO));
+    let message = refused(
+        IdempotencyLayer::builder(store.clone())
+            .shared_scope()
+            .lease(Duration::ZERO),
+    );
     assert!(
         message.contains("`lease`") && message.contains("default 30 s"),
         "{message}"
     );
     let message = refused(
-        IdempotencyLayer::builder(store.clone()).shared_scope()
+        IdempotencyLayer::builder(store.clone())
+            .shared_scope()
             .lease(Duration::from_secs(60))
             .retention(Duration::from_secs(60)),
     );
@@ -30,7 +39,11 @@ async fn a_configuration_that_breaks_a_promise_fails_at_build_naming_the_fix() {
         "{message}"
     );
     for len in [0, 4097] {
-        let message = refused(IdempotencyLayer::builder(store.clone()).shared_scope().max_key_len(len));
+        let message = refused(
+            IdempotencyLayer::builder(store.clone())
+                .shared_scope()
+                .max_key_len(len),
+        );
         assert!(
             message.contains(&format!("`max_key_len` is {len}")),
             "{message}"
@@ -52,12 +65,17 @@ async fn a_configuration_that_breaks_a_promise_fails_at_build_naming_the_fix() {
         shown.contains("methods: [POST, PATCH], key: IdempotencyKey(Either), require_key: true, lease: 30s, retention: 86400s, max_attempts: 10, failed_retention: 604800s"),
         "{shown}"
     );
-    let message = refused(IdempotencyLayer::builder(store.clone()).shared_scope().max_attempts(0));
+    let message = refused(
+        IdempotencyLayer::builder(store.clone())
+            .shared_scope()
+            .max_attempts(0),
+    );
     assert!(
         message.contains("`max_attempts` is 0") && message.contains("default 10"),
         "{message}"
     );
-    let tuned = IdempotencyLayer::builder(store.clone()).shared_scope()
+    let tuned = IdempotencyLayer::builder(store.clone())
+        .shared_scope()
         .max_attempts(1)
         .failed_retention(Duration::from_secs(5))
         .build()
@@ -67,7 +85,8 @@ async fn a_configuration_that_breaks_a_promise_fails_at_build_naming_the_fix() {
         "{tuned:?}"
     );
     // The edges that are allowed.
-    IdempotencyLayer::builder(store.clone()).shared_scope()
+    IdempotencyLayer::builder(store.clone())
+        .shared_scope()
         .lease(Duration::from_millis(1))
         .retention(Duration::from_millis(2))
         .max_key_len(4096)
@@ -137,7 +156,10 @@ mod extractors {
 
     async fn local_and_execution_are_extractors_and_rejected_a_response_part<S: Backend>() {
         let store = S::fresh().await;
-        let layer = IdempotencyLayer::builder(store.clone()).shared_scope().build().unwrap();
+        let layer = IdempotencyLayer::builder(store.clone())
+            .shared_scope()
+            .build()
+            .unwrap();
         let app = Router::new()
             .route("/charges", post(charge::<S>))
             .layer(layer)

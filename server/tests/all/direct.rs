@@ -162,7 +162,8 @@ async fn a_request_body_that_fails_is_a_400_and_runs_nothing() {
 async fn a_key_in_the_body_is_required_or_passes_through_as_configured() {
     let body = |text: &'static str| TestBody::from(Bytes::from_static(text.as_bytes()));
     let store = SqliteStore::memory().await.unwrap();
-    let required = IdempotencyLayer::builder(store.clone()).shared_scope()
+    let required = IdempotencyLayer::builder(store.clone())
+        .shared_scope()
         .key(KeySource::json_pointer("/id"))
         .build()
         .unwrap();
@@ -181,7 +182,8 @@ async fn a_key_in_the_body_is_required_or_passes_through_as_configured() {
     );
     assert_eq!(handler.calls.load(Ordering::Relaxed), 1);
 
-    let optional = IdempotencyLayer::builder(store).shared_scope()
+    let optional = IdempotencyLayer::builder(store)
+        .shared_scope()
         .key(KeySource::json_pointer("/id"))
         .require_key(false)
         .build()
@@ -308,7 +310,10 @@ async fn a_claim_that_meets_a_lease_ending_claims_again() {
         empty_claims: Arc::default(),
         failing_begin: Arc::default(),
     };
-    let layer = IdempotencyLayer::builder(racy.clone()).shared_scope().build().unwrap();
+    let layer = IdempotencyLayer::builder(racy.clone())
+        .shared_scope()
+        .build()
+        .unwrap();
     // A first holder claimed and went away; its lease has ended.
     let fingerprint_of_the_request = {
         let handler = Handler::new();
@@ -356,7 +361,11 @@ async fn a_claim_that_meets_a_lease_ending_claims_again() {
     assert_eq!(status, 409);
     let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
     assert_eq!(json["type"], "urn:safe-retry:problem:in-progress");
-    assert_eq!(racy.empty_claims.load(Ordering::Relaxed), 0, "three claims were tried");
+    assert_eq!(
+        racy.empty_claims.load(Ordering::Relaxed),
+        0,
+        "three claims were tried"
+    );
 }
 
 /// The `Local` extractor answers a store that cannot begin a transaction with a 503 problem
@@ -374,7 +383,10 @@ async fn a_local_that_cannot_begin_is_a_503() {
         failing_begin: Arc::default(),
     };
     racy.failing_begin.store(true, Ordering::Relaxed);
-    let layer = IdempotencyLayer::builder(racy.clone()).shared_scope().build().unwrap();
+    let layer = IdempotencyLayer::builder(racy.clone())
+        .shared_scope()
+        .build()
+        .unwrap();
     let mut router = axum::Router::new()
         .route(
             "/charges",

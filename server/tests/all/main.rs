@@ -35,6 +35,7 @@ mod charges_app;
 mod config;
 mod crash;
 mod direct;
+mod first_month;
 #[path = "../../examples/support/lossy_link.rs"]
 mod lossy_link;
 mod model;

@@ -362,7 +362,8 @@ pub async fn after_retention_the_key_is_new_and_the_sweep_goes_in_batches<S: Bac
 /// each answered with a problem that says what is wrong; nothing is stored or done.
 pub async fn bad_input_gets_a_clear_answer_and_changes_nothing<S: Backend>() {
     let store = S::fresh().await;
-    let layer = IdempotencyLayer::builder(store.clone()).shared_scope()
+    let layer = IdempotencyLayer::builder(store.clone())
+        .shared_scope()
         .max_request_body(1024)
         .build()
         .unwrap();
@@ -513,7 +514,8 @@ pub async fn keys_are_scoped_by_caller<S: Backend>() {
 /// completed, with its status and the replay marker.
 pub async fn an_answer_over_the_limit_is_sent_whole_and_its_status_replayed<S: Backend>() {
     let store = S::fresh().await;
-    let layer = IdempotencyLayer::builder(store.clone()).shared_scope()
+    let layer = IdempotencyLayer::builder(store.clone())
+        .shared_scope()
         .max_answer_body(8)
         .build()
         .unwrap();
@@ -534,7 +536,8 @@ pub async fn an_answer_over_the_limit_is_sent_whole_and_its_status_replayed<S: B
 
     // An answer of exactly the limit is stored whole.
     let store = S::fresh().await;
-    let layer = IdempotencyLayer::builder(store.clone()).shared_scope()
+    let layer = IdempotencyLayer::builder(store.clone())
+        .shared_scope()
         .max_answer_body(b"{\"effect_id\":1}".len())
         .build()
         .unwrap();
@@ -579,7 +582,8 @@ pub async fn a_fenced_holder_never_answers_with_another_request_s_outcome<S: Bac
 /// methods pass through.
 pub async fn unguarded_requests_pass_through<S: Backend>() {
     let store = S::fresh().await;
-    let layer = IdempotencyLayer::builder(store.clone()).shared_scope()
+    let layer = IdempotencyLayer::builder(store.clone())
+        .shared_scope()
         .require_key(false)
         .build()
         .unwrap();

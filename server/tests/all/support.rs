@@ -12,7 +12,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing;
 use axum::{Extension, Json};
-use safe_retry_server::{Execution, IdempotencyLayer, Rejected, Store};
+use safe_retry_server::{Execution, IdempotencyLayer, Rejected, Store, StoreError};
 use tokio::sync::Semaphore;
 
 pub use crate::charges_app::ChargesDb;
@@ -49,6 +49,33 @@ pub trait Backend: ChargesDb {
 
     /// The last recovery point of `key`'s record.
     fn point_of(&self, key: &str) -> impl Future<Output = Option<String>> + Send;
+
+    /// Whether the store locks rows (PostgreSQL) rather than the whole database (SQLite).
+    const ROW_LOCKS: bool;
+
+    /// What [`stall`](Backend::stall) holds; dropping it ends the stall.
+    type Stall: Send;
+
+    /// A new database whose store waits for it at most about 300 ms: SQLite's busy timeout,
+    /// PostgreSQL's pool (3 connections) and its acquire timeout.
+    fn fresh_impatient() -> impl Future<Output = Self> + Send;
+
+    /// Stalls the store as a payments team meets it: SQLite's writer held by another
+    /// connection, PostgreSQL's pool taken whole.
+    fn stall(&self) -> impl Future<Output = Self::Stall> + Send;
+
+    /// Holds the row of `key`'s record locked, as a holder frozen between its write and its
+    /// commit does (SQLite: the database's writer).
+    fn lock_row(&self, key: &str) -> impl Future<Output = Self::Tx> + Send;
+
+    /// A store on the database at `url`, as another server opens it (migrations applied).
+    fn connect_to(url: &str) -> impl Future<Output = Self> + Send;
+
+    /// Sets `key`'s record back to in progress, its lease over, as a frozen holder's is.
+    fn reopen(&self, key: &str) -> impl Future<Output = ()> + Send;
+
+    /// The database's URL for another process, and a schema (or file) with no tables yet.
+    fn empty_database() -> impl Future<Output = String> + Send;
 }
 
 static NEXT: AtomicU64 = AtomicU64::new(0);
@@ -69,11 +96,16 @@ mod sqlite {
     use super::*;
     use safe_retry_server::SqliteStore;
 
+    /// A new database file's path.
+    fn new_file() -> std::path::PathBuf {
+        let dir = std::env::temp_dir().join("safe-retry-server-tests");
+        std::fs::create_dir_all(&dir).expect("a temporary directory");
+        dir.join(format!("{}.db", unique("t")))
+    }
+
     impl Backend for SqliteStore {
         async fn fresh() -> SqliteStore {
-            let dir = std::env::temp_dir().join("safe-retry-server-tests");
-            std::fs::create_dir_all(&dir).expect("a temporary directory");
-            let path = dir.join(format!("{}.db", unique("t")));
+            let path = new_file();
             let store = SqliteStore::open(&format!("sqlite://{}", path.display()))
                 .await
                 .expect("SQLite opens a new file");
@@ -142,6 +174,47 @@ mod sqlite {
                 .unwrap();
         }
 
+        const ROW_LOCKS: bool = false;
+        type Stall = Self::Tx;
+
+        async fn fresh_impatient() -> SqliteStore {
+            let path = new_file();
+            let store = SqliteStore::builder(&format!("sqlite://{}", path.display()))
+                .busy_timeout(Duration::from_millis(300))
+                .open()
+                .await
+                .expect("SQLite opens a new file");
+            store.prepare().await.expect("the effects table");
+            store
+        }
+
+        async fn stall(&self) -> Self::Tx {
+            self.hold_writes().await
+        }
+
+        async fn lock_row(&self, _key: &str) -> Self::Tx {
+            self.hold_writes().await
+        }
+
+        async fn empty_database() -> String {
+            format!("sqlite://{}", new_file().display())
+        }
+
+        async fn connect_to(url: &str) -> SqliteStore {
+            SqliteStore::open(url).await.expect("SQLite opens the file")
+        }
+
+        async fn reopen(&self, key: &str) {
+            sqlx::query(
+                "UPDATE safe_retry_outcomes SET status = 'in_progress', locked_until = 0,
+                 response_status = NULL WHERE key = ?1",
+            )
+            .bind(key)
+            .execute(self.pool())
+            .await
+            .unwrap();
+        }
+
         async fn point_of(&self, key: &str) -> Option<String> {
             sqlx::query_scalar("SELECT step FROM safe_retry_outcomes WHERE key = ?1")
                 .bind(key)
@@ -203,39 +276,103 @@ pub mod postgres {
         .unwrap();
     }
 
+    /// A new, empty schema of its own, and the options that reach it.
+    async fn new_schema() -> (String, PgConnectOptions) {
+        let url = url();
+        let schema = unique("srs_test");
+        let unreachable = |error: sqlx::Error| -> ! {
+            panic!(
+                "PostgreSQL is unreachable at {url}: {error}. The PostgreSQL tests need a server: \
+                 the project's machines run one on 127.0.0.1:5432 (trust auth, database `test`); \
+                 elsewhere start one (e.g. `docker run -p 5432:5432 -e POSTGRES_HOST_AUTH_METHOD=trust postgres`) \
+                 and set SAFE_RETRY_POSTGRES_URL=postgres://user@host:port/database"
+            )
+        };
+        let options = PgConnectOptions::from_str(&url).unwrap_or_else(|e| unreachable(e));
+        let admin = PgPoolOptions::new()
+            .max_connections(1)
+            .connect_with(options.clone())
+            .await
+            .unwrap_or_else(|e| unreachable(e));
+        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE SCHEMA {schema}")))
+            .execute(&admin)
+            .await
+            .unwrap();
+        drop_schemas_of_ended_runs(&admin).await;
+        admin.close().await;
+        let options = options
+            .options([("search_path", schema.as_str())])
+            .application_name(&schema);
+        (schema, options)
+    }
+
     impl Backend for PostgresStore {
-        async fn fresh() -> PostgresStore {
-            let url = url();
-            let schema = unique("srs_test");
-            let unreachable = |error: sqlx::Error| -> ! {
-                panic!(
-                    "PostgreSQL is unreachable at {url}: {error}. The PostgreSQL tests need a server: \
-                     the project's machines run one on 127.0.0.1:5432 (trust auth, database `test`); \
-                     elsewhere start one (e.g. `docker run -p 5432:5432 -e POSTGRES_HOST_AUTH_METHOD=trust postgres`) \
-                     and set SAFE_RETRY_POSTGRES_URL=postgres://user@host:port/database"
-                )
-            };
-            let options = PgConnectOptions::from_str(&url).unwrap_or_else(|e| unreachable(e));
-            let admin = PgPoolOptions::new()
-                .max_connections(1)
-                .connect_with(options.clone())
+        const ROW_LOCKS: bool = true;
+        type Stall = Vec<sqlx::pool::PoolConnection<sqlx::Postgres>>;
+
+        async fn fresh_impatient() -> PostgresStore {
+            let (_, options) = new_schema().await;
+            let pool = PgPoolOptions::new()
+                .max_connections(3)
+                .acquire_timeout(Duration::from_millis(300))
+                .connect_with(options)
                 .await
-                .unwrap_or_else(|e| unreachable(e));
-            sqlx::query(sqlx::AssertSqlSafe(format!("CREATE SCHEMA {schema}")))
-                .execute(&admin)
+                .expect("the test schema's pool");
+            let store = PostgresStore::from_pool(pool);
+            store.migrate().await.expect("the migrations apply");
+            store.prepare().await.expect("the effects table");
+            store
+        }
+
+        async fn stall(&self) -> Self::Stall {
+            let mut held = Vec::new();
+            for _ in 0..self.pool().options().get_max_connections() {
+                held.push(self.pool().acquire().await.expect("a connection"));
+            }
+            held
+        }
+
+        async fn lock_row(&self, key: &str) -> Self::Tx {
+            let mut tx = self.begin().await.unwrap();
+            sqlx::query("SELECT 1 FROM safe_retry_outcomes WHERE key = $1 FOR UPDATE")
+                .bind(key)
+                .execute(&mut *tx)
                 .await
                 .unwrap();
-            drop_schemas_of_ended_runs(&admin).await;
-            admin.close().await;
+            tx
+        }
+
+        async fn connect_to(url: &str) -> PostgresStore {
+            PostgresStore::connect(url)
+                .await
+                .expect("PostgreSQL connects")
+        }
+
+        async fn reopen(&self, key: &str) {
+            sqlx::query(
+                "UPDATE safe_retry_outcomes SET status = 'in_progress',
+                 locked_until = now() - interval '1 second', response_status = NULL WHERE key = $1",
+            )
+            .bind(key)
+            .execute(self.pool())
+            .await
+            .unwrap();
+        }
+
+        async fn empty_database() -> String {
+            let (schema, _) = new_schema().await;
+            let url = url();
+            let separator = if url.contains('?') { '&' } else { '?' };
+            format!("{url}{separator}options=-csearch_path%3D{schema}")
+        }
+
+        async fn fresh() -> PostgresStore {
+            let (_, options) = new_schema().await;
             let pool = PgPoolOptions::new()
                 .max_connections(40)
-                .connect_with(
-                    options
-                        .options([("search_path", schema.as_str())])
-                        .application_name(&schema),
-                )
+                .connect_with(options)
                 .await
-                .unwrap_or_else(|e| unreachable(e));
+                .expect("the test schema's pool");
             let store = PostgresStore::from_pool(pool);
             store.migrate().await.expect("the migrations apply");
             store.prepare().await.expect("the effects table");
@@ -385,14 +522,16 @@ pub fn service<S: Backend>(layer: IdempotencyLayer<S>, script: Script) -> Router
     crate::charges_app::app(layer, Duration::ZERO).merge(scripted)
 }
 
+/// Writes the effect in the handler's transaction; a store that fails is answered with the
+/// crate's own answers, as a user's handler does.
 async fn write_effect<S: Backend>(execution: &Execution<S>, body: &str) -> Result<i64, Response> {
-    let unavailable = |e: &dyn std::fmt::Display| {
-        (StatusCode::SERVICE_UNAVAILABLE, e.to_string()).into_response()
-    };
-    let mut tx = execution.local().await.map_err(|e| unavailable(&e))?;
+    let mut tx = execution
+        .local()
+        .await
+        .map_err(IntoResponse::into_response)?;
     S::record_effect(&mut tx, execution.key(), body)
         .await
-        .map_err(|e| unavailable(&e))
+        .map_err(|e| StoreError::from(e).into_response())
 }
 
 async fn scripted<S: Backend>(
