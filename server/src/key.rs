@@ -183,6 +183,14 @@ fn from_idempotency_key(
         }
         let text =
             std::str::from_utf8(value).map_err(|_| KeyError::Invalid("it is not ASCII".into()))?;
+        if text.contains(',') {
+            // Two `Idempotency-Key` lines that a proxy merged into one read `k1, k2`: which of
+            // the two was meant cannot be told, and taking both as one key would run the
+            // request under a key its client never sent.
+            return Err(KeyError::Invalid(
+                "it holds a comma: two keys joined into one field (a proxy's merge of two headers); send one key, or quote a key that holds a comma".into(),
+            ));
+        }
         text.to_owned()
     };
     check(&key, max_len)?;
@@ -263,6 +271,12 @@ mod tests {
     }
 
     #[test]
+    fn a_comma_is_a_key_s_only_inside_quotes() {
+        assert_eq!(read(KeyForm::Either, &[b"\"a,b\""]), Ok(Some("a,b".into())));
+        assert!(read(KeyForm::Bare, &[b"a,b"]).is_err());
+    }
+
+    #[test]
     fn the_quoted_and_the_bare_spelling_are_one_key() {
         assert_eq!(read(KeyForm::Either, &[b"abc-1"]), Ok(Some("abc-1".into())));
         assert_eq!(
@@ -303,6 +317,9 @@ mod tests {
             (b"caf\xc3\xa9", "ASCII"),
             (b"\"caf\xc3\xa9\"", "non-ASCII"),
             (b"\" abc\"", "space"),
+            (b"k1, k2", "comma"),
+            (b"k1,k2", "two keys joined"),
+            (b"\"k1\", \"k2\"", "follows its closing quote"),
         ];
         for (value, reason) in cases {
             let err = read(KeyForm::Either, &[value]).unwrap_err();
@@ -398,7 +415,7 @@ mod tests {
         fn every_valid_key_reads_the_same_bare_and_quoted(key in "[!-~]([ -~]{0,60}[!-~])?") {
             let quoted = format!("\"{}\"", key.replace('\\', "\\\\").replace('"', "\\\""));
             prop_assert_eq!(read(KeyForm::Either, &[quoted.as_bytes()]), Ok(Some(key.clone())));
-            if !key.starts_with('"') {
+            if !key.starts_with('"') && !key.contains(',') {
                 prop_assert_eq!(read(KeyForm::Either, &[key.as_bytes()]), Ok(Some(key.clone())));
             }
         }

@@ -332,7 +332,46 @@ pub async fn many_servers_prepare_one_new_database_at_once<S: Backend>() {
     }
 }
 
+/// A body that never ends is answered `408` once the layer's time for it has passed, and holds
+/// nothing: no record, no effect, and the connection's memory goes with it.
+pub async fn a_body_that_never_ends_is_a_408<S: Backend>() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let store = S::fresh().await;
+    let layer = IdempotencyLayer::builder(store.clone())
+        .shared_scope()
+        .request_body_timeout(Duration::from_millis(100))
+        .build()
+        .unwrap();
+    let server = Running::start(service(layer.clone(), Script::default())).await;
+    let mut stream = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+    stream
+        .write_all(
+            b"POST /script HTTP/1.1\r\nhost: x\r\nidempotency-key: slow\r\n\
+              content-length: 1000\r\n\r\nonly the start",
+        )
+        .await
+        .unwrap();
+    let mut answer = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(10), async {
+        let mut buf = [0u8; 4096];
+        loop {
+            let n = stream.read(&mut buf).await.unwrap_or(0);
+            answer.extend_from_slice(&buf[..n]);
+            if n == 0 || answer.windows(4).any(|w| w == b"\r\n\r\n") && answer.ends_with(b"}") {
+                break;
+            }
+        }
+    });
+    read.await.expect("answered within the time for the body, not never");
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(answer.contains("urn:safe-retry:problem:body-timeout"), "{answer}");
+    assert!(store.outcomes().await.is_empty());
+    assert_eq!(layer.counters().snapshot().refused, 1);
+}
+
 on_every_store!(
+    a_body_that_never_ends_is_a_408,
     many_servers_prepare_one_new_database_at_once,
     a_store_stall_is_never_stored_as_the_outcome,
     a_status_not_stored_leaves_the_key_for_the_retry,

@@ -391,6 +391,8 @@ pub async fn bad_input_gets_a_clear_answer_and_changes_nothing<S: Backend>() {
         (b"\"a\";param=1".to_vec(), "parameters"),
         (long.clone().into_bytes(), "10000 bytes long"),
         (b"".to_vec(), "empty"),
+        // Two keys a proxy merged into one field.
+        (b"k1, k2".to_vec(), "two keys joined"),
     ];
     for (value, reason) in cases {
         let response = client
