@@ -64,26 +64,86 @@ pub(crate) struct Config<S> {
 
 /// What the layer has done, counted since it was built (monotonic, shared by its clones).
 ///
-/// Each count has a tracing event beside it (target `safe_retry_server`, field `event`).
-/// A count is made when this process sees the step end: a completion that committed while its
-/// request was being dropped is in the table but not counted. The table is the record.
+/// Each count has a tracing event beside it (see [`Event`](crate::Event)). A count is made
+/// when this process sees the step end: a completion that committed while its request was
+/// being dropped is in the table but not counted. The table is the record.
+///
+/// With the `metrics` feature every count also goes to the [`metrics`](https://docs.rs/metrics)
+/// facade as a counter named `safe_retry_server_<count>_total` (`safe_retry_server_claims_total`,
+/// …), each described and registered at zero when the layer is built with a recorder installed,
+/// so an exporter lists them all from the start.
 #[derive(Debug, Default)]
 pub struct Counters {
-    pub(crate) claims: AtomicU64,
-    pub(crate) takeovers: AtomicU64,
-    pub(crate) completions: AtomicU64,
-    pub(crate) replays: AtomicU64,
-    pub(crate) in_progress: AtomicU64,
-    pub(crate) mismatches: AtomicU64,
-    pub(crate) rejections: AtomicU64,
-    pub(crate) fenced: AtomicU64,
-    pub(crate) refused: AtomicU64,
-    pub(crate) store_failures: AtomicU64,
-    pub(crate) abandoned: AtomicU64,
-    pub(crate) steps: AtomicU64,
-    pub(crate) unfinished: AtomicU64,
-    pub(crate) failed: AtomicU64,
+    values: [AtomicU64; COUNTS.len()],
 }
+
+/// One of the layer's counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Count {
+    Claims,
+    Takeovers,
+    Completions,
+    Replays,
+    InProgress,
+    Mismatches,
+    Rejections,
+    Fenced,
+    Refused,
+    StoreFailures,
+    Abandoned,
+    Steps,
+    Unfinished,
+    Failed,
+}
+
+/// Every count in [`Count`]'s order: its name (the snapshot's field, and the metric's middle)
+/// and what it counts.
+const COUNTS: [(&str, &str); 14] = [
+    (
+        "claims",
+        "claims that owned an execution (takeovers included): each ran the handler",
+    ),
+    (
+        "takeovers",
+        "claims that took over a record left in progress past its lease",
+    ),
+    ("completions", "answers stored with their local effects"),
+    ("replays", "stored answers sent again"),
+    (
+        "in_progress",
+        "409s: the key's first request was still running",
+    ),
+    ("mismatches", "422s: the key came with another request"),
+    (
+        "rejections",
+        "answers the handler marked Rejected: nothing stored",
+    ),
+    (
+        "fenced",
+        "holders whose writes another attempt refused; rolled back",
+    ),
+    (
+        "refused",
+        "requests answered 400, 401, 408 or 413 before any claim",
+    ),
+    (
+        "store_failures",
+        "requests answered 503 (or 500) because the store or the layer failed",
+    ),
+    (
+        "abandoned",
+        "executions that ended without an outcome: their leases ended at once",
+    ),
+    ("steps", "recovery points committed"),
+    (
+        "unfinished",
+        "answers that were not outcomes (a recovery point, a failure, a status not stored): leases ended at once",
+    ),
+    (
+        "failed",
+        "records started more often than allowed: ended failed",
+    ),
+];
 
 /// A reading of [`Counters`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -103,12 +163,12 @@ pub struct CounterSnapshot {
     pub mismatches: u64,
     /// Answers the handler marked [`Rejected`](crate::execution::Rejected): nothing stored.
     pub rejections: u64,
-    /// Completions and recovery points refused because another attempt had taken the record
-    /// over; their transactions rolled back.
+    /// Holders whose completion or recovery point was refused because another attempt had
+    /// taken the record over; their transactions rolled back.
     pub fenced: u64,
     /// Requests answered `400`, `401`, `408` or `413` before any claim (key, scope or body).
     pub refused: u64,
-    /// Requests answered `503` (or `500`) because the store failed.
+    /// Requests answered `503` (or `500`) because the store or the layer failed.
     pub store_failures: u64,
     /// Executions that ended without an outcome (the handler failed or its request was
     /// dropped): their leases were ended at once for a retry to take over.
@@ -116,36 +176,165 @@ pub struct CounterSnapshot {
     /// Recovery points committed (a step's `started` point before an external call, and each
     /// step's commit).
     pub steps: u64,
-    /// Executions that stopped at a recovery point ([`Unfinished`](crate::Unfinished)
-    /// answers): their leases were ended at once for a resumption.
+    /// Answers that were not outcomes (an [`Unfinished`](crate::Unfinished) answer, the
+    /// crate's answer for a failed store, a status the layer does not store): nothing was
+    /// stored and their leases were ended at once for a retry or a resumption.
     pub unfinished: u64,
-    /// Records that were resumed more often than the layer allows and ended failed.
+    /// Records started more often than the layer allows in one generation: ended failed.
     pub failed: u64,
 }
 
 impl Counters {
     /// Reads every count.
     pub fn snapshot(&self) -> CounterSnapshot {
-        let read = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        let [
+            claims,
+            takeovers,
+            completions,
+            replays,
+            in_progress,
+            mismatches,
+            rejections,
+            fenced,
+            refused,
+            store_failures,
+            abandoned,
+            steps,
+            unfinished,
+            failed,
+        ] = self.values.each_ref().map(|c| c.load(Ordering::Relaxed));
         CounterSnapshot {
-            claims: read(&self.claims),
-            takeovers: read(&self.takeovers),
-            completions: read(&self.completions),
-            replays: read(&self.replays),
-            in_progress: read(&self.in_progress),
-            mismatches: read(&self.mismatches),
-            rejections: read(&self.rejections),
-            fenced: read(&self.fenced),
-            refused: read(&self.refused),
-            store_failures: read(&self.store_failures),
-            abandoned: read(&self.abandoned),
-            steps: read(&self.steps),
-            unfinished: read(&self.unfinished),
-            failed: read(&self.failed),
+            claims,
+            takeovers,
+            completions,
+            replays,
+            in_progress,
+            mismatches,
+            rejections,
+            fenced,
+            refused,
+            store_failures,
+            abandoned,
+            steps,
+            unfinished,
+            failed,
         }
     }
 
-    pub(crate) fn add(counter: &AtomicU64) {
-        counter.fetch_add(1, Ordering::Relaxed);
+    /// Every count with its name and what it counts, in a fixed order: for an exporter of your
+    /// own (the `metrics` feature does this for the `metrics` facade).
+    pub fn iter(&self) -> impl Iterator<Item = (&'static str, &'static str, u64)> + '_ {
+        COUNTS
+            .iter()
+            .zip(&self.values)
+            .map(|((name, about), value)| (*name, *about, value.load(Ordering::Relaxed)))
+    }
+
+    pub(crate) fn add(&self, count: Count) {
+        self.values[count as usize].fetch_add(1, Ordering::Relaxed);
+        #[cfg(feature = "metrics")]
+        metrics::with_recorder(|recorder| {
+            recorder
+                .register_counter(&metric_key(count as usize), &METADATA)
+                .increment(1);
+        });
+    }
+
+    /// Describes every metric and registers each counter at zero, with the recorder installed
+    /// now (the layer does it when it is built).
+    pub(crate) fn announce(&self) {
+        #[cfg(feature = "metrics")]
+        metrics::with_recorder(|recorder| {
+            for (i, (_, about)) in COUNTS.iter().enumerate() {
+                let key = metric_key(i);
+                recorder.describe_counter(key.name().to_owned().into(), None, (*about).into());
+                recorder.register_counter(&key, &METADATA).increment(0);
+            }
+        });
+    }
+}
+
+#[cfg(feature = "metrics")]
+static METADATA: metrics::Metadata<'static> = metrics::Metadata::new(
+    "safe_retry_server",
+    metrics::Level::INFO,
+    Some(module_path!()),
+);
+
+/// The metric of the count at `index`: `safe_retry_server_<name>_total`.
+#[cfg(feature = "metrics")]
+fn metric_key(index: usize) -> metrics::Key {
+    const NAMES: [&str; COUNTS.len()] = [
+        "safe_retry_server_claims_total",
+        "safe_retry_server_takeovers_total",
+        "safe_retry_server_completions_total",
+        "safe_retry_server_replays_total",
+        "safe_retry_server_in_progress_total",
+        "safe_retry_server_mismatches_total",
+        "safe_retry_server_rejections_total",
+        "safe_retry_server_fenced_total",
+        "safe_retry_server_refused_total",
+        "safe_retry_server_store_failures_total",
+        "safe_retry_server_abandoned_total",
+        "safe_retry_server_steps_total",
+        "safe_retry_server_unfinished_total",
+        "safe_retry_server_failed_total",
+    ];
+    metrics::Key::from_static_name(NAMES[index])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_count_lands_in_its_own_field_and_its_own_name() {
+        let counters = Counters::default();
+        let all = [
+            Count::Claims,
+            Count::Takeovers,
+            Count::Completions,
+            Count::Replays,
+            Count::InProgress,
+            Count::Mismatches,
+            Count::Rejections,
+            Count::Fenced,
+            Count::Refused,
+            Count::StoreFailures,
+            Count::Abandoned,
+            Count::Steps,
+            Count::Unfinished,
+            Count::Failed,
+        ];
+        for (i, count) in all.into_iter().enumerate() {
+            for _ in 0..=i {
+                counters.add(count);
+            }
+        }
+        let s = counters.snapshot();
+        let fields = [
+            s.claims,
+            s.takeovers,
+            s.completions,
+            s.replays,
+            s.in_progress,
+            s.mismatches,
+            s.rejections,
+            s.fenced,
+            s.refused,
+            s.store_failures,
+            s.abandoned,
+            s.steps,
+            s.unfinished,
+            s.failed,
+        ];
+        assert_eq!(fields, std::array::from_fn(|i| i as u64 + 1));
+        let listed: Vec<_> = counters
+            .iter()
+            .map(|(name, _, value)| (name, value))
+            .collect();
+        assert_eq!(listed[0], ("claims", 1));
+        assert_eq!(listed[4], ("in_progress", 5));
+        assert_eq!(listed[13], ("failed", 14));
     }
 }

@@ -310,6 +310,7 @@ impl<S: Store> Builder<S> {
                 c.max_key_len
             )));
         }
+        self.config.counters.announce();
         Ok(IdempotencyLayer {
             config: Arc::new(self.config),
         })

@@ -11,7 +11,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
 
-use crate::config::Counters;
+use crate::config::Count;
 use crate::events::{Event, emit};
 use crate::execution::Execution;
 use crate::problem::Problem;
@@ -287,7 +287,7 @@ impl<S: Store> Execution<S> {
             // Counted and logged where the layer answers it (`Ended::Fenced`).
             Completion::Fenced => Err(StepError::Fenced),
             Completion::Completed => {
-                Counters::add(&inner.counters.steps);
+                inner.counters.add(Count::Steps);
                 let (scope, key) = (self.scope(), self.key());
                 emit!(inner.events, Event::Step, scope, key, point);
                 let mut journal = lock(&inner.journal);

@@ -5,7 +5,7 @@ use http::header::{self, HeaderValue};
 use http::{Response, StatusCode};
 
 use crate::body::ReplyBody;
-use crate::config::{Config, Counters};
+use crate::config::{Config, Count};
 use crate::events::Event;
 use crate::headers::IDEMPOTENT_REPLAYED;
 use crate::problem::Problem;
@@ -22,7 +22,7 @@ pub(crate) fn refuse<S, R>(
     problem: Problem,
     detail: &str,
 ) -> Response<ReplyBody<R>> {
-    Counters::add(&config.counters.refused);
+    config.counters.add(Count::Refused);
     crate::events::emit!(
         config.events,
         Event::Refused,
@@ -38,7 +38,7 @@ pub(crate) fn unavailable<S, R>(
     config: &Config<S>,
     error: &dyn std::error::Error,
 ) -> Response<ReplyBody<R>> {
-    Counters::add(&config.counters.store_failures);
+    config.counters.add(Count::StoreFailures);
     crate::events::emit!(config.events, Event::StoreFailed, error = %error);
     answer(Problem::store_unavailable())
 }
@@ -49,14 +49,14 @@ pub(crate) fn in_progress<S, R>(
     scope: &str,
     key: &str,
 ) -> Response<ReplyBody<R>> {
-    Counters::add(&config.counters.in_progress);
+    config.counters.add(Count::InProgress);
     crate::events::emit!(config.events, Event::InProgress, scope, key);
     answer(Problem::in_progress(config.in_progress_retry_after))
 }
 
 /// `422`: the key came with another request.
 pub(crate) fn mismatch<S, R>(config: &Config<S>, scope: &str, key: &str) -> Response<ReplyBody<R>> {
-    Counters::add(&config.counters.mismatches);
+    config.counters.add(Count::Mismatches);
     crate::events::emit!(config.events, Event::Mismatch, scope, key);
     answer(Problem::KeyReused.response(
         "this idempotency key was used with another request (method, path or body); use a new key for a new request",
@@ -71,7 +71,7 @@ pub(crate) fn replay<S, R>(
     key: &str,
     stored: &StoredAnswer,
 ) -> Response<ReplyBody<R>> {
-    Counters::add(&config.counters.replays);
+    config.counters.add(Count::Replays);
     crate::events::emit!(
         config.events,
         Event::Replay,

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use http::Response;
 
 use crate::body::ReplyBody;
-use crate::config::{Config, Counters};
+use crate::config::{Config, Count, Counters};
 use crate::events::{Event, EventLevels};
 use crate::store::{Claim, Claimed, Fence, RecordState, Store, StoreError};
 
@@ -182,7 +182,7 @@ impl<S: Store> Held<S> {
 }
 
 async fn abandon<S: Store>(store: S, fence: Fence, counters: &Counters, events: &EventLevels) {
-    Counters::add(&counters.abandoned);
+    counters.add(Count::Abandoned);
     crate::events::emit!(
         events,
         Event::Abandoned,

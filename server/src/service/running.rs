@@ -10,7 +10,7 @@ use http_body_util::BodyExt;
 use tower_service::Service;
 
 use crate::body::{BoxError, ReplyBody};
-use crate::config::{Config, Counters};
+use crate::config::{Config, Count};
 use crate::events::Event;
 use crate::execution::{Execution, Rejected, Snapshot};
 use crate::headers::end_to_end;
@@ -62,9 +62,9 @@ where
     R::Error: Into<BoxError>,
 {
     let (scope, key, claimed) = (&owned.scope, &owned.key, owned.claimed);
-    Counters::add(&config.counters.claims);
+    config.counters.add(Count::Claims);
     if claimed.taken_over {
-        Counters::add(&config.counters.takeovers);
+        config.counters.add(Count::Takeovers);
         crate::events::emit!(config.events, Event::Takeover, scope = %scope, key = %key, attempt = claimed.fence.attempt);
     } else {
         crate::events::emit!(config.events, Event::Claim, scope = %scope, key = %key);
@@ -97,7 +97,7 @@ where
         .call(Request::from_parts(parts, B::from(body)))
         .await?;
     let Ok(tx) = execution.close() else {
-        Counters::add(&config.counters.store_failures);
+        config.counters.add(Count::StoreFailures);
         crate::events::emit!(config.events, Event::LocalHeld, scope = %scope, key = %key);
         let detail =
             "the handler still held its Local transaction when it answered; nothing was recorded";
@@ -135,7 +135,7 @@ where
         // before the answer leaves, so a retry with the key, or the reconciler, resumes it.
         drop(tx);
         owned.held.end_now().await;
-        Counters::add(&config.counters.unfinished);
+        config.counters.add(Count::Unfinished);
         let status = response.status().as_u16();
         crate::events::emit!(config.events, Event::Unfinished, scope = %scope, key = %key, attempt = fence.attempt, status);
         return (passed(response), Ended::Unfinished);
@@ -144,7 +144,7 @@ where
         return match config.store.release(tx, fence).await {
             Ok(_) => {
                 owned.held.done();
-                Counters::add(&config.counters.rejections);
+                config.counters.add(Count::Rejections);
                 crate::events::emit!(config.events, Event::Rejected, scope = %scope, key = %key, status = response.status().as_u16());
                 (passed(response), Ended::Rejected)
             }
@@ -171,7 +171,7 @@ where
     let (read, over) = match read_answer(&mut body, config.max_answer_body).await {
         Ok(read) => read,
         Err(error) => {
-            Counters::add(&config.counters.store_failures);
+            config.counters.add(Count::StoreFailures);
             crate::events::emit!(config.events, Event::AnswerFailed, scope = %scope, key = %key, error = %error);
             // Dropping `tx` rolls the local effects back; `held` lets a retry run it.
             drop(tx);
@@ -191,7 +191,7 @@ where
         Err(error) => (unavailable(config, &error), Ended::StoreFailed),
         Ok(Completion::Completed) => {
             owned.held.done();
-            Counters::add(&config.counters.completions);
+            config.counters.add(Count::Completions);
             crate::events::emit!(config.events, Event::Completed, scope = %scope, key = %key, status = head.status.as_u16());
             let body = if over {
                 ReplyBody::inner(read, body)
@@ -233,7 +233,7 @@ pub(crate) async fn fenced_answer<S: Store, R>(
     owned: &Owned<S>,
 ) -> Response<ReplyBody<R>> {
     let (scope, key) = (&owned.scope, &owned.key);
-    Counters::add(&config.counters.fenced);
+    config.counters.add(Count::Fenced);
     crate::events::emit!(
         config.events,
         Event::Fenced,
@@ -279,7 +279,7 @@ pub(crate) async fn end_failed<S: Store, R>(
         }
         Ok(Completion::Completed) => {
             owned.held.done();
-            Counters::add(&config.counters.failed);
+            config.counters.add(Count::Failed);
             crate::events::emit!(
                 config.events,
                 Event::GaveUp,

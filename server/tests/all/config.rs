@@ -216,3 +216,82 @@ mod extractors {
         .await;
     }
 }
+
+/// With the `metrics` feature every count is a counter of the `metrics` facade: each described
+/// and registered at zero when the layer is built, and counted as it happens.
+#[cfg(feature = "metrics")]
+#[test]
+fn the_counters_go_to_the_metrics_facade_described_and_at_zero_from_the_start() {
+    use metrics::{
+        Counter, Gauge, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit,
+    };
+    use std::collections::BTreeMap;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::{Arc, Mutex};
+
+    #[derive(Default)]
+    struct Kept {
+        described: Mutex<BTreeMap<String, String>>,
+        counters: Mutex<BTreeMap<String, Arc<AtomicU64>>>,
+    }
+    impl Recorder for Kept {
+        fn describe_counter(&self, name: KeyName, _: Option<Unit>, about: SharedString) {
+            let mut described = self.described.lock().unwrap();
+            described.insert(name.as_str().to_owned(), about.to_string());
+        }
+        fn describe_gauge(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+        fn describe_histogram(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+        fn register_counter(&self, key: &Key, _: &Metadata<'_>) -> Counter {
+            let mut counters = self.counters.lock().unwrap();
+            Counter::from_arc(counters.entry(key.name().to_owned()).or_default().clone())
+        }
+        fn register_gauge(&self, _: &Key, _: &Metadata<'_>) -> Gauge {
+            Gauge::noop()
+        }
+        fn register_histogram(&self, _: &Key, _: &Metadata<'_>) -> Histogram {
+            Histogram::noop()
+        }
+    }
+
+    let kept = Kept::default();
+    let value = |name: &str| kept.counters.lock().unwrap()[name].load(Ordering::Relaxed);
+    metrics::with_local_recorder(&kept, || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let store = SqliteStore::memory().await.unwrap();
+            let layer = IdempotencyLayer::builder(store)
+                .shared_scope()
+                .build()
+                .unwrap();
+            let counters = layer.counters().iter().count();
+            assert_eq!(kept.described.lock().unwrap().len(), counters);
+            assert_eq!(kept.counters.lock().unwrap().len(), counters);
+            assert_eq!(value("safe_retry_server_claims_total"), 0);
+            assert!(
+                kept.described.lock().unwrap()["safe_retry_server_replays_total"]
+                    .contains("sent again")
+            );
+            let mut router = axum::Router::new()
+                .route("/orders", axum::routing::post(|| async { "done" }))
+                .layer(layer.clone());
+            for _ in 0..2 {
+                let request = http::Request::post("/orders")
+                    .header("idempotency-key", "k")
+                    .body(axum::body::Body::from("x"))
+                    .unwrap();
+                tower_service::Service::call(&mut router, request)
+                    .await
+                    .unwrap();
+            }
+            let snapshot = layer.counters().snapshot();
+            assert_eq!((snapshot.claims, snapshot.replays), (1, 1));
+        });
+    });
+    assert_eq!(value("safe_retry_server_claims_total"), 1);
+    assert_eq!(value("safe_retry_server_completions_total"), 1);
+    assert_eq!(value("safe_retry_server_replays_total"), 1);
+    assert_eq!(value("safe_retry_server_in_progress_total"), 0);
+}

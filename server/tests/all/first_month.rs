@@ -362,10 +362,14 @@ pub async fn a_body_that_never_ends_is_a_408<S: Backend>() {
             }
         }
     });
-    read.await.expect("answered within the time for the body, not never");
+    read.await
+        .expect("answered within the time for the body, not never");
     let answer = String::from_utf8_lossy(&answer);
     assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
-    assert!(answer.contains("urn:safe-retry:problem:body-timeout"), "{answer}");
+    assert!(
+        answer.contains("urn:safe-retry:problem:body-timeout"),
+        "{answer}"
+    );
     assert!(store.outcomes().await.is_empty());
     assert_eq!(layer.counters().snapshot().refused, 1);
 }
