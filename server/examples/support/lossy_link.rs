@@ -50,6 +50,13 @@ fn next(state: &mut u64) -> u64 {
 impl LossyLink {
     /// Starts a link on loopback to `upstream`; `seed` fixes its draws.
     pub async fn start(upstream: SocketAddr, seed: u64) -> LossyLink {
+        LossyLink::start_to(Arc::new(Mutex::new(vec![upstream])), seed).await
+    }
+
+    /// Starts a link on loopback to a fleet: each connection goes to the next of `upstreams`
+    /// in turn, as the list stands when it arrives (a connection while the list is empty is
+    /// reset).
+    pub async fn start_to(upstreams: Arc<Mutex<Vec<SocketAddr>>>, seed: u64) -> LossyLink {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let fates = Arc::new(Mutex::new(Vec::new()));
@@ -57,9 +64,19 @@ impl LossyLink {
             let fates = fates.clone();
             async move {
                 let mut state = seed | 1;
+                let mut turn = 0usize;
                 loop {
                     let Ok((client, _)) = listener.accept().await else {
                         return;
+                    };
+                    let upstream = {
+                        let upstreams = upstreams.lock().unwrap();
+                        turn = turn.wrapping_add(1);
+                        (!upstreams.is_empty()).then(|| upstreams[turn % upstreams.len()])
+                    };
+                    let Some(upstream) = upstream else {
+                        reset(client).await;
+                        continue;
                     };
                     let fate = match next(&mut state) % 10 {
                         0 | 1 => Fate::ResetBefore,

@@ -36,6 +36,8 @@ mod config;
 mod crash;
 mod direct;
 mod first_month;
+#[cfg(feature = "postgres")]
+mod fleet;
 #[path = "../../examples/support/lossy_link.rs"]
 mod lossy_link;
 mod model;
