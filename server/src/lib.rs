@@ -149,6 +149,9 @@ mod service;
 mod step;
 pub mod store;
 mod sweeper;
+#[cfg(feature = "test-util")]
+#[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
+pub mod testing;
 mod worker;
 
 pub use body::{BoxError, ReplyBody};

@@ -4,7 +4,7 @@
 //! (a step), and answers. A fault can be injected at each recovery point: the tests and the
 //! example's walk-through crash there.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -13,7 +13,6 @@ use axum::routing::post;
 use axum::{Extension, Json, Router};
 use reqwest_middleware::ClientWithMiddleware;
 use safe_retry_server::{Execution, IdempotencyLayer, Message, Step, StepError, StoreError};
-use tokio::sync::Semaphore;
 
 use crate::charges_app::ChargesDb;
 
@@ -26,86 +25,8 @@ pub const POINTS: [&str; 5] = [
     "after-receipt",
 ];
 
-/// What an injected fault does when its point is reached.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Crash {
-    /// The handler fails there, as an exception would end it.
-    Fail,
-    /// The handler stops there for ever: its process is killed, or its future dropped.
-    Hang,
-    /// The handler waits there for a permit of [`Faults::resume`], then goes on: a holder
-    /// that wakes up after another took its record over.
-    Pause,
-}
-
-/// The fault to inject once, and the permits that tell a test a point was reached.
-pub struct Faults {
-    armed: Mutex<Option<(String, Crash)>>,
-    /// A permit each time an armed point is reached.
-    pub reached: Semaphore,
-    /// The permits a [`Crash::Pause`] waits for.
-    pub resume: Semaphore,
-    /// Print `reached POINT` on stdout when the armed point is reached (the example does).
-    pub announce: bool,
-}
-
-impl Default for Faults {
-    fn default() -> Faults {
-        Faults {
-            armed: Mutex::new(None),
-            reached: Semaphore::new(0),
-            resume: Semaphore::new(0),
-            announce: false,
-        }
-    }
-}
-
-impl Faults {
-    /// Faults that print the point they stop at.
-    pub fn announced() -> Faults {
-        Faults {
-            announce: true,
-            ..Faults::default()
-        }
-    }
-
-    /// Arms a fault at `point`, for the next request that reaches it.
-    pub fn arm(&self, point: &str, crash: Crash) {
-        *self.armed.lock().unwrap() = Some((point.to_owned(), crash));
-    }
-
-    /// Disarms the fault, if one is armed.
-    pub fn disarm(&self) {
-        *self.armed.lock().unwrap() = None;
-    }
-
-    async fn reach(&self, point: &str) -> Result<(), StepError> {
-        let crash = {
-            let mut armed = self.armed.lock().unwrap();
-            match armed.as_ref() {
-                Some((at, _)) if at == point => armed.take().map(|(_, crash)| crash),
-                _ => None,
-            }
-        };
-        let Some(crash) = crash else { return Ok(()) };
-        if self.announce {
-            use std::io::Write;
-            println!("reached {point}");
-            let _ = std::io::stdout().flush();
-        }
-        self.reached.add_permits(1);
-        match crash {
-            Crash::Fail => Err(StepError::Store(StoreError::new(format!(
-                "a fault injected at {point}"
-            )))),
-            Crash::Hang => std::future::pending().await,
-            Crash::Pause => {
-                self.resume.acquire().await.expect("never closed").forget();
-                Ok(())
-            }
-        }
-    }
-}
+/// The crash points of the order, as a user's own tests arm them: the crate's test helper.
+pub use safe_retry_server::testing::{Crash, Crashes as Faults};
 
 /// Where the order's dependencies are, and the client that reaches them.
 #[derive(Clone)]
@@ -153,7 +74,7 @@ async fn run<S: ChargesDb>(
     execution: &Execution<S>,
     body: &str,
 ) -> Result<Response, StepError> {
-    orders.faults.reach("before-order").await?;
+    orders.faults.point("before-order").await?;
 
     // A local step: the order row commits with the step.
     let order: i64 = match execution.step("order").await? {
@@ -166,7 +87,7 @@ async fn run<S: ChargesDb>(
             step.commit(order).await?
         }
     };
-    orders.faults.reach("after-order").await?;
+    orders.faults.point("after-order").await?;
 
     // An external step: the provider is called with the key derived from (scope, key,
     // "charge"), on this attempt and every resumption.
@@ -181,7 +102,7 @@ async fn run<S: ChargesDb>(
                         .body(format!("{{\"order\":{order},\"amount\":1000}}")),
                 )
                 .await?;
-            orders.faults.reach("after-charge-call").await?;
+            orders.faults.point("after-charge-call").await?;
             let id = serde_json::from_slice::<serde_json::Value>(&answer.body)
                 .ok()
                 .and_then(|v| v["id"].as_str().map(str::to_owned));
@@ -193,7 +114,7 @@ async fn run<S: ChargesDb>(
             .await?
         }
     };
-    orders.faults.reach("after-charge").await?;
+    orders.faults.point("after-charge").await?;
     if charge.status >= 400 {
         return Ok((
             StatusCode::PAYMENT_REQUIRED,
@@ -210,10 +131,10 @@ async fn run<S: ChargesDb>(
         )
         .await?;
         // Not a recovery point: the receipt is staged in the step's open transaction.
-        orders.faults.reach("receipt-staged").await?;
+        orders.faults.point("receipt-staged").await?;
         step.commit(()).await?;
     }
-    orders.faults.reach("after-receipt").await?;
+    orders.faults.point("after-receipt").await?;
 
     Ok((
         StatusCode::CREATED,

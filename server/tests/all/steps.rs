@@ -117,6 +117,13 @@ impl<S: Backend> World<S> {
 /// The handler fails after the provider answered and before the charge step committed; the
 /// client's retry resumes at the charge step: one charge, under one key, one order row, and the
 /// completed answer.
+/// Waits (at most 5 s) until the order reaches its armed crash point.
+pub async fn reached(faults: &crate::orders_app::Faults) {
+    tokio::time::timeout(Duration::from_secs(5), faults.reached())
+        .await
+        .expect("the point is reached within 5 s");
+}
+
 /// Waits (at most 5 s) for a permit the service or a receiver gives when it reaches a point.
 pub async fn signalled(semaphore: &tokio::sync::Semaphore) {
     tokio::time::timeout(Duration::from_secs(5), semaphore.acquire())
@@ -169,7 +176,7 @@ pub async fn a_dropped_request_is_finished_by_the_reconciler<S: Backend>() {
     world.faults.arm("after-charge-call", Crash::Hang);
     let (caller, url) = (world.caller.clone(), world.server.url("/orders"));
     let hung = tokio::spawn(async move { post(&caller, &url, Some("k-2"), BODY).await });
-    signalled(&world.faults.reached).await;
+    reached(&world.faults).await;
     hung.abort();
     world.until_stalled("k-2").await;
 
@@ -201,12 +208,12 @@ pub async fn a_holder_that_wakes_after_a_resumption_is_fenced<S: Backend>() {
     world.faults.arm("after-charge-call", Crash::Pause);
     let (caller, url) = (world.caller.clone(), world.server.url("/orders"));
     let first = tokio::spawn(async move { post(&caller, &url, Some("k-3"), BODY).await });
-    signalled(&world.faults.reached).await;
+    reached(&world.faults).await;
     world.store.end_lease("k-3").await;
 
     let retry = world.order("k-3").await;
     assert_eq!(retry.status, 201, "{retry:?}");
-    world.faults.resume.add_permits(1);
+    world.faults.resume();
     let first = first.await.unwrap();
     assert_eq!(first.status, 201, "{first:?}");
     assert_eq!(first.header("idempotent-replayed"), Some("true"));
@@ -497,29 +504,29 @@ pub async fn a_resumption_fenced_or_failing_is_reported<S: Backend>() {
     let world = World::<S>::new(|b| b).await;
     world.faults.arm("after-order", Crash::Fail);
     assert_eq!(world.order("k-13").await.status, 503);
-    signalled(&world.faults.reached).await;
+    reached(&world.faults).await;
     world.faults.arm("after-charge-call", Crash::Pause);
     let reconciler = world.layer.reconciler(world.app.clone());
     let tick = tokio::spawn({
         let reconciler = world.layer.reconciler(world.app.clone());
         async move { reconciler.tick().await }
     });
-    signalled(&world.faults.reached).await;
+    reached(&world.faults).await;
     world.store.end_lease("k-13").await;
     assert_eq!(world.order("k-13").await.status, 201);
-    world.faults.resume.add_permits(1);
+    world.faults.resume();
     let report = tick.await.unwrap().unwrap();
     assert_eq!((report.found, report.lost), (1, 1), "{report:?}");
     assert_eq!(world.payments.effects().len(), 1);
 
     world.faults.arm("after-order", Crash::Fail);
     assert_eq!(world.order("k-14").await.status, 503);
-    signalled(&world.faults.reached).await;
+    reached(&world.faults).await;
     world.faults.arm("after-receipt", Crash::Pause);
     let tick = tokio::spawn(async move { reconciler.tick().await });
-    signalled(&world.faults.reached).await;
+    reached(&world.faults).await;
     world.store.break_outcomes().await;
-    world.faults.resume.add_permits(1);
+    world.faults.resume();
     let report = tick.await.unwrap().unwrap();
     assert_eq!((report.found, report.store_failures), (1, 1), "{report:?}");
 }
@@ -584,7 +591,7 @@ pub async fn a_message_is_never_sent_before_its_transaction_commits<S: Backend>(
     world.faults.arm("receipt-staged", Crash::Pause);
     let (caller, url) = (world.caller.clone(), world.server.url("/orders"));
     let order = tokio::spawn(async move { post(&caller, &url, Some("k-16"), BODY).await });
-    signalled(&world.faults.reached).await;
+    reached(&world.faults).await;
     // On PostgreSQL the row is invisible; on SQLite the relay waits for the step's write
     // lock. Either way nothing is delivered while the transaction is open.
     let relay = world.relay(Duration::from_secs(5));
@@ -600,7 +607,7 @@ pub async fn a_message_is_never_sent_before_its_transaction_commits<S: Backend>(
     });
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert_eq!(world.receipts.effects().len(), 0);
-    world.faults.resume.add_permits(1);
+    world.faults.resume();
     assert_eq!(order.await.unwrap().status, 201);
     let sent = ticking.await.unwrap() + relay.tick().await.unwrap().sent;
     assert_eq!(sent, 1);
