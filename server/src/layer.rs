@@ -163,7 +163,7 @@ impl<S: Store> Builder<S> {
         self
     }
 
-    /// Statuses of the handler's answers that are not outcomes and are never stored [none]:
+    /// Statuses of the handler's answers that are not outcomes and are never stored \[none\]:
     /// such an answer reaches its caller, the handler's transaction rolls back, and the lease
     /// ends at once, so a retry with the key runs the handler again. For answers a framework
     /// makes before the handler (axum's `415` or `400` for a body its extractor refuses) or a

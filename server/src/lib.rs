@@ -22,9 +22,11 @@
 //! }
 //!
 //! let store = SqliteStore::open("sqlite://orders.db").await?;
-//! let app: Router = Router::new()
-//!     .route("/orders", post(create_order))
-//!     .layer(IdempotencyLayer::builder(store).build()?);
+//! let layer = IdempotencyLayer::builder(store)
+//!     // Keys are unique per caller; `.shared_scope()` for a service with one caller.
+//!     .scope(|parts| parts.headers.get("x-caller")?.to_str().ok().map(str::to_owned))
+//!     .build()?;
+//! let app: Router = Router::new().route("/orders", post(create_order)).layer(layer);
 //! # let _ = app; Ok(()) }
 //! ```
 //!
@@ -37,12 +39,13 @@
 //! | no key, where one is required | `400` `missing-key` |
 //! | a malformed key (empty, too long, control characters, a broken quoted string) | `400` `malformed-key`, saying what is wrong |
 //! | a body over the limit | `413` `body-too-large`, nothing stored |
+//! | a body that does not arrive whole in time [10 s] | `408` `body-timeout`, nothing stored |
 //! | a new key | the handler runs; its answer is stored with its local effects |
 //! | the same key, another request (method, path, query or body) | `422` `key-reused`; the handler does not run |
-//! | the same key while the first runs | `409` `in-progress` with `Retry-After` |
+//! | the same key while the first runs (or its row is held by a transaction that has not ended) | `409` `in-progress` with `Retry-After` and `retry-after-ms` |
 //! | the same key once completed | the stored status, end-to-end headers and body byte for byte, plus `Idempotent-Replayed: true` (a stored `5xx` included) |
 //! | the same key, the first's holder gone past its lease | the handler runs again (a takeover); the old holder can no longer complete |
-//! | the store unreachable | `503` `store-unavailable`; nothing ran, or what ran rolled back |
+//! | the store unreachable, or failing inside the handler | `503` `store-unavailable` with a retry hint; nothing stored, what ran rolled back, the lease ended |
 //!
 //! Errors are RFC 9457 `application/problem+json` bodies whose `type` is
 //! `urn:safe-retry:problem:<name>` (see [`Problem`]). A handler that refuses a request before
@@ -63,8 +66,19 @@
 //! - **Local effects** written through [`Local`] commit in the same transaction as the stored
 //!   answer.
 //! - **Time** is the database's clock, so the servers of a fleet agree on leases.
-//! - **Retention** [24 h] is separate from the lease; [`Store::sweep`] deletes expired records
-//!   in bounded batches.
+//! - **Retention** [24 h] is separate from the lease; a [`Sweeper`] deletes expired records
+//!   in bounded batches. A key renewed after its retention starts a new **generation** of its
+//!   record: its starts are counted afresh, and its downstream keys are new.
+//!
+//! # What is stored, what is at rest, what burns a key
+//!
+//! | | |
+//! |---|---|
+//! | stored as the outcome | the handler's answer (status, end-to-end headers, body up to 1 MiB) with its local effects, a `5xx` it chose included |
+//! | never stored | answers marked [`Rejected`] or [`Unfinished`]; the crate's answers for a failed store ([`LocalError::response`], [`StoreError::response`], [`StepError::response`]); statuses in [`Builder::not_stored`]; the layer's own failures |
+//! | at rest while a record runs | the saved request: method, target, body, and the headers of [`Builder::saved_headers`] (never credentials); the steps' outputs |
+//! | at rest after it completes | the answer only: the saved request and the steps' outputs are cleared (a failed record keeps its last recovery point and steps for an operator) |
+//! | burns a key | [`Builder::max_attempts`] starts in one generation (first run, takeovers, resumptions; a caller that gives up mid-handler ends a start): the record ends failed and its key answers `500 gave-up` for [`Builder::failed_retention`]. Renewals never do. |
 //!
 //! # External effects: steps, the reconciler and the outbox
 //!
@@ -72,11 +86,12 @@
 //! runs as named steps, each committed with the record as a recovery point
 //! ([`Execution::step`]): a resumed request skips the steps done and resumes at the first not
 //! done. A step's external call (`Pending::call`, feature `client`) goes out through this
-//! workspace's client with an idempotency key derived from (scope, key, step), so every
-//! resumption sends the same key; a [`Reconciler`] finishes records stalled past their lease
+//! workspace's client with an idempotency key derived from the record (its row id and
+//! generation) and the step, so every attempt and resumption of the record sends the same key
+//! and a renewed key sends a new one; a [`Reconciler`] finishes records stalled past their lease
 //! when no client comes back; follow-on messages are staged in a step's transaction
 //! ([`Pending::stage`]) and delivered at least once by a `Relay` (feature `client`) with keys derived from their
-//! ids. Records resumed more than [`Builder::max_attempts`] times end failed.
+//! ids. Records started more than [`Builder::max_attempts`] times in one generation end failed.
 //!
 //! ```no_run
 //! # #[cfg(all(feature = "sqlite", feature = "client"))]
@@ -105,9 +120,10 @@
 //!
 //! # Where the edges are
 //!
-//! - **Scope.** By default every caller shares one scope: two callers that pick the same key
-//!   share one record, and the second sees the first's answer. Scope keys by the
-//!   authenticated caller with [`Builder::scope`].
+//! - **Scope.** The builder asks for one: keys by the authenticated caller
+//!   ([`Builder::scope`]), or one scope every caller shares ([`Builder::shared_scope`]), where
+//!   two callers that pick the same key share one record and a replay to the second never
+//!   carries the first's `Set-Cookie`.
 //! - **A handler that fails without an answer** (a service error, a failed answer body, a
 //!   request dropped because its caller hung up) rolls its transaction back and ends its
 //!   lease at once: the next request with the key takes the record over and runs the handler
@@ -119,7 +135,15 @@
 //! - **Requests the layer does not guard** (other methods; no key where none is required)
 //!   pass through with nothing recorded.
 //! - **Extractor rejections** (axum's `Json` refusing a body, say) are answers like any
-//!   other and are stored, unless marked [`Rejected`].
+//!   other and are stored, unless marked [`Rejected`] or their status is in
+//!   [`Builder::not_stored`].
+//!
+//! # Operations
+//!
+//! Every event is listed, with its default level and fields, on [`Event`]; change one with
+//! [`Builder::event_level`]. The counters are on [`Counters`], and through the `metrics`
+//! facade with the `metrics` feature. A [`Reconciler`], a `Relay` and a [`Sweeper`] each
+//! `run(every)` on tokio.
 //!
 //! # Features
 //!
@@ -129,6 +153,8 @@
 //!   [`StepError`] as a response.
 //! - `client`: `Pending::call` and the `Relay`, through `reqwest-safe-retry` (it brings
 //!   reqwest in).
+//! - `metrics`: the counters through the `metrics` facade.
+//! - `test-util`: the `testing` module, crash points for your own tests.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![deny(missing_docs)]
 
@@ -140,6 +166,7 @@ mod fingerprint;
 mod headers;
 mod key;
 mod layer;
+#[cfg(feature = "client")]
 mod outgoing;
 mod problem;
 mod reconciler;

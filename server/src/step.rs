@@ -432,11 +432,10 @@ mod client {
 
 #[cfg(feature = "client")]
 pub use client::Downstream;
-#[cfg(feature = "client")]
 
 /// A follow-on message a handler stages in its outbox: a request the relay delivers at least
 /// once after the transaction that staged it commits, with an idempotency key derived from the
-/// message's id (the record's scope and key and the message's name).
+/// message's id (the record's scope, key, row id and generation, and the message's name).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Message {
     pub(crate) name: String,

@@ -41,27 +41,28 @@ where
     B: Body + From<Bytes>,
     B::Error: Into<BoxError>,
 {
+    let refused = |(problem, detail): Refusal| Admission::Refused(refuse(config, problem, &detail));
     let (parts, body) = request.into_parts();
     let mut key = None;
     if !config.key.needs_body() {
         match read_key(config, &parts, &Bytes::new()) {
-            Err(refused) => return Admission::Refused(refused),
+            Err(refusal) => return refused(refusal),
             Ok(None) => return Admission::Pass(Request::from_parts(parts, body)),
             Ok(Some(found)) => key = Some(found),
         }
     }
     let Some(scope) = config.scope.of(&parts) else {
         let detail = "no caller to scope the idempotency key to";
-        return Admission::Refused(refuse(config, Problem::NoScope, detail));
+        return refused((Problem::NoScope, detail.into()));
     };
     let body = match read_body(config, body).await {
         Ok(body) => body,
-        Err(refused) => return Admission::Refused(refused),
+        Err(refusal) => return refused(refusal),
     };
     let key = match key {
         Some(key) => key,
         None => match read_key(config, &parts, &body) {
-            Err(refused) => return Admission::Refused(refused),
+            Err(refusal) => return refused(refusal),
             Ok(None) => return Admission::Pass(Request::from_parts(parts, B::from(body))),
             Ok(Some(key)) => key,
         },
@@ -76,25 +77,23 @@ where
     })
 }
 
+/// Why a request is refused, and the detail its problem says.
+type Refusal = (Problem, String);
+
 /// The key: `Ok(None)` when the request has none and none is required.
-fn read_key<S, R>(
-    config: &Config<S>,
-    parts: &Parts,
-    body: &Bytes,
-) -> Result<Option<String>, Response<ReplyBody<R>>> {
+fn read_key<S>(config: &Config<S>, parts: &Parts, body: &Bytes) -> Result<Option<String>, Refusal> {
     match config.key.read(parts, body, config.max_key_len) {
-        Err(error) => Err(refuse(config, Problem::MalformedKey, &error.to_string())),
-        Ok(None) if config.require_key => Err(refuse(
-            config,
+        Err(error) => Err((Problem::MalformedKey, error.to_string())),
+        Ok(None) if config.require_key => Err((
             Problem::MissingKey,
-            "this route requires an idempotency key",
+            "this route requires an idempotency key".into(),
         )),
         Ok(key) => Ok(key),
     }
 }
 
 /// The body, whole: at most `max_request_body` bytes, within `request_body_timeout`.
-async fn read_body<S, B, R>(config: &Config<S>, body: B) -> Result<Bytes, Response<ReplyBody<R>>>
+async fn read_body<S, B>(config: &Config<S>, body: B) -> Result<Bytes, Refusal>
 where
     B: Body,
     B::Error: Into<BoxError>,
@@ -107,15 +106,15 @@ where
                 "the request body is over {} bytes; nothing was done",
                 config.max_request_body
             );
-            Err(refuse(config, Problem::BodyTooLarge, &detail))
+            Err((Problem::BodyTooLarge, detail))
         }
-        Ok(Err(error)) => Err(refuse(config, Problem::BodyUnreadable, &error.to_string())),
+        Ok(Err(error)) => Err((Problem::BodyUnreadable, error.to_string())),
         Err(_) => {
             let detail = format!(
                 "the request body did not arrive whole within {:?}; nothing was done",
                 config.request_body_timeout
             );
-            Err(refuse(config, Problem::BodyTimeout, &detail))
+            Err((Problem::BodyTimeout, detail))
         }
     }
 }

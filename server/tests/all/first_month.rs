@@ -27,7 +27,7 @@ async fn effects_of<S: Backend>(store: &S, key: &str) -> usize {
     effects.iter().filter(|e| e.key == key).count()
 }
 
-/// 1. The store stalls after the claim: the handler's `local()` fails, and by the time the
+/// Defect 1: The store stalls after the claim: the handler's `local()` fails, and by the time the
 /// handler answers the store is back. The answer (the crate's `503`, with no driver's text) is
 /// not an outcome: nothing is stored, the lease ends at once, and the retry charges.
 pub async fn a_store_stall_is_never_stored_as_the_outcome<S: Backend>() {
@@ -94,7 +94,7 @@ pub async fn a_status_not_stored_leaves_the_key_for_the_retry<S: Backend>() {
     assert_eq!(layer.counters().snapshot().completions, 0);
 }
 
-/// 2. A key renewed after its retention is a new request: its charge goes to the provider under
+/// Defect 2: A key renewed after its retention is a new request: its charge goes to the provider under
 /// a new downstream key (the provider, whose keys live longer, would replay the old charge),
 /// and its receipt under a new message id. Every attempt of one record keeps its one key.
 pub async fn a_renewed_key_sends_a_new_downstream_key<S: Backend>() {
@@ -120,7 +120,7 @@ pub async fn a_renewed_key_sends_a_new_downstream_key<S: Backend>() {
     assert_eq!(outbox.len(), 2, "two receipts staged: {outbox:?}");
 }
 
-/// 3. Renewals start a key afresh: a key renewed more times than `max_attempts` still runs
+/// Defect 3: Renewals start a key afresh: a key renewed more times than `max_attempts` still runs
 /// (only starts within one record's generation count).
 pub async fn renewals_never_burn_a_key<S: Backend>() {
     let store = S::fresh().await;
@@ -144,7 +144,7 @@ pub async fn renewals_never_burn_a_key<S: Backend>() {
     assert_eq!(store.outcomes().await[0].2, 5);
 }
 
-/// 5. One row held locked (a holder frozen between its write and its commit) never stalls the
+/// Defect 5: One row held locked (a holder frozen between its write and its commit) never stalls the
 /// claims: on PostgreSQL the copies of its key answer `409` at once and never hold a
 /// connection, so fresh keys are served; on SQLite, whose one writer is what is held, every
 /// claim answers `503` within the busy timeout, and all is served once it is released.
@@ -212,7 +212,7 @@ pub async fn a_held_row_never_stalls_the_claims<S: Backend>() {
     assert_eq!(post(&client, &url, Some("held"), "a").await.status, 201);
 }
 
-/// 7. Three processes of the example start together on one new database: each creates what
+/// Defect 7: Three processes of the example start together on one new database: each creates what
 /// it needs (the outcome table through the migrations, its own effects table) without failing
 /// on another's `CREATE TABLE`.
 pub async fn three_processes_start_together_on_a_new_database<S: Backend>() {
@@ -252,7 +252,7 @@ pub async fn three_processes_start_together_on_a_new_database<S: Backend>() {
     }
 }
 
-/// 7. Without `--database-url` the example keeps one stable file, printed at start: a restart
+/// Defect 7: Without `--database-url` the example keeps one stable file, printed at start: a restart
 /// serves the same keys.
 pub async fn the_example_s_default_database_is_one_stable_file<S: Backend>() {
     if S::ROW_LOCKS {
@@ -306,7 +306,7 @@ pub async fn a_replay_across_callers_never_carries_set_cookie<S: Backend>() {
     assert_eq!(replay.header("x-effect"), first.header("x-effect"));
 }
 
-/// 7. The example's own tables, made by many servers at once on one new database: every one
+/// Defect 7: The example's own tables, made by many servers at once on one new database: every one
 /// succeeds (two `CREATE TABLE IF NOT EXISTS` at once otherwise collide in the catalogue).
 pub async fn many_servers_prepare_one_new_database_at_once<S: Backend>() {
     let database = S::empty_database().await;

@@ -112,7 +112,7 @@ async fn chaos(fleet: &mut Fleet, stop: &AtomicBool) -> Chaos {
     while !stop.load(Ordering::Relaxed) {
         tokio::time::sleep(Duration::from_millis(100 + next(&mut state) % 200)).await;
         let slot = (next(&mut state) % 3) as usize;
-        if next(&mut state) % 2 == 0 {
+        if next(&mut state).is_multiple_of(2) {
             fleet.kill_and_restart(slot).await;
             done.kills += 1;
         } else if let Some(server) = &fleet.servers[slot] {
