@@ -310,7 +310,7 @@ impl LocalError {
             LocalError::Store(_) => crate::problem::Problem::store_unavailable(),
             _ => crate::problem::Problem::HandlerFailed.response(&self.to_string()),
         };
-        response.extensions_mut().insert(crate::step::Unfinished);
+        response.extensions_mut().insert(crate::markers::Unfinished);
         response
     }
 }
@@ -322,7 +322,7 @@ impl StoreError {
     /// and the lease ends at once.
     pub fn response(&self) -> http::Response<Bytes> {
         let mut response = crate::problem::Problem::store_unavailable();
-        response.extensions_mut().insert(crate::step::Unfinished);
+        response.extensions_mut().insert(crate::markers::Unfinished);
         response
     }
 }

@@ -166,6 +166,7 @@ mod fingerprint;
 mod headers;
 mod key;
 mod layer;
+mod markers;
 #[cfg(feature = "client")]
 mod outgoing;
 mod problem;

@@ -274,7 +274,7 @@ impl<S: Store> Relay<S> {
 #[cfg(all(test, feature = "sqlite"))]
 mod tests {
     use super::*;
-    use crate::SqliteStore;
+    use crate::store::SqliteStore;
 
     async fn relay() -> Relay<SqliteStore> {
         let client = reqwest_middleware::ClientBuilder::new(reqwest::Client::new()).build();

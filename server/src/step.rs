@@ -14,6 +14,8 @@ use serde_json::{Map, Value};
 use crate::config::Count;
 use crate::events::{Event, emit};
 use crate::execution::Execution;
+use crate::markers::FencedStep;
+pub use crate::markers::Unfinished;
 use crate::problem::Problem;
 use crate::store::{Completion, StagedMessage, StepWrite, Store, StoreError};
 
@@ -98,18 +100,6 @@ pub enum StepError {
     #[error("{0}")]
     Misuse(&'static str),
 }
-
-/// The marker of an answer that leaves the record at its last recovery point: put in a
-/// response's extensions (a [`StepError`]'s answer carries it), it tells the layer to store
-/// nothing, roll back the handler's transaction and end the lease now, so that a retry with
-/// the same key, or the reconciler, resumes the request at its first step not done.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Unfinished;
-
-/// The marker of a [`StepError::Fenced`] answer: the layer replaces it with what happened to
-/// the record (its stored outcome, or `409` while it is still in progress).
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct FencedStep;
 
 impl StepError {
     /// The answer for a caller whose request stopped at this error, marked [`Unfinished`]
@@ -548,7 +538,7 @@ mod tests {
     async fn a_pending_step_shows_its_name_and_its_key_comes_from_the_record() {
         use crate::execution::{Claimed, Snapshot};
         use crate::store::Claim;
-        let store = crate::SqliteStore::memory().await.unwrap();
+        let store = crate::store::SqliteStore::memory().await.unwrap();
         let claimed = store
             .try_claim(&Claim {
                 scope: "tenant",

@@ -14,8 +14,8 @@ use crate::config::{Config, Count};
 use crate::events::Event;
 use crate::execution::{Execution, Rejected, Snapshot};
 use crate::headers::end_to_end;
+use crate::markers::{FencedStep, Unfinished};
 use crate::problem::Problem;
-use crate::step::{FencedStep, Unfinished};
 use crate::store::{Claimed, Completion, Fence, RecordState, Store, StoredAnswer};
 
 use super::answers::{answer, in_progress, not_stored, replay, unavailable};

@@ -37,7 +37,7 @@ use http::{HeaderName, HeaderValue, StatusCode};
 ///
 /// The layer calls these methods; an application calls only its store's constructor,
 /// `migrate` and [`sweep`](Store::sweep). A new store (Redis, MySQL) implements this trait and
-/// runs the crate's test suite (`server/tests/all/stores.rs` shows how each store is plugged
+/// runs the crate's test suite (`server/tests/all/support.rs`'s `Backend` shows how each store is plugged
 /// in).
 pub trait Store: Clone + Send + Sync + 'static {
     /// The transaction a handler writes its local effects in. It commits with the record's

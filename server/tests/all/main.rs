@@ -38,6 +38,7 @@ mod direct;
 mod first_month;
 #[cfg(feature = "postgres")]
 mod fleet;
+mod layout;
 #[path = "../../examples/support/lossy_link.rs"]
 mod lossy_link;
 mod model;

@@ -1,0 +1,13 @@
+//! The markers a handler's answer carries to tell the layer it is not an outcome.
+
+/// The marker of an answer that leaves the record at its last recovery point: put in a
+/// response's extensions (a [`StepError`](crate::StepError)'s answer carries it), it tells the layer to store
+/// nothing, roll back the handler's transaction and end the lease now, so that a retry with
+/// the same key, or the reconciler, resumes the request at its first step not done.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Unfinished;
+
+/// The marker of a [`StepError::Fenced`](crate::StepError::Fenced) answer: the layer replaces it with what happened to
+/// the record (its stored outcome, or `409` while it is still in progress).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct FencedStep;
