@@ -209,8 +209,9 @@ impl<S: Store> Builder<S> {
         self
     }
 
-    /// The `Retry-After` of a `409` for a key whose first request is still running [1 s],
-    /// in whole seconds rounded up. It is a hint of when the first will have finished, so keep
+    /// The retry hint of a `409` for a key whose first request is still running [1 s]:
+    /// `Retry-After` in whole seconds rounded up, and `retry-after-ms` with the milliseconds
+    /// (which this workspace's client reads first). It is a hint of when the first will have finished, so keep
     /// it near the handler's usual run, not the lease: a client that is told to wait longer
     /// than its own deadline allows gives up (this workspace's client does).
     pub fn in_progress_retry_after(mut self, after: Duration) -> Self {
