@@ -56,7 +56,7 @@ pub(crate) struct Config<S> {
     pub(crate) max_attempts: u32,
     pub(crate) failed_retention: Duration,
     pub(crate) not_stored: Vec<StatusCode>,
-    pub(crate) saved_headers: Vec<HeaderName>,
+    pub(crate) saved_headers: Arc<[HeaderName]>,
     pub(crate) request_body_timeout: Duration,
     pub(crate) events: Arc<EventLevels>,
     pub(crate) counters: Arc<Counters>,

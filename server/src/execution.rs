@@ -30,39 +30,41 @@ pub(crate) struct Snapshot {
     method: Method,
     uri: http::Uri,
     headers: http::HeaderMap,
+    /// The headers a saved request may keep (`Builder::saved_headers`).
+    saved: Arc<[HeaderName]>,
     body: Bytes,
 }
 
 impl Snapshot {
-    /// The request as it arrived, with only the headers in `saved` (cheap: its parts are
-    /// reference-counted).
-    pub(crate) fn of(parts: &http::request::Parts, body: &Bytes, saved: &[HeaderName]) -> Snapshot {
-        let mut headers = http::HeaderMap::new();
-        for name in saved {
-            for value in parts.headers.get_all(name) {
-                headers.append(name.clone(), value.clone());
-            }
-        }
+    /// The request as it arrived (cheap: its parts are reference-counted); what a resumption
+    /// may keep of it is picked when the first recovery point saves it.
+    pub(crate) fn of(
+        parts: &http::request::Parts,
+        body: &Bytes,
+        saved: &Arc<[HeaderName]>,
+    ) -> Snapshot {
         Snapshot {
             method: parts.method.clone(),
             uri: parts.uri.clone(),
-            headers,
+            headers: parts.headers.clone(),
+            saved: saved.clone(),
             body: body.clone(),
         }
     }
 
-    /// The saved form: the method, the target (path and query), the allowed headers and the
-    /// body.
+    /// The saved form: the method, the target (path and query), the allow-listed headers and
+    /// the body.
     pub(crate) fn encode(&self) -> Vec<u8> {
         let target = self
             .uri
             .path_and_query()
             .map_or_else(|| self.uri.path(), |pq| pq.as_str());
-        let headers: Vec<(HeaderName, HeaderValue)> = self
-            .headers
-            .iter()
-            .map(|(name, value)| (name.clone(), value.clone()))
-            .collect();
+        let mut headers: Vec<(HeaderName, HeaderValue)> = Vec::new();
+        for name in self.saved.iter() {
+            for value in self.headers.get_all(name) {
+                headers.push((name.clone(), value.clone()));
+            }
+        }
         crate::store::encode_request(&self.method, target, &headers, &self.body)
     }
 }

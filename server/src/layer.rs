@@ -71,7 +71,7 @@ impl<S: Store> IdempotencyLayer<S> {
                 max_attempts: 10,
                 failed_retention: Duration::from_secs(7 * 24 * 60 * 60),
                 not_stored: Vec::new(),
-                saved_headers: DEFAULT_SAVED_HEADERS.to_vec(),
+                saved_headers: DEFAULT_SAVED_HEADERS.into(),
                 request_body_timeout: Duration::from_secs(10),
                 events: Arc::default(),
                 counters: Arc::default(),
@@ -182,7 +182,7 @@ impl<S: Store> Builder<S> {
     /// names `authorization`, `proxy-authorization`, `cookie` or a name that reads as a secret
     /// (`…token…`, `…secret…`, `…password…`, `…api-key…`, `…apikey…`, `…session…`).
     pub fn saved_headers(mut self, names: impl IntoIterator<Item = HeaderName>) -> Self {
-        self.config.saved_headers = names.into_iter().collect();
+        self.config.saved_headers = names.into_iter().collect::<Vec<_>>().into();
         self
     }
 

@@ -562,7 +562,7 @@ mod tests {
                 taken_over: false,
                 lease: std::time::Duration::from_secs(30),
                 counters: Default::default(),
-                snapshot: Snapshot::of(&parts, &Bytes::new(), &[]),
+                snapshot: Snapshot::of(&parts, &Bytes::new(), &Arc::from([])),
                 events: Default::default(),
             },
         );

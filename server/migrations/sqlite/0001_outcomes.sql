@@ -9,7 +9,10 @@ CREATE TABLE safe_retry_outcomes (
     scope            TEXT    NOT NULL,
     key              TEXT    NOT NULL,
     fingerprint      BLOB    NOT NULL,
-    status           TEXT    NOT NULL CHECK (status IN ('in_progress', 'completed', 'failed')),
+    -- Spelt with OR, not IN: SQLite checks an IN list of three or more values through a
+    -- temporary b-tree built for each statement that writes the row (two per claim).
+    status           TEXT    NOT NULL
+                     CHECK (status = 'in_progress' OR status = 'completed' OR status = 'failed'),
     attempt          INTEGER NOT NULL,
     takeovers        INTEGER NOT NULL DEFAULT 0,
     locked_until     INTEGER,
@@ -39,7 +42,8 @@ CREATE TABLE safe_retry_outbox (
     url           TEXT    NOT NULL,
     headers       BLOB    NOT NULL,
     body          BLOB    NOT NULL,
-    status        TEXT    NOT NULL CHECK (status IN ('pending', 'sent', 'failed')),
+    status        TEXT    NOT NULL
+                  CHECK (status = 'pending' OR status = 'sent' OR status = 'failed'),
     deliveries    INTEGER NOT NULL DEFAULT 0,
     available_at  INTEGER NOT NULL,
     answer_status INTEGER,
