@@ -406,3 +406,44 @@ mod axum_parts {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::markers::Unfinished;
+
+    #[test]
+    fn a_failed_store_is_answered_503_unfinished_without_the_driver_s_text() {
+        let store = StoreError::new("database is locked");
+        let local = LocalError::Store(StoreError::new("pool timed out"));
+        for response in [store.response(), local.response()] {
+            assert_eq!(response.status(), 503);
+            assert!(response.extensions().get::<Unfinished>().is_some());
+            assert_eq!(response.headers()["retry-after"], "1");
+            let body = String::from_utf8_lossy(response.body()).into_owned();
+            assert!(body.contains("store-unavailable"), "{body}");
+            assert!(!body.contains("locked") && !body.contains("pool"), "{body}");
+        }
+        for misuse in [
+            LocalError::AlreadyHeld,
+            LocalError::Finished,
+            LocalError::NoExecution,
+        ] {
+            let response = misuse.response();
+            assert_eq!(response.status(), 500, "{misuse:?}");
+            assert!(response.extensions().get::<Unfinished>().is_some());
+        }
+    }
+
+    #[cfg(feature = "axum")]
+    #[test]
+    fn as_axum_responses_they_keep_their_status_and_their_marker() {
+        use axum_core::response::IntoResponse;
+        let store = StoreError::new("database is locked").into_response();
+        assert_eq!(store.status(), 503);
+        assert!(store.extensions().get::<Unfinished>().is_some());
+        let local = LocalError::NoExecution.into_response();
+        assert_eq!(local.status(), 500);
+        assert!(local.extensions().get::<Unfinished>().is_some());
+    }
+}

@@ -194,8 +194,10 @@ impl<S: Store> Builder<S> {
         self
     }
 
-    /// The level `event` is logged at (see [`Event`] for each one's default). For example,
-    /// `.event_level(Event::Replay, Level::DEBUG)` quiets replays.
+    /// The level `event` is logged at by this layer and its reconciler (see [`Event`] for
+    /// each one's default; a `Relay` and a [`Sweeper`](crate::Sweeper), built apart from the
+    /// layer, log at the defaults). For example, `.event_level(Event::Replay, Level::DEBUG)`
+    /// quiets replays.
     pub fn event_level(mut self, event: Event, level: Level) -> Self {
         Arc::make_mut(&mut self.config.events).set(event, level);
         self

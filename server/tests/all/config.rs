@@ -49,6 +49,53 @@ async fn a_configuration_that_breaks_a_promise_fails_at_build_naming_the_fix() {
             "{message}"
         );
     }
+    // No scope chosen: refused, naming both ways to choose.
+    let message = refused(IdempotencyLayer::builder(store.clone()));
+    assert!(
+        message.contains("no scope chosen")
+            && message.contains(".scope(")
+            && message.contains(".shared_scope()"),
+        "{message}"
+    );
+    // A saved request never keeps a credential, whatever its header is called.
+    for secret in [
+        "authorization",
+        "proxy-authorization",
+        "cookie",
+        "x-api-key",
+        "x-apikey",
+        "x-auth-token",
+        "x-session-id",
+        "x-client-secret",
+        "x-password",
+    ] {
+        let message = refused(
+            IdempotencyLayer::builder(store.clone())
+                .shared_scope()
+                .saved_headers([http::HeaderName::from_static(secret)]),
+        );
+        assert!(
+            message.contains(&format!("names `{secret}`, a credential")),
+            "{secret}: {message}"
+        );
+    }
+    let allowed = IdempotencyLayer::builder(store.clone())
+        .shared_scope()
+        .saved_headers([
+            http::HeaderName::from_static("x-trace"),
+            http::header::CONTENT_TYPE,
+        ])
+        .build();
+    assert!(allowed.is_ok());
+    let message = refused(
+        IdempotencyLayer::builder(store.clone())
+            .shared_scope()
+            .request_body_timeout(Duration::ZERO),
+    );
+    assert!(
+        message.contains("`request_body_timeout` is zero"),
+        "{message}"
+    );
     // What a layer and its builder show of themselves.
     let builder = IdempotencyLayer::builder(store.clone()).shared_scope();
     assert!(

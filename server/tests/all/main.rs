@@ -35,6 +35,7 @@ mod charges_app;
 mod config;
 mod crash;
 mod direct;
+mod events;
 mod first_month;
 #[cfg(feature = "postgres")]
 mod fleet;
