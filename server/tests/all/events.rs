@@ -106,7 +106,10 @@ fn replays_are_info_by_default_a_level_can_be_changed_and_idle_ticks_say_nothing
             // Ticks with nothing to do.
             let reconciler = layer.reconciler(router.clone());
             assert_eq!(reconciler.tick().await.unwrap().found, 0);
-            assert_eq!(Sweeper::new(store).tick().await.unwrap().deleted, 0);
+            assert_eq!(Sweeper::new(store.clone()).tick().await.unwrap().deleted, 0);
+            let client = reqwest_middleware::ClientBuilder::new(reqwest::Client::new()).build();
+            let relay = safe_retry_server::Relay::new(store, client);
+            assert_eq!(relay.tick().await.unwrap().taken, 0);
         });
     });
     assert_eq!(kept.levels_of("replay"), [Level::INFO]);

@@ -374,7 +374,45 @@ pub async fn a_body_that_never_ends_is_a_408<S: Backend>() {
     assert_eq!(layer.counters().snapshot().refused, 1);
 }
 
+/// The sweeper deletes what the retention no longer keeps, a batch at a time, and its runner
+/// goes on until nothing expired is left.
+pub async fn the_sweeper_deletes_expired_records_in_batches<S: Backend>() {
+    let store = S::fresh().await;
+    let (server, _layer) = start(store.clone(), Script::default()).await;
+    let client = reqwest::Client::new();
+    for key in ["a", "b", "c"] {
+        let answer = post(&client, &server.url("/script"), Some(key), "x").await;
+        assert_eq!(answer.status, 201);
+    }
+    let sweeper = safe_retry_server::Sweeper::new(store.clone()).batch(2);
+    assert_eq!(
+        sweeper.tick().await.unwrap().deleted,
+        0,
+        "nothing has expired"
+    );
+    store.end_retention(None).await;
+    assert_eq!(sweeper.tick().await.unwrap().deleted, 2);
+    assert_eq!(sweeper.tick().await.unwrap().deleted, 1);
+    assert_eq!(sweeper.tick().await.unwrap().deleted, 0);
+    assert!(store.outcomes().await.is_empty());
+    for key in ["d", "e", "f"] {
+        post(&client, &server.url("/script"), Some(key), "x").await;
+    }
+    store.end_retention(None).await;
+    let running = tokio::spawn(sweeper.run(Duration::from_millis(10)));
+    let emptied = async {
+        while !store.outcomes().await.is_empty() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(5), emptied)
+        .await
+        .expect("the runner sweeps within 5 s");
+    running.abort();
+}
+
 on_every_store!(
+    the_sweeper_deletes_expired_records_in_batches,
     a_body_that_never_ends_is_a_408,
     many_servers_prepare_one_new_database_at_once,
     a_store_stall_is_never_stored_as_the_outcome,
