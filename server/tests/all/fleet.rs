@@ -26,7 +26,7 @@ use crate::support::Backend;
 
 /// Orders sent, and how many are in flight at once.
 const ORDERS: usize = 1000;
-const IN_FLIGHT: usize = 32;
+const IN_FLIGHT: usize = 64;
 /// The seed of the link's draws and of the chaos.
 const SEED: u64 = 0x00f1_ee75;
 
