@@ -342,3 +342,66 @@ fn the_counters_go_to_the_metrics_facade_described_and_at_zero_from_the_start() 
     assert_eq!(value("safe_retry_server_replays_total"), 1);
     assert_eq!(value("safe_retry_server_in_progress_total"), 0);
 }
+
+/// A SQLite database another process holds locked while this one opens it: the opening waits
+/// (within the busy timeout) and succeeds once the lock is gone; a database that cannot be
+/// opened at all fails at once, not after the busy timeout.
+#[tokio::test]
+async fn opening_sqlite_waits_out_another_process_s_lock_and_fails_fast_on_the_rest() {
+    use std::str::FromStr;
+    let dir = std::env::temp_dir().join("safe-retry-server-tests");
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(format!(
+        "lock-{}-{:?}.db",
+        std::process::id(),
+        std::thread::current().id()
+    ));
+    let _ = std::fs::remove_file(&path);
+    let url = format!("sqlite://{}", path.display());
+    // Another process's view of the file: a rollback-journal connection holding it exclusively.
+    let options = sqlx::sqlite::SqliteConnectOptions::from_str(&url)
+        .unwrap()
+        .create_if_missing(true);
+    let other = sqlx::sqlite::SqlitePoolOptions::new()
+        .max_connections(1)
+        .connect_with(options)
+        .await
+        .unwrap();
+    let mut holder = other.begin_with("BEGIN EXCLUSIVE").await.unwrap();
+    sqlx::query("CREATE TABLE held (x INTEGER)")
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    let opening = tokio::spawn({
+        let url = url.clone();
+        async move {
+            SqliteStore::builder(&url)
+                .busy_timeout(Duration::from_secs(10))
+                .open()
+                .await
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    holder.commit().await.unwrap();
+    other.close().await;
+    let opened = tokio::time::timeout(Duration::from_secs(10), opening)
+        .await
+        .expect("the opening ends within its busy timeout")
+        .unwrap();
+    assert!(opened.is_ok(), "{opened:?}");
+
+    let began = std::time::Instant::now();
+    let nowhere = SqliteStore::builder("sqlite:///proc/no-such-dir/x.db")
+        .busy_timeout(Duration::from_secs(10))
+        .open();
+    let nowhere = tokio::time::timeout(Duration::from_secs(8), nowhere)
+        .await
+        .expect("the opening ends");
+    assert!(nowhere.is_err());
+    assert!(
+        began.elapsed() < Duration::from_secs(5),
+        "a database that cannot be opened fails at once, not after the busy timeout: {:?}",
+        began.elapsed()
+    );
+    let _ = std::fs::remove_file(&path);
+}
