@@ -128,4 +128,71 @@ fn replays_are_info_by_default_a_level_can_be_changed_and_idle_ticks_say_nothing
         kept.levels_of("swept").is_empty(),
         "an idle sweep logs nothing"
     );
+    assert!(
+        kept.levels_of("relayed").is_empty(),
+        "an idle relay logs nothing"
+    );
+}
+
+/// A handler that commits a step and then stops: its record waits at the recovery point.
+async fn stops_after_a_step(
+    axum::Extension(execution): axum::Extension<safe_retry_server::Execution<SqliteStore>>,
+) -> Result<&'static str, safe_retry_server::StepError> {
+    if let safe_retry_server::Step::Todo(step) = execution.step::<()>("first").await? {
+        step.commit(()).await?;
+    }
+    Err(safe_retry_server::StepError::Misuse(
+        "stopped after its first step",
+    ))
+}
+
+#[test]
+fn a_tick_that_did_something_says_what() {
+    use safe_retry_server::Store;
+    use safe_retry_server::store::StagedMessage;
+    let kept = Kept::default();
+    tracing::subscriber::with_default(kept.clone(), || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let store = SqliteStore::memory().await.unwrap();
+            let layer = IdempotencyLayer::builder(store.clone())
+                .shared_scope()
+                .build()
+                .unwrap();
+            let mut router = axum::Router::new()
+                .route("/orders", axum::routing::post(stops_after_a_step))
+                .layer(layer.clone());
+            assert_eq!(order(&mut router, "k").await, 503);
+            let reconciler = layer.reconciler(router.clone());
+            assert_eq!(reconciler.tick().await.unwrap().found, 1);
+
+            let mut tx = store.begin().await.unwrap();
+            let message = StagedMessage {
+                id: "m-1",
+                method: "POST",
+                url: "http://127.0.0.1:1/receipts",
+                headers: &[],
+                body: b"",
+            };
+            store.stage(&mut tx, &message).await.unwrap();
+            tx.commit().await.unwrap();
+            let client = reqwest_middleware::ClientBuilder::new(reqwest::Client::new()).build();
+            let relay = safe_retry_server::Relay::new(store.clone(), client);
+            assert_eq!(relay.tick().await.unwrap().taken, 1);
+
+            sqlx::query("UPDATE safe_retry_outcomes SET expires_at = 0, locked_until = 0")
+                .execute(store.pool())
+                .await
+                .unwrap();
+            assert_eq!(Sweeper::new(store).tick().await.unwrap().deleted, 1);
+        });
+    });
+    assert_eq!(kept.levels_of("reconciled"), [Level::INFO]);
+    assert_eq!(kept.levels_of("relayed"), [Level::INFO]);
+    assert_eq!(kept.levels_of("delivery_retry"), [Level::INFO]);
+    assert_eq!(kept.levels_of("swept"), [Level::INFO]);
+    assert_eq!(kept.levels_of("unfinished"), [Level::INFO, Level::INFO]);
 }
