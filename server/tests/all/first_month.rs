@@ -385,6 +385,7 @@ pub async fn the_sweeper_deletes_expired_records_in_batches<S: Backend>() {
         assert_eq!(answer.status, 201);
     }
     let sweeper = safe_retry_server::Sweeper::new(store.clone()).batch(2);
+    assert_eq!(format!("{sweeper:?}"), "Sweeper { batch: 2, .. }");
     assert_eq!(
         sweeper.tick().await.unwrap().deleted,
         0,
