@@ -208,10 +208,14 @@ mod tests {
             let crashes = crashes.clone();
             async move { crashes.point("p").await.is_ok() }
         });
-        crashes.reached().await;
+        let within = std::time::Duration::from_secs(5);
+        tokio::time::timeout(within, crashes.reached())
+            .await
+            .expect("the paused point is reached");
         assert!(!paused.is_finished());
         crashes.resume();
-        assert!(paused.await.unwrap());
+        let went_on = tokio::time::timeout(within, paused).await;
+        assert!(went_on.expect("resumed within 5 s").unwrap());
         crashes.arm("h", Crash::Hang);
         let hung = crashes.point("h");
         let waited = tokio::time::timeout(std::time::Duration::from_millis(20), hung).await;
