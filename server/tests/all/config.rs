@@ -303,11 +303,7 @@ fn the_counters_go_to_the_metrics_facade_described_and_at_zero_from_the_start() 
     let kept = Kept::default();
     let value = |name: &str| kept.counters.lock().unwrap()[name].load(Ordering::Relaxed);
     metrics::with_local_recorder(&kept, || {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        runtime.block_on(async {
+        crate::support::on_this_thread(async {
             let store = SqliteStore::memory().await.unwrap();
             let layer = IdempotencyLayer::builder(store)
                 .shared_scope()

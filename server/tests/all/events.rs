@@ -80,11 +80,7 @@ async fn order(router: &mut axum::Router, key: &str) -> u16 {
 fn replays_are_info_by_default_a_level_can_be_changed_and_idle_ticks_say_nothing() {
     let kept = Kept::default();
     tracing::subscriber::with_default(kept.clone(), || {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        runtime.block_on(async {
+        crate::support::on_this_thread(async {
             let store = SqliteStore::memory().await.unwrap();
             let layer = IdempotencyLayer::builder(store.clone())
                 .shared_scope()
@@ -152,11 +148,7 @@ fn a_tick_that_did_something_says_what() {
     use safe_retry_server::store::StagedMessage;
     let kept = Kept::default();
     tracing::subscriber::with_default(kept.clone(), || {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        runtime.block_on(async {
+        crate::support::on_this_thread(async {
             let store = SqliteStore::memory().await.unwrap();
             let layer = IdempotencyLayer::builder(store.clone())
                 .shared_scope()

@@ -700,6 +700,16 @@ impl Answer {
     }
 }
 
+/// Runs `work` to its end on a runtime of this thread alone, so that a thread-local recorder or
+/// subscriber sees everything it does, spawned tasks included.
+pub fn on_this_thread<F: Future>(work: F) -> F::Output {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a current-thread runtime")
+        .block_on(work)
+}
+
 /// Sends a POST with a key (none when `key` is `None`).
 pub async fn post(client: &reqwest::Client, url: &str, key: Option<&str>, body: &str) -> Answer {
     let mut request = client.post(url).body(body.to_owned());
