@@ -154,8 +154,9 @@ impl<'a> Observed<'a> {
 }
 
 /// What an answer says of its origin's quota: its `RateLimit` field, unless a valid wait field
-/// (`Retry-After`, or a millisecond one) beside it takes precedence, when the policy reads
-/// them (`waits_read`).
+/// (`Retry-After`, or a millisecond one) beside it takes precedence, when the wait fields are
+/// read (`waits_read`: the policy reads them, and the answer is a transient failure; on a
+/// final answer they are never read, so one there cancels nothing).
 fn quota_said(headers: &HeaderMap, waits_read: bool) -> Option<rate_limit::Quota> {
     rate_limit::of_response(headers).filter(|_| !(waits_read && retry_after::is_asked(headers)))
 }
@@ -714,7 +715,8 @@ impl<'a> Decider<'a> {
         }
         let probe = self.probe.take();
         if let (true, Some(answer)) = (self.policy.rate_limit_fields(), observed.answer) {
-            self.take_in_quota(answer, probe.as_deref(), now);
+            let transient = matches!(observed.verdict, Verdict::Transient(_));
+            self.take_in_quota(answer, probe.as_deref(), now, transient);
         }
         self.floor = None;
         let kind = match observed.verdict {
@@ -752,13 +754,20 @@ impl<'a> Decider<'a> {
     }
 
     /// What an answer said of its origin's quota, taken in; a probe's answer clears the quota
-    /// it probed unless it says again that it is spent.
-    fn take_in_quota(&mut self, answer: Answer<'_>, probe: Option<&ProbeTicket>, now: Instant) {
+    /// it probed unless it says again that it is spent. The wait fields beside it are read
+    /// only on a `transient` failure, as everywhere else.
+    fn take_in_quota(
+        &mut self,
+        answer: Answer<'_>,
+        probe: Option<&ProbeTicket>,
+        now: Instant,
+        transient: bool,
+    ) {
         let quota = self.accounts.quota;
         if let Some(ticket) = probe {
             quota.clear_probed(ticket, now);
         }
-        let waits_read = self.policy.retry_after_fields();
+        let waits_read = transient && self.policy.retry_after_fields();
         if let Some(said) = quota_said(answer.headers, waits_read) {
             quota.update(&Origin::of(answer.from.target()), Some(said), now);
         }

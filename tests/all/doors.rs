@@ -350,6 +350,7 @@ both! {
     an_override_changes_one_request_only;
     the_attempt_header_counts_every_attempt;
     a_spent_quota_holds_the_next_request_until_its_reset;
+    a_wait_field_on_a_final_answer_leaves_the_quota_beside_it_in_force;
     an_inner_instance_s_shorter_timeout_does_not_cut_the_outer_one_s_attempts;
     a_slow_read_is_hedged_and_the_fast_answer_wins;
     a_throttled_first_attempt_sends_nothing_and_says_why;
@@ -972,6 +973,39 @@ mod scenarios {
         let five = vec![Duration::from_secs(5)];
         assert_eq!(sleeps, [vec![], five.clone(), five], "{door:?}");
         assert_eq!(received(&server).await.len(), 3, "{door:?}");
+    }
+
+    /// A wait field is read on transient failures only: beside a spent quota on a final answer
+    /// (a 403, a 200, a 429 the server says not to retry) it cancels nothing, and the next
+    /// request is held until the quota's reset.
+    pub async fn a_wait_field_on_a_final_answer_leaves_the_quota_beside_it_in_force(door: Door) {
+        for (status, verdict) in [(403, None), (200, None), (429, Some("false"))] {
+            let mut spent = ResponseTemplate::new(status)
+                .insert_header("ratelimit", r#""default";r=0;t=20"#)
+                .insert_header("retry-after", "20");
+            if let Some(verdict) = verdict {
+                spent = spent.insert_header("x-should-retry", verdict);
+            }
+            let left =
+                ResponseTemplate::new(200).insert_header("ratelimit", r#""default";r=9;t=60"#);
+            let server = first_then(spent, 1, left).await;
+            let (middleware, clock) = on_fake_clock(policy());
+            let middleware = middleware.with_rng(|| 0u64);
+            let call = || Call::new(http::Method::GET, &server.uri());
+            let first = door.send(vec![middleware.clone()], call()).await;
+            assert_eq!(
+                (first.status, first.attempts),
+                (Some(status), 1),
+                "{door:?}"
+            );
+            let second = door.send(vec![middleware], call()).await;
+            assert_eq!(second.stop, StopReason::Succeeded, "{door:?} {status}");
+            assert_eq!(
+                clock.sleeps(),
+                [Duration::from_secs(20)],
+                "{door:?} {status}: the second request is held by the quota"
+            );
+        }
     }
 
     pub async fn an_inner_instance_s_shorter_timeout_does_not_cut_the_outer_one_s_attempts(

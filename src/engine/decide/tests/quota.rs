@@ -522,3 +522,57 @@ fn a_wait_field_takes_precedence_over_the_quota() {
     );
     assert_eq!(quota_said(&past, true), None);
 }
+
+/// A wait field is read on a transient failure only: on a final answer (a 403, a success, a
+/// 429 the server said not to retry) the quota beside one holds the next request as if it were
+/// not there.
+#[test]
+fn on_a_final_answer_a_wait_field_cancels_no_quota() {
+    for (status, stop) in [
+        (403, StopReason::NotRetryable),
+        (200, StopReason::Succeeded),
+        (400, StopReason::NotRetryable),
+        (429, StopReason::NotRetryable),
+    ] {
+        let s = Setup::default();
+        let mut d = s.decider(false);
+        begin(&mut d, &s.time);
+        let mut headers = rate_limit(r#""q";r=0;t=20"#);
+        headers.insert("retry-after", HeaderValue::from_static("20"));
+        let observed = Observed {
+            verdict: Verdict::Final(stop),
+            answer: Some(answer(status, &headers)),
+            resend: Some(&URL),
+            timed_out: false,
+        };
+        assert_eq!(
+            d.after(observed, &s.time, TOP),
+            Wait::Stop(stop),
+            "{status}"
+        );
+        drop(d);
+        let mut next = s.decider(false);
+        assert_eq!(
+            next.next_attempt(s.time.now(), Some(&URL), &|| 0u64),
+            Next::Hold(secs(20)),
+            "{status}: the next request is held by the quota"
+        );
+    }
+    // On a transient failure the wait field takes precedence, as before.
+    let s = Setup::default();
+    let mut d = s.decider(false);
+    begin(&mut d, &s.time);
+    let mut headers = rate_limit(r#""q";r=0;t=20"#);
+    headers.insert("retry-after", HeaderValue::from_static("2"));
+    let observed = Observed {
+        answer: Some(answer(503, &headers)),
+        ..transient()
+    };
+    assert!(matches!(d.after(observed, &s.time, TOP), Wait::Sleep(_)));
+    drop(d);
+    let mut next = s.decider(false);
+    assert_eq!(
+        next.next_attempt(s.time.now(), Some(&URL), TOP),
+        Next::Send(secs(10))
+    );
+}
