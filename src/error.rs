@@ -84,14 +84,15 @@ impl RetryError {
     }
 
     /// With the time the request waited, and its URL: the one the last error carries, kept
-    /// here whole while the error's own loses its query (which may carry a token), so that
-    /// nothing this error prints shows it; else the request's.
+    /// here whole while the error's own loses its query (which may carry a token) and its
+    /// user name and password, so that nothing this error prints shows them; else the
+    /// request's.
     pub(crate) fn with(mut self, waited: Duration, url: Option<&Url>) -> Self {
         self.waited = waited;
         self.url = match &mut self.last {
             reqwest_middleware::Error::Reqwest(e) => e.url_mut().map(|shown| {
                 let whole = shown.clone();
-                shown.set_query(None);
+                *shown = printable(shown);
                 whole
             }),
             reqwest_middleware::Error::Middleware(_) => None,
@@ -175,18 +176,17 @@ impl RetryError {
     /// redirect may have moved it), else the request's (the policy's attempt timeout cut it,
     /// another middleware failed it, or nothing was sent). `None` only after
     /// [`strip_url`](Self::strip_url). [`RetryErrorExt::last_url`] asks the same of a
-    /// `reqwest_middleware::Error`.
+    /// `reqwest_middleware::Error`. The URL as written, with any user name and password in it:
+    /// for a log line, print [`url_without_query`](Self::url_without_query).
     pub fn url(&self) -> Option<&Url> {
         self.url.as_ref().or(self.last.url())
     }
 
-    /// The last attempt's URL without its query and fragment, for a log line: a query may
-    /// carry a token. The error's own message never shows the query either.
+    /// The last attempt's URL without its query, its fragment, and any user name and password
+    /// written in it (`https://user:secret@host/`), for a log line: a query may carry a
+    /// token. The error's message and `Debug` never show any of them either.
     pub fn url_without_query(&self) -> Option<Url> {
-        let mut url = self.url()?.clone();
-        url.set_query(None);
-        url.set_fragment(None);
-        Some(url)
+        self.url().map(printable)
     }
 
     /// What went wrong at the last attempt, as the retry rules read it: a timeout, a failed
@@ -291,6 +291,18 @@ impl std::error::Error for RetryError {
             reqwest_middleware::Error::Middleware(e) => Some(e.as_ref()),
         }
     }
+}
+
+/// `url` as an error may print it: without its query and fragment (a token may be there)
+/// and without a user name and password.
+fn printable(url: &Url) -> Url {
+    let mut url = url.clone();
+    url.set_query(None);
+    url.set_fragment(None);
+    // Refused only by a URL that cannot have them (no host): it has none to show.
+    let _ = url.set_username("");
+    let _ = url.set_password(None);
+    url
 }
 
 /// The deepest source of `err`, if it has any.

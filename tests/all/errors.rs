@@ -386,3 +386,46 @@ async fn behind_the_tower_door_the_inner_service_s_error_is_reachable() {
     let client = found.unwrap_or_else(|| panic!("hyper-util's error is not a source of {retry:?}"));
     assert!(client.is_connect(), "{client:?}");
 }
+
+/// A user name and password written in the URL are never printed, through either door: not in
+/// the message, not in `Debug` (the last error's included), not in `url_without_query`.
+#[tokio::test]
+async fn no_message_or_debug_shows_the_user_name_and_password() {
+    let refused = support::refused_url().await;
+    let url = refused.replacen("http://", "http://user-9:hunter2@", 1) + "orders?token=t-5";
+    let check = |printed: String, for_logs: Option<reqwest::Url>| {
+        for secret in ["hunter2", "user-9", "t-5"] {
+            assert!(!printed.contains(secret), "{secret} in {printed}");
+        }
+        let for_logs = for_logs.expect("a URL for the logs");
+        assert_eq!(for_logs.as_str(), format!("{refused}orders"));
+    };
+    // The reqwest door, with a request made whole (`Request::new`): reqwest keeps the userinfo
+    // in its URL, and its error prints it.
+    let (client, _clock) = support::unkeyed_client();
+    let request = reqwest::Request::new(http::Method::GET, url.parse().unwrap());
+    let err = client.execute(request).await.unwrap_err();
+    let retry = RetryError::of(&err).unwrap();
+    assert!(retry.failed_to_connect(), "{retry}");
+    let printed = format!(
+        "{err} / {err:?} / {retry} / {retry:?} / {:?}",
+        retry.last_error()
+    );
+    check(printed, retry.url_without_query());
+    assert_eq!(retry.url().map(|u| u.password()), Some(Some("hunter2")));
+
+    #[cfg(feature = "tower")]
+    {
+        use tower_layer::Layer;
+        use tower_service::Service;
+        let policy = RetryPolicy::builder().max_attempts(2).build().unwrap();
+        let mut service = RetryMiddleware::new(policy)
+            .with_clock(FakeClock::new())
+            .layer(crate::support::hyper_client());
+        let request = http::Request::get(&url).body(bytes::Bytes::new()).unwrap();
+        let err = service.call(request).await.unwrap_err();
+        let retry = err.downcast_ref::<RetryError>().expect("the layer's error");
+        let printed = format!("{err} / {err:?} / {retry} / {retry:?}");
+        check(printed, retry.url_without_query());
+    }
+}
