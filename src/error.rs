@@ -149,11 +149,26 @@ impl RetryError {
     }
 
     /// Whether the last attempt timed out: reqwest's own timeout (set on the client or the
-    /// request) or the policy's per-attempt timeout. [`RetryErrorExt::timed_out`] asks the
-    /// same of a `reqwest_middleware::Error`, from this middleware or not.
+    /// request), the policy's per-attempt timeout, or a connection that did not open in time
+    /// (a connect timeout, which is also [`failed_to_connect`](Self::failed_to_connect):
+    /// nothing was sent). [`RetryErrorExt::timed_out`] asks the same of a
+    /// `reqwest_middleware::Error`, from this middleware or not.
     #[doc(alias = "is_timeout")]
     pub fn timed_out(&self) -> bool {
-        self.last.is_timeout() || self.fault == Some(Fault::Timeout)
+        self.last.is_timeout()
+            || match self.fault {
+                Some(Fault::Timeout) => true,
+                Some(Fault::Connect) => crate::fault::timed_out_in(self.last_cause()),
+                _ => false,
+            }
+    }
+
+    /// The last error, as an error whose sources can be walked.
+    fn last_cause(&self) -> &(dyn std::error::Error + 'static) {
+        match &self.last {
+            reqwest_middleware::Error::Reqwest(e) => e,
+            reqwest_middleware::Error::Middleware(e) => e.as_ref(),
+        }
     }
 
     /// Whether the last attempt failed to connect (the host name could not be resolved, or the

@@ -125,6 +125,28 @@ fn displays_as(value: &dyn std::fmt::Display, text: &str) -> bool {
     std::fmt::write(&mut compare, format_args!("{value}")).is_ok() && compare.0.is_empty()
 }
 
+/// Whether `err` or one of its sources says time ran out: an I/O error of kind `TimedOut`
+/// (a connector's connect timeout), or hyper's timeout.
+pub(crate) fn timed_out_in(err: &(dyn std::error::Error + 'static)) -> bool {
+    let mut source = Some(err);
+    // Bounded: no real chain is this deep, and a cycle must not loop for ever.
+    for _ in 0..64 {
+        let Some(cause) = source else {
+            return false;
+        };
+        let io = cause.downcast_ref::<io::Error>();
+        if io.is_some_and(|io| io_fault(io) == Some(Fault::Timeout))
+            || cause
+                .downcast_ref::<hyper::Error>()
+                .is_some_and(hyper::Error::is_timeout)
+        {
+            return true;
+        }
+        source = cause.source();
+    }
+    false
+}
+
 /// The first transient cause found in `err` or its sources.
 pub(crate) fn of_causes(err: &(dyn std::error::Error + 'static)) -> Option<Fault> {
     let mut source = Some(err);

@@ -275,21 +275,24 @@ fn reqwest_fault(err: &reqwest::Error) -> Option<Fault> {
     if err.is_builder() || err.is_redirect() || err.is_status() {
         return None;
     }
-    if err.is_timeout() {
-        return Some(Fault::Timeout);
-    }
     let cause = err.source().and_then(fault::of_causes);
+    // Before the timeout: a connect timeout (reqwest's `connect_timeout`) sent nothing.
     if err.is_connect() {
         return connect_fault(cause, err);
+    }
+    if err.is_timeout() {
+        return Some(Fault::Timeout);
     }
     cause
 }
 
 /// What a connect error stands for. Only causes known to be passing make it transient: a
 /// certificate that failed to verify will fail the same way again. A name that did not resolve
-/// is transient: resolvers time out and lose their upstreams, and nothing was sent.
+/// is transient: resolvers time out and lose their upstreams, and nothing was sent; so is a
+/// connection that did not open in time.
 fn connect_fault(cause: Option<Fault>, err: &reqwest::Error) -> Option<Fault> {
-    let passing = cause.is_some() || err.source().is_some_and(fault::resolution_failed);
+    let passing =
+        cause.is_some() || err.is_timeout() || err.source().is_some_and(fault::resolution_failed);
     passing.then_some(Fault::Connect)
 }
 

@@ -65,6 +65,8 @@ pub(crate) struct Call {
     /// Called with each copy's extensions beneath the middleware, as a middleware or service
     /// further in would be: a stand-in for the time a copy takes.
     beneath: Option<Hook>,
+    /// The client's connect timeout, if it has one.
+    connect_timeout: Option<Duration>,
 }
 
 /// What a copy meets beneath the middleware.
@@ -79,7 +81,13 @@ impl Call {
             streamed: false,
             overriding: None,
             beneath: None,
+            connect_timeout: None,
         }
+    }
+
+    fn connect_timeout(mut self, timeout: Duration) -> Call {
+        self.connect_timeout = Some(timeout);
+        self
     }
 
     pub(crate) fn beneath(
@@ -127,7 +135,11 @@ impl Door {
         let body = call.body();
         match self {
             Door::Reqwest => {
-                let mut chain = ClientBuilder::new(reqwest::Client::new());
+                let mut client = reqwest::Client::builder();
+                if let Some(timeout) = call.connect_timeout {
+                    client = client.connect_timeout(timeout);
+                }
+                let mut chain = ClientBuilder::new(client.build().unwrap());
                 for layer in layers {
                     chain = chain.with(layer);
                 }
@@ -157,7 +169,12 @@ impl Door {
                 }
             }
             Door::Tower => {
-                let client = crate::support::hyper_client();
+                let mut connector = hyper_util::client::legacy::connect::HttpConnector::new();
+                connector.set_connect_timeout(call.connect_timeout);
+                let client = hyper_util::client::legacy::Client::builder(
+                    hyper_util::rt::TokioExecutor::new(),
+                )
+                .build(connector);
                 let mut request = http::Request::builder().method(call.method).uri(&call.url);
                 for (name, value) in &call.headers {
                     request = request.header(*name, value);
@@ -344,6 +361,7 @@ both! {
     nested_instances_make_one_layer_of_attempts;
     a_slow_attempt_is_cut_at_its_timeout_and_the_next_one_answers;
     a_request_whose_every_attempt_timed_out_says_so;
+    a_connect_timeout_is_nothing_sent;
     the_server_s_verdict_speaks_of_failures_only;
     a_caller_s_key_goes_on_every_attempt_unchanged;
     a_streamed_body_is_sent_once;
@@ -748,6 +766,24 @@ mod scenarios {
         assert_eq!(end.status, Some(200), "{door:?}");
         // Cut at 50 ms, not after the 3 s the slow answer takes (slack for a loaded machine).
         assert!(started.elapsed() < Duration::from_secs(2), "{door:?}");
+    }
+
+    /// A connection that does not open within the client's connect timeout sent nothing: an
+    /// unkeyed POST is retried, and the error says both that it timed out and that it failed
+    /// to connect, through either door.
+    pub async fn a_connect_timeout_is_nothing_sent(door: Door) {
+        let hole = crate::support::FullBacklog::start().await;
+        let dependency = Dependency::new("orders", policy()).without_idempotency_keys();
+        let (middleware, _clock) = on_fake_clock(dependency);
+        let call =
+            Call::new(http::Method::POST, &hole.url()).connect_timeout(Duration::from_millis(30));
+        let end = door.send(vec![middleware], call).await;
+        assert_eq!(
+            (end.attempts, end.stop),
+            (3, StopReason::AttemptsExhausted),
+            "{door:?}: {end:?}"
+        );
+        assert!(end.timed_out && end.failed_to_connect, "{door:?}: {end:?}");
     }
 
     pub async fn a_request_whose_every_attempt_timed_out_says_so(door: Door) {

@@ -483,3 +483,31 @@ mod bridges {
 }
 #[cfg(feature = "tower")]
 pub use bridges::{ThroughReqwest, ThroughTower};
+
+/// A loopback listener that never accepts, its queue already full: a connection to it does
+/// not open, and a client's connect timeout fires (nothing is sent).
+pub struct FullBacklog {
+    address: std::net::SocketAddr,
+    /// The listener, and the connection that fills its queue.
+    _held: (tokio::net::TcpListener, tokio::net::TcpStream),
+}
+
+impl FullBacklog {
+    pub async fn start() -> FullBacklog {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        // A backlog of none holds one connection that is not accepted; the next one's opening
+        // packets are dropped.
+        let listener = socket.listen(0).unwrap();
+        let address = listener.local_addr().unwrap();
+        let filler = tokio::net::TcpStream::connect(address).await.unwrap();
+        FullBacklog {
+            address,
+            _held: (listener, filler),
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}/orders", self.address)
+    }
+}
