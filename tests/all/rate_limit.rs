@@ -82,23 +82,30 @@ async fn a_reset_past_what_a_request_may_wait_fails_at_once_and_sends_nothing() 
     assert_eq!(server.received_requests().await.unwrap().len(), 3);
 }
 
-/// A `Retry-After` on the same answer takes precedence: the field is not read.
+/// A `Retry-After` on the same transient answer takes precedence: the field is not read, the
+/// retry waits what `Retry-After` asks, and the next request is not held. (On a final answer
+/// no wait field is read: `doors::a_wait_field_on_a_final_answer_...`.)
 #[tokio::test]
 async fn retry_after_takes_precedence_over_the_field() {
     let server = MockServer::start().await;
     Mock::given(any())
         .respond_with(
-            ResponseTemplate::new(200)
+            ResponseTemplate::new(503)
                 .insert_header("ratelimit", r#""default";r=0;t=5"#)
                 .insert_header("retry-after", "1"),
         )
+        .up_to_n_times(1)
+        .mount(&server)
+        .await;
+    Mock::given(any())
+        .respond_with(ResponseTemplate::new(200))
         .mount(&server)
         .await;
     let (client, clock) = client(RetryPolicy::default());
 
     client.get(server.uri()).send().await.unwrap();
     client.get(server.uri()).send().await.unwrap();
-    assert!(clock.sleeps().is_empty());
+    assert_eq!(clock.sleeps(), [Duration::from_secs(1)]);
 }
 
 /// A wait field that cannot be read is absent for every rule: the `RateLimit` beside it stays

@@ -681,9 +681,10 @@ fn model(s: &Script) -> Run {
                         w.quota[o] = None;
                     }
                 }
-                // A valid Retry-After (in seconds or milliseconds) on the same answer takes
-                // precedence over the field; one that cannot be read is absent.
-                let asked = asked_floor(step).is_some();
+                // A valid Retry-After (in seconds or milliseconds) on the same transient answer
+                // takes precedence over the field; one that cannot be read is absent, and on a
+                // final answer none is read.
+                let asked = retryable && asked_floor(step).is_some();
                 if let Some(said) = step.rate_limit.filter(|_| !asked) {
                     w.said(o, said, now);
                 }
