@@ -336,10 +336,12 @@
 //!   `FakeClock::set_wall_time(SystemTime::now())`, or the date reads as years away and the
 //!   request stops with [`StopReason::RetryAfterTooLong`].
 //! - **tokio's paused clock** (`#[tokio::test(start_paused = true)]`) with the default
-//!   [`TokioClock`]: backoff waits and the deadline run on tokio's virtual time. Per-attempt
-//!   timeouts are then measured in real time, and while an attempt is waiting for a real server
-//!   tokio does not auto-advance, so neither the attempt's timeout nor any other timer is fired
-//!   early by the pause. A test of the timeout itself therefore takes real time: keep it short.
+//!   [`TokioClock`]: backoff waits, the deadline and per-attempt timeouts all run on tokio's
+//!   virtual time. For the first 100 ms of real time of each attempt tokio does not
+//!   auto-advance, so a server on threads of its own (wiremock's) answers before any timer is
+//!   fired early by the pause; after that, a server on the same runtime that waits with
+//!   `tokio::time::sleep` answers in virtual time, and an attempt it outlasts is cut at its
+//!   timeout on tokio's clock.
 //!
 //! On a runtime without tokio's time driver, a `FakeClock` works as it is; with `TokioClock`
 //! every request fails before sending with [`StopReason::TimerUnavailable`] and an error that

@@ -391,6 +391,7 @@ both! {
 both! {
     paused:
     tokio_s_paused_clock_runs_the_waits_in_virtual_time;
+    a_server_on_the_same_runtime_that_sleeps_answers_in_virtual_time;
     a_request_dropped_while_it_waits_sends_nothing_more;
 }
 
@@ -830,6 +831,66 @@ mod scenarios {
             "{door:?}"
         );
         assert!(real_start.elapsed() < Duration::from_secs(5), "{door:?}");
+    }
+
+    /// A server on the runtime itself that waits with `tokio::time::sleep` answers in virtual
+    /// time while an attempt is out: one quicker than the attempt timeout is answered, one
+    /// slower is cut at the timeout on tokio's clock and the next attempt is answered.
+    pub async fn a_server_on_the_same_runtime_that_sleeps_answers_in_virtual_time(door: Door) {
+        use crate::support::{Action, RawServer, ok};
+        let policy = || {
+            RetryPolicy::builder()
+                .attempt_timeout(Duration::from_secs(2))
+                .build()
+                .unwrap()
+        };
+        let quick = RawServer::start(vec![Action::Delay(ms(500), ok("slept"))]).await;
+        let start = tokio::time::Instant::now();
+        let end = door
+            .get(RetryMiddleware::new(policy()), &quick.url("/"))
+            .await;
+        assert_eq!(
+            (end.attempts, end.stop),
+            (1, StopReason::Succeeded),
+            "{door:?}: {end:?}"
+        );
+        assert_eq!(end.body.unwrap().unwrap(), "slept", "{door:?}");
+        assert!(
+            start.elapsed() >= ms(500),
+            "{door:?}: {:?}",
+            start.elapsed()
+        );
+        assert!(
+            start.elapsed() < Duration::from_secs(2),
+            "{door:?}: {:?}",
+            start.elapsed()
+        );
+
+        let slow = vec![
+            Action::Delay(Duration::from_secs(60), ok("late")),
+            Action::Respond(ok("on time")),
+        ];
+        let slow = RawServer::start(slow).await;
+        let middleware = RetryMiddleware::new(policy()).with_rng(|| 0u64);
+        let start = tokio::time::Instant::now();
+        let end = door.get(middleware, &slow.url("/")).await;
+        assert_eq!(
+            (end.attempts, end.stop),
+            (2, StopReason::Succeeded),
+            "{door:?}: {end:?}"
+        );
+        assert_eq!(end.body.unwrap().unwrap(), "on time", "{door:?}");
+        // Cut at 2 s on tokio's clock, not at the server's 60 s.
+        assert!(
+            start.elapsed() >= Duration::from_secs(2),
+            "{door:?}: {:?}",
+            start.elapsed()
+        );
+        assert!(
+            start.elapsed() < Duration::from_secs(3),
+            "{door:?}: {:?}",
+            start.elapsed()
+        );
     }
 
     pub async fn a_request_dropped_while_it_waits_sends_nothing_more(door: Door) {

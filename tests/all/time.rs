@@ -260,10 +260,10 @@ async fn tokio_s_paused_clock_works_with_the_default_clock_against_a_real_server
     assert!(real_start.elapsed() < Duration::from_secs(5));
 }
 
-/// Under a paused clock the per-attempt timeout is measured in real time, so it still cuts a
-/// server that is really too slow.
+/// Under a paused clock the per-attempt timeout is tokio's own: a server on the same runtime
+/// that sleeps past it is cut at it (in virtual time, after the hold's grace of real time).
 #[tokio::test(start_paused = true)]
-async fn under_a_paused_clock_the_attempt_timeout_is_real_time() {
+async fn under_a_paused_clock_the_attempt_timeout_cuts_a_server_that_sleeps_past_it() {
     let slow = Action::Delay(Duration::from_secs(10), support::ok("late"));
     let server = RawServer::start(vec![slow, Action::Respond(support::ok("on time"))]).await;
     let policy = RetryPolicy::builder()
