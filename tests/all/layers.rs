@@ -215,6 +215,54 @@ mod across_doors {
         one_layer_of_attempts(record, &server, [&outer_counts, &inner_counts]).await;
     }
 
+    /// The server's URL written as a user may write it, each way other than the URL
+    /// standard's: a port with a leading zero, dot segments, braces in the path, a quote in
+    /// the query.
+    fn written_otherwise(server: &wiremock::MockServer) -> Vec<String> {
+        let port = server.address().port();
+        vec![
+            format!("http://127.0.0.1:0{port}/orders"),
+            format!("http://127.0.0.1:{port}/a/../orders/./7"),
+            format!("http://127.0.0.1:{port}/orders/{{7}}"),
+            format!("http://127.0.0.1:{port}/orders?note='x'"),
+        ]
+    }
+
+    /// However the target is written, the two doors know one request: nested across them it
+    /// makes one layer of attempts (before, the tower door fingerprinted the URI as written,
+    /// the reqwest door its `Url`, and each retried: 9 arrivals).
+    #[tokio::test]
+    async fn a_target_written_otherwise_still_makes_one_layer_of_attempts_across_the_doors() {
+        // One server per form, each form through both nestings.
+        for form in 0..4 {
+            let server = support::always(503).await;
+            let url = written_otherwise(&server).swap_remove(form);
+
+            let (inner, inner_counts) = retrying("inner");
+            let chain = ClientBuilder::new(reqwest::Client::new())
+                .with(inner)
+                .build();
+            let (outer, outer_counts) = retrying("outer");
+            let mut service = outer.layer(ThroughReqwest(chain));
+            let request = http::Request::get(&url).body(bytes::Bytes::new()).unwrap();
+            let response = service.call(request).await.unwrap();
+            let record = RetryRecord::of(&response).unwrap();
+            one_layer_of_attempts(record, &server, [&outer_counts, &inner_counts]).await;
+
+            let server = support::always(503).await;
+            let url = written_otherwise(&server).swap_remove(form);
+            let (inner, inner_counts) = retrying("inner");
+            let (outer, outer_counts) = retrying("outer");
+            let chain = ClientBuilder::new(reqwest::Client::new())
+                .with(outer)
+                .with(ThroughTower(inner.layer(crate::support::hyper_client())))
+                .build();
+            let response = chain.get(&url).send().await.unwrap();
+            let record = RetryRecord::of(&response).unwrap();
+            one_layer_of_attempts(record, &server, [&outer_counts, &inner_counts]).await;
+        }
+    }
+
     /// A service between two layers that sends each request on from another task (as
     /// `tower::buffer` does): the claim's mark on the thread does not reach it, the mark each
     /// copy carries in its extensions does.

@@ -85,10 +85,23 @@ impl Locate for http::Uri {
 }
 
 /// [`fingerprint_of`](crate::driver::claim::fingerprint_of) a request of `method` to `uri`, of
-/// the URL's text written from its parts as `Url::as_str` writes it
-/// (`scheme://authority/path?query`): the authority as written, less the scheme's own port, and
-/// `/` for an empty path. The URI is not parsed again: this runs for every request.
+/// the URL's text in its canonical form, the URL standard's, as `Url::as_str` writes it
+/// (`scheme://authority/path?query`), so that the reqwest door, which fingerprints its `Url`,
+/// gives the same for the same request however it was written.
+///
+/// Most URIs are written canonically already (a lower-case host name or a dotted IPv4 address,
+/// a port without leading zeros, a path and query with nothing the standard escapes or
+/// resolves): their text is taken from the URI's parts in place, less the scheme's own port
+/// and with `/` for an empty path, without parsing them again (this runs for every request).
+/// Any other is parsed as a `Url` and its text taken.
 pub(super) fn fingerprint(method: &http::Method, uri: &http::Uri) -> u64 {
+    if !canonical(uri) {
+        if let Ok(url) = reqwest::Url::parse(&uri.to_string()) {
+            let text = url.as_str();
+            let end = text.find('#').unwrap_or(text.len());
+            return crate::driver::claim::fingerprint_of(method, &text.as_bytes()[..end]);
+        }
+    }
     let scheme = uri.scheme_str().unwrap_or("");
     let written = uri.authority().map_or("", |authority| authority.as_str());
     let own_port = match scheme {
@@ -119,6 +132,85 @@ pub(super) fn fingerprint(method: &http::Method, uri: &http::Uri) -> u64 {
     let mut heap = vec![0u8; pieces.iter().map(|piece| piece.len()).sum()];
     let text = joined(&mut heap, &pieces).unwrap_or_default();
     crate::driver::claim::fingerprint_of(method, text)
+}
+
+/// Whether `uri` is written as the URL standard writes it, as far as a cheap look can tell
+/// (it may say no to a URI that is: the caller then parses it): an `http` or `https` URI whose
+/// authority is a lower-case host name or a dotted IPv4 address without leading zeros, with no
+/// user name and a port without leading zeros, and whose path and query hold no byte the
+/// standard escapes or reads otherwise, and no dot segment.
+fn canonical(uri: &http::Uri) -> bool {
+    if !matches!(uri.scheme_str(), Some("http" | "https")) {
+        return false;
+    }
+    let Some(authority) = uri.authority() else {
+        return false;
+    };
+    let (host, port) = match authority.as_str().rsplit_once(':') {
+        Some((host, port)) => (host, Some(port)),
+        None => (authority.as_str(), None),
+    };
+    let port_plain = port.is_none_or(|port| {
+        port.bytes().all(|b| b.is_ascii_digit())
+            && (port == "0" || (!port.is_empty() && !port.starts_with('0')))
+    });
+    port_plain && canonical_host(host) && canonical_path_and_query(uri)
+}
+
+/// A lower-case domain name, or a dotted IPv4 address of four numbers without leading zeros;
+/// not an IPv6 address (the standard shortens them), nor a user name, nor an IDNA label.
+fn canonical_host(host: &str) -> bool {
+    let name = !host.is_empty()
+        && host
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'.' || b == b'-');
+    if !name || host.contains("xn--") {
+        return false;
+    }
+    // A last label that is a number (or `0x`...) makes the host an IPv4 address to the
+    // standard, which writes it in four decimal parts.
+    let last = host.trim_end_matches('.').rsplit('.').next().unwrap_or("");
+    let numeric = last.bytes().all(|b| b.is_ascii_digit()) || last.starts_with("0x");
+    if !numeric {
+        return true;
+    }
+    let mut parts = 0;
+    for part in host.split('.') {
+        parts += 1;
+        let plain = !part.is_empty()
+            && part.bytes().all(|b| b.is_ascii_digit())
+            && (part == "0" || !part.starts_with('0'))
+            && part.parse::<u8>().is_ok();
+        if !plain {
+            return false;
+        }
+    }
+    parts == 4
+}
+
+/// A path and query with no byte the standard escapes (in a path: space, `"`, `#`, `<`, `>`,
+/// `` ` ``, `{`, `}`, `^`; in a query also `'`), reads as another (`\`), or resolves (a `.` or
+/// `%2e` segment).
+fn canonical_path_and_query(uri: &http::Uri) -> bool {
+    let path = uri.path();
+    let plain_path = path.bytes().all(|b| {
+        b.is_ascii_graphic()
+            && !matches!(
+                b,
+                b'"' | b'#' | b'<' | b'>' | b'`' | b'{' | b'}' | b'^' | b'\\'
+            )
+    });
+    let dots = path.contains("/.") || path.contains("%2e") || path.contains("%2E");
+    let plain_query = uri.query().is_none_or(|query| {
+        query.bytes().all(|b| {
+            b.is_ascii_graphic()
+                && !matches!(
+                    b,
+                    b'"' | b'#' | b'<' | b'>' | b'`' | b'{' | b'}' | b'^' | b'\\' | b'\''
+                )
+        })
+    });
+    plain_path && !dots && plain_query
 }
 
 /// `pieces` one after another at the start of `out`, if they fit.
@@ -168,6 +260,107 @@ mod tests {
                 "{}", authority
             );
         }
+    }
+
+    /// A URI as a user may write it: each part canonical or not.
+    fn written_uri() -> impl proptest::strategy::Strategy<Value = String> {
+        use proptest::prelude::*;
+        let scheme = prop::sample::select(vec!["http", "https", "HTTP", "Https"]);
+        let host = prop::sample::select(vec![
+            "example.com",
+            "Example.COM",
+            "api.test",
+            "a-b.test.",
+            "127.0.0.1",
+            "127.000.0.1",
+            "127.1",
+            "0x7f.0.0.1",
+            "10.0.0.256",
+            "[::1]",
+            "[0:0:0:0:0:0:0:1]",
+            "[::FFFF:1.2.3.4]",
+            "[2001:DB8::1]",
+            "user:pw@h.test",
+            "xn--nxasmq6b.test",
+        ]);
+        let port = prop::sample::select(vec!["", ":80", ":443", ":080", ":8080", ":0", ":00", ":"]);
+        let segment = prop::sample::select(vec![
+            "a", "B", "{x}", "`t`", "..", ".", "%2e", "%2E%2e", "~", "a.b", "%7e", "%7E", "^", "|",
+            "'", "\"q\"", "a%20b", "",
+        ]);
+        let path = prop::collection::vec(segment, 0..4);
+        let query = proptest::option::of(prop::collection::vec(
+            prop::sample::select(vec![
+                "a=1", "'x'", "\"y\"", "{z}", "`", "b=^", "c=%41", "&", "=",
+            ]),
+            0..3,
+        ));
+        (scheme, host, port, path, query).prop_map(|(scheme, host, port, path, query)| {
+            let mut text = format!("{scheme}://{host}{port}");
+            for segment in path {
+                text.push('/');
+                text.push_str(segment);
+            }
+            if let Some(query) = query {
+                text.push('?');
+                text.push_str(&query.concat());
+            }
+            text
+        })
+    }
+
+    proptest::proptest! {
+        /// A request has one fingerprint behind either door, however its target was written:
+        /// the tower door's, of the URI, equals the reqwest door's, of the `Url` the same text
+        /// makes (upper-case hosts, short and long IP addresses, leading zeros in a port, dot
+        /// segments, characters the URL standard escapes in a path or a query).
+        #[test]
+        fn both_doors_give_one_fingerprint_for_any_way_of_writing_a_target(written in written_uri()) {
+            let Ok(uri) = written.parse::<http::Uri>() else {
+                return Ok(());
+            };
+            let Ok(url) = reqwest::Url::parse(&uri.to_string()) else {
+                return Ok(());
+            };
+            let method = http::Method::POST;
+            let reqwest = reqwest::Request::new(method.clone(), url.clone());
+            proptest::prop_assert_eq!(
+                fingerprint(&method, &uri),
+                crate::driver::claim::fingerprint(&reqwest),
+                "{} is {}", written, url
+            );
+        }
+    }
+
+    /// The cases the doors used to write apart, each once.
+    #[test]
+    fn targets_the_two_doors_wrote_apart_now_have_one_fingerprint() {
+        for written in [
+            "http://EXAMPLE.com/a",
+            "http://h.test/{x}",
+            "http://h.test/a/../b/./c",
+            "http://127.1/a",
+            "http://0x7f.0.0.1/a",
+            "http://h.test/a?q='x'",
+            "http://h.test:080/a",
+            "http://[0:0:0:0:0:0:0:1]:8080/a",
+        ] {
+            let uri: http::Uri = written.parse().unwrap();
+            let url = reqwest::Url::parse(written).unwrap();
+            assert!(!canonical(&uri), "{written}");
+            let reqwest = reqwest::Request::new(http::Method::GET, url);
+            assert_eq!(
+                fingerprint(&http::Method::GET, &uri),
+                crate::driver::claim::fingerprint(&reqwest),
+                "{written}"
+            );
+        }
+        assert!(canonical(
+            &"http://127.0.0.1:8080/orders?id=7".parse().unwrap()
+        ));
+        assert!(canonical(
+            &"https://api.example.com/a/b.c?x=1&y=%41".parse().unwrap()
+        ));
     }
 
     #[test]
