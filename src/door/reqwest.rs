@@ -63,6 +63,23 @@ impl Beneath for Next<'_> {
         self.clone().run(request, extensions)
     }
 
+    /// A chain takes every copy at once.
+    type Ready = ();
+
+    fn poll_ready(&self, ready: &mut Option<()>, _: &mut std::task::Context<'_>) -> Poll<bool> {
+        *ready = Some(());
+        Poll::Ready(true)
+    }
+
+    fn run_ready<'s>(
+        &'s self,
+        (): (),
+        request: Request,
+        extensions: &'s mut Extensions,
+    ) -> Self::Running<'s> {
+        self.clone().run(request, extensions)
+    }
+
     /// An answer says where it came from (its URL, after any redirect).
     #[inline]
     fn seen<'o>(

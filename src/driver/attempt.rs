@@ -401,6 +401,10 @@ enum AfterRead {
 /// only a hedge needs it), and a transient failure of one copy kept while the other is out.
 struct Hedged<'s, N: Beneath> {
     due: Option<AttemptTimer>,
+    /// The delay has passed and the door is being asked whether it can take a copy: what it
+    /// made ready so far. A copy that waits for readiness is no hedge yet: nothing is decided
+    /// or paid until the door is ready.
+    asking: Option<Option<N::Ready>>,
     lend: Option<&'s mut Extensions>,
     span: &'s tracing::Span,
     second: Option<Second<'s, N>>,
@@ -438,6 +442,7 @@ impl<'s, 'l, 'p, 'q, 'd, N: Beneath + 's> Flight<'s, 'l, 'p, 'q, 'd, N> {
             spare.clone_from(extensions);
             Box::new(Hedged {
                 due: lent.tools.clock.timeout(after, None).ok(),
+                asking: None,
                 lend: Some(spare),
                 span,
                 second: None,
@@ -588,24 +593,32 @@ impl<'s, 'l, 'p, 'q, 'd, N: Beneath + 's> Flight<'s, 'l, 'p, 'q, 'd, N> {
                 hedged.second = None;
                 return Poll::Ready((ended, true));
             }
-            match hedged.due.as_mut().map(|due| Pin::new(due).poll(cx)) {
-                Some(Poll::Ready(())) => {
-                    // Once: the delay's timer is gone, so this loop turns at most twice.
-                    hedged.due = None;
-                    self.send_hedge();
-                }
-                _ => {
-                    let out = self.first.is_some() || hedged.second.is_some();
-                    assert!(out, "an attempt waits with no copy out");
-                    return Poll::Pending;
+            if let Some(Poll::Ready(())) = hedged.due.as_mut().map(|due| Pin::new(due).poll(cx)) {
+                // Once: the delay's timer is gone.
+                hedged.due = None;
+                hedged.asking = Some(None);
+            }
+            // The door is asked with this task's waker, so a door that becomes ready wakes it;
+            // once it is ready (at most once: the asking ends), the core decides the hedge, and
+            // this loop turns once more to poll it.
+            if let Some(ready) = hedged.asking.as_mut() {
+                if let Poll::Ready(able) = self.door.poll_ready(ready, cx) {
+                    let ready = hedged.asking.take().flatten();
+                    if let (true, Some(ready)) = (able, ready) {
+                        self.send_hedge(ready);
+                        continue;
+                    }
                 }
             }
+            let out = self.first.is_some() || hedged.second.is_some();
+            assert!(out, "an attempt waits with no copy out");
+            return Poll::Pending;
         }
     }
 
-    /// The hedging delay has passed with the first copy out: a second copy goes if the core
-    /// plans one and a timer can be made for it.
-    fn send_hedge(&mut self) {
+    /// The hedging delay has passed with the first copy out, and the door is `ready` for a
+    /// copy: a second copy goes if the core plans one and a timer can be made for it.
+    fn send_hedge(&mut self, ready: N::Ready) {
         let Some(hedged) = self.hedged.as_deref_mut() else {
             return;
         };
@@ -625,7 +638,9 @@ impl<'s, 'l, 'p, 'q, 'd, N: Beneath + 's> Flight<'s, 'l, 'p, 'q, 'd, N> {
         lent.decider.hedge_sent(true);
         let id = (claim::claim_id(extensions), lent.sent.print);
         let next = self.door;
-        let running = Claiming::new(id, hedged.span, || next.run(sending, extensions));
+        let running = Claiming::new(id, hedged.span, || {
+            next.run_ready(ready, sending, extensions)
+        });
         hedged.second = Some(Second {
             running: Box::pin(running),
             timer,

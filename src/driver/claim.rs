@@ -17,7 +17,7 @@
 use std::cell::Cell;
 use std::future::Future;
 use std::pin::Pin;
-use std::task::Poll;
+use std::task::{Context, Poll};
 
 use std::time::Duration;
 
@@ -44,6 +44,25 @@ pub(crate) trait Beneath: Send + Sync {
     /// Sends `request` on, with `extensions`.
     fn run<'s>(
         &'s self,
+        request: Self::Request,
+        extensions: &'s mut Extensions,
+    ) -> Self::Running<'s>;
+
+    /// What a copy is handed to once the door is ready to take it (a tower service that said
+    /// it is ready; nothing, for a chain, which takes every copy at once).
+    type Ready: Send;
+
+    /// Whether the door is ready to take a hedge's copy, asked before the hedge is decided and
+    /// paid for: a copy that would wait for readiness is no hedge yet. `ready` keeps what was
+    /// made ready between polls. `Ready(false)`: the door failed to become ready, and no hedge
+    /// goes.
+    fn poll_ready(&self, ready: &mut Option<Self::Ready>, cx: &mut Context<'_>) -> Poll<bool>;
+
+    /// Sends `request` on, with `extensions`, to what [`poll_ready`](Self::poll_ready) made
+    /// ready.
+    fn run_ready<'s>(
+        &'s self,
+        ready: Self::Ready,
         request: Self::Request,
         extensions: &'s mut Extensions,
     ) -> Self::Running<'s>;

@@ -594,6 +594,17 @@ mod tests {
         type Reply = Response;
         type Running<'s> = Copy;
 
+        type Ready = ();
+
+        fn poll_ready(&self, ready: &mut Option<()>, _: &mut std::task::Context<'_>) -> Poll<bool> {
+            *ready = Some(());
+            Poll::Ready(true)
+        }
+
+        fn run_ready<'s>(&'s self, (): (), request: Request, e: &'s mut Extensions) -> Copy {
+            self.run(request, e)
+        }
+
         fn run<'s>(&'s self, _: Request, _: &'s mut Extensions) -> Copy {
             let mut slots = self.slots.lock().unwrap();
             let at = slots.len();

@@ -439,3 +439,123 @@ async fn a_copy_that_fails_while_the_other_is_out_waits_for_the_other() {
         (1, 0)
     );
 }
+
+/// Behind the tower door, a hedge is decided and paid only when the service beneath is ready
+/// for its copy: under a service that takes one request at a time, whose one slot the first
+/// copy holds, the hedging delay passes with nothing counted and no token spent, and the first
+/// copy's answer ends the request. (Through the reqwest door every copy is handed to the chain
+/// at once, and is paid then: `a_slow_first_copy_is_hedged_after_the_p95_and_the_fast_answer_wins`.)
+#[cfg(feature = "tower")]
+#[tokio::test]
+async fn a_hedge_that_waits_for_the_service_beneath_to_be_ready_is_not_paid_for() {
+    use tower_layer::Layer;
+    use tower_service::Service;
+
+    let clock = FakeClock::new();
+    let budget = RetryBudget::builder()
+        .capacity(10.0)
+        .initial(10.0)
+        .floor_per_sec(0.0)
+        .build()
+        .unwrap();
+    let reads = Dependency::new("reads", hedging()).with_budget(budget.clone());
+    fill(&reads, &clock).await;
+    let gate = OneAtATime::default();
+    let mut service = RetryMiddleware::new(reads.clone())
+        .with_clock(clock.clone())
+        .with_rng(SeededRng::new(9))
+        .layer(gate.clone());
+    std::future::poll_fn(|cx| Service::<http::Request<bytes::Bytes>>::poll_ready(&mut service, cx))
+        .await
+        .unwrap();
+    let before = reads.counters();
+    let request = http::Request::get("http://127.0.0.1:9/items").body(bytes::Bytes::new());
+    let mut call = tokio::spawn(service.call(request.unwrap()));
+    // The first copy is out and holds the one slot; the hedging delay passes.
+    for _ in 0..100 {
+        if gate.calls.load(Ordering::SeqCst) == 1 {
+            break;
+        }
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(gate.calls.load(Ordering::SeqCst), 1);
+    clock.advance(Duration::from_millis(500));
+    for _ in 0..50 {
+        tokio::task::yield_now().await;
+    }
+    assert!(
+        gate.asked_while_busy.load(Ordering::SeqCst) > 0,
+        "the hedge asked"
+    );
+    assert_eq!(
+        reads.counters().hedges,
+        before.hedges,
+        "no hedge counted while it waits"
+    );
+    assert_eq!(budget.balance(), 10.0, "no token spent while it waits");
+    assert!(
+        tokio::time::timeout(Duration::from_millis(1), &mut call)
+            .await
+            .is_err()
+    );
+    // The first copy answers: the request ends with it, and the waiting copy never went.
+    gate.release.notify_one();
+    let response = tokio::time::timeout(Duration::from_secs(5), call)
+        .await
+        .expect("the first copy's answer ends the request")
+        .unwrap()
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    assert!(!RetryRecord::of(&response).unwrap().answered_by_hedge());
+    assert_eq!(gate.calls.load(Ordering::SeqCst), 1);
+    assert_eq!(reads.counters().hedges, before.hedges);
+    assert_eq!(budget.balance(), 10.0);
+}
+
+/// A service that takes one request at a time: not ready while a call is out, and each call
+/// waits for `release`.
+#[cfg(feature = "tower")]
+#[derive(Clone, Default)]
+struct OneAtATime {
+    busy: Arc<Mutex<(bool, Vec<std::task::Waker>)>>,
+    release: Arc<tokio::sync::Notify>,
+    calls: Arc<AtomicUsize>,
+    asked_while_busy: Arc<AtomicUsize>,
+}
+
+#[cfg(feature = "tower")]
+impl tower_service::Service<http::Request<reqwest::Body>> for OneAtATime {
+    type Response = http::Response<http_body_util::Full<bytes::Bytes>>;
+    type Error = std::io::Error;
+    type Future = std::pin::Pin<
+        Box<dyn std::future::Future<Output = Result<Self::Response, std::io::Error>> + Send>,
+    >;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), std::io::Error>> {
+        let mut busy = self.busy.lock().unwrap();
+        if busy.0 {
+            self.asked_while_busy.fetch_add(1, Ordering::SeqCst);
+            busy.1.push(cx.waker().clone());
+            return std::task::Poll::Pending;
+        }
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _: http::Request<reqwest::Body>) -> Self::Future {
+        self.busy.lock().unwrap().0 = true;
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        let (busy, release) = (self.busy.clone(), self.release.clone());
+        Box::pin(async move {
+            release.notified().await;
+            let mut slot = busy.lock().unwrap();
+            slot.0 = false;
+            slot.1.drain(..).for_each(std::task::Waker::wake);
+            Ok(http::Response::new(http_body_util::Full::new(
+                bytes::Bytes::from_static(b"done"),
+            )))
+        })
+    }
+}

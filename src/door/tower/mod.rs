@@ -91,7 +91,10 @@ impl<S> Layer<S> for RetryMiddleware {
 /// ```
 ///
 /// `poll_ready` is always ready: each attempt waits for its own clone of the inner service to
-/// be ready, so a retry never reuses a readiness it did not wait for. The service takes any
+/// be ready, so a retry never reuses a readiness it did not wait for. A hedge is decided, counted
+/// and paid for only once its clone of the inner service says it is ready: under a concurrency
+/// limit that the first copy fills, the hedge waits, unpaid, and is never sent if the first
+/// copy answers first. The service takes any
 /// body `B`, so a call to `poll_ready` before the request is at hand names it:
 /// `Service::<http::Request<Bytes>>::poll_ready(&mut service, cx)`.
 #[derive(Debug, Clone)]
@@ -605,16 +608,39 @@ where
     where
         Self: 's;
 
+    /// A clone of the inner service, asked with the request's own waker until it is ready.
+    type Ready = S;
+
+    fn poll_ready(&self, ready: &mut Option<S>, cx: &mut Context<'_>) -> Poll<bool> {
+        let service = ready.get_or_insert_with(|| S::clone(&self.service));
+        match service.poll_ready(cx) {
+            Poll::Ready(Ok(())) => Poll::Ready(true),
+            Poll::Ready(Err(_)) => {
+                *ready = None;
+                Poll::Ready(false)
+            }
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    fn run_ready<'s>(
+        &'s self,
+        mut ready: S,
+        request: Self::Request,
+        extensions: &'s mut Extensions,
+    ) -> Call<S, S::Future> {
+        Call::Called {
+            call: ready.call(marked(request, extensions)),
+        }
+    }
+
     fn run<'s>(
         &'s self,
         request: Self::Request,
         extensions: &'s mut Extensions,
     ) -> Call<S, S::Future> {
         let mut service = S::clone(&self.service);
-        // The copy as the inner service takes it: the request's extensions with the mark.
-        let mut request = request;
-        *request.extensions_mut() = extensions.clone();
-        request.extensions_mut().insert(Claimed);
+        let request = marked(request, extensions);
         // Most services are ready at once (a client's pool takes any number of requests): then
         // the copy is handed over here, under the claim's mark like the rest of the attempt,
         // and only the call's own future is held. One that is not is asked again, by the
@@ -660,6 +686,17 @@ where
             Err(err) => Seen::Failed(crate::door::reqwest::failure(err)),
         }
     }
+}
+
+/// The copy as the inner service takes it: the request's extensions, with the mark that tells
+/// an instance further in to pass it through.
+fn marked(
+    mut request: http::Request<reqwest::Body>,
+    extensions: &Extensions,
+) -> http::Request<reqwest::Body> {
+    *request.extensions_mut() = extensions.clone();
+    request.extensions_mut().insert(Claimed);
+    request
 }
 
 /// An answer of the tower door: the inner service's, its body read a frame at a time, and
