@@ -322,7 +322,7 @@ mod tests {
             let Ok(url) = reqwest::Url::parse(&uri.to_string()) else {
                 return Ok(());
             };
-            let method = http::Method::POST;
+            let method: http::Method = "POST".parse().unwrap();
             let reqwest = reqwest::Request::new(method.clone(), url.clone());
             proptest::prop_assert_eq!(
                 fingerprint(&method, &uri),
@@ -348,9 +348,10 @@ mod tests {
             let uri: http::Uri = written.parse().unwrap();
             let url = reqwest::Url::parse(written).unwrap();
             assert!(!canonical(&uri), "{written}");
-            let reqwest = reqwest::Request::new(http::Method::GET, url);
+            let get: http::Method = "GET".parse().unwrap();
+            let reqwest = reqwest::Request::new(get.clone(), url);
             assert_eq!(
-                fingerprint(&http::Method::GET, &uri),
+                fingerprint(&get, &uri),
                 crate::driver::claim::fingerprint(&reqwest),
                 "{written}"
             );
