@@ -11,9 +11,10 @@
 use std::time::Duration;
 
 use bytes::Bytes;
+use http_body_util::Full;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use reqwest_safe_retry::{RetryMiddleware, RetryPolicy, RetryRecord};
+use reqwest_safe_retry::{RetryMiddleware, RetryPolicy, RetryRecord, SendBody};
 use tower_layer::Layer;
 use tower_service::Service;
 use wiremock::matchers::{method, path};
@@ -35,19 +36,22 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         .mount(&server)
         .await;
 
-    // hyper-util's client, its request bodies `reqwest::Body`, under the middleware as a layer.
-    let client = Client::builder(TokioExecutor::new()).build_http::<reqwest::Body>();
+    // hyper-util's client under the middleware as a layer: it takes the layer's `SendBody`, made
+    // from whatever body the caller sends (`Full<Bytes>` here).
+    let client = Client::builder(TokioExecutor::new()).build_http::<SendBody<Full<Bytes>>>();
     let policy = RetryPolicy::builder()
         .max_attempts(3)
         .base_delay(Duration::from_millis(100))
         .build()?;
     let mut orders = RetryMiddleware::new(policy).layer(client);
 
-    // A body whole in memory (`Bytes` here) is kept for the retries.
+    // A body whole in memory is kept for the retries, its bytes shared by every attempt.
+    let order = Bytes::from_static(br#"{"sku":"widget","count":2}"#);
     let request = http::Request::post(format!("{}/orders", server.uri()))
         .header("content-type", "application/json")
-        .body(Bytes::from_static(br#"{"sku":"widget","count":2}"#))?;
-    std::future::poll_fn(|cx| Service::<http::Request<Bytes>>::poll_ready(&mut orders, cx)).await?;
+        .body(Full::new(order))?;
+    std::future::poll_fn(|cx| Service::<http::Request<Full<Bytes>>>::poll_ready(&mut orders, cx))
+        .await?;
     let response = orders.call(request).await?;
 
     let record = RetryRecord::of(&response).expect("the layer's answers carry a record");

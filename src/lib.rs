@@ -448,7 +448,7 @@ mod stop;
 
 pub use clock::{Clock, Sleep, TokioClock};
 #[cfg(feature = "tower")]
-pub use door::tower::{RetryBody, RetryService};
+pub use door::tower::{RetryBody, RetryService, SendBody};
 pub use driver::phases::RetryMiddleware;
 pub use engine::backoff::Jitter;
 pub use engine::budget::{RetryBudget, RetryBudgetBuilder};

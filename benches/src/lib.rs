@@ -312,8 +312,8 @@ pub fn retrying_clients() -> Vec<Labelled> {
             tower_post(tower::retry::Retry::new(policy, timed), full)
         }),
         ("(T4) this crate, keys", || {
-            let layer = tower::Layer::layer(&ours(|d| d), reqwest_body_client());
-            tower_post(layer, whole)
+            let layer = tower::Layer::layer(&ours(|d| d), hyper_client());
+            tower_post(layer, full)
         }),
     ]
 }
@@ -481,16 +481,12 @@ pub async fn run(client: &Client, url: &str, total: u64, in_flight: u64) {
     }
 }
 
-/// The tower clients, each over hyper-util's client on the same server: its bare service with
-/// either request body, tower's own retry with a TPS budget, and this crate's layer with and
-/// without keys. Each retrying client is measured against the bare service of its own body:
-/// tower's retry clones a `Full<Bytes>` request, this crate's layer takes a `reqwest::Body`.
+/// The tower clients, each over hyper-util's client on the same server, each sent the same
+/// `Full<Bytes>` body: the bare service, tower's own retry with a TPS budget, and this crate's
+/// layer with and without keys (whose inner client takes the layer's `SendBody`).
 pub fn tower_clients() -> Vec<Labelled> {
     vec![
         ("(T0) hyper-util, Full", || tower_post(full_client(), full)),
-        ("(T1) hyper-util, reqwest::Body", || {
-            tower_post(reqwest_body_client(), whole)
-        }),
         ("(T2) tower retry + TpsBudget", || {
             let budget = Arc::new(tower::retry::budget::TpsBudget::new(
                 Duration::from_secs(10),
@@ -515,15 +511,13 @@ pub fn tower_clients() -> Vec<Labelled> {
         ("(T3) this crate, no keys", || {
             let dependency =
                 Dependency::new("bench", RetryPolicy::default()).without_idempotency_keys();
-            let layer =
-                tower::Layer::layer(&RetryMiddleware::new(dependency), reqwest_body_client());
-            tower_post(layer, whole)
+            let layer = tower::Layer::layer(&RetryMiddleware::new(dependency), hyper_client());
+            tower_post(layer, full)
         }),
         ("(T4) this crate, keys", || {
             let dependency = Dependency::new("bench", RetryPolicy::default());
-            let layer =
-                tower::Layer::layer(&RetryMiddleware::new(dependency), reqwest_body_client());
-            tower_post(layer, whole)
+            let layer = tower::Layer::layer(&RetryMiddleware::new(dependency), hyper_client());
+            tower_post(layer, full)
         }),
     ]
 }
@@ -535,17 +529,17 @@ fn full_client() -> HyperClient<Full<Bytes>> {
     hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build_http()
 }
 
-fn reqwest_body_client() -> HyperClient<reqwest::Body> {
+/// hyper-util's client for a request body of any type (this crate's layer: its `SendBody`).
+fn hyper_client<B>() -> HyperClient<B>
+where
+    B: http_body::Body + Send + 'static,
+    B::Data: Send,
+{
     hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build_http()
 }
 
 fn full() -> Full<Bytes> {
     Full::new(Bytes::from_static(BODY.as_bytes()))
-}
-
-/// The body whole in memory, as a `reqwest::Body` (which a retry may copy without a copy).
-fn whole() -> reqwest::Body {
-    reqwest::Body::from(Bytes::from_static(BODY.as_bytes()))
 }
 
 /// A tower client that POSTs `body()` through `service`.

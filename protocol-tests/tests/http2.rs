@@ -183,7 +183,7 @@ async fn through_tower(
     let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
         .http2_only(true)
         .retry_canceled_requests(false)
-        .build_http::<reqwest::Body>();
+        .build_http::<reqwest_safe_retry::SendBody<String>>();
     let mut service =
         RetryMiddleware::new(Dependency::new("default", policy).without_idempotency_keys())
             .with_clock(FakeClock::new())
@@ -191,9 +191,9 @@ async fn through_tower(
     let request = http::Request::builder()
         .method(method)
         .uri(url)
-        .body(bytes::Bytes::from_static(body.as_bytes()))
+        .body(body.to_owned())
         .unwrap();
-    std::future::poll_fn(|cx| Service::<http::Request<bytes::Bytes>>::poll_ready(&mut service, cx))
+    std::future::poll_fn(|cx| Service::<http::Request<String>>::poll_ready(&mut service, cx))
         .await
         .unwrap();
     // Real time, as a guard: the layer's own timeout runs on the fake clock.

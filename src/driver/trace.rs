@@ -316,7 +316,7 @@ mod tests {
             ("http://h", "http://h/"),
         ] {
             let request = http::Request::get(uri)
-                .body(reqwest::Body::from(""))
+                .body(crate::SendBody::new(String::new()))
                 .unwrap();
             assert_eq!(url_without_query(&request.address()), seen, "{uri}");
         }

@@ -512,9 +512,9 @@ struct WireService<S> {
 }
 
 #[cfg(feature = "tower")]
-impl<S> tower_service::Service<http::Request<reqwest::Body>> for WireService<S>
+impl<S, B> tower_service::Service<http::Request<B>> for WireService<S>
 where
-    S: tower_service::Service<http::Request<reqwest::Body>> + Send,
+    S: tower_service::Service<http::Request<B>> + Send,
     S::Future: Send + 'static,
     S::Response: Send + 'static,
     S::Error: Send + 'static,
@@ -527,7 +527,7 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, request: http::Request<reqwest::Body>) -> Self::Future {
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
         let headers = request.headers().clone();
         let sent = self.inner.call(request);
         Box::pin(self.wire.pass(&headers, sent))
@@ -770,7 +770,7 @@ enum Front {
 #[cfg(feature = "tower")]
 type HyperClient = hyper_util::client::legacy::Client<
     hyper_util::client::legacy::connect::HttpConnector,
-    reqwest::Body,
+    reqwest_safe_retry::SendBody<reqwest::Body>,
 >;
 
 impl Front {

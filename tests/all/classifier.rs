@@ -564,7 +564,7 @@ async fn one_classifier_sees_the_same_attempt_behind_either_door() {
         let mut service = RetryMiddleware::new(dependency)
             .with_clock(FakeClock::new())
             .layer(hyper);
-        let get = |uri: &str| http::Request::get(uri).body(bytes::Bytes::new()).unwrap();
+        let get = |uri: &str| http::Request::get(uri).body(String::new()).unwrap();
         service.call(get(&url)).await.unwrap();
         service.call(get(&refused)).await.unwrap_err();
         let tower_failed = Looked {

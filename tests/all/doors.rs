@@ -113,10 +113,10 @@ impl Call {
         self
     }
 
-    /// The request's body: "order", whole or streamed.
+    /// The request's body: "order", whole or streamed (not at hand when the request is made).
     fn body(&self) -> reqwest::Body {
         if self.streamed {
-            reqwest::Body::wrap(http_body_util::Full::new(Bytes::from_static(b"order")))
+            reqwest::Body::wrap(Later(Some(Bytes::from_static(b"order")), false))
         } else {
             reqwest::Body::from(Bytes::from_static(b"order"))
         }
@@ -171,10 +171,7 @@ impl Door {
             Door::Tower => {
                 let mut connector = hyper_util::client::legacy::connect::HttpConnector::new();
                 connector.set_connect_timeout(call.connect_timeout);
-                let client = hyper_util::client::legacy::Client::builder(
-                    hyper_util::rt::TokioExecutor::new(),
-                )
-                .build(connector);
+
                 let mut request = http::Request::builder().method(call.method).uri(&call.url);
                 for (name, value) in &call.headers {
                     request = request.header(*name, value);
@@ -184,17 +181,56 @@ impl Door {
                 }
                 let request = request.body(body).unwrap();
                 let hook = call.beneath.clone().unwrap_or_else(|| Arc::new(|_| {}));
-                let client = Hooked {
-                    inner: client,
-                    hook,
-                };
                 match &layers[..] {
-                    [only] => call_service(only.layer(client), request).await,
-                    [outer, inner] => call_service(outer.layer(inner.layer(client)), request).await,
+                    [only] => {
+                        let client = hooked(&connector, hook);
+                        call_service(only.layer(client), request).await
+                    }
+                    [outer, inner] => {
+                        let service = outer.layer(inner.layer(hooked(&connector, hook)));
+                        call_service(service, request).await
+                    }
                     _ => unreachable!("one or two layers"),
                 }
             }
         }
+    }
+}
+
+/// hyper-util's client over `connector`, beneath `hook`.
+fn hooked<B>(
+    connector: &hyper_util::client::legacy::connect::HttpConnector,
+    hook: Hook,
+) -> Hooked<hyper_util::client::legacy::Client<hyper_util::client::legacy::connect::HttpConnector, B>>
+where
+    B: http_body::Body + Send + 'static,
+    B::Data: Send,
+{
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build(connector.clone());
+    Hooked {
+        inner: client,
+        hook,
+    }
+}
+
+/// A body that is not at hand when first asked (it wakes its reader at once), then gives its
+/// bytes: a stream, as far as anyone reading it can tell.
+struct Later(Option<Bytes>, bool);
+
+impl http_body::Body for Later {
+    type Data = Bytes;
+    type Error = std::io::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, std::io::Error>>> {
+        if !std::mem::replace(&mut self.1, true) {
+            cx.waker().wake_by_ref();
+            return Poll::Pending;
+        }
+        Poll::Ready(self.0.take().map(|bytes| Ok(http_body::Frame::data(bytes))))
     }
 }
 
@@ -1506,10 +1542,8 @@ fn ms(n: u64) -> Duration {
 async fn a_relative_uri_at_the_tower_door_is_refused_with_what_to_write() {
     let client = crate::support::hyper_client();
     let mut service = RetryMiddleware::new(policy()).layer(client);
-    let request = http::Request::get("/orders")
-        .body(Bytes::from_static(b""))
-        .unwrap();
-    std::future::poll_fn(|cx| Service::<http::Request<Bytes>>::poll_ready(&mut service, cx))
+    let request = http::Request::get("/orders").body(String::new()).unwrap();
+    std::future::poll_fn(|cx| Service::<http::Request<String>>::poll_ready(&mut service, cx))
         .await
         .unwrap();
     let err = service.call(request).await.unwrap_err().to_string();
@@ -1520,18 +1554,29 @@ async fn a_relative_uri_at_the_tower_door_is_refused_with_what_to_write() {
 /// A tower service whose first call meets a connection that had closed before the request was
 /// handed to it (hyper's "channel closed", as after an HTTP/2 GOAWAY before any stream), and
 /// whose later calls go to hyper-util's client.
-#[derive(Clone)]
-struct ClosedFirst {
+struct ClosedFirst<B> {
     calls: Arc<std::sync::atomic::AtomicUsize>,
-    client: hyper_util::client::legacy::Client<
-        hyper_util::client::legacy::connect::HttpConnector,
-        reqwest::Body,
-    >,
+    client:
+        hyper_util::client::legacy::Client<hyper_util::client::legacy::connect::HttpConnector, B>,
+}
+
+impl<B> Clone for ClosedFirst<B> {
+    fn clone(&self) -> Self {
+        ClosedFirst {
+            calls: self.calls.clone(),
+            client: self.client.clone(),
+        }
+    }
 }
 
 type Boxed = Box<dyn std::error::Error + Send + Sync>;
 
-impl Service<http::Request<reqwest::Body>> for ClosedFirst {
+impl<B> Service<http::Request<B>> for ClosedFirst<B>
+where
+    B: http_body::Body + Send + Unpin + 'static,
+    B::Data: Send,
+    B::Error: Into<Boxed>,
+{
     type Response = http::Response<hyper::body::Incoming>;
     type Error = Boxed;
     type Future =
@@ -1541,7 +1586,7 @@ impl Service<http::Request<reqwest::Body>> for ClosedFirst {
         Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, request: http::Request<reqwest::Body>) -> Self::Future {
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
         if self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst) > 0 {
             let answer = self.client.request(request);
             return Box::pin(async move { answer.await.map_err(Boxed::from) });
@@ -1550,7 +1595,7 @@ impl Service<http::Request<reqwest::Body>> for ClosedFirst {
             let (near, _far) = tokio::io::duplex(64);
             let io = hyper_util::rt::TokioIo::new(near);
             let (mut sender, connection) =
-                hyper::client::conn::http1::handshake::<_, reqwest::Body>(io).await?;
+                hyper::client::conn::http1::handshake::<_, B>(io).await?;
             drop(connection);
             sender.ready().await?;
             unreachable!("a connection dropped before the request is never ready")
@@ -1580,7 +1625,7 @@ async fn a_connection_closed_before_the_request_is_sent_again_through_the_tower_
             http::Request::builder()
                 .method(method.clone())
                 .uri(server.uri())
-                .body(Bytes::from_static(b"order"))
+                .body(String::from("order"))
                 .unwrap(),
         )
         .await;

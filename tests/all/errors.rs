@@ -366,7 +366,7 @@ async fn behind_the_tower_door_the_inner_service_s_error_is_reachable() {
         .with_clock(FakeClock::new())
         .layer(client);
     let url = format!("{}orders?id=7", support::refused_url().await);
-    let request = http::Request::get(&url).body(bytes::Bytes::new()).unwrap();
+    let request = http::Request::get(&url).body(String::new()).unwrap();
     let err = service.call(request).await.unwrap_err();
     let retry = err.downcast_ref::<RetryError>().expect("the layer's error");
     assert_eq!(retry.attempts(), 2, "{retry}");
@@ -422,7 +422,7 @@ async fn no_message_or_debug_shows_the_user_name_and_password() {
         let mut service = RetryMiddleware::new(policy)
             .with_clock(FakeClock::new())
             .layer(crate::support::hyper_client());
-        let request = http::Request::get(&url).body(bytes::Bytes::new()).unwrap();
+        let request = http::Request::get(&url).body(String::new()).unwrap();
         let err = service.call(request).await.unwrap_err();
         let retry = err.downcast_ref::<RetryError>().expect("the layer's error");
         let printed = format!("{err} / {err:?} / {retry} / {retry:?}");

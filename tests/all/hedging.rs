@@ -465,11 +465,11 @@ async fn a_hedge_that_waits_for_the_service_beneath_to_be_ready_is_not_paid_for(
         .with_clock(clock.clone())
         .with_rng(SeededRng::new(9))
         .layer(gate.clone());
-    std::future::poll_fn(|cx| Service::<http::Request<bytes::Bytes>>::poll_ready(&mut service, cx))
+    std::future::poll_fn(|cx| Service::<http::Request<String>>::poll_ready(&mut service, cx))
         .await
         .unwrap();
     let before = reads.counters();
-    let request = http::Request::get("http://127.0.0.1:9/items").body(bytes::Bytes::new());
+    let request = http::Request::get("http://127.0.0.1:9/items").body(String::new());
     let mut call = tokio::spawn(service.call(request.unwrap()));
     // The first copy is out and holds the one slot; the hedging delay passes.
     for _ in 0..100 {
@@ -524,7 +524,7 @@ struct OneAtATime {
 }
 
 #[cfg(feature = "tower")]
-impl tower_service::Service<http::Request<reqwest::Body>> for OneAtATime {
+impl<Q> tower_service::Service<Q> for OneAtATime {
     type Response = http::Response<http_body_util::Full<bytes::Bytes>>;
     type Error = std::io::Error;
     type Future = std::pin::Pin<
@@ -544,7 +544,7 @@ impl tower_service::Service<http::Request<reqwest::Body>> for OneAtATime {
         std::task::Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, _: http::Request<reqwest::Body>) -> Self::Future {
+    fn call(&mut self, _: Q) -> Self::Future {
         self.busy.lock().unwrap().0 = true;
         self.calls.fetch_add(1, Ordering::SeqCst);
         let (busy, release) = (self.busy.clone(), self.release.clone());

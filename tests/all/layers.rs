@@ -191,7 +191,7 @@ mod across_doors {
         let (outer, outer_counts) = retrying("outer");
         let mut service = outer.layer(ThroughReqwest(chain));
         let request = http::Request::get(server.uri())
-            .body(bytes::Bytes::new())
+            .body(String::new())
             .unwrap();
         let response = service.call(request).await.unwrap();
         assert_eq!(response.status(), 503);
@@ -244,7 +244,7 @@ mod across_doors {
                 .build();
             let (outer, outer_counts) = retrying("outer");
             let mut service = outer.layer(ThroughReqwest(chain));
-            let request = http::Request::get(&url).body(bytes::Bytes::new()).unwrap();
+            let request = http::Request::get(&url).body(String::new()).unwrap();
             let response = service.call(request).await.unwrap();
             let record = RetryRecord::of(&response).unwrap();
             one_layer_of_attempts(record, &server, [&outer_counts, &inner_counts]).await;
@@ -269,9 +269,10 @@ mod across_doors {
     #[derive(Clone)]
     struct Spawning<S>(S);
 
-    impl<S> Service<http::Request<reqwest::Body>> for Spawning<S>
+    impl<S, B> Service<http::Request<B>> for Spawning<S>
     where
-        S: Service<http::Request<reqwest::Body>> + Clone + Send + 'static,
+        S: Service<http::Request<B>> + Clone + Send + 'static,
+        B: Send + 'static,
         S::Future: Send,
         S::Response: Send + 'static,
         S::Error: Send + 'static,
@@ -289,7 +290,7 @@ mod across_doors {
             self.0.poll_ready(cx)
         }
 
-        fn call(&mut self, request: http::Request<reqwest::Body>) -> Self::Future {
+        fn call(&mut self, request: http::Request<B>) -> Self::Future {
             let mut inner = self.0.clone();
             let task = tokio::spawn(async move {
                 std::future::poll_fn(|cx| inner.poll_ready(cx)).await?;
@@ -307,7 +308,7 @@ mod across_doors {
         let (outer, outer_counts) = retrying("outer");
         let mut service = outer.layer(Spawning(inner.layer(client)));
         let request = http::Request::get(server.uri())
-            .body(bytes::Bytes::new())
+            .body(String::new())
             .unwrap();
         let response = service.call(request).await.unwrap();
         assert_eq!(response.status(), 503);

@@ -55,10 +55,12 @@ pub fn client() -> (ClientWithMiddleware, FakeClock) {
 /// hyper-util's client for plain HTTP, of `reqwest::Body` requests: what the tower door's tests
 /// put beneath the layer.
 #[cfg(feature = "tower")]
-pub fn hyper_client() -> hyper_util::client::legacy::Client<
-    hyper_util::client::legacy::connect::HttpConnector,
-    reqwest::Body,
-> {
+pub fn hyper_client<B>()
+-> hyper_util::client::legacy::Client<hyper_util::client::legacy::connect::HttpConnector, B>
+where
+    B: http_body::Body + Send + 'static,
+    B::Data: Send,
+{
     hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build_http()
 }
 
@@ -413,7 +415,12 @@ mod bridges {
     #[derive(Clone)]
     pub struct ThroughReqwest(pub ClientWithMiddleware);
 
-    impl Service<http::Request<reqwest::Body>> for ThroughReqwest {
+    impl<B> Service<http::Request<B>> for ThroughReqwest
+    where
+        B: http_body::Body + Send + Sync + 'static,
+        B::Data: Into<bytes::Bytes>,
+        B::Error: Into<BoxError>,
+    {
         type Response = http::Response<reqwest::Body>;
         type Error = BoxError;
         type Future = Pin<Box<dyn Future<Output = Result<Self::Response, BoxError>> + Send>>;
@@ -422,10 +429,10 @@ mod bridges {
             Poll::Ready(Ok(()))
         }
 
-        fn call(&mut self, request: http::Request<reqwest::Body>) -> Self::Future {
+        fn call(&mut self, request: http::Request<B>) -> Self::Future {
             let client = self.0.clone();
             Box::pin(async move {
-                let request = reqwest::Request::try_from(request)?;
+                let request = reqwest::Request::try_from(request.map(reqwest::Body::wrap))?;
                 let response = client.execute(request).await?;
                 Ok(http::Response::from(response))
             })

@@ -3,9 +3,9 @@
 //!
 //! The layer is the same middleware: the same dependencies, clock, random source, observer and
 //! log levels, the same core and the same driver, which is generic over the door. This door
-//! hands the driver its caller's `http::Request` as it is (its body made a [`reqwest::Body`],
-//! which can be copied for another attempt when it is whole in memory); each copy goes down to
-//! the inner service as such a request, and each answer comes back as the inner service's
+//! hands the driver its caller's `http::Request` as it is (its body made a [`SendBody`], which
+//! is copied for another attempt by reference count when it is whole in memory); each copy goes
+//! down to the inner service as such a request, and each answer comes back as the inner service's
 //! `http::Response`, its body passed on as it is in a [`RetryBody`], through the same judging,
 //! waiting, record and tracing as on the reqwest side. No `reqwest::Request`, `Url` or
 //! `reqwest::Response` is made. What differs is where a copy goes ([`Inner`]), how a request is
@@ -14,8 +14,8 @@
 //! hyper-util's connect failures as nothing sent); the inner service's own error is what a
 //! classifier and a give-up's sources see.
 //!
-//! Bodies: a body that is whole in memory (`Bytes`, `Vec<u8>`, `String`, a `&'static str`, an
-//! empty one) is kept for a retry or a hedge; a [`reqwest::Body`] made from a stream is sent
+//! Bodies: a body whose frames are all at hand when the request is made (`Full<Bytes>`, a
+//! `String`, an empty one) is kept as `Bytes` for a retry or a hedge; one that streams is sent
 //! once, as on the reqwest side, and the record says why nothing was retried.
 //!
 //! One layer retries: each copy carries a mark in its extensions, and an instance of the layer
@@ -32,9 +32,11 @@ use tower_layer::Layer;
 use tower_service::Service;
 
 mod body;
+mod send_body;
 mod uri;
 
 pub use body::RetryBody;
+pub use send_body::SendBody;
 
 use crate::driver::body::{Prefix, Reply};
 use crate::driver::claim::{Address, Beneath, Outgoing};
@@ -68,9 +70,10 @@ impl<S> Layer<S> for RetryMiddleware {
 /// `reqwest-middleware` chain, which costs less (see the README's cost section). Both are
 /// configured the same way, on the middleware and its [`Dependency`](crate::Dependency).
 ///
-/// It takes an `http::Request<B>` whose body converts into a [`reqwest::Body`] (`Bytes`,
-/// `Vec<u8>`, `String`, `&'static str`, or a `reqwest::Body` itself) and an absolute URI, and
-/// sends each attempt to the inner service as an `http::Request<reqwest::Body>`; the inner
+/// It takes an `http::Request<B>` of any body `B` (`Full<Bytes>`, a `String`, a stream) and an
+/// absolute URI, and sends each attempt to the inner service as an
+/// `http::Request<`[`SendBody<B>`](SendBody)`>`: the caller's bytes shared by every copy when the
+/// body is whole in memory, else the caller's body sent once; the inner
 /// service answers with an `http::Response<R>` of any `Unpin` body (wrap another in
 /// `Box::pin`). The answer comes back as an `http::Response<RetryBody<R>>`, the inner body
 /// passed on as it comes unless the layer read it, carrying the same
@@ -85,7 +88,7 @@ impl<S> Layer<S> for RetryMiddleware {
 ///
 /// let connector = hyper_util::client::legacy::connect::HttpConnector::new();
 /// let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-///     .build::<_, reqwest::Body>(connector);
+///     .build::<_, reqwest_safe_retry::SendBody<String>>(connector);
 /// let retrying = RetryMiddleware::new(RetryPolicy::default()).layer(client);
 /// # drop(retrying);
 /// ```
@@ -96,7 +99,7 @@ impl<S> Layer<S> for RetryMiddleware {
 /// limit that the first copy fills, the hedge waits, unpaid, and is never sent if the first
 /// copy answers first. The service takes any
 /// body `B`, so a call to `poll_ready` before the request is at hand names it:
-/// `Service::<http::Request<Bytes>>::poll_ready(&mut service, cx)`.
+/// `Service::<http::Request<String>>::poll_ready(&mut service, cx)`.
 #[derive(Debug, Clone)]
 pub struct RetryService<S> {
     retry: Arc<RetryMiddleware>,
@@ -107,14 +110,16 @@ pub struct RetryService<S> {
 
 impl<S, B, R> Service<http::Request<B>> for RetryService<S>
 where
-    S: Service<http::Request<reqwest::Body>, Response = http::Response<R>>
+    S: Service<http::Request<SendBody<B>>, Response = http::Response<R>>
         + Clone
         + Send
         + Sync
         + 'static,
     S::Future: Send,
     S::Error: Into<BoxError>,
-    B: Into<reqwest::Body>,
+    B: http_body::Body + Send + 'static,
+    B::Data: Into<Bytes>,
+    B::Error: Into<BoxError>,
     R: http_body::Body + Unpin + Send + Sync + 'static,
     R::Data: Into<Bytes>,
     R::Error: Into<BoxError>,
@@ -129,8 +134,8 @@ where
 
     fn call(&mut self, request: http::Request<B>) -> Self::Future {
         // The extensions stay with the driver, as a chain's do, and go with each copy; the
-        // request itself goes to the driver as it is, its body made a `reqwest::Body` (which a
-        // copy for a retry can clone when it is whole in memory).
+        // request itself goes to the driver as it is, its body kept whole in memory when all of
+        // it is at hand (a copy for a retry then clones its bytes), else sent once.
         let (mut parts, body) = request.into_parts();
         if let Err(e) = absolute(&parts.uri) {
             return Box::pin(std::future::ready(Err(e)));
@@ -138,8 +143,9 @@ where
         let mut extensions = std::mem::take(&mut parts.extensions);
         let inner = Inner {
             service: self.inner.clone(),
+            body: std::marker::PhantomData,
         };
-        let request = http::Request::from_parts(parts, body.into());
+        let request = http::Request::from_parts(parts, SendBody::new(body));
         let claimed = extensions.get::<Claimed>().is_some()
             || crate::driver::claim::claimed(&extensions, &request);
         if claimed {
@@ -200,9 +206,11 @@ fn boxed(err: reqwest_middleware::Error) -> BoxError {
 #[derive(Debug, Clone, Copy)]
 struct Claimed;
 
-/// The inner service, as the driver sends copies to it: each copy to a clone of its own.
-struct Inner<S> {
+/// The inner service, as the driver sends copies to it: each copy to a clone of its own, with
+/// a body made from the caller's `B`.
+struct Inner<S, B> {
     service: Arc<S>,
+    body: std::marker::PhantomData<fn() -> B>,
 }
 
 pin_project_lite::pin_project! {
@@ -210,13 +218,13 @@ pin_project_lite::pin_project! {
     /// the service asked again with the copy waiting (boxed: rare), or the error that the
     /// service gave when asked.
     #[project = CallNow]
-    pub(crate) enum Call<S, F> {
+    pub(crate) enum Call<S, Q, F> {
         Called {
             #[pin]
             call: F,
         },
         Waiting {
-            waiting: Box<(S, Option<http::Request<reqwest::Body>>)>,
+            waiting: Box<(S, Option<Q>)>,
         },
         Failed {
             error: Option<BoxError>,
@@ -224,9 +232,9 @@ pin_project_lite::pin_project! {
     }
 }
 
-impl<S, R> Future for Call<S, S::Future>
+impl<S, Q, R> Future for Call<S, Q, S::Future>
 where
-    S: Service<http::Request<reqwest::Body>, Response = http::Response<R>>,
+    S: Service<Q, Response = http::Response<R>>,
     S::Error: Into<BoxError>,
 {
     type Output = reqwest_middleware::Result<http::Response<RetryBody<R>>>;
@@ -280,8 +288,9 @@ fn absolute(uri: &http::Uri) -> Result<(), BoxError> {
 }
 
 /// A request of the tower door, as the driver keeps and copies it: an `http::Request` whose
-/// body is a `reqwest::Body`, copied for another attempt when that body is whole in memory.
-impl Outgoing for http::Request<reqwest::Body> {
+/// body is a [`SendBody`], copied for another attempt when that body is whole in memory (its
+/// bytes cloned by reference count).
+impl<B: Send + 'static> Outgoing for http::Request<SendBody<B>> {
     fn method(&self) -> &http::Method {
         http::Request::method(self)
     }
@@ -301,7 +310,7 @@ impl Outgoing for http::Request<reqwest::Body> {
     /// A copy without the extensions: the driver keeps them, and hands each copy its own.
     fn try_clone(&self) -> Option<Self> {
         let bytes = self.body().as_bytes()?;
-        let mut copy = http::Request::new(reqwest::Body::from(Bytes::copy_from_slice(bytes)));
+        let mut copy = http::Request::new(SendBody::whole(bytes.clone()));
         *copy.method_mut() = self.method().clone();
         *copy.version_mut() = self.version();
         *copy.uri_mut() = self.uri().clone();
@@ -390,7 +399,7 @@ mod tests {
         .chain(std::iter::once((long.clone(), long.clone())))
         {
             let tower = http::Request::post(&uri)
-                .body(reqwest::Body::from("x"))
+                .body(SendBody::<String>::whole(Bytes::from_static(b"x")))
                 .unwrap();
             let reqwest = reqwest::Request::new("POST".parse().unwrap(), url.parse().unwrap());
             let (a, b) = (tower.address(), reqwest.address());
@@ -409,20 +418,25 @@ mod tests {
 
     #[test]
     fn a_copy_carries_the_head_and_the_body_but_not_the_extensions() {
+        let body = Bytes::from_static(b"body");
         let mut request = http::Request::put("http://127.0.0.1/x")
             .header("x-a", "1")
-            .body(reqwest::Body::from("body"))
+            .body(SendBody::new(http_body_util::Full::new(body.clone())))
             .unwrap();
         request.extensions_mut().insert(Claimed);
         let copy = Outgoing::try_clone(&request).unwrap();
         assert_eq!(copy.method(), "PUT");
         assert_eq!(copy.uri(), "http://127.0.0.1/x");
         assert_eq!(copy.headers()["x-a"], "1");
-        assert_eq!(copy.body().as_bytes(), Some(&b"body"[..]));
+        let copied = copy.body().as_bytes().unwrap();
+        assert_eq!(
+            (copied, copied.as_ptr()),
+            (&body, body.as_ptr()),
+            "the bytes, not a copy"
+        );
         assert!(copy.extensions().get::<Claimed>().is_none());
-        // A body of another kind, read as it comes: sent once.
-        let other = http_body_util::Full::new(Bytes::from_static(b"x"));
-        let streamed = http::Request::new(reqwest::Body::wrap(other));
+        // A body that is not at hand: sent once.
+        let streamed = http::Request::new(SendBody::new(Never(1)));
         assert!(!streamed.whole_body() && Outgoing::try_clone(&streamed).is_none());
     }
 
@@ -447,7 +461,7 @@ mod tests {
         }
     }
 
-    impl Service<http::Request<reqwest::Body>> for Gate {
+    impl<Q> Service<Q> for Gate {
         type Response = http::Response<http_body_util::Full<Bytes>>;
         type Error = std::io::Error;
         type Future = std::future::Ready<Result<Self::Response, std::io::Error>>;
@@ -467,7 +481,7 @@ mod tests {
             Poll::Ready(Ok(()))
         }
 
-        fn call(&mut self, _: http::Request<reqwest::Body>) -> Self::Future {
+        fn call(&mut self, _: Q) -> Self::Future {
             self.called
                 .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             std::future::ready(Ok(http::Response::new(http_body_util::Full::new(
@@ -488,7 +502,7 @@ mod tests {
         use std::sync::atomic::Ordering::SeqCst;
         for busy in [0, 1, 3] {
             let gate = Gate::new(busy, false);
-            let request = http::Request::get("http://127.0.0.1:9/x").body(Bytes::new());
+            let request = http::Request::get("http://127.0.0.1:9/x").body(String::new());
             let answer = layered(&gate).call(request.unwrap()).await.unwrap();
             let body = answer.into_body().collect().await.unwrap().to_bytes();
             assert_eq!(body, "done", "{busy} asks answered not ready");
@@ -503,7 +517,7 @@ mod tests {
     async fn a_service_that_fails_its_readiness_fails_the_attempt_with_its_error() {
         use std::sync::atomic::Ordering::SeqCst;
         let gate = Gate::new(0, true);
-        let request = http::Request::get("http://127.0.0.1:9/x").body(Bytes::new());
+        let request = http::Request::get("http://127.0.0.1:9/x").body(String::new());
         let err = layered(&gate).call(request.unwrap()).await.unwrap_err();
         let retry = err.downcast_ref::<RetryError>().expect("the layer's error");
         assert_eq!(retry.attempts(), 1);
@@ -586,25 +600,26 @@ impl std::error::Error for ServiceError {
     }
 }
 
-impl<S, R> Beneath for Inner<S>
+impl<S, B, R> Beneath for Inner<S, B>
 where
-    S: Service<http::Request<reqwest::Body>, Response = http::Response<R>>
+    S: Service<http::Request<SendBody<B>>, Response = http::Response<R>>
         + Clone
         + Send
         + Sync
         + 'static,
     S::Future: Send,
     S::Error: Into<BoxError>,
+    B: Send + 'static,
     R: http_body::Body + Unpin + Send + Sync + 'static,
     R::Data: Into<Bytes>,
     R::Error: Into<BoxError>,
 {
-    type Request = http::Request<reqwest::Body>;
+    type Request = http::Request<SendBody<B>>;
     type Reply = http::Response<RetryBody<R>>;
 
     /// The inner service's call, held as it is.
     type Running<'s>
-        = Call<S, S::Future>
+        = Call<S, Self::Request, S::Future>
     where
         Self: 's;
 
@@ -628,7 +643,7 @@ where
         mut ready: S,
         request: Self::Request,
         extensions: &'s mut Extensions,
-    ) -> Call<S, S::Future> {
+    ) -> Self::Running<'s> {
         Call::Called {
             call: ready.call(marked(request, extensions)),
         }
@@ -638,7 +653,7 @@ where
         &'s self,
         request: Self::Request,
         extensions: &'s mut Extensions,
-    ) -> Call<S, S::Future> {
+    ) -> Self::Running<'s> {
         let mut service = S::clone(&self.service);
         let request = marked(request, extensions);
         // Most services are ready at once (a client's pool takes any number of requests): then
@@ -690,10 +705,7 @@ where
 
 /// The copy as the inner service takes it: the request's extensions, with the mark that tells
 /// an instance further in to pass it through.
-fn marked(
-    mut request: http::Request<reqwest::Body>,
-    extensions: &Extensions,
-) -> http::Request<reqwest::Body> {
+fn marked<B>(mut request: http::Request<B>, extensions: &Extensions) -> http::Request<B> {
     *request.extensions_mut() = extensions.clone();
     request.extensions_mut().insert(Claimed);
     request
