@@ -1,7 +1,7 @@
 //! The rules that hold the source's layout (`docs/architecture.md`), read from the files
 //! themselves: the engine names no client library and imports neither the driver nor a door;
-//! the driver imports no door; the ground floor imports none of the three; and the tower door
-//! holds no rule of its own.
+//! the driver imports no door; no door imports another; the ground floor imports none of the
+//! three; and the tower door holds no rule of its own.
 
 use std::path::{Path, PathBuf};
 
@@ -67,6 +67,31 @@ fn the_engine_names_no_client_library_and_imports_no_floor_above_it() {
     let seen = found_in("engine", &libraries, true);
     assert!(seen.is_empty(), "{seen:#?}");
     let seen = found("engine", &["crate::driver", "crate::door"]);
+    assert!(seen.is_empty(), "{seen:#?}");
+}
+
+/// Each door is native on its own types: none imports another (the tower door once read its
+/// layer's own errors through the reqwest door's reader).
+#[test]
+fn no_door_imports_another() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/door");
+    let mut doors: Vec<String> = std::fs::read_dir(&root)
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .filter(|path| path.file_stem().is_some_and(|stem| stem != "mod"))
+        .map(|path| path.file_stem().unwrap().to_string_lossy().into_owned())
+        .collect();
+    doors.sort();
+    doors.dedup();
+    assert!(doors.len() >= 2, "{doors:?}");
+    let mut seen = Vec::new();
+    for door in &doors {
+        let others: Vec<String> = (doors.iter().filter(|other| *other != door))
+            .map(|other| format!("door::{other}"))
+            .collect();
+        let others: Vec<&str> = others.iter().map(String::as_str).collect();
+        seen.extend(found(&format!("door/{door}"), &others));
+    }
     assert!(seen.is_empty(), "{seen:#?}");
 }
 

@@ -1,0 +1,288 @@
+//! This door's side of the driver: where each copy goes (the inner service, `Beneath`), the
+//! request as the driver keeps and copies it (`Outgoing`) and an answer as it reads it (`Reply`).
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http::Extensions;
+use http_body::Body as _;
+use tower_service::Service;
+
+use super::error::{ServiceError, service_fault};
+use super::future::Call;
+use super::{BoxError, RetryBody, SendBody, uri};
+use crate::driver::body::{Prefix, Reply};
+use crate::driver::claim::{Address, Beneath, Outgoing};
+use crate::engine::seen::{Failure, Locate, ResponseHead, Seen};
+
+/// The mark a copy carries down to the inner service: a layer made of this crate further in
+/// passes the request through.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Claimed;
+
+/// The inner service, as the driver sends copies to it: each copy to a clone of its own, with
+/// a body made from the caller's `B`.
+pub(super) struct Inner<S, B> {
+    service: Arc<S>,
+    body: std::marker::PhantomData<fn() -> B>,
+}
+
+impl<S, B> Inner<S, B> {
+    /// The inner service, shared by the clones of the layer's service.
+    pub(super) fn new(service: Arc<S>) -> Self {
+        Inner {
+            service,
+            body: std::marker::PhantomData,
+        }
+    }
+}
+
+/// A request of the tower door, as the driver keeps and copies it: an `http::Request` whose
+/// body is a [`SendBody`], copied for another attempt when that body is whole in memory (its
+/// bytes cloned by reference count).
+impl<B: Send + 'static> Outgoing for http::Request<SendBody<B>> {
+    fn method(&self) -> &http::Method {
+        http::Request::method(self)
+    }
+
+    fn headers(&self) -> &http::HeaderMap {
+        http::Request::headers(self)
+    }
+
+    fn headers_mut(&mut self) -> &mut http::HeaderMap {
+        http::Request::headers_mut(self)
+    }
+
+    fn whole_body(&self) -> bool {
+        self.body().as_bytes().is_some()
+    }
+
+    /// A copy without the extensions: the driver keeps them, and hands each copy its own.
+    fn try_clone(&self) -> Option<Self> {
+        let bytes = self.body().as_bytes()?;
+        let mut copy = http::Request::new(SendBody::whole(bytes.clone()));
+        *copy.method_mut() = self.method().clone();
+        *copy.version_mut() = self.version();
+        *copy.uri_mut() = self.uri().clone();
+        // The headers `Request::new` gave: a map that never allocated, forgotten rather than
+        // dropped (its drop walks its empty parts, about 50 instructions a copy).
+        let empty = std::mem::replace(copy.headers_mut(), self.headers().clone());
+        if empty.capacity() == 0 {
+            std::mem::forget(empty);
+        }
+        Some(copy)
+    }
+
+    fn locate(&self) -> &dyn Locate {
+        http::Request::uri(self)
+    }
+
+    fn address(&self) -> Address<'_> {
+        uri::address_of(http::Request::uri(self))
+    }
+
+    fn uri(&self) -> http::Uri {
+        http::Request::uri(self).clone()
+    }
+
+    /// Of the URL's text as `Url::as_str` writes it, read from the URI's parts in place.
+    fn fingerprint(&self) -> u64 {
+        uri::fingerprint(self.method(), http::Request::uri(self))
+    }
+
+    type Gone = http::Uri;
+
+    fn gone(&self) -> http::Uri {
+        http::Request::uri(self).clone()
+    }
+
+    /// Parsed only for the error of a request that gives up.
+    fn url_of(gone: &http::Uri) -> Option<reqwest::Url> {
+        reqwest::Url::parse(&gone.to_string()).ok()
+    }
+}
+
+impl<S, B, R> Beneath for Inner<S, B>
+where
+    S: Service<http::Request<SendBody<B>>, Response = http::Response<R>>
+        + Clone
+        + Send
+        + Sync
+        + 'static,
+    S::Future: Send,
+    S::Error: Into<BoxError>,
+    B: Send + 'static,
+    R: http_body::Body + Unpin + Send + Sync + 'static,
+    R::Data: Into<Bytes>,
+    R::Error: Into<BoxError>,
+{
+    type Request = http::Request<SendBody<B>>;
+    type Reply = http::Response<RetryBody<R>>;
+
+    /// The inner service's call, held as it is.
+    type Running<'s>
+        = Call<S, Self::Request, S::Future>
+    where
+        Self: 's;
+
+    /// A clone of the inner service, asked with the request's own waker until it is ready.
+    type Ready = S;
+
+    fn poll_ready(&self, ready: &mut Option<S>, cx: &mut Context<'_>) -> Poll<bool> {
+        let service = ready.get_or_insert_with(|| S::clone(&self.service));
+        match service.poll_ready(cx) {
+            Poll::Ready(Ok(())) => Poll::Ready(true),
+            Poll::Ready(Err(_)) => {
+                *ready = None;
+                Poll::Ready(false)
+            }
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    fn run_ready<'s>(
+        &'s self,
+        mut ready: S,
+        request: Self::Request,
+        extensions: &'s mut Extensions,
+    ) -> Self::Running<'s> {
+        Call::Called {
+            call: ready.call(marked(request, extensions)),
+        }
+    }
+
+    fn run<'s>(
+        &'s self,
+        request: Self::Request,
+        extensions: &'s mut Extensions,
+    ) -> Self::Running<'s> {
+        let mut service = S::clone(&self.service);
+        let request = marked(request, extensions);
+        // Most services are ready at once (a client's pool takes any number of requests): then
+        // the copy is handed over here, under the claim's mark like the rest of the attempt,
+        // and only the call's own future is held. One that is not is asked again, by the
+        // attempt's task, before the copy goes.
+        let mut asking = Context::from_waker(std::task::Waker::noop());
+        match service.poll_ready(&mut asking) {
+            Poll::Ready(Ok(())) => Call::Called {
+                call: service.call(request),
+            },
+            Poll::Ready(Err(e)) => Call::Failed {
+                error: Some(e.into()),
+            },
+            Poll::Pending => Call::Waiting {
+                waiting: Box::new((service, Some(request))),
+            },
+        }
+    }
+
+    /// An answer came from where its request went (`to`): the inner service's answer does not
+    /// say.
+    fn seen<'o>(
+        &'o self,
+        outcome: &'o reqwest_middleware::Result<Self::Reply>,
+        to: &'o dyn Locate,
+    ) -> Seen<'o> {
+        match outcome {
+            Ok(response) => Seen::Answer(ResponseHead {
+                status: response.status(),
+                version: response.version(),
+                headers: response.headers(),
+                from: to,
+            }),
+            Err(reqwest_middleware::Error::Middleware(e)) if e.is::<ServiceError>() => {
+                let Some(service) = e.downcast_ref::<ServiceError>() else {
+                    unreachable!("the error was just found to be the inner service's");
+                };
+                // The inner service's own error, for the classifier to look into.
+                Seen::Failed(Failure {
+                    fault: service_fault(service),
+                    error: &*service.0,
+                })
+            }
+            // The layer's own: an attempt's timeout, or what a stop with nothing sent says.
+            Err(reqwest_middleware::Error::Middleware(e)) => Seen::Failed(Failure {
+                fault: crate::error::AttemptTimeout::fault(e.as_ref()),
+                error: e.as_ref(),
+            }),
+            // Not made behind this door: the inner service's errors come as its own.
+            Err(reqwest_middleware::Error::Reqwest(e)) => Seen::Failed(Failure {
+                fault: None,
+                error: e,
+            }),
+        }
+    }
+}
+
+/// The copy as the inner service takes it: the request's extensions, with the mark that tells
+/// an instance further in to pass it through.
+fn marked<B>(mut request: http::Request<B>, extensions: &Extensions) -> http::Request<B> {
+    *request.extensions_mut() = extensions.clone();
+    request.extensions_mut().insert(Claimed);
+    request
+}
+
+/// An answer of the tower door: the inner service's, its body read a frame at a time, and
+/// replaced in place by what was read of it.
+impl<R> Reply for http::Response<RetryBody<R>>
+where
+    R: http_body::Body + Unpin + Send + Sync + 'static,
+    R::Data: Into<Bytes>,
+    R::Error: Into<BoxError>,
+{
+    fn status(&self) -> http::StatusCode {
+        http::Response::status(self)
+    }
+
+    fn headers(&self) -> &http::HeaderMap {
+        http::Response::headers(self)
+    }
+
+    fn headers_mut(&mut self) -> &mut http::HeaderMap {
+        http::Response::headers_mut(self)
+    }
+
+    fn extensions_mut(&mut self) -> &mut Extensions {
+        http::Response::extensions_mut(self)
+    }
+
+    fn content_length(&self) -> Option<u64> {
+        http_body::Body::size_hint(self.body()).exact()
+    }
+
+    fn chunk(
+        &mut self,
+    ) -> impl Future<Output = Result<Option<Bytes>, reqwest_middleware::Error>> + Send {
+        std::future::poll_fn(|cx| {
+            // Bounded by what the body has ready: a frame that is not data (trailers) is
+            // passed over, and the next one polled at once.
+            loop {
+                let frame = std::task::ready!(Pin::new(self.body_mut()).poll_frame(cx));
+                match frame {
+                    None => return Poll::Ready(Ok(None)),
+                    // Judged as the inner service's errors are: by their causes.
+                    Some(Err(e)) => {
+                        let cut = reqwest_middleware::Error::middleware(ServiceError(e));
+                        return Poll::Ready(Err(cut));
+                    }
+                    Some(Ok(frame)) => {
+                        if let Ok(data) = frame.into_data() {
+                            return Poll::Ready(Ok(Some(data)));
+                        }
+                    }
+                }
+            }
+        })
+    }
+
+    fn read_whole(self, body: Bytes) -> Self {
+        self.map(|_| RetryBody::whole(body))
+    }
+
+    fn read_first(self, read: Prefix) -> Self {
+        self.map(|rest| rest.after(read))
+    }
+}
