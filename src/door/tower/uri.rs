@@ -138,7 +138,8 @@ pub(super) fn fingerprint(method: &http::Method, uri: &http::Uri) -> u64 {
 /// (it may say no to a URI that is: the caller then parses it): an `http` or `https` URI whose
 /// authority is a lower-case host name or a dotted IPv4 address without leading zeros, with no
 /// user name and a port without leading zeros, and whose path and query hold no byte the
-/// standard escapes or reads otherwise, and no dot segment.
+/// standard escapes or reads otherwise, and no dot segment. One pass over each part's bytes:
+/// this runs for every request.
 fn canonical(uri: &http::Uri) -> bool {
     if !matches!(uri.scheme_str(), Some("http" | "https")) {
         return false;
@@ -146,71 +147,106 @@ fn canonical(uri: &http::Uri) -> bool {
     let Some(authority) = uri.authority() else {
         return false;
     };
-    let (host, port) = match authority.as_str().rsplit_once(':') {
-        Some((host, port)) => (host, Some(port)),
-        None => (authority.as_str(), None),
-    };
-    let port_plain = port.is_none_or(|port| {
-        port.bytes().all(|b| b.is_ascii_digit())
-            && (port == "0" || (!port.is_empty() && !port.starts_with('0')))
-    });
-    port_plain && canonical_host(host) && canonical_path_and_query(uri)
+    let path_and_query = uri.path_and_query().map_or("", |pq| pq.as_str());
+    canonical_authority(authority.as_str().as_bytes())
+        && canonical_path_and_query(path_and_query.as_bytes())
 }
 
-/// A lower-case domain name, or a dotted IPv4 address of four numbers without leading zeros;
-/// not an IPv6 address (the standard shortens them), nor a user name, nor an IDNA label.
-fn canonical_host(host: &str) -> bool {
-    let name = !host.is_empty()
-        && host
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'.' || b == b'-');
-    if !name || host.contains("xn--") {
+/// A lower-case host name, or a dotted IPv4 address of four numbers up to 255 without leading
+/// zeros, then a port of digits without a leading zero; not an IPv6 address (the standard
+/// shortens them), a user name, or an IDNA label (`xn--`).
+fn canonical_authority(authority: &[u8]) -> bool {
+    let (host, port) = match authority.iter().position(|b| *b == b':') {
+        Some(at) => (&authority[..at], Some(&authority[at + 1..])),
+        None => (authority, None),
+    };
+    let port_plain = port.is_none_or(|port| {
+        !port.is_empty() && port.iter().all(u8::is_ascii_digit) && (port == b"0" || port[0] != b'0')
+    });
+    if host.is_empty() || !port_plain {
         return false;
     }
-    // A last label that is a number (or `0x`...) makes the host an IPv4 address to the
-    // standard, which writes it in four decimal parts.
-    let last = host.trim_end_matches('.').rsplit('.').next().unwrap_or("");
-    let numeric = last.bytes().all(|b| b.is_ascii_digit()) || last.starts_with("0x");
+    // Per label: its start, whether all digits, and (for the dotted-quad reading) the count.
+    let (mut labels, mut start, mut digits) = (0, 0, true);
+    let mut numbers_plain = true;
+    for (at, byte) in host.iter().enumerate() {
+        match byte {
+            b'a'..=b'z' | b'-' => digits = false,
+            b'0'..=b'9' => {}
+            // An empty label (a leading dot, two dots) is left to the parser.
+            b'.' if at == start => return false,
+            b'.' => {
+                numbers_plain &= plain_number(&host[start..at]);
+                (labels, start, digits) = (labels + 1, at + 1, true);
+            }
+            _ => return false,
+        }
+    }
+    if host.windows(4).any(|four| four == b"xn--") {
+        return false;
+    }
+    // The last label (before a final dot, if any) decides whether the standard reads an IPv4
+    // address: a number, or `0x`...
+    let last = &host[start..];
+    let (last, dotted) = if last.is_empty() {
+        let before = host[..host.len() - 1]
+            .rsplit(|b| *b == b'.')
+            .next()
+            .unwrap_or(b"");
+        (before, false)
+    } else {
+        (last, true)
+    };
+    let numeric = (digits && !last.is_empty() && dotted)
+        || last.starts_with(b"0x")
+        || (!dotted && last.iter().all(u8::is_ascii_digit));
     if !numeric {
         return true;
     }
-    let mut parts = 0;
-    for part in host.split('.') {
-        parts += 1;
-        let plain = !part.is_empty()
-            && part.bytes().all(|b| b.is_ascii_digit())
-            && (part == "0" || !part.starts_with('0'))
-            && part.parse::<u8>().is_ok();
-        if !plain {
-            return false;
-        }
-    }
-    parts == 4
+    dotted && labels == 3 && numbers_plain && plain_number(last)
+}
+
+/// A decimal number up to 255 without a leading zero.
+fn plain_number(digits: &[u8]) -> bool {
+    !digits.is_empty()
+        && digits.len() <= 3
+        && digits.iter().all(u8::is_ascii_digit)
+        && (digits == b"0" || digits[0] != b'0')
+        && digits
+            .iter()
+            .fold(0u32, |n, d| n * 10 + u32::from(d - b'0'))
+            <= 255
 }
 
 /// A path and query with no byte the standard escapes (in a path: space, `"`, `#`, `<`, `>`,
-/// `` ` ``, `{`, `}`, `^`; in a query also `'`), reads as another (`\`), or resolves (a `.` or
-/// `%2e` segment).
-fn canonical_path_and_query(uri: &http::Uri) -> bool {
-    let path = uri.path();
-    let plain_path = path.bytes().all(|b| {
-        b.is_ascii_graphic()
-            && !matches!(
-                b,
-                b'"' | b'#' | b'<' | b'>' | b'`' | b'{' | b'}' | b'^' | b'\\'
-            )
-    });
-    let dots = path.contains("/.") || path.contains("%2e") || path.contains("%2E");
-    let plain_query = uri.query().is_none_or(|query| {
-        query.bytes().all(|b| {
-            b.is_ascii_graphic()
-                && !matches!(
-                    b,
-                    b'"' | b'#' | b'<' | b'>' | b'`' | b'{' | b'}' | b'^' | b'\\' | b'\''
-                )
-        })
-    });
-    plain_path && !dots && plain_query
+/// `` ` ``, `{`, `}`, `^`; in a query also `'`), reads as another (`\`), or resolves (a segment
+/// that starts with `.` or `%2e`).
+fn canonical_path_and_query(path_and_query: &[u8]) -> bool {
+    let (mut in_query, mut after_slash) = (false, false);
+    for (at, byte) in path_and_query.iter().enumerate() {
+        let plain = match byte {
+            b'"' | b'#' | b'<' | b'>' | b'`' | b'{' | b'}' | b'^' | b'\\' => false,
+            b'\'' => !in_query,
+            b'.' => in_query || !after_slash,
+            b'%' => {
+                in_query
+                    || !after_slash
+                    || !path_and_query
+                        .get(at + 1..at + 3)
+                        .is_some_and(|two| two.eq_ignore_ascii_case(b"2e"))
+            }
+            b'?' => {
+                in_query = true;
+                true
+            }
+            _ => byte.is_ascii_graphic(),
+        };
+        if !plain {
+            return false;
+        }
+        after_slash = *byte == b'/';
+    }
+    true
 }
 
 /// `pieces` one after another at the start of `out`, if they fit.
@@ -282,6 +318,13 @@ mod tests {
             "[2001:DB8::1]",
             "user:pw@h.test",
             "xn--nxasmq6b.test",
+            "a..b.test",
+            "1.2.3.4.",
+            "123",
+            "a.123",
+            "foo.0x1",
+            "h.test.",
+            "1a.test",
         ]);
         let port = prop::sample::select(vec!["", ":80", ":443", ":080", ":8080", ":0", ":00", ":"]);
         let segment = prop::sample::select(vec![
