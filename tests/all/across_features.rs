@@ -29,7 +29,9 @@
 //!
 //! One script in ten nests another instance behind the other door, beneath the one under test
 //! (a tower layer over a chain that carries it, or a chain whose last middleware sends through
-//! it): it must pass every copy through, counting nothing.
+//! it): it must pass every copy through, counting nothing. One in four writes its target other
+//! than as the URL standard does (a port's leading zero, a dot segment, braces), and one in
+//! five puts a service beneath the tower layer that is not ready when first asked for a copy.
 //!
 //! Each script goes through one of the two front doors (feature `tower`: even seeds through a
 //! `reqwest-middleware` chain, odd ones through the tower layer over hyper-util's client, with
@@ -222,6 +224,12 @@ struct Config {
     /// Another instance sits behind the other door, beneath the one under test (a tower
     /// layer over a chain carrying it, or a chain whose last middleware sends through it).
     nested: bool,
+    /// How the target is written: 0 as the URL standard writes it; else with a port's leading
+    /// zero, a dot segment, or braces in the path (one request to both doors all the same).
+    written: u64,
+    /// The service beneath the tower layer is not ready when first asked for each copy (it
+    /// wakes its asker at once): a hedge waits for it, unpaid.
+    busy_beneath: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -253,6 +261,8 @@ fn script(seed: u64) -> Script {
         reads_only: g.chance(15),
         wait_fields: g.chance(85),
         nested: g.chance(10),
+        written: if g.chance(25) { 1 + g.upto(2) } else { 0 },
+        busy_beneath: g.chance(20),
     };
     if config.hedging || config.latency_timeout {
         // A measuring dependency is a clone of a warmed one (see `Measuring`): its policy.
@@ -509,6 +519,8 @@ impl Middleware for Wire {
 struct WireService<S> {
     inner: S,
     wire: Arc<Wire>,
+    /// Not ready when first asked, once per clone (each copy asks a clone of its own).
+    busy: bool,
 }
 
 #[cfg(feature = "tower")]
@@ -524,6 +536,10 @@ where
     type Future = Pin<Box<dyn Future<Output = Result<S::Response, S::Error>> + Send>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        if std::mem::take(&mut self.busy) {
+            cx.waker().wake_by_ref();
+            return Poll::Pending;
+        }
         self.inner.poll_ready(cx)
     }
 
@@ -775,12 +791,15 @@ type HyperClient = hyper_util::client::legacy::Client<
 
 impl Front {
     /// `inner`: another instance to nest behind the other door, beneath `middleware`.
+    /// `busy`: the service beneath the tower layer is not ready when first asked.
+    #[cfg_attr(not(feature = "tower"), allow(unused_variables))]
     fn new(
         door: Door,
         middleware: RetryMiddleware,
         wire: Wire,
         measuring: &Measuring,
         inner: Option<RetryMiddleware>,
+        busy: bool,
     ) -> Front {
         match (door, inner) {
             #[cfg(feature = "tower")]
@@ -788,6 +807,7 @@ impl Front {
                 let beneath = WireService {
                     inner: measuring.hyper.clone(),
                     wire: Arc::new(wire),
+                    busy,
                 };
                 let through = support::ThroughTower(tower_layer::Layer::layer(&inner, beneath));
                 Front::Reqwest(
@@ -817,6 +837,7 @@ impl Front {
                 let beneath = WireService {
                     inner: measuring.hyper.clone(),
                     wire: Arc::new(wire),
+                    busy,
                 };
                 Front::Tower(Box::new(tower_layer::Layer::layer(&middleware, beneath)))
             }
@@ -869,6 +890,17 @@ impl Front {
                 through_tower(service, r, req, url, key, natural, overriding, body)
             }
         }
+    }
+}
+
+/// `url` (`http://127.0.0.1:<port>/`) as the script writes it: as the URL standard does, or
+/// with a port's leading zero, a dot segment, or braces in the path.
+fn written(url: &str, how: u64) -> String {
+    match how {
+        1 => url.replacen("127.0.0.1:", "127.0.0.1:0", 1),
+        2 => format!("{url}a/../"),
+        3 => format!("{url}{{x}}"),
+        _ => url.to_owned(),
     }
 }
 
@@ -974,7 +1006,15 @@ async fn run(seed: u64, door: Door, measuring: &mut Measuring) -> Result<(), Str
             .with_clock(clock.clone())
             .with_rng(SeededRng::new(seed))
     });
-    let front = Front::new(door, middleware, wire, measuring, inner_middleware);
+    let front = Front::new(
+        door,
+        middleware,
+        wire,
+        measuring,
+        inner_middleware,
+        c.busy_beneath,
+    );
+    let url = written(&url, c.written);
     let before = dependency.counters();
     let balance = |d: &Dependency| d.budget().map(|b| (b.balance() * 1000.0).round() as u64);
     let balance_before = balance(&dependency);
