@@ -658,3 +658,117 @@ impl<'s, N: Beneath + 's> Future for Flight<'s, '_, '_, '_, '_, N> {
         self.poll_judged(cx)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::task::{Context, Waker};
+
+    use http::Method;
+    use reqwest::{Request, Response};
+
+    use super::*;
+    use crate::driver::scripted::Scripted;
+    use crate::engine::decide::Cap;
+    use crate::engine::decide::Step;
+
+    /// One attempt, on no socket: its first copy goes when launched, carrying the key the
+    /// request was given and the attempt header; it is pending until the door answers; a 503
+    /// is judged transient and the attempt ends with it, its copy no longer out. Its timer, on
+    /// a fake clock, cuts a copy that has not answered when the clock passes its limit, as a
+    /// timeout (transient).
+    #[test]
+    fn one_attempt_sends_its_copy_and_ends_with_its_judged_outcome() {
+        let clock = crate::FakeClock::new();
+        let shared = SharedClock::new(clock.clone());
+        let rng = crate::SeededRng::new(1);
+        let policy = RetryPolicy::builder()
+            .attempt_timeout(Duration::from_secs(2))
+            .build()
+            .unwrap();
+        let dependency = Dependency::new("one", policy);
+        let mut cx = Context::from_waker(Waker::noop());
+        for answers in [true, false] {
+            let door = Scripted::default();
+            let request = Request::new(Method::POST, "http://127.0.0.1/x".parse().unwrap());
+            let mut extensions = Extensions::new();
+            let now = shared.get().now();
+            let (policy, accounts) = (&dependency.policy, dependency.accounts());
+            let mut decider = Decider::start(policy, accounts, Cap::Policy, &Method::POST, now);
+            let given = (&request, &extensions);
+            let Ok((sent, facts)) = Sent::prepare(&dependency, None, false, given, None) else {
+                panic!("a POST with a key may go");
+            };
+            decider.know(facts);
+            let key = sent
+                .key
+                .as_ref()
+                .map(|key| key.value.clone())
+                .expect("a key");
+            let mut kept = Kept::<Request, Response>::new(request);
+            let Step::Send(plan) = decider.plan(now, kept.resend(), &rng) else {
+                panic!("the first attempt goes");
+            };
+            assert_eq!((plan.number, plan.limit), (1, Duration::from_secs(2)));
+            let mut timer = shared.timeout(plan.limit, Some(now)).unwrap();
+            let tools = Tools {
+                clock: &shared,
+                rng: &rng,
+            };
+            let lent = &mut Lent::new(&mut kept, &sent, &mut decider, tools)(&mut timer);
+            let span = tracing::Span::none();
+            let chain = Chain {
+                extensions: &mut extensions,
+                next: &door,
+                span: &span,
+            };
+            let mut spare = Extensions::new();
+            let first = std::pin::pin!(None);
+            let flight = Flight::launch(chain, &mut spare, first, &plan, lent);
+            let mut flight = std::pin::pin!(flight);
+            assert_eq!(
+                door.sent(),
+                1,
+                "the first copy goes when the attempt is launched"
+            );
+            assert!(flight.as_mut().poll(&mut cx).is_pending(), "no answer yet");
+            let (outcome, verdict, by_hedge) = if answers {
+                let mut answer = http::Response::new(reqwest::Body::from(""));
+                *answer.status_mut() = http::StatusCode::SERVICE_UNAVAILABLE;
+                door.answer(0, Ok(Response::from(answer)));
+                let Poll::Ready(ended) = flight.as_mut().poll(&mut cx) else {
+                    panic!("the answer ends the attempt");
+                };
+                ended
+            } else {
+                clock.advance(Duration::from_millis(1_999));
+                assert!(
+                    flight.as_mut().poll(&mut cx).is_pending(),
+                    "within its limit"
+                );
+                clock.advance(Duration::from_millis(1));
+                let Poll::Ready(ended) = flight.as_mut().poll(&mut cx) else {
+                    panic!("the timer cuts the copy at its limit");
+                };
+                assert_eq!(door.dropped(), 1, "the cut copy is dropped");
+                ended
+            };
+            assert!(!by_hedge);
+            assert!(matches!(verdict, Verdict::Transient(_)), "{verdict:?}");
+            match (answers, outcome) {
+                (true, Ok(response)) => assert_eq!(response.status(), 503),
+                (false, Err(err)) => assert!(
+                    err.to_string().contains("attempt timed out after 2s"),
+                    "{err}"
+                ),
+                (answers, other) => panic!("{answers}: {other:?}"),
+            }
+            drop(flight);
+            // The copy carried the request's key;
+            // the original is kept for a retry, without them: keys go on copies only.
+            let seen = door.headers.lock().unwrap().clone();
+            assert_eq!(seen.len(), 1);
+            assert_eq!(seen[0].get("idempotency-key"), Some(&key));
+            assert!(kept.request().headers().get("idempotency-key").is_none());
+        }
+    }
+}

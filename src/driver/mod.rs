@@ -7,4 +7,6 @@ pub(crate) mod attempt;
 pub(crate) mod body;
 pub(crate) mod claim;
 pub(crate) mod phases;
+#[cfg(test)]
+pub(crate) mod scripted;
 pub(crate) mod trace;
