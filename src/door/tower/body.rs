@@ -7,7 +7,7 @@ use std::task::{Context, Poll};
 use bytes::{Bytes, BytesMut};
 use http_body::{Body, Frame, SizeHint};
 
-use super::BoxError;
+use super::error::BoxError;
 use crate::driver::body::Prefix;
 
 /// The body of an answer through [`RetryService`](crate::RetryService) (feature `tower`): the

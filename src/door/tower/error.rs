@@ -1,9 +1,11 @@
 //! The tower door's errors: the inner service's, read by their causes, and the error the
 //! layer hands back.
 
-use super::BoxError;
 use crate::error::RetryError;
 use crate::fault::{self, Fault};
+
+/// An error of the inner service or of the layer, as tower passes errors: boxed.
+pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// An error as the layer hands it back: the [`RetryError`] when the layer made the attempts,
 /// the inner service's own error when it passed the request through, reqwest's when the

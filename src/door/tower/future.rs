@@ -7,8 +7,8 @@ use std::task::{Context, Poll};
 
 use tower_service::Service;
 
-use super::error::{ServiceError, boxed};
-use super::{BoxError, RetryBody};
+use super::body::RetryBody;
+use super::error::{BoxError, ServiceError, boxed};
 
 pin_project_lite::pin_project! {
     /// The driver's outcome handed back as the layer answers: not an `async` block, which

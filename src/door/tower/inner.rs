@@ -11,9 +11,11 @@ use http::Extensions;
 use http_body::Body as _;
 use tower_service::Service;
 
-use super::error::{ServiceError, service_fault};
+use super::body::RetryBody;
+use super::error::{BoxError, ServiceError, service_fault};
 use super::future::Call;
-use super::{BoxError, RetryBody, SendBody, uri};
+use super::send_body::SendBody;
+use super::uri;
 use crate::driver::body::{Prefix, Reply};
 use crate::driver::claim::{Address, Beneath, Outgoing};
 use crate::engine::seen::{Failure, Locate, ResponseHead, Seen};

@@ -41,6 +41,3 @@ mod tests;
 pub use body::RetryBody;
 pub use send_body::SendBody;
 pub use service::RetryService;
-
-/// An error of the inner service or of the layer, as tower passes errors: boxed.
-pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;

@@ -9,7 +9,7 @@ use bytes::{Bytes, BytesMut};
 use http::HeaderMap;
 use http_body::{Body, Frame, SizeHint};
 
-use super::BoxError;
+use super::error::BoxError;
 
 /// The body of each copy of a request that [`RetryService`](crate::RetryService) hands to the
 /// inner service (feature `tower`), made from the caller's body `B`.

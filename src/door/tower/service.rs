@@ -9,10 +9,11 @@ use std::task::{Context, Poll};
 use bytes::Bytes;
 use tower_service::Service;
 
-use super::error::boxed;
+use super::body::RetryBody;
+use super::error::{BoxError, boxed};
 use super::future::Handed;
 use super::inner::{Claimed, Inner};
-use super::{BoxError, RetryBody, SendBody};
+use super::send_body::SendBody;
 use crate::driver::claim::Beneath;
 use crate::driver::phases::RetryMiddleware;
 
