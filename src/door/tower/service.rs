@@ -18,7 +18,7 @@ use crate::driver::claim::Beneath;
 use crate::driver::phases::RetryMiddleware;
 
 /// A tower [`Service`] that retries what is safe to repeat, made by [`RetryMiddleware`] as a
-/// [`Layer`] (feature `tower`).
+/// [`Layer`](tower_layer::Layer) (feature `tower`).
 ///
 /// Use it when your client is a tower service of `http::Request`s (hyper-util's, or a stack
 /// built on one); for a `reqwest::Client`, put the [`RetryMiddleware`] itself in a
