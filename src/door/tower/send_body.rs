@@ -277,6 +277,9 @@ mod tests {
         ];
         assert_eq!(empty, [Some(Bytes::new()), Some(Bytes::new())]);
         assert!(SendBody::new(String::new()).is_end_stream());
+        // Its `Debug` says which it is, and the size of a whole one (never the bytes).
+        let debug = format!("{:?}", SendBody::new(String::from("order")));
+        assert_eq!(debug, "SendBody { whole: 5 }");
     }
 
     #[tokio::test]

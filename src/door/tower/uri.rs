@@ -405,6 +405,11 @@ mod tests {
         assert!(canonical(
             &"https://api.example.com/a/b.c?x=1&y=%41".parse().unwrap()
         ));
+        // A host name with its final dot is canonical as it is; an empty label is left to the
+        // parser, as is an IPv4 address with a final dot (the standard drops it).
+        assert!(canonical(&"http://h.test./a".parse().unwrap()));
+        assert!(!canonical(&"http://a..b.test/a".parse().unwrap()));
+        assert!(!canonical(&"http://1.2.3.4./a".parse().unwrap()));
     }
 
     #[test]
