@@ -410,6 +410,9 @@ mod tests {
         assert!(canonical(&"http://h.test./a".parse().unwrap()));
         assert!(!canonical(&"http://a..b.test/a".parse().unwrap()));
         assert!(!canonical(&"http://1.2.3.4./a".parse().unwrap()));
+        // A number over 255 is no IPv4 part; an escape inside a path segment stays as written.
+        assert!(!canonical(&"http://10.0.0.256/a".parse().unwrap()));
+        assert!(canonical(&"http://h.test/a%41b/c%2e".parse().unwrap()));
     }
 
     #[test]
