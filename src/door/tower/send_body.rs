@@ -10,6 +10,7 @@ use http::HeaderMap;
 use http_body::{Body, Frame, SizeHint};
 
 use super::error::BoxError;
+use crate::driver::body::Prefix;
 
 /// The body of each copy of a request that [`RetryService`](crate::RetryService) hands to the
 /// inner service (feature `tower`), made from the caller's body `B`.
@@ -37,7 +38,7 @@ enum Kind<B> {
 
 /// A streaming body: what was at hand when the request was made, then the rest as it comes.
 struct Once<B> {
-    read: Option<Bytes>,
+    read: Prefix,
     /// Trailers, or an error, that came among what was at hand.
     then: Option<Result<HeaderMap, BoxError>>,
     rest: Pin<Box<B>>,
@@ -109,9 +110,10 @@ where
             }
         };
         let read = match (first, more) {
-            (_, Some(more)) => Some(more.freeze()),
-            (first, None) => first,
+            (_, Some(more)) => more.freeze(),
+            (first, None) => first.unwrap_or_default(),
         };
+        let read = Prefix::new(read, Bytes::new());
         SendBody {
             kind: Kind::Once(Box::new(Once { read, then, rest })),
         }
@@ -195,7 +197,7 @@ where
                     .map(|b| Ok(Frame::data(b))),
             ),
             Kind::Once(once) => {
-                if let Some(read) = once.read.take() {
+                if let Some(read) = once.read.pop() {
                     return Poll::Ready(Some(Ok(Frame::data(read))));
                 }
                 if let Some(then) = once.then.take() {
@@ -215,7 +217,7 @@ where
         match &self.kind {
             Kind::Whole(bytes) => bytes.as_ref().is_none_or(Bytes::is_empty),
             Kind::Once(once) => {
-                once.read.is_none() && once.then.is_none() && once.rest.is_end_stream()
+                once.read.is_empty() && once.then.is_none() && once.rest.is_end_stream()
             }
         }
     }
@@ -225,16 +227,7 @@ where
             Kind::Whole(bytes) => {
                 SizeHint::with_exact(bytes.as_ref().map_or(0, |b| b.len() as u64))
             }
-            Kind::Once(once) => {
-                let read = once.read.as_ref().map_or(0, |b| b.len() as u64);
-                let rest = once.rest.size_hint();
-                let mut hint = SizeHint::new();
-                hint.set_lower(rest.lower().saturating_add(read));
-                if let Some(upper) = rest.upper() {
-                    hint.set_upper(upper.saturating_add(read));
-                }
-                hint
-            }
+            Kind::Once(once) => once.read.before(once.rest.size_hint()),
         }
     }
 }
