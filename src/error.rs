@@ -19,10 +19,18 @@ use crate::fault::{AttemptErrorKind, Fault};
 use crate::record::RetryRecord;
 use crate::stop::StopReason;
 
+/// An error as tower passes errors, and as the tower door hands back the inner service's:
+/// boxed. The tower door's [`RetryError`] is a `RetryError<BoxError>`.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
 /// The error of a logical request: the last attempt's error, with the attempt count and the
 /// reason retrying stopped.
 ///
-/// The middleware returns it as [`reqwest_middleware::Error::Middleware`]; get it back with
+/// `E` is the error of what lies beneath the door: `reqwest_middleware::Error` behind the
+/// reqwest door (the default), the inner service's error boxed ([`BoxError`]) behind the tower
+/// door. The last error is that error, or one of the layer's own ([`LastError`]).
+///
+/// The reqwest door returns it as [`reqwest_middleware::Error::Middleware`]; get it back with
 /// [`RetryError::of`]:
 ///
 /// ```no_run
@@ -37,7 +45,9 @@ use crate::stop::StopReason;
 /// }
 /// # }
 /// ```
-pub struct RetryError {
+///
+/// The tower door returns it boxed: `err.downcast_ref::<RetryError<BoxError>>()`.
+pub struct RetryError<E = reqwest_middleware::Error> {
     attempts: u32,
     stop: StopReason,
     key: Option<HeaderValue>,
@@ -47,17 +57,139 @@ pub struct RetryError {
     url: Option<Url>,
     /// The capacity of the budget that refused a retry, for the message.
     budget: Option<f64>,
-    last: reqwest_middleware::Error,
+    last: LastError<E>,
     /// The transient fault the door found in the last error, if any.
     fault: Option<Fault>,
 }
 
-impl RetryError {
+/// The last error of a [`RetryError`]: what the chain or the service beneath returned, or one
+/// of the layer's own (an attempt it cut at its timeout, a request it did not send).
+///
+/// Its message and [`source`](std::error::Error::source) are those of the error it holds.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum LastError<E> {
+    /// What the rest of the chain (the reqwest door) or the inner service (the tower door)
+    /// returned for the last attempt, or the error its answer's body ended in while the layer
+    /// read it.
+    Beneath(E),
+    /// The last attempt outlasted the policy's attempt timeout, and the layer cut it.
+    TimedOut(AttemptTimeout),
+    /// The layer sent no attempt (or kept no outcome of one): why.
+    NotSent(NotSent),
+}
+
+impl<E> LastError<E> {
+    /// The error of the chain or the service beneath, if that is what this is.
+    pub fn beneath(&self) -> Option<&E> {
+        match self {
+            LastError::Beneath(e) => Some(e),
+            _ => None,
+        }
+    }
+
+    /// The error of the chain or the service beneath, by value, if that is what this is.
+    pub fn into_beneath(self) -> Option<E> {
+        match self {
+            LastError::Beneath(e) => Some(e),
+            _ => None,
+        }
+    }
+
+    /// The fault behind one of the layer's own errors: its attempt timeout. Every other error
+    /// of its own (nothing sent) is permanent; the door judges the errors beneath.
+    pub(crate) fn own_fault(&self) -> Option<Fault> {
+        matches!(self, LastError::TimedOut(_)).then_some(Fault::Timeout)
+    }
+}
+
+impl<E: DoorError> LastError<E> {
+    /// The error it holds, whose sources can be walked.
+    pub(crate) fn as_error(&self) -> &(dyn std::error::Error + 'static) {
+        match self {
+            LastError::Beneath(e) => e.as_error(),
+            LastError::TimedOut(e) => e,
+            LastError::NotSent(e) => e,
+        }
+    }
+}
+
+impl<E: DoorError> fmt::Display for LastError<E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LastError::Beneath(e) => fmt::Display::fmt(e, f),
+            LastError::TimedOut(e) => fmt::Display::fmt(e, f),
+            LastError::NotSent(e) => fmt::Display::fmt(e, f),
+        }
+    }
+}
+
+impl<E: DoorError> std::error::Error for LastError<E> {
+    /// The source of the error it holds: the two print and walk as one.
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.as_error().source()
+    }
+}
+
+/// The error of what lies beneath a door: `reqwest_middleware::Error` (the reqwest door) or
+/// [`BoxError`] (the tower door). What a [`RetryError`] asks of its last error is asked of it.
+/// The trait is sealed, and its methods are the crate's own.
+pub trait DoorError:
+    sealed::Sealed + From<RetryError<Self>> + fmt::Debug + fmt::Display + Send + Sync + 'static
+{
+    /// The error, as one whose sources can be walked.
+    #[doc(hidden)]
+    fn as_error(&self) -> &(dyn std::error::Error + 'static);
+    /// Whether it says it timed out.
+    #[doc(hidden)]
+    fn is_timeout(&self) -> bool {
+        false
+    }
+    /// Whether it says it failed to connect.
+    #[doc(hidden)]
+    fn is_connect(&self) -> bool {
+        false
+    }
+    /// The status it carries, if any.
+    #[doc(hidden)]
+    fn status(&self) -> Option<StatusCode> {
+        None
+    }
+    /// The URL it carries, if any.
+    #[doc(hidden)]
+    fn url(&self) -> Option<&Url> {
+        None
+    }
+    /// The URL it carries, taken out whole, with only what may be printed left in it.
+    #[doc(hidden)]
+    fn hide_url(&mut self) -> Option<Url> {
+        None
+    }
+    /// The same error without any URL.
+    #[doc(hidden)]
+    #[must_use]
+    fn without_url(self) -> Self
+    where
+        Self: Sized,
+    {
+        self
+    }
+}
+
+/// A boxed error, as the tower door hands back the inner service's: it says nothing of
+/// itself; the fault its door found in it answers for it.
+impl DoorError for BoxError {
+    fn as_error(&self) -> &(dyn std::error::Error + 'static) {
+        &**self
+    }
+}
+
+impl<E> RetryError<E> {
     pub(crate) fn new(
         attempts: u32,
         stop: StopReason,
         key: Option<HeaderValue>,
-        last: reqwest_middleware::Error,
+        last: LastError<E>,
     ) -> Self {
         RetryError {
             attempts,
@@ -83,24 +215,6 @@ impl RetryError {
         self
     }
 
-    /// With the time the request waited, and its URL: the one the last error carries, kept
-    /// here whole while the error's own loses its query (which may carry a token) and its
-    /// user name and password, so that nothing this error prints shows them; else the
-    /// request's.
-    pub(crate) fn with(mut self, waited: Duration, url: Option<&Url>) -> Self {
-        self.waited = waited;
-        self.url = match &mut self.last {
-            reqwest_middleware::Error::Reqwest(e) => e.url_mut().map(|shown| {
-                let whole = shown.clone();
-                *shown = printable(shown);
-                whole
-            }),
-            reqwest_middleware::Error::Middleware(_) => None,
-        }
-        .or_else(|| url.cloned());
-        self
-    }
-
     /// The total time the request spent waiting, before its first attempt (a spent quota's
     /// hold) and between attempts, on the middleware's clock, as
     /// [`RetryRecord::waited`](crate::RetryRecord::waited) says of a response.
@@ -115,17 +229,6 @@ impl RetryError {
         self.key.as_ref()
     }
 
-    /// Finds the `RetryError` inside an error returned by a client that uses the middleware.
-    ///
-    /// Returns `None` for errors that did not come from it (for example from a middleware placed
-    /// before it in the chain).
-    pub fn of(err: &reqwest_middleware::Error) -> Option<&RetryError> {
-        match err {
-            reqwest_middleware::Error::Middleware(e) => e.downcast_ref::<RetryError>(),
-            reqwest_middleware::Error::Reqwest(_) => None,
-        }
-    }
-
     /// How many attempts were made, the first included. [`RetryErrorExt::attempts`] is `None`
     /// for an error that did not come from this middleware.
     pub fn attempts(&self) -> u32 {
@@ -138,70 +241,15 @@ impl RetryError {
         self.stop
     }
 
-    /// The last attempt's error, as the rest of the chain returned it.
-    pub fn last_error(&self) -> &reqwest_middleware::Error {
+    /// The last attempt's error: what the chain or the service beneath returned
+    /// ([`LastError::Beneath`]), or the layer's own.
+    pub fn last_error(&self) -> &LastError<E> {
         &self.last
     }
 
     /// The last attempt's error, by value.
-    pub fn into_last_error(self) -> reqwest_middleware::Error {
+    pub fn into_last_error(self) -> LastError<E> {
         self.last
-    }
-
-    /// Whether the last attempt timed out: reqwest's own timeout (set on the client or the
-    /// request), the policy's per-attempt timeout, or a connection that did not open in time
-    /// (a connect timeout, which is also [`failed_to_connect`](Self::failed_to_connect):
-    /// nothing was sent). [`RetryErrorExt::timed_out`] asks the same of a
-    /// `reqwest_middleware::Error`, from this middleware or not.
-    #[doc(alias = "is_timeout")]
-    pub fn timed_out(&self) -> bool {
-        self.last.is_timeout()
-            || match self.fault {
-                Some(Fault::Timeout) => true,
-                Some(Fault::Connect) => crate::fault::timed_out_in(self.last_cause()),
-                _ => false,
-            }
-    }
-
-    /// The last error, as an error whose sources can be walked.
-    fn last_cause(&self) -> &(dyn std::error::Error + 'static) {
-        match &self.last {
-            reqwest_middleware::Error::Reqwest(e) => e,
-            reqwest_middleware::Error::Middleware(e) => e.as_ref(),
-        }
-    }
-
-    /// Whether the last attempt failed to connect (the host name could not be resolved, or the
-    /// connection was refused): nothing of the request was sent.
-    /// [`RetryErrorExt::failed_to_connect`] asks the same of any `reqwest_middleware::Error`.
-    #[doc(alias = "is_connect")]
-    pub fn failed_to_connect(&self) -> bool {
-        self.last.is_connect() || self.fault == Some(Fault::Connect)
-    }
-
-    /// The status code the last attempt's error carries, if any (reqwest's `error_for_status`
-    /// in an inner middleware makes one). [`RetryErrorExt::last_status`] asks the same of any
-    /// `reqwest_middleware::Error`.
-    #[doc(alias = "status")]
-    pub fn last_status(&self) -> Option<StatusCode> {
-        self.last.status()
-    }
-
-    /// The URL of the last attempt, whatever ended it: the URL the last error carries (a
-    /// redirect may have moved it), else the request's (the policy's attempt timeout cut it,
-    /// another middleware failed it, or nothing was sent). `None` only after
-    /// [`strip_url`](Self::strip_url). [`RetryErrorExt::last_url`] asks the same of a
-    /// `reqwest_middleware::Error`. The URL as written, with any user name and password in it:
-    /// for a log line, print [`url_without_query`](Self::url_without_query).
-    pub fn url(&self) -> Option<&Url> {
-        self.url.as_ref().or(self.last.url())
-    }
-
-    /// The last attempt's URL without its query, its fragment, and any user name and password
-    /// written in it (`https://user:secret@host/`), for a log line: a query may carry a
-    /// token. The error's message and `Debug` never show any of them either.
-    pub fn url_without_query(&self) -> Option<Url> {
-        self.url().map(printable)
     }
 
     /// What went wrong at the last attempt, as the retry rules read it: a timeout, a failed
@@ -241,20 +289,115 @@ impl RetryError {
     }
 }
 
-impl RetryError {
+impl<E: DoorError> RetryError<E> {
+    /// With the time the request waited, and its URL: the one the last error carries, kept
+    /// here whole while the error's own loses its query (which may carry a token) and its
+    /// user name and password, so that nothing this error prints shows them; else the
+    /// request's.
+    pub(crate) fn with(mut self, waited: Duration, url: Option<&Url>) -> Self {
+        self.waited = waited;
+        self.url = match &mut self.last {
+            LastError::Beneath(e) => e.hide_url(),
+            _ => None,
+        }
+        .or_else(|| url.cloned());
+        self
+    }
+
+    /// Whether the last attempt timed out: the client's own timeout (reqwest's, set on the
+    /// client or the request), the policy's per-attempt timeout, or a connection that did not
+    /// open in time (a connect timeout, which is also
+    /// [`failed_to_connect`](Self::failed_to_connect): nothing was sent).
+    /// [`RetryErrorExt::timed_out`] asks the same of a `reqwest_middleware::Error`, from this
+    /// middleware or not.
+    #[doc(alias = "is_timeout")]
+    pub fn timed_out(&self) -> bool {
+        self.last.beneath().is_some_and(DoorError::is_timeout)
+            || match self.fault {
+                Some(Fault::Timeout) => true,
+                Some(Fault::Connect) => crate::fault::timed_out_in(self.last.as_error()),
+                _ => false,
+            }
+    }
+
+    /// Whether the last attempt failed to connect (the host name could not be resolved, or the
+    /// connection was refused): nothing of the request was sent.
+    /// [`RetryErrorExt::failed_to_connect`] asks the same of any `reqwest_middleware::Error`.
+    #[doc(alias = "is_connect")]
+    pub fn failed_to_connect(&self) -> bool {
+        self.last.beneath().is_some_and(DoorError::is_connect) || self.fault == Some(Fault::Connect)
+    }
+
+    /// The status code the last attempt's error carries, if any (reqwest's `error_for_status`
+    /// in an inner middleware makes one). [`RetryErrorExt::last_status`] asks the same of any
+    /// `reqwest_middleware::Error`.
+    #[doc(alias = "status")]
+    pub fn last_status(&self) -> Option<StatusCode> {
+        self.last.beneath().and_then(DoorError::status)
+    }
+
+    /// The URL of the last attempt, whatever ended it: the URL the last error carries (a
+    /// redirect may have moved it), else the request's (the policy's attempt timeout cut it,
+    /// another middleware failed it, or nothing was sent). `None` only after
+    /// [`strip_url`](Self::strip_url). [`RetryErrorExt::last_url`] asks the same of a
+    /// `reqwest_middleware::Error`. The URL as written, with any user name and password in it:
+    /// for a log line, print [`url_without_query`](Self::url_without_query).
+    pub fn url(&self) -> Option<&Url> {
+        self.url
+            .as_ref()
+            .or_else(|| self.last.beneath().and_then(DoorError::url))
+    }
+
+    /// The last attempt's URL without its query, its fragment, and any user name and password
+    /// written in it (`https://user:secret@host/`), for a log line: a query may carry a
+    /// token. The error's message and `Debug` never show any of them either.
+    pub fn url_without_query(&self) -> Option<Url> {
+        self.url().map(printable)
+    }
+
     /// The same error without any URL: the last attempt's error forgets it (reqwest's
     /// `without_url`), so neither [`url`](Self::url) nor the message shows it, nor its query
     /// (which may carry a token). [`RetryErrorExt::strip_url`] does the same to any
     /// `reqwest_middleware::Error`.
     #[doc(alias = "without_url")]
+    #[must_use]
     pub fn strip_url(mut self) -> Self {
-        self.last = strip_url(self.last);
+        self.last = match self.last {
+            LastError::Beneath(e) => LastError::Beneath(e.without_url()),
+            own => own,
+        };
         self.url = None;
         self
     }
 }
 
-impl fmt::Debug for RetryError {
+impl RetryError {
+    /// Finds the `RetryError` inside an error returned by a client that uses the middleware.
+    ///
+    /// Returns `None` for errors that did not come from it (for example from a middleware placed
+    /// before it in the chain).
+    pub fn of(err: &reqwest_middleware::Error) -> Option<&RetryError> {
+        match err {
+            reqwest_middleware::Error::Middleware(e) => e.downcast_ref::<RetryError>(),
+            reqwest_middleware::Error::Reqwest(_) => None,
+        }
+    }
+}
+
+impl RetryError<BoxError> {
+    /// Finds the `RetryError` inside an error returned by the tower door's service
+    /// ([`RetryService`](crate::RetryService)), which boxes it as tower passes errors; the
+    /// same as `err.downcast_ref::<RetryError<BoxError>>()`.
+    ///
+    /// Returns `None` for an error that did not come from the layer's attempts: the inner
+    /// service's own, when the layer passed the request through to an instance further out, or
+    /// a request it could not send at all (no absolute URI).
+    pub fn of_boxed(err: &BoxError) -> Option<&RetryError<BoxError>> {
+        err.downcast_ref::<RetryError<BoxError>>()
+    }
+}
+
+impl<E: DoorError> fmt::Debug for RetryError<E> {
     /// As derived, but the URL without its query (which may carry a token), as the message.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RetryError")
@@ -268,7 +411,7 @@ impl fmt::Debug for RetryError {
     }
 }
 
-impl fmt::Display for RetryError {
+impl<E: DoorError> fmt::Display for RetryError<E> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         // The last error is shown here too: `reqwest_middleware::Error` prints only its top
         // level, and a message without its cause would not be worth logging. Its root cause
@@ -289,7 +432,7 @@ impl fmt::Display for RetryError {
             )?;
         }
         write!(f, "): {last}")?;
-        if let Some(root) = root_cause(&self.last) {
+        if let Some(root) = root_cause(self.last.as_error()) {
             let root = root.to_string();
             if !root.is_empty() && !last.contains(&root) {
                 write!(f, ": {root}")?;
@@ -299,12 +442,10 @@ impl fmt::Display for RetryError {
     }
 }
 
-impl std::error::Error for RetryError {
+impl<E: DoorError> std::error::Error for RetryError<E> {
+    /// The last error itself: the chain's or the service's, or the layer's own.
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match &self.last {
-            reqwest_middleware::Error::Reqwest(e) => Some(e),
-            reqwest_middleware::Error::Middleware(e) => Some(e.as_ref()),
-        }
+        Some(self.last.as_error())
     }
 }
 
@@ -321,11 +462,10 @@ fn printable(url: &Url) -> Url {
 }
 
 /// The deepest source of `err`, if it has any.
-fn root_cause(err: &reqwest_middleware::Error) -> Option<&(dyn std::error::Error + 'static)> {
-    let mut cause: &(dyn std::error::Error + 'static) = match err {
-        reqwest_middleware::Error::Reqwest(e) => e,
-        reqwest_middleware::Error::Middleware(e) => e.as_ref(),
-    };
+fn root_cause<'e>(
+    err: &'e (dyn std::error::Error + 'static),
+) -> Option<&'e (dyn std::error::Error + 'static)> {
+    let mut cause = err;
     let mut deeper = false;
     // Bounded: no real chain is deeper; a cycle must not loop forever.
     for _ in 0..64 {
@@ -348,6 +488,47 @@ fn strip_url(err: reqwest_middleware::Error) -> reqwest_middleware::Error {
             Ok(retry) => retry.strip_url().into(),
             Err(other) => reqwest_middleware::Error::Middleware(other),
         },
+    }
+}
+
+/// The reqwest door's error: reqwest's own, which says what it is and where it went, or
+/// another middleware's.
+impl DoorError for reqwest_middleware::Error {
+    fn as_error(&self) -> &(dyn std::error::Error + 'static) {
+        match self {
+            reqwest_middleware::Error::Reqwest(e) => e,
+            reqwest_middleware::Error::Middleware(e) => e.as_ref(),
+        }
+    }
+
+    fn is_timeout(&self) -> bool {
+        reqwest_middleware::Error::is_timeout(self)
+    }
+
+    fn is_connect(&self) -> bool {
+        reqwest_middleware::Error::is_connect(self)
+    }
+
+    fn status(&self) -> Option<StatusCode> {
+        reqwest_middleware::Error::status(self)
+    }
+
+    fn url(&self) -> Option<&Url> {
+        reqwest_middleware::Error::url(self)
+    }
+
+    fn hide_url(&mut self) -> Option<Url> {
+        let reqwest_middleware::Error::Reqwest(e) = self else {
+            return None;
+        };
+        let shown = e.url_mut()?;
+        let whole = shown.clone();
+        *shown = printable(shown);
+        Some(whole)
+    }
+
+    fn without_url(self) -> Self {
+        strip_url(self)
     }
 }
 
@@ -413,9 +594,11 @@ pub trait RetryErrorExt: sealed::Sealed + Sized {
     fn strip_url(self) -> Self;
 }
 
-mod sealed {
+pub(crate) mod sealed {
+    /// Implemented by the crate's own types only.
     pub trait Sealed {}
     impl Sealed for reqwest_middleware::Error {}
+    impl Sealed for super::BoxError {}
 }
 
 impl RetryErrorExt for reqwest_middleware::Error {
@@ -454,15 +637,22 @@ impl RetryErrorExt for reqwest_middleware::Error {
 
 /// The error of an attempt that outlasted its timeout: the policy's
 /// [`attempt_timeout`](crate::RetryPolicyBuilder::attempt_timeout), cut to what the deadline
-/// left. Found as the [`last_error`](RetryError::last_error) of a [`RetryError`], which then
-/// answers `timed_out()` with `true`.
+/// left. Found as [`LastError::TimedOut`] in a [`RetryError`], which then answers
+/// `timed_out()` with `true`.
 ///
 /// Its [`source`](std::error::Error::source) is an [`io::Error`](std::io::Error) of kind
 /// [`TimedOut`](std::io::ErrorKind::TimedOut), so code that walks an error's sources looking for
 /// a timeout finds this one too.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct AttemptTimeout {
+pub struct AttemptTimeout {
     pub(crate) after: Duration,
+}
+
+impl AttemptTimeout {
+    /// How long the attempt ran before it was cut.
+    pub fn after(&self) -> Duration {
+        self.after
+    }
 }
 
 impl fmt::Display for AttemptTimeout {
@@ -478,14 +668,8 @@ impl std::error::Error for AttemptTimeout {
     }
 }
 
-impl AttemptTimeout {
-    /// The fault behind one of this crate's own errors: its attempt timeout. Every other error
-    /// of its own (nothing sent, a throttle's rejection, an invalid key) is permanent.
-    pub(crate) fn fault(err: &(dyn std::error::Error + 'static)) -> Option<Fault> {
-        err.is::<AttemptTimeout>().then_some(Fault::Timeout)
-    }
-}
-
+/// The reqwest door's error as the chain hands it back: inside
+/// [`reqwest_middleware::Error::Middleware`], where [`RetryError::of`] finds it.
 impl From<RetryError> for reqwest_middleware::Error {
     fn from(err: RetryError) -> Self {
         reqwest_middleware::Error::middleware(err)
@@ -518,31 +702,60 @@ impl InvalidConfig {
     }
 }
 
-/// The error inside the [`RetryError`] of a request that stopped before its first attempt was
-/// sent, or when no answer was kept: the reason, and that nothing went out for it.
-#[derive(Debug, thiserror::Error)]
-#[error("{stop}: nothing was sent for it")]
-struct NothingSent {
+/// The last error of a request the layer stopped before its first attempt was sent, or when no
+/// outcome of an attempt was kept: why, and that nothing went out for it. Found as
+/// [`LastError::NotSent`] in a [`RetryError`].
+///
+/// Its message is its cause's when it has one (an invalid idempotency key, an invalid
+/// override, no timer to wait with), and its [`source`](std::error::Error::source) that cause.
+#[derive(Debug)]
+pub struct NotSent {
     stop: StopReason,
+    cause: Option<BoxError>,
 }
 
-/// The cause of a stop that has no outcome to hand back: the throttle's own error for a
-/// rejection, the reason otherwise.
-pub(crate) fn nothing_sent(stop: StopReason) -> reqwest_middleware::Error {
-    match stop {
-        StopReason::Throttled => reqwest_middleware::Error::middleware(ThrottledLocally),
-        _ => reqwest_middleware::Error::middleware(NothingSent { stop }),
+impl NotSent {
+    /// Nothing was sent, for `stop`.
+    pub(crate) fn new(stop: StopReason) -> NotSent {
+        NotSent { stop, cause: None }
+    }
+
+    /// Nothing was sent, for `stop`, because of `cause`.
+    pub(crate) fn because(
+        stop: StopReason,
+        cause: impl std::error::Error + Send + Sync + 'static,
+    ) -> NotSent {
+        NotSent {
+            stop,
+            cause: Some(Box::new(cause)),
+        }
+    }
+
+    /// Why nothing was sent: the same reason as the [`RetryError`]'s.
+    pub fn stop_reason(&self) -> StopReason {
+        self.stop
     }
 }
 
-/// The error inside the [`RetryError`](crate::RetryError) of a first attempt the adaptive
-/// throttle rejected: nothing was sent.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-#[error(
-    "the attempt was rejected locally by the adaptive throttle: the dependency has been turning \
-     attempts away, and nothing was sent"
-)]
-pub(crate) struct ThrottledLocally;
+impl fmt::Display for NotSent {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match (&self.cause, self.stop) {
+            (Some(cause), _) => fmt::Display::fmt(cause, f),
+            (None, StopReason::Throttled) => f.write_str(
+                "the attempt was rejected locally by the adaptive throttle: the dependency has \
+                 been turning attempts away, and nothing was sent",
+            ),
+            (None, stop) => write!(f, "{stop}: nothing was sent for it"),
+        }
+    }
+}
+
+impl std::error::Error for NotSent {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        let cause = self.cause.as_deref()?;
+        Some(cause)
+    }
+}
 
 #[cfg(test)]
 mod tests {
@@ -553,9 +766,9 @@ mod tests {
     #[error("connecting failed")]
     struct Outer(#[source] std::io::Error);
 
-    fn refused() -> reqwest_middleware::Error {
+    fn refused() -> LastError<reqwest_middleware::Error> {
         let io = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "Connection refused");
-        reqwest_middleware::Error::middleware(Outer(io))
+        LastError::Beneath(reqwest_middleware::Error::middleware(Outer(io)))
     }
 
     #[test]
@@ -597,7 +810,7 @@ mod tests {
             1,
             StopReason::NotRetryable,
             None,
-            reqwest_middleware::Error::middleware(io),
+            LastError::Beneath(reqwest_middleware::Error::middleware(io)),
         );
         assert_eq!(
             err.to_string(),
@@ -613,11 +826,9 @@ mod tests {
         assert_eq!(found.attempts(), 2);
         assert_eq!(wrapped.attempts(), Some(2));
         assert_eq!(wrapped.stop_reason(), Some(StopReason::DeadlineReached));
-        assert!(RetryError::of(&refused()).is_none());
-        assert_eq!(
-            (refused().attempts(), refused().stop_reason()),
-            (None, None)
-        );
+        let other = refused().into_beneath().unwrap();
+        assert!(RetryError::of(&other).is_none());
+        assert_eq!((other.attempts(), other.stop_reason()), (None, None));
         let stripped = wrapped.strip_url();
         assert_eq!(RetryError::of(&stripped).unwrap().attempts(), 2);
     }
@@ -631,11 +842,11 @@ mod tests {
         let io = std::error::Error::source(&timeout).unwrap();
         let io = io.downcast_ref::<std::io::Error>().unwrap();
         assert_eq!(io.kind(), std::io::ErrorKind::TimedOut);
-        let err = reqwest_middleware::Error::middleware(timeout);
-        let fault = match &err {
-            reqwest_middleware::Error::Middleware(e) => AttemptTimeout::fault(e.as_ref()),
-            reqwest_middleware::Error::Reqwest(_) => None,
-        };
+        assert_eq!(timeout.after(), Duration::from_millis(20));
+        let err = LastError::<reqwest_middleware::Error>::TimedOut(timeout);
+        assert_eq!(err.own_fault(), Some(Fault::Timeout));
+        assert!(err.beneath().is_none());
+        let fault = err.own_fault();
         let retry = RetryError::new(3, StopReason::AttemptsExhausted, None, err);
         let retry = retry.with_fault(fault);
         assert!(retry.timed_out());
@@ -646,7 +857,10 @@ mod tests {
     /// fault: the middleware's own checks of a wrapped error see nothing.
     #[test]
     fn the_fault_the_door_found_answers_for_the_last_error() {
-        let wrapped = || reqwest_middleware::Error::middleware(std::io::Error::other("wrapped"));
+        let wrapped = || {
+            let other = std::io::Error::other("wrapped");
+            LastError::Beneath(reqwest_middleware::Error::middleware(other))
+        };
         let plain = RetryError::new(2, StopReason::AttemptsExhausted, None, wrapped());
         assert!(!plain.timed_out() && !plain.failed_to_connect());
         assert_eq!(plain.last_error_kind(), Some(AttemptErrorKind::Permanent));
@@ -666,13 +880,13 @@ mod tests {
 
     #[test]
     fn a_stop_with_nothing_sent_says_so_and_a_throttled_one_says_why() {
-        let quota = nothing_sent(StopReason::QuotaExhausted).to_string();
+        let quota = NotSent::new(StopReason::QuotaExhausted).to_string();
         assert!(quota.ends_with(": nothing was sent for it"), "{quota}");
         assert!(
             quota.starts_with(&StopReason::QuotaExhausted.to_string()),
             "{quota}"
         );
-        let throttled = nothing_sent(StopReason::Throttled).to_string();
+        let throttled = NotSent::new(StopReason::Throttled).to_string();
         assert!(
             throttled.contains("rejected locally by the adaptive throttle"),
             "{throttled}"
@@ -690,17 +904,55 @@ mod tests {
         );
     }
 
+    /// Of the layer's own errors, only its attempt timeout is transient; an error beneath,
+    /// whatever it says, is the door's to judge.
     #[test]
-    fn only_this_crate_s_attempt_timeout_is_its_own_transient_fault() {
+    fn only_the_layer_s_attempt_timeout_is_its_own_transient_fault() {
         let timeout = AttemptTimeout {
             after: std::time::Duration::from_millis(5),
         };
-        assert_eq!(AttemptTimeout::fault(&timeout), Some(Fault::Timeout));
-        let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+        let own = LastError::<BoxError>::TimedOut(timeout);
+        assert_eq!(own.own_fault(), Some(Fault::Timeout));
+        let unsent = LastError::<BoxError>::NotSent(NotSent::new(StopReason::Throttled));
+        assert_eq!(unsent.own_fault(), None);
+        let reset = std::io::Error::from(std::io::ErrorKind::ConnectionReset);
+        let beneath = LastError::<BoxError>::Beneath(Box::new(reset));
+        assert_eq!(beneath.own_fault(), None, "not ours, whatever it says");
+    }
+
+    /// A request not sent says why, and its cause, when it has one, is its message and its
+    /// source; the last error prints and walks as the error it holds.
+    #[test]
+    fn a_request_not_sent_names_its_cause_and_the_last_error_is_what_it_holds() {
+        let cause = InvalidConfig::new("retry policy", "max_attempts must be at least 1".into());
+        let unsent = NotSent::because(StopReason::InvalidOverride, cause.clone());
+        assert_eq!(unsent.stop_reason(), StopReason::InvalidOverride);
+        assert_eq!(unsent.to_string(), cause.to_string());
+        let source = std::error::Error::source(&unsent).unwrap();
+        assert_eq!(source.downcast_ref::<InvalidConfig>(), Some(&cause));
+        assert!(std::error::Error::source(&NotSent::new(StopReason::Throttled)).is_none());
+        let last = LastError::<BoxError>::NotSent(unsent);
+        assert_eq!(last.to_string(), cause.to_string());
+        let walked = std::error::Error::source(&last).unwrap();
+        assert!(walked.is::<InvalidConfig>(), "the source of what it holds");
+        let outer: BoxError = Box::new(Outer(std::io::Error::other("deep")));
+        let beneath = LastError::Beneath(outer);
+        assert_eq!(beneath.to_string(), "connecting failed");
         assert_eq!(
-            AttemptTimeout::fault(&refused),
-            None,
-            "not ours, whatever it says"
+            std::error::Error::source(&beneath).unwrap().to_string(),
+            "deep"
         );
+        let retry = RetryError::new(2, StopReason::AttemptsExhausted, None, beneath);
+        assert_eq!(
+            retry.to_string(),
+            "request failed after 2 attempts (attempts exhausted): connecting failed: deep"
+        );
+        let held = std::error::Error::source(&retry).unwrap();
+        assert!(
+            held.downcast_ref::<Outer>().is_some(),
+            "the error beneath itself"
+        );
+        assert_eq!(retry.last_status(), None);
+        assert!(retry.into_last_error().into_beneath().is_some());
     }
 }

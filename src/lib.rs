@@ -275,12 +275,20 @@
 //! `last_url()`, `attempts()`, `stop_reason()`, `waited()`, `strip_url()`). The message names
 //! the last error and its root cause ("Connection refused") once.
 //!
+//! `RetryError` is generic over the error of what lies beneath its door: the reqwest door's is
+//! a `RetryError<reqwest_middleware::Error>` (the default, written `RetryError`), the tower
+//! door's a `RetryError<BoxError>`, boxed as tower passes errors and found with
+//! [`RetryError::of_boxed`]. Its [`last_error`](RetryError::last_error) is a [`LastError`]:
+//! the error of the chain or the inner service ([`LastError::Beneath`]), or the layer's own
+//! ([`LastError::TimedOut`], [`LastError::NotSent`]). Both doors answer every question the
+//! same way for the same failure.
+//!
 //! The policy's per-attempt timeout covers an attempt from sending until the response head (or,
 //! with `buffer_body`, the whole body) has arrived; it is enforced by the middleware on its
 //! [`Clock`]. Timeouts set on the `reqwest::Client` or on one request still apply as reqwest
 //! applies them, and count as transient failures too. An attempt cut by the policy's timeout
-//! fails with an error ("attempt timed out after 20ms") whose source is an `io::Error` of kind
-//! `TimedOut`, and [`RetryError::timed_out`] is `true` for either kind.
+//! fails with [`LastError::TimedOut`] ("attempt timed out after 20ms"), whose source is an
+//! `io::Error` of kind `TimedOut`, and [`RetryError::timed_out`] is `true` for either kind.
 //!
 //! # Cancellation
 //!
@@ -460,7 +468,10 @@ pub use engine::idempotency::{
 pub use engine::policy::{RetryPolicy, RetryPolicyBuilder};
 pub use engine::seen::ResponseHead;
 pub use engine::throttle::{AdaptiveThrottle, AdaptiveThrottleBuilder};
-pub use error::{InvalidConfig, RetryError, RetryErrorExt};
+pub use error::{
+    AttemptTimeout, BoxError, DoorError, InvalidConfig, LastError, NotSent, RetryError,
+    RetryErrorExt,
+};
 #[cfg(feature = "test-util")]
 pub use fake_clock::FakeClock;
 pub use fault::AttemptErrorKind;

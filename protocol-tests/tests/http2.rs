@@ -205,7 +205,7 @@ async fn through_tower(
             Ok((attempts, String::from_utf8_lossy(&body).into_owned()))
         }
         Err(err) => {
-            let retry = err.downcast_ref::<RetryError>().unwrap();
+            let retry = RetryError::of_boxed(&err).unwrap();
             Err((retry.attempts(), retry.stop_reason()))
         }
     }

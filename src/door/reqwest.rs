@@ -17,8 +17,7 @@ use std::task::{Context, Poll};
 use crate::driver::body::{Prefix, Reply};
 use crate::driver::claim::{self, Address, Beneath, Outgoing};
 use crate::driver::phases::RetryMiddleware;
-use crate::engine::seen::{Failure, Locate, ResponseHead, Seen};
-use crate::error::AttemptTimeout;
+use crate::engine::seen::{Failure, Locate, ResponseHead};
 use crate::fault::{self, Fault};
 
 // Not `async_trait`, whose future would hold the request twice more and box this one inside its
@@ -51,6 +50,7 @@ impl Middleware for RetryMiddleware {
 impl Beneath for Next<'_> {
     type Request = Request;
     type Reply = Response;
+    type Error = reqwest_middleware::Error;
 
     /// The chain's own future, boxed by the chain.
     type Running<'s>
@@ -82,12 +82,13 @@ impl Beneath for Next<'_> {
 
     /// An answer says where it came from (its URL, after any redirect).
     #[inline]
-    fn seen<'o>(
-        &'o self,
-        outcome: &'o reqwest_middleware::Result<Response>,
-        _: &'o dyn Locate,
-    ) -> Seen<'o> {
-        seen(outcome)
+    fn head<'o>(&'o self, reply: &'o Response, _: &'o dyn Locate) -> ResponseHead<'o> {
+        head(reply)
+    }
+
+    #[inline]
+    fn failure<'o>(&'o self, err: &'o reqwest_middleware::Error) -> Failure<'o> {
+        failure(err)
     }
 }
 
@@ -161,6 +162,9 @@ impl Outgoing for Request {
 }
 
 impl Reply for Response {
+    /// A body cut off is reqwest's error, as the chain's attempts fail.
+    type Error = reqwest_middleware::Error;
+
     fn status(&self) -> http::StatusCode {
         Response::status(self)
     }
@@ -249,19 +253,14 @@ impl HttpBody for Prefixed {
     }
 }
 
-/// What the engine reads of an outcome of this door: the answer's head, or the error, with its
-/// transient fault and, for a classifier, the error itself (reqwest's, or another
-/// middleware's own).
+/// What the engine reads of an answer of this door: its head, and where it came from.
 #[inline]
-pub(crate) fn seen(outcome: &reqwest_middleware::Result<Response>) -> Seen<'_> {
-    match outcome {
-        Ok(response) => Seen::Answer(ResponseHead {
-            status: response.status(),
-            version: response.version(),
-            headers: response.headers(),
-            from: response.url(),
-        }),
-        Err(err) => Seen::Failed(failure(err)),
+pub(crate) fn head(response: &Response) -> ResponseHead<'_> {
+    ResponseHead {
+        status: response.status(),
+        version: response.version(),
+        headers: response.headers(),
+        from: response.url(),
     }
 }
 
@@ -278,12 +277,11 @@ pub(crate) fn failure(err: &reqwest_middleware::Error) -> Failure<'_> {
 }
 
 /// The transient fault behind `err`, or `None` when the error is permanent: reqwest's own
-/// error by what it says of itself and its causes, this crate's attempt timeout, and never
-/// another middleware's error (one from an inner instance of ours that has already given up
-/// included): not ours to repeat.
+/// error by what it says of itself and its causes, and never another middleware's error (one
+/// from an inner instance of ours that has already given up included): not ours to repeat.
 pub(crate) fn transport_fault(err: &reqwest_middleware::Error) -> Option<Fault> {
     match err {
-        reqwest_middleware::Error::Middleware(e) => AttemptTimeout::fault(e.as_ref()),
+        reqwest_middleware::Error::Middleware(_) => None,
         reqwest_middleware::Error::Reqwest(e) => reqwest_fault(e),
     }
 }
@@ -318,6 +316,9 @@ mod tests {
     use std::io;
 
     use super::*;
+    use crate::driver::attempt::Outcome;
+    use crate::engine::seen::Seen;
+    use crate::error::LastError;
 
     #[test]
     fn a_prefixed_body_reports_its_size_and_its_end() {
@@ -357,21 +358,33 @@ mod tests {
         assert_eq!(whole.bytes().await.unwrap(), "xyz");
     }
 
-    fn may_have_reached(outcome: &reqwest_middleware::Result<Response>) -> bool {
+    /// An outcome of this door, as the driver reads it.
+    fn seen(outcome: &Outcome<Response>) -> Seen<'_> {
+        crate::driver::claim::seen_of(outcome, head, failure)
+    }
+
+    fn may_have_reached(outcome: &Outcome<Response>) -> bool {
         seen(outcome).may_have_reached()
+    }
+
+    /// The chain's error, as an attempt's outcome.
+    fn failed(err: impl Into<reqwest_middleware::Error>) -> Outcome<Response> {
+        Err(LastError::Beneath(err.into()))
     }
 
     #[test]
     fn only_an_error_that_certainly_sent_nothing_kept_the_key_from_the_server() {
         let ok = Response::from(http::Response::new(""));
         assert!(may_have_reached(&Ok(ok)));
-        let timed_out = crate::driver::claim::timed_out(std::time::Duration::from_millis(5));
-        assert_eq!(transport_fault(&timed_out), Some(Fault::Timeout));
         let timeout = Err(crate::driver::claim::timed_out(
             std::time::Duration::from_millis(5),
         ));
+        let Seen::Failed(cut) = seen(&timeout) else {
+            panic!("a timeout is a failure");
+        };
+        assert_eq!(cut.fault, Some(Fault::Timeout), "the layer's own timeout");
         assert!(may_have_reached(&timeout));
-        let other = Err(reqwest_middleware::Error::middleware(io::Error::other("x")));
+        let other = failed(reqwest_middleware::Error::middleware(io::Error::other("x")));
         assert!(may_have_reached(&other));
     }
 
@@ -385,7 +398,7 @@ mod tests {
             .send()
             .await
             .unwrap_err();
-        let refused = Err(reqwest_middleware::Error::Reqwest(refused));
+        let refused = failed(refused);
         assert!(!may_have_reached(&refused));
         // The classifier sees reqwest's own error.
         let Seen::Failed(failure) = seen(&refused) else {
@@ -411,7 +424,7 @@ mod tests {
         ));
         assert_eq!(transport_fault(&err), None);
         // The classifier sees that middleware's own error.
-        let failed = Err(err);
+        let failed = failed(err);
         let Seen::Failed(failure) = seen(&failed) else {
             panic!("an error is a failure");
         };

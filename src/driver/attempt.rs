@@ -35,6 +35,7 @@ use reqwest::Url;
 
 use crate::clock::{AttemptTimer, SharedClock};
 use crate::driver::body;
+use crate::driver::body::Reply;
 use crate::driver::claim::{self, Beneath, Claiming, Outgoing};
 use crate::driver::trace::Watcher;
 use crate::engine::attempt_headers::AttemptHeaders;
@@ -45,15 +46,15 @@ use crate::engine::dependency::Dependency;
 use crate::engine::idempotency::{self, IdempotencyKeys, Key, NaturalKey};
 use crate::engine::policy::RetryPolicy;
 use crate::engine::seen::{Locate, Seen, Target};
-use crate::error::nothing_sent;
+use crate::error::{InvalidConfig, LastError, NotSent};
 use crate::fault::Fault;
 use crate::observe::Observer;
 use crate::rng::RandomSource;
 use crate::shared::Shared;
 use crate::stop::StopReason;
 
-/// An attempt's outcome as the chain returns it.
-pub(crate) type Outcome<R> = reqwest_middleware::Result<R>;
+/// An attempt's outcome: the answer, or the error of the door beneath or the layer's own.
+pub(crate) type Outcome<R> = Result<R, LastError<<R as Reply>::Error>>;
 
 /// The last outcome of a request, with the transient fault its door found in it.
 pub(crate) type Last<R> = (Outcome<R>, Option<Fault>);
@@ -75,7 +76,7 @@ pub(crate) trait KeptUrl {
 /// What the request keeps between attempts: the original while another copy of it may be
 /// sent, its URL once the original itself went (for an error that has none), and the last
 /// outcome through the wait after it.
-pub(crate) struct Kept<Q: Outgoing, R> {
+pub(crate) struct Kept<Q: Outgoing, R: Reply> {
     request: Option<Q>,
     /// Where the original went, once it went itself (boxed, as only a last attempt needs it).
     gone: Option<Box<Q::Gone>>,
@@ -84,7 +85,7 @@ pub(crate) struct Kept<Q: Outgoing, R> {
     pub(crate) previous: Option<Box<Last<R>>>,
 }
 
-impl<Q: Outgoing, R> Kept<Q, R> {
+impl<Q: Outgoing, R: Reply> Kept<Q, R> {
     pub(crate) fn new(request: Q) -> Kept<Q, R> {
         Kept {
             request: Some(request),
@@ -95,9 +96,10 @@ impl<Q: Outgoing, R> Kept<Q, R> {
 
     /// What a stop before an attempt hands back: the last outcome, or what says nothing was sent.
     pub(crate) fn last_outcome(&mut self, stop: StopReason) -> Last<R> {
-        self.previous
-            .take()
-            .map_or_else(|| (Err(nothing_sent(stop)), None), |last| *last)
+        self.previous.take().map_or_else(
+            || (Err(LastError::NotSent(NotSent::new(stop))), None),
+            |last| *last,
+        )
     }
 
     /// The request, before its first attempt.
@@ -143,7 +145,7 @@ impl<Q: Outgoing, R> Kept<Q, R> {
     }
 }
 
-impl<Q: Outgoing, R> KeptUrl for Kept<Q, R> {
+impl<Q: Outgoing, R: Reply> KeptUrl for Kept<Q, R> {
     fn url(&self) -> Option<Url> {
         match (&self.request, &self.gone) {
             (Some(request), _) => Q::url_of(&request.gone()),
@@ -195,7 +197,7 @@ pub(crate) struct Sent<'a> {
 /// A request stopped before its first attempt: why, the error that says so, and who watches.
 pub(crate) struct Unsent<'a> {
     pub(crate) stop: StopReason,
-    pub(crate) cause: reqwest_middleware::Error,
+    pub(crate) cause: NotSent,
     pub(crate) watcher: Option<Box<Watcher<'a>>>,
 }
 
@@ -209,15 +211,15 @@ impl<'a> Sent<'a> {
         observer: Option<&'a dyn Observer>,
         watched: bool,
         (request, extensions): (&impl Outgoing, &Extensions),
-        refused: Option<reqwest_middleware::Error>,
+        refused: Option<InvalidConfig>,
     ) -> Result<(Sent<'a>, Facts), Unsent<'a>> {
         // Only when someone watches is the request's name (method, host, path) copied.
         let watcher = watched.then(|| Box::new(Watcher::of(observer, &dependency.name, request)));
-        if let Some(cause) = refused {
+        if let Some(refused) = refused {
             let stop = StopReason::InvalidOverride;
             return Err(Unsent {
                 stop,
-                cause,
+                cause: NotSent::because(stop, refused),
                 watcher,
             });
         }
@@ -229,11 +231,10 @@ impl<'a> Sent<'a> {
         ) {
             Ok(key) => key,
             Err(e) => {
-                let cause = reqwest_middleware::Error::middleware(e);
                 let stop = StopReason::InvalidIdempotencyKey;
                 return Err(Unsent {
                     stop,
-                    cause,
+                    cause: NotSent::because(stop, e),
                     watcher,
                 });
             }
@@ -261,7 +262,7 @@ impl<'a> Sent<'a> {
     /// The copy of the request that `plan` sends: the one place where a copy gets the key and
     /// the attempt headers, each computed for this copy.
     #[inline]
-    fn copy<Q: Outgoing, R>(&self, kept: &mut Kept<Q, R>, plan: &Plan) -> Q {
+    fn copy<Q: Outgoing, R: Reply>(&self, kept: &mut Kept<Q, R>, plan: &Plan) -> Q {
         let mut sending = kept.take(plan.keep_copy);
         idempotency::put_on(self.keys, self.key.as_ref(), sending.headers_mut());
         if self.headers.are_on() {
@@ -271,7 +272,10 @@ impl<'a> Sent<'a> {
     }
 
     /// What the request's end needs, with what it `kept`.
-    pub(crate) fn ends<'s, Q: Outgoing, R>(&'s mut self, kept: &'s Kept<Q, R>) -> Ends<'s, 'a> {
+    pub(crate) fn ends<'s, Q: Outgoing, R: Reply>(
+        &'s mut self,
+        kept: &'s Kept<Q, R>,
+    ) -> Ends<'s, 'a> {
         let key = self
             .key
             .take()
@@ -317,7 +321,7 @@ pub(crate) struct Chain<'s, N> {
 /// What an attempt borrows while it runs: the request's own state and how its outcomes are
 /// judged, the core, the clock (for the time, and the hedge's timers) and the random source,
 /// and the first copy's timer, which the driver keeps for the answer's body after it.
-pub(crate) struct Lent<'p, 's, 'd, Q: Outgoing, R> {
+pub(crate) struct Lent<'p, 's, 'd, Q: Outgoing, R: Reply> {
     kept: &'p mut Kept<Q, R>,
     sent: &'p Sent<'s>,
     judging: Judging<'p>,
@@ -333,7 +337,7 @@ pub(crate) struct Tools<'p> {
     pub(crate) rng: &'p dyn RandomSource,
 }
 
-impl<'p, 's, 'd, Q: Outgoing, R> Lent<'p, 's, 'd, Q, R> {
+impl<'p, 's, 'd, Q: Outgoing, R: Reply> Lent<'p, 's, 'd, Q, R> {
     /// What an attempt borrows, judged under the request's policy, all but the timer, which the
     /// returned closure takes.
     #[inline]
@@ -359,7 +363,7 @@ pub(crate) type Running<'s, N> = Claiming<'s, <N as Beneath>::Running<'s>>;
 
 /// A body being read into memory (`buffer_body`), with the bytes read.
 type Reading<R> = Pin<Box<dyn Future<Output = ReadBody<R>> + Send>>;
-type ReadBody<R> = Result<(R, Option<bytes::Bytes>), reqwest_middleware::Error>;
+type ReadBody<R> = Result<(R, Option<bytes::Bytes>), <R as Reply>::Error>;
 
 /// One attempt in flight: its first copy and, when the core planned a hedge, the hedged state;
 /// polled until it has an outcome, judged, with its body read as the policy says.
@@ -382,7 +386,7 @@ pub(crate) struct Flight<'s, 'l, 'p, 'q, 'd, N: Beneath> {
 }
 
 /// A body being read, and what follows.
-struct ReadingBody<R> {
+struct ReadingBody<R: Reply> {
     read: Reading<R>,
     then: AfterRead,
     by_hedge: bool,
@@ -538,7 +542,7 @@ impl<'s, 'l, 'p, 'q, 'd, N: Beneath + 's> Flight<'s, 'l, 'p, 'q, 'd, N> {
         let (then, by_hedge) = (reading.then, reading.by_hedge);
         let (outcome, body) = match reading.read.as_mut().poll(cx) {
             Poll::Ready(Ok((response, body))) => (Ok(response), body),
-            Poll::Ready(Err(e)) => (Err(e), None),
+            Poll::Ready(Err(e)) => (Err(LastError::Beneath(e)), None),
             Poll::Pending => {
                 ready!(Pin::new(&mut *self.lent.timer).poll(cx));
                 (Err(claim::timed_out(self.limit)), None)
@@ -564,7 +568,7 @@ impl<'s, 'l, 'p, 'q, 'd, N: Beneath + 's> Flight<'s, 'l, 'p, 'q, 'd, N> {
             if let Some(work) = self.first.as_mut().as_pin_mut() {
                 if let Poll::Ready(done) = work.poll(cx) {
                     self.first.set(None);
-                    return Poll::Ready((done, false));
+                    return Poll::Ready((done.map_err(LastError::Beneath), false));
                 }
                 while Pin::new(&mut *lent.timer).poll(cx).is_ready() {
                     let now = clock.get().now();
@@ -584,7 +588,7 @@ impl<'s, 'l, 'p, 'q, 'd, N: Beneath + 's> Flight<'s, 'l, 'p, 'q, 'd, N> {
             };
             if let Some(second) = hedged.second.as_mut() {
                 let ended = match second.running.as_mut().poll(cx) {
-                    Poll::Ready(done) => done,
+                    Poll::Ready(done) => done.map_err(LastError::Beneath),
                     Poll::Pending => match Pin::new(&mut second.timer).poll(cx) {
                         Poll::Ready(()) => Err(claim::timed_out(second.limit)),
                         Poll::Pending => return Poll::Pending,

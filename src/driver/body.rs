@@ -16,11 +16,15 @@ use bytes::Bytes;
 use http::{Extensions, HeaderMap, StatusCode};
 use http_body::SizeHint;
 
+use crate::driver::attempt::Outcome;
+
 /// An answer as a door hands it to the driver: its head, its body read a chunk at a time, and
 /// the same head with what the driver read of the body. A `reqwest::Response` behind the
 /// reqwest door, an `http::Response` of the inner service's body behind the tower door: neither
 /// is made into the other.
 pub(crate) trait Reply: Send + Sized + 'static {
+    /// The error the door's copies end in, and its bodies.
+    type Error: crate::error::DoorError;
     /// The answer's status.
     fn status(&self) -> StatusCode;
     /// The answer's headers.
@@ -32,10 +36,8 @@ pub(crate) trait Reply: Send + Sized + 'static {
     /// The length the body declares, if it declares one.
     fn content_length(&self) -> Option<u64>;
     /// The body's next chunk, `None` at its end; an error that cut it, as the door's attempts
-    /// fail (its `seen` finds the fault in it).
-    fn chunk(
-        &mut self,
-    ) -> impl Future<Output = Result<Option<Bytes>, reqwest_middleware::Error>> + Send;
+    /// fail (its `failure` finds the fault in it).
+    fn chunk(&mut self) -> impl Future<Output = Result<Option<Bytes>, Self::Error>> + Send;
     /// The same head with its body read whole into `body` (empty: the body dropped).
     fn read_whole(self, body: Bytes) -> Self;
     /// The same head with its body made of `read`, what was read of it already, then the rest.
@@ -100,7 +102,7 @@ impl Prefix {
 pub(crate) async fn buffer<R: Reply>(
     mut response: R,
     limit: usize,
-) -> Result<(R, Option<Bytes>), reqwest_middleware::Error> {
+) -> Result<(R, Option<Bytes>), R::Error> {
     let declared = response.content_length();
     if declared.is_some_and(|n| n > limit as u64) {
         return Ok((response, None));
@@ -122,9 +124,9 @@ pub(crate) async fn buffer<R: Reply>(
 /// `buffer_body` on, the body of an answer that will not be retried. A 503's body would be read in
 /// full (up to the limit) only to be thrown away.
 /// None when it was read already, for the classifier (`Judging::body_first`).
-pub(crate) fn to_read<R>(
+pub(crate) fn to_read<R: Reply>(
     judging: &crate::engine::classify::Judging<'_>,
-    outcome: &reqwest_middleware::Result<R>,
+    outcome: &Outcome<R>,
     verdict: crate::engine::classify::Verdict,
 ) -> Option<usize> {
     let final_answer =
@@ -147,10 +149,10 @@ pub(crate) const KEPT: usize = 64 * 1024;
 /// its wait, nor so past its deadline), is dropped, and so is the `Content-Length`
 /// that promised it: the head never promises bytes that are gone.
 pub(crate) async fn keep<R: Reply, T: Future<Output = ()>>(
-    outcome: reqwest_middleware::Result<R>,
+    outcome: Outcome<R>,
     limit: usize,
     mut timer: Pin<&mut T>,
-) -> reqwest_middleware::Result<R> {
+) -> Outcome<R> {
     let mut response = outcome?;
     if response.content_length().is_none_or(|n| n <= limit as u64) {
         let mut read = Vec::new();
@@ -183,10 +185,10 @@ pub(crate) async fn keep<R: Reply, T: Future<Output = ()>>(
 /// [`keep`], while `within` runs (the wait before the retry); with no wait, what has already
 /// arrived.
 pub(crate) async fn keep_within<R: Reply>(
-    outcome: reqwest_middleware::Result<R>,
+    outcome: Outcome<R>,
     limit: usize,
     within: Option<crate::clock::AttemptTimer>,
-) -> reqwest_middleware::Result<R> {
+) -> Outcome<R> {
     match within {
         Some(timer) => keep(outcome, limit, std::pin::pin!(timer)).await,
         None => keep(outcome, limit, std::pin::pin!(std::future::ready(()))).await,
@@ -314,9 +316,10 @@ mod tests {
             hook: None,
         };
         let answer = || Ok(reqwest::Response::from(http::Response::new("")));
-        let failed = || -> reqwest_middleware::Result<reqwest::Response> {
-            Err(reqwest_middleware::Error::middleware(
-                std::io::Error::other("x"),
+        let failed = || -> Outcome<reqwest::Response> {
+            let other = std::io::Error::other("x");
+            Err(crate::error::LastError::Beneath(
+                reqwest_middleware::Error::middleware(other),
             ))
         };
         let done = Verdict::Final(StopReason::Succeeded);

@@ -24,8 +24,10 @@ use std::time::Duration;
 use http::Extensions;
 use http::{HeaderMap, Method};
 
+use crate::driver::attempt::Outcome;
 use crate::driver::body::Reply;
-use crate::engine::seen::{Locate, Seen};
+use crate::engine::seen::{Failure, Locate, ResponseHead, Seen};
+use crate::error::{AttemptTimeout, DoorError, LastError};
 
 /// What lies beneath the driver: where each copy of a request goes, with the request's
 /// extensions. The rest of a `reqwest-middleware` chain, or a tower service (`tower`): the one
@@ -34,10 +36,14 @@ pub(crate) trait Beneath: Send + Sync {
     /// A request as this door takes it.
     type Request: Outgoing;
     /// An answer as this door hands it back.
-    type Reply: Reply;
+    type Reply: Reply<Error = Self::Error>;
+
+    /// The error a copy may end in: the chain's, or the inner service's; also what the
+    /// answer's body ends in when it fails.
+    type Error: DoorError;
 
     /// A copy on its way: the door's own future, held in the attempt as it is (not boxed).
-    type Running<'s>: Future<Output = reqwest_middleware::Result<Self::Reply>> + Send + 's
+    type Running<'s>: Future<Output = Result<Self::Reply, Self::Error>> + Send + 's
     where
         Self: 's;
 
@@ -67,14 +73,39 @@ pub(crate) trait Beneath: Send + Sync {
         extensions: &'s mut Extensions,
     ) -> Self::Running<'s>;
 
-    /// An attempt's outcome as the engine reads it: the answer's head, or the error with the
-    /// transient fault this door finds in it. `to`: where the request went, for a door whose
-    /// answers do not say where they came from.
-    fn seen<'o>(
-        &'o self,
-        outcome: &'o reqwest_middleware::Result<Self::Reply>,
-        to: &'o dyn Locate,
-    ) -> Seen<'o>;
+    /// An answer's head as the engine reads it. `to`: where the request went, for a door
+    /// whose answers do not say where they came from.
+    fn head<'o>(&'o self, reply: &'o Self::Reply, to: &'o dyn Locate) -> ResponseHead<'o>;
+
+    /// An error of this door as the engine reads it: the transient fault the door finds in
+    /// it, and the error itself, for a classifier.
+    fn failure<'o>(&'o self, err: &'o Self::Error) -> Failure<'o>;
+
+    /// An attempt's outcome as the engine reads it: the answer's head, or the error with its
+    /// transient fault: the door's, as the door finds it; the layer's own, as it says
+    /// (its attempt timeout is transient, a request not sent is not).
+    #[inline]
+    fn seen<'o>(&'o self, outcome: &'o Outcome<Self::Reply>, to: &'o dyn Locate) -> Seen<'o> {
+        seen_of(outcome, |reply| self.head(reply, to), |e| self.failure(e))
+    }
+}
+
+/// An attempt's outcome as the engine reads it: an answer by its `head`, an error of the door
+/// by its `failure`, one of the layer's own as it says.
+#[inline]
+pub(crate) fn seen_of<'o, R: Reply>(
+    outcome: &'o Outcome<R>,
+    head: impl FnOnce(&'o R) -> ResponseHead<'o>,
+    failure: impl FnOnce(&'o R::Error) -> Failure<'o>,
+) -> Seen<'o> {
+    match outcome {
+        Ok(reply) => Seen::Answer(head(reply)),
+        Err(LastError::Beneath(e)) => Seen::Failed(failure(e)),
+        Err(own) => Seen::Failed(Failure {
+            fault: own.own_fault(),
+            error: own.as_error(),
+        }),
+    }
 }
 
 /// A request as a door hands it to the driver: its head, a copy of it for another attempt, and
@@ -274,8 +305,8 @@ impl Drop for Mark {
 }
 
 /// The error of an attempt that ran out of its time.
-pub(crate) fn timed_out(limit: Duration) -> reqwest_middleware::Error {
-    reqwest_middleware::Error::middleware(crate::error::AttemptTimeout { after: limit })
+pub(crate) fn timed_out<E>(limit: Duration) -> LastError<E> {
+    LastError::TimedOut(AttemptTimeout { after: limit })
 }
 
 #[cfg(test)]

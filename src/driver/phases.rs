@@ -33,7 +33,7 @@ use crate::engine::decide::{Decider, Observed, Plan, Step};
 use crate::engine::dependency::{Dependency, RetryOverride, Routes};
 use crate::engine::policy::RetryPolicy;
 use crate::engine::schedule::Wait;
-use crate::error::{InvalidConfig, RetryError};
+use crate::error::{InvalidConfig, LastError, NotSent, RetryError};
 use crate::fault::Fault;
 use crate::observe::{Observer, RetryEvent};
 use crate::record::RetryRecord;
@@ -243,7 +243,7 @@ impl RetryMiddleware {
         request: N::Request,
         mut extensions: impl BorrowMut<Extensions> + Send + 'a,
         next: N,
-    ) -> impl Future<Output = Outcome<N::Reply>> + Send + 'a {
+    ) -> impl Future<Output = Handed<N::Reply>> + Send + 'a {
         let mut kept = Kept::new(request);
         async move {
             let this = &*this;
@@ -251,7 +251,6 @@ impl RetryMiddleware {
             let dependency = this.dependencies.pick(kept.request().locate());
             let span = trace::request_span(&dependency.name, kept.request());
             let (overriding, cap, refused) = RetryOverride::of_request(extensions, dependency);
-            let refused = refused.map(reqwest_middleware::Error::middleware);
             let policy = overriding.as_deref().unwrap_or(&dependency.policy);
             let (method, mut now) = (kept.request().method(), this.clock.get().now());
             let mut decider = Decider::start(policy, dependency.accounts(), cap, method, now);
@@ -326,7 +325,7 @@ impl RetryMiddleware {
         dependency: &'p Dependency,
         decider: &mut Decider<'_>,
         (kept, extensions, span, refused): (&Kept<Q, R>, &Extensions, &tracing::Span, Refused),
-    ) -> ControlFlow<Outcome<R>, Sent<'p>> {
+    ) -> ControlFlow<Handed<R>, Sent<'p>> {
         let observer = self.observer.as_ref().map(|observer| &*observer.0);
         let watched = observer.is_some() || self.log.enabled();
         let given = (kept.request(), extensions);
@@ -341,7 +340,7 @@ impl RetryMiddleware {
                     watcher: unsent.watcher.as_deref(),
                     url: kept,
                 };
-                let last = (Err(unsent.cause), None);
+                let last = (Err(LastError::NotSent(unsent.cause)), None);
                 ControlFlow::Break(self.finish(span, last, unsent.stop, decider, ends))
             }
         }
@@ -361,7 +360,7 @@ impl RetryMiddleware {
             &Kept<Q, R>,
             &impl Beneath<Request = Q, Reply = R>,
         ),
-    ) -> ControlFlow<Outcome<R>, (Outcome<R>, Option<Fault>, Duration)> {
+    ) -> ControlFlow<Handed<R>, (Outcome<R>, Option<Fault>, Duration)> {
         let seen = door.seen(&outcome, kept.went_to());
         let fault = seen.fault();
         sent.took(&seen);
@@ -398,7 +397,7 @@ impl RetryMiddleware {
         decider: &Decider<'_>,
         kept: &mut Kept<Q, R>,
         sent: &mut Sent<'_>,
-    ) -> Outcome<R> {
+    ) -> Handed<R> {
         let last = kept.last_outcome(stop);
         self.finish(span, last, stop, decider, sent.ends(kept))
     }
@@ -412,7 +411,7 @@ impl RetryMiddleware {
         stop: StopReason,
         decider: &Decider<'_>,
         ends: Ends<'_, '_>,
-    ) -> Outcome<R> {
+    ) -> Handed<R> {
         let (attempts, waited) = (decider.attempts(), decider.waited());
         if let Some(watcher) = ends.watcher {
             let ended = Ended {
@@ -457,9 +456,9 @@ impl RetryMiddleware {
         span: &tracing::Span,
         decider: &Decider<'_>,
         ends: Ends<'_, '_>,
-    ) -> Outcome<R> {
-        let (cause, stop) = (TimerUnavailable, StopReason::TimerUnavailable);
-        let cause = reqwest_middleware::Error::middleware(cause);
+    ) -> Handed<R> {
+        let stop = StopReason::TimerUnavailable;
+        let cause = LastError::NotSent(NotSent::because(stop, TimerUnavailable));
         self.finish(span, (Err(cause), None), stop, decider, ends)
     }
 }
@@ -475,7 +474,7 @@ fn hand_back<R: Reply>(
     (outcome, fault): Last<R>,
     url: &dyn KeptUrl,
     budget: Option<f64>,
-) -> Outcome<R> {
+) -> Handed<R> {
     match outcome {
         Ok(mut response) => {
             let inferred = record.attempts == 1
@@ -499,7 +498,11 @@ fn hand_back<R: Reply>(
 }
 
 /// Why a request may not go at all (an invalid override), if it may not.
-type Refused = Option<reqwest_middleware::Error>;
+type Refused = Option<InvalidConfig>;
+
+/// A request's outcome as the driver hands it back through its door: the answer, or the
+/// door's error, which holds the [`RetryError`].
+pub(crate) type Handed<R> = Result<R, <R as Reply>::Error>;
 
 /// Where a logical request is between its awaits.
 enum Phase {

@@ -9,15 +9,15 @@ use std::time::Duration;
 use http::Extensions;
 use reqwest::{Request, Response};
 
-use crate::driver::attempt::Outcome;
 use crate::driver::claim::Beneath;
+use crate::engine::seen::{Failure, Locate, ResponseHead};
 
 /// A door beneath whose copies answer when the test says: each copy sent takes the next
 /// slot, and its future is pending until the test fills that slot. Counts the copies
 /// dropped before they answered.
 #[derive(Clone, Default)]
 pub(crate) struct Scripted {
-    pub(crate) slots: Arc<std::sync::Mutex<Vec<Option<Outcome<Response>>>>>,
+    pub(crate) slots: Arc<std::sync::Mutex<Vec<Option<reqwest_middleware::Result<Response>>>>>,
     pub(crate) dropped: Arc<std::sync::atomic::AtomicUsize>,
     /// Each copy, sent, answers at once with an empty 200 after this much virtual time.
     pub(crate) answer_after: Option<(crate::FakeClock, Duration)>,
@@ -30,7 +30,7 @@ impl Scripted {
         self.slots.lock().unwrap().len()
     }
 
-    pub(crate) fn answer(&self, copy: usize, outcome: Outcome<Response>) {
+    pub(crate) fn answer(&self, copy: usize, outcome: reqwest_middleware::Result<Response>) {
         self.slots.lock().unwrap()[copy] = Some(outcome);
     }
 
@@ -47,9 +47,9 @@ pub(crate) struct Copy {
 }
 
 impl Future for Copy {
-    type Output = Outcome<Response>;
+    type Output = reqwest_middleware::Result<Response>;
 
-    fn poll(mut self: Pin<&mut Self>, _: &mut std::task::Context<'_>) -> Poll<Outcome<Response>> {
+    fn poll(mut self: Pin<&mut Self>, _: &mut std::task::Context<'_>) -> Poll<Self::Output> {
         let taken = self.door.slots.lock().unwrap()[self.at].take();
         match taken {
             Some(outcome) => {
@@ -72,6 +72,7 @@ impl Drop for Copy {
 impl Beneath for Scripted {
     type Request = Request;
     type Reply = Response;
+    type Error = reqwest_middleware::Error;
     type Running<'s> = Copy;
 
     type Ready = ();
@@ -102,25 +103,18 @@ impl Beneath for Scripted {
         }
     }
 
-    fn seen<'o>(
-        &'o self,
-        outcome: &'o Outcome<Response>,
-        _: &'o dyn crate::engine::seen::Locate,
-    ) -> crate::engine::seen::Seen<'o> {
-        use crate::engine::seen::{Failure, ResponseHead, Seen};
-        match outcome {
-            Ok(response) => Seen::Answer(ResponseHead {
-                status: response.status(),
-                version: response.version(),
-                headers: response.headers(),
-                from: response.url(),
-            }),
-            // The only error these copies end in is the attempt's timeout.
-            Err(reqwest_middleware::Error::Middleware(e)) => Seen::Failed(Failure {
-                fault: crate::error::AttemptTimeout::fault(e.as_ref()),
-                error: e.as_ref(),
-            }),
-            Err(e) => unreachable!("a scripted copy fails only by its timeout: {e}"),
+    fn head<'o>(&'o self, reply: &'o Response, _: &'o dyn Locate) -> ResponseHead<'o> {
+        ResponseHead {
+            status: reply.status(),
+            version: reply.version(),
+            headers: reply.headers(),
+            from: reply.url(),
         }
+    }
+
+    /// These copies end only in the attempt's timeout, the layer's own: an error of the door
+    /// is a test's mistake.
+    fn failure<'o>(&'o self, err: &'o reqwest_middleware::Error) -> Failure<'o> {
+        unreachable!("a scripted copy fails only by its timeout: {err}")
     }
 }

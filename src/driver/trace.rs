@@ -3,8 +3,10 @@
 
 use std::time::Duration;
 
+use crate::driver::attempt::Outcome;
 use crate::driver::body::Reply;
 use crate::driver::claim::{Address, Outgoing};
+use crate::error::{DoorError, LastError};
 use tracing::Level;
 
 use crate::engine::classify::Verdict;
@@ -100,9 +102,9 @@ impl<'a> Watcher<'a> {
 }
 
 /// One attempt as traced.
-pub(crate) struct Traced<'o, R> {
+pub(crate) struct Traced<'o, R: Reply> {
     pub(crate) number: u32,
-    pub(crate) outcome: &'o reqwest_middleware::Result<R>,
+    pub(crate) outcome: &'o Outcome<R>,
     /// The transient fault the door found in the outcome's error, if any.
     pub(crate) fault: Option<Fault>,
     pub(crate) verdict: Verdict,
@@ -113,13 +115,21 @@ pub(crate) struct Traced<'o, R> {
 }
 
 /// The end of a logical request, as traced.
-pub(crate) struct Ended<'o, R> {
+pub(crate) struct Ended<'o, R: Reply> {
     pub(crate) attempts: u32,
     pub(crate) stop: StopReason,
     pub(crate) waited: Duration,
-    pub(crate) outcome: &'o reqwest_middleware::Result<R>,
+    pub(crate) outcome: &'o Outcome<R>,
     /// The transient fault the door found in the outcome's error, if any.
     pub(crate) fault: Option<Fault>,
+}
+
+/// The status an error of the door beneath carries, if any (reqwest's `error_for_status` in
+/// an inner middleware makes one).
+fn status_of<E: DoorError>(err: &LastError<E>) -> Option<u16> {
+    err.beneath()
+        .and_then(DoorError::status)
+        .map(|s| s.as_u16())
 }
 
 /// The levels of the middleware's events; see
@@ -173,10 +183,7 @@ impl LogLevels {
         } = ended;
         let (status, error) = match outcome {
             Ok(response) => (Some(response.status().as_u16()), None),
-            Err(err) => (
-                err.status().map(|s| s.as_u16()),
-                (attempts > 0).then(|| error_kind(fault)),
-            ),
+            Err(err) => (status_of(err), (attempts > 0).then(|| error_kind(fault))),
         };
         event_at!(
             self.of_stop(attempts, stop),
@@ -205,7 +212,7 @@ impl LogLevels {
         } = traced;
         let (status, error) = match outcome {
             Ok(r) => (Some(r.status().as_u16()), None),
-            Err(e) => (e.status().map(|s| s.as_u16()), Some(error_kind(fault))),
+            Err(e) => (status_of(e), Some(error_kind(fault))),
         };
         let (delay, stop) = match decision {
             Wait::Sleep(delay) => (Some(delay), None),

@@ -947,7 +947,7 @@ where
             .unwrap();
         match service.call(request).await {
             Ok(response) => ended(RetryRecord::of(&response)),
-            Err(err) => failed(err.downcast_ref::<RetryError>(), &*err),
+            Err(err) => failed(RetryError::of_boxed(&err), &*err),
         }
     })
 }
@@ -966,7 +966,7 @@ fn ended(record: Option<RetryRecord>) -> End {
 }
 
 /// The end of a request that failed: by the middleware's error, if it is one.
-fn failed(retry: Option<&RetryError>, err: &dyn std::fmt::Display) -> End {
+fn failed<E>(retry: Option<&RetryError<E>>, err: &dyn std::fmt::Display) -> End {
     match retry {
         Some(retry) => End::Done {
             key: (retry.idempotency_key()).map(|k| k.to_str().unwrap().to_owned()),

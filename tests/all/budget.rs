@@ -328,7 +328,8 @@ async fn permanent_errors_earn_the_budget_nothing_and_answers_do() {
     for _ in 0..5 {
         assert!(refusing.get(looping.uri()).send().await.is_err());
         let err = plain.get(looping.uri()).send().await.unwrap_err();
-        assert!(RetryError::of(&err).unwrap().last_error().is_redirect());
+        let last = RetryError::of(&err).unwrap().last_error();
+        assert!(last.beneath().unwrap().is_redirect());
     }
     assert_eq!(budget.balance(), 0.0, "ten errors earned something");
 

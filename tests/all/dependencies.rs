@@ -393,7 +393,8 @@ async fn three_nested_layers_against_a_dead_socket_make_three_attempts() {
     let retry = RetryError::of(&err).unwrap();
     assert_eq!(retry.attempts(), 3);
     assert_eq!(retry.stop_reason(), StopReason::AttemptsExhausted);
-    assert!(RetryError::of(retry.last_error()).is_none());
+    let last = retry.last_error().beneath().expect("the transport's error");
+    assert!(RetryError::of(last).is_none());
 }
 
 /// A scripted scenario whose counts are computed by hand:

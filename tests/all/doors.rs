@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use reqwest_middleware::ClientBuilder;
 use reqwest_safe_retry::{
-    AdaptiveThrottle, Dependency, FakeClock, RetryBudget, RetryError, RetryMiddleware,
+    AdaptiveThrottle, Dependency, DoorError, FakeClock, RetryBudget, RetryError, RetryMiddleware,
     RetryOverride, RetryPolicy, RetryRecord, SeededRng, StopReason,
 };
 use tower_layer::Layer;
@@ -286,8 +286,7 @@ where
             }
         }
         Err(err) => failed(
-            err.downcast_ref::<RetryError>()
-                .unwrap_or_else(|| panic!("not a RetryError: {err:?}")),
+            RetryError::of_boxed(&err).unwrap_or_else(|| panic!("not a RetryError: {err:?}")),
         ),
     }
 }
@@ -311,7 +310,7 @@ fn ended(status: u16, record: Option<RetryRecord>) -> Ended {
     }
 }
 
-fn failed(err: &RetryError) -> Ended {
+fn failed<E: DoorError>(err: &RetryError<E>) -> Ended {
     Ended {
         status: None,
         attempts: err.attempts(),

@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use reqwest_middleware::ClientBuilder;
 use reqwest_safe_retry::{
-    Dependency, FakeClock, IdempotencyKeys, KeySource, RetryError, RetryErrorExt, RetryMiddleware,
-    RetryPolicy, SeededKeys, StopReason,
+    Dependency, FakeClock, IdempotencyKeys, KeySource, LastError, RetryError, RetryErrorExt,
+    RetryMiddleware, RetryPolicy, SeededKeys, StopReason,
 };
 
 use crate::support::{self, Action, RawServer};
@@ -238,9 +238,10 @@ async fn the_middleware_s_own_timeout_is_a_timeout_to_generic_checks() {
     assert!(timed_out_somewhere(&err), "{err:?}");
     assert_eq!(server.requests(), 3);
     // The last attempt's error is the middleware's own, and says how long the attempt had.
-    let reqwest_middleware::Error::Middleware(last) = retry.last_error() else {
+    let LastError::TimedOut(last) = retry.last_error() else {
         panic!("not the middleware's timeout: {:?}", retry.last_error());
     };
+    assert_eq!(last.after(), Duration::from_millis(20));
     assert_eq!(last.to_string(), "attempt timed out after 20ms");
 }
 
@@ -368,7 +369,7 @@ async fn behind_the_tower_door_the_inner_service_s_error_is_reachable() {
     let url = format!("{}orders?id=7", support::refused_url().await);
     let request = http::Request::get(&url).body(String::new()).unwrap();
     let err = service.call(request).await.unwrap_err();
-    let retry = err.downcast_ref::<RetryError>().expect("the layer's error");
+    let retry = RetryError::of_boxed(&err).expect("the layer's error");
     assert_eq!(retry.attempts(), 2, "{retry}");
     assert!(retry.failed_to_connect(), "{retry}");
     // The request's URL, as on the reqwest side, though no URL was made while it ran.
@@ -424,7 +425,7 @@ async fn no_message_or_debug_shows_the_user_name_and_password() {
             .layer(crate::support::hyper_client());
         let request = http::Request::get(&url).body(String::new()).unwrap();
         let err = service.call(request).await.unwrap_err();
-        let retry = err.downcast_ref::<RetryError>().expect("the layer's error");
+        let retry = RetryError::of_boxed(&err).expect("the layer's error");
         let printed = format!("{err} / {err:?} / {retry} / {retry:?}");
         check(printed, retry.url_without_query());
     }

@@ -107,6 +107,34 @@ fn the_driver_imports_no_door_and_the_ground_no_floor_above_it() {
     }
 }
 
+/// The tower door's errors are the inner service's, boxed, and the layer's own: its code,
+/// tests aside, names no error, request, response or URL of reqwest's, and nothing of
+/// reqwest-middleware's (it knows reqwest's body only to take its bytes without a copy).
+#[test]
+fn the_tower_door_names_neither_reqwest_nor_reqwest_middleware_on_its_error_path() {
+    let names = [
+        "reqwest_middleware",
+        "reqwest::Error",
+        "reqwest::Url",
+        "reqwest::Request",
+        "reqwest::Response",
+    ];
+    let mut seen = Vec::new();
+    for (path, code) in text_of("door/tower", true) {
+        if path.file_name().is_some_and(|name| name == "tests.rs") {
+            continue;
+        }
+        let code = code.split("#[cfg(test)]").next().unwrap_or_default();
+        seen.extend(
+            names
+                .iter()
+                .filter(|name| code.contains(*name))
+                .map(|name| format!("{} names {name}", path.display())),
+        );
+    }
+    assert!(seen.is_empty(), "{seen:#?}");
+}
+
 #[test]
 fn the_tower_door_holds_no_rule() {
     let rules = [

@@ -1,5 +1,4 @@
-//! The futures of the tower door: the layer's answer, and a copy on its way to the inner
-//! service.
+//! The future of a copy on its way to the inner service.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -8,35 +7,7 @@ use std::task::{Context, Poll};
 use tower_service::Service;
 
 use super::body::RetryBody;
-use super::error::{BoxError, ServiceError, boxed};
-
-pin_project_lite::pin_project! {
-    /// The driver's outcome handed back as the layer answers: not an `async` block, which
-    /// would hold the driver's future twice (as captured, and as awaited).
-    pub(super) struct Handed<F> {
-        #[pin]
-        run: F,
-    }
-}
-
-impl<F> Handed<F> {
-    /// The driver's outcome `run`, to be handed back as the layer answers.
-    pub(super) fn new(run: F) -> Self {
-        Handed { run }
-    }
-}
-
-impl<F, A> Future for Handed<F>
-where
-    F: Future<Output = reqwest_middleware::Result<A>>,
-{
-    type Output = Result<A, BoxError>;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let outcome = std::task::ready!(self.project().run.poll(cx));
-        Poll::Ready(outcome.map_err(boxed))
-    }
-}
+use super::error::BoxError;
 
 pin_project_lite::pin_project! {
     /// A copy on its way to the inner service: its call, or, while the service is not ready,
@@ -62,31 +33,30 @@ where
     S: Service<Q, Response = http::Response<R>>,
     S::Error: Into<BoxError>,
 {
-    type Output = reqwest_middleware::Result<http::Response<RetryBody<R>>>;
+    type Output = Result<http::Response<RetryBody<R>>, BoxError>;
 
-    /// The inner service's answer, its body passed on as it comes, or its error, judged by
-    /// its causes. Turns at most twice: asked until ready, then called.
+    /// The inner service's answer, its body passed on as it comes, or its error, boxed.
+    /// Turns at most twice: asked until ready, then called.
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let failed = |e: BoxError| reqwest_middleware::Error::middleware(ServiceError(e));
         loop {
             let call = match self.as_mut().project() {
                 CallNow::Called { call } => {
                     let answer = std::task::ready!(call.poll(cx));
                     return Poll::Ready(match answer {
                         Ok(response) => Ok(response.map(RetryBody::inner)),
-                        Err(e) => Err(failed(e.into())),
+                        Err(e) => Err(e.into()),
                     });
                 }
                 CallNow::Failed { error } => {
                     let Some(error) = error.take() else {
                         panic!("a copy's call was polled after it ended");
                     };
-                    return Poll::Ready(Err(failed(error)));
+                    return Poll::Ready(Err(error));
                 }
                 CallNow::Waiting { waiting } => {
                     let (service, request) = &mut **waiting;
                     if let Err(e) = std::task::ready!(service.poll_ready(cx)) {
-                        return Poll::Ready(Err(failed(e.into())));
+                        return Poll::Ready(Err(e.into()));
                     }
                     let Some(request) = request.take() else {
                         unreachable!("a waiting copy is called once, as it stops waiting");

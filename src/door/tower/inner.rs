@@ -12,13 +12,13 @@ use http_body::Body as _;
 use tower_service::Service;
 
 use super::body::RetryBody;
-use super::error::{BoxError, ServiceError, service_fault};
+use super::error::{BoxError, service_fault};
 use super::future::Call;
 use super::send_body::SendBody;
 use super::uri;
 use crate::driver::body::{Prefix, Reply};
 use crate::driver::claim::{Address, Beneath, Outgoing};
-use crate::engine::seen::{Failure, Locate, ResponseHead, Seen};
+use crate::engine::seen::{Failure, Locate, ResponseHead};
 
 /// The mark a copy carries down to the inner service: a layer made of this crate further in
 /// passes the request through.
@@ -102,8 +102,8 @@ impl<B: Send + 'static> Outgoing for http::Request<SendBody<B>> {
     }
 
     /// Parsed only for the error of a request that gives up.
-    fn url_of(gone: &http::Uri) -> Option<reqwest::Url> {
-        reqwest::Url::parse(&gone.to_string()).ok()
+    fn url_of(gone: &http::Uri) -> Option<url::Url> {
+        url::Url::parse(&gone.to_string()).ok()
     }
 }
 
@@ -123,6 +123,8 @@ where
 {
     type Request = http::Request<SendBody<B>>;
     type Reply = http::Response<RetryBody<R>>;
+    /// The inner service's error, boxed as tower passes errors.
+    type Error = BoxError;
 
     /// The inner service's call, held as it is.
     type Running<'s>
@@ -183,38 +185,20 @@ where
 
     /// An answer came from where its request went (`to`): the inner service's answer does not
     /// say.
-    fn seen<'o>(
-        &'o self,
-        outcome: &'o reqwest_middleware::Result<Self::Reply>,
-        to: &'o dyn Locate,
-    ) -> Seen<'o> {
-        match outcome {
-            Ok(response) => Seen::Answer(ResponseHead {
-                status: response.status(),
-                version: response.version(),
-                headers: response.headers(),
-                from: to,
-            }),
-            Err(reqwest_middleware::Error::Middleware(e)) if e.is::<ServiceError>() => {
-                let Some(service) = e.downcast_ref::<ServiceError>() else {
-                    unreachable!("the error was just found to be the inner service's");
-                };
-                // The inner service's own error, for the classifier to look into.
-                Seen::Failed(Failure {
-                    fault: service_fault(service),
-                    error: &*service.0,
-                })
-            }
-            // The layer's own: an attempt's timeout, or what a stop with nothing sent says.
-            Err(reqwest_middleware::Error::Middleware(e)) => Seen::Failed(Failure {
-                fault: crate::error::AttemptTimeout::fault(e.as_ref()),
-                error: e.as_ref(),
-            }),
-            // Not made behind this door: the inner service's errors come as its own.
-            Err(reqwest_middleware::Error::Reqwest(e)) => Seen::Failed(Failure {
-                fault: None,
-                error: e,
-            }),
+    fn head<'o>(&'o self, reply: &'o Self::Reply, to: &'o dyn Locate) -> ResponseHead<'o> {
+        ResponseHead {
+            status: reply.status(),
+            version: reply.version(),
+            headers: reply.headers(),
+            from: to,
+        }
+    }
+
+    /// The inner service's own error, judged by its causes, for the classifier to look into.
+    fn failure<'o>(&'o self, err: &'o BoxError) -> Failure<'o> {
+        Failure {
+            fault: service_fault(err),
+            error: &**err,
         }
     }
 }
@@ -255,9 +239,10 @@ where
         http_body::Body::size_hint(self.body()).exact()
     }
 
-    fn chunk(
-        &mut self,
-    ) -> impl Future<Output = Result<Option<Bytes>, reqwest_middleware::Error>> + Send {
+    /// A body's error is judged as the inner service's errors are: by their causes.
+    type Error = BoxError;
+
+    fn chunk(&mut self) -> impl Future<Output = Result<Option<Bytes>, BoxError>> + Send {
         std::future::poll_fn(|cx| {
             // Bounded by what the body has ready: a frame that is not data (trailers) is
             // passed over, and the next one polled at once.
@@ -265,11 +250,7 @@ where
                 let frame = std::task::ready!(Pin::new(self.body_mut()).poll_frame(cx));
                 match frame {
                     None => return Poll::Ready(Ok(None)),
-                    // Judged as the inner service's errors are: by their causes.
-                    Some(Err(e)) => {
-                        let cut = reqwest_middleware::Error::middleware(ServiceError(e));
-                        return Poll::Ready(Err(cut));
-                    }
+                    Some(Err(e)) => return Poll::Ready(Err(e)),
                     Some(Ok(frame)) => {
                         if let Ok(data) = frame.into_data() {
                             return Poll::Ready(Ok(Some(data)));

@@ -10,8 +10,7 @@ use bytes::Bytes;
 use tower_service::Service;
 
 use super::body::RetryBody;
-use super::error::{BoxError, boxed};
-use super::future::Handed;
+use super::error::BoxError;
 use super::inner::{Claimed, Inner};
 use super::send_body::SendBody;
 use crate::driver::claim::Beneath;
@@ -34,8 +33,10 @@ use crate::driver::phases::RetryMiddleware;
 /// passed on as it comes unless the layer read it, carrying the same
 /// [`RetryRecord`](crate::RetryRecord) in its extensions
 /// ([`RetryRecord::of`](crate::RetryRecord::of) reads it), and an error as a boxed error: a
-/// [`RetryError`](crate::RetryError) when the layer made the attempts
-/// (`err.downcast_ref::<RetryError>()`), else the inner service's error as it was.
+/// [`RetryError<BoxError>`](crate::RetryError) when the layer made the attempts
+/// ([`RetryError::of_boxed`](crate::RetryError::of_boxed) finds it), its last error the inner
+/// service's own, boxed, or the layer's; else (the request passed through to a layer further
+/// out) the inner service's error as it was.
 ///
 /// ```
 /// use reqwest_safe_retry::{RetryMiddleware, RetryPolicy};
@@ -102,17 +103,15 @@ where
             || crate::driver::claim::claimed(&extensions, &request);
         if claimed {
             // A layer further out on this request's path makes its attempts.
-            return Box::pin(
-                async move { inner.run(request, &mut extensions).await.map_err(boxed) },
-            );
+            return Box::pin(async move { inner.run(request, &mut extensions).await });
         }
         // The future owns the middleware, the extensions and a handle on the inner service: it
         // is one allocation in the allocator's fast size class, written into its place as it is
         // made (not made beside it and copied there).
         let place = Box::new_uninit();
         let run = RetryMiddleware::execute(self.retry.clone(), request, extensions, inner);
-        let handed: Box<Handed<_>> = Box::write(place, Handed::new(run));
-        Box::into_pin(handed)
+        let run: Box<_> = Box::write(place, run);
+        Box::into_pin(run)
     }
 }
 

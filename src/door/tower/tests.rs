@@ -182,7 +182,7 @@ async fn a_service_that_fails_its_readiness_fails_the_attempt_with_its_error() {
     let gate = Gate::new(0, true);
     let request = http::Request::get("http://127.0.0.1:9/x").body(String::new());
     let err = layered(&gate).call(request.unwrap()).await.unwrap_err();
-    let retry = err.downcast_ref::<RetryError>().expect("the layer's error");
+    let retry = RetryError::of_boxed(&err).expect("the layer's error");
     assert_eq!(retry.attempts(), 1);
     let mut source = std::error::Error::source(retry);
     let mut found = false;

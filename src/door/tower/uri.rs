@@ -96,7 +96,7 @@ impl Locate for http::Uri {
 /// Any other is parsed as a `Url` and its text taken.
 pub(super) fn fingerprint(method: &http::Method, uri: &http::Uri) -> u64 {
     if !canonical(uri) {
-        if let Ok(url) = reqwest::Url::parse(&uri.to_string()) {
+        if let Ok(url) = url::Url::parse(&uri.to_string()) {
             let text = url.as_str();
             let end = text.find('#').unwrap_or(text.len());
             return crate::driver::claim::fingerprint_of(method, &text.as_bytes()[..end]);
