@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use reqwest_middleware::ClientBuilder;
 use reqwest_safe_retry::{
-    AdaptiveThrottle, Dependency, DoorError, FakeClock, RetryBudget, RetryError, RetryMiddleware,
-    RetryOverride, RetryPolicy, RetryRecord, SeededRng, StopReason,
+    AdaptiveThrottle, Dependency, DoorError, FakeClock, LastError, RetryBudget, RetryError,
+    RetryMiddleware, RetryOverride, RetryPolicy, RetryRecord, SeededRng, StopReason,
 };
 use tower_layer::Layer;
 use tower_service::Service;
@@ -52,6 +52,9 @@ pub(crate) struct Ended {
     /// whether a refused connection is among its causes.
     message: String,
     refused_in_chain: bool,
+    /// What the last error is: the error beneath (`beneath`, and `client` when it is the
+    /// client's own error itself, reqwest's or hyper-util's, not wrapped), or the layer's own.
+    last: Option<String>,
 }
 
 /// One request as a scenario sends it, whatever the door.
@@ -307,6 +310,7 @@ fn ended(status: u16, record: Option<RetryRecord>) -> Ended {
         timed_out: false,
         message: String::new(),
         refused_in_chain: false,
+        last: None,
     }
 }
 
@@ -325,6 +329,23 @@ fn failed<E: DoorError>(err: &RetryError<E>) -> Ended {
         timed_out: err.timed_out(),
         message: format!("{err} / {}", err.last_error()),
         refused_in_chain: refused_in_chain(err),
+        last: Some(last_of(err)),
+    }
+}
+
+/// What the last error of `err` is, by its variant; the error beneath by whether it is the
+/// client's own error, found as the first source.
+fn last_of<E: DoorError>(err: &RetryError<E>) -> String {
+    match err.last_error() {
+        LastError::Beneath(_) => {
+            let first = std::error::Error::source(err).expect("the error beneath");
+            let client =
+                first.is::<reqwest::Error>() || first.is::<hyper_util::client::legacy::Error>();
+            format!("beneath{}", if client { ", client" } else { "" })
+        }
+        LastError::TimedOut(timeout) => format!("timed out after {:?}", timeout.after()),
+        LastError::NotSent(unsent) => format!("not sent: {}", unsent.stop_reason().as_str()),
+        other => format!("{other:?}"),
     }
 }
 
@@ -592,6 +613,8 @@ mod scenarios {
             end.refused_in_chain,
             "{door:?}: the cause is there to walk to"
         );
+        // The client's own error, not wrapped: reqwest's, or hyper-util's.
+        assert_eq!(end.last.as_deref(), Some("beneath, client"), "{door:?}");
     }
 
     pub async fn nested_instances_make_one_layer_of_attempts(door: Door) {
@@ -841,6 +864,12 @@ mod scenarios {
         );
         assert!(end.timed_out, "{door:?}: {end:?}");
         assert!(!end.failed_to_connect, "{door:?}");
+        // The layer's own error, which says how long the attempt had.
+        assert_eq!(
+            end.last.as_deref(),
+            Some("timed out after 30ms"),
+            "{door:?}"
+        );
     }
 
     pub async fn tokio_s_paused_clock_runs_the_waits_in_virtual_time(door: Door) {
@@ -1297,6 +1326,11 @@ mod scenarios {
             second.message.contains("adaptive throttle"),
             "{door:?}: {}",
             second.message
+        );
+        assert_eq!(
+            second.last.as_deref(),
+            Some("not sent: throttled"),
+            "{door:?}"
         );
         assert_eq!(
             received(&server).await.len(),
