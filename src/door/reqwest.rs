@@ -316,7 +316,7 @@ mod tests {
     use std::io;
 
     use super::*;
-    use crate::driver::attempt::Outcome;
+    use crate::driver::body::Outcome;
     use crate::engine::seen::Seen;
     use crate::error::LastError;
 

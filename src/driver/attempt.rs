@@ -35,7 +35,7 @@ use reqwest::Url;
 
 use crate::clock::{AttemptTimer, SharedClock};
 use crate::driver::body;
-use crate::driver::body::Reply;
+use crate::driver::body::{Outcome, Reply};
 use crate::driver::claim::{self, Beneath, Claiming, Outgoing};
 use crate::driver::trace::Watcher;
 use crate::engine::attempt_headers::AttemptHeaders;
@@ -52,9 +52,6 @@ use crate::observe::Observer;
 use crate::rng::RandomSource;
 use crate::shared::Shared;
 use crate::stop::StopReason;
-
-/// An attempt's outcome: the answer, or the error of the door beneath or the layer's own.
-pub(crate) type Outcome<R> = Result<R, LastError<<R as Reply>::Error>>;
 
 /// The last outcome of a request, with the transient fault its door found in it.
 pub(crate) type Last<R> = (Outcome<R>, Option<Fault>);

@@ -16,7 +16,10 @@ use bytes::Bytes;
 use http::{Extensions, HeaderMap, StatusCode};
 use http_body::SizeHint;
 
-use crate::driver::attempt::Outcome;
+use crate::error::LastError;
+
+/// An attempt's outcome: the answer, or the error of the door beneath or the layer's own.
+pub(crate) type Outcome<R> = Result<R, LastError<<R as Reply>::Error>>;
 
 /// An answer as a door hands it to the driver: its head, its body read a chunk at a time, and
 /// the same head with what the driver read of the body. A `reqwest::Response` behind the

@@ -24,8 +24,7 @@ use std::time::Duration;
 use http::Extensions;
 use http::{HeaderMap, Method};
 
-use crate::driver::attempt::Outcome;
-use crate::driver::body::Reply;
+use crate::driver::body::{Outcome, Reply};
 use crate::engine::seen::{Failure, Locate, ResponseHead, Seen};
 use crate::error::{AttemptTimeout, DoorError, LastError};
 

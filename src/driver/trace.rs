@@ -3,8 +3,7 @@
 
 use std::time::Duration;
 
-use crate::driver::attempt::Outcome;
-use crate::driver::body::Reply;
+use crate::driver::body::{Outcome, Reply};
 use crate::driver::claim::{Address, Outgoing};
 use crate::error::{DoorError, LastError};
 use tracing::Level;
