@@ -140,11 +140,6 @@ pub trait DoorError:
     /// The error, as one whose sources can be walked.
     #[doc(hidden)]
     fn as_error(&self) -> &(dyn std::error::Error + 'static);
-    /// Whether it says it timed out.
-    #[doc(hidden)]
-    fn is_timeout(&self) -> bool {
-        false
-    }
     /// Whether it says it failed to connect.
     #[doc(hidden)]
     fn is_connect(&self) -> bool {
@@ -312,12 +307,13 @@ impl<E: DoorError> RetryError<E> {
     /// middleware or not.
     #[doc(alias = "is_timeout")]
     pub fn timed_out(&self) -> bool {
-        self.last.beneath().is_some_and(DoorError::is_timeout)
-            || match self.fault {
-                Some(Fault::Timeout) => true,
-                Some(Fault::Connect) => crate::fault::timed_out_in(self.last.as_error()),
-                _ => false,
-            }
+        // Every timeout is a transient fault of its door's reading (reqwest's own by what it
+        // says of itself), and a connect timeout a failed connection that timed out.
+        match self.fault {
+            Some(Fault::Timeout) => true,
+            Some(Fault::Connect) => crate::fault::timed_out_in(self.last.as_error()),
+            _ => false,
+        }
     }
 
     /// Whether the last attempt failed to connect (the host name could not be resolved, or the
@@ -499,10 +495,6 @@ impl DoorError for reqwest_middleware::Error {
             reqwest_middleware::Error::Reqwest(e) => e,
             reqwest_middleware::Error::Middleware(e) => e.as_ref(),
         }
-    }
-
-    fn is_timeout(&self) -> bool {
-        reqwest_middleware::Error::is_timeout(self)
     }
 
     fn is_connect(&self) -> bool {
