@@ -150,11 +150,6 @@ pub trait DoorError:
     fn status(&self) -> Option<StatusCode> {
         None
     }
-    /// The URL it carries, if any.
-    #[doc(hidden)]
-    fn url(&self) -> Option<&Url> {
-        None
-    }
     /// The URL it carries, taken out whole, with only what may be printed left in it.
     #[doc(hidden)]
     fn hide_url(&mut self) -> Option<Url> {
@@ -339,9 +334,8 @@ impl<E: DoorError> RetryError<E> {
     /// `reqwest_middleware::Error`. The URL as written, with any user name and password in it:
     /// for a log line, print [`url_without_query`](Self::url_without_query).
     pub fn url(&self) -> Option<&Url> {
-        self.url
-            .as_ref()
-            .or_else(|| self.last.beneath().and_then(DoorError::url))
+        // Taken out of the last error whole when the error was made (`with`), or the request's.
+        self.url.as_ref()
     }
 
     /// The last attempt's URL without its query, its fragment, and any user name and password
@@ -503,10 +497,6 @@ impl DoorError for reqwest_middleware::Error {
 
     fn status(&self) -> Option<StatusCode> {
         reqwest_middleware::Error::status(self)
-    }
-
-    fn url(&self) -> Option<&Url> {
-        reqwest_middleware::Error::url(self)
     }
 
     fn hide_url(&mut self) -> Option<Url> {

@@ -377,6 +377,63 @@ async fn a_give_up_names_the_last_attempt_s_error_or_status() {
     );
 }
 
+/// Turns every answer into reqwest's status error, as a middleware calling `error_for_status`
+/// further in would.
+struct StatusAsError;
+
+#[async_trait::async_trait]
+impl reqwest_middleware::Middleware for StatusAsError {
+    async fn handle(
+        &self,
+        request: reqwest::Request,
+        extensions: &mut http::Extensions,
+        next: reqwest_middleware::Next<'_>,
+    ) -> reqwest_middleware::Result<reqwest::Response> {
+        let response = next.run(request, extensions).await?;
+        Ok(response.error_for_status()?)
+    }
+}
+
+/// An error that carries a status (reqwest's, made by a middleware further in) names it in the
+/// attempt's event and the stop's, beside its error kind, as an answer's status is named.
+#[tokio::test(flavor = "current_thread")]
+async fn an_error_that_carries_a_status_names_it_in_the_events() {
+    let capture = capture();
+    let client = ClientBuilder::new(reqwest::Client::new())
+        .with(inventory())
+        .with(StatusAsError)
+        .build();
+    let server = crate::support::always(503).await;
+    let before = mine(&capture.events).len();
+    CAPTURING.with(|c| c.set(true));
+    client.get(server.uri()).send().await.unwrap_err();
+    CAPTURING.with(|c| c.set(false));
+
+    let named: Vec<_> = mine(&capture.events)[before..]
+        .iter()
+        .map(|e| {
+            let field = |name| e.field(name).map(str::to_owned);
+            (e.name.clone(), field("status"), field("error"))
+        })
+        .collect();
+    let owned = |s: &str| Some(s.to_owned());
+    assert_eq!(
+        named,
+        [
+            (
+                "attempt finished".to_owned(),
+                owned("503"),
+                owned("permanent")
+            ),
+            (
+                "retrying stopped".to_owned(),
+                owned("503"),
+                owned("permanent")
+            ),
+        ]
+    );
+}
+
 /// An inner middleware reads each attempt's number from its extensions, and the span records
 /// every retry's resend count.
 #[tokio::test(flavor = "current_thread")]
