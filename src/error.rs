@@ -376,7 +376,7 @@ impl RetryError {
 
 impl RetryError<BoxError> {
     /// Finds the `RetryError` inside an error returned by the tower door's service
-    /// ([`RetryService`](crate::RetryService)), which boxes it as tower passes errors; the
+    /// (`RetryService`, feature `tower`), which boxes it as tower passes errors; the
     /// same as `err.downcast_ref::<RetryError<BoxError>>()`.
     ///
     /// Returns `None` for an error that did not come from the layer's attempts: the inner
