@@ -117,7 +117,7 @@ where
     S::Future: Send,
     S::Error: Into<BoxError>,
     B: Send + 'static,
-    R: http_body::Body + Unpin + Send + Sync + 'static,
+    R: http_body::Body + Unpin + Send + 'static,
     R::Data: Into<Bytes>,
     R::Error: Into<BoxError>,
 {
@@ -215,7 +215,7 @@ fn marked<B>(mut request: http::Request<B>, extensions: &Extensions) -> http::Re
 /// replaced in place by what was read of it.
 impl<R> Reply for http::Response<RetryBody<R>>
 where
-    R: http_body::Body + Unpin + Send + Sync + 'static,
+    R: http_body::Body + Unpin + Send + 'static,
     R::Data: Into<Bytes>,
     R::Error: Into<BoxError>,
 {

@@ -76,7 +76,7 @@ where
     B: http_body::Body + Send + 'static,
     B::Data: Into<Bytes>,
     B::Error: Into<BoxError>,
-    R: http_body::Body + Unpin + Send + Sync + 'static,
+    R: http_body::Body + Unpin + Send + 'static,
     R::Data: Into<Bytes>,
     R::Error: Into<BoxError>,
 {
