@@ -1671,3 +1671,82 @@ async fn a_connection_closed_before_the_request_is_sent_again_through_the_tower_
         assert_eq!(inner.calls.load(std::sync::atomic::Ordering::SeqCst), 2);
     }
 }
+
+/// A service whose bodies are `Send` but not `Sync`, as tonic's are (its `Body` holds an
+/// `UnsyncBoxBody`): a 503, then a 200, each copy's body read back whole from the request.
+#[derive(Clone, Default)]
+struct Unsync {
+    calls: Arc<std::sync::atomic::AtomicUsize>,
+    bodies: Arc<std::sync::Mutex<Vec<Bytes>>>,
+}
+
+type UnsyncBody = http_body_util::combinators::UnsyncBoxBody<Bytes, std::io::Error>;
+
+impl<B> Service<http::Request<reqwest_safe_retry::SendBody<B>>> for Unsync
+where
+    B: http_body::Body + Send + 'static,
+    B::Data: Into<Bytes>,
+    B::Error: Into<reqwest_safe_retry::BoxError>,
+{
+    type Response = http::Response<UnsyncBody>;
+    type Error = std::io::Error;
+    type Future = std::pin::Pin<
+        Box<dyn std::future::Future<Output = Result<Self::Response, std::io::Error>> + Send>,
+    >;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), std::io::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: http::Request<reqwest_safe_retry::SendBody<B>>) -> Self::Future {
+        use http_body_util::BodyExt;
+        let n = (self.calls).fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let bodies = self.bodies.clone();
+        Box::pin(async move {
+            let sent = request
+                .into_body()
+                .collect()
+                .await
+                .map_err(std::io::Error::other);
+            bodies.lock().unwrap().push(sent?.to_bytes());
+            let (status, text) = if n == 0 { (503, "busy") } else { (200, "done") };
+            let body = http_body_util::Full::new(Bytes::from_static(text.as_bytes()))
+                .map_err(|never| match never {})
+                .boxed_unsync();
+            let mut answer = http::Response::new(body);
+            *answer.status_mut() = http::StatusCode::from_u16(status).unwrap();
+            Ok(answer)
+        })
+    }
+}
+
+/// The layer takes a request body and answers with a response body that are `Send` but not
+/// `Sync` (tonic's bodies are such): the PUT is retried with the same bytes, and the answer's
+/// body, read inside the attempt, comes back whole.
+#[tokio::test]
+async fn bodies_that_are_not_sync_go_through_the_layer() {
+    use http_body_util::BodyExt;
+    let inner = Unsync::default();
+    let policy = RetryPolicy::builder()
+        .buffer_body(64)
+        .base_delay(std::time::Duration::from_millis(1))
+        .build()
+        .unwrap();
+    let mut service = RetryMiddleware::new(policy)
+        .with_clock(FakeClock::new())
+        .layer(inner.clone());
+    let sent = http_body_util::Full::new(Bytes::from_static(b"order 7"))
+        .map_err(|never| match never {})
+        .boxed_unsync();
+    let request: http::Request<UnsyncBody> = http::Request::put("http://127.0.0.1:9/orders")
+        .body(sent)
+        .unwrap();
+    let answer = service.call(request).await.unwrap();
+    assert_eq!(answer.status(), 200);
+    let record = RetryRecord::of(&answer).expect("a record");
+    assert_eq!(record.attempts(), 2);
+    let body = answer.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(body, "done");
+    let bodies = inner.bodies.lock().unwrap().clone();
+    assert_eq!(bodies, ["order 7", "order 7"], "each copy carried the body");
+}
