@@ -1,5 +1,6 @@
 //! The driver: the only code that sends, times out, sleeps and awaits; it decides nothing. One
-//! logical request's phases (`phases`), the attempt in flight (`attempt`), bodies read inside
+//! logical request's phases (`phases`), what it keeps of itself (`request`), the attempt in
+//! flight (`attempt`), bodies read inside
 //! an attempt or kept through a wait (`body`), the claim that lets one layer retry (`claim`),
 //! and its tracing (`trace`). It builds the record a request ends with (`crate::record`).
 
@@ -7,6 +8,7 @@ pub(crate) mod attempt;
 pub(crate) mod body;
 pub(crate) mod claim;
 pub(crate) mod phases;
+pub(crate) mod request;
 #[cfg(test)]
 pub(crate) mod scripted;
 pub(crate) mod trace;

@@ -19,10 +19,11 @@ use http::Extensions;
 use tracing::Level;
 
 use crate::clock::{Clock, SharedClock, TimerUnavailable, TokioClock};
-use crate::driver::attempt::{Chain, Ends, Flight, Kept, KeptUrl, Last, Lent, Sent, Tools};
+use crate::driver::attempt::{Chain, Flight, Lent, Tools};
 use crate::driver::body;
 use crate::driver::body::{Outcome, Reply};
 use crate::driver::claim::{Beneath, Outgoing};
+use crate::driver::request::{Ends, Kept, KeptUrl, Last, Sent};
 use crate::driver::trace::{self, Ended, LogLevels, Traced};
 use crate::engine::advice;
 use crate::engine::budget::RetryBudget;
