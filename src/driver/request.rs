@@ -1,5 +1,5 @@
-//! What one logical request keeps of itself while its attempts go: the request, its copies
-//! source (`Kept`), what was decided of it before its first attempt (`Sent`: its key, whether
+//! What one logical request keeps of itself while its attempts go: the request its copies are
+//! made from (`Kept`), what was decided of it before its first attempt (`Sent`: its key, whether
 //! it may be repeated, what the classifier and the observer see of it), and what its end needs
 //! (`Ends`).
 
