@@ -19,7 +19,8 @@
 //!    whatever was cancelled;
 //! 3. every copy of a request carries the same key, the one its record or error reports;
 //! 4. no time-left header says more than is left, and no retry comes before a valid floor the
-//!    answer before it set (its wait field, or a spent quota's reset);
+//!    answer before it set (its wait field, or a spent quota's reset); nor the next request's
+//!    first copy before the reset of a quota the last answer said was spent, final or not;
 //! 5. the counters equal what the server saw: one request per `send()`, attempts and hedges
 //!    at least the arrivals, exactly them when no copy was given up;
 //!
@@ -101,16 +102,24 @@ impl Answer {
     /// The floor this answer sets for a retry after it: its first valid wait field
     /// (milliseconds first) when the policy reads them (`waits`), else a spent quota's reset.
     fn floor(&self, waits: bool) -> Option<Duration> {
+        self.wait().filter(|_| waits).or(self.spent_quota())
+    }
+
+    /// The first valid wait field (milliseconds first), if any.
+    fn wait(&self) -> Option<Duration> {
         let millis = (self.header("retry-after-ms")).and_then(|v| v.parse::<u64>().ok());
         let secs = (self.header("retry-after")).and_then(|v| v.parse::<u64>().ok());
-        let wait = millis
+        millis
             .map(Duration::from_millis)
-            .or(secs.map(Duration::from_secs));
-        let quota = self.header("ratelimit").and_then(|v| {
+            .or(secs.map(Duration::from_secs))
+    }
+
+    /// The reset of the quota this answer says is spent, whatever its status and wait fields.
+    fn spent_quota(&self) -> Option<Duration> {
+        self.header("ratelimit").and_then(|v| {
             let reset = v.strip_prefix("\"q\";r=0;t=")?;
             reset.parse::<u64>().ok().map(Duration::from_secs)
-        });
-        wait.filter(|_| waits).or(quota)
+        })
     }
 }
 
@@ -1216,6 +1225,25 @@ async fn run(seed: u64, door: Door, measuring: &mut Measuring) -> Result<(), Str
             let complete = *attempts as usize == mine.len();
             if !cut && complete {
                 let answered = &req.answers[i.min(req.answers.len() - 1)];
+                // 4. A spent quota on the last answer holds the next request's first copy
+                // until its reset: on a final answer whatever wait field is beside it, on a
+                // transient one unless the policy reads a valid wait field there instead.
+                let sent_before = keyed && (i > 0 || req.key != KeyUse::None);
+                let transient =
+                    judged(answered, repeatable, keyed, sent_before) == Judged::Transient;
+                let waits = c.wait_fields && answered.wait().is_some();
+                let quota = answered.spent_quota().filter(|_| !(transient && waits));
+                let next = of(r + 1).next();
+                if let (Some(reset), Some(next)) = (quota, next) {
+                    let held = next.at.saturating_sub(last.at + latency);
+                    if held < reset {
+                        return Err(format!(
+                            "request {}: sent {held:?} after an answer whose quota resets in \
+                             {reset:?}: {answered:?}",
+                            r + 1
+                        ));
+                    }
+                }
                 let sent_before = keyed && (i > 0 || req.key != KeyUse::None);
                 match judged(answered, repeatable, keyed, sent_before) {
                     Judged::Final(reason) if reason != *stop => {
