@@ -455,13 +455,23 @@ mod shared;
 mod stop;
 
 pub use clock::{Clock, Sleep, TokioClock};
+#[cfg(feature = "grpc")]
+pub use door::grpc::{GrpcBody, GrpcRetryLayer, GrpcRetryService};
 #[cfg(feature = "tower")]
-pub use door::tower::{RetryBody, RetryService, SendBody};
+pub use door::tower::RetryService;
 pub use driver::phases::RetryMiddleware;
+#[cfg(any(feature = "tower", feature = "grpc"))]
+pub use driver::{retry_body::RetryBody, send_body::SendBody};
 pub use engine::backoff::Jitter;
 pub use engine::budget::{RetryBudget, RetryBudgetBuilder};
 pub use engine::classifier::{Attempt, Outcome, Retryable};
 pub use engine::dependency::{Dependency, RetryOverride};
+#[cfg(feature = "grpc")]
+pub use engine::grpc::config::{
+    GRPC_MAX_ATTEMPTS, GrpcConfig, GrpcRetryPolicy, GrpcRetryPolicyBuilder,
+};
+#[cfg(feature = "grpc")]
+pub use engine::grpc::throttle::RetryThrottling;
 pub use engine::idempotency::{
     IdempotencyKeys, IdempotencyKeysBuilder, KeyFormat, KeySource, NaturalKey, SeededKeys,
 };

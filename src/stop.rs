@@ -65,6 +65,9 @@ pub enum StopReason {
     /// The middleware's clock could not make a timer (a [`TokioClock`](crate::TokioClock) on a
     /// runtime without tokio's time driver); nothing was sent.
     TimerUnavailable,
+    /// A gRPC call was committed: the server answered with headers, so its messages and its
+    /// status (in its trailers) are the caller's, and gRPC never retries it (gRFC A6).
+    Committed,
 }
 
 impl StopReason {
@@ -89,6 +92,7 @@ impl StopReason {
             StopReason::Throttled => "throttled",
             StopReason::QuotaExhausted => "quota_exhausted",
             StopReason::TimerUnavailable => "timer_unavailable",
+            StopReason::Committed => "committed",
         }
     }
 }
@@ -114,6 +118,7 @@ impl fmt::Display for StopReason {
                 "the dependency's quota is spent until after the request could wait"
             }
             StopReason::TimerUnavailable => "no timer to time the attempt with",
+            StopReason::Committed => "the call was committed: the server answered it",
         })
     }
 }
@@ -142,6 +147,7 @@ mod tests {
             Throttled,
             QuotaExhausted,
             TimerUnavailable,
+            Committed,
         ];
         let mut names: Vec<&str> = all.iter().map(StopReason::as_str).collect();
         let mut sentences: Vec<String> = all.iter().map(ToString::to_string).collect();

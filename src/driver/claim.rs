@@ -150,6 +150,32 @@ pub(crate) struct Address<'a> {
     pub(crate) path: &'a str,
 }
 
+/// Where `uri` goes, in the parts the trace, the observer and the claim name it by: the scheme's
+/// own port left out, an empty path read as `/`.
+#[cfg(any(feature = "tower", feature = "grpc"))]
+pub(crate) fn address_of(uri: &http::Uri) -> Address<'_> {
+    let scheme = uri.scheme_str().unwrap_or("");
+    let known = match scheme {
+        "http" => Some(80),
+        "https" => Some(443),
+        _ => None,
+    };
+    let (host, written) = uri.authority().map_or(("", None), |authority| {
+        crate::engine::seen::split_authority(authority.as_str())
+    });
+    let path = match uri.path() {
+        "" => "/",
+        path => path,
+    };
+    Address {
+        scheme,
+        host,
+        port: written.filter(|port| Some(*port) != known),
+        known_port: written.or(known),
+        path,
+    }
+}
+
 /// Tells the middleware and transport beneath which attempt this is, before they see it (a first
 /// attempt carries nothing: [`RetryAttempt::of`](crate::RetryAttempt::of) reads its absence).
 #[inline]

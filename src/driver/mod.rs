@@ -9,6 +9,10 @@ pub(crate) mod body;
 pub(crate) mod claim;
 pub(crate) mod phases;
 pub(crate) mod request;
+#[cfg(any(feature = "tower", feature = "grpc"))]
+pub(crate) mod retry_body;
 #[cfg(test)]
 pub(crate) mod scripted;
+#[cfg(any(feature = "tower", feature = "grpc"))]
+pub(crate) mod send_body;
 pub(crate) mod trace;

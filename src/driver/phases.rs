@@ -107,6 +107,16 @@ impl RetryMiddleware {
         }
     }
 
+    /// The middleware for `routes`, with the defaults' clock, random source and observer (the
+    /// gRPC door's, whose dependencies are its methods').
+    #[cfg(feature = "grpc")]
+    pub(crate) fn routed(routes: Routes) -> Self {
+        RetryMiddleware {
+            dependencies: routes,
+            ..RetryMiddleware::default()
+        }
+    }
+
     /// Sends requests to `host` (`"api.example.com"`, any port) or `host:port`
     /// (`"127.0.0.1:8080"`, `"[::1]:8080"`) through `dependency` instead of the default. Routes
     /// are tried in the order they were added; the host is compared without regard to case.
@@ -247,7 +257,10 @@ impl RetryMiddleware {
         async move {
             let this = &*this;
             let extensions = extensions.borrow_mut();
-            let dependency = this.dependencies.pick(kept.request().locate());
+            let request = kept.request();
+            let dependency = this
+                .dependencies
+                .pick(request.locate(), || request.address().path);
             let span = trace::request_span(&dependency.name, kept.request());
             let (overriding, cap, refused) = RetryOverride::of_request(extensions, dependency);
             let policy = overriding.as_deref().unwrap_or(&dependency.policy);

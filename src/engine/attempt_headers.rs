@@ -32,13 +32,16 @@ pub(crate) struct AttemptHeaders {
     pub(crate) attempt: Option<HeaderName>,
     /// The header of the time left before the deadline, in milliseconds.
     pub(crate) deadline: Option<HeaderName>,
+    /// gRPC's own (A6): `grpc-previous-rpc-attempts` on every retry, and a call's
+    /// `grpc-timeout`, when it has one, cut to the time left.
+    pub(crate) grpc: bool,
 }
 
 impl AttemptHeaders {
     /// Whether any is sent.
     #[inline]
     pub(crate) fn are_on(&self) -> bool {
-        self.attempt.is_some() || self.deadline.is_some()
+        self.attempt.is_some() || self.deadline.is_some() || self.grpc
     }
 
     /// Puts attempt `number`'s headers on the copy of the request it sends, `left` before the
@@ -50,6 +53,16 @@ impl AttemptHeaders {
         if let Some(name) = &self.deadline {
             let millis = u64::try_from(left.as_millis()).unwrap_or(u64::MAX);
             headers.insert(name.clone(), HeaderValue::from(millis));
+        }
+        if self.grpc {
+            if number > 1 {
+                let previous = HeaderValue::from(number - 1);
+                headers.insert("grpc-previous-rpc-attempts", previous);
+            }
+            // The call's deadline spans its attempts: each is told what is left of it.
+            if headers.contains_key("grpc-timeout") {
+                headers.insert("grpc-timeout", crate::engine::grpc::timeout_value(left));
+            }
         }
     }
 }
@@ -102,6 +115,7 @@ mod tests {
         let headers = AttemptHeaders {
             attempt: Some(HeaderName::from_static("x-attempt")),
             deadline: Some(HeaderName::from_static("x-deadline-ms")),
+            grpc: false,
         };
         let mut sending = request();
         sending
@@ -123,6 +137,7 @@ mod tests {
         let one = AttemptHeaders {
             attempt: None,
             deadline: Some(HeaderName::from_static("x-deadline-ms")),
+            grpc: false,
         };
         assert!(one.are_on());
     }

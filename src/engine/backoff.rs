@@ -102,6 +102,39 @@ pub(crate) fn ceiling(base: Duration, cap: Duration, retry: u32) -> Duration {
     base.saturating_mul(factor).min(cap)
 }
 
+/// gRPC's wait before retry `retry` (0-based; A6 as revised in 2024): the ceiling
+/// `min(base * multiplier^retry, cap)` (`multiplier_milli` in thousandths), times a factor
+/// drawn from `[0.8, 1.2]`. The jitter comes after the cap, so a wait may pass it by a fifth.
+pub(crate) fn a6(
+    base: Duration,
+    cap: Duration,
+    multiplier_milli: u32,
+    retry: u32,
+    rng: &dyn RandomSource,
+) -> Duration {
+    let top = a6_ceiling(base, cap, multiplier_milli, retry);
+    let low = top.saturating_mul(4) / 5;
+    low + uniform_duration(rng, top.saturating_mul(2) / 5)
+}
+
+/// `min(base * multiplier^retry, cap)`, `multiplier_milli` in thousandths: in floating point,
+/// as any multiplier may be given; a product too large, or not a number, is the cap.
+pub(crate) fn a6_ceiling(
+    base: Duration,
+    cap: Duration,
+    multiplier_milli: u32,
+    retry: u32,
+) -> Duration {
+    let factor =
+        (f64::from(multiplier_milli) / 1000.0).powi(i32::try_from(retry).unwrap_or(i32::MAX));
+    let secs = base.as_secs_f64() * factor;
+    if secs < cap.as_secs_f64() {
+        Duration::from_secs_f64(secs)
+    } else {
+        cap
+    }
+}
+
 /// A wait drawn uniformly from `[0, ceiling(base, cap, retry)]`.
 pub(crate) fn full_jitter(
     base: Duration,

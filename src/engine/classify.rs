@@ -18,7 +18,8 @@ use http::{HeaderValue, Method, StatusCode};
 
 use crate::engine::advice;
 use crate::engine::classifier::{Attempt, Classifier, Outcome, RequestHead, Retryable};
-use crate::engine::policy::RetryPolicy;
+use crate::engine::grpc::{self, Pushback, Said};
+use crate::engine::policy::{GrpcRules, RetryPolicy};
 use crate::engine::seen::{ResponseHead, Seen};
 use crate::fault::Fault;
 use crate::shared::Shared;
@@ -97,6 +98,9 @@ impl Judging<'_> {
         number: u32,
         body: Option<&bytes::Bytes>,
     ) -> Verdict {
+        if let Some(rules) = self.policy.grpc() {
+            return self.grpc_verdict(seen, rules);
+        }
         // The common answer, a success with no classifier to ask: final, whatever else it says.
         if let (Seen::Answer(answer), None) = (seen, self.hook) {
             if answer.status.as_u16() < 400 {
@@ -149,6 +153,44 @@ impl Judging<'_> {
             },
             Seen::Failed(failure) => error_verdict(failure.fault, transient, self.repeatable),
         }
+    }
+
+    /// The verdict on a gRPC call's outcome, by A6: a committed call is final; a status in the
+    /// policy's codes is transient, unless the server's pushback says not to retry, and under
+    /// the same key rules as an HTTP answer (a replayed failure is final); a transport failure
+    /// stands for `UNAVAILABLE`, as gRPC's clients report it, and one that sent nothing is
+    /// retried whatever the codes (A6's transparent retry, within the policy's attempts).
+    /// The dependency's classifier is not asked: the method's policy is the rule. Nor is the
+    /// method (every call is a POST): a retry policy is the service's word that its method's
+    /// calls may be repeated, as A6 takes it; a call the service cannot dedupe is marked
+    /// non-idempotent and carries a key.
+    fn grpc_verdict(&self, seen: &Seen<'_>, rules: GrpcRules) -> Verdict {
+        let answer = match seen {
+            Seen::Failed(failure) => {
+                let retried = rules.codes.has(grpc::UNAVAILABLE);
+                let nothing_sent = failure.fault.is_some_and(Fault::nothing_sent);
+                let transient = failure.fault.is_some() && (retried || nothing_sent);
+                return error_verdict(failure.fault, transient, true);
+            }
+            Seen::Answer(answer) => answer,
+        };
+        let code = match grpc::said(answer.status, answer.headers) {
+            Said::Committed => return Verdict::Final(StopReason::Committed),
+            Said::Status(grpc::OK) => return Verdict::Final(StopReason::Succeeded),
+            Said::Status(code) => code,
+        };
+        if !rules.codes.has(code) {
+            return Verdict::Final(StopReason::NotRetryable);
+        }
+        if grpc::pushback(answer.headers) == Pushback::Stop {
+            return Verdict::Final(StopReason::ServerDeclinedRetry);
+        }
+        if self.key_sent && advice::replayed(answer.headers) {
+            return Verdict::Final(StopReason::ReplayedFailure);
+        }
+        Verdict::Transient(Cause::Status {
+            throttled: code == grpc::RESOURCE_EXHAUSTED,
+        })
     }
 
     /// Whether an answer is a transient failure by the default rules: its status in the

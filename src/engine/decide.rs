@@ -74,6 +74,8 @@ use http::{HeaderMap, StatusCode};
 
 use crate::engine::budget::{RetryBudget, RetryKind};
 use crate::engine::classify::{Cause, Verdict};
+use crate::engine::grpc::throttle::RetryThrottling;
+use crate::engine::grpc::{self, Pushback, Said};
 use crate::engine::latency::LatencyWindow;
 use crate::engine::policy::RetryPolicy;
 use crate::engine::rate_limit::{self, Gate, Origin, ProbeTicket, QuotaState};
@@ -100,6 +102,8 @@ pub(crate) struct Accounts<'a> {
     pub(crate) quota: &'a QuotaState,
     /// The latency window, when the policy measures it.
     pub(crate) latency: Option<&'a LatencyWindow>,
+    /// gRPC's retry throttling, for a gRPC method's dependency that has it.
+    pub(crate) grpc_throttle: Option<&'a RetryThrottling>,
 }
 
 impl Accounts<'_> {
@@ -256,6 +260,9 @@ pub(crate) struct Decider<'a> {
     /// The hedging state of a request that may be hedged; boxed, as few requests may be, and
     /// the decider lives in every request's future, which is kept small.
     hedging: Option<Box<Hedging>>,
+    /// The attempts made when a gRPC server last pushed back: the backoff counts its retries
+    /// from there.
+    backoff_from: u8,
 }
 
 /// The hedging state of one request: when a hedge may go, and the one out.
@@ -309,6 +316,7 @@ impl<'a> Decider<'a> {
             last_limit_us: 0,
             last_timed_out: false,
             hedging: None,
+            backoff_from: 0,
         }
     }
 
@@ -730,7 +738,7 @@ impl<'a> Decider<'a> {
         // is reported whatever follows; a quota may raise it below.
         self.floor = (observed.answer)
             .filter(|_| self.policy.retry_after_fields())
-            .and_then(|answer| retry_after::floor(answer.headers, wall));
+            .and_then(|answer| self.server_floor(answer.headers, wall));
         let stop = if self.cap == Cap::NoRetries {
             StopReason::RetriesDisabled
         } else if self.attempt >= self.max_attempts() {
@@ -751,6 +759,52 @@ impl<'a> Decider<'a> {
             self.count(Count::DeadlineStop);
         }
         Wait::Stop(stop)
+    }
+
+    /// The wait the server asked for on a transient answer: gRPC's pushback (whose "do not
+    /// retry" made the answer final before this), else `retry-after-ms`,
+    /// `x-ms-retry-after-ms` or `Retry-After`. A pushback starts the backoff again from its
+    /// first wait (A6).
+    fn server_floor(
+        &mut self,
+        headers: &HeaderMap,
+        wall: &dyn Fn() -> SystemTime,
+    ) -> Option<Duration> {
+        if self.policy.grpc().is_none() {
+            return retry_after::floor(headers, wall);
+        }
+        match grpc::pushback(headers) {
+            Pushback::Wait(wait) => {
+                self.backoff_from = u8::try_from(self.attempt).unwrap_or(u8::MAX);
+                Some(wait)
+            }
+            Pushback::Absent | Pushback::Stop => None,
+        }
+    }
+
+    /// A gRPC call's attempt ended in `observed`: the channel's throttling counts its status
+    /// (`OK` refills it; a code the policy retries, or a transport failure that would be
+    /// retried as `UNAVAILABLE`, spends it), and a retry it does not allow becomes
+    /// [`StopReason::BudgetExhausted`]. A committed call is counted by the door when its
+    /// trailers come.
+    fn throttle_grpc(&self, observed: &mut Observed<'_>) {
+        let (Some(rules), Some(throttle)) = (self.policy.grpc(), self.accounts.grpc_throttle)
+        else {
+            return;
+        };
+        let transient = matches!(observed.verdict, Verdict::Transient(_));
+        let code = match observed.answer {
+            Some(answer) => match grpc::said(answer.status, answer.headers) {
+                Said::Committed => return,
+                Said::Status(code) => code,
+            },
+            None if transient => grpc::UNAVAILABLE,
+            None => return,
+        };
+        if !throttle.ended(code, rules.codes) && transient {
+            self.count(Count::BudgetRefusal);
+            observed.verdict = Verdict::Final(StopReason::BudgetExhausted);
+        }
     }
 
     /// What an answer said of its origin's quota, taken in; a probe's answer clears the quota
@@ -796,7 +850,7 @@ impl<'a> Decider<'a> {
         let by_quota = quota > retry_after;
         let floor = retry_after.max(quota);
         self.floor = floor;
-        let retry = self.attempt - 1;
+        let retry = self.attempt - 1 - u32::from(self.backoff_from).min(self.attempt - 1);
         let previous = match self.last_backoff {
             u64::MAX => self.policy.base_delay(),
             nanos => Duration::from_nanos(nanos),

@@ -14,6 +14,7 @@ use crate::engine::attempt_headers::{self, AttemptHeaders};
 use crate::engine::budget::RetryBudget;
 use crate::engine::classifier::{Attempt, Classifier, Retryable};
 use crate::engine::decide::{Accounts, Cap};
+use crate::engine::grpc::throttle::RetryThrottling;
 use crate::engine::idempotency::IdempotencyKeys;
 use crate::engine::latency::LatencyWindow;
 use crate::engine::policy::RetryPolicy;
@@ -71,6 +72,8 @@ pub struct Dependency {
     pub(crate) attempt_headers: AttemptHeaders,
     /// What the dependency's attempts take, when its policy measures it; clones share it.
     pub(crate) latency: Option<Arc<LatencyWindow>>,
+    /// gRPC's retry throttling, for a gRPC method's dependency whose channel has it.
+    pub(crate) grpc_throttle: Option<RetryThrottling>,
 }
 
 impl From<RetryPolicy> for Dependency {
@@ -100,6 +103,7 @@ impl Dependency {
             latency: policy
                 .measures_latency()
                 .then(|| Arc::new(LatencyWindow::new(&policy))),
+            grpc_throttle: None,
         }
     }
 
@@ -297,6 +301,7 @@ impl Dependency {
             throttle: self.throttle.as_ref(),
             quota: &self.quota,
             latency: self.latency.as_deref(),
+            grpc_throttle: self.grpc_throttle.as_ref(),
         }
     }
 }
@@ -307,6 +312,28 @@ impl Dependency {
 pub(crate) struct Routes {
     default: Dependency,
     routes: Vec<(HostMatch, Dependency)>,
+    /// By the request's path, before any host (the gRPC door's methods): a path, or a prefix
+    /// (a service's `/pkg.Service/`), tried in the order added.
+    paths: Vec<(PathMatch, Dependency)>,
+}
+
+/// Which paths a dependency routed by path serves.
+#[derive(Debug, Clone)]
+#[cfg_attr(not(feature = "grpc"), allow(dead_code))]
+pub(crate) enum PathMatch {
+    /// This path.
+    Exact(String),
+    /// Every path that starts so.
+    Prefix(String),
+}
+
+impl PathMatch {
+    fn matches(&self, path: &str) -> bool {
+        match self {
+            PathMatch::Exact(p) => path == p,
+            PathMatch::Prefix(p) => path.starts_with(p.as_str()),
+        }
+    }
 }
 
 impl Routes {
@@ -314,7 +341,14 @@ impl Routes {
         Routes {
             default,
             routes: Vec::new(),
+            paths: Vec::new(),
         }
+    }
+
+    /// Sends requests whose path `path` matches through `dependency`, before any host route.
+    #[cfg(feature = "grpc")]
+    pub(crate) fn add_path(&mut self, path: PathMatch, dependency: Dependency) {
+        self.paths.push((path, dependency));
     }
 
     /// Sends requests to `host` through `dependency`; see
@@ -326,7 +360,13 @@ impl Routes {
 
     /// The dependency a request to `to` goes through (its target is read only when there
     /// are routes).
-    pub(crate) fn pick(&self, to: &dyn Locate) -> &Dependency {
+    pub(crate) fn pick<'p>(&self, to: &dyn Locate, path: impl FnOnce() -> &'p str) -> &Dependency {
+        if !self.paths.is_empty() {
+            let path = path();
+            if let Some((_, dependency)) = self.paths.iter().find(|(m, _)| m.matches(path)) {
+                return dependency;
+            }
+        }
         if self.routes.is_empty() {
             return &self.default;
         }
@@ -729,7 +769,7 @@ mod tests {
         routes
             .add("127.0.0.1:9000", Dependency::new("local", policy))
             .unwrap();
-        let pick = |s: &str| routes.pick(&url(s)).name().to_owned();
+        let pick = |s: &str| routes.pick(&url(s), || "/").name().to_owned();
         assert_eq!(pick("http://unrouted.example/"), "payments");
         assert_eq!(
             pick("http://API.example.com:8080/x"),
@@ -738,7 +778,7 @@ mod tests {
         );
         assert_eq!(pick("http://127.0.0.1:9000/"), "local");
         assert_eq!(pick("http://127.0.0.1:9001/"), "payments");
-        let unrouted = routes.pick(&url("http://unrouted.example/"));
+        let unrouted = routes.pick(&url("http://unrouted.example/"), || "/");
         unrouted
             .counters
             .add(crate::observe::Count::Request, &unrouted.metric_keys, None);

@@ -12,6 +12,7 @@ pub(crate) mod classifier;
 pub(crate) mod classify;
 pub(crate) mod decide;
 pub(crate) mod dependency;
+pub(crate) mod grpc;
 pub(crate) mod idempotency;
 pub(crate) mod latency;
 pub(crate) mod policy;

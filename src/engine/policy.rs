@@ -10,6 +10,7 @@ use std::time::Duration;
 use http::{Method, StatusCode};
 
 use crate::engine::backoff::Jitter;
+use crate::engine::grpc::CodeSet;
 use crate::error::InvalidConfig;
 
 /// The area named in this module's configuration errors.
@@ -49,6 +50,17 @@ pub struct RetryPolicy {
     buffer_body: Option<usize>,
     latency_timeout: Option<LatencyTimeout>,
     hedging: Option<Hedging>,
+    /// gRPC's rules (A6), for a policy the gRPC door made: answers judged by their gRPC
+    /// status, and the backoff's multiplier.
+    grpc: Option<GrpcRules>,
+}
+
+/// What a gRPC method's policy adds (`engine::grpc`): the status codes it retries, and the
+/// backoff's multiplier in thousandths.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct GrpcRules {
+    pub(crate) codes: CodeSet,
+    pub(crate) multiplier_milli: u32,
 }
 
 /// The attempt timeout from measured latency: `multiplier x p99.9`, never below `floor`.
@@ -186,6 +198,47 @@ impl RetryPolicy {
         self.buffer_body
     }
 
+    /// gRPC's rules, for a policy the gRPC door made.
+    #[inline]
+    pub(crate) fn grpc(&self) -> Option<GrpcRules> {
+        self.grpc
+    }
+
+    /// The policy that carries out an A6 retry policy: `attempts`, the backoff `(initial, max,
+    /// multiplier in thousandths)` with A6's jitter, answers judged by their gRPC status
+    /// (`codes` retried), the server's pushback taken as an exact wait, no HTTP field read, and
+    /// no deadline or attempt timeout of its own: a call's `grpc-timeout` gives its deadline.
+    #[cfg(feature = "grpc")]
+    pub(crate) fn grpc_method(
+        attempts: u32,
+        (initial, max, multiplier_milli): (Duration, Duration, u32),
+        codes: CodeSet,
+    ) -> RetryPolicy {
+        let long = crate::engine::grpc::config::NO_DEADLINE;
+        RetryPolicy {
+            max_attempts: attempts,
+            base_delay: initial,
+            max_delay: max,
+            jitter: Jitter::Full,
+            attempt_timeout: long,
+            deadline: long,
+            max_retry_after: long,
+            retry_after_jitter: false,
+            rate_limit_fields: false,
+            retry_after_fields: true,
+            should_retry_fields: false,
+            statuses: StatusSet::EMPTY,
+            methods: MethodSet::ALL,
+            buffer_body: None,
+            latency_timeout: None,
+            hedging: None,
+            grpc: Some(GrpcRules {
+                codes,
+                multiplier_milli,
+            }),
+        }
+    }
+
     /// A builder holding every setting of this policy, to change a few and build another:
     /// `build()` on it unchanged gives this policy back. A `max_retry_after` equal to the
     /// deadline follows the deadline in the builder, as it does when left unset.
@@ -220,6 +273,7 @@ impl RetryPolicy {
             statuses: (400..=599).filter(|c| self.statuses.contains(*c)).collect(),
             methods: self.methods.listed(),
             buffer_body: self.buffer_body,
+            grpc: self.grpc,
         }
     }
 }
@@ -235,7 +289,8 @@ impl Default for RetryPolicy {
 
 impl fmt::Debug for RetryPolicy {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RetryPolicy")
+        let mut shown = f.debug_struct("RetryPolicy");
+        shown
             .field("max_attempts", &self.max_attempts)
             .field("base_delay", &self.base_delay)
             .field("max_delay", &self.max_delay)
@@ -251,8 +306,12 @@ impl fmt::Debug for RetryPolicy {
             .field("retryable_methods", &self.methods)
             .field("buffer_body", &self.buffer_body)
             .field("timeout_from_latency", &self.timeout_from_latency())
-            .field("hedge_reads", &self.hedge_reads())
-            .finish()
+            .field("hedge_reads", &self.hedge_reads());
+        // A gRPC method's rules, shown only on its policy.
+        if let Some(grpc) = &self.grpc {
+            shown.field("grpc", grpc);
+        }
+        shown.finish()
     }
 }
 
@@ -300,6 +359,8 @@ pub struct RetryPolicyBuilder {
     latency_timeout: Option<(f64, Duration)>,
     /// `(extra_load, max_delay)`.
     hedging: Option<(f64, Duration)>,
+    /// Kept from a gRPC method's policy by `to_builder` (an override's), never set apart.
+    grpc: Option<GrpcRules>,
 }
 
 impl RetryPolicyBuilder {
@@ -321,6 +382,7 @@ impl RetryPolicyBuilder {
             buffer_body: None,
             latency_timeout: None,
             hedging: None,
+            grpc: None,
         }
     }
 
@@ -735,6 +797,7 @@ impl RetryPolicyBuilder {
             buffer_body: self.buffer_body,
             latency_timeout,
             hedging,
+            grpc: self.grpc,
         })
     }
 

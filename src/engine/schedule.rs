@@ -51,7 +51,10 @@ pub(crate) fn next_wait(
 ) -> (Wait, Option<Duration>) {
     let (base, cap) = (policy.base_delay(), policy.max_delay());
     let Some(floor) = retry_after else {
-        let backoff = policy.jitter().draw(base, cap, retry, previous, rng);
+        let backoff = match policy.grpc() {
+            Some(rules) => backoff::a6(base, cap, rules.multiplier_milli, retry, rng),
+            None => policy.jitter().draw(base, cap, retry, previous, rng),
+        };
         let wait = if backoff >= remaining {
             Wait::Stop(StopReason::DeadlineReached)
         } else {

@@ -50,6 +50,60 @@ impl std::fmt::Debug for dyn Locate + '_ {
     }
 }
 
+/// The host and the port of an authority (`[user@]host[:port]`), as `http::Uri::host` and
+/// `port_u16` read them, in one pass over its bytes: a port that is not a number up to 65535 is
+/// none, as there. This runs for every request, where `http`'s own readers search the text
+/// three times.
+pub(crate) fn split_authority(authority: &str) -> (&str, Option<u16>) {
+    let bytes = authority.as_bytes();
+    // Where the host starts (after the last `@`); after that, where the last `:` ends (0: none)
+    // and where the last `]` is (0: none, as no authority starts with one).
+    let (mut start, mut colon, mut closed) = (0, 0, 0);
+    for (at, byte) in bytes.iter().enumerate() {
+        if *byte == b':' {
+            colon = at + 1;
+        } else if *byte == b'@' {
+            (start, colon, closed) = (at + 1, 0, 0);
+        } else if *byte == b']' {
+            closed = at;
+        }
+    }
+    // No colon, or one inside an IPv6 address's brackets: no port.
+    if colon <= closed {
+        return (authority.get(start..).unwrap_or(""), None);
+    }
+    let host = authority.get(start..colon - 1).unwrap_or("");
+    (host, bytes.get(colon..).and_then(port_of))
+}
+
+/// The port `digits` write, read as `http` reads one (as `u16`'s own parser does: decimal
+/// digits after an optional `+`, up to 65535).
+fn port_of(digits: &[u8]) -> Option<u16> {
+    let digits = digits.strip_prefix(b"+").unwrap_or(digits);
+    if digits.is_empty() {
+        return None;
+    }
+    let mut value: u16 = 0;
+    for digit in digits {
+        let digit = digit.wrapping_sub(b'0');
+        if digit > 9 {
+            return None;
+        }
+        value = value.checked_mul(10)?.checked_add(u16::from(digit))?;
+    }
+    Some(value)
+}
+
+/// Where a URI points, as the engine reads it: only when a rule asks.
+impl Locate for http::Uri {
+    fn target(&self) -> Target<'_> {
+        let (host, port) = self
+            .authority()
+            .map_or(("", None), |authority| split_authority(authority.as_str()));
+        Target::new(self.scheme_str().unwrap_or(""), host, port)
+    }
+}
+
 /// An answer's head, as the engine and a [classifier](crate::Dependency::with_classifier) read
 /// it: its status, HTTP version and headers, whichever door it came through.
 #[derive(Debug, Clone, Copy)]
@@ -114,6 +168,30 @@ impl Seen<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_port_is_a_number_up_to_65535() {
+        for (digits, port) in [
+            ("0", Some(0)),
+            ("80", Some(80)),
+            ("65535", Some(65535)),
+            ("65536", None),
+            ("99999", None),
+            ("000080", Some(80)),
+            ("", None),
+            ("8a", None),
+            ("+8", Some(8)),
+            ("+", None),
+            ("-8", None),
+            ("8+", None),
+        ] {
+            assert_eq!(port_of(digits.as_bytes()), port, "{digits}");
+        }
+        assert_eq!(split_authority("a@b:1@h:2"), ("h", Some(2)));
+        assert_eq!(split_authority("[::1]"), ("[::1]", None));
+        assert_eq!(split_authority("[::1]:9"), ("[::1]", Some(9)));
+        assert_eq!(split_authority(""), ("", None));
+    }
 
     #[test]
     fn a_target_without_a_port_has_its_scheme_s_default() {

@@ -14,6 +14,8 @@ mod driver_model;
 mod errors;
 mod faults;
 mod future_size;
+#[cfg(feature = "grpc")]
+mod grpc;
 mod hedging;
 mod idempotency;
 mod latency;

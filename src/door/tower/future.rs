@@ -6,8 +6,8 @@ use std::task::{Context, Poll};
 
 use tower_service::Service;
 
-use super::body::RetryBody;
 use super::error::BoxError;
+use crate::driver::retry_body::RetryBody;
 
 pin_project_lite::pin_project! {
     /// A copy on its way to the inner service: its call, or, while the service is not ready,

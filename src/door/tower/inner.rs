@@ -1,23 +1,19 @@
 //! This door's side of the driver: where each copy goes (the inner service, `Beneath`), the
 //! request as the driver keeps and copies it (`Outgoing`) and an answer as it reads it (`Reply`).
 
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use http::Extensions;
-use http_body::Body as _;
 use tower_service::Service;
 
-use super::body::RetryBody;
 use super::error::{BoxError, service_fault};
 use super::future::Call;
-use super::send_body::SendBody;
 use super::uri;
-use crate::driver::body::{Prefix, Reply};
 use crate::driver::claim::{Address, Beneath, Outgoing};
+use crate::driver::retry_body::RetryBody;
+use crate::driver::send_body::SendBody;
 use crate::engine::seen::{Failure, Locate, ResponseHead};
 
 /// The mark a copy carries down to the inner service: a layer made of this crate further in
@@ -83,7 +79,7 @@ impl<B: Send + 'static> Outgoing for http::Request<SendBody<B>> {
     }
 
     fn address(&self) -> Address<'_> {
-        uri::address_of(http::Request::uri(self))
+        crate::driver::claim::address_of(http::Request::uri(self))
     }
 
     fn uri(&self) -> http::Uri {
@@ -209,63 +205,4 @@ fn marked<B>(mut request: http::Request<B>, extensions: &Extensions) -> http::Re
     *request.extensions_mut() = extensions.clone();
     request.extensions_mut().insert(Claimed);
     request
-}
-
-/// An answer of the tower door: the inner service's, its body read a frame at a time, and
-/// replaced in place by what was read of it.
-impl<R> Reply for http::Response<RetryBody<R>>
-where
-    R: http_body::Body + Unpin + Send + 'static,
-    R::Data: Into<Bytes>,
-    R::Error: Into<BoxError>,
-{
-    fn status(&self) -> http::StatusCode {
-        http::Response::status(self)
-    }
-
-    fn headers(&self) -> &http::HeaderMap {
-        http::Response::headers(self)
-    }
-
-    fn headers_mut(&mut self) -> &mut http::HeaderMap {
-        http::Response::headers_mut(self)
-    }
-
-    fn extensions_mut(&mut self) -> &mut Extensions {
-        http::Response::extensions_mut(self)
-    }
-
-    fn content_length(&self) -> Option<u64> {
-        http_body::Body::size_hint(self.body()).exact()
-    }
-
-    /// A body's error is judged as the inner service's errors are: by their causes.
-    type Error = BoxError;
-
-    fn chunk(&mut self) -> impl Future<Output = Result<Option<Bytes>, BoxError>> + Send {
-        std::future::poll_fn(|cx| {
-            // Bounded by what the body has ready: a frame that is not data (trailers) is
-            // passed over, and the next one polled at once.
-            loop {
-                let frame = std::task::ready!(Pin::new(self.body_mut()).poll_frame(cx));
-                match frame {
-                    None => return Poll::Ready(Ok(None)),
-                    Some(Err(e)) => return Poll::Ready(Err(e)),
-                    Some(Ok(frame)) => {
-                        if let Ok(data) = frame.into_data() {
-                            return Poll::Ready(Ok(Some(data)));
-                        }
-                    }
-                }
-            }
-        })
-    }
-
-    fn read_whole(self, body: Bytes) -> Self {
-        self.map(|_| RetryBody::whole(body))
-    }
-
-    fn read_first(self, read: Prefix) -> Self {
-        self.map(|rest| rest.after(read))
-    }
 }

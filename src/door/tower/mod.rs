@@ -26,18 +26,14 @@
 //! request), and this door's side of the driver (`inner`: where each copy goes and how its
 //! outcome is read; `error`: the inner service's errors, read by their causes).
 
-mod body;
 mod error;
 mod future;
 mod inner;
 mod layer;
-mod send_body;
 mod service;
 mod uri;
 
 #[cfg(test)]
 mod tests;
 
-pub use body::RetryBody;
-pub use send_body::SendBody;
 pub use service::RetryService;

@@ -9,12 +9,12 @@ use std::task::{Context, Poll};
 use bytes::Bytes;
 use tower_service::Service;
 
-use super::body::RetryBody;
 use super::error::BoxError;
 use super::inner::{Claimed, Inner};
-use super::send_body::SendBody;
 use crate::driver::claim::Beneath;
 use crate::driver::phases::RetryMiddleware;
+use crate::driver::retry_body::RetryBody;
+use crate::driver::send_body::SendBody;
 
 /// A tower [`Service`] that retries what is safe to repeat, made by [`RetryMiddleware`] as a
 /// [`Layer`](tower_layer::Layer) (feature `tower`).

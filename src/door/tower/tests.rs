@@ -11,13 +11,14 @@ use http_body::Body as _;
 use tower_layer::Layer;
 use tower_service::Service;
 
+use super::RetryService;
 use super::inner::Claimed;
 use super::service::absolute;
-use super::{RetryBody, RetryService, SendBody};
 use crate::driver::body::Reply;
 use crate::driver::claim::Outgoing;
 use crate::driver::phases::RetryMiddleware;
 use crate::error::RetryError;
+use crate::{RetryBody, SendBody};
 
 #[test]
 fn a_uri_without_a_scheme_or_a_host_is_refused() {

@@ -134,7 +134,7 @@ impl Decider<'_> {
     #[inline(always)]
     pub(crate) fn ended(
         &mut self,
-        observed: Observed<'_>,
+        mut observed: Observed<'_>,
         by_hedge: bool,
         now: &dyn Fn() -> Instant,
         wall: &dyn Fn() -> SystemTime,
@@ -143,6 +143,7 @@ impl Decider<'_> {
         if by_hedge {
             self.hedge_won();
         }
+        self.throttle_grpc(&mut observed);
         match self.stop_without_time(&observed) {
             Some(stop) => Wait::Stop(stop),
             None => self.after_attempt(observed, now(), wall, rng),

@@ -11,6 +11,8 @@ use super::*;
 use crate::engine::seen::Target;
 use crate::observe::CounterSnapshot;
 
+#[cfg(feature = "grpc")]
+mod grpc;
 mod hedges;
 mod model;
 mod quota;
@@ -109,6 +111,7 @@ pub(super) struct Setup {
     pub(super) throttle: Option<AdaptiveThrottle>,
     pub(super) quota: QuotaState,
     pub(super) latency: Option<LatencyWindow>,
+    pub(super) grpc_throttle: Option<RetryThrottling>,
     pub(super) time: Time,
 }
 
@@ -122,6 +125,7 @@ impl Setup {
             throttle: None,
             quota: QuotaState::default(),
             latency: None,
+            grpc_throttle: None,
             time: Time::new(),
         }
     }
@@ -152,6 +156,7 @@ impl Setup {
             throttle: self.throttle.as_ref(),
             quota: &self.quota,
             latency: self.latency.as_ref(),
+            grpc_throttle: self.grpc_throttle.as_ref(),
         }
     }
 

@@ -7,8 +7,10 @@ use std::task::{Context, Poll};
 use bytes::{Bytes, BytesMut};
 use http_body::{Body, Frame, SizeHint};
 
-use super::error::BoxError;
-use crate::driver::body::Prefix;
+use crate::driver::body::{Prefix, Reply};
+use crate::error::BoxError;
+use http::Extensions;
+use std::future::Future;
 
 /// The body of an answer through [`RetryService`](crate::RetryService) (feature `tower`): the
 /// inner service's body `B`, passed on frame by frame as it comes, unless the layer read it.
@@ -131,6 +133,65 @@ where
             Kind::Whole(bytes) => SizeHint::with_exact(bytes.len() as u64),
             Kind::Prefixed(prefixed) => prefixed.0.before(prefixed.1.size_hint()),
         }
+    }
+}
+
+/// An answer of a door typed in `http` (tower's, gRPC's): the inner service's, its body read a frame at a time, and
+/// replaced in place by what was read of it.
+impl<R> Reply for http::Response<RetryBody<R>>
+where
+    R: http_body::Body + Unpin + Send + 'static,
+    R::Data: Into<Bytes>,
+    R::Error: Into<BoxError>,
+{
+    fn status(&self) -> http::StatusCode {
+        http::Response::status(self)
+    }
+
+    fn headers(&self) -> &http::HeaderMap {
+        http::Response::headers(self)
+    }
+
+    fn headers_mut(&mut self) -> &mut http::HeaderMap {
+        http::Response::headers_mut(self)
+    }
+
+    fn extensions_mut(&mut self) -> &mut Extensions {
+        http::Response::extensions_mut(self)
+    }
+
+    fn content_length(&self) -> Option<u64> {
+        http_body::Body::size_hint(self.body()).exact()
+    }
+
+    /// A body's error is judged as the inner service's errors are: by their causes.
+    type Error = BoxError;
+
+    fn chunk(&mut self) -> impl Future<Output = Result<Option<Bytes>, BoxError>> + Send {
+        std::future::poll_fn(|cx| {
+            // Bounded by what the body has ready: a frame that is not data (trailers) is
+            // passed over, and the next one polled at once.
+            loop {
+                let frame = std::task::ready!(Pin::new(self.body_mut()).poll_frame(cx));
+                match frame {
+                    None => return Poll::Ready(Ok(None)),
+                    Some(Err(e)) => return Poll::Ready(Err(e)),
+                    Some(Ok(frame)) => {
+                        if let Ok(data) = frame.into_data() {
+                            return Poll::Ready(Ok(Some(data)));
+                        }
+                    }
+                }
+            }
+        })
+    }
+
+    fn read_whole(self, body: Bytes) -> Self {
+        self.map(|_| RetryBody::whole(body))
+    }
+
+    fn read_first(self, read: Prefix) -> Self {
+        self.map(|rest| rest.after(read))
     }
 }
 

@@ -9,8 +9,8 @@ use bytes::{Bytes, BytesMut};
 use http::HeaderMap;
 use http_body::{Body, Frame, SizeHint};
 
-use super::error::BoxError;
 use crate::driver::body::Prefix;
+use crate::error::BoxError;
 
 /// The body of each copy of a request that [`RetryService`](crate::RetryService) hands to the
 /// inner service (feature `tower`), made from the caller's body `B`.

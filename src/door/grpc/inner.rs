@@ -1,0 +1,211 @@
+//! This door's side of the driver: where each copy of a call goes (the inner gRPC transport,
+//! `Beneath`), how its errors are read, and the body of its answer, whose trailers' status the
+//! channel's throttling counts.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http::Extensions;
+use http_body::{Body, Frame, SizeHint};
+use tower_service::Service;
+
+use super::call::Call;
+use crate::driver::claim::Beneath;
+use crate::driver::retry_body::RetryBody;
+use crate::engine::grpc::throttle::RetryThrottling;
+use crate::engine::grpc::{self, CodeSet, Said};
+use crate::engine::seen::{Failure, Locate, ResponseHead};
+use crate::error::BoxError;
+use crate::fault::{self, Fault};
+
+/// The mark a copy carries down to the transport: a gRPC retry layer further in passes the call
+/// through.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Claimed;
+
+/// What counts a committed call's status when its trailers come: the channel's throttling,
+/// and the codes the call's policy retries.
+#[derive(Debug, Clone)]
+pub(super) struct Count {
+    pub(super) throttling: RetryThrottling,
+    pub(super) codes: CodeSet,
+}
+
+/// The transport beneath, as the driver sends copies to it: each copy to a clone of its own.
+pub(super) struct Inner<S> {
+    pub(super) service: Arc<S>,
+    pub(super) count: Option<Count>,
+}
+
+/// An answer of this door: the transport's, its body passed on in a [`GrpcBody`].
+pub(super) type Answer<R> = http::Response<RetryBody<GrpcBody<R>>>;
+
+/// A copy on its way (boxed: it waits for the transport to be ready, then for its answer).
+pub(super) type Running<'s, R> =
+    Pin<Box<dyn Future<Output = Result<Answer<R>, BoxError>> + Send + 's>>;
+
+impl<S, R> Beneath for Inner<S>
+where
+    S: Service<http::Request<tonic::body::Body>, Response = http::Response<R>>
+        + Clone
+        + Send
+        + Sync
+        + 'static,
+    S::Future: Send,
+    S::Error: Into<BoxError>,
+    R: Body<Data = Bytes> + Unpin + Send + 'static,
+    R::Error: Into<BoxError>,
+{
+    type Request = Call;
+    type Reply = Answer<R>;
+    /// The transport's error, boxed as tower passes errors.
+    type Error = BoxError;
+
+    type Running<'s>
+        = Running<'s, R>
+    where
+        Self: 's;
+
+    fn run<'s>(&'s self, call: Call, extensions: &'s mut Extensions) -> Running<'s, R> {
+        self.send(S::clone(&self.service), call, extensions)
+    }
+
+    /// A clone of the transport, asked with the call's own waker until it is ready.
+    type Ready = S;
+
+    fn poll_ready(&self, ready: &mut Option<S>, cx: &mut Context<'_>) -> Poll<bool> {
+        let service = ready.get_or_insert_with(|| S::clone(&self.service));
+        match service.poll_ready(cx) {
+            Poll::Ready(Ok(())) => Poll::Ready(true),
+            Poll::Ready(Err(_)) => {
+                *ready = None;
+                Poll::Ready(false)
+            }
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    fn run_ready<'s>(
+        &'s self,
+        ready: S,
+        call: Call,
+        extensions: &'s mut Extensions,
+    ) -> Running<'s, R> {
+        self.send(ready, call, extensions)
+    }
+
+    /// An answer came from where its call went (`to`).
+    fn head<'o>(&'o self, reply: &'o Answer<R>, to: &'o dyn Locate) -> ResponseHead<'o> {
+        ResponseHead {
+            status: reply.status(),
+            version: reply.version(),
+            headers: reply.headers(),
+            from: to,
+        }
+    }
+
+    /// The transport's error, judged by its causes: tonic's own (a connection it could not
+    /// make sent nothing; its deadline timer is a timeout), else those behind any client's (a
+    /// reset or a stream cut short may have reached the server).
+    fn failure<'o>(&'o self, err: &'o BoxError) -> Failure<'o> {
+        let err: &(dyn std::error::Error + 'static) = &**err;
+        Failure {
+            fault: tonic_fault(err).or_else(|| fault::of_causes(err)),
+            error: err,
+        }
+    }
+}
+
+/// The fault tonic's transport names in `err`'s chain: `ConnectError` (nothing sent) or
+/// `TimeoutExpired` (the call's `grpc-timeout` ran out).
+fn tonic_fault(err: &(dyn std::error::Error + 'static)) -> Option<Fault> {
+    let mut source = Some(err);
+    // Bounded, as every walk of a chain here.
+    for _ in 0..64 {
+        let at = source?;
+        if at.is::<tonic::ConnectError>() {
+            return Some(Fault::Connect);
+        }
+        if at.is::<tonic::TimeoutExpired>() {
+            return Some(Fault::Timeout);
+        }
+        source = at.source();
+    }
+    None
+}
+
+impl<S> Inner<S> {
+    /// Sends `call` to `service` once it is ready, marked as claimed; its answer's body passed
+    /// on, counted at its trailers when the call was committed.
+    fn send<'s, R>(&'s self, mut service: S, call: Call, extensions: &Extensions) -> Running<'s, R>
+    where
+        S: Service<http::Request<tonic::body::Body>, Response = http::Response<R>> + Send + 's,
+        S::Future: Send,
+        S::Error: Into<BoxError>,
+        R: Body<Data = Bytes> + Unpin + Send + 'static,
+    {
+        // The hold on the channel's buffer goes with the original, as it is sent.
+        let Call { mut request, held } = call;
+        drop(held);
+        *request.extensions_mut() = extensions.clone();
+        request.extensions_mut().insert(Claimed);
+        let request = request.map(tonic::body::Body::new);
+        let count = self.count.clone();
+        Box::pin(async move {
+            std::future::poll_fn(|cx| service.poll_ready(cx))
+                .await
+                .map_err(Into::into)?;
+            let answer = service.call(request).await.map_err(Into::into)?;
+            // Only a committed call's status comes in its trailers: the engine counted any
+            // other's from its head.
+            let count =
+                count.filter(|_| grpc::said(answer.status(), answer.headers()) == Said::Committed);
+            Ok(answer.map(|body| RetryBody::inner(GrpcBody { inner: body, count })))
+        })
+    }
+}
+
+/// The body of an answer through [`GrpcRetryService`](crate::GrpcRetryService) (feature
+/// `grpc`): the transport's body `B`, passed on frame by frame as it comes. When the call was
+/// committed and its channel has [`RetryThrottling`], the `grpc-status` of its trailers is
+/// counted there as they pass (`OK` refills the count, a status the method's policy retries
+/// spends it), as gRPC's own clients count a call's end.
+#[derive(Debug)]
+pub struct GrpcBody<B> {
+    inner: B,
+    count: Option<Count>,
+}
+
+impl<B> Body for GrpcBody<B>
+where
+    B: Body<Data = Bytes> + Unpin,
+{
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
+        let frame = std::task::ready!(Pin::new(&mut self.inner).poll_frame(cx));
+        let trailers = frame.as_ref().and_then(|f| f.as_ref().ok()?.trailers_ref());
+        if let Some(trailers) = trailers {
+            // Counted once, at the trailers (the data before them counts nothing).
+            if let (Some(status), Some(count)) = (trailers.get("grpc-status"), self.count.take()) {
+                count.throttling.ended(grpc::code_of(status), count.codes);
+            }
+        }
+        Poll::Ready(frame)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}

@@ -1,0 +1,104 @@
+//! The layer: the middleware of a gRPC config's dependencies (`GrpcConfig::routes`), and the
+//! buffer its calls share.
+
+use std::sync::Arc;
+
+use tower_layer::Layer;
+
+use super::call::Buffer;
+use super::service::{Channel, GrpcRetryService};
+use crate::clock::Clock;
+use crate::driver::phases::RetryMiddleware;
+use crate::engine::grpc::config::GrpcConfig;
+use crate::observe::RetryEvent;
+use crate::rng::RandomSource;
+
+/// A tower [`Layer`] that retries gRPC calls as gRFC A6 says (feature `grpc`), around a tonic
+/// `Channel` or any gRPC transport service: a generated client is
+/// `FooClient::new(ServiceBuilder::new().layer(layer).service(channel))`.
+///
+/// Configured by a [`GrpcConfig`]: A6's retry policy per method or service, the channel's
+/// [`RetryThrottling`](crate::RetryThrottling), which methods carry an idempotency key, and the
+/// buffer limits. What each call does:
+///
+/// - its status is read from `grpc-status` in a trailers-only answer's headers; a status the
+///   method's policy retries is retried, any other is final; once the server has sent headers
+///   without a status the call is committed and never retried;
+/// - the wait is A6's backoff, or exactly the server's `grpc-retry-pushback-ms` (a negative or
+///   malformed one ends the call);
+/// - every retry carries `grpc-previous-rpc-attempts`, and the call's `grpc-timeout` is its
+///   deadline over every attempt, each told what is left of it;
+/// - a transport failure is `UNAVAILABLE`; one that sent nothing (a refused connection) is
+///   retried whatever the codes, within the policy's attempts;
+/// - without [`RetryThrottling`](crate::RetryThrottling), retries are paid from a
+///   [`RetryBudget`] shared by the layer's methods (A6 has none; this crate keeps its
+///   guarantee that retries cannot multiply an outage).
+///
+/// The same clock, random source and observer as the middleware's, set the same way.
+///
+/// ```
+/// use std::time::Duration;
+/// use reqwest_safe_retry::{GrpcConfig, GrpcRetryLayer, GrpcRetryPolicy};
+///
+/// let policy = GrpcRetryPolicy::builder()
+///     .max_attempts(3)
+///     .initial_backoff(Duration::from_millis(100))
+///     .max_backoff(Duration::from_secs(1))
+///     .retryable_codes([tonic::Code::Unavailable])
+///     .build()?;
+/// let layer = GrpcRetryLayer::new(GrpcConfig::new().retry("echo.Echo", policy)?);
+/// // let client = EchoClient::new(tower::ServiceBuilder::new().layer(layer).service(channel));
+/// # drop(layer);
+/// # Ok::<(), reqwest_safe_retry::InvalidConfig>(())
+/// ```
+#[derive(Debug, Clone)]
+pub struct GrpcRetryLayer {
+    retry: RetryMiddleware,
+    channel: Arc<Channel>,
+}
+
+impl GrpcRetryLayer {
+    /// The layer for `config`.
+    pub fn new(config: GrpcConfig) -> Self {
+        let buffer = Buffer::new(config.per_call_buffer, config.per_channel_buffer);
+        GrpcRetryLayer {
+            retry: RetryMiddleware::routed(config.routes()),
+            channel: Arc::new(Channel { config, buffer }),
+        }
+    }
+
+    /// Uses `clock` for every wait and every reading of the time, as
+    /// [`RetryMiddleware::with_clock`] does.
+    pub fn with_clock(mut self, clock: impl Clock) -> Self {
+        self.retry = self.retry.with_clock(clock);
+        self
+    }
+
+    /// Draws jitter from `rng`, as [`RetryMiddleware::with_rng`] does.
+    pub fn with_rng(mut self, rng: impl RandomSource) -> Self {
+        self.retry = self.retry.with_rng(rng);
+        self
+    }
+
+    /// Calls `observer` after every attempt with the decision about the next one, as
+    /// [`RetryMiddleware::with_observer`] does.
+    pub fn with_observer<F>(mut self, observer: F) -> Self
+    where
+        F: Fn(&RetryEvent<'_>) + Send + Sync + 'static,
+    {
+        self.retry = self.retry.with_observer(observer);
+        self
+    }
+}
+
+impl<S> Layer<S> for GrpcRetryLayer {
+    type Service = GrpcRetryService<S>;
+
+    fn layer(&self, inner: S) -> GrpcRetryService<S> {
+        GrpcRetryService {
+            retry: Arc::new(self.retry.clone()),
+            channel: self.channel.clone(),
+            inner: Arc::new(inner),
+        }
+    }
+}

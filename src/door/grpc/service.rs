@@ -1,0 +1,172 @@
+//! The service the layer makes: each call handed to the driver under its method's dependency,
+//! its copies to the transport, and a call that ends in a failure status handed back as the
+//! `tonic::Status` it stands for, with its record.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use tower_service::Service;
+
+use super::call::{Buffer, Call};
+use super::inner::{Answer, Claimed, Count, GrpcBody, Inner};
+use crate::driver::claim::{self, Beneath};
+use crate::driver::phases::RetryMiddleware;
+use crate::driver::retry_body::RetryBody;
+use crate::driver::send_body::SendBody;
+use crate::engine::dependency::RetryOverride;
+use crate::engine::grpc;
+use crate::engine::grpc::config::GrpcConfig;
+use crate::error::BoxError;
+use crate::record::RetryRecord;
+use crate::stop::StopReason;
+
+/// A tower [`Service`] of gRPC calls that retries them as gRFC A6 says, made by
+/// [`GrpcRetryLayer`](crate::GrpcRetryLayer) around a gRPC transport (feature `grpc`).
+///
+/// It takes tonic's `http::Request<tonic::body::Body>`, as a generated client sends it, and
+/// hands each attempt to the transport as the same: a tonic `Channel`, or any service of
+/// `http::Request<tonic::body::Body>` answering with an `http::Response` whose body's data is
+/// [`Bytes`]. So a generated client takes it in place of its channel:
+/// `EchoClient::new(ServiceBuilder::new().layer(layer).service(channel))`.
+///
+/// A call that ends with a gRPC status other than `OK` in its head (a trailers-only answer) is
+/// handed back as an error: the `tonic::Status` that tonic would have read from it, whose
+/// source carries the [`RetryRecord`] ([`RetryRecord::of_status`] reads it). A committed
+/// call's answer carries its record in its extensions (`RetryRecord::of` on the
+/// `tonic::Response`). A transport failure the layer gave up on is a
+/// [`RetryError<BoxError>`](crate::RetryError), boxed, which tonic makes a `Status` of by its
+/// causes (a refused connection is `UNAVAILABLE`), keeping it as that status's source.
+///
+/// `poll_ready` is always ready: each attempt waits for its own clone of the transport to be
+/// ready.
+#[derive(Debug, Clone)]
+pub struct GrpcRetryService<S> {
+    pub(super) retry: Arc<RetryMiddleware>,
+    pub(super) channel: Arc<Channel>,
+    /// Shared by the clones of this service and the calls in flight: each attempt calls a clone
+    /// of its own.
+    pub(super) inner: Arc<S>,
+}
+
+/// What every call through one layer shares: the config, and the buffer for replays.
+#[derive(Debug)]
+pub(crate) struct Channel {
+    pub(super) config: GrpcConfig,
+    pub(super) buffer: Buffer,
+}
+
+impl<S, R> Service<http::Request<tonic::body::Body>> for GrpcRetryService<S>
+where
+    S: Service<http::Request<tonic::body::Body>, Response = http::Response<R>>
+        + Clone
+        + Send
+        + Sync
+        + 'static,
+    S::Future: Send,
+    S::Error: Into<BoxError>,
+    R: http_body::Body<Data = Bytes> + Unpin + Send + 'static,
+    R::Error: Into<BoxError>,
+{
+    type Response = http::Response<RetryBody<GrpcBody<R>>>;
+    type Error = BoxError;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, BoxError>> + Send>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: http::Request<tonic::body::Body>) -> Self::Future {
+        let (mut parts, body) = request.into_parts();
+        let mut extensions = std::mem::take(&mut parts.extensions);
+        // The call's deadline spans every attempt, as A6 says: a request's own override wins.
+        if extensions.get::<RetryOverride>().is_none() {
+            if let Some(timeout) = grpc::timeout_of(&parts.headers) {
+                extensions.insert(RetryOverride::new().deadline(timeout));
+            }
+        }
+        let config = &self.channel.config;
+        let count = config
+            .for_path(parts.uri.path())
+            .zip(config.throttling.clone())
+            .map(|(policy, throttling)| Count {
+                throttling,
+                codes: policy.codes(),
+            });
+        let body = SendBody::new(body);
+        let held = self.channel.buffer.hold(&body);
+        let call = Call {
+            request: http::Request::from_parts(parts, body),
+            held,
+        };
+        let inner = Inner {
+            service: self.inner.clone(),
+            count,
+        };
+        if extensions.get::<Claimed>().is_some() || claim::claimed(&extensions, &call) {
+            // A layer further out on this call's path makes its attempts.
+            return Box::pin(async move { inner.run(call, &mut extensions).await });
+        }
+        let run = RetryMiddleware::execute(self.retry.clone(), call, extensions, inner);
+        Box::pin(async move { run.await.and_then(failed_status) })
+    }
+}
+
+/// A call's answer as the caller gets it: a trailers-only answer with a failure status is the
+/// `tonic::Status` it says, its source the call's record; any other answer as it came.
+fn failed_status<R>(answer: Answer<R>) -> Result<Answer<R>, BoxError> {
+    match grpc::said(answer.status(), answer.headers()) {
+        grpc::Said::Status(code) if code != grpc::OK => {}
+        _ => return Ok(answer),
+    }
+    let Some(mut status) = tonic::Status::from_header_map(answer.headers()) else {
+        // An HTTP failure without a gRPC status: tonic reads it from the answer.
+        return Ok(answer);
+    };
+    let record = answer.extensions().get::<RetryRecord>().cloned();
+    let record = record.unwrap_or(RetryRecord {
+        attempts: 1,
+        stop: StopReason::NotRetryable,
+        waited: std::time::Duration::ZERO,
+        key: None,
+        replayed: false,
+        answered_by_hedge: false,
+    });
+    status.set_source(Arc::new(Ended(record)));
+    Err(Box::new(status))
+}
+
+/// The source of a `tonic::Status` the layer handed back: the call's record.
+#[derive(Debug)]
+struct Ended(RetryRecord);
+
+impl std::fmt::Display for Ended {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let record = &self.0;
+        write!(
+            f,
+            "the call ended after {} attempt(s): {}",
+            record.attempts, record.stop
+        )
+    }
+}
+
+impl std::error::Error for Ended {}
+
+impl RetryRecord {
+    /// The record of the call that ended in `status` through a
+    /// [`GrpcRetryLayer`](crate::GrpcRetryLayer) (feature `grpc`): a failure status the
+    /// server answered with, or a transport failure the layer gave up on. `None` for a status
+    /// that did not come from the layer.
+    pub fn of_status(status: &tonic::Status) -> Option<RetryRecord> {
+        let source = std::error::Error::source(status)?;
+        if let Some(ended) = source.downcast_ref::<Ended>() {
+            return Some(ended.0.clone());
+        }
+        // tonic keeps the error it read the status from as the status's source.
+        let gave_up = source.downcast_ref::<crate::RetryError<BoxError>>()?;
+        Some(gave_up.record())
+    }
+}

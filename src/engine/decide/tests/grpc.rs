@@ -1,0 +1,173 @@
+//! gRPC's rules in the core: A6's backoff, the server's pushback and the backoff's restart after
+//! it, and the channel's throttling, counted as each attempt ends.
+
+use super::*;
+use crate::engine::grpc::config::GrpcRetryPolicy;
+
+/// A6's policy: `attempts`, backoff from 100 ms by 3 up to 1 s, `UNAVAILABLE` retried.
+fn a6(attempts: u32) -> RetryPolicy {
+    GrpcRetryPolicy::builder()
+        .max_attempts(attempts)
+        .initial_backoff(Duration::from_millis(100))
+        .max_backoff(secs(1))
+        .backoff_multiplier(3.0)
+        .retryable_codes([14])
+        .build()
+        .unwrap()
+        .to_policy()
+}
+
+/// A trailers-only answer's headers: `grpc-status`, and `more`.
+fn status(code: &'static str, more: &[(&'static str, &'static str)]) -> HeaderMap {
+    let mut headers = HeaderMap::new();
+    headers.insert("grpc-status", HeaderValue::from_static(code));
+    for (name, value) in more {
+        headers.insert(*name, HeaderValue::from_static(value));
+    }
+    headers
+}
+
+/// An attempt that ended with `headers`, judged `verdict`.
+fn said(verdict: Verdict, headers: &HeaderMap) -> Observed<'_> {
+    Observed {
+        verdict,
+        answer: Some(answer(200, headers)),
+        resend: Some(&URL),
+        timed_out: false,
+    }
+}
+
+const UNAVAILABLE: Verdict = Verdict::Transient(Cause::Status { throttled: false });
+
+fn ended(d: &mut Decider<'_>, s: &Setup, observed: Observed<'_>, rng: &dyn RandomSource) -> Wait {
+    d.ended(observed, false, &|| s.time.now(), &|| s.time.wall, rng)
+}
+
+const BOTTOM: &dyn RandomSource = &|| 0;
+
+#[test]
+fn the_backoff_grows_by_the_multiplier_up_to_its_cap_then_moves_a_fifth_either_way() {
+    let headers = status("14", &[]);
+    for (rng, fifth) in [(TOP, 6), (BOTTOM, 4)] {
+        let s = Setup::new(a6(5), None);
+        let mut d = s.decider(false);
+        let mut waits = Vec::new();
+        for _ in 0..4 {
+            begin(&mut d, &s.time);
+            match ended(&mut d, &s, said(UNAVAILABLE, &headers), rng) {
+                Wait::Sleep(wait) => waits.push(wait),
+                Wait::Stop(stop) => panic!("{stop:?}"),
+            }
+        }
+        // Ceilings 100 ms, 300 ms, 900 ms, then the 1 s cap; times 1.2 at the top draw, 0.8
+        // at the bottom one.
+        let expected: Vec<Duration> = [100, 300, 900, 1000]
+            .iter()
+            .map(|ms| Duration::from_millis(ms * fifth / 5))
+            .collect();
+        assert_eq!(waits, expected);
+        begin(&mut d, &s.time);
+        let last = ended(&mut d, &s, said(UNAVAILABLE, &headers), rng);
+        assert_eq!(last, Wait::Stop(StopReason::AttemptsExhausted));
+    }
+}
+
+#[test]
+fn a_pushback_is_waited_exactly_and_the_backoff_starts_again_after_it() {
+    let s = Setup::new(a6(5), None);
+    let mut d = s.decider(false);
+    let plain = status("14", &[]);
+    let pushed = status("14", &[("grpc-retry-pushback-ms", "750")]);
+    begin(&mut d, &s.time);
+    assert_eq!(
+        ended(&mut d, &s, said(UNAVAILABLE, &plain), TOP),
+        Wait::Sleep(Duration::from_millis(120))
+    );
+    begin(&mut d, &s.time);
+    assert_eq!(
+        ended(&mut d, &s, said(UNAVAILABLE, &pushed), TOP),
+        Wait::Sleep(Duration::from_millis(750)),
+        "exactly, with no jitter"
+    );
+    begin(&mut d, &s.time);
+    assert_eq!(
+        ended(&mut d, &s, said(UNAVAILABLE, &plain), TOP),
+        Wait::Sleep(Duration::from_millis(120)),
+        "the first retry's backoff again, not the third's"
+    );
+    begin(&mut d, &s.time);
+    assert_eq!(
+        ended(&mut d, &s, said(UNAVAILABLE, &plain), TOP),
+        Wait::Sleep(Duration::from_millis(360))
+    );
+    assert_eq!(s.counts().retry_after_honoured, 1);
+}
+
+#[test]
+fn a_pushback_past_the_call_s_deadline_stops_it() {
+    let policy = a6(5).to_builder().deadline(secs(1)).build().unwrap();
+    let s = Setup::new(policy, None);
+    let mut d = s.decider(false);
+    begin(&mut d, &s.time);
+    let pushed = status("14", &[("grpc-retry-pushback-ms", "1000")]);
+    assert_eq!(
+        ended(&mut d, &s, said(UNAVAILABLE, &pushed), TOP),
+        Wait::Stop(StopReason::RetryAfterTooLong)
+    );
+}
+
+#[test]
+fn the_throttling_counts_each_attempt_and_stops_retries_at_half_its_tokens() {
+    let mut s = Setup::new(a6(5), None);
+    s.grpc_throttle = Some(RetryThrottling::new(4.0, 1.6).unwrap());
+    let throttle = s.grpc_throttle.clone().unwrap();
+    let failed = status("14", &[]);
+    let mut d = s.decider(false);
+    begin(&mut d, &s.time);
+    assert!(matches!(
+        ended(&mut d, &s, said(UNAVAILABLE, &failed), TOP),
+        Wait::Sleep(_)
+    ));
+    assert_eq!(throttle.tokens(), 3.0);
+    begin(&mut d, &s.time);
+    assert_eq!(
+        ended(&mut d, &s, said(UNAVAILABLE, &failed), TOP),
+        Wait::Stop(StopReason::BudgetExhausted),
+        "2 is at the threshold"
+    );
+    assert_eq!(throttle.tokens(), 2.0);
+    assert_eq!(s.counts().budget_refusals, 1);
+    // An OK refills; a committed call is counted by the door, not here; a code not retried
+    // counts nothing.
+    let mut d = s.decider(false);
+    begin(&mut d, &s.time);
+    let ok = status("0", &[]);
+    let done = ended(
+        &mut d,
+        &s,
+        said(Verdict::Final(StopReason::Succeeded), &ok),
+        TOP,
+    );
+    assert_eq!(done, Wait::Stop(StopReason::Succeeded));
+    assert_eq!(throttle.tokens(), 3.6);
+    for (verdict, headers) in [
+        (Verdict::Final(StopReason::Committed), HeaderMap::new()),
+        (Verdict::Final(StopReason::NotRetryable), status("5", &[])),
+    ] {
+        let mut d = s.decider(false);
+        begin(&mut d, &s.time);
+        ended(&mut d, &s, said(verdict, &headers), TOP);
+        assert_eq!(throttle.tokens(), 3.6, "{verdict:?}");
+    }
+    // A transport failure that would be retried counts as UNAVAILABLE.
+    let mut d = s.decider(false);
+    begin(&mut d, &s.time);
+    let reset = Observed {
+        verdict: Verdict::Transient(Cause::Fault(Fault::Reset)),
+        answer: None,
+        resend: Some(&URL),
+        timed_out: false,
+    };
+    assert!(matches!(ended(&mut d, &s, reset, TOP), Wait::Sleep(_)));
+    assert_eq!(throttle.tokens(), 2.6);
+}

@@ -1,0 +1,975 @@
+//! A6's retry policy and the parts of a gRPC service config that carry it: which methods are
+//! retried and how, the channel's throttling, and (beyond A6) which methods carry an
+//! idempotency key. Built in code or read from a service config's JSON, to the same values.
+
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::engine::budget::RetryBudget;
+use crate::engine::dependency::{Dependency, PathMatch, Routes};
+use crate::engine::grpc::throttle::RetryThrottling;
+use crate::engine::grpc::{CodeSet, code_named};
+use crate::engine::policy::RetryPolicy;
+use crate::error::InvalidConfig;
+
+/// The area named in this module's configuration errors.
+const AREA: &str = "gRPC retry policy";
+/// The area of a service config's errors.
+const CONFIG: &str = "gRPC service config";
+
+/// The most attempts A6 allows unless raised on purpose
+/// ([`GrpcRetryPolicyBuilder::allow_attempts_above_five`]).
+pub const GRPC_MAX_ATTEMPTS: u32 = 5;
+
+/// A call's deadline when neither it (`grpc-timeout`) nor the layer's policy gives one: a gRPC
+/// call has none of its own, so the retries' is long.
+pub(crate) const NO_DEADLINE: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// A6's retry policy for a method or a service (feature `grpc`): how many attempts, the backoff
+/// between them, and which status codes are retried.
+///
+/// The wait before retry `n` (from 1) is `min(initial_backoff * backoff_multiplier^(n-1),
+/// max_backoff)`, moved at random by up to 20 % either way (A6 as revised in 2024; so a wait
+/// may pass `max_backoff` by a fifth). A server's `grpc-retry-pushback-ms` replaces it (exactly,
+/// without jitter), and the backoff starts again from `initial_backoff` after it.
+///
+/// ```
+/// use std::time::Duration;
+/// use reqwest_safe_retry::GrpcRetryPolicy;
+///
+/// let policy = GrpcRetryPolicy::builder()
+///     .max_attempts(4)
+///     .initial_backoff(Duration::from_millis(100))
+///     .max_backoff(Duration::from_secs(1))
+///     .backoff_multiplier(2.0)
+///     .retryable_codes([14]) // UNAVAILABLE; with tonic, its `Code::Unavailable`
+///     .build()?;
+/// assert_eq!(policy.max_attempts(), 4);
+/// # Ok::<(), reqwest_safe_retry::InvalidConfig>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GrpcRetryPolicy {
+    max_attempts: u32,
+    initial_backoff: Duration,
+    max_backoff: Duration,
+    /// In thousandths.
+    multiplier_milli: u32,
+    codes: CodeSet,
+}
+
+impl GrpcRetryPolicy {
+    /// A builder: every field must be set but the multiplier's default, 2.
+    pub fn builder() -> GrpcRetryPolicyBuilder {
+        GrpcRetryPolicyBuilder::default()
+    }
+
+    /// The most attempts, the first included.
+    pub fn max_attempts(&self) -> u32 {
+        self.max_attempts
+    }
+
+    /// The wait's ceiling before the first retry.
+    pub fn initial_backoff(&self) -> Duration {
+        self.initial_backoff
+    }
+
+    /// The ceiling's most.
+    pub fn max_backoff(&self) -> Duration {
+        self.max_backoff
+    }
+
+    /// What the ceiling is multiplied by after each retry.
+    pub fn backoff_multiplier(&self) -> f64 {
+        f64::from(self.multiplier_milli) / 1000.0
+    }
+
+    /// Whether a call that ends with `code` (a number, as tonic's `Code as i32`) is retried.
+    pub fn retries_code(&self, code: i32) -> bool {
+        u8::try_from(code).is_ok_and(|c| self.codes.has(c))
+    }
+
+    /// The codes it retries.
+    pub(crate) fn codes(&self) -> CodeSet {
+        self.codes
+    }
+
+    /// The crate's policy that carries it out: A6's attempts and backoff, answers judged by
+    /// their gRPC status, the wait the server pushes back with taken exactly, and the call's
+    /// deadline (`grpc-timeout`, when it has one) over every attempt, with no attempt timeout
+    /// of its own.
+    pub(crate) fn to_policy(self) -> RetryPolicy {
+        RetryPolicy::grpc_method(
+            self.max_attempts,
+            (
+                self.initial_backoff,
+                self.max_backoff,
+                self.multiplier_milli,
+            ),
+            self.codes,
+        )
+    }
+}
+
+/// Builds a [`GrpcRetryPolicy`], checking A6's rules.
+#[derive(Debug, Clone, Default)]
+pub struct GrpcRetryPolicyBuilder {
+    max_attempts: Option<u32>,
+    most: Option<u32>,
+    initial_backoff: Option<Duration>,
+    max_backoff: Option<Duration>,
+    multiplier: Option<f64>,
+    codes: Vec<i32>,
+}
+
+impl GrpcRetryPolicyBuilder {
+    /// The most attempts, the first included: at least 2. Above 5 it is cut to 5, as A6 says,
+    /// unless [`allow_attempts_above_five`](Self::allow_attempts_above_five) raised the cap.
+    pub fn max_attempts(mut self, attempts: u32) -> Self {
+        self.max_attempts = Some(attempts);
+        self
+    }
+
+    /// Raises A6's cap of 5 attempts to `most`, on purpose.
+    pub fn allow_attempts_above_five(mut self, most: u32) -> Self {
+        self.most = Some(most);
+        self
+    }
+
+    /// The wait's ceiling before the first retry: above zero.
+    pub fn initial_backoff(mut self, backoff: Duration) -> Self {
+        self.initial_backoff = Some(backoff);
+        self
+    }
+
+    /// The ceiling's most: above zero, and not below `initial_backoff`.
+    pub fn max_backoff(mut self, backoff: Duration) -> Self {
+        self.max_backoff = Some(backoff);
+        self
+    }
+
+    /// What the ceiling is multiplied by after each retry: above zero (2 unless set), read to
+    /// three decimal places.
+    pub fn backoff_multiplier(mut self, multiplier: f64) -> Self {
+        self.multiplier = Some(multiplier);
+        self
+    }
+
+    /// The status codes retried (at least one): tonic's `Code`s, or their numbers.
+    pub fn retryable_codes<C: Into<i32>>(mut self, codes: impl IntoIterator<Item = C>) -> Self {
+        self.codes.extend(codes.into_iter().map(Into::into));
+        self
+    }
+
+    /// The policy.
+    ///
+    /// # Errors
+    ///
+    /// [`InvalidConfig`] naming the field (as a service config names it) that breaks A6's
+    /// rules: no `maxAttempts` or one below 2, no `initialBackoff` or `maxBackoff` or one that
+    /// is zero, `maxBackoff` below `initialBackoff`, a `backoffMultiplier` not above zero, no
+    /// `retryableStatusCodes` or one that is not a code (0 to 16).
+    pub fn build(self) -> Result<GrpcRetryPolicy, InvalidConfig> {
+        let bad = |msg: String| Err(InvalidConfig::new(AREA, msg));
+        let Some(attempts) = self.max_attempts else {
+            return bad("maxAttempts is required: set max_attempts".into());
+        };
+        if attempts < 2 {
+            return bad(format!(
+                "maxAttempts ({attempts}) must be at least 2 (1 would be no retry policy at all)"
+            ));
+        }
+        let most = self
+            .most
+            .unwrap_or(GRPC_MAX_ATTEMPTS)
+            .max(GRPC_MAX_ATTEMPTS);
+        let (Some(initial), Some(max)) = (self.initial_backoff, self.max_backoff) else {
+            return bad("initialBackoff and maxBackoff are required: set both".into());
+        };
+        if initial.is_zero() || max.is_zero() {
+            return bad(format!(
+                "initialBackoff ({initial:?}) and maxBackoff ({max:?}) must be above zero"
+            ));
+        }
+        if max < initial {
+            return bad(format!(
+                "maxBackoff ({max:?}) must not be below initialBackoff ({initial:?})"
+            ));
+        }
+        let multiplier = self.multiplier.unwrap_or(2.0);
+        let milli = (multiplier * 1000.0).round();
+        if !(milli >= 1.0 && milli <= f64::from(u32::MAX)) {
+            return bad(format!(
+                "backoffMultiplier ({multiplier}) must be above zero (at least 0.001)"
+            ));
+        }
+        if self.codes.is_empty() {
+            return bad("retryableStatusCodes must name at least one code".into());
+        }
+        let codes = match CodeSet::of(self.codes) {
+            Ok(codes) => codes,
+            Err(code) => {
+                return bad(format!(
+                    "retryableStatusCodes: {code} is not a gRPC status code (0 to 16)"
+                ));
+            }
+        };
+        Ok(GrpcRetryPolicy {
+            max_attempts: attempts.min(most),
+            initial_backoff: initial,
+            max_backoff: max,
+            multiplier_milli: milli as u32,
+            codes,
+        })
+    }
+}
+
+/// The methods a method config names: a service's (`"pkg.Service"`), one method
+/// (`"pkg.Service/Method"`), or every one (`""`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Name {
+    pub(crate) service: String,
+    pub(crate) method: Option<String>,
+}
+
+impl Name {
+    fn parse(name: &str) -> Result<Name, InvalidConfig> {
+        let (service, method) = match name.split_once('/') {
+            Some((service, method)) => (service, Some(method)),
+            None => (name, None),
+        };
+        if method.is_some_and(|m| m.is_empty() || m.contains('/'))
+            || (service.is_empty() && method.is_some())
+        {
+            return Err(InvalidConfig::new(
+                CONFIG,
+                format!(
+                    "{name:?} is not a name: write \"pkg.Service\", \"pkg.Service/Method\", or \"\" for every method"
+                ),
+            ));
+        }
+        Ok(Name {
+            service: service.to_owned(),
+            method: method.map(str::to_owned),
+        })
+    }
+
+    /// How closely it names its calls: 2 for a method, 1 for a service, 0 for every one.
+    pub(crate) fn matches_how(&self) -> u8 {
+        match (&self.method, self.service.as_str()) {
+            (_, "") => 0,
+            (None, _) => 1,
+            (Some(_), _) => 2,
+        }
+    }
+
+    /// How closely it names the calls `other` names, if it names them all: as
+    /// [`matches`](Self::matches) rates a call's path.
+    pub(crate) fn covers(&self, other: &Name) -> Option<u8> {
+        match (&self.method, self.service.as_str()) {
+            (_, "") => Some(0),
+            (None, s) if s == other.service => Some(1),
+            (Some(m), s) if s == other.service && other.method.as_ref() == Some(m) => Some(2),
+            _ => None,
+        }
+    }
+
+    /// How closely it names the call to `path` (`/pkg.Service/Method`): 2 for the method, 1
+    /// for its service, 0 for every method; `None` if it names another.
+    pub(crate) fn matches(&self, path: &str) -> Option<u8> {
+        let (service, method) = path.strip_prefix('/')?.split_once('/')?;
+        match (&self.method, self.service.as_str()) {
+            (_, "") => Some(0),
+            (None, s) if s == service => Some(1),
+            (Some(m), s) if s == service && m == method => Some(2),
+            _ => None,
+        }
+    }
+}
+
+impl std::fmt::Display for Name {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.method {
+            Some(m) => write!(f, "{}/{m}", self.service),
+            None => f.write_str(&self.service),
+        }
+    }
+}
+
+/// What a service config says of some methods.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct MethodConfig {
+    pub(crate) name: Name,
+    pub(crate) retry: Option<GrpcRetryPolicy>,
+    /// Its calls carry an idempotency key.
+    pub(crate) keyed: bool,
+}
+
+/// What a gRPC retry layer does for each method (feature `grpc`): A6's retry policy per
+/// service or method, the channel's [`RetryThrottling`], which methods carry an idempotency
+/// key, and how much of a call is held for a retry. Built in code, or read from a service
+/// config's JSON ([`from_json`](Self::from_json)) to the same values.
+///
+/// A method with no policy is not retried. Names: `"pkg.Service/Method"` for one method,
+/// `"pkg.Service"` for a service's, `""` for every one; the closest name wins.
+///
+/// ```
+/// use std::time::Duration;
+/// use reqwest_safe_retry::{GrpcConfig, GrpcRetryPolicy, RetryThrottling};
+///
+/// let unavailable = GrpcRetryPolicy::builder()
+///     .max_attempts(3)
+///     .initial_backoff(Duration::from_millis(100))
+///     .max_backoff(Duration::from_secs(1))
+///     .retryable_codes([14])
+///     .build()?;
+/// let built = GrpcConfig::new()
+///     .retry("payments.Ledger", unavailable)?
+///     .non_idempotent("payments.Ledger/Charge")?
+///     .retry_throttling(RetryThrottling::new(10.0, 0.1)?);
+///
+/// let read = GrpcConfig::from_json(r#"{
+///   "methodConfig": [{
+///     "name": [{"service": "payments.Ledger"}],
+///     "retryPolicy": {
+///       "maxAttempts": 3, "initialBackoff": "0.1s", "maxBackoff": "1s",
+///       "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]
+///     }
+///   }],
+///   "retryThrottling": {"maxTokens": 10, "tokenRatio": 0.1}
+/// }"#)?
+/// .non_idempotent("payments.Ledger/Charge")?;
+/// assert_eq!(built, read);
+/// # Ok::<(), reqwest_safe_retry::InvalidConfig>(())
+/// ```
+#[derive(Debug, Clone)]
+pub struct GrpcConfig {
+    pub(crate) methods: Vec<MethodConfig>,
+    pub(crate) throttling: Option<RetryThrottling>,
+    pub(crate) per_call_buffer: usize,
+    pub(crate) per_channel_buffer: usize,
+}
+
+impl PartialEq for GrpcConfig {
+    /// The same methods, limits and throttling parameters (not the same count).
+    fn eq(&self, other: &Self) -> bool {
+        let params =
+            |t: &Option<RetryThrottling>| t.as_ref().map(|t| (t.max_tokens(), t.token_ratio()));
+        self.methods == other.methods
+            && params(&self.throttling) == params(&other.throttling)
+            && self.per_call_buffer == other.per_call_buffer
+            && self.per_channel_buffer == other.per_channel_buffer
+    }
+}
+
+impl Default for GrpcConfig {
+    fn default() -> Self {
+        GrpcConfig::new()
+    }
+}
+
+impl GrpcConfig {
+    /// No method retried, no throttling, the buffer limits' defaults (1 MiB per call, 16 MiB
+    /// per channel, as grpc-java's).
+    pub fn new() -> Self {
+        GrpcConfig {
+            methods: Vec::new(),
+            throttling: None,
+            per_call_buffer: 1 << 20,
+            per_channel_buffer: 16 << 20,
+        }
+    }
+
+    /// Retries the calls `name` names under `policy`.
+    ///
+    /// # Errors
+    ///
+    /// [`InvalidConfig`] when `name` is not a name, or a policy was already given for it.
+    pub fn retry(mut self, name: &str, policy: GrpcRetryPolicy) -> Result<Self, InvalidConfig> {
+        let name = Name::parse(name)?;
+        let at = self.entry(name);
+        if self.methods[at].retry.is_some() {
+            return Err(InvalidConfig::new(
+                CONFIG,
+                format!(
+                    "{} is named twice: a method has one policy",
+                    self.methods[at].name
+                ),
+            ));
+        }
+        self.methods[at].retry = Some(policy);
+        Ok(self)
+    }
+
+    /// Beyond A6: the calls `name` names are not idempotent, so each carries an idempotency key
+    /// in its metadata (`idempotency-key`), one per call, the same on every attempt: against a
+    /// server that dedupes on it, a retry cannot repeat the call's effect.
+    ///
+    /// # Errors
+    ///
+    /// [`InvalidConfig`] when `name` is not a name.
+    pub fn non_idempotent(mut self, name: &str) -> Result<Self, InvalidConfig> {
+        let name = Name::parse(name)?;
+        let at = self.entry(name);
+        self.methods[at].keyed = true;
+        Ok(self)
+    }
+
+    /// The channel's throttling, shared by every method.
+    pub fn retry_throttling(mut self, throttling: RetryThrottling) -> Self {
+        self.throttling = Some(throttling);
+        self
+    }
+
+    /// How much of a call's request is held for a retry: `per_call` bytes of one call, and
+    /// `per_channel` of all the calls in flight through one layer. A call past either is sent
+    /// once, as committed.
+    pub fn buffer_limits(mut self, per_call: usize, per_channel: usize) -> Self {
+        self.per_call_buffer = per_call;
+        self.per_channel_buffer = per_channel;
+        self
+    }
+
+    /// The method config that `name` names, made if there is none.
+    fn entry(&mut self, name: Name) -> usize {
+        if let Some(at) = self.methods.iter().position(|m| m.name == name) {
+            return at;
+        }
+        self.methods.push(MethodConfig {
+            name,
+            retry: None,
+            keyed: false,
+        });
+        self.methods.len() - 1
+    }
+
+    /// The retry policy of the call to `path`: the one given for the closest name.
+    pub(crate) fn for_path(&self, path: &str) -> Option<GrpcRetryPolicy> {
+        self.closest(|m| m.name.matches(path))
+    }
+
+    /// What the calls `name` names run under: the retry policy given for the closest name
+    /// that covers them, and whether any name that covers them is marked non-idempotent.
+    pub(crate) fn resolved(&self, name: &Name) -> (Option<GrpcRetryPolicy>, bool) {
+        let policy = self.closest(|m| m.name.covers(name));
+        let keyed = self
+            .methods
+            .iter()
+            .any(|m| m.keyed && m.name.covers(name).is_some());
+        (policy, keyed)
+    }
+
+    /// The policy of the method config that `score` rates highest, of those with one.
+    fn closest(&self, score: impl Fn(&MethodConfig) -> Option<u8>) -> Option<GrpcRetryPolicy> {
+        let mut best: Option<(u8, GrpcRetryPolicy)> = None;
+        for method in &self.methods {
+            if let (Some(at), Some(policy)) = (score(method), method.retry) {
+                if best.is_none_or(|(s, _)| at > s) {
+                    best = Some((at, policy));
+                }
+            }
+        }
+        best.map(|(_, policy)| policy)
+    }
+
+    /// The middleware's dependencies for this config: one per name it gives, routed by the
+    /// call's path (a method's, then a service's), and every other call's as the default (the
+    /// config for every method, or one attempt). Each runs its closest policy, carries a key
+    /// where a name that covers it is marked non-idempotent, sends gRPC's attempt headers,
+    /// and pays its retries from the channel's throttling, or else from one budget that every
+    /// method shares.
+    pub(crate) fn routes(&self) -> Routes {
+        let budget = RetryBudget::default();
+        let mut methods: Vec<&MethodConfig> = self.methods.iter().collect();
+        // The closest name first: methods, then services; every method's is the default.
+        methods.sort_by_key(|m| std::cmp::Reverse(m.name.matches_how()));
+        let every = methods.iter().find(|m| m.name.service.is_empty());
+        let default = match every {
+            Some(method) => self.dependency(method, &budget),
+            None => self.made(Dependency::new("grpc", one_attempt()), false, &budget),
+        };
+        let mut routes = Routes::new(default);
+        for method in methods.iter().filter(|m| !m.name.service.is_empty()) {
+            let path = match &method.name.method {
+                Some(name) => PathMatch::Exact(format!("/{}/{name}", method.name.service)),
+                None => PathMatch::Prefix(format!("/{}/", method.name.service)),
+            };
+            routes.add_path(path, self.dependency(method, &budget));
+        }
+        routes
+    }
+
+    /// The dependency of the calls a method config names.
+    fn dependency(&self, method: &MethodConfig, budget: &RetryBudget) -> Dependency {
+        let name = format!("grpc {}", method.name);
+        let (policy, keyed) = self.resolved(&method.name);
+        let policy = policy.map_or_else(one_attempt, GrpcRetryPolicy::to_policy);
+        self.made(Dependency::new(&name, policy), keyed, budget)
+    }
+
+    /// `dependency` with the channel's throttling or else `budget`, a key if `keyed`, and
+    /// gRPC's attempt headers.
+    fn made(&self, mut dependency: Dependency, keyed: bool, budget: &RetryBudget) -> Dependency {
+        dependency = match &self.throttling {
+            Some(throttling) => {
+                dependency.grpc_throttle = Some(throttling.clone());
+                dependency.without_budget()
+            }
+            None => dependency.with_budget(budget.clone()),
+        };
+        if !keyed {
+            dependency = dependency.without_idempotency_keys();
+        }
+        dependency.attempt_headers.grpc = true;
+        dependency
+    }
+
+    /// Reads a gRPC service config: its `methodConfig`s' `name`s and `retryPolicy`s, and its
+    /// `retryThrottling`. Other fields (a load balancer's, a method's `timeout`) are not this
+    /// layer's and are passed over.
+    ///
+    /// # Errors
+    ///
+    /// [`InvalidConfig`] naming the field, as A6 validates a service config: JSON that is not
+    /// an object, a name or field of the wrong type, a name twice, a `retryPolicy` that breaks
+    /// [`GrpcRetryPolicyBuilder::build`]'s rules, a `retryThrottling` out of range, a
+    /// `hedgingPolicy` (not supported yet).
+    pub fn from_json(json: &str) -> Result<Self, InvalidConfig> {
+        let value: Value = serde_json::from_str(json)
+            .map_err(|e| InvalidConfig::new(CONFIG, format!("not JSON: {e}")))?;
+        let Value::Object(root) = value else {
+            return Err(InvalidConfig::new(CONFIG, "must be a JSON object".into()));
+        };
+        let mut config = GrpcConfig::new();
+        if let Some(methods) = root.get("methodConfig") {
+            let Value::Array(methods) = methods else {
+                return Err(field("methodConfig", "must be an array"));
+            };
+            for (i, method) in methods.iter().enumerate() {
+                config = config.read_method(i, method)?;
+            }
+        }
+        if let Some(throttling) = root.get("retryThrottling") {
+            let number = |key: &str| {
+                throttling.get(key).and_then(Value::as_f64).ok_or_else(|| {
+                    field(
+                        &format!("retryThrottling.{key}"),
+                        "is required, and must be a number",
+                    )
+                })
+            };
+            let throttling = RetryThrottling::new(number("maxTokens")?, number("tokenRatio")?)
+                .map_err(|e| field("retryThrottling", e.message()))?;
+            config.throttling = Some(throttling);
+        }
+        Ok(config)
+    }
+
+    fn read_method(mut self, i: usize, method: &Value) -> Result<Self, InvalidConfig> {
+        let at = format!("methodConfig[{i}]");
+        if method.get("hedgingPolicy").is_some() {
+            return Err(field(
+                &format!("{at}.hedgingPolicy"),
+                "is not supported yet by this layer: remove it, or give a retryPolicy",
+            ));
+        }
+        let policy = match method.get("retryPolicy") {
+            None => None,
+            Some(policy) => Some(read_policy(&format!("{at}.retryPolicy"), policy)?),
+        };
+        let names = match method.get("name") {
+            Some(Value::Array(names)) => names.as_slice(),
+            None => &[],
+            Some(_) => return Err(field(&format!("{at}.name"), "must be an array")),
+        };
+        for (j, name) in names.iter().enumerate() {
+            let here = format!("{at}.name[{j}]");
+            let text = |key: &str| match name.get(key) {
+                None => Ok(""),
+                Some(Value::String(s)) => Ok(s.as_str()),
+                Some(_) => Err(field(&format!("{here}.{key}"), "must be a string")),
+            };
+            let (service, method_name) = (text("service")?, text("method")?);
+            if service.is_empty() && !method_name.is_empty() {
+                return Err(field(&here, "names a method without its service"));
+            }
+            let name = if method_name.is_empty() {
+                service.to_owned()
+            } else {
+                format!("{service}/{method_name}")
+            };
+            let name = Name::parse(&name).map_err(|e| field(&here, e.message()))?;
+            if self
+                .methods
+                .iter()
+                .any(|m| m.name == name && m.retry.is_some())
+            {
+                return Err(field(&here, &format!("names {name} again")));
+            }
+            if let Some(policy) = policy {
+                let at = self.entry(name);
+                self.methods[at].retry = Some(policy);
+            }
+        }
+        Ok(self)
+    }
+}
+
+/// A method with no retry policy: one attempt, its answer judged as gRPC's.
+fn one_attempt() -> RetryPolicy {
+    let any = Duration::from_millis(1);
+    RetryPolicy::grpc_method(1, (any, any, 2000), CodeSet::default())
+}
+
+/// A service config's `retryPolicy` at `at`.
+fn read_policy(at: &str, policy: &Value) -> Result<GrpcRetryPolicy, InvalidConfig> {
+    let get = |key: &str| policy.get(key);
+    let mut builder = GrpcRetryPolicy::builder();
+    if let Some(attempts) = get("maxAttempts") {
+        let n = attempts
+            .as_u64()
+            .ok_or_else(|| field(&format!("{at}.maxAttempts"), "must be a whole number"))?;
+        builder = builder.max_attempts(u32::try_from(n).unwrap_or(u32::MAX));
+    }
+    for key in ["initialBackoff", "maxBackoff"] {
+        if let Some(value) = get(key) {
+            let d = value.as_str().and_then(proto_duration).ok_or_else(|| {
+                field(
+                    &format!("{at}.{key}"),
+                    "must be a duration such as \"0.1s\"",
+                )
+            })?;
+            builder = if key == "initialBackoff" {
+                builder.initial_backoff(d)
+            } else {
+                builder.max_backoff(d)
+            };
+        }
+    }
+    match get("backoffMultiplier") {
+        Some(m) => {
+            let m = m
+                .as_f64()
+                .ok_or_else(|| field(&format!("{at}.backoffMultiplier"), "must be a number"))?;
+            builder = builder.backoff_multiplier(m);
+        }
+        None => return Err(field(&format!("{at}.backoffMultiplier"), "is required")),
+    }
+    if let Some(codes) = get("retryableStatusCodes") {
+        let Value::Array(codes) = codes else {
+            return Err(field(
+                &format!("{at}.retryableStatusCodes"),
+                "must be an array",
+            ));
+        };
+        for (k, code) in codes.iter().enumerate() {
+            let code = match code {
+                Value::String(name) => code_named(name).map(i32::from),
+                Value::Number(n) => n.as_i64().and_then(|n| i32::try_from(n).ok()),
+                _ => None,
+            }
+            .ok_or_else(|| {
+                field(
+                    &format!("{at}.retryableStatusCodes[{k}]"),
+                    &format!("{code} is not a gRPC status code"),
+                )
+            })?;
+            builder = builder.retryable_codes([code]);
+        }
+    }
+    builder
+        .build()
+        .map_err(|e| InvalidConfig::new(CONFIG, format!("{at}: {}", e.message())))
+}
+
+/// The error of the field at `at`.
+fn field(at: &str, what: &str) -> InvalidConfig {
+    InvalidConfig::new(CONFIG, format!("{at} {what}"))
+}
+
+/// A protobuf JSON duration: seconds, with up to nine decimals, and an `s` (`"0.25s"`).
+pub(crate) fn proto_duration(text: &str) -> Option<Duration> {
+    let number = text.strip_suffix('s')?;
+    let (secs, frac) = number.split_once('.').unwrap_or((number, "0"));
+    if secs.is_empty()
+        || frac.is_empty()
+        || frac.len() > 9
+        || !secs.bytes().chain(frac.bytes()).all(|b| b.is_ascii_digit())
+    {
+        return None;
+    }
+    let secs: u64 = secs.parse().ok()?;
+    let nanos: u32 = format!("{frac:0<9}").parse().ok()?;
+    Some(Duration::new(secs, nanos))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn policy(attempts: u32) -> GrpcRetryPolicy {
+        GrpcRetryPolicy::builder()
+            .max_attempts(attempts)
+            .initial_backoff(Duration::from_millis(100))
+            .max_backoff(Duration::from_secs(1))
+            .backoff_multiplier(1.5)
+            .retryable_codes([14, 4])
+            .build()
+            .unwrap()
+    }
+
+    const JSON: &str = r#"{
+      "loadBalancingConfig": [{"round_robin": {}}],
+      "methodConfig": [
+        {"name": [{"service": "echo.Echo", "method": "Say"}, {"service": "echo.Other"}],
+         "timeout": "1s",
+         "retryPolicy": {"maxAttempts": 4, "initialBackoff": "0.1s", "maxBackoff": "1s",
+                         "backoffMultiplier": 1.5,
+                         "retryableStatusCodes": ["UNAVAILABLE", "deadline_exceeded"]}},
+        {"name": [{}], "retryPolicy": {"maxAttempts": 9, "initialBackoff": "0.1s",
+                         "maxBackoff": "1s", "backoffMultiplier": 1.5,
+                         "retryableStatusCodes": [14, 4]}}
+      ],
+      "retryThrottling": {"maxTokens": 10, "tokenRatio": 0.1}
+    }"#;
+
+    #[test]
+    fn a_service_config_reads_to_the_config_built_in_code() {
+        let read = GrpcConfig::from_json(JSON).unwrap();
+        let built = GrpcConfig::new()
+            .retry("echo.Echo/Say", policy(4))
+            .unwrap()
+            .retry("echo.Other", policy(4))
+            .unwrap()
+            .retry("", policy(5))
+            .unwrap()
+            .retry_throttling(RetryThrottling::new(10.0, 0.1).unwrap());
+        assert_eq!(read, built);
+        assert_eq!(
+            read.methods[2].retry.unwrap().max_attempts(),
+            5,
+            "9 is cut to A6's 5"
+        );
+        assert_ne!(read, GrpcConfig::new(), "it is not any config");
+    }
+
+    #[test]
+    fn the_closest_name_serves_a_call() {
+        let config = GrpcConfig::from_json(JSON).unwrap();
+        let at = |path| config.for_path(path).map(|p| p.max_attempts());
+        assert_eq!(at("/echo.Echo/Say"), Some(4));
+        assert_eq!(at("/echo.Other/Any"), Some(4));
+        assert_eq!(at("/echo.Echo/Shout"), Some(5), "every method's");
+        assert_eq!(at("no-slash"), None);
+        // A method marked non-idempotent keeps its service's policy, and carries a key.
+        let keyed = config.non_idempotent("echo.Other/Pay").unwrap();
+        let pay = Name::parse("echo.Other/Pay").unwrap();
+        assert_eq!(keyed.resolved(&pay), (Some(policy(4)), true));
+        let other = Name::parse("echo.Other/Read").unwrap();
+        assert_eq!(keyed.resolved(&other), (Some(policy(4)), false));
+        assert_eq!(keyed.for_path("/echo.Other/Pay"), Some(policy(4)));
+        assert_eq!(GrpcConfig::new().for_path("/a.B/C"), None);
+        let named = Name::parse("a.B/C").unwrap();
+        assert_eq!(named.to_string(), "a.B/C");
+        assert_eq!((named.matches_how(), named.matches("/a.B/C")), (2, Some(2)));
+        assert_eq!(named.matches("/a.B/D"), None);
+        assert_eq!(Name::parse("a.B").unwrap().matches("/a.B/D"), Some(1));
+        assert_eq!(Name::parse("a.B").unwrap().matches_how(), 1);
+        assert_eq!(Name::parse("").unwrap().matches_how(), 0);
+        for bad in ["a.B/", "/C", "a/b/c"] {
+            assert!(Name::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn invalid_service_configs_are_refused_naming_the_field() {
+        let cases = [
+            ("[]", "must be a JSON object"),
+            ("{", "not JSON"),
+            (r#"{"methodConfig": {}}"#, "methodConfig must be an array"),
+            (
+                r#"{"methodConfig": [{"name": [{}], "retryPolicy": {"initialBackoff": "1s", "maxBackoff": "1s", "backoffMultiplier": 2, "retryableStatusCodes": [14]}}]}"#,
+                "methodConfig[0].retryPolicy: maxAttempts is required",
+            ),
+            (
+                r#"{"methodConfig": [{"name": [{}], "retryPolicy": {"maxAttempts": 1, "initialBackoff": "1s", "maxBackoff": "1s", "backoffMultiplier": 2, "retryableStatusCodes": [14]}}]}"#,
+                "maxAttempts (1) must be at least 2",
+            ),
+            (
+                r#"{"methodConfig": [{"name": [{}], "retryPolicy": {"maxAttempts": 2, "initialBackoff": "0s", "maxBackoff": "1s", "backoffMultiplier": 2, "retryableStatusCodes": [14]}}]}"#,
+                "must be above zero",
+            ),
+            (
+                r#"{"methodConfig": [{"name": [{}], "retryPolicy": {"maxAttempts": 2, "initialBackoff": "1", "maxBackoff": "1s", "backoffMultiplier": 2, "retryableStatusCodes": [14]}}]}"#,
+                "methodConfig[0].retryPolicy.initialBackoff must be a duration",
+            ),
+            (
+                r#"{"methodConfig": [{"name": [{}], "retryPolicy": {"maxAttempts": 2, "initialBackoff": "2s", "maxBackoff": "1s", "backoffMultiplier": 2, "retryableStatusCodes": [14]}}]}"#,
+                "maxBackoff (1s) must not be below initialBackoff",
+            ),
+            (
+                r#"{"methodConfig": [{"name": [{}], "retryPolicy": {"maxAttempts": 2, "initialBackoff": "1s", "maxBackoff": "1s", "retryableStatusCodes": [14]}}]}"#,
+                "methodConfig[0].retryPolicy.backoffMultiplier is required",
+            ),
+            (
+                r#"{"methodConfig": [{"name": [{}], "retryPolicy": {"maxAttempts": 2, "initialBackoff": "1s", "maxBackoff": "1s", "backoffMultiplier": 0, "retryableStatusCodes": [14]}}]}"#,
+                "backoffMultiplier (0) must be above zero",
+            ),
+            (
+                r#"{"methodConfig": [{"name": [{}], "retryPolicy": {"maxAttempts": 2, "initialBackoff": "1s", "maxBackoff": "1s", "backoffMultiplier": 2, "retryableStatusCodes": []}}]}"#,
+                "retryableStatusCodes must name at least one code",
+            ),
+            (
+                r#"{"methodConfig": [{"name": [{}], "retryPolicy": {"maxAttempts": 2, "initialBackoff": "1s", "maxBackoff": "1s", "backoffMultiplier": 2, "retryableStatusCodes": ["NOPE"]}}]}"#,
+                "methodConfig[0].retryPolicy.retryableStatusCodes[0] \"NOPE\" is not a gRPC status code",
+            ),
+            (
+                r#"{"methodConfig": [{"name": [{}], "retryPolicy": {"maxAttempts": 2, "initialBackoff": "1s", "maxBackoff": "1s", "backoffMultiplier": 2, "retryableStatusCodes": [17]}}]}"#,
+                "17 is not a gRPC status code",
+            ),
+            (
+                r#"{"methodConfig": [{"name": [{"method": "Say"}]}]}"#,
+                "methodConfig[0].name[0] names a method without its service",
+            ),
+            (
+                r#"{"methodConfig": [{"name": [{"service": 3}]}]}"#,
+                "methodConfig[0].name[0].service must be a string",
+            ),
+            (
+                r#"{"methodConfig": [{"name": [{}], "hedgingPolicy": {}}]}"#,
+                "methodConfig[0].hedgingPolicy is not supported yet",
+            ),
+            (
+                r#"{"retryThrottling": {"maxTokens": 0, "tokenRatio": 0.1}}"#,
+                "retryThrottling maxTokens (0) must be above 0",
+            ),
+            (
+                r#"{"retryThrottling": {"maxTokens": 10}}"#,
+                "retryThrottling.tokenRatio is required",
+            ),
+        ];
+        for (json, says) in cases {
+            let err = GrpcConfig::from_json(json).unwrap_err().to_string();
+            assert!(err.contains(says), "{json}\n  said: {err}\n  not: {says}");
+        }
+        let twice = r#"{"methodConfig": [
+          {"name": [{"service": "a.B"}], "retryPolicy": {"maxAttempts": 2, "initialBackoff": "1s", "maxBackoff": "1s", "backoffMultiplier": 2, "retryableStatusCodes": [14]}},
+          {"name": [{"service": "a.B"}], "retryPolicy": {"maxAttempts": 2, "initialBackoff": "1s", "maxBackoff": "1s", "backoffMultiplier": 2, "retryableStatusCodes": [14]}}]}"#;
+        let err = GrpcConfig::from_json(twice).unwrap_err().to_string();
+        assert!(
+            err.contains("methodConfig[1].name[0] names a.B again"),
+            "{err}"
+        );
+        let err = GrpcConfig::new()
+            .retry("a.B", policy(2))
+            .unwrap()
+            .retry("a.B", policy(2))
+            .unwrap_err();
+        assert!(err.to_string().contains("a.B is named twice"), "{err}");
+    }
+
+    #[test]
+    fn attempts_above_five_are_cut_unless_raised_on_purpose() {
+        let build = |b: GrpcRetryPolicyBuilder| {
+            b.initial_backoff(Duration::from_millis(1))
+                .max_backoff(Duration::from_millis(1))
+                .retryable_codes([14])
+                .build()
+                .unwrap()
+                .max_attempts()
+        };
+        assert_eq!(build(GrpcRetryPolicy::builder().max_attempts(9)), 5);
+        assert_eq!(
+            build(
+                GrpcRetryPolicy::builder()
+                    .max_attempts(9)
+                    .allow_attempts_above_five(7)
+            ),
+            7
+        );
+        assert_eq!(
+            build(
+                GrpcRetryPolicy::builder()
+                    .max_attempts(3)
+                    .allow_attempts_above_five(2)
+            ),
+            3,
+            "the cap is never below A6's"
+        );
+    }
+
+    #[test]
+    fn a_policy_reads_back_what_it_was_given_and_runs_as_the_crate_s() {
+        let p = policy(4);
+        assert_eq!(p.initial_backoff(), Duration::from_millis(100));
+        assert_eq!(p.max_backoff(), Duration::from_secs(1));
+        assert_eq!(p.backoff_multiplier(), 1.5);
+        assert!(p.retries_code(14) && p.retries_code(4) && !p.retries_code(2));
+        assert!(!p.retries_code(-1) && !p.retries_code(300));
+        let run = p.to_policy();
+        assert_eq!(run.max_attempts(), 4);
+        assert_eq!(run.base_delay(), Duration::from_millis(100));
+        assert_eq!(run.max_delay(), Duration::from_secs(1));
+        let rules = run.grpc().unwrap();
+        assert_eq!((rules.codes, rules.multiplier_milli), (p.codes(), 1500));
+        assert!(!run.retry_after_jitter() && run.retry_after_fields());
+        assert!(!run.rate_limit_fields() && !run.should_retry_fields());
+        assert_eq!(run.deadline(), NO_DEADLINE);
+        assert_eq!(
+            run.to_builder().build().unwrap(),
+            run,
+            "an override keeps its rules"
+        );
+    }
+
+    #[test]
+    fn a_proto_duration_is_seconds_with_up_to_nine_decimals() {
+        assert_eq!(proto_duration("1s"), Some(Duration::from_secs(1)));
+        assert_eq!(proto_duration("0.1s"), Some(Duration::from_millis(100)));
+        assert_eq!(
+            proto_duration("0.000000001s"),
+            Some(Duration::from_nanos(1))
+        );
+        for bad in [
+            "1",
+            "s",
+            ".5s",
+            "1.s",
+            "-1s",
+            "0.0000000001s",
+            "1.5ms",
+            "1e3s",
+        ] {
+            assert_eq!(proto_duration(bad), None, "{bad}");
+        }
+    }
+
+    proptest! {
+        /// Any JSON a service config could hold is read or refused, never a panic.
+        #[test]
+        fn any_retry_policy_json_is_read_or_refused(
+            attempts in proptest::option::of(-3i64..10),
+            initial in "[0-9.s-]{0,6}",
+            multiplier in proptest::option::of(-2.0f64..4.0),
+            codes in proptest::collection::vec(-2i64..20, 0..4),
+        ) {
+            let mut policy = serde_json::Map::new();
+            if let Some(a) = attempts { policy.insert("maxAttempts".into(), a.into()); }
+            policy.insert("initialBackoff".into(), initial.clone().into());
+            policy.insert("maxBackoff".into(), "1s".into());
+            if let Some(m) = multiplier { policy.insert("backoffMultiplier".into(), m.into()); }
+            policy.insert("retryableStatusCodes".into(), codes.clone().into());
+            let json = serde_json::json!({"methodConfig": [{"name": [{}], "retryPolicy": policy}]});
+            match GrpcConfig::from_json(&json.to_string()) {
+                Ok(config) => {
+                    let p = config.methods[0].retry.unwrap();
+                    prop_assert!(p.max_attempts() >= 2 && p.max_attempts() <= 5);
+                    prop_assert!(!p.initial_backoff().is_zero());
+                    prop_assert!(codes.iter().all(|c| p.retries_code(*c as i32)));
+                }
+                Err(e) => prop_assert!(e.to_string().contains("methodConfig[0].retryPolicy")),
+            }
+        }
+    }
+}

@@ -1,0 +1,216 @@
+//! gRPC's retry rules (gRFC A6), beside the HTTP ones and in the same terms: what a gRPC answer's
+//! head says of the call (a status, or a committed call), the server's pushback, the call's
+//! deadline as `grpc-timeout` writes it, the retry policy and service config (`config`), and
+//! the channel's retry throttling (`throttle`). Nothing here names tonic: the gRPC door reads
+//! its answers into `http`'s types, and these rules read those.
+//!
+//! # What an answer says
+//!
+//! A gRPC call answers with HTTP status 200 and, at its end, trailers holding `grpc-status`. A
+//! call the server refuses at once answers *trailers-only*: `grpc-status` in the headers, no
+//! body. Only such an answer, or none, can be retried: once the server has sent headers
+//! without a status, the call is *committed* (it may have acted, and its messages are the
+//! caller's), and A6 never retries it. An answer with another HTTP status comes from something
+//! in the path that does not speak gRPC (a proxy), and its status stands for a gRPC code as
+//! gRPC's HTTP mapping says (`429`, `502`, `503` and `504` are `UNAVAILABLE`).
+
+#[cfg(feature = "grpc")]
+pub(crate) mod config;
+pub(crate) mod throttle;
+
+use std::time::Duration;
+
+use http::{HeaderMap, HeaderValue, StatusCode};
+
+/// The status codes, by number, as gRPC names them.
+pub(crate) const NAMES: [&str; 17] = [
+    "OK",
+    "CANCELLED",
+    "UNKNOWN",
+    "INVALID_ARGUMENT",
+    "DEADLINE_EXCEEDED",
+    "NOT_FOUND",
+    "ALREADY_EXISTS",
+    "PERMISSION_DENIED",
+    "RESOURCE_EXHAUSTED",
+    "FAILED_PRECONDITION",
+    "ABORTED",
+    "OUT_OF_RANGE",
+    "UNIMPLEMENTED",
+    "INTERNAL",
+    "UNAVAILABLE",
+    "DATA_LOSS",
+    "UNAUTHENTICATED",
+];
+
+/// `OK`.
+pub(crate) const OK: u8 = 0;
+/// `UNKNOWN`: what an unreadable `grpc-status` stands for.
+pub(crate) const UNKNOWN: u8 = 2;
+/// `RESOURCE_EXHAUSTED`: a server's overload or quota, priced as a 429 is.
+pub(crate) const RESOURCE_EXHAUSTED: u8 = 8;
+/// `INTERNAL`.
+const INTERNAL: u8 = 13;
+/// `UNAVAILABLE`: what a transport failure stands for.
+pub(crate) const UNAVAILABLE: u8 = 14;
+
+/// A set of gRPC status codes (0 to 16).
+#[derive(Clone, Copy, PartialEq, Eq, Default, Hash)]
+pub(crate) struct CodeSet(u32);
+
+impl CodeSet {
+    /// The set of `codes`; `None` if one is not a gRPC code (0 to 16).
+    #[cfg(feature = "grpc")]
+    pub(crate) fn of(codes: impl IntoIterator<Item = i32>) -> Result<CodeSet, i32> {
+        let mut set = 0u32;
+        for code in codes {
+            match u8::try_from(code) {
+                Ok(c) if usize::from(c) < NAMES.len() => set |= 1 << c,
+                _ => return Err(code),
+            }
+        }
+        Ok(CodeSet(set))
+    }
+
+    /// Whether `code` is in the set.
+    pub(crate) fn has(self, code: u8) -> bool {
+        code < 32 && self.0 & (1 << code) != 0
+    }
+}
+
+impl std::fmt::Debug for CodeSet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let names = (0..NAMES.len()).filter(|&c| self.0 & (1 << c) != 0);
+        f.debug_set().entries(names.map(|c| NAMES[c])).finish()
+    }
+}
+
+/// The code named `name` (`"UNAVAILABLE"`, in any case), as a service config writes it.
+#[cfg(feature = "grpc")]
+pub(crate) fn code_named(name: &str) -> Option<u8> {
+    let at = NAMES.iter().position(|n| n.eq_ignore_ascii_case(name))?;
+    u8::try_from(at).ok()
+}
+
+/// What an answer's head says of the call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Said {
+    /// Headers without a status: the call is committed, its status comes in its trailers.
+    Committed,
+    /// The call's status, from a trailers-only answer, or from an HTTP status that is not 200.
+    Status(u8),
+}
+
+/// What an answer with HTTP `status` and `headers` says of the call.
+pub(crate) fn said(status: StatusCode, headers: &HeaderMap) -> Said {
+    if let Some(value) = headers.get("grpc-status") {
+        return Said::Status(code_of(value));
+    }
+    if status == StatusCode::OK {
+        return Said::Committed;
+    }
+    // gRPC's HTTP-to-gRPC status mapping, for an answer from something that does not speak
+    // gRPC.
+    Said::Status(match status.as_u16() {
+        400 => INTERNAL,
+        401 => 16,
+        403 => 7,
+        404 => 12,
+        429 | 502 | 503 | 504 => UNAVAILABLE,
+        _ => UNKNOWN,
+    })
+}
+
+/// The code a `grpc-status` value (or a trailer's) holds: a decimal from 0 to 16; anything else
+/// is `UNKNOWN`, as gRPC's clients read it.
+pub(crate) fn code_of(value: &HeaderValue) -> u8 {
+    let bytes = value.as_bytes();
+    if bytes.is_empty() || bytes.len() > 2 || !bytes.iter().all(u8::is_ascii_digit) {
+        return UNKNOWN;
+    }
+    let code = bytes.iter().fold(0u8, |n, d| n * 10 + (d - b'0'));
+    if usize::from(code) < NAMES.len() {
+        code
+    } else {
+        UNKNOWN
+    }
+}
+
+/// What the server's `grpc-retry-pushback-ms` says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Pushback {
+    /// None was sent.
+    Absent,
+    /// Retry after exactly this long.
+    Wait(Duration),
+    /// Do not retry: a negative value, or one that is not a whole number of milliseconds
+    /// (A6: "a negative or malformed value means do not retry").
+    Stop,
+}
+
+/// The server's pushback on an answer.
+pub(crate) fn pushback(headers: &HeaderMap) -> Pushback {
+    let mut values = headers.get_all("grpc-retry-pushback-ms").iter();
+    let Some(value) = values.next() else {
+        return Pushback::Absent;
+    };
+    if values.next().is_some() {
+        // Two values say two things: malformed.
+        return Pushback::Stop;
+    }
+    let text = value.to_str().unwrap_or("").trim();
+    // An int32, as A6 says; a longer run of digits is malformed.
+    match text.parse::<i32>() {
+        Ok(ms) if ms >= 0 => Pushback::Wait(Duration::from_millis(ms.unsigned_abs().into())),
+        _ => Pushback::Stop,
+    }
+}
+
+/// The call's deadline from now, as its `grpc-timeout` says (at most 8 digits and a unit: `H`,
+/// `M`, `S`, `m`, `u`, `n`); `None` when there is none, or it is malformed.
+#[cfg(feature = "grpc")]
+pub(crate) fn timeout_of(headers: &HeaderMap) -> Option<Duration> {
+    let bytes = headers.get("grpc-timeout")?.as_bytes();
+    let (&unit, digits) = bytes.split_last()?;
+    if digits.is_empty() || digits.len() > 8 || !digits.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    let n = digits
+        .iter()
+        .fold(0u64, |n, d| n * 10 + u64::from(d - b'0'));
+    Some(match unit {
+        b'H' => Duration::from_secs(n * 3600),
+        b'M' => Duration::from_secs(n * 60),
+        b'S' => Duration::from_secs(n),
+        b'm' => Duration::from_millis(n),
+        b'u' => Duration::from_micros(n),
+        b'n' => Duration::from_nanos(n),
+        _ => return None,
+    })
+}
+
+/// `left` as a `grpc-timeout` value: in the finest unit whose count fits in 8 digits, rounded
+/// down (the server never believes the client waits longer than it does).
+pub(crate) fn timeout_value(left: Duration) -> HeaderValue {
+    const MOST: u128 = 99_999_999;
+    let units: [(u128, u8); 6] = [
+        (1, b'n'),
+        (1_000, b'u'),
+        (1_000_000, b'm'),
+        (1_000_000_000, b'S'),
+        (60_000_000_000, b'M'),
+        (3_600_000_000_000, b'H'),
+    ];
+    let nanos = left.as_nanos();
+    let (count, unit) = units
+        .iter()
+        .map(|&(per, unit)| (nanos / per, unit))
+        .find(|&(count, _)| count <= MOST)
+        .unwrap_or((MOST, b'H'));
+    let mut text = count.to_string().into_bytes();
+    text.push(unit);
+    HeaderValue::from_bytes(&text).unwrap_or(HeaderValue::from_static("99999999H"))
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,219 @@
+//! A6's retry throttling: a token count per channel that failures spend and successes refill,
+//! below half of which no call is retried.
+// Without the `grpc` feature, nothing makes one (the decider still asks for it).
+#![cfg_attr(not(feature = "grpc"), allow(unreachable_pub, dead_code))]
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::engine::grpc::CodeSet;
+use crate::error::InvalidConfig;
+
+/// The area named in this module's configuration errors.
+const AREA: &str = "gRPC retry throttling";
+
+/// gRPC's retry throttling (gRFC A6's `retryThrottling`), shared by every call through one
+/// layer and its clones: the same guarantee as a [`RetryBudget`](crate::RetryBudget), that
+/// retries cannot multiply an outage, by gRPC's own rule.
+///
+/// The count starts at `max_tokens`. Every attempt that fails with a status its policy retries
+/// takes 1 from it (down to 0); every call that ends `OK` adds `token_ratio` (up to
+/// `max_tokens`). While the count is at or below half of `max_tokens`, no call is retried: the
+/// attempt that failed is the call's last. Counted in thousandths of a token, as gRPC's own
+/// clients count (a ratio is read to three decimal places).
+///
+/// ```
+/// use reqwest_safe_retry::RetryThrottling;
+///
+/// let throttling = RetryThrottling::new(10.0, 0.1)?;
+/// assert_eq!(throttling.tokens(), 10.0);
+/// # Ok::<(), reqwest_safe_retry::InvalidConfig>(())
+/// ```
+#[derive(Debug, Clone)]
+pub struct RetryThrottling {
+    /// In thousandths.
+    max: u64,
+    ratio: u64,
+    tokens: Arc<AtomicU64>,
+}
+
+impl RetryThrottling {
+    /// A count of `max_tokens` (above 0, at most 1,000, as A6 bounds it) that each success
+    /// refills by `token_ratio` (above 0, read to three decimal places).
+    ///
+    /// # Errors
+    ///
+    /// [`InvalidConfig`] naming the field out of its range.
+    pub fn new(max_tokens: f64, token_ratio: f64) -> Result<Self, InvalidConfig> {
+        if !(max_tokens > 0.0 && max_tokens <= 1000.0) {
+            return Err(InvalidConfig::new(
+                AREA,
+                format!("maxTokens ({max_tokens}) must be above 0 and at most 1000"),
+            ));
+        }
+        // Three decimal places, to the nearest: below 0.0005 would be read as none, so it is
+        // refused.
+        let ratio = (token_ratio * 1000.0).round();
+        if !(ratio >= 1.0 && token_ratio.is_finite()) {
+            return Err(InvalidConfig::new(
+                AREA,
+                format!("tokenRatio ({token_ratio}) must be at least 0.001"),
+            ));
+        }
+        let max = (max_tokens * 1000.0).round() as u64;
+        Ok(RetryThrottling {
+            max,
+            ratio: ratio.min(1e12) as u64,
+            tokens: Arc::new(AtomicU64::new(max)),
+        })
+    }
+
+    /// The count now, in tokens.
+    pub fn tokens(&self) -> f64 {
+        self.milli() as f64 / 1000.0
+    }
+
+    /// The most it holds.
+    pub fn max_tokens(&self) -> f64 {
+        self.max as f64 / 1000.0
+    }
+
+    /// What each success adds.
+    pub fn token_ratio(&self) -> f64 {
+        self.ratio as f64 / 1000.0
+    }
+
+    /// The count now, in thousandths.
+    pub(crate) fn milli(&self) -> u64 {
+        self.tokens.load(Ordering::Relaxed)
+    }
+
+    /// A call ended with `code` under a policy that retries `retried`: `OK` refills, a retried
+    /// code spends, any other counts nothing. Whether a retry may follow: only after a
+    /// failure that left the count above half.
+    pub(crate) fn ended(&self, code: u8, retried: CodeSet) -> bool {
+        if code == super::OK {
+            self.add(self.ratio);
+            return false;
+        }
+        if !retried.has(code) {
+            return false;
+        }
+        let before = self.take(1000);
+        before.saturating_sub(1000) * 2 > self.max
+    }
+
+    fn add(&self, amount: u64) {
+        let max = self.max;
+        let _ = self
+            .tokens
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |t| {
+                Some(t.saturating_add(amount).min(max))
+            });
+    }
+
+    /// Takes `amount` (down to 0); the count before.
+    fn take(&self, amount: u64) -> u64 {
+        match self
+            .tokens
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |t| {
+                Some(t.saturating_sub(amount))
+            }) {
+            Ok(before) | Err(before) => before,
+        }
+    }
+}
+
+#[cfg(all(test, feature = "grpc"))]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const UNAVAILABLE: u8 = super::super::UNAVAILABLE;
+
+    fn retried() -> CodeSet {
+        CodeSet::of([14]).unwrap()
+    }
+
+    #[test]
+    fn grpc_s_own_example_four_tokens_threshold_two() {
+        // Max 4, ratio 1.6: the threshold is 2.
+        let t = RetryThrottling::new(4.0, 1.6).unwrap();
+        assert!(t.ended(UNAVAILABLE, retried()), "3 > 2");
+        assert!(!t.ended(0, retried()));
+        assert_eq!(t.milli(), 4000, "not above the most");
+        assert!(t.ended(UNAVAILABLE, retried()), "3");
+        assert!(!t.ended(UNAVAILABLE, retried()), "2 is at the threshold");
+        assert!(t.milli() * 2 <= 4000, "no retry now");
+        t.ended(0, retried());
+        assert_eq!(t.milli(), 3600);
+    }
+
+    #[test]
+    fn a_code_the_policy_does_not_retry_counts_nothing() {
+        let t = RetryThrottling::new(2.0, 1.0).unwrap();
+        assert!(!t.ended(3, retried()));
+        assert_eq!(t.milli(), 2000);
+    }
+
+    #[test]
+    fn clones_share_one_count() {
+        let t = RetryThrottling::new(10.0, 0.5).unwrap();
+        let u = t.clone();
+        u.ended(UNAVAILABLE, retried());
+        assert_eq!(t.tokens(), 9.0);
+        assert_eq!(
+            RetryThrottling::new(10.0, 0.5).unwrap().tokens(),
+            10.0,
+            "a new one is its own"
+        );
+        assert_eq!((t.max_tokens(), t.token_ratio()), (10.0, 0.5));
+    }
+
+    #[test]
+    fn out_of_range_fields_are_refused_by_name() {
+        for (max, ratio, field) in [
+            (0.0, 0.1, "maxTokens"),
+            (1000.5, 0.1, "maxTokens"),
+            (f64::NAN, 0.1, "maxTokens"),
+            (10.0, 0.0, "tokenRatio"),
+            (10.0, 0.0004, "tokenRatio"),
+            (10.0, f64::INFINITY, "tokenRatio"),
+        ] {
+            let err = RetryThrottling::new(max, ratio).unwrap_err();
+            assert!(err.to_string().contains(field), "{max} {ratio}: {err}");
+        }
+        assert!(RetryThrottling::new(1000.0, 0.001).is_ok());
+    }
+
+    proptest! {
+        /// Against A6's text, in real numbers: a failure takes 1 (not below 0), a success adds
+        /// the ratio (not above the most), and a retry is allowed exactly when the count is
+        /// above half of the most.
+        #[test]
+        fn the_count_follows_a6_s_arithmetic(
+            max in 1u32..=1000,
+            ratio_milli in 1u32..5000,
+            script in proptest::collection::vec(0u8..3, 0..200),
+        ) {
+            let t = RetryThrottling::new(f64::from(max), f64::from(ratio_milli) / 1000.0).unwrap();
+            let mut model = i64::from(max) * 1000;
+            for step in script {
+                let code = [0, UNAVAILABLE, 5][usize::from(step)];
+                let allowed = t.ended(code, retried());
+                match code {
+                    0 => {
+                        model = (model + i64::from(ratio_milli)).min(i64::from(max) * 1000);
+                        prop_assert!(!allowed);
+                    }
+                    UNAVAILABLE => {
+                        model = (model - 1000).max(0);
+                        prop_assert_eq!(allowed, model * 2 > i64::from(max) * 1000);
+                    }
+                    _ => prop_assert!(!allowed),
+                }
+                prop_assert_eq!(t.milli() as i64, model);
+            }
+        }
+    }
+}

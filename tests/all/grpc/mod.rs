@@ -1,0 +1,411 @@
+//! The gRPC door against a real tonic server on 127.0.0.1, scripted call by call: attempts,
+//! waits and headers exactly as gRFC A6 says, on a `FakeClock` and on tokio's paused clock.
+
+mod server;
+
+use std::time::Duration;
+
+use reqwest_safe_retry::{
+    FakeClock, GrpcConfig, GrpcRetryLayer, GrpcRetryPolicy, RandomSource, RetryRecord,
+    RetryThrottling, SeededRng, StopReason,
+};
+use server::{Act, Script, channel, count, say, serve, text};
+use tonic::Code;
+use tower_layer::Layer;
+
+const SEED: u64 = 7;
+
+/// A6's policy: `attempts`, from 100 ms by 2 up to 1 s, `UNAVAILABLE` retried.
+fn unavailable(attempts: u32) -> GrpcRetryPolicy {
+    GrpcRetryPolicy::builder()
+        .max_attempts(attempts)
+        .initial_backoff(Duration::from_millis(100))
+        .max_backoff(Duration::from_secs(1))
+        .retryable_codes([Code::Unavailable])
+        .build()
+        .unwrap()
+}
+
+/// A6's wait before retry `n` (from 0) without pushback, for the draw `x`: the ceiling
+/// `min(100 ms * 2^n, 1 s)` times a factor from [0.8, 1.2], as the crate draws it.
+fn a6_wait(n: u32, x: u64) -> Duration {
+    let ceiling = Duration::from_millis(100 * 2u64.pow(n)).min(Duration::from_secs(1));
+    let spread = u64::try_from((ceiling * 2 / 5).as_nanos()).unwrap();
+    let drawn = (u128::from(x) * (u128::from(spread) + 1)) >> 64;
+    ceiling * 4 / 5 + Duration::from_nanos(drawn as u64)
+}
+
+/// The layer for `config` on a fake clock with the test's seed.
+fn faked(config: GrpcConfig) -> (GrpcRetryLayer, FakeClock) {
+    let clock = FakeClock::new();
+    let layer = GrpcRetryLayer::new(config)
+        .with_clock(clock.clone())
+        .with_rng(SeededRng::new(SEED));
+    (layer, clock)
+}
+
+#[tokio::test]
+async fn a_unary_call_survives_two_unavailables_and_a_pushback_with_one_key() {
+    let script = Script::new([
+        Act::Fail(Code::Unavailable, None),
+        Act::Fail(Code::Unavailable, Some("250")),
+    ]);
+    let uri = serve(&script).await;
+    let config = GrpcConfig::new()
+        .retry("echo.Echo", unavailable(4))
+        .unwrap()
+        .non_idempotent("echo.Echo/Say")
+        .unwrap();
+    let (layer, clock) = faked(config);
+    let answer = say(layer.layer(channel(&uri)), text("hello"))
+        .await
+        .unwrap();
+    assert_eq!(answer.get_ref().text, "hello");
+    let record = answer.extensions().get::<RetryRecord>().unwrap();
+    assert_eq!(
+        (record.attempts(), record.stop_reason()),
+        (3, StopReason::Committed)
+    );
+    // A6's first backoff, then exactly the pushback.
+    let draws = SeededRng::new(SEED);
+    assert_eq!(
+        clock.sleeps(),
+        [a6_wait(0, draws.next_u64()), Duration::from_millis(250)]
+    );
+    assert_eq!(
+        script.values("grpc-previous-rpc-attempts"),
+        [None, Some("1".into()), Some("2".into())]
+    );
+    let keys = script.values("idempotency-key");
+    assert!(keys[0].is_some(), "a key in metadata");
+    assert!(
+        keys.iter().all(|k| *k == keys[0]),
+        "the same on every attempt: {keys:?}"
+    );
+    assert_eq!(
+        record.idempotency_key().unwrap().to_str().unwrap(),
+        keys[0].as_deref().unwrap()
+    );
+}
+
+#[tokio::test]
+async fn an_idempotent_method_carries_no_key() {
+    let script = Script::new([Act::Fail(Code::Unavailable, None)]);
+    let uri = serve(&script).await;
+    let (layer, _clock) = faked(
+        GrpcConfig::new()
+            .retry("echo.Echo", unavailable(2))
+            .unwrap(),
+    );
+    say(layer.layer(channel(&uri)), text("x")).await.unwrap();
+    assert_eq!(script.values("idempotency-key"), [None, None]);
+}
+
+#[tokio::test]
+async fn a_code_the_policy_does_not_retry_is_handed_back_at_once_as_tonic_reads_it() {
+    let script = Script::new([Act::Fail(Code::InvalidArgument, None)]);
+    let uri = serve(&script).await;
+    let (layer, clock) = faked(
+        GrpcConfig::new()
+            .retry("echo.Echo", unavailable(4))
+            .unwrap(),
+    );
+    let status = say(layer.layer(channel(&uri)), text("x"))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        (status.code(), status.message()),
+        (Code::InvalidArgument, "scripted")
+    );
+    let record = RetryRecord::of_status(&status).expect("the layer's record");
+    assert_eq!(
+        (record.attempts(), record.stop_reason()),
+        (1, StopReason::NotRetryable)
+    );
+    assert_eq!(script.seen().len(), 1);
+    assert!(clock.sleeps().is_empty());
+}
+
+#[tokio::test]
+async fn the_last_status_comes_back_with_its_record_when_attempts_run_out() {
+    let script = Script::new([
+        Act::Fail(Code::Unavailable, None),
+        Act::Fail(Code::Unavailable, None),
+        Act::Fail(Code::Unavailable, None),
+    ]);
+    let uri = serve(&script).await;
+    let (layer, clock) = faked(
+        GrpcConfig::new()
+            .retry("echo.Echo", unavailable(3))
+            .unwrap(),
+    );
+    let status = say(layer.layer(channel(&uri)), text("x"))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::Unavailable);
+    let record = RetryRecord::of_status(&status).unwrap();
+    assert_eq!(
+        (record.attempts(), record.stop_reason()),
+        (3, StopReason::AttemptsExhausted)
+    );
+    let draws = SeededRng::new(SEED);
+    let expected: Vec<Duration> = (0..2).map(|n| a6_wait(n, draws.next_u64())).collect();
+    assert_eq!(clock.sleeps(), expected);
+    assert_eq!(record.waited(), expected.iter().sum::<Duration>());
+    assert_eq!(script.seen().len(), 3);
+}
+
+#[tokio::test]
+async fn a_negative_or_malformed_pushback_ends_the_call() {
+    for pushback in ["-1", "soon"] {
+        let script = Script::new([Act::Fail(Code::Unavailable, Some(pushback))]);
+        let uri = serve(&script).await;
+        let (layer, clock) = faked(
+            GrpcConfig::new()
+                .retry("echo.Echo", unavailable(4))
+                .unwrap(),
+        );
+        let status = say(layer.layer(channel(&uri)), text("x"))
+            .await
+            .unwrap_err();
+        let record = RetryRecord::of_status(&status).unwrap();
+        assert_eq!(
+            record.stop_reason(),
+            StopReason::ServerDeclinedRetry,
+            "{pushback}"
+        );
+        assert_eq!(
+            (script.seen().len(), clock.sleeps().len()),
+            (1, 0),
+            "{pushback}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_stream_that_committed_then_failed_is_not_retried() {
+    let script = Script::new([Act::SendThenFail(Code::Unavailable)]);
+    let uri = serve(&script).await;
+    let (layer, clock) = faked(
+        GrpcConfig::new()
+            .retry("echo.Echo", unavailable(4))
+            .unwrap(),
+    );
+    let (got, ended) = count(layer.layer(channel(&uri)), "once").await;
+    assert_eq!(got, ["once"]);
+    assert_eq!(ended.unwrap_err().code(), Code::Unavailable);
+    assert_eq!(script.seen().len(), 1, "committed: never retried");
+    assert!(clock.sleeps().is_empty());
+}
+
+#[tokio::test]
+async fn a_stream_refused_before_it_committed_is_retried() {
+    let script = Script::new([Act::Fail(Code::Unavailable, None)]);
+    let uri = serve(&script).await;
+    let (layer, _clock) = faked(
+        GrpcConfig::new()
+            .retry("echo.Echo", unavailable(4))
+            .unwrap(),
+    );
+    let (got, ended) = count(layer.layer(channel(&uri)), "twice").await;
+    ended.unwrap();
+    assert_eq!(got, ["twice", "twice"]);
+    assert_eq!(script.seen().len(), 2);
+}
+
+#[tokio::test]
+async fn the_call_s_deadline_spans_its_attempts_and_each_is_told_what_is_left() {
+    let script = Script::new([Act::Fail(Code::Unavailable, Some("1500"))]);
+    let uri = serve(&script).await;
+    let (layer, clock) = faked(
+        GrpcConfig::new()
+            .retry("echo.Echo", unavailable(4))
+            .unwrap(),
+    );
+    let mut request = text("x");
+    request.set_timeout(Duration::from_secs(5));
+    say(layer.layer(channel(&uri)), request).await.unwrap();
+    assert_eq!(clock.sleeps(), [Duration::from_millis(1500)]);
+    let timeouts = script.values("grpc-timeout");
+    // tonic writes the caller's 5 s; the retry is told what is left after the 1.5 s wait.
+    assert_eq!(timeouts[0].as_deref(), Some("5000000u"));
+    assert_eq!(timeouts[1].as_deref(), Some("3500000u"));
+
+    // A pushback past what is left ends the call at once.
+    let script = Script::new([Act::Fail(Code::Unavailable, Some("6000"))]);
+    let uri = serve(&script).await;
+    let (layer, clock) = faked(
+        GrpcConfig::new()
+            .retry("echo.Echo", unavailable(4))
+            .unwrap(),
+    );
+    let mut request = text("x");
+    request.set_timeout(Duration::from_secs(5));
+    let status = say(layer.layer(channel(&uri)), request).await.unwrap_err();
+    let record = RetryRecord::of_status(&status).unwrap();
+    assert_eq!(record.stop_reason(), StopReason::RetryAfterTooLong);
+    assert!(clock.sleeps().is_empty());
+}
+
+#[tokio::test]
+async fn the_throttling_stops_retries_at_half_its_tokens_and_a_committed_ok_refills_it() {
+    let throttling = RetryThrottling::new(3.0, 0.5).unwrap();
+    let config = GrpcConfig::new()
+        .retry("echo.Echo", unavailable(5))
+        .unwrap()
+        .retry_throttling(throttling.clone());
+    let script = Script::new([
+        Act::Fail(Code::Unavailable, None),
+        Act::Fail(Code::Unavailable, None),
+    ]);
+    let uri = serve(&script).await;
+    let (layer, _clock) = faked(config);
+    let service = layer.layer(channel(&uri));
+    // 3 → 2 (above 1.5: retried) → 1 (at or below: not).
+    let status = say(service.clone(), text("x")).await.unwrap_err();
+    let record = RetryRecord::of_status(&status).unwrap();
+    assert_eq!(
+        (record.attempts(), record.stop_reason()),
+        (2, StopReason::BudgetExhausted)
+    );
+    assert_eq!(throttling.tokens(), 1.0);
+    // A call that commits and ends OK adds the ratio when its trailers pass.
+    say(service, text("y")).await.unwrap();
+    assert_eq!(throttling.tokens(), 1.5);
+    assert_eq!(script.seen().len(), 3);
+}
+
+#[tokio::test]
+async fn a_call_past_the_buffer_limit_is_committed_and_sent_once() {
+    let script = Script::new([Act::Fail(Code::Unavailable, None)]);
+    let uri = serve(&script).await;
+    let config = GrpcConfig::new()
+        .retry("echo.Echo", unavailable(4))
+        .unwrap()
+        .buffer_limits(16, 1 << 20);
+    let (layer, _clock) = faked(config);
+    let status = say(layer.layer(channel(&uri)), text(&"x".repeat(64)))
+        .await
+        .unwrap_err();
+    let record = RetryRecord::of_status(&status).unwrap();
+    assert_eq!(
+        (record.attempts(), record.stop_reason()),
+        (1, StopReason::BodyNotCloneable)
+    );
+    assert_eq!(script.seen().len(), 1);
+}
+
+#[tokio::test]
+async fn a_method_without_a_policy_is_sent_once_and_the_closest_name_wins() {
+    let script = Script::new([Act::Fail(Code::Unavailable, None)]);
+    let uri = serve(&script).await;
+    let config = GrpcConfig::new()
+        .retry("echo.Echo/Other", unavailable(4))
+        .unwrap();
+    let (layer, _clock) = faked(config);
+    let status = say(layer.layer(channel(&uri)), text("x"))
+        .await
+        .unwrap_err();
+    assert_eq!(RetryRecord::of_status(&status).unwrap().attempts(), 1);
+
+    // The method's own policy over its service's, its service's over every method's.
+    let script = Script::new([
+        Act::Fail(Code::Unavailable, None),
+        Act::Fail(Code::Unavailable, None),
+        Act::Fail(Code::Unavailable, None),
+    ]);
+    let uri = serve(&script).await;
+    let config = GrpcConfig::new()
+        .retry("", unavailable(5))
+        .unwrap()
+        .retry("echo.Echo/Say", unavailable(2))
+        .unwrap()
+        .retry("echo.Echo", unavailable(3))
+        .unwrap();
+    let (layer, _clock) = faked(config);
+    let status = say(layer.layer(channel(&uri)), text("x"))
+        .await
+        .unwrap_err();
+    assert_eq!(RetryRecord::of_status(&status).unwrap().attempts(), 2);
+}
+
+#[tokio::test]
+async fn a_refused_connection_is_retried_and_ends_as_unavailable() {
+    let port = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap().port()
+    };
+    let (layer, clock) = faked(
+        GrpcConfig::new()
+            .retry("echo.Echo", unavailable(3))
+            .unwrap(),
+    );
+    let status = say(
+        layer.layer(channel(&format!("http://127.0.0.1:{port}"))),
+        text("x"),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+    let record = RetryRecord::of_status(&status).expect("the layer's record");
+    assert_eq!(
+        (record.attempts(), record.stop_reason()),
+        (3, StopReason::AttemptsExhausted)
+    );
+    assert_eq!(clock.sleeps().len(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn on_tokio_s_paused_clock_the_waits_take_virtual_time() {
+    let script = Script::new([
+        Act::Fail(Code::Unavailable, Some("30000")),
+        Act::Fail(Code::Unavailable, None),
+    ]);
+    let uri = serve(&script).await;
+    let layer = GrpcRetryLayer::new(
+        GrpcConfig::new()
+            .retry("echo.Echo", unavailable(4))
+            .unwrap(),
+    );
+    let started = tokio::time::Instant::now();
+    let real = std::time::Instant::now();
+    let answer = say(layer.layer(channel(&uri)), text("x")).await.unwrap();
+    let record = answer.extensions().get::<RetryRecord>().unwrap();
+    assert_eq!(record.attempts(), 3);
+    // 30 s of pushback and a backoff of 80 to 120 ms, in virtual time.
+    let waited = started.elapsed();
+    assert!(waited >= Duration::from_millis(30_080), "{waited:?}");
+    assert!(
+        real.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        real.elapsed()
+    );
+}
+
+#[tokio::test]
+async fn a_slow_answer_past_the_call_s_deadline_ends_it_as_tonic_s_channel_does() {
+    let script = Script::new([Act::Slow(Duration::from_secs(5))]);
+    let uri = serve(&script).await;
+    let layer = GrpcRetryLayer::new(
+        GrpcConfig::new()
+            .retry("echo.Echo", unavailable(4))
+            .unwrap(),
+    );
+    let mut request = text("x");
+    request.set_timeout(Duration::from_millis(50));
+    let started = std::time::Instant::now();
+    let status = say(layer.layer(channel(&uri)), request).await.unwrap_err();
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "{:?}",
+        started.elapsed()
+    );
+    // tonic's channel times the call out itself, at the `grpc-timeout` each attempt carries:
+    // the caller gets its status, with the layer's record behind it.
+    assert_eq!(status.code(), Code::Cancelled, "{status:?}");
+    let record = RetryRecord::of_status(&status).expect("the layer's record");
+    assert_eq!(
+        (record.attempts(), record.stop_reason()),
+        (1, StopReason::DeadlineReached)
+    );
+}
