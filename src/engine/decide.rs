@@ -133,6 +133,9 @@ pub(crate) struct Observed<'a> {
     pub(crate) resend: Option<&'a dyn Locate>,
     /// The attempt timed out (the policy's attempt timeout, or reqwest's).
     pub(crate) timed_out: bool,
+    /// The attempt certainly sent nothing the server acted on (a connection never made, a
+    /// stream the server refused unprocessed).
+    pub(crate) unsent: bool,
 }
 
 impl<'a> Observed<'a> {
@@ -153,6 +156,7 @@ impl<'a> Observed<'a> {
             answer,
             resend,
             timed_out: seen.fault() == Some(Fault::Timeout),
+            unsent: !seen.may_have_reached(),
         }
     }
 }
@@ -260,9 +264,12 @@ pub(crate) struct Decider<'a> {
     /// The hedging state of a request that may be hedged; boxed, as few requests may be, and
     /// the decider lives in every request's future, which is kept small.
     hedging: Option<Box<Hedging>>,
-    /// The attempts made when a gRPC server last pushed back: the backoff counts its retries
-    /// from there.
+    /// The attempts the backoff does not count: those made when a gRPC server last pushed
+    /// back (it counts its retries from there), and a transparent retry since (past 255
+    /// attempts, from the 255th).
     backoff_from: u8,
+    /// A gRPC call's transparent retry was made: one attempt more than its policy's.
+    transparent: bool,
 }
 
 /// The hedging state of one request: when a hedge may go, and the one out.
@@ -317,6 +324,7 @@ impl<'a> Decider<'a> {
             last_timed_out: false,
             hedging: None,
             backoff_from: 0,
+            transparent: false,
         }
     }
 
@@ -360,7 +368,7 @@ impl<'a> Decider<'a> {
         if self.cap == Cap::NoRetries {
             1
         } else {
-            self.policy.max_attempts()
+            self.policy.max_attempts() + u32::from(self.transparent)
         }
     }
 
@@ -739,6 +747,9 @@ impl<'a> Decider<'a> {
         self.floor = (observed.answer)
             .filter(|_| self.policy.retry_after_fields())
             .and_then(|answer| self.server_floor(answer.headers, wall));
+        if self.transparent_retry(&observed, now) {
+            return Wait::Sleep(Duration::ZERO);
+        }
         let stop = if self.cap == Cap::NoRetries {
             StopReason::RetriesDisabled
         } else if self.attempt >= self.max_attempts() {
@@ -798,13 +809,31 @@ impl<'a> Decider<'a> {
                 Said::Committed => return,
                 Said::Status(code) => code,
             },
-            None if transient => grpc::UNAVAILABLE,
+            // A transparent retry's failure reached no application: not counted (A6).
+            None if transient && !observed.unsent => grpc::UNAVAILABLE,
             None => return,
         };
         if !throttle.ended(code, rules.codes) && transient {
             self.count(Count::BudgetRefusal);
             observed.verdict = Verdict::Final(StopReason::BudgetExhausted);
         }
+    }
+
+    /// Whether a gRPC call's attempt that sent nothing the server acted on is retried at once,
+    /// as A6's transparent retry: once per call, beyond its policy's attempts, without a wait,
+    /// unpaid, within its deadline, unless the call forbade retries.
+    fn transparent_retry(&mut self, observed: &Observed<'_>, now: Instant) -> bool {
+        let may = self.policy.grpc().is_some()
+            && observed.unsent
+            && !self.transparent
+            && self.cap == Cap::Policy
+            && observed.resend.is_some()
+            && !self.remaining(now).is_zero();
+        if may {
+            self.transparent = true;
+            self.backoff_from = self.backoff_from.saturating_add(1);
+        }
+        may
     }
 
     /// What an answer said of its origin's quota, taken in; a probe's answer clears the quota

@@ -175,6 +175,7 @@ pub(super) fn transient() -> Observed<'static> {
         answer: Some(answer(503, &NO_HEADERS)),
         resend: Some(&URL),
         timed_out: false,
+        unsent: false,
     }
 }
 
@@ -200,6 +201,7 @@ pub(super) fn final_(stop: StopReason, answered: bool) -> Observed<'static> {
         answer: answered.then(|| answer(200, &NO_HEADERS)),
         resend: Some(&URL),
         timed_out: false,
+        unsent: false,
     }
 }
 

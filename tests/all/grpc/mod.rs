@@ -348,11 +348,14 @@ async fn a_refused_connection_is_retried_and_ends_as_unavailable() {
     .unwrap_err();
     assert_eq!(status.code(), Code::Unavailable, "{status:?}");
     let record = RetryRecord::of_status(&status).expect("the layer's record");
+    // A6's transparent retry at once (nothing was sent), then the policy's three attempts.
     assert_eq!(
         (record.attempts(), record.stop_reason()),
-        (3, StopReason::AttemptsExhausted)
+        (4, StopReason::AttemptsExhausted)
     );
-    assert_eq!(clock.sleeps().len(), 2);
+    let draws = SeededRng::new(SEED);
+    let backoffs: Vec<Duration> = (0..2).map(|n| a6_wait(n, draws.next_u64())).collect();
+    assert_eq!(clock.sleeps(), [&[Duration::ZERO][..], &backoffs].concat());
 }
 
 #[tokio::test(start_paused = true)]
@@ -407,5 +410,62 @@ async fn a_slow_answer_past_the_call_s_deadline_ends_it_as_tonic_s_channel_does(
     assert_eq!(
         (record.attempts(), record.stop_reason()),
         (1, StopReason::DeadlineReached)
+    );
+}
+
+/// An HTTP/2 server that refuses its first stream unprocessed (`REFUSED_STREAM`) and answers
+/// every other with a trailers-only `UNAVAILABLE`; the streams it got.
+async fn refusing_first_stream() -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    let streams = std::sync::Arc::new(AtomicUsize::new(0));
+    let counted = streams.clone();
+    tokio::spawn(async move {
+        let (socket, _) = listener.accept().await.unwrap();
+        let mut connection = h2::server::handshake(socket).await.unwrap();
+        // Bounded: the test's call makes a handful of streams.
+        for _ in 0..16 {
+            let Some(Ok((_request, mut respond))) = connection.accept().await else {
+                return;
+            };
+            if counted.fetch_add(1, Ordering::SeqCst) == 0 {
+                respond.send_reset(h2::Reason::REFUSED_STREAM);
+                continue;
+            }
+            let answer = http::Response::builder()
+                .header("content-type", "application/grpc")
+                .header("grpc-status", "14")
+                .body(())
+                .unwrap();
+            respond.send_response(answer, true).unwrap();
+        }
+    });
+    (format!("http://{address}"), streams)
+}
+
+#[cfg(feature = "http2")]
+#[tokio::test]
+async fn a_stream_refused_unprocessed_is_retried_at_once_beyond_the_policy_s_attempts() {
+    let (uri, streams) = refusing_first_stream().await;
+    let (layer, clock) = faked(
+        GrpcConfig::new()
+            .retry("echo.Echo", unavailable(2))
+            .unwrap(),
+    );
+    let status = say(layer.layer(channel(&uri)), text("x"))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::Unavailable);
+    let record = RetryRecord::of_status(&status).unwrap();
+    assert_eq!(
+        (record.attempts(), record.stop_reason()),
+        (3, StopReason::AttemptsExhausted)
+    );
+    assert_eq!(streams.load(std::sync::atomic::Ordering::SeqCst), 3);
+    let draws = SeededRng::new(SEED);
+    assert_eq!(
+        clock.sleeps(),
+        [Duration::ZERO, a6_wait(0, draws.next_u64())]
     );
 }

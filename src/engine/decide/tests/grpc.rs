@@ -34,6 +34,7 @@ fn said(verdict: Verdict, headers: &HeaderMap) -> Observed<'_> {
         answer: Some(answer(200, headers)),
         resend: Some(&URL),
         timed_out: false,
+        unsent: false,
     }
 }
 
@@ -167,7 +168,67 @@ fn the_throttling_counts_each_attempt_and_stops_retries_at_half_its_tokens() {
         answer: None,
         resend: Some(&URL),
         timed_out: false,
+        unsent: false,
     };
     assert!(matches!(ended(&mut d, &s, reset, TOP), Wait::Sleep(_)));
     assert_eq!(throttle.tokens(), 2.6);
+}
+
+/// An attempt that sent nothing the server acted on, failing transiently.
+fn unsent(fault: Fault) -> Observed<'static> {
+    Observed {
+        verdict: Verdict::Transient(Cause::Fault(fault)),
+        answer: None,
+        resend: Some(&URL),
+        timed_out: false,
+        unsent: true,
+    }
+}
+
+#[test]
+fn a_call_that_sent_nothing_is_retried_once_at_once_beyond_its_attempts_and_unpaid() {
+    let mut s = Setup::new(a6(2), None);
+    s.grpc_throttle = Some(RetryThrottling::new(4.0, 1.0).unwrap());
+    let throttle = s.grpc_throttle.clone().unwrap();
+    let mut d = s.decider(false);
+    begin(&mut d, &s.time);
+    assert_eq!(
+        ended(&mut d, &s, unsent(Fault::NotProcessed), TOP),
+        Wait::Sleep(Duration::ZERO),
+        "transparent: no wait"
+    );
+    assert_eq!(throttle.tokens(), 4.0, "not counted as a failure");
+    begin(&mut d, &s.time);
+    assert_eq!(
+        ended(&mut d, &s, unsent(Fault::Connect), TOP),
+        Wait::Sleep(Duration::from_millis(120)),
+        "once: the second is the policy's first retry, at its first backoff"
+    );
+    begin(&mut d, &s.time);
+    let failed = status("14", &[]);
+    assert_eq!(
+        ended(&mut d, &s, said(UNAVAILABLE, &failed), TOP),
+        Wait::Stop(StopReason::AttemptsExhausted),
+        "the policy's 2 attempts and the transparent one"
+    );
+    assert_eq!(s.counts().attempts, 3);
+}
+
+#[test]
+fn no_transparent_retry_for_a_call_that_forbade_retries_nor_under_an_http_policy() {
+    let s = Setup::new(a6(2), None);
+    let mut d = s.decider(true);
+    begin(&mut d, &s.time);
+    assert_eq!(
+        ended(&mut d, &s, unsent(Fault::Connect), TOP),
+        Wait::Stop(StopReason::RetriesDisabled)
+    );
+    let http = policy(|p| p.max_attempts(1));
+    let s = Setup::new(http, None);
+    let mut d = s.decider(false);
+    begin(&mut d, &s.time);
+    assert_eq!(
+        ended(&mut d, &s, unsent(Fault::Connect), TOP),
+        Wait::Stop(StopReason::AttemptsExhausted)
+    );
 }

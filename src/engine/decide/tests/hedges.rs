@@ -54,6 +54,7 @@ fn answered(status: u16) -> Observed<'static> {
         answer: Some(answer(status, &NO_HEADERS)),
         resend: Some(&URL),
         timed_out: false,
+        unsent: false,
     }
 }
 

@@ -435,6 +435,8 @@ fn real(s: &Script) -> Run {
                 answer,
                 resend: can_resend.then_some(url),
                 timed_out,
+                // The model draws HTTP policies, which never retry transparently.
+                unsent: false,
             };
             let quick = if s.quick_stops {
                 d.stop_without_time(&observed).map(Wait::Stop)

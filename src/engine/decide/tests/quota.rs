@@ -303,6 +303,7 @@ fn what_the_throttle_counts_as_accepted_follows_the_policy_s_statuses() {
             answer: Some(answer(status, &headers)),
             resend: Some(&URL),
             timed_out: false,
+            unsent: false,
         };
         d.after(observed, &s.time, TOP);
     }
@@ -407,6 +408,7 @@ fn a_final_answer_needs_no_time_unless_the_quota_or_a_probe_has_something_to_tak
         answer: Some(answer(200, &headers)),
         resend: Some(&URL),
         timed_out: false,
+        unsent: false,
     };
     assert_eq!(d.stop_without_time(&answered), None, "a field to take in");
     let s = Setup::new(policy(|p| p.rate_limit_fields(false)), None);
@@ -544,6 +546,7 @@ fn on_a_final_answer_a_wait_field_cancels_no_quota() {
             answer: Some(answer(status, &headers)),
             resend: Some(&URL),
             timed_out: false,
+            unsent: false,
         };
         assert_eq!(
             d.after(observed, &s.time, TOP),
