@@ -1,6 +1,7 @@
 //! The gRPC door against a real tonic server on 127.0.0.1, scripted call by call: attempts,
 //! waits and headers exactly as gRFC A6 says, on a `FakeClock` and on tokio's paused clock.
 
+mod model;
 mod server;
 
 use std::time::Duration;
