@@ -31,7 +31,7 @@ use crate::rng::RandomSource;
 /// - a transport failure is `UNAVAILABLE`; one that sent nothing (a refused connection) is
 ///   retried whatever the codes, within the policy's attempts;
 /// - without [`RetryThrottling`](crate::RetryThrottling), retries are paid from a
-///   [`RetryBudget`] shared by the layer's methods (A6 has none; this crate keeps its
+///   [`RetryBudget`](crate::RetryBudget) shared by the layer's methods (A6 has none; this crate keeps its
 ///   guarantee that retries cannot multiply an outage).
 ///
 /// The same clock, random source and observer as the middleware's, set the same way.

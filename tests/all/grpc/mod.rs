@@ -470,3 +470,33 @@ async fn a_stream_refused_unprocessed_is_retried_at_once_beyond_the_policy_s_att
         [Duration::ZERO, a6_wait(0, draws.next_u64())]
     );
 }
+
+#[tokio::test]
+async fn without_throttling_retries_are_paid_from_one_budget_for_every_method() {
+    let script = Script::new((0..200).map(|_| Act::Fail(Code::Unavailable, None)));
+    let uri = serve(&script).await;
+    // Two names, two dependencies: `Say`'s own, and its service's for `Count`.
+    let config = GrpcConfig::new()
+        .retry("echo.Echo/Say", unavailable(5))
+        .unwrap()
+        .retry("echo.Echo", unavailable(5))
+        .unwrap();
+    let (layer, _clock) = faked(config);
+    let service = layer.layer(channel(&uri));
+    // One method's calls until the budget (10 tokens) runs dry...
+    let mut dry = false;
+    for _ in 0..8 {
+        let status = say(service.clone(), text("x")).await.unwrap_err();
+        if RetryRecord::of_status(&status).unwrap().stop_reason() == StopReason::BudgetExhausted {
+            dry = true;
+            break;
+        }
+    }
+    assert!(dry, "the budget ran dry");
+    // ...leave another method's call at once with at most the refill's one retry: the
+    // budget is the layer's, not the method's.
+    let status = count(service, "x").await.1.unwrap_err();
+    let record = RetryRecord::of_status(&status).unwrap();
+    assert_eq!(record.stop_reason(), StopReason::BudgetExhausted);
+    assert!(record.attempts() <= 2, "{record:?}");
+}
