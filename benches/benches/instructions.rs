@@ -9,12 +9,14 @@
 //! clients' own.
 //!
 //! Run with `cargo bench -p reqwest-safe-retry-benches --bench instructions` (needs valgrind:
-//! `apt-get install valgrind`). Set `N1` and `N2` to change the request counts.
+//! `apt-get install valgrind`). Set `N1` and `N2` to change the request counts, and `ONLY` to
+//! one of `success`, `own`, `tower`, `grpc` or `retry` to run that part alone.
 
 use std::process::Command;
 
 use reqwest_safe_retry_benches::{
-    Client, Mode, clients, own_clients, retrying_clients, run, start, tower_clients,
+    Client, Mode, clients, grpc_clients, own_clients, retrying_clients, run, start, start_grpc,
+    tower_clients,
 };
 
 const CHILD: &str = "REQWEST_SAFE_RETRY_BENCH_CHILD";
@@ -38,6 +40,26 @@ fn main() {
         "instructions per request, callgrind, (Ir at {n2} - Ir at {n1}) / {}",
         n2 - n1
     );
+    let only = std::env::var("ONLY").ok();
+    let runs = |part: &str| only.as_deref().is_none_or(|only| only == part);
+    if runs("success") {
+        success(n1, n2);
+    }
+    if runs("own") {
+        own(n1, n2);
+    }
+    if runs("tower") {
+        tower(n1, n2);
+    }
+    if runs("grpc") {
+        grpc(n1, n2);
+    }
+    if runs("retry") {
+        retry(n1, n2);
+    }
+}
+
+fn success(n1: u64, n2: u64) {
     for in_flight in [1u64, 64] {
         let names: Vec<_> = clients().into_iter().map(|(name, _)| name).collect();
         let per: Vec<f64> = (0..names.len())
@@ -56,6 +78,9 @@ fn main() {
             );
         }
     }
+}
+
+fn own(n1: u64, n2: u64) {
     println!(
         "\nthe middleware's own instructions per request (counted only inside it: its handle, \
          its future's polls and drop, less the chain beneath it)"
@@ -82,6 +107,9 @@ fn main() {
         own[1][0] - own[0][0],
         own[1][1] - own[0][1]
     );
+}
+
+fn tower(n1: u64, n2: u64) {
     println!(
         "\ntower clients over hyper-util's client, each sent the same `Full<Bytes>` body (each \
          retrying one over the bare service, (T0))"
@@ -98,6 +126,28 @@ fn main() {
             println!("{name:<32} {ir:>10.0} {:>+10.0}", ir - bare);
         }
     }
+}
+
+fn grpc(n1: u64, n2: u64) {
+    println!(
+        "\ngRPC clients over one tonic Channel, each calling a unary method of a tonic server \
+         (each over the bare channel, (G0))"
+    );
+    let names: Vec<_> = grpc_clients().into_iter().map(|(n, _)| n).collect();
+    for in_flight in [1u64, 64] {
+        let per: Vec<f64> = (0..names.len())
+            .map(|i| per_request("grpc", i, in_flight, n1, n2))
+            .collect();
+        println!("\n{in_flight} in flight");
+        println!("{:<32} {:>10} {:>10}", "client", "Ir/call", "over bare");
+        for (i, (name, ir)) in names.iter().zip(&per).enumerate() {
+            let bare = if i == 0 { *ir } else { per[0] };
+            println!("{name:<32} {ir:>10.0} {:>+10.0}", ir - bare);
+        }
+    }
+}
+
+fn retry(n1: u64, n2: u64) {
     let names: Vec<_> = retrying_clients().into_iter().map(|(n, _)| n).collect();
     println!("\nretry path (a 503, then a 200, no backoff), 1 in flight");
     println!("{:<24} {:>10}", "client", "Ir/req");
@@ -173,10 +223,16 @@ fn child(spec: &str) {
             "own" => (Mode::Ok, own_clients()),
             "retry" => (Mode::FailThenOk, retrying_clients()),
             "tower" => (Mode::Ok, tower_clients()),
+            "grpc" => (Mode::Ok, grpc_clients()),
             other => panic!("unknown path {other}"),
         };
         let client: Client = all.into_iter().nth(client).unwrap().1();
-        let url = format!("http://{}/orders", start(mode).await);
+        let server = if path == "grpc" {
+            start_grpc().await
+        } else {
+            start(mode).await
+        };
+        let url = format!("http://{server}/orders");
         assert_eq!(client.post(&url).await, 200);
         run(&client, &url, WARM_UP, in_flight).await;
         run(&client, &url, n, in_flight).await;

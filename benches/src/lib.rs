@@ -36,6 +36,9 @@ use reqwest_middleware::{ClientBuilder, ClientWithMiddleware, Middleware, Next};
 use reqwest_safe_retry::{Dependency, RetryBudget, RetryMiddleware, RetryPolicy};
 use tokio::net::TcpListener;
 
+mod grpc;
+pub use grpc::{grpc_clients, start_grpc};
+
 /// The body every client sends: 26 bytes of JSON.
 pub const BODY: &str = "{\"order\":42,\"amount\":1000}";
 
@@ -590,31 +593,46 @@ impl<Res, E> tower::retry::Policy<http::Request<Full<Bytes>>, http::Response<Res
         _: &mut http::Request<Full<Bytes>>,
         result: &mut Result<http::Response<Res>, E>,
     ) -> Option<Self::Future> {
-        use tower::retry::budget::Budget;
         let failed = match result {
             Ok(response) => response.status().is_server_error(),
             Err(_) => true,
         };
-        if !failed {
-            self.budget.deposit();
-            return None;
-        }
-        if self.left == 0 || !self.budget.withdraw() {
-            return None;
-        }
-        self.left -= 1;
-        Some(std::future::ready(()))
+        paid_retry(failed, &mut self.left, &self.budget)
     }
 
     fn clone_request(
         &mut self,
         request: &http::Request<Full<Bytes>>,
     ) -> Option<http::Request<Full<Bytes>>> {
-        let mut copy = http::Request::new(request.body().clone());
-        *copy.method_mut() = request.method().clone();
-        *copy.uri_mut() = request.uri().clone();
-        *copy.version_mut() = request.version();
-        *copy.headers_mut() = request.headers().clone();
-        Some(copy)
+        Some(copy_of(request))
     }
+}
+
+/// A tower retry policy's answer after an attempt that `failed` or not: a success deposits
+/// into `budget`; a failure is retried while `left` allows and `budget` pays.
+pub(crate) fn paid_retry(
+    failed: bool,
+    left: &mut usize,
+    budget: &tower::retry::budget::TpsBudget,
+) -> Option<std::future::Ready<()>> {
+    use tower::retry::budget::Budget;
+    if !failed {
+        budget.deposit();
+        return None;
+    }
+    if *left == 0 || !budget.withdraw() {
+        return None;
+    }
+    *left -= 1;
+    Some(std::future::ready(()))
+}
+
+/// A copy of `request`, its `Full` body cloned by reference count.
+pub(crate) fn copy_of(request: &http::Request<Full<Bytes>>) -> http::Request<Full<Bytes>> {
+    let mut copy = http::Request::new(request.body().clone());
+    *copy.method_mut() = request.method().clone();
+    *copy.uri_mut() = request.uri().clone();
+    *copy.version_mut() = request.version();
+    *copy.headers_mut() = request.headers().clone();
+    copy
 }

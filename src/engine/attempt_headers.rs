@@ -19,6 +19,7 @@ use std::time::Duration;
 
 use http::{HeaderName, HeaderValue};
 
+use crate::engine::grpc;
 use crate::engine::idempotency::STANDARD_FIELDS;
 use crate::error::InvalidConfig;
 
@@ -57,11 +58,11 @@ impl AttemptHeaders {
         if self.grpc {
             if number > 1 {
                 let previous = HeaderValue::from(number - 1);
-                headers.insert("grpc-previous-rpc-attempts", previous);
+                headers.insert(grpc::PREVIOUS_ATTEMPTS, previous);
             }
             // The call's deadline spans its attempts: each is told what is left of it.
-            if headers.contains_key("grpc-timeout") {
-                headers.insert("grpc-timeout", crate::engine::grpc::timeout_value(left));
+            if headers.contains_key(grpc::GRPC_TIMEOUT) {
+                headers.insert(grpc::GRPC_TIMEOUT, grpc::timeout_value(left));
             }
         }
     }

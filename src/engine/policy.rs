@@ -214,7 +214,7 @@ impl RetryPolicy {
         (initial, max, multiplier_milli): (Duration, Duration, u32),
         codes: CodeSet,
     ) -> RetryPolicy {
-        let long = crate::engine::grpc::config::NO_DEADLINE;
+        let long = crate::engine::grpc::NO_DEADLINE;
         RetryPolicy {
             max_attempts: attempts,
             base_delay: initial,

@@ -121,13 +121,11 @@ impl Outgoing for Call {
         self.request.uri().clone()
     }
 
-    /// Of the method and the URI's path and authority (a generated client's URI is its path
-    /// alone, `/pkg.Service/Method`; the channel adds where it goes).
+    /// Of the method and the URI's path, `/pkg.Service/Method`: a generated client's URI is its
+    /// path alone (the channel adds where it goes), and the path names the call.
     fn fingerprint(&self) -> u64 {
-        let uri = self.request.uri();
-        let authority = uri.authority().map_or("", |a| a.as_str());
-        let text = [authority.as_bytes(), uri.path().as_bytes()].concat();
-        claim::fingerprint_of(self.request.method(), &text)
+        let path = self.request.uri().path().as_bytes();
+        claim::fingerprint_of(self.request.method(), path)
     }
 
     type Gone = http::Uri;

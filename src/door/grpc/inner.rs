@@ -152,7 +152,7 @@ impl<S> Inner<S> {
         drop(held);
         *request.extensions_mut() = extensions.clone();
         request.extensions_mut().insert(Claimed);
-        let request = request.map(tonic::body::Body::new);
+        let request = request.map(|body| tonic::body::Body::new(AsSent(body)));
         let count = self.count.clone();
         Box::pin(async move {
             std::future::poll_fn(|cx| service.poll_ready(cx))
@@ -165,6 +165,32 @@ impl<S> Inner<S> {
                 count.filter(|_| grpc::said(answer.status(), answer.headers()) == Said::Committed);
             Ok(answer.map(|body| RetryBody::inner(GrpcBody { inner: body, count })))
         })
+    }
+}
+
+/// A copy's body as tonic's encoder would have sent it: the same frames, without an exact size
+/// (which would put a `content-length` on the call that tonic never sends).
+struct AsSent(super::call::CallBody);
+
+impl Body for AsSent {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        Pin::new(&mut self.0).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.0.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        let mut hint = SizeHint::new();
+        hint.set_lower(self.0.size_hint().lower());
+        hint
     }
 }
 
@@ -194,7 +220,9 @@ where
         let trailers = frame.as_ref().and_then(|f| f.as_ref().ok()?.trailers_ref());
         if let Some(trailers) = trailers {
             // Counted once, at the trailers (the data before them counts nothing).
-            if let (Some(status), Some(count)) = (trailers.get("grpc-status"), self.count.take()) {
+            if let (Some(status), Some(count)) =
+                (trailers.get(grpc::GRPC_STATUS), self.count.take())
+            {
                 count.throttling.ended(grpc::code_of(status), count.codes);
             }
         }

@@ -21,7 +21,6 @@ use crate::engine::grpc;
 use crate::engine::grpc::config::GrpcConfig;
 use crate::error::BoxError;
 use crate::record::RetryRecord;
-use crate::stop::StopReason;
 
 /// A tower [`Service`] of gRPC calls that retries them as gRFC A6 says, made by
 /// [`GrpcRetryLayer`](crate::GrpcRetryLayer) around a gRPC transport (feature `grpc`).
@@ -125,15 +124,11 @@ fn failed_status<R>(answer: Answer<R>) -> Result<Answer<R>, BoxError> {
         // An HTTP failure without a gRPC status: tonic reads it from the answer.
         return Ok(answer);
     };
-    let record = answer.extensions().get::<RetryRecord>().cloned();
-    let record = record.unwrap_or(RetryRecord {
-        attempts: 1,
-        stop: StopReason::NotRetryable,
-        waited: std::time::Duration::ZERO,
-        key: None,
-        replayed: false,
-        answered_by_hedge: false,
-    });
+    // Every failure the layer hands back carries its record (only a first-attempt success is
+    // spared one); without it the answer goes as it came, for tonic to read.
+    let Some(record) = answer.extensions().get::<RetryRecord>().cloned() else {
+        return Ok(answer);
+    };
     status.set_source(Arc::new(Ended(record)));
     Err(Box::new(status))
 }

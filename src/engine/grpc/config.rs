@@ -22,10 +22,6 @@ const CONFIG: &str = "gRPC service config";
 /// ([`GrpcRetryPolicyBuilder::allow_attempts_above_five`]).
 pub const GRPC_MAX_ATTEMPTS: u32 = 5;
 
-/// A call's deadline when neither it (`grpc-timeout`) nor the layer's policy gives one: a gRPC
-/// call has none of its own, so the retries' is long.
-pub(crate) const NO_DEADLINE: Duration = Duration::from_secs(365 * 24 * 3600);
-
 /// A6's retry policy for a method or a service (feature `grpc`): how many attempts, the backoff
 /// between them, and which status codes are retried.
 ///
@@ -915,7 +911,7 @@ mod tests {
         assert_eq!((rules.codes, rules.multiplier_milli), (p.codes(), 1500));
         assert!(!run.retry_after_jitter() && run.retry_after_fields());
         assert!(!run.rate_limit_fields() && !run.should_retry_fields());
-        assert_eq!(run.deadline(), NO_DEADLINE);
+        assert_eq!(run.deadline(), crate::engine::grpc::NO_DEADLINE);
         assert_eq!(
             run.to_builder().build().unwrap(),
             run,

@@ -20,7 +20,7 @@ pub(crate) mod throttle;
 
 use std::time::Duration;
 
-use http::{HeaderMap, HeaderValue, StatusCode};
+use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 
 /// The status codes, by number, as gRPC names them.
 pub(crate) const NAMES: [&str; 17] = [
@@ -43,6 +43,14 @@ pub(crate) const NAMES: [&str; 17] = [
     "UNAUTHENTICATED",
 ];
 
+/// The header names the rules read and write, made once: a name written as text is parsed
+/// again at every lookup.
+pub(crate) const GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
+const PUSHBACK: HeaderName = HeaderName::from_static("grpc-retry-pushback-ms");
+pub(crate) const GRPC_TIMEOUT: HeaderName = HeaderName::from_static("grpc-timeout");
+pub(crate) const PREVIOUS_ATTEMPTS: HeaderName =
+    HeaderName::from_static("grpc-previous-rpc-attempts");
+
 /// `OK`.
 pub(crate) const OK: u8 = 0;
 /// `UNKNOWN`: what an unreadable `grpc-status` stands for.
@@ -53,6 +61,11 @@ pub(crate) const RESOURCE_EXHAUSTED: u8 = 8;
 const INTERNAL: u8 = 13;
 /// `UNAVAILABLE`: what a transport failure stands for.
 pub(crate) const UNAVAILABLE: u8 = 14;
+
+/// A call's deadline when it gives none (`grpc-timeout`): a gRPC call has none of its own, so
+/// the retries' is long.
+#[cfg(feature = "grpc")]
+pub(crate) const NO_DEADLINE: Duration = Duration::from_secs(365 * 24 * 3600);
 
 /// A set of gRPC status codes (0 to 16).
 #[derive(Clone, Copy, PartialEq, Eq, Default, Hash)]
@@ -74,7 +87,9 @@ impl CodeSet {
 
     /// Whether `code` is in the set.
     pub(crate) fn has(self, code: u8) -> bool {
-        code < 32 && self.0 & (1 << code) != 0
+        self.0
+            .checked_shr(u32::from(code))
+            .is_some_and(|bits| bits & 1 == 1)
     }
 }
 
@@ -103,7 +118,7 @@ pub(crate) enum Said {
 
 /// What an answer with HTTP `status` and `headers` says of the call.
 pub(crate) fn said(status: StatusCode, headers: &HeaderMap) -> Said {
-    if let Some(value) = headers.get("grpc-status") {
+    if let Some(value) = headers.get(GRPC_STATUS) {
         return Said::Status(code_of(value));
     }
     if status == StatusCode::OK {
@@ -150,7 +165,7 @@ pub(crate) enum Pushback {
 
 /// The server's pushback on an answer.
 pub(crate) fn pushback(headers: &HeaderMap) -> Pushback {
-    let mut values = headers.get_all("grpc-retry-pushback-ms").iter();
+    let mut values = headers.get_all(PUSHBACK).iter();
     let Some(value) = values.next() else {
         return Pushback::Absent;
     };
@@ -170,7 +185,7 @@ pub(crate) fn pushback(headers: &HeaderMap) -> Pushback {
 /// `M`, `S`, `m`, `u`, `n`); `None` when there is none, or it is malformed.
 #[cfg(feature = "grpc")]
 pub(crate) fn timeout_of(headers: &HeaderMap) -> Option<Duration> {
-    let bytes = headers.get("grpc-timeout")?.as_bytes();
+    let bytes = headers.get(GRPC_TIMEOUT)?.as_bytes();
     let (&unit, digits) = bytes.split_last()?;
     if digits.is_empty() || digits.len() > 8 || !digits.iter().all(u8::is_ascii_digit) {
         return None;

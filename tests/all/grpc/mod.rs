@@ -77,6 +77,8 @@ async fn a_unary_call_survives_two_unavailables_and_a_pushback_with_one_key() {
         script.values("grpc-previous-rpc-attempts"),
         [None, Some("1".into()), Some("2".into())]
     );
+    // Each copy goes as tonic's own would: no length announced.
+    assert_eq!(script.values("content-length"), [None, None, None]);
     let keys = script.values("idempotency-key");
     assert!(keys[0].is_some(), "a key in metadata");
     assert!(
@@ -499,4 +501,28 @@ async fn without_throttling_retries_are_paid_from_one_budget_for_every_method() 
     let record = RetryRecord::of_status(&status).unwrap();
     assert_eq!(record.stop_reason(), StopReason::BudgetExhausted);
     assert!(record.attempts() <= 2, "{record:?}");
+}
+
+#[tokio::test]
+async fn a_caller_s_own_key_in_metadata_is_kept_on_every_attempt() {
+    let script = Script::new([Act::Fail(Code::Unavailable, None)]);
+    let uri = serve(&script).await;
+    let config = GrpcConfig::new()
+        .retry("echo.Echo", unavailable(3))
+        .unwrap()
+        .non_idempotent("echo.Echo/Say")
+        .unwrap();
+    let (layer, _clock) = faked(config);
+    let mut request = text("x");
+    let key = "order-17-charge";
+    request
+        .metadata_mut()
+        .insert("idempotency-key", key.parse().unwrap());
+    let answer = say(layer.layer(channel(&uri)), request).await.unwrap();
+    let record = answer.extensions().get::<RetryRecord>().unwrap();
+    assert_eq!(record.idempotency_key().unwrap(), key);
+    assert_eq!(
+        script.values("idempotency-key"),
+        [Some(key.to_owned()), Some(key.to_owned())]
+    );
 }
