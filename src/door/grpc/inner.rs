@@ -158,7 +158,10 @@ impl<S> Inner<S> {
             std::future::poll_fn(|cx| service.poll_ready(cx))
                 .await
                 .map_err(Into::into)?;
-            let answer = service.call(request).await.map_err(Into::into)?;
+            let answer = match service.call(request).await {
+                Ok(answer) => answer,
+                Err(e) => return status_answer(e.into()),
+            };
             // Only a committed call's status comes in its trailers: the engine counted any
             // other's from its head.
             let count =
@@ -166,6 +169,16 @@ impl<S> Inner<S> {
             Ok(answer.map(|body| RetryBody::inner(GrpcBody { inner: body, count })))
         })
     }
+}
+
+/// A transport's error that is a gRPC status (what an interceptor, or a retry layer beneath
+/// this one, answers with) read as the trailers-only answer it stands for, the status in its
+/// extensions: its code and pushback are judged as a server's. Any other error as it is.
+fn status_answer<R>(err: BoxError) -> Result<Answer<R>, BoxError> {
+    let status = err.downcast::<tonic::Status>()?;
+    Ok(status
+        .into_http::<()>()
+        .map(|()| RetryBody::whole(Bytes::new())))
 }
 
 /// A copy's body as tonic's encoder would have sent it: the same frames, without an exact size
@@ -235,5 +248,38 @@ where
 
     fn size_hint(&self) -> SizeHint {
         self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::{BodyExt, Full};
+
+    #[tokio::test]
+    async fn an_answer_s_body_passes_through_as_it_comes() {
+        let mut body = GrpcBody {
+            inner: Full::new(Bytes::from_static(b"abc")),
+            count: None,
+        };
+        assert_eq!(body.size_hint().exact(), Some(3));
+        assert!(!body.is_end_stream());
+        let frame = body.frame().await.unwrap().unwrap();
+        assert_eq!(frame.into_data().unwrap(), "abc");
+        assert!(body.is_end_stream());
+        assert!(body.frame().await.is_none());
+    }
+
+    #[tokio::test]
+    async fn a_copy_s_body_has_its_bytes_and_no_exact_size() {
+        let mut sent = AsSent(crate::driver::send_body::SendBody::whole(
+            Bytes::from_static(b"abcd"),
+        ));
+        let hint = sent.size_hint();
+        assert_eq!((hint.lower(), hint.upper()), (4, None));
+        assert!(!sent.is_end_stream());
+        let all = (&mut sent).collect().await.unwrap().to_bytes();
+        assert_eq!(all, "abcd");
+        assert!(sent.is_end_stream());
     }
 }

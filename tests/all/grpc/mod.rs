@@ -416,9 +416,18 @@ async fn a_slow_answer_past_the_call_s_deadline_ends_it_as_tonic_s_channel_does(
     );
 }
 
-/// An HTTP/2 server that refuses its first stream unprocessed (`REFUSED_STREAM`) and answers
-/// every other with a trailers-only `UNAVAILABLE`; the streams it got.
-async fn refusing_first_stream() -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+/// What a raw HTTP/2 server does with a stream.
+#[derive(Debug, Clone, Copy)]
+enum Raw {
+    /// Refuses it unprocessed (`REFUSED_STREAM`).
+    Refuse,
+    /// A trailers-only answer with this `grpc-status`.
+    Status(&'static str),
+}
+
+/// An HTTP/2 server that does with each stream what `script` says, in order (the last act for
+/// the rest), which no tonic server can be made to do; the streams it got.
+async fn raw_h2(script: Vec<Raw>) -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
     use std::sync::atomic::{AtomicUsize, Ordering};
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let address = listener.local_addr().unwrap();
@@ -432,16 +441,18 @@ async fn refusing_first_stream() -> (String, std::sync::Arc<std::sync::atomic::A
             let Some(Ok((_request, mut respond))) = connection.accept().await else {
                 return;
             };
-            if counted.fetch_add(1, Ordering::SeqCst) == 0 {
-                respond.send_reset(h2::Reason::REFUSED_STREAM);
-                continue;
+            let n = counted.fetch_add(1, Ordering::SeqCst);
+            match script[n.min(script.len() - 1)] {
+                Raw::Refuse => respond.send_reset(h2::Reason::REFUSED_STREAM),
+                Raw::Status(code) => {
+                    let answer = http::Response::builder()
+                        .header("content-type", "application/grpc")
+                        .header("grpc-status", code)
+                        .body(())
+                        .unwrap();
+                    respond.send_response(answer, true).unwrap();
+                }
             }
-            let answer = http::Response::builder()
-                .header("content-type", "application/grpc")
-                .header("grpc-status", "14")
-                .body(())
-                .unwrap();
-            respond.send_response(answer, true).unwrap();
         }
     });
     (format!("http://{address}"), streams)
@@ -450,7 +461,7 @@ async fn refusing_first_stream() -> (String, std::sync::Arc<std::sync::atomic::A
 #[cfg(feature = "http2")]
 #[tokio::test]
 async fn a_stream_refused_unprocessed_is_retried_at_once_beyond_the_policy_s_attempts() {
-    let (uri, streams) = refusing_first_stream().await;
+    let (uri, streams) = raw_h2(vec![Raw::Refuse, Raw::Status("14")]).await;
     let (layer, clock) = faked(
         GrpcConfig::new()
             .retry("echo.Echo", unavailable(2))
@@ -525,4 +536,209 @@ async fn a_caller_s_own_key_in_metadata_is_kept_on_every_attempt() {
         script.values("idempotency-key"),
         [Some(key.to_owned()), Some(key.to_owned())]
     );
+}
+
+#[tokio::test]
+async fn a_trailers_only_ok_is_an_answer_not_an_error() {
+    // An empty stream, answered trailers-only with OK.
+    let (uri, streams) = raw_h2(vec![Raw::Status("0")]).await;
+    let (layer, _clock) = faked(
+        GrpcConfig::new()
+            .retry("echo.Echo", unavailable(2))
+            .unwrap(),
+    );
+    let (got, ended) = count(layer.layer(channel(&uri)), "x").await;
+    assert!(got.is_empty());
+    ended.expect("OK is no error");
+    assert_eq!(streams.load(std::sync::atomic::Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn a_status_s_source_says_how_the_call_ended() {
+    let script = Script::new([Act::Fail(Code::PermissionDenied, None)]);
+    let uri = serve(&script).await;
+    let (layer, _clock) = faked(
+        GrpcConfig::new()
+            .retry("echo.Echo", unavailable(2))
+            .unwrap(),
+    );
+    let status = say(layer.layer(channel(&uri)), text("x"))
+        .await
+        .unwrap_err();
+    let source = std::error::Error::source(&status).expect("the record's error");
+    assert_eq!(
+        source.to_string(),
+        "the call ended after 1 attempt(s): the failure is not retryable"
+    );
+}
+
+#[tokio::test]
+async fn an_absolute_origin_is_the_url_of_a_call_given_up() {
+    let port = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap().port()
+    };
+    let origin: http::Uri = format!("http://127.0.0.1:{port}").parse().unwrap();
+    let (layer, _clock) = faked(
+        GrpcConfig::new()
+            .retry("echo.Echo", unavailable(2))
+            .unwrap(),
+    );
+    let service = layer.layer(channel(&origin.to_string()));
+    let mut grpc = tonic::client::Grpc::with_origin(service, origin);
+    grpc.ready().await.unwrap();
+    let path = http::uri::PathAndQuery::from_static("/echo.Echo/Say");
+    let codec = tonic_prost::ProstCodec::<server::Echo, server::Echo>::default();
+    let status = grpc.unary(text("x"), path, codec).await.unwrap_err();
+    let source = std::error::Error::source(&status).unwrap();
+    let gave_up = source
+        .downcast_ref::<reqwest_safe_retry::RetryError<reqwest_safe_retry::BoxError>>()
+        .expect("the layer's error");
+    assert_eq!(
+        gave_up.url().map(|u| u.as_str().to_owned()),
+        Some(format!("http://127.0.0.1:{port}/echo.Echo/Say"))
+    );
+}
+
+/// Between two layers, a service that sends each call on from a task of its own, its
+/// extensions kept: the inner layer sees the outer's mark and passes the call through.
+#[derive(Clone)]
+struct OwnTask<S>(S);
+
+impl<S> tower_service::Service<http::Request<tonic::body::Body>> for OwnTask<S>
+where
+    S: tower_service::Service<http::Request<tonic::body::Body>> + Clone + Send + 'static,
+    S::Future: Send,
+    S::Response: Send,
+    S::Error: Send,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future =
+        std::pin::Pin<Box<dyn std::future::Future<Output = Result<S::Response, S::Error>> + Send>>;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), S::Error>> {
+        self.0.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<tonic::body::Body>) -> Self::Future {
+        let mut inner = self.0.clone();
+        std::mem::swap(&mut inner, &mut self.0);
+        Box::pin(async move { tokio::spawn(inner.call(request)).await.unwrap() })
+    }
+}
+
+#[tokio::test]
+async fn two_layers_make_one_layer_of_attempts_across_tasks() {
+    let script = Script::new((0..9).map(|_| Act::Fail(Code::Unavailable, None)));
+    let uri = serve(&script).await;
+    let config = || {
+        GrpcConfig::new()
+            .retry("echo.Echo", unavailable(3))
+            .unwrap()
+    };
+    let (outer, _clock) = faked(config());
+    let (inner, _inner_clock) = faked(config());
+    let service = outer.layer(OwnTask(inner.layer(channel(&uri))));
+    let status = say(service, text("x")).await.unwrap_err();
+    assert_eq!(RetryRecord::of_status(&status).unwrap().attempts(), 3);
+    assert_eq!(script.seen().len(), 3, "3 arrivals, not 9");
+}
+
+/// Between two layers, a service that makes each call anew, without its extensions, on the
+/// same task: the inner layer knows the call by its method and path, and passes it through.
+#[derive(Clone)]
+struct Fresh<S>(S);
+
+impl<S> tower_service::Service<http::Request<tonic::body::Body>> for Fresh<S>
+where
+    S: tower_service::Service<http::Request<tonic::body::Body>>,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = S::Future;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), S::Error>> {
+        self.0.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<tonic::body::Body>) -> Self::Future {
+        let (parts, body) = request.into_parts();
+        let mut fresh = http::Request::new(body);
+        *fresh.method_mut() = parts.method;
+        *fresh.uri_mut() = parts.uri;
+        *fresh.headers_mut() = parts.headers;
+        self.0.call(fresh)
+    }
+}
+
+#[tokio::test]
+async fn two_layers_make_one_layer_of_attempts_when_the_extensions_are_lost_between_them() {
+    let script = Script::new((0..9).map(|_| Act::Fail(Code::Unavailable, None)));
+    let uri = serve(&script).await;
+    let config = || {
+        GrpcConfig::new()
+            .retry("echo.Echo", unavailable(3))
+            .unwrap()
+    };
+    let (outer, _clock) = faked(config());
+    let (inner, _inner_clock) = faked(config());
+    let service = outer.layer(Fresh(inner.layer(channel(&uri))));
+    let status = say(service, text("x")).await.unwrap_err();
+    assert_eq!(RetryRecord::of_status(&status).unwrap().attempts(), 3);
+    assert_eq!(script.seen().len(), 3, "3 arrivals, not 9");
+}
+
+/// Between two layers, a service that sends each call on to another method, as a call of its
+/// own (no extensions), on the same task.
+#[derive(Clone)]
+struct Rerouted<S>(S);
+
+impl<S> tower_service::Service<http::Request<tonic::body::Body>> for Rerouted<S>
+where
+    S: tower_service::Service<http::Request<tonic::body::Body>>,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = S::Future;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), S::Error>> {
+        self.0.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<tonic::body::Body>) -> Self::Future {
+        let (parts, body) = request.into_parts();
+        let mut own = http::Request::new(body);
+        *own.method_mut() = parts.method;
+        *own.uri_mut() = "/echo.Echo/Count".parse().unwrap();
+        *own.headers_mut() = parts.headers;
+        self.0.call(own)
+    }
+}
+
+#[tokio::test]
+async fn a_call_of_its_own_that_a_service_between_two_layers_makes_is_the_inner_layer_s() {
+    let script = Script::new((0..9).map(|_| Act::Fail(Code::Unavailable, None)));
+    let uri = serve(&script).await;
+    let config = || {
+        GrpcConfig::new()
+            .retry("echo.Echo", unavailable(3))
+            .unwrap()
+    };
+    let (outer, _clock) = faked(config());
+    let (inner, _inner_clock) = faked(config());
+    let service = outer.layer(Rerouted(inner.layer(channel(&uri))));
+    let status = say(service, text("x")).await.unwrap_err();
+    assert_eq!(RetryRecord::of_status(&status).unwrap().attempts(), 3);
+    // Another method's call is not the outer layer's: the inner one makes its attempts.
+    assert_eq!(script.seen().len(), 9);
 }
