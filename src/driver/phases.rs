@@ -117,6 +117,12 @@ impl RetryMiddleware {
         }
     }
 
+    /// The dependency named `name`, if this middleware has one.
+    #[cfg(feature = "grpc")]
+    pub(crate) fn dependency_named(&self, name: &str) -> Option<&Dependency> {
+        self.dependencies.named(name)
+    }
+
     /// Sends requests to `host` (`"api.example.com"`, any port) or `host:port`
     /// (`"127.0.0.1:8080"`, `"[::1]:8080"`) through `dependency` instead of the default. Routes
     /// are tried in the order they were added; the host is compared without regard to case.

@@ -345,6 +345,17 @@ impl Routes {
         }
     }
 
+    /// The dependency named `name`, if one is.
+    #[cfg(feature = "grpc")]
+    pub(crate) fn named(&self, name: &str) -> Option<&Dependency> {
+        let routed = self.routes.iter().map(|(_, d)| d);
+        let by_path = self.paths.iter().map(|(_, d)| d);
+        std::iter::once(&self.default)
+            .chain(routed)
+            .chain(by_path)
+            .find(|d| &*d.name == name)
+    }
+
     /// Sends requests whose path `path` matches through `dependency`, before any host route.
     #[cfg(feature = "grpc")]
     pub(crate) fn add_path(&mut self, path: PathMatch, dependency: Dependency) {

@@ -9,7 +9,8 @@ use super::call::Buffer;
 use super::service::{Channel, GrpcRetryService};
 use crate::clock::Clock;
 use crate::driver::phases::RetryMiddleware;
-use crate::engine::grpc::config::GrpcConfig;
+use crate::engine::grpc::config::{GrpcConfig, dependency_name};
+use crate::observe::CounterSnapshot;
 use crate::observe::RetryEvent;
 use crate::rng::RandomSource;
 
@@ -65,6 +66,16 @@ impl GrpcRetryLayer {
             retry: RetryMiddleware::routed(config.routes()),
             channel: Arc::new(Channel { config, buffer }),
         }
+    }
+
+    /// What the calls `name` names have done so far, as
+    /// [`Dependency::counters`](crate::Dependency::counters) counts them: `name` as given to [`GrpcConfig::retry`] or
+    /// [`GrpcConfig::non_idempotent`] (`""` for every method, and for the calls no name
+    /// covers). `None` for a name the config does not give. Clones of the layer, and every
+    /// service it made, share the counts.
+    pub fn counters(&self, name: &str) -> Option<CounterSnapshot> {
+        let dependency = self.retry.dependency_named(&dependency_name(name))?;
+        Some(dependency.counters())
     }
 
     /// Uses `clock` for every wait and every reading of the time, as

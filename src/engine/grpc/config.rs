@@ -284,12 +284,21 @@ impl Name {
 }
 
 impl std::fmt::Display for Name {
+    /// As it was given: `pkg.Service/Method`, `pkg.Service`, or `*` for every method.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match &self.method {
-            Some(m) => write!(f, "{}/{m}", self.service),
-            None => f.write_str(&self.service),
+        match (&self.method, self.service.as_str()) {
+            (Some(m), service) => write!(f, "{service}/{m}"),
+            (None, "") => f.write_str("*"),
+            (None, service) => f.write_str(service),
         }
     }
+}
+
+/// The name of the dependency that serves the calls `name` names: `grpc ` and the name, `*`
+/// for every method (and the default, for the calls no name covers).
+pub(crate) fn dependency_name(name: &str) -> String {
+    let shown = if name.is_empty() { "*" } else { name };
+    format!("grpc {shown}")
 }
 
 /// What a service config says of some methods.
@@ -482,7 +491,10 @@ impl GrpcConfig {
         let every = methods.iter().find(|m| m.name.service.is_empty());
         let default = match every {
             Some(method) => self.dependency(method, &budget),
-            None => self.made(Dependency::new("grpc", one_attempt()), false, &budget),
+            None => {
+                let every = Dependency::new(&dependency_name(""), one_attempt());
+                self.made(every, false, &budget)
+            }
         };
         let mut routes = Routes::new(default);
         for method in methods.iter().filter(|m| !m.name.service.is_empty()) {

@@ -742,3 +742,39 @@ async fn a_call_of_its_own_that_a_service_between_two_layers_makes_is_the_inner_
     // Another method's call is not the outer layer's: the inner one makes its attempts.
     assert_eq!(script.seen().len(), 9);
 }
+
+#[tokio::test]
+async fn the_layer_counts_each_name_s_calls_across_its_services() {
+    let script = Script::new([
+        Act::Fail(Code::Unavailable, None),
+        Act::Fail(Code::Unavailable, None),
+    ]);
+    let uri = serve(&script).await;
+    let config = GrpcConfig::new()
+        .retry("echo.Echo/Say", unavailable(3))
+        .unwrap()
+        .non_idempotent("echo.Echo/Say")
+        .unwrap();
+    let (layer, _clock) = faked(config);
+    // Two services of one layer, and a clone of it.
+    say(layer.layer(channel(&uri)), text("x")).await.unwrap();
+    say(layer.clone().layer(channel(&uri)), text("y"))
+        .await
+        .unwrap();
+    count(layer.layer(channel(&uri)), "z").await.1.unwrap();
+    let say_counts = layer
+        .counters("echo.Echo/Say")
+        .expect("a name the config gives");
+    assert_eq!(
+        (
+            say_counts.requests,
+            say_counts.attempts,
+            say_counts.retries,
+            say_counts.keys_stamped
+        ),
+        (2, 4, 2, 2)
+    );
+    let every = layer.counters("").expect("the calls no name covers");
+    assert_eq!((every.requests, every.attempts), (1, 1));
+    assert!(layer.counters("echo.Other").is_none());
+}
