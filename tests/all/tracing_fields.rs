@@ -853,3 +853,55 @@ async fn a_classifier_asking_for_a_body_the_policy_does_not_read_is_told_once() 
     CAPTURING.with(|c| c.set(false));
     assert_eq!(told(capture), 1, "not under buffer_body");
 }
+
+/// A gRPC call retried once: the same span and events, named by its method's dependency and
+/// its path, its reason the committed call's.
+#[cfg(feature = "grpc")]
+#[tokio::test(flavor = "current_thread")]
+async fn through_the_grpc_door_a_retried_call_emits_the_same_span_and_events() {
+    use crate::grpc::server::{Act, Script, channel, say, serve, text};
+    use tower_layer::Layer;
+    let capture = capture();
+    let script = Script::new([Act::Fail(tonic::Code::Unavailable, None)]);
+    let uri = serve(&script).await;
+    let policy = reqwest_safe_retry::GrpcRetryPolicy::builder()
+        .max_attempts(2)
+        .initial_backoff(std::time::Duration::from_millis(100))
+        .max_backoff(std::time::Duration::from_millis(100))
+        .retryable_codes([tonic::Code::Unavailable])
+        .build()
+        .unwrap();
+    let config = reqwest_safe_retry::GrpcConfig::new()
+        .retry("echo.Echo", policy)
+        .unwrap();
+    let layer = reqwest_safe_retry::GrpcRetryLayer::new(config)
+        .with_clock(FakeClock::new())
+        .with_rng(|| u64::MAX);
+    CAPTURING.with(|c| c.set(true));
+    say(layer.layer(channel(&uri)), text("x")).await.unwrap();
+    CAPTURING.with(|c| c.set(false));
+
+    let spans = mine(&capture.spans);
+    assert_eq!(spans.len(), 1, "{spans:?}");
+    let span = &spans[0];
+    assert_eq!(span.name, "reqwest_safe_retry.request");
+    assert_eq!(span.field("dependency"), Some("grpc echo.Echo"));
+    assert_eq!(span.field("method"), Some("POST"));
+    assert_eq!(span.field("path"), Some("/echo.Echo/Say"));
+    assert_eq!(span.field("http.request.resend_count"), Some("1"));
+    let events = mine(&capture.events);
+    let names: Vec<&str> = events.iter().map(|e| e.name.as_str()).collect();
+    assert_eq!(
+        names,
+        ["attempt finished", "attempt finished", "retrying stopped"]
+    );
+    assert_eq!(events[0].field("decision"), Some("status"));
+    // A6's backoff at the top draw: 100 ms x 1.2.
+    assert_eq!(events[0].field("delay_ms"), Some("120"));
+    assert_eq!(events[2].field("attempts"), Some("2"));
+    assert_eq!(events[2].field("reason"), Some("committed"));
+    assert!(
+        events.iter().all(|e| e.within == Some(span.id)),
+        "{events:?}"
+    );
+}

@@ -2,7 +2,7 @@
 //! waits and headers exactly as gRFC A6 says, on a `FakeClock` and on tokio's paused clock.
 
 mod model;
-mod server;
+pub(crate) mod server;
 
 use std::time::Duration;
 
