@@ -232,3 +232,16 @@ fn no_transparent_retry_for_a_call_that_forbade_retries_nor_under_an_http_policy
         Wait::Stop(StopReason::AttemptsExhausted)
     );
 }
+
+#[test]
+fn a_call_without_a_deadline_waits_out_the_longest_pushback() {
+    let s = Setup::new(a6(2), None);
+    let mut d = s.decider(false);
+    begin(&mut d, &s.time);
+    // A6's pushback is an int32 of milliseconds: at most about 24.8 days.
+    let pushed = status("14", &[("grpc-retry-pushback-ms", "2147483647")]);
+    assert_eq!(
+        ended(&mut d, &s, said(UNAVAILABLE, &pushed), TOP),
+        Wait::Sleep(Duration::from_millis(2_147_483_647))
+    );
+}
