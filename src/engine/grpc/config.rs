@@ -777,6 +777,19 @@ mod tests {
         let other = Name::parse("echo.Other/Read").unwrap();
         assert_eq!(keyed.resolved(&other), (Some(policy(4)), false));
         assert_eq!(keyed.for_path("/echo.Other/Pay"), Some(policy(4)));
+        // A name marked alone takes the closest policy that covers it: every method's here,
+        // not another service's.
+        let alone = GrpcConfig::new()
+            .retry("", policy(5))
+            .unwrap()
+            .retry("x.Y", policy(2))
+            .unwrap()
+            .non_idempotent("a.B/C")
+            .unwrap();
+        let c = Name::parse("a.B/C").unwrap();
+        assert_eq!(alone.resolved(&c), (Some(policy(5)), true));
+        assert_eq!(Name::parse("x.Y").unwrap().covers(&c), None);
+        assert_eq!(Name::parse("").unwrap().covers(&c), Some(0));
         assert_eq!(GrpcConfig::new().for_path("/a.B/C"), None);
         let named = Name::parse("a.B/C").unwrap();
         assert_eq!(named.to_string(), "a.B/C");
