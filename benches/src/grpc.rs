@@ -81,6 +81,23 @@ pub async fn start_grpc() -> SocketAddr {
     address
 }
 
+/// Starts the same server on a thread and runtime of its own, which run until the process
+/// ends: for measurements of the client's side alone.
+pub fn start_grpc_on_own_thread() -> SocketAddr {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            tx.send(start_grpc().await).unwrap();
+            std::future::pending::<()>().await;
+        });
+    });
+    rx.recv().unwrap()
+}
+
 /// The gRPC clients, each with its label.
 pub fn grpc_clients() -> Vec<crate::Labelled> {
     vec![

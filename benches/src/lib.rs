@@ -37,7 +37,7 @@ use reqwest_safe_retry::{Dependency, RetryBudget, RetryMiddleware, RetryPolicy};
 use tokio::net::TcpListener;
 
 mod grpc;
-pub use grpc::{grpc_clients, start_grpc};
+pub use grpc::{grpc_clients, start_grpc, start_grpc_on_own_thread};
 
 /// The body every client sends: 26 bytes of JSON.
 pub const BODY: &str = "{\"order\":42,\"amount\":1000}";

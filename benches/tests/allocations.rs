@@ -10,7 +10,10 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use reqwest_safe_retry_benches::{Client, Mode, clients, run, start_on_own_thread, tower_clients};
+use reqwest_safe_retry_benches::{
+    Client, Mode, clients, grpc_clients, run, start_grpc_on_own_thread, start_on_own_thread,
+    tower_clients,
+};
 
 struct Counting;
 
@@ -119,6 +122,42 @@ fn the_success_path_allocates_no_more_than_reqwest_retry_plus_the_key() {
     // Measuring latency for the attempt timeout allocates nothing per request: the window is
     // the dependency's, and the request's part of it lives in its future.
     assert!(latency <= e, "(i) {latency:.2} against (e) {e:.2}");
+}
+
+/// The gRPC door's allocations per unary call, over the bare channel's and beside tower's
+/// retry over the same channel.
+#[test]
+fn the_grpc_door_allocates_at_most_three_more_than_tower_s_retry() {
+    let url = format!("http://{}/orders", start_grpc_on_own_thread());
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut per = Vec::new();
+    for (name, make) in grpc_clients() {
+        let client = make();
+        per.push(rt.block_on(per_request(&client, &url, 160, 1)));
+        println!(
+            "{name:<32} {:>6.2} allocations per call one at a time",
+            per.last().unwrap()
+        );
+    }
+    let [bare, tower, door, keyed] = per[..] else {
+        unreachable!("four clients")
+    };
+    println!(
+        "over the bare channel: (G1) {:+.2}, (G2) {:+.2}, (G3) {:+.2}",
+        tower - bare,
+        door - bare,
+        keyed - bare
+    );
+    // Against tower's retry over the same channel (which boxes its caller's future, reads the
+    // body into memory, and clones the request for a retry): three more, the record on the
+    // answer (its map and its box) and the copy's mark in its extensions.
+    assert!(
+        door <= tower + 3.0,
+        "(G2) {door:.2} against (G1) {tower:.2}"
+    );
 }
 
 /// A 64 MiB POST through the tower door, answered 503 then 200: both attempts carry the
