@@ -152,8 +152,8 @@ fn the_grpc_door_allocates_at_most_three_more_than_tower_s_retry() {
         keyed - bare
     );
     // Against tower's retry over the same channel (which boxes its caller's future, reads the
-    // body into memory, and clones the request for a retry): three more, the record on the
-    // answer (its map and its box) and the copy's mark in its extensions.
+    // body into memory, and clones the request for a retry): at most three more, for what the
+    // layer gives that it does not (the record on the answer, its map and its box, among them).
     assert!(
         door <= tower + 3.0,
         "(G2) {door:.2} against (G1) {tower:.2}"
