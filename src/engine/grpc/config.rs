@@ -760,6 +760,16 @@ mod tests {
             "9 is cut to A6's 5"
         );
         assert_ne!(read, GrpcConfig::new(), "it is not any config");
+        // Each part counts: the methods, the throttling's parameters, the buffer limits.
+        let base = || GrpcConfig::new().retry("a.B", policy(2)).unwrap();
+        assert_eq!(base(), base());
+        assert_ne!(base(), GrpcConfig::new().retry("a.B", policy(3)).unwrap());
+        let throttled = |max| base().retry_throttling(RetryThrottling::new(max, 0.1).unwrap());
+        assert_eq!(throttled(3.0), throttled(3.0));
+        assert_ne!(throttled(3.0), throttled(4.0));
+        assert_ne!(base(), throttled(3.0));
+        assert_ne!(base(), base().buffer_limits(1, 2));
+        assert_ne!(base().buffer_limits(1, 2), base().buffer_limits(1, 3));
     }
 
     #[test]
