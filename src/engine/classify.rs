@@ -188,9 +188,9 @@ impl Judging<'_> {
         if self.key_sent && advice::replayed(answer.headers) {
             return Verdict::Final(StopReason::ReplayedFailure);
         }
-        Verdict::Transient(Cause::Status {
-            throttled: code == grpc::RESOURCE_EXHAUSTED,
-        })
+        // Every retried code costs a retry alike: a gRPC method pays from the channel's
+        // throttling, or from a budget at its defaults, whose throttled cost is a retry's.
+        Verdict::Transient(Cause::Status { throttled: false })
     }
 
     /// Whether an answer is a transient failure by the default rules: its status in the

@@ -55,8 +55,6 @@ pub(crate) const PREVIOUS_ATTEMPTS: HeaderName =
 pub(crate) const OK: u8 = 0;
 /// `UNKNOWN`: what an unreadable `grpc-status` stands for.
 pub(crate) const UNKNOWN: u8 = 2;
-/// `RESOURCE_EXHAUSTED`: a server's overload or quota, priced as a 429 is.
-pub(crate) const RESOURCE_EXHAUSTED: u8 = 8;
 /// `INTERNAL`.
 const INTERNAL: u8 = 13;
 /// `UNAVAILABLE`: what a transport failure stands for.

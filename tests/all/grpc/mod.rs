@@ -778,3 +778,42 @@ async fn the_layer_counts_each_name_s_calls_across_its_services() {
     assert_eq!((every.requests, every.attempts), (1, 1));
     assert!(layer.counters("echo.Other").is_none());
 }
+
+/// A transport that fails every call with an error of its own, which says nothing of whether
+/// the call was sent.
+#[derive(Clone)]
+struct Broken;
+
+impl tower_service::Service<http::Request<tonic::body::Body>> for Broken {
+    type Response = http::Response<tonic::body::Body>;
+    type Error = reqwest_safe_retry::BoxError;
+    type Future = std::future::Ready<Result<Self::Response, Self::Error>>;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _: http::Request<tonic::body::Body>) -> Self::Future {
+        std::future::ready(Err("the transport broke".into()))
+    }
+}
+
+#[tokio::test]
+async fn an_error_the_door_cannot_read_is_not_retried() {
+    let (layer, clock) = faked(
+        GrpcConfig::new()
+            .retry("echo.Echo", unavailable(4))
+            .unwrap(),
+    );
+    let status = say(layer.layer(Broken), text("x")).await.unwrap_err();
+    let record = RetryRecord::of_status(&status).expect("the layer's record");
+    // It may have reached the server: neither UNAVAILABLE nor unsent, so final.
+    assert_eq!(
+        (record.attempts(), record.stop_reason()),
+        (1, StopReason::NotRetryable)
+    );
+    assert!(clock.sleeps().is_empty());
+}
