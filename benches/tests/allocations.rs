@@ -8,7 +8,6 @@
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use reqwest_safe_retry_benches::{
     Client, Mode, clients, grpc_clients, run, start_grpc_on_own_thread, start_on_own_thread,
@@ -17,13 +16,14 @@ use reqwest_safe_retry_benches::{
 
 struct Counting;
 
-static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
-/// The bytes those allocations asked for.
-static BYTES: AtomicU64 = AtomicU64::new(0);
-
 thread_local! {
     /// Whether this thread's allocations are counted.
     static COUNTED: Cell<bool> = const { Cell::new(false) };
+    /// This thread's counted allocations: each test counts on its own thread, and the tests of
+    /// this binary run at once (a count shared by the threads mixed their figures).
+    static ALLOCATIONS: Cell<u64> = const { Cell::new(0) };
+    /// The bytes those allocations asked for.
+    static BYTES: Cell<u64> = const { Cell::new(0) };
 }
 
 // SAFETY: every call is forwarded unchanged to the system allocator; counting has no effect on
@@ -31,8 +31,8 @@ thread_local! {
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         if COUNTED.get() {
-            ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-            BYTES.fetch_add(layout.size() as u64, Ordering::Relaxed);
+            ALLOCATIONS.set(ALLOCATIONS.get() + 1);
+            BYTES.set(BYTES.get() + layout.size() as u64);
         }
         unsafe { System.alloc(layout) }
     }
@@ -41,8 +41,8 @@ unsafe impl GlobalAlloc for Counting {
     }
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         if COUNTED.get() {
-            ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-            BYTES.fetch_add(new_size as u64, Ordering::Relaxed);
+            ALLOCATIONS.set(ALLOCATIONS.get() + 1);
+            BYTES.set(BYTES.get() + new_size as u64);
         }
         unsafe { System.realloc(ptr, layout, new_size) }
     }
@@ -56,9 +56,9 @@ async fn per_request(client: &Client, url: &str, n: u64, in_flight: u64) -> f64 
     assert_eq!(client.post(url).await, 200);
     run(client, url, 64, in_flight).await;
     COUNTED.set(true);
-    let before = ALLOCATIONS.load(Ordering::Relaxed);
+    let before = ALLOCATIONS.get();
     run(client, url, n, in_flight).await;
-    let after = ALLOCATIONS.load(Ordering::Relaxed);
+    let after = ALLOCATIONS.get();
     COUNTED.set(false);
     (after - before) as f64 / n as f64
 }
@@ -190,10 +190,10 @@ fn a_64_mib_post_through_the_tower_door_is_never_copied() {
             .body(Full::new(body.clone()))
             .unwrap();
         COUNTED.set(true);
-        let before = BYTES.load(Ordering::Relaxed);
+        let before = BYTES.get();
         let ready = service.ready().await.unwrap();
         let response = ready.call(request).await.unwrap();
-        let after = BYTES.load(Ordering::Relaxed);
+        let after = BYTES.get();
         COUNTED.set(false);
         let attempts = RetryRecord::of(&response).unwrap().attempts();
         (after - before, attempts)
