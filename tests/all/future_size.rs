@@ -132,3 +132,41 @@ async fn the_tower_door_s_request_future_stays_within_the_same_size_class() {
         );
     }
 }
+
+/// The same bound behind the gRPC door, whose service boxes the call's future (with the
+/// transport, the call and its extensions) once per call.
+#[cfg(feature = "grpc")]
+#[tokio::test]
+async fn the_grpc_door_s_call_future_stays_within_the_same_size_class() {
+    use tower_layer::Layer;
+    use tower_service::Service;
+
+    let script = crate::grpc::server::Script::new([]);
+    let uri = crate::grpc::server::serve(&script).await;
+    let policy = reqwest_safe_retry::GrpcRetryPolicy::builder()
+        .max_attempts(3)
+        .initial_backoff(Duration::from_millis(10))
+        .max_backoff(Duration::from_millis(10))
+        .retryable_codes([tonic::Code::Unavailable])
+        .build()
+        .unwrap();
+    let config = reqwest_safe_retry::GrpcConfig::new()
+        .retry("echo.Echo", policy)
+        .unwrap();
+    let mut service =
+        reqwest_safe_retry::GrpcRetryLayer::new(config).layer(crate::grpc::server::channel(&uri));
+    let request = http::Request::post("/echo.Echo/Say")
+        .header("te", "trailers")
+        .header("content-type", "application/grpc")
+        .body(tonic::body::Body::empty())
+        .unwrap();
+    let future = service.call(request);
+    let size = std::mem::size_of_val(&*future);
+    // An empty body is no message: the server answers with a status, which is all this needs.
+    let _ = future.await;
+    assert!(
+        size <= BOUND,
+        "the call's future is {size} bytes behind the gRPC door, over {BOUND}: box the state \
+         that grew, or hold less across an await"
+    );
+}

@@ -13,6 +13,7 @@ use http_body::{Body, Frame, SizeHint};
 use tower_service::Service;
 
 use super::call::Call;
+use super::service::Shared;
 use crate::driver::claim::Beneath;
 use crate::driver::retry_body::RetryBody;
 use crate::engine::grpc::throttle::RetryThrottling;
@@ -36,8 +37,7 @@ pub(super) struct Count {
 
 /// The transport beneath, as the driver sends copies to it: each copy to a clone of its own.
 pub(super) struct Inner<S> {
-    pub(super) service: Arc<S>,
-    pub(super) count: Option<Count>,
+    pub(super) shared: Arc<Shared<S>>,
 }
 
 /// An answer of this door: the transport's, its body passed on in a [`GrpcBody`].
@@ -70,14 +70,14 @@ where
         Self: 's;
 
     fn run<'s>(&'s self, call: Call, extensions: &'s mut Extensions) -> Running<'s, R> {
-        self.send(S::clone(&self.service), call, extensions)
+        self.send(S::clone(&self.shared.service), call, extensions)
     }
 
     /// A clone of the transport, asked with the call's own waker until it is ready.
     type Ready = S;
 
     fn poll_ready(&self, ready: &mut Option<S>, cx: &mut Context<'_>) -> Poll<bool> {
-        let service = ready.get_or_insert_with(|| S::clone(&self.service));
+        let service = ready.get_or_insert_with(|| S::clone(&self.shared.service));
         match service.poll_ready(cx) {
             Poll::Ready(Ok(())) => Poll::Ready(true),
             Poll::Ready(Err(_)) => {
@@ -138,6 +138,18 @@ fn tonic_fault(err: &(dyn std::error::Error + 'static)) -> Option<Fault> {
 }
 
 impl<S> Inner<S> {
+    /// What counts the call to `path` at its trailers: its channel's throttling, if it has
+    /// one, and the codes its policy retries.
+    fn count(&self, path: &str) -> Option<Count> {
+        let config = &self.shared.channel.config;
+        let throttling = config.throttling.as_ref()?;
+        let policy = config.for_path(path)?;
+        Some(Count {
+            throttling: throttling.clone(),
+            codes: policy.codes(),
+        })
+    }
+
     /// Sends `call` to `service` once it is ready, marked as claimed; its answer's body passed
     /// on, counted at its trailers when the call was committed.
     fn send<'s, R>(&'s self, mut service: S, call: Call, extensions: &Extensions) -> Running<'s, R>
@@ -152,8 +164,8 @@ impl<S> Inner<S> {
         drop(held);
         *request.extensions_mut() = extensions.clone();
         request.extensions_mut().insert(Claimed);
+        let count = self.count(request.uri().path());
         let request = request.map(|body| tonic::body::Body::new(AsSent(body)));
-        let count = self.count.clone();
         Box::pin(async move {
             std::future::poll_fn(|cx| service.poll_ready(cx))
                 .await

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use tower_layer::Layer;
 
 use super::call::Buffer;
-use super::service::{Channel, GrpcRetryService};
+use super::service::{Channel, GrpcRetryService, Shared};
 use crate::clock::Clock;
 use crate::driver::phases::RetryMiddleware;
 use crate::engine::grpc::config::{GrpcConfig, dependency_name};
@@ -108,8 +108,10 @@ impl<S> Layer<S> for GrpcRetryLayer {
     fn layer(&self, inner: S) -> GrpcRetryService<S> {
         GrpcRetryService {
             retry: Arc::new(self.retry.clone()),
-            channel: self.channel.clone(),
-            inner: Arc::new(inner),
+            shared: Arc::new(Shared {
+                service: inner,
+                channel: self.channel.clone(),
+            }),
         }
     }
 }

@@ -11,7 +11,7 @@ use bytes::Bytes;
 use tower_service::Service;
 
 use super::call::{Buffer, Call};
-use super::inner::{Answer, Claimed, Count, GrpcBody, Inner};
+use super::inner::{Answer, Claimed, GrpcBody, Inner};
 use crate::driver::claim::{self, Beneath};
 use crate::driver::phases::RetryMiddleware;
 use crate::driver::retry_body::RetryBody;
@@ -44,10 +44,16 @@ use crate::record::RetryRecord;
 #[derive(Debug, Clone)]
 pub struct GrpcRetryService<S> {
     pub(super) retry: Arc<RetryMiddleware>,
-    pub(super) channel: Arc<Channel>,
     /// Shared by the clones of this service and the calls in flight: each attempt calls a clone
-    /// of its own.
-    pub(super) inner: Arc<S>,
+    /// of the transport of its own.
+    pub(super) shared: Arc<Shared<S>>,
+}
+
+/// The transport, and what every call through the layer shares.
+#[derive(Debug)]
+pub(crate) struct Shared<S> {
+    pub(super) service: S,
+    pub(super) channel: Arc<Channel>,
 }
 
 /// What every call through one layer shares: the config, and the buffer for replays.
@@ -86,30 +92,45 @@ where
                 extensions.insert(RetryOverride::new().deadline(timeout));
             }
         }
-        let config = &self.channel.config;
-        let count = config
-            .for_path(parts.uri.path())
-            .zip(config.throttling.clone())
-            .map(|(policy, throttling)| Count {
-                throttling,
-                codes: policy.codes(),
-            });
         let body = SendBody::new(body);
-        let held = self.channel.buffer.hold(&body);
+        let held = self.shared.channel.buffer.hold(&body);
         let call = Call {
             request: http::Request::from_parts(parts, body),
             held,
         };
         let inner = Inner {
-            service: self.inner.clone(),
-            count,
+            shared: self.shared.clone(),
         };
         if extensions.get::<Claimed>().is_some() || claim::claimed(&extensions, &call) {
             // A layer further out on this call's path makes its attempts.
             return Box::pin(async move { inner.run(call, &mut extensions).await });
         }
         let run = RetryMiddleware::execute(self.retry.clone(), call, extensions, inner);
-        Box::pin(async move { run.await.and_then(failed_status) })
+        // The call's future, written into its box as it is made; an `async` block around it
+        // would hold it twice (as the block's capture and as what it awaits).
+        let place = Box::new_uninit();
+        let answered: Box<Answered<_>> = Box::write(place, Answered { run });
+        Box::into_pin(answered)
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// A call's future: the driver's, its answer handed back as [`failed_status`] says.
+    struct Answered<F> {
+        #[pin]
+        run: F,
+    }
+}
+
+impl<F, R> Future for Answered<F>
+where
+    F: Future<Output = Result<Answer<R>, BoxError>>,
+{
+    type Output = Result<Answer<R>, BoxError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let answer = std::task::ready!(self.project().run.poll(cx));
+        Poll::Ready(answer.and_then(failed_status))
     }
 }
 
