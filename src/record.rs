@@ -42,8 +42,9 @@ impl RetryRecord {
     /// above without a record: it did not pass through the middleware. A success that did not
     /// pass through it gets the first-attempt record too: it also made one attempt.
     ///
-    /// `response` is an answer of either door: a `reqwest::Response` from a
-    /// `reqwest-middleware` chain, or an `http::Response` from the tower layer.
+    /// `response` is an answer of any door: a `reqwest::Response` from a `reqwest-middleware`
+    /// chain, an `http::Response` from the tower layer, or a `tonic::Response` through the
+    /// gRPC layer (feature `grpc`; its answers always carry a record).
     pub fn of(response: &impl Answer) -> Option<RetryRecord> {
         let (status, extensions) = response.parts();
         RetryRecord::read(status, extensions)
@@ -106,8 +107,9 @@ impl RetryRecord {
     }
 }
 
-/// An answer a [`RetryRecord`] is read from: a `reqwest::Response`, or an `http::Response` of
-/// any body. Sealed: both doors' answers, and nothing else.
+/// An answer a [`RetryRecord`] is read from: a `reqwest::Response`, an `http::Response` of any
+/// body, or (feature `grpc`) a `tonic::Response`. Sealed: the doors' answers, and nothing
+/// else.
 pub trait Answer: sealed::Sealed {
     /// The answer's status and extensions.
     #[doc(hidden)]
@@ -126,8 +128,19 @@ impl<B> Answer for http::Response<B> {
     }
 }
 
+/// A tonic answer through the gRPC door (feature `grpc`): tonic keeps the `http::Response`'s
+/// extensions, and with them the record.
+#[cfg(feature = "grpc")]
+impl<T> Answer for tonic::Response<T> {
+    fn parts(&self) -> (http::StatusCode, &http::Extensions) {
+        (http::StatusCode::OK, self.extensions())
+    }
+}
+
 mod sealed {
     pub trait Sealed {}
     impl Sealed for reqwest::Response {}
     impl<B> Sealed for http::Response<B> {}
+    #[cfg(feature = "grpc")]
+    impl<T> Sealed for tonic::Response<T> {}
 }

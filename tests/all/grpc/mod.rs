@@ -62,7 +62,7 @@ async fn a_unary_call_survives_two_unavailables_and_a_pushback_with_one_key() {
         .await
         .unwrap();
     assert_eq!(answer.get_ref().text, "hello");
-    let record = answer.extensions().get::<RetryRecord>().unwrap();
+    let record = &RetryRecord::of(&answer).expect("the layer's answers carry a record");
     assert_eq!(
         (record.attempts(), record.stop_reason()),
         (3, StopReason::Committed)
