@@ -5,6 +5,8 @@
 //! and its tracing (`trace`). It builds the record a request ends with (`crate::record`).
 
 pub(crate) mod attempt;
+#[cfg(any(feature = "tower", feature = "grpc"))]
+pub(crate) mod beneath_service;
 pub(crate) mod body;
 pub(crate) mod claim;
 pub(crate) mod phases;

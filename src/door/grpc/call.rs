@@ -5,6 +5,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use crate::driver::beneath_service;
 use crate::driver::claim::{self, Address, Outgoing};
 use crate::driver::send_body::SendBody;
 use crate::engine::seen::Locate;
@@ -97,14 +98,8 @@ impl Outgoing for Call {
     /// reference count; none for a committed call.
     fn try_clone(&self) -> Option<Self> {
         self.held.as_ref()?;
-        let bytes = self.request.body().as_bytes()?;
-        let mut copy = http::Request::new(SendBody::whole(bytes.clone()));
-        *copy.method_mut() = self.request.method().clone();
-        *copy.version_mut() = self.request.version();
-        *copy.uri_mut() = self.request.uri().clone();
-        *copy.headers_mut() = self.request.headers().clone();
         Some(Call {
-            request: copy,
+            request: beneath_service::copy_of(&self.request)?,
             held: None,
         })
     }

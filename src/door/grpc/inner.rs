@@ -14,6 +14,7 @@ use tower_service::Service;
 
 use super::call::Call;
 use super::service::Shared;
+use crate::driver::beneath_service;
 use crate::driver::claim::Beneath;
 use crate::driver::retry_body::RetryBody;
 use crate::engine::grpc::throttle::RetryThrottling;
@@ -77,15 +78,7 @@ where
     type Ready = S;
 
     fn poll_ready(&self, ready: &mut Option<S>, cx: &mut Context<'_>) -> Poll<bool> {
-        let service = ready.get_or_insert_with(|| S::clone(&self.shared.service));
-        match service.poll_ready(cx) {
-            Poll::Ready(Ok(())) => Poll::Ready(true),
-            Poll::Ready(Err(_)) => {
-                *ready = None;
-                Poll::Ready(false)
-            }
-            Poll::Pending => Poll::Pending,
-        }
+        beneath_service::poll_clone_ready::<S, _>(&self.shared.service, ready, cx)
     }
 
     fn run_ready<'s>(

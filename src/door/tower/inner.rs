@@ -11,6 +11,7 @@ use tower_service::Service;
 use super::error::{BoxError, service_fault};
 use super::future::Call;
 use super::uri;
+use crate::driver::beneath_service;
 use crate::driver::claim::{Address, Beneath, Outgoing};
 use crate::driver::retry_body::RetryBody;
 use crate::driver::send_body::SendBody;
@@ -60,18 +61,7 @@ impl<B: Send + 'static> Outgoing for http::Request<SendBody<B>> {
 
     /// A copy without the extensions: the driver keeps them, and hands each copy its own.
     fn try_clone(&self) -> Option<Self> {
-        let bytes = self.body().as_bytes()?;
-        let mut copy = http::Request::new(SendBody::whole(bytes.clone()));
-        *copy.method_mut() = self.method().clone();
-        *copy.version_mut() = self.version();
-        *copy.uri_mut() = self.uri().clone();
-        // The headers `Request::new` gave: a map that never allocated, forgotten rather than
-        // dropped (its drop walks its empty parts, about 50 instructions a copy).
-        let empty = std::mem::replace(copy.headers_mut(), self.headers().clone());
-        if empty.capacity() == 0 {
-            std::mem::forget(empty);
-        }
-        Some(copy)
+        beneath_service::copy_of(self)
     }
 
     fn locate(&self) -> &dyn Locate {
@@ -132,15 +122,7 @@ where
     type Ready = S;
 
     fn poll_ready(&self, ready: &mut Option<S>, cx: &mut Context<'_>) -> Poll<bool> {
-        let service = ready.get_or_insert_with(|| S::clone(&self.service));
-        match service.poll_ready(cx) {
-            Poll::Ready(Ok(())) => Poll::Ready(true),
-            Poll::Ready(Err(_)) => {
-                *ready = None;
-                Poll::Ready(false)
-            }
-            Poll::Pending => Poll::Pending,
-        }
+        beneath_service::poll_clone_ready::<S, Self::Request>(&self.service, ready, cx)
     }
 
     fn run_ready<'s>(
