@@ -631,29 +631,15 @@ where
     }
 }
 
-#[tokio::test]
-async fn two_layers_make_one_layer_of_attempts_across_tasks() {
-    let script = Script::new((0..9).map(|_| Act::Fail(Code::Unavailable, None)));
-    let uri = serve(&script).await;
-    let config = || {
-        GrpcConfig::new()
-            .retry("echo.Echo", unavailable(3))
-            .unwrap()
-    };
-    let (outer, _clock) = faked(config());
-    let (inner, _inner_clock) = faked(config());
-    let service = outer.layer(OwnTask(inner.layer(channel(&uri))));
-    let status = say(service, text("x")).await.unwrap_err();
-    assert_eq!(RetryRecord::of_status(&status).unwrap().attempts(), 3);
-    assert_eq!(script.seen().len(), 3, "3 arrivals, not 9");
+/// Between two layers, a service that makes each call anew, without its extensions, on the same
+/// task: to the same path, or (`to`) another method's.
+#[derive(Clone)]
+struct Remade<S> {
+    inner: S,
+    to: Option<&'static str>,
 }
 
-/// Between two layers, a service that makes each call anew, without its extensions, on the
-/// same task: the inner layer knows the call by its method and path, and passes it through.
-#[derive(Clone)]
-struct Fresh<S>(S);
-
-impl<S> tower_service::Service<http::Request<tonic::body::Body>> for Fresh<S>
+impl<S> tower_service::Service<http::Request<tonic::body::Body>> for Remade<S>
 where
     S: tower_service::Service<http::Request<tonic::body::Body>>,
 {
@@ -665,82 +651,77 @@ where
         &mut self,
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Result<(), S::Error>> {
-        self.0.poll_ready(cx)
+        self.inner.poll_ready(cx)
     }
 
     fn call(&mut self, request: http::Request<tonic::body::Body>) -> Self::Future {
         let (parts, body) = request.into_parts();
         let mut fresh = http::Request::new(body);
         *fresh.method_mut() = parts.method;
-        *fresh.uri_mut() = parts.uri;
+        *fresh.uri_mut() = match self.to {
+            Some(path) => path.parse().unwrap(),
+            None => parts.uri,
+        };
         *fresh.headers_mut() = parts.headers;
-        self.0.call(fresh)
+        self.inner.call(fresh)
     }
+}
+
+type Inner = reqwest_safe_retry::GrpcRetryService<tonic::transport::Channel>;
+
+/// A call that always fails `UNAVAILABLE`, through two layers of 3 attempts each with `between`
+/// made of the inner one: the outer layer's attempts, and the arrivals at the server.
+async fn through_two_layers<M>(between: impl FnOnce(Inner) -> M) -> (u32, usize)
+where
+    M: tower_service::Service<
+            http::Request<tonic::body::Body>,
+            Response = <Inner as tower_service::Service<http::Request<tonic::body::Body>>>::Response,
+            Error = reqwest_safe_retry::BoxError,
+        > + Clone
+        + Send
+        + Sync
+        + 'static,
+    M::Future: Send,
+{
+    let script = Script::new((0..9).map(|_| Act::Fail(Code::Unavailable, None)));
+    let uri = serve(&script).await;
+    let config = || {
+        GrpcConfig::new()
+            .retry("echo.Echo", unavailable(3))
+            .unwrap()
+    };
+    let (outer, _clock) = faked(config());
+    let (inner, _inner_clock) = faked(config());
+    let service = outer.layer(between(inner.layer(channel(&uri))));
+    let status = say(service, text("x")).await.unwrap_err();
+    let attempts = RetryRecord::of_status(&status).unwrap().attempts();
+    (attempts, script.seen().len())
+}
+
+#[tokio::test]
+async fn two_layers_make_one_layer_of_attempts_across_tasks() {
+    assert_eq!(
+        through_two_layers(OwnTask).await,
+        (3, 3),
+        "3 arrivals, not 9"
+    );
 }
 
 #[tokio::test]
 async fn two_layers_make_one_layer_of_attempts_when_the_extensions_are_lost_between_them() {
-    let script = Script::new((0..9).map(|_| Act::Fail(Code::Unavailable, None)));
-    let uri = serve(&script).await;
-    let config = || {
-        GrpcConfig::new()
-            .retry("echo.Echo", unavailable(3))
-            .unwrap()
-    };
-    let (outer, _clock) = faked(config());
-    let (inner, _inner_clock) = faked(config());
-    let service = outer.layer(Fresh(inner.layer(channel(&uri))));
-    let status = say(service, text("x")).await.unwrap_err();
-    assert_eq!(RetryRecord::of_status(&status).unwrap().attempts(), 3);
-    assert_eq!(script.seen().len(), 3, "3 arrivals, not 9");
-}
-
-/// Between two layers, a service that sends each call on to another method, as a call of its
-/// own (no extensions), on the same task.
-#[derive(Clone)]
-struct Rerouted<S>(S);
-
-impl<S> tower_service::Service<http::Request<tonic::body::Body>> for Rerouted<S>
-where
-    S: tower_service::Service<http::Request<tonic::body::Body>>,
-{
-    type Response = S::Response;
-    type Error = S::Error;
-    type Future = S::Future;
-
-    fn poll_ready(
-        &mut self,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Result<(), S::Error>> {
-        self.0.poll_ready(cx)
-    }
-
-    fn call(&mut self, request: http::Request<tonic::body::Body>) -> Self::Future {
-        let (parts, body) = request.into_parts();
-        let mut own = http::Request::new(body);
-        *own.method_mut() = parts.method;
-        *own.uri_mut() = "/echo.Echo/Count".parse().unwrap();
-        *own.headers_mut() = parts.headers;
-        self.0.call(own)
-    }
+    // The inner layer knows the call by its method and path, and passes it through.
+    let lost = |inner| Remade { inner, to: None };
+    assert_eq!(through_two_layers(lost).await, (3, 3), "3 arrivals, not 9");
 }
 
 #[tokio::test]
 async fn a_call_of_its_own_that_a_service_between_two_layers_makes_is_the_inner_layer_s() {
-    let script = Script::new((0..9).map(|_| Act::Fail(Code::Unavailable, None)));
-    let uri = serve(&script).await;
-    let config = || {
-        GrpcConfig::new()
-            .retry("echo.Echo", unavailable(3))
-            .unwrap()
-    };
-    let (outer, _clock) = faked(config());
-    let (inner, _inner_clock) = faked(config());
-    let service = outer.layer(Rerouted(inner.layer(channel(&uri))));
-    let status = say(service, text("x")).await.unwrap_err();
-    assert_eq!(RetryRecord::of_status(&status).unwrap().attempts(), 3);
     // Another method's call is not the outer layer's: the inner one makes its attempts.
-    assert_eq!(script.seen().len(), 9);
+    let rerouted = |inner| Remade {
+        inner,
+        to: Some("/echo.Echo/Count"),
+    };
+    assert_eq!(through_two_layers(rerouted).await, (3, 9));
 }
 
 #[tokio::test]
@@ -816,4 +797,48 @@ async fn an_error_the_door_cannot_read_is_not_retried() {
         (1, StopReason::NotRetryable)
     );
     assert!(clock.sleeps().is_empty());
+}
+
+#[tokio::test]
+async fn a_call_dropped_in_its_wait_or_on_the_wire_gives_its_buffer_back() {
+    // The channel's buffer holds one call's message (8 bytes: a 3-byte message in its frame).
+    let script = Script::new([
+        Act::Fail(Code::Unavailable, None),
+        Act::Slow(Duration::from_secs(5)),
+        Act::Fail(Code::Unavailable, Some("0")),
+    ]);
+    let uri = serve(&script).await;
+    let slow = GrpcRetryPolicy::builder()
+        .max_attempts(3)
+        .initial_backoff(Duration::from_secs(10))
+        .max_backoff(Duration::from_secs(10))
+        .retryable_codes([Code::Unavailable])
+        .build()
+        .unwrap();
+    let config = GrpcConfig::new()
+        .retry("echo.Echo", slow)
+        .unwrap()
+        .buffer_limits(1 << 20, 8);
+    // Real time: the first call waits 8 s or more after its UNAVAILABLE, the second is answered
+    // after 5 s; each is dropped within 100 ms.
+    let layer = GrpcRetryLayer::new(config);
+    let service = layer.layer(channel(&uri));
+    for _ in 0..2 {
+        let call = say(service.clone(), text("x"));
+        assert!(
+            tokio::time::timeout(Duration::from_millis(100), call)
+                .await
+                .is_err()
+        );
+    }
+    // Held bytes came back both times: the next call is kept for its retry, which the
+    // server's pushback of 0 lets go at once.
+    let answer = say(service, text("x"))
+        .await
+        .expect("retried, then answered");
+    let record = RetryRecord::of(&answer).unwrap();
+    assert_eq!(
+        (record.attempts(), record.stop_reason()),
+        (2, StopReason::Committed)
+    );
 }
