@@ -145,6 +145,11 @@ pub trait DoorError:
     fn is_connect(&self) -> bool {
         false
     }
+    /// Whether it says time ran out.
+    #[doc(hidden)]
+    fn is_timeout(&self) -> bool {
+        false
+    }
     /// The status it carries, if any.
     #[doc(hidden)]
     fn status(&self) -> Option<StatusCode> {
@@ -303,10 +308,15 @@ impl<E: DoorError> RetryError<E> {
     #[doc(alias = "is_timeout")]
     pub fn timed_out(&self) -> bool {
         // Every timeout is a transient fault of its door's reading (reqwest's own by what it
-        // says of itself), and a connect timeout a failed connection that timed out.
+        // says of itself), and a connect timeout a failed connection that timed out: by what
+        // the error says of itself (reqwest's connect timer, whose error is its own type) or by
+        // a cause (its connector's timer, an I/O error).
         match self.fault {
             Some(Fault::Timeout) => true,
-            Some(Fault::Connect) => crate::fault::timed_out_in(self.last.as_error()),
+            Some(Fault::Connect) => {
+                self.last.beneath().is_some_and(DoorError::is_timeout)
+                    || crate::fault::timed_out_in(self.last.as_error())
+            }
             _ => false,
         }
     }
@@ -493,6 +503,10 @@ impl DoorError for reqwest_middleware::Error {
 
     fn is_connect(&self) -> bool {
         reqwest_middleware::Error::is_connect(self)
+    }
+
+    fn is_timeout(&self) -> bool {
+        reqwest_middleware::Error::is_timeout(self)
     }
 
     fn status(&self) -> Option<StatusCode> {

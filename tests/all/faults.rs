@@ -2,7 +2,10 @@
 
 use std::time::{Duration, Instant};
 
-use reqwest_safe_retry::{RetryError, RetryRecord, StopReason};
+use reqwest_middleware::ClientBuilder;
+use reqwest_safe_retry::{
+    FakeClock, RetryError, RetryErrorExt, RetryMiddleware, RetryRecord, SeededRng, StopReason,
+};
 
 use crate::support::{self, Action, RawServer};
 
@@ -67,6 +70,72 @@ async fn a_refused_port_is_retried() {
     let retry = RetryError::of(&err).unwrap();
     assert!(retry.failed_to_connect());
     assert_eq!(retry.attempts(), 3);
+    assert_eq!(clock.sleeps().len(), 2);
+}
+
+/// A connector layer that never connects.
+#[derive(Clone)]
+struct NeverConnects;
+
+impl<S> tower_layer::Layer<S> for NeverConnects {
+    type Service = NeverConnecting<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        NeverConnecting(inner)
+    }
+}
+
+#[derive(Clone)]
+struct NeverConnecting<S>(S);
+
+impl<S: tower_service::Service<R>, R> tower_service::Service<R> for NeverConnecting<S> {
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = std::future::Pending<Result<S::Response, S::Error>>;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _: R) -> Self::Future {
+        std::future::pending()
+    }
+}
+
+#[tokio::test]
+async fn a_connect_cut_by_reqwest_s_own_timer_is_a_timeout_that_sent_nothing() {
+    // reqwest times a connect twice, by its own timer and by its connector's, and the two run
+    // out at the same moment: either may report it. A connector that never connects leaves
+    // reqwest's own timer, whose error is reqwest's type, not an I/O error.
+    let port = support::refused_port().await;
+    let reqwest = reqwest::Client::builder()
+        .connect_timeout(Duration::from_millis(20))
+        .connector_layer(NeverConnects)
+        .build()
+        .unwrap();
+    let clock = FakeClock::new();
+    let middleware = RetryMiddleware::new(support::policy())
+        .with_clock(clock.clone())
+        .with_rng(SeededRng::new(7));
+    let client = ClientBuilder::new(reqwest).with(middleware).build();
+
+    let err = client
+        .post(format!("http://127.0.0.1:{port}/orders"))
+        .send()
+        .await
+        .unwrap_err();
+
+    let retry = RetryError::of(&err).unwrap();
+    assert_eq!(
+        (retry.attempts(), retry.stop_reason()),
+        (3, StopReason::AttemptsExhausted)
+    );
+    assert!(retry.failed_to_connect(), "{retry}");
+    assert!(retry.timed_out(), "{retry}");
+    assert!(err.timed_out() && err.failed_to_connect(), "{err}");
     assert_eq!(clock.sleeps().len(), 2);
 }
 
