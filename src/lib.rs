@@ -475,6 +475,8 @@ pub use engine::grpc::config::{
     GRPC_MAX_ATTEMPTS, GrpcConfig, GrpcRetryPolicy, GrpcRetryPolicyBuilder,
 };
 #[cfg(feature = "grpc")]
+pub use engine::grpc::hedging::{GrpcHedgingPolicy, GrpcHedgingPolicyBuilder};
+#[cfg(feature = "grpc")]
 pub use engine::grpc::throttle::RetryThrottling;
 pub use engine::idempotency::{
     IdempotencyKeys, IdempotencyKeysBuilder, KeyFormat, KeySource, NaturalKey, SeededKeys,

@@ -90,6 +90,13 @@ impl<'p, 's, 'd, Q: Outgoing, R: Reply> Lent<'p, 's, 'd, Q, R> {
     }
 }
 
+impl<Q: Outgoing, R: Reply> Lent<'_, '_, '_, Q, R> {
+    /// The most copies the request's policy allows, the first included.
+    pub(crate) fn most_copies(&self) -> u32 {
+        self.decider.policy().max_attempts()
+    }
+}
+
 /// A copy running down the rest of the chain: the door's own future, marked as claimed.
 pub(crate) type Running<'s, N> = Claiming<'s, <N as Beneath>::Running<'s>>;
 
@@ -394,6 +401,9 @@ impl<'s, N: Beneath + 's> Future for Flight<'s, '_, '_, '_, '_, N> {
         self.poll_judged(cx)
     }
 }
+
+mod hedges;
+pub(crate) use hedges::Hedges;
 
 #[cfg(test)]
 mod tests {

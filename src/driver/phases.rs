@@ -19,7 +19,7 @@ use http::Extensions;
 use tracing::Level;
 
 use crate::clock::{Clock, SharedClock, TimerUnavailable, TokioClock};
-use crate::driver::attempt::{Chain, Flight, Lent, Tools};
+use crate::driver::attempt::{Chain, Flight, Hedges, Lent, Tools};
 use crate::driver::body;
 use crate::driver::body::{Outcome, Reply};
 use crate::driver::claim::{Beneath, Outgoing};
@@ -291,7 +291,22 @@ impl RetryMiddleware {
                         let Ok(mut timer) = this.clock.timeout(plan.limit, Some(now)) else {
                             return this.no_timer(&span, &decider, sent.ends(&kept));
                         };
-                        let judged = {
+                        let hedging = (decider.grpc_hedging())
+                            .filter(|_| plan.keep_copy && kept.resend().is_some());
+                        let judged = if let Some(delay) = hedging {
+                            // Boxed: few calls are hedged, and this future is kept small.
+                            let lent = Lent::new(&mut kept, &sent, &mut decider, this.tools());
+                            let chain = Chain {
+                                extensions: &mut *extensions,
+                                next: &next,
+                                span: &span,
+                            };
+                            let lent = &mut lent(&mut timer);
+                            match Box::pin(hedged(chain, &plan, delay, lent)).await {
+                                Some(judged) => judged,
+                                None => return this.no_timer(&span, &decider, sent.ends(&kept)),
+                            }
+                        } else {
                             let mut spare = Extensions::new();
                             // Where the first copy runs: here, in this future, not boxed.
                             let first = std::pin::pin!(None);
@@ -479,6 +494,27 @@ impl RetryMiddleware {
         let cause = LastError::NotSent(NotSent::because(stop, TimerUnavailable));
         self.finish(span, (Err(cause), None), stop, decider, ends)
     }
+}
+
+/// A hedged gRPC call's copies in flight, each further one with its own copy of the request's
+/// extensions; `None` when no timer can be made for its first copy.
+async fn hedged<'s, N, Q, R>(
+    chain: Chain<'s, N>,
+    plan: &Plan,
+    delay: Duration,
+    lent: &mut Lent<'_, '_, '_, Q, R>,
+) -> Option<(Outcome<R>, Verdict, bool)>
+where
+    N: Beneath<Request = Q, Reply = R> + 's,
+    Q: Outgoing,
+    R: Reply,
+{
+    let further = lent.most_copies().saturating_sub(1) as usize;
+    let mut spares = vec![Extensions::new(); further];
+    for spare in &mut spares {
+        spare.clone_from(chain.extensions);
+    }
+    Some(Hedges::launch(chain, &mut spares, plan, delay, lent)?.await)
 }
 
 /// The caller's outcome with its `record`: on the response, or in the error that wraps the

@@ -74,6 +74,7 @@ use http::{HeaderMap, StatusCode};
 
 use crate::engine::budget::{RetryBudget, RetryKind};
 use crate::engine::classify::{Cause, Verdict};
+use crate::engine::grpc::hedging::CopyEnd;
 use crate::engine::grpc::throttle::RetryThrottling;
 use crate::engine::grpc::{self, Pushback, Said};
 use crate::engine::latency::LatencyWindow;
@@ -270,6 +271,8 @@ pub(crate) struct Decider<'a> {
     backoff_from: u8,
     /// A gRPC call's transparent retry was made: one attempt more than its policy's.
     transparent: bool,
+    /// A hedged gRPC call: its copies' ends were counted by the throttling one by one.
+    hedged: bool,
 }
 
 /// The hedging state of one request: when a hedge may go, and the one out.
@@ -325,6 +328,7 @@ impl<'a> Decider<'a> {
             hedging: None,
             backoff_from: 0,
             transparent: false,
+            hedged: false,
         }
     }
 
@@ -799,24 +803,112 @@ impl<'a> Decider<'a> {
     /// [`StopReason::BudgetExhausted`]. A committed call is counted by the door when its
     /// trailers come.
     fn throttle_grpc(&self, observed: &mut Observed<'_>) {
-        let (Some(rules), Some(throttle)) = (self.policy.grpc(), self.accounts.grpc_throttle)
-        else {
+        if self.hedged {
+            // Each copy was counted as it ended.
             return;
-        };
-        let transient = matches!(observed.verdict, Verdict::Transient(_));
-        let code = match observed.answer {
-            Some(answer) => match grpc::said(answer.status, answer.headers) {
-                Said::Committed => return,
-                Said::Status(code) => code,
-            },
-            // A transparent retry's failure reached no application: not counted (A6).
-            None if transient && !observed.unsent => grpc::UNAVAILABLE,
-            None => return,
-        };
-        if !throttle.ended(code, rules.codes) && transient {
+        }
+        let allowed = self.count_grpc(observed);
+        if allowed == Some(false) && matches!(observed.verdict, Verdict::Transient(_)) {
             self.count(Count::BudgetRefusal);
             observed.verdict = Verdict::Final(StopReason::BudgetExhausted);
         }
+    }
+
+    /// The channel's throttling counts a gRPC attempt's end, if it has throttling and counts
+    /// this end: whether a retry may follow.
+    fn count_grpc(&self, observed: &Observed<'_>) -> Option<bool> {
+        let (Some(rules), Some(throttle)) = (self.policy.grpc(), self.accounts.grpc_throttle)
+        else {
+            return None;
+        };
+        let code = match observed.answer {
+            Some(answer) => match grpc::said(answer.status, answer.headers) {
+                Said::Committed => return None,
+                Said::Status(code) => code,
+            },
+            // A failure that sent nothing reached no application: not counted (A6).
+            None if matches!(observed.verdict, Verdict::Transient(_)) && !observed.unsent => {
+                grpc::UNAVAILABLE
+            }
+            None => return None,
+        };
+        Some(throttle.ended(code, rules.codes))
+    }
+
+    /// The delay between a hedged gRPC call's copies, if the call is hedged: its method's
+    /// policy is A6's hedging policy, and the call did not forbid retries.
+    pub(crate) fn grpc_hedging(&self) -> Option<Duration> {
+        let delay = self.policy.grpc()?.hedge_delay?;
+        (self.cap == Cap::Policy).then_some(delay)
+    }
+
+    /// Whether a further copy of the hedged call may go at `now`, to `resend`: its plan if so,
+    /// paid for; else why no copy goes any more. In order: the policy's attempts, the
+    /// deadline, a copy to send, the channel's throttling (above half of its tokens), the
+    /// budget. The driver then says [`sent`](Self::sent).
+    pub(crate) fn grpc_copy(
+        &mut self,
+        now: Instant,
+        resend: Option<&dyn Locate>,
+    ) -> Result<Plan, StopReason> {
+        self.hedged = true;
+        if self.attempt >= self.max_attempts() {
+            return Err(StopReason::AttemptsExhausted);
+        }
+        let left = self.remaining(now);
+        if left.is_zero() {
+            self.count(Count::DeadlineStop);
+            return Err(StopReason::DeadlineReached);
+        }
+        if resend.is_none() {
+            return Err(StopReason::BodyNotCloneable);
+        }
+        if self.accounts.grpc_throttle.is_some_and(|t| !t.allows()) {
+            self.count(Count::BudgetRefusal);
+            return Err(StopReason::BudgetExhausted);
+        }
+        let Some(cost) = self.withdraw(RetryKind::Other, now) else {
+            self.count(Count::BudgetRefusal);
+            return Err(StopReason::BudgetExhausted);
+        };
+        self.pending = Some(Pending {
+            cost,
+            honours_floor: false,
+        });
+        self.count(Count::Hedge);
+        Ok(Plan {
+            number: self.attempt + 1,
+            limit: left,
+            left,
+            keep_copy: true,
+            hedge_after: None,
+        })
+    }
+
+    /// How a copy of the hedged call ended, in `observed`, for its course: the throttling
+    /// counts it (as it counts an attempt's end); a copy cut at its limit reached the call's
+    /// deadline; a non-fatal failure carries the server's pushback.
+    pub(crate) fn grpc_copy_ended(&mut self, observed: &Observed<'_>) -> CopyEnd {
+        self.hedged = true;
+        let _ = self.count_grpc(observed);
+        match observed.verdict {
+            Verdict::Final(StopReason::ServerDeclinedRetry) => CopyEnd::NonFatal(Pushback::Stop),
+            Verdict::Final(stop) => CopyEnd::Ends(stop),
+            Verdict::Transient(_) if observed.timed_out => {
+                CopyEnd::Ends(StopReason::DeadlineReached)
+            }
+            Verdict::Transient(_) => CopyEnd::NonFatal(
+                observed
+                    .answer
+                    .map_or(Pushback::Absent, |answer| grpc::pushback(answer.headers)),
+            ),
+        }
+    }
+
+    /// The hedged call's answer came from a copy after the first.
+    pub(crate) fn grpc_hedge_won(&mut self) {
+        self.hedging.get_or_insert_with(Box::default).answered = true;
+        self.count(Count::HedgeWon);
     }
 
     /// Whether a gRPC call's attempt that sent nothing the server acted on is retried at once,

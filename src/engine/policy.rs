@@ -61,6 +61,9 @@ pub struct RetryPolicy {
 pub(crate) struct GrpcRules {
     pub(crate) codes: CodeSet,
     pub(crate) multiplier_milli: u32,
+    /// A hedging policy's delay between copies: the codes are its non-fatal ones, and its
+    /// attempts are copies of one call, never retries after it.
+    pub(crate) hedge_delay: Option<Duration>,
 }
 
 /// The attempt timeout from measured latency: `multiplier x p99.9`, never below `floor`.
@@ -235,8 +238,21 @@ impl RetryPolicy {
             grpc: Some(GrpcRules {
                 codes,
                 multiplier_milli,
+                hedge_delay: None,
             }),
         }
+    }
+
+    /// The policy that carries out an A6 hedging policy: up to `attempts` copies of a call,
+    /// `delay` apart, `codes` the non-fatal ones; answers judged by their gRPC status, no HTTP
+    /// field read, and the call's deadline over every copy.
+    #[cfg(feature = "grpc")]
+    pub(crate) fn grpc_hedging(attempts: u32, delay: Duration, codes: CodeSet) -> RetryPolicy {
+        let mut policy = RetryPolicy::grpc_method(attempts, (delay, delay, 1000), codes);
+        if let Some(rules) = policy.grpc.as_mut() {
+            rules.hedge_delay = Some(delay);
+        }
+        policy
     }
 
     /// A builder holding every setting of this policy, to change a few and build another:

@@ -8,6 +8,7 @@ use serde_json::Value;
 
 use crate::engine::budget::RetryBudget;
 use crate::engine::dependency::{Dependency, PathMatch, Routes};
+use crate::engine::grpc::hedging::GrpcHedgingPolicy;
 use crate::engine::grpc::throttle::RetryThrottling;
 use crate::engine::grpc::{CodeSet, code_named};
 use crate::engine::policy::RetryPolicy;
@@ -301,21 +302,54 @@ pub(crate) fn dependency_name(name: &str) -> String {
     format!("grpc {shown}")
 }
 
+/// What a method's calls run under: a retry policy or a hedging policy (A6: one, not both).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum MethodPolicy {
+    Retry(GrpcRetryPolicy),
+    Hedge(GrpcHedgingPolicy),
+}
+
+impl MethodPolicy {
+    /// The codes that leave the call running: retried, or non-fatal.
+    pub(crate) fn codes(self) -> CodeSet {
+        match self {
+            MethodPolicy::Retry(policy) => policy.codes(),
+            MethodPolicy::Hedge(policy) => policy.codes(),
+        }
+    }
+
+    /// The most attempts: retries, or copies.
+    #[cfg(test)]
+    pub(crate) fn max_attempts(self) -> u32 {
+        match self {
+            MethodPolicy::Retry(policy) => policy.max_attempts(),
+            MethodPolicy::Hedge(policy) => policy.max_attempts(),
+        }
+    }
+
+    fn to_policy(self) -> RetryPolicy {
+        match self {
+            MethodPolicy::Retry(policy) => policy.to_policy(),
+            MethodPolicy::Hedge(policy) => policy.to_policy(),
+        }
+    }
+}
+
 /// What a service config says of some methods.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct MethodConfig {
     pub(crate) name: Name,
-    pub(crate) retry: Option<GrpcRetryPolicy>,
+    pub(crate) policy: Option<MethodPolicy>,
     /// Its calls carry an idempotency key.
     pub(crate) keyed: bool,
 }
 
-/// What a gRPC retry layer does for each method (feature `grpc`): A6's retry policy per
-/// service or method, the channel's [`RetryThrottling`], which methods carry an idempotency
+/// What a gRPC retry layer does for each method (feature `grpc`): A6's retry policy or hedging
+/// policy per service or method, the channel's [`RetryThrottling`], which methods carry an idempotency
 /// key, and how much of a call is held for a retry. Built in code, or read from a service
 /// config's JSON ([`from_json`](Self::from_json)) to the same values.
 ///
-/// A method with no policy is not retried. Names: `"pkg.Service/Method"` for one method,
+/// A method with no policy is not retried or hedged. Names: `"pkg.Service/Method"` for one method,
 /// `"pkg.Service"` for a service's, `""` for every one; the closest name wins.
 ///
 /// ```
@@ -390,19 +424,36 @@ impl GrpcConfig {
     /// # Errors
     ///
     /// [`InvalidConfig`] when `name` is not a name, or a policy was already given for it.
-    pub fn retry(mut self, name: &str, policy: GrpcRetryPolicy) -> Result<Self, InvalidConfig> {
+    pub fn retry(self, name: &str, policy: GrpcRetryPolicy) -> Result<Self, InvalidConfig> {
+        self.with_policy(name, MethodPolicy::Retry(policy))
+    }
+
+    /// Hedges the calls `name` names under `policy`: several copies of each call in flight,
+    /// the first answer taken (A6's hedging policy). Only for methods safe to run more than
+    /// once.
+    ///
+    /// # Errors
+    ///
+    /// [`InvalidConfig`] when `name` is not a name, or a policy (retry or hedging) was already
+    /// given for it.
+    pub fn hedge(self, name: &str, policy: GrpcHedgingPolicy) -> Result<Self, InvalidConfig> {
+        self.with_policy(name, MethodPolicy::Hedge(policy))
+    }
+
+    /// `policy` for the calls `name` names, unless they have one.
+    fn with_policy(mut self, name: &str, policy: MethodPolicy) -> Result<Self, InvalidConfig> {
         let name = Name::parse(name)?;
         let at = self.entry(name);
-        if self.methods[at].retry.is_some() {
+        if self.methods[at].policy.is_some() {
             return Err(InvalidConfig::new(
                 CONFIG,
                 format!(
-                    "{} is named twice: a method has one policy",
+                    "{} is named twice: a method has one policy, retry or hedging",
                     self.methods[at].name
                 ),
             ));
         }
-        self.methods[at].retry = Some(policy);
+        self.methods[at].policy = Some(policy);
         Ok(self)
     }
 
@@ -442,20 +493,20 @@ impl GrpcConfig {
         }
         self.methods.push(MethodConfig {
             name,
-            retry: None,
+            policy: None,
             keyed: false,
         });
         self.methods.len() - 1
     }
 
-    /// The retry policy of the call to `path`: the one given for the closest name.
-    pub(crate) fn for_path(&self, path: &str) -> Option<GrpcRetryPolicy> {
+    /// The policy of the call to `path`: the one given for the closest name.
+    pub(crate) fn for_path(&self, path: &str) -> Option<MethodPolicy> {
         self.closest(|m| m.name.matches(path))
     }
 
-    /// What the calls `name` names run under: the retry policy given for the closest name
-    /// that covers them, and whether any name that covers them is marked non-idempotent.
-    pub(crate) fn resolved(&self, name: &Name) -> (Option<GrpcRetryPolicy>, bool) {
+    /// What the calls `name` names run under: the policy given for the closest name that
+    /// covers them, and whether any name that covers them is marked non-idempotent.
+    pub(crate) fn resolved(&self, name: &Name) -> (Option<MethodPolicy>, bool) {
         let policy = self.closest(|m| m.name.covers(name));
         let keyed = self
             .methods
@@ -465,10 +516,10 @@ impl GrpcConfig {
     }
 
     /// The policy of the method config that `score` rates highest, of those with one.
-    fn closest(&self, score: impl Fn(&MethodConfig) -> Option<u8>) -> Option<GrpcRetryPolicy> {
-        let mut best: Option<(u8, GrpcRetryPolicy)> = None;
+    fn closest(&self, score: impl Fn(&MethodConfig) -> Option<u8>) -> Option<MethodPolicy> {
+        let mut best: Option<(u8, MethodPolicy)> = None;
         for method in &self.methods {
-            if let (Some(at), Some(policy)) = (score(method), method.retry) {
+            if let (Some(at), Some(policy)) = (score(method), method.policy) {
                 if best.is_none_or(|(s, _)| at > s) {
                     best = Some((at, policy));
                 }
@@ -511,7 +562,7 @@ impl GrpcConfig {
     fn dependency(&self, method: &MethodConfig, budget: &RetryBudget) -> Dependency {
         let name = format!("grpc {}", method.name);
         let (policy, keyed) = self.resolved(&method.name);
-        let policy = policy.map_or_else(one_attempt, GrpcRetryPolicy::to_policy);
+        let policy = policy.map_or_else(one_attempt, MethodPolicy::to_policy);
         self.made(Dependency::new(&name, policy), keyed, budget)
     }
 
@@ -532,16 +583,17 @@ impl GrpcConfig {
         dependency
     }
 
-    /// Reads a gRPC service config: its `methodConfig`s' `name`s and `retryPolicy`s, and its
-    /// `retryThrottling`. Other fields (a load balancer's, a method's `timeout`) are not this
+    /// Reads a gRPC service config: its `methodConfig`s' `name`s, `retryPolicy`s and
+    /// `hedgingPolicy`s, and its `retryThrottling`. Other fields (a load balancer's, a method's `timeout`) are not this
     /// layer's and are passed over.
     ///
     /// # Errors
     ///
     /// [`InvalidConfig`] naming the field, as A6 validates a service config: JSON that is not
     /// an object, a name or field of the wrong type, a name twice, a `retryPolicy` that breaks
-    /// [`GrpcRetryPolicyBuilder::build`]'s rules, a `retryThrottling` out of range, a
-    /// `hedgingPolicy` (not supported yet).
+    /// [`GrpcRetryPolicyBuilder::build`]'s rules or a `hedgingPolicy` that breaks
+    /// [`GrpcHedgingPolicyBuilder::build`](crate::GrpcHedgingPolicyBuilder::build)'s, both in
+    /// one method config, a `retryThrottling` out of range.
     pub fn from_json(json: &str) -> Result<Self, InvalidConfig> {
         let value: Value = serde_json::from_str(json)
             .map_err(|e| InvalidConfig::new(CONFIG, format!("not JSON: {e}")))?;
@@ -575,15 +627,22 @@ impl GrpcConfig {
 
     fn read_method(mut self, i: usize, method: &Value) -> Result<Self, InvalidConfig> {
         let at = format!("methodConfig[{i}]");
-        if method.get("hedgingPolicy").is_some() {
-            return Err(field(
+        let policy = match (method.get("retryPolicy"), method.get("hedgingPolicy")) {
+            (None, None) => None,
+            (Some(policy), None) => Some(MethodPolicy::Retry(read_policy(
+                &format!("{at}.retryPolicy"),
+                policy,
+            )?)),
+            (None, Some(policy)) => Some(MethodPolicy::Hedge(read_hedging(
                 &format!("{at}.hedgingPolicy"),
-                "is not supported yet by this layer: remove it, or give a retryPolicy",
-            ));
-        }
-        let policy = match method.get("retryPolicy") {
-            None => None,
-            Some(policy) => Some(read_policy(&format!("{at}.retryPolicy"), policy)?),
+                policy,
+            )?)),
+            (Some(_), Some(_)) => {
+                return Err(field(
+                    &at,
+                    "sets both retryPolicy and hedgingPolicy: A6 allows one of them",
+                ));
+            }
         };
         let names = match method.get("name") {
             Some(Value::Array(names)) => names.as_slice(),
@@ -610,13 +669,13 @@ impl GrpcConfig {
             if self
                 .methods
                 .iter()
-                .any(|m| m.name == name && m.retry.is_some())
+                .any(|m| m.name == name && m.policy.is_some())
             {
                 return Err(field(&here, &format!("names {name} again")));
             }
             if let Some(policy) = policy {
                 let at = self.entry(name);
-                self.methods[at].retry = Some(policy);
+                self.methods[at].policy = Some(policy);
             }
         }
         Ok(self)
@@ -663,31 +722,61 @@ fn read_policy(at: &str, policy: &Value) -> Result<GrpcRetryPolicy, InvalidConfi
         }
         None => return Err(field(&format!("{at}.backoffMultiplier"), "is required")),
     }
-    if let Some(codes) = get("retryableStatusCodes") {
-        let Value::Array(codes) = codes else {
-            return Err(field(
-                &format!("{at}.retryableStatusCodes"),
-                "must be an array",
-            ));
-        };
-        for (k, code) in codes.iter().enumerate() {
-            let code = match code {
-                Value::String(name) => code_named(name).map(i32::from),
-                Value::Number(n) => n.as_i64().and_then(|n| i32::try_from(n).ok()),
-                _ => None,
-            }
-            .ok_or_else(|| {
-                field(
-                    &format!("{at}.retryableStatusCodes[{k}]"),
-                    &format!("{code} is not a gRPC status code"),
-                )
-            })?;
-            builder = builder.retryable_codes([code]);
-        }
-    }
+    builder = builder.retryable_codes(read_codes(at, "retryableStatusCodes", policy)?);
     builder
         .build()
         .map_err(|e| InvalidConfig::new(CONFIG, format!("{at}: {}", e.message())))
+}
+
+/// A service config's `hedgingPolicy` at `at`.
+fn read_hedging(at: &str, policy: &Value) -> Result<GrpcHedgingPolicy, InvalidConfig> {
+    let mut builder = GrpcHedgingPolicy::builder();
+    if let Some(attempts) = policy.get("maxAttempts") {
+        let n = attempts
+            .as_u64()
+            .ok_or_else(|| field(&format!("{at}.maxAttempts"), "must be a whole number"))?;
+        builder = builder.max_attempts(u32::try_from(n).unwrap_or(u32::MAX));
+    }
+    if let Some(delay) = policy.get("hedgingDelay") {
+        let d = delay.as_str().and_then(proto_duration).ok_or_else(|| {
+            field(
+                &format!("{at}.hedgingDelay"),
+                "must be a duration such as \"0.5s\"",
+            )
+        })?;
+        builder = builder.hedging_delay(d);
+    }
+    let codes = read_codes(at, "nonFatalStatusCodes", policy)?;
+    builder
+        .non_fatal_codes(codes)
+        .build()
+        .map_err(|e| InvalidConfig::new(CONFIG, format!("{at}: {}", e.message())))
+}
+
+/// The status codes of the array `key` at `at` (names or numbers); none when it is absent.
+fn read_codes(at: &str, key: &str, policy: &Value) -> Result<Vec<i32>, InvalidConfig> {
+    let Some(codes) = policy.get(key) else {
+        return Ok(Vec::new());
+    };
+    let Value::Array(codes) = codes else {
+        return Err(field(&format!("{at}.{key}"), "must be an array"));
+    };
+    let mut read = Vec::with_capacity(codes.len());
+    for (k, code) in codes.iter().enumerate() {
+        let number = match code {
+            Value::String(name) => code_named(name).map(i32::from),
+            Value::Number(n) => n.as_i64().and_then(|n| i32::try_from(n).ok()),
+            _ => None,
+        }
+        .ok_or_else(|| {
+            field(
+                &format!("{at}.{key}[{k}]"),
+                &format!("{code} is not a gRPC status code"),
+            )
+        })?;
+        read.push(number);
+    }
+    Ok(read)
 }
 
 /// The error of the field at `at`.
@@ -755,7 +844,7 @@ mod tests {
             .retry_throttling(RetryThrottling::new(10.0, 0.1).unwrap());
         assert_eq!(read, built);
         assert_eq!(
-            read.methods[2].retry.unwrap().max_attempts(),
+            read.methods[2].policy.unwrap().max_attempts(),
             5,
             "9 is cut to A6's 5"
         );
@@ -773,6 +862,50 @@ mod tests {
     }
 
     #[test]
+    fn a_hedging_policy_reads_as_it_is_built_and_a_name_takes_one_policy() {
+        let read = GrpcConfig::from_json(
+            r#"{"methodConfig": [{"name": [{"service": "echo.Echo", "method": "Get"}],
+                "hedgingPolicy": {"maxAttempts": 4, "hedgingDelay": "0.5s",
+                                  "nonFatalStatusCodes": ["UNAVAILABLE", 13, "ABORTED"]}}]}"#,
+        )
+        .unwrap();
+        let hedging = GrpcHedgingPolicy::builder()
+            .max_attempts(4)
+            .hedging_delay(Duration::from_millis(500))
+            .non_fatal_codes([14, 13, 10])
+            .build()
+            .unwrap();
+        let built = GrpcConfig::new().hedge("echo.Echo/Get", hedging).unwrap();
+        assert_eq!(read, built);
+        assert_eq!(
+            read.for_path("/echo.Echo/Get"),
+            Some(MethodPolicy::Hedge(hedging))
+        );
+        // No delay is every copy at once.
+        let at_once = GrpcConfig::from_json(
+            r#"{"methodConfig": [{"name": [{}], "hedgingPolicy": {"maxAttempts": 2, "nonFatalStatusCodes": [14]}}]}"#,
+        )
+        .unwrap();
+        let Some(MethodPolicy::Hedge(p)) = at_once.for_path("/a.B/C") else {
+            panic!("a hedging policy");
+        };
+        assert_eq!(p.hedging_delay(), Duration::ZERO);
+        // One policy per name, retry or hedging.
+        let err = built.retry("echo.Echo/Get", policy(2)).unwrap_err();
+        assert!(err.to_string().contains("named twice"), "{err}");
+        let err = GrpcConfig::new()
+            .retry("a.B", policy(2))
+            .unwrap()
+            .hedge("a.B", hedging)
+            .unwrap_err();
+        assert!(err.to_string().contains("named twice"), "{err}");
+        // Its dependency runs the hedging policy.
+        let routes = GrpcConfig::new().hedge("a.B", hedging).unwrap().routes();
+        let rules = routes.named("grpc a.B").unwrap().policy.grpc().unwrap();
+        assert_eq!(rules.hedge_delay, Some(Duration::from_millis(500)));
+    }
+
+    #[test]
     fn the_closest_name_serves_a_call() {
         let config = GrpcConfig::from_json(JSON).unwrap();
         let at = |path| config.for_path(path).map(|p| p.max_attempts());
@@ -783,10 +916,19 @@ mod tests {
         // A method marked non-idempotent keeps its service's policy, and carries a key.
         let keyed = config.non_idempotent("echo.Other/Pay").unwrap();
         let pay = Name::parse("echo.Other/Pay").unwrap();
-        assert_eq!(keyed.resolved(&pay), (Some(policy(4)), true));
+        assert_eq!(
+            keyed.resolved(&pay),
+            (Some(MethodPolicy::Retry(policy(4))), true)
+        );
         let other = Name::parse("echo.Other/Read").unwrap();
-        assert_eq!(keyed.resolved(&other), (Some(policy(4)), false));
-        assert_eq!(keyed.for_path("/echo.Other/Pay"), Some(policy(4)));
+        assert_eq!(
+            keyed.resolved(&other),
+            (Some(MethodPolicy::Retry(policy(4))), false)
+        );
+        assert_eq!(
+            keyed.for_path("/echo.Other/Pay"),
+            Some(MethodPolicy::Retry(policy(4)))
+        );
         // A name marked alone takes the closest policy that covers it: every method's here,
         // not another service's.
         let alone = GrpcConfig::new()
@@ -797,7 +939,10 @@ mod tests {
             .non_idempotent("a.B/C")
             .unwrap();
         let c = Name::parse("a.B/C").unwrap();
-        assert_eq!(alone.resolved(&c), (Some(policy(5)), true));
+        assert_eq!(
+            alone.resolved(&c),
+            (Some(MethodPolicy::Retry(policy(5))), true)
+        );
         assert_eq!(Name::parse("x.Y").unwrap().covers(&c), None);
         assert_eq!(Name::parse("").unwrap().covers(&c), Some(0));
         assert_eq!(GrpcConfig::new().for_path("/a.B/C"), None);
@@ -868,8 +1013,32 @@ mod tests {
                 "methodConfig[0].name[0].service must be a string",
             ),
             (
-                r#"{"methodConfig": [{"name": [{}], "hedgingPolicy": {}}]}"#,
-                "methodConfig[0].hedgingPolicy is not supported yet",
+                r#"{"methodConfig": [{"name": [{}], "hedgingPolicy": {"nonFatalStatusCodes": [14]}}]}"#,
+                "methodConfig[0].hedgingPolicy: maxAttempts is required",
+            ),
+            (
+                r#"{"methodConfig": [{"name": [{}], "hedgingPolicy": {"maxAttempts": 1, "nonFatalStatusCodes": [14]}}]}"#,
+                "methodConfig[0].hedgingPolicy: maxAttempts (1) must be at least 2",
+            ),
+            (
+                r#"{"methodConfig": [{"name": [{}], "hedgingPolicy": {"maxAttempts": 2}}]}"#,
+                "methodConfig[0].hedgingPolicy: nonFatalStatusCodes must name at least one code",
+            ),
+            (
+                r#"{"methodConfig": [{"name": [{}], "hedgingPolicy": {"maxAttempts": 2, "nonFatalStatusCodes": ["SOON"]}}]}"#,
+                "methodConfig[0].hedgingPolicy.nonFatalStatusCodes[0] \"SOON\" is not a gRPC status code",
+            ),
+            (
+                r#"{"methodConfig": [{"name": [{}], "hedgingPolicy": {"maxAttempts": 2, "hedgingDelay": "5ms", "nonFatalStatusCodes": [14]}}]}"#,
+                "methodConfig[0].hedgingPolicy.hedgingDelay must be a duration",
+            ),
+            (
+                r#"{"methodConfig": [{"name": [{}], "hedgingPolicy": {"maxAttempts": 2, "nonFatalStatusCodes": {}}}]}"#,
+                "methodConfig[0].hedgingPolicy.nonFatalStatusCodes must be an array",
+            ),
+            (
+                r#"{"methodConfig": [{"name": [{}], "hedgingPolicy": {"maxAttempts": 2, "nonFatalStatusCodes": [14]}, "retryPolicy": {"maxAttempts": 2, "initialBackoff": "1s", "maxBackoff": "1s", "backoffMultiplier": 2, "retryableStatusCodes": [14]}}]}"#,
+                "methodConfig[0] sets both retryPolicy and hedgingPolicy",
             ),
             (
                 r#"{"retryThrottling": {"maxTokens": 0, "tokenRatio": 0.1}}"#,
@@ -994,7 +1163,9 @@ mod tests {
             let json = serde_json::json!({"methodConfig": [{"name": [{}], "retryPolicy": policy}]});
             match GrpcConfig::from_json(&json.to_string()) {
                 Ok(config) => {
-                    let p = config.methods[0].retry.unwrap();
+                    let Some(MethodPolicy::Retry(p)) = config.methods[0].policy else {
+                        panic!("a retry policy");
+                    };
                     prop_assert!(p.max_attempts() >= 2 && p.max_attempts() <= 5);
                     prop_assert!(!p.initial_backoff().is_zero());
                     prop_assert!(codes.iter().all(|c| p.retries_code(*c as i32)));

@@ -16,6 +16,7 @@
 
 #[cfg(feature = "grpc")]
 pub(crate) mod config;
+pub(crate) mod hedging;
 pub(crate) mod throttle;
 
 use std::time::Duration;

@@ -103,6 +103,12 @@ impl RetryThrottling {
         before.saturating_sub(1000) * 2 > self.max
     }
 
+    /// Whether a hedge may go: the count is above half (A6: "subsequent hedged RPCs will only
+    /// be sent if `token_count` is greater than the threshold").
+    pub(crate) fn allows(&self) -> bool {
+        self.milli() * 2 > self.max
+    }
+
     fn add(&self, amount: u64) {
         let max = self.max;
         let _ = self

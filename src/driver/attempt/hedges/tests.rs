@@ -1,0 +1,375 @@
+//! A hedged gRPC call against a small reference model of A6's hedging, on no socket: random
+//! scripts of what each copy answers and when, a `FakeClock` moved 10 ms at a time, and a
+//! door whose copies answer when the script says. The model says when each copy goes (to the
+//! tick), which copy's answer the call ends with and why, how many copies are cancelled, and
+//! the throttling's tokens; each copy carries `grpc-previous-rpc-attempts`. A failure names
+//! its seed: `HEDGE_SEED=N HEDGE_SCRIPTS=M` runs `M` scripts from seed `N`.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+
+use http::Extensions;
+use reqwest::{Request, Response};
+
+use crate::driver::phases::RetryMiddleware;
+use crate::driver::scripted::Scripted;
+use crate::engine::grpc::config::GrpcConfig;
+use crate::engine::grpc::hedging::GrpcHedgingPolicy;
+use crate::engine::grpc::throttle::RetryThrottling;
+use crate::record::RetryRecord;
+use crate::rng::RandomSource;
+use crate::stop::StopReason;
+use crate::{FakeClock, SeededRng};
+
+/// One tick of the fake clock.
+const TICK: Duration = Duration::from_millis(10);
+/// The ticks a script runs for, at most.
+const TICKS: u64 = 400;
+
+/// What one copy's server does.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Says {
+    /// Response headers: the call is committed.
+    Committed,
+    /// A trailers-only `OK`.
+    Ok,
+    /// A trailers-only failure with this code, and a pushback (ticks), or `-1`.
+    Fails(u8, Push),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Push {
+    None,
+    Wait(u64),
+    Stop,
+}
+
+#[derive(Debug, Clone)]
+struct Script {
+    max: u32,
+    delay: u64,
+    non_fatal: Vec<u8>,
+    throttling: Option<(u64, f64)>,
+    /// Per copy, in the order sent: after how many ticks it answers (never, if `None`), and
+    /// what it says.
+    copies: Vec<(Option<u64>, Says)>,
+}
+
+struct Gen(SeededRng);
+
+impl Gen {
+    fn upto(&mut self, n: u64) -> u64 {
+        self.0.next_u64() % (n + 1)
+    }
+    fn chance(&mut self, percent: u64) -> bool {
+        self.upto(99) < percent
+    }
+}
+
+fn script(seed: u64) -> Script {
+    let mut g = Gen(SeededRng::new(seed));
+    let max = 2 + g.upto(3) as u32;
+    let delay = [0, 1, 2, 5, 20][g.upto(4) as usize];
+    let non_fatal = if g.chance(50) { vec![14] } else { vec![14, 10] };
+    let throttling = g
+        .chance(40)
+        .then(|| (2 + g.upto(4), (1 + g.upto(8)) as f64 / 10.0));
+    let copies = (0..max)
+        .map(|_| {
+            let after = (!g.chance(15)).then(|| g.upto(12));
+            let says = match g.upto(99) {
+                0..15 => Says::Committed,
+                15..25 => Says::Ok,
+                25..35 => Says::Fails(3, Push::None),
+                _ => {
+                    let code = if g.chance(70) { 14 } else { 10 };
+                    let push = match g.upto(99) {
+                        0..60 => Push::None,
+                        60..85 => Push::Wait(g.upto(5)),
+                        _ => Push::Stop,
+                    };
+                    Says::Fails(code, push)
+                }
+            };
+            (after, says)
+        })
+        .collect();
+    Script {
+        max,
+        delay,
+        non_fatal,
+        throttling,
+        copies,
+    }
+}
+
+/// What a script ends in.
+#[derive(Debug, Clone, PartialEq)]
+struct Ending {
+    /// The tick each copy went at.
+    sent: Vec<u64>,
+    /// The copy whose answer the call ended with, and why; `None` if it had not ended.
+    ended: Option<(usize, StopReason)>,
+    /// Copies cancelled: out when the call ended.
+    cancelled: usize,
+    /// The throttling's tokens, in thousandths.
+    tokens: Option<u64>,
+}
+
+/// A6's hedging, tick by tick: the reference.
+fn model(s: &Script) -> Ending {
+    let delay = s.delay;
+    let mut sent: Vec<u64> = vec![0];
+    let mut done: Vec<bool> = vec![false];
+    let mut next = Some(delay);
+    let mut closed: Option<StopReason> = None;
+    let mut tokens = s.throttling.map(|(max, _)| max * 1000);
+    let mut last = 0;
+    let out = |done: &Vec<bool>| done.iter().filter(|d| !**d).count();
+    let end = |sent: Vec<u64>, done: &Vec<bool>, at: usize, why, tokens| Ending {
+        cancelled: done.iter().filter(|d| !**d).count(),
+        sent,
+        ended: Some((at, why)),
+        tokens,
+    };
+    for t in 0..=TICKS {
+        loop {
+            // Every copy due goes.
+            while next.is_some_and(|at| at <= t) {
+                let throttled = match (s.throttling, tokens) {
+                    (Some((max, _)), Some(tokens)) => tokens * 2 <= max * 1000,
+                    _ => false,
+                };
+                let refused = if sent.len() as u32 >= s.max {
+                    Some(StopReason::AttemptsExhausted)
+                } else if throttled {
+                    Some(StopReason::BudgetExhausted)
+                } else {
+                    None
+                };
+                match refused {
+                    Some(why) => {
+                        next = None;
+                        let why = *closed.get_or_insert(why);
+                        if out(&done) == 0 {
+                            return end(sent, &done, last, why, tokens);
+                        }
+                    }
+                    None => {
+                        sent.push(t);
+                        done.push(false);
+                        next = Some(t + delay);
+                    }
+                }
+            }
+            // The lowest copy whose answer is due answers.
+            let due = (0..sent.len())
+                .find(|&i| !done[i] && s.copies[i].0.is_some_and(|after| sent[i] + after <= t));
+            let Some(i) = due else {
+                break;
+            };
+            done[i] = true;
+            match s.copies[i].1 {
+                Says::Committed => return end(sent, &done, i, StopReason::Committed, tokens),
+                Says::Ok => {
+                    if let (Some((max, ratio)), Some(t)) = (s.throttling, tokens.as_mut()) {
+                        *t = (*t + (ratio * 1000.0).round() as u64).min(max * 1000);
+                    }
+                    return end(sent, &done, i, StopReason::Succeeded, tokens);
+                }
+                Says::Fails(code, _) if !s.non_fatal.contains(&code) => {
+                    return end(sent, &done, i, StopReason::NotRetryable, tokens);
+                }
+                Says::Fails(_, push) => {
+                    if let Some(t) = tokens.as_mut() {
+                        *t = t.saturating_sub(1000);
+                    }
+                    last = i;
+                    match push {
+                        Push::None => next = next.map(|_| t),
+                        Push::Wait(w) => next = next.map(|_| t + w),
+                        Push::Stop => {
+                            next = None;
+                            closed.get_or_insert(StopReason::ServerDeclinedRetry);
+                        }
+                    }
+                    if out(&done) == 0 && next.is_none() {
+                        let why = closed.unwrap_or(StopReason::AttemptsExhausted);
+                        return end(sent, &done, i, why, tokens);
+                    }
+                }
+            }
+        }
+    }
+    Ending {
+        sent,
+        ended: None,
+        cancelled: 0,
+        tokens,
+    }
+}
+
+/// The answer `says`, marked with its copy's number.
+fn answer(copy: usize, says: Says) -> Response {
+    let mut answer = http::Response::builder()
+        .header("content-type", "application/grpc")
+        .header("x-copy", copy);
+    match says {
+        Says::Committed => {}
+        Says::Ok => answer = answer.header("grpc-status", "0"),
+        Says::Fails(code, push) => {
+            answer = answer.header("grpc-status", u16::from(code));
+            match push {
+                Push::None => {}
+                Push::Wait(w) => answer = answer.header("grpc-retry-pushback-ms", w * 10),
+                Push::Stop => answer = answer.header("grpc-retry-pushback-ms", "-1"),
+            }
+        }
+    }
+    Response::from(answer.body("").unwrap())
+}
+
+/// The layer's driver through the script, tick by tick.
+fn run(s: &Script) -> (Ending, Scripted, Option<RetryRecord>) {
+    let mut policy = GrpcHedgingPolicy::builder()
+        .max_attempts(s.max)
+        .hedging_delay(TICK * s.delay as u32);
+    policy = policy.non_fatal_codes(s.non_fatal.iter().map(|c| i32::from(*c)));
+    let mut config = GrpcConfig::new()
+        .hedge("", policy.build().unwrap())
+        .unwrap();
+    let throttling = s
+        .throttling
+        .map(|(max, ratio)| RetryThrottling::new(max as f64, ratio).unwrap());
+    if let Some(throttling) = &throttling {
+        config = config.retry_throttling(throttling.clone());
+    }
+    let clock = FakeClock::new();
+    let middleware = RetryMiddleware::routed(config.routes())
+        .with_clock(clock.clone())
+        .with_rng(SeededRng::new(1));
+    let door = Scripted::default();
+    let url = "http://127.0.0.1/echo.Echo/Say".parse().unwrap();
+    let mut extensions = Extensions::new();
+    let mut call = std::pin::pin!(RetryMiddleware::execute(
+        &middleware,
+        Request::new(http::Method::POST, url),
+        &mut extensions,
+        door.clone(),
+    ));
+    let mut sent: Vec<u64> = Vec::new();
+    let mut delivered: Vec<bool> = Vec::new();
+    let mut ended = None;
+    'ticks: for t in 0..=TICKS {
+        if t > 0 {
+            clock.advance(TICK);
+        }
+        let mut done = poll(call.as_mut());
+        loop {
+            while door.sent() > sent.len() {
+                sent.push(t);
+                delivered.push(false);
+            }
+            if let Some(done) = done {
+                ended = Some(done);
+                break 'ticks;
+            }
+            let due = (0..sent.len()).find(|&i| {
+                !delivered[i] && s.copies[i].0.is_some_and(|after| sent[i] + after <= t)
+            });
+            let Some(i) = due else {
+                break;
+            };
+            delivered[i] = true;
+            door.answer(i, Ok(answer(i, s.copies[i].1)));
+            done = poll(call.as_mut());
+        }
+    }
+    let tokens = throttling.map(|t| (t.tokens() * 1000.0).round() as u64);
+    let Some(ended) = ended else {
+        let ending = Ending {
+            sent,
+            ended: None,
+            cancelled: 0,
+            tokens,
+        };
+        return (ending, door, None);
+    };
+    let response = ended.expect("a scripted copy answers");
+    let copy: usize = response.headers()["x-copy"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let record = RetryRecord::of(&response).expect("a record");
+    let ending = Ending {
+        cancelled: door.dropped(),
+        sent,
+        ended: Some((copy, record.stop_reason())),
+        tokens,
+    };
+    (ending, door, Some(record))
+}
+
+/// Polls `future` once.
+fn poll<F: Future>(future: Pin<&mut F>) -> Option<F::Output> {
+    match future.poll(&mut Context::from_waker(Waker::noop())) {
+        Poll::Ready(done) => Some(done),
+        Poll::Pending => None,
+    }
+}
+
+#[test]
+fn hedged_calls_follow_a6_s_hedging_tick_by_tick() {
+    let from = std::env::var("HEDGE_SEED").map_or(0, |s| s.parse().unwrap());
+    let scripts = std::env::var("HEDGE_SCRIPTS").map_or(500, |s| s.parse().unwrap());
+    let mut ended_by = std::collections::BTreeMap::new();
+    for seed in from..from + scripts {
+        let s = script(seed);
+        let expected = model(&s);
+        let (got, door, record) = run(&s);
+        assert_eq!(got, expected, "seed {seed}: {s:?}");
+        // Each copy says how many went before it.
+        let previous: Vec<Option<String>> = door
+            .headers
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|h| {
+                let value = h.get("grpc-previous-rpc-attempts");
+                value.map(|v| v.to_str().unwrap().to_owned())
+            })
+            .collect();
+        let counted: Vec<Option<String>> = (0..got.sent.len())
+            .map(|i| (i > 0).then(|| i.to_string()))
+            .collect();
+        assert_eq!(previous, counted, "seed {seed}");
+        if let (Some(record), Some((copy, why))) = (record, got.ended) {
+            assert_eq!(record.attempts() as usize, got.sent.len(), "seed {seed}");
+            assert_eq!(
+                record.answered_by_hedge(),
+                copy > 0,
+                "seed {seed}: {got:?} {s:?} {record:?}"
+            );
+            *ended_by.entry(format!("{why:?}")).or_insert(0) += 1;
+        }
+    }
+    // The scripts reach every way a hedged call ends.
+    if scripts >= 500 {
+        for why in [
+            "Committed",
+            "Succeeded",
+            "NotRetryable",
+            "AttemptsExhausted",
+            "ServerDeclinedRetry",
+            "BudgetExhausted",
+        ] {
+            assert!(
+                ended_by.get(why).is_some_and(|n| *n > 3),
+                "{why}: {ended_by:?}"
+            );
+        }
+    }
+}
