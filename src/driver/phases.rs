@@ -302,7 +302,8 @@ impl RetryMiddleware {
                                 span: &span,
                             };
                             let lent = &mut lent(&mut timer);
-                            match Box::pin(hedged(chain, &plan, delay, lent)).await {
+                            let how = (&plan, delay, &this.log);
+                            match Box::pin(hedged(chain, how, lent)).await {
                                 Some(judged) => judged,
                                 None => return this.no_timer(&span, &decider, sent.ends(&kept)),
                             }
@@ -500,8 +501,7 @@ impl RetryMiddleware {
 /// extensions; `None` when no timer can be made for its first copy.
 async fn hedged<'s, N, Q, R>(
     chain: Chain<'s, N>,
-    plan: &Plan,
-    delay: Duration,
+    how: (&Plan, Duration, &'s LogLevels),
     lent: &mut Lent<'_, '_, '_, Q, R>,
 ) -> Option<(Outcome<R>, Verdict, bool)>
 where
@@ -514,7 +514,7 @@ where
     for spare in &mut spares {
         spare.clone_from(chain.extensions);
     }
-    Some(Hedges::launch(chain, &mut spares, plan, delay, lent)?.await)
+    Some(Hedges::launch(chain, &mut spares, how, lent)?.await)
 }
 
 /// The caller's outcome with its `record`: on the response, or in the error that wraps the

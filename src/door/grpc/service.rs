@@ -19,8 +19,9 @@ use crate::driver::send_body::SendBody;
 use crate::engine::dependency::RetryOverride;
 use crate::engine::grpc;
 use crate::engine::grpc::config::GrpcConfig;
-use crate::error::BoxError;
+use crate::error::{BoxError, LastError, RetryError};
 use crate::record::RetryRecord;
+use crate::stop::StopReason;
 
 /// A tower [`Service`] of gRPC calls that retries them as gRFC A6 says, made by
 /// [`GrpcRetryLayer`](crate::GrpcRetryLayer) around a gRPC transport (feature `grpc`).
@@ -130,8 +131,27 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let answer = std::task::ready!(self.project().run.poll(cx));
-        Poll::Ready(answer.and_then(failed_status))
+        Poll::Ready(answer.map_err(past_deadline).and_then(failed_status))
     }
+}
+
+/// A call whose deadline passed ends `DEADLINE_EXCEEDED`, as a gRPC client's call past its
+/// deadline does, whichever timer cut its last attempt: the layer's (a gRPC call has no
+/// attempt timeout of its own, so the layer's timer is the deadline's) or tonic's channel's,
+/// at the `grpc-timeout` the attempt carried (tonic's own error would say `CANCELLED`). The
+/// layer's error, with its record, is the status's source. Any other error goes as it is,
+/// for tonic to read.
+fn past_deadline(err: BoxError) -> BoxError {
+    let timed_out = err.downcast_ref::<RetryError<BoxError>>().is_some_and(|e| {
+        matches!(e.last_error(), LastError::TimedOut(_))
+            || (e.stop_reason() == StopReason::DeadlineReached && e.timed_out())
+    });
+    if !timed_out {
+        return err;
+    }
+    let mut status = tonic::Status::deadline_exceeded(err.to_string());
+    status.set_source(Arc::from(err));
+    Box::new(status)
 }
 
 /// A call's answer as the caller gets it: a trailers-only answer with a failure status is the

@@ -19,9 +19,11 @@ use super::{Chain, Lent, Running};
 use crate::clock::AttemptTimer;
 use crate::driver::body::Outcome;
 use crate::driver::claim::{self, Beneath, Claiming};
+use crate::driver::trace::{LogLevels, Traced};
 use crate::engine::classify::Verdict;
 use crate::engine::decide::{Observed, Plan};
 use crate::engine::grpc::hedging::{Course, Then};
+use crate::engine::schedule::Wait;
 use crate::error::LastError;
 use crate::stop::StopReason;
 
@@ -31,6 +33,8 @@ pub(crate) struct Hedges<'s, 'l, 'p, 'q, 'd, N: Beneath> {
     lent: &'l mut Lent<'p, 'q, 'd, N::Request, N::Reply>,
     door: &'s N,
     span: &'s tracing::Span,
+    /// Where each copy's end that does not end the call is traced.
+    log: &'s LogLevels,
     /// The extensions the further copies go with, one for each the policy allows.
     spares: std::slice::IterMut<'s, Extensions>,
     copies: Vec<Copy<'s, N>>,
@@ -59,8 +63,7 @@ impl<'s, 'l, 'p, 'q, 'd, N: Beneath + 's> Hedges<'s, 'l, 'p, 'q, 'd, N> {
     pub(crate) fn launch(
         chain: Chain<'s, N>,
         spares: &'s mut [Extensions],
-        plan: &Plan,
-        delay: Duration,
+        (plan, delay, log): (&Plan, Duration, &'s LogLevels),
         lent: &'l mut Lent<'p, 'q, 'd, N::Request, N::Reply>,
     ) -> Option<Self> {
         let Chain {
@@ -88,6 +91,7 @@ impl<'s, 'l, 'p, 'q, 'd, N: Beneath + 's> Hedges<'s, 'l, 'p, 'q, 'd, N> {
             lent,
             door: next,
             span,
+            log,
             spares: spares.iter_mut(),
             copies,
             course: Course::start(delay, now),
@@ -179,7 +183,25 @@ impl<'s, 'l, 'p, 'q, 'd, N: Beneath + 's> Hedges<'s, 'l, 'p, 'q, 'd, N> {
             let now = lent.tools.clock.get().now();
             match self.course.ended(end, now) {
                 Then::End(stop) => return Some(self.end(outcome, number, stop)),
-                Then::Go => self.last = Some((outcome, number)),
+                Then::Go => {
+                    // Traced as an attempt is, with the wait before the next copy.
+                    if let Some(watcher) = lent.sent.watcher.as_deref() {
+                        let decision = match self.course.due() {
+                            Some(at) => Wait::Sleep(at.saturating_duration_since(now)),
+                            None => Wait::Stop(self.course.closed()),
+                        };
+                        let traced = Traced {
+                            number,
+                            outcome: &outcome,
+                            fault: seen.fault(),
+                            verdict,
+                            decision,
+                            floor: None,
+                        };
+                        self.span.in_scope(|| self.log.attempt(watcher, traced));
+                    }
+                    self.last = Some((outcome, number));
+                }
             }
         }
         None

@@ -226,6 +226,11 @@ impl Course {
         self.next
     }
 
+    /// Why no copy goes any more; the attempts, while copies may still go.
+    pub(crate) fn closed(&self) -> StopReason {
+        self.closed.unwrap_or(StopReason::AttemptsExhausted)
+    }
+
     /// A further copy went at `now`: the one after it is due `delay` later.
     pub(crate) fn sent(&mut self, now: Instant) {
         self.out += 1;
@@ -269,7 +274,7 @@ impl Course {
     /// Whether the call has ended: no copy out, and none will go.
     fn settled(&self) -> Then {
         match (self.out, self.next) {
-            (0, None) => Then::End(self.closed.unwrap_or(StopReason::AttemptsExhausted)),
+            (0, None) => Then::End(self.closed()),
             _ => Then::Go,
         }
     }

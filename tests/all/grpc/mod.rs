@@ -1,6 +1,7 @@
 //! The gRPC door against a real tonic server on 127.0.0.1, scripted call by call: attempts,
 //! waits and headers exactly as gRFC A6 says, on a `FakeClock` and on tokio's paused clock.
 
+mod hedging;
 mod model;
 pub(crate) mod server;
 
@@ -389,10 +390,11 @@ async fn on_tokio_s_paused_clock_the_waits_take_virtual_time() {
 }
 
 #[tokio::test]
-async fn a_slow_answer_past_the_call_s_deadline_ends_it_as_tonic_s_channel_does() {
+async fn a_slow_answer_past_the_call_s_deadline_ends_it_deadline_exceeded() {
     let script = Script::new([Act::Slow(Duration::from_secs(5))]);
     let uri = serve(&script).await;
-    let layer = GrpcRetryLayer::new(
+    // On a fake clock that never moves, only tonic's channel's timer can end the call.
+    let (layer, _clock) = faked(
         GrpcConfig::new()
             .retry("echo.Echo", unavailable(4))
             .unwrap(),
@@ -406,9 +408,10 @@ async fn a_slow_answer_past_the_call_s_deadline_ends_it_as_tonic_s_channel_does(
         "{:?}",
         started.elapsed()
     );
-    // tonic's channel times the call out itself, at the `grpc-timeout` each attempt carries:
-    // the caller gets its status, with the layer's record behind it.
-    assert_eq!(status.code(), Code::Cancelled, "{status:?}");
+    // tonic's channel times the call out at the `grpc-timeout` each attempt carries: the
+    // caller gets `DEADLINE_EXCEEDED` (tonic's own error says `CANCELLED`), with the layer's
+    // record, as when the layer's own timer ends it (`grpc::hedging`'s deadline test).
+    assert_eq!(status.code(), Code::DeadlineExceeded, "{status:?}");
     let record = RetryRecord::of_status(&status).expect("the layer's record");
     assert_eq!(
         (record.attempts(), record.stop_reason()),

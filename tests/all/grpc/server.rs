@@ -29,6 +29,23 @@ pub enum Act {
     Slow(Duration),
     /// For a stream: one message, then this failure in the trailers (the call committed).
     SendThenFail(Code),
+    /// Held until `Gate` opens, then the answer (`None`) or this failure, with this
+    /// pushback if any; a call held when its client cancels it is counted as cancelled.
+    Held(Gate, Option<(Code, Option<&'static str>)>),
+}
+
+/// What holds a call until the test opens it; one that is never opened holds it for ever.
+pub type Gate = Arc<tokio::sync::Notify>;
+
+/// Counts a call cancelled: its handler dropped before it answered.
+struct Cancel(Option<Arc<std::sync::atomic::AtomicUsize>>);
+
+impl Drop for Cancel {
+    fn drop(&mut self) {
+        if let Some(count) = self.0.take() {
+            count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
 }
 
 type Boxed<T> = Pin<Box<dyn Future<Output = T> + Send>>;
@@ -38,6 +55,7 @@ type Boxed<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 pub struct Script {
     acts: Arc<Mutex<VecDeque<Act>>>,
     seen: Arc<Mutex<Vec<http::HeaderMap>>>,
+    cancelled: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl Script {
@@ -45,7 +63,25 @@ impl Script {
         Script {
             acts: Arc::new(Mutex::new(acts.into_iter().collect())),
             seen: Arc::default(),
+            cancelled: Arc::default(),
         }
+    }
+
+    /// Calls the client cancelled while the server held them.
+    pub fn cancelled(&self) -> usize {
+        self.cancelled.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Waits until `what` holds of the script, in real time, for at most two seconds: for
+    /// what a server on another task has done by then.
+    pub async fn until(&self, what: impl Fn(&Script) -> bool) {
+        for _ in 0..400 {
+            if what(self) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        panic!("the server never got there");
     }
 
     /// The heads of the calls the server got, in order.
@@ -114,11 +150,20 @@ impl tonic::server::UnaryService<Echo> for Say {
 
     fn call(&mut self, request: tonic::Request<Echo>) -> Self::Future {
         let act = self.0.next();
+        let cancelled = self.0.cancelled.clone();
         Box::pin(async move {
             match act {
                 Some(Act::Fail(code, pushback)) => return Err(failure(code, pushback)),
                 Some(Act::Slow(after)) => tokio::time::sleep(after).await,
                 Some(Act::SendThenFail(code)) => return Err(failure(code, None)),
+                Some(Act::Held(gate, then)) => {
+                    let mut cancel = Cancel(Some(cancelled));
+                    gate.notified().await;
+                    cancel.0 = None;
+                    if let Some((code, pushback)) = then {
+                        return Err(failure(code, pushback));
+                    }
+                }
                 None => {}
             }
             Ok(tonic::Response::new(request.into_inner()))
