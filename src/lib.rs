@@ -418,9 +418,9 @@
 //! - `http2`: HTTP/2 errors classified by what the protocol says was processed (see above).
 //! - `tower`: the middleware is also a `tower::Layer`, whose [`RetryService`] gives clients built
 //!   as a `Service` of `http::Request`s (hyper-util's) the same retries, on the same driver.
-//! - `grpc`: `GrpcRetryLayer`, gRPC retries for tonic clients by gRFC A6 (retry policy per
-//!   method, from a service config too, pushback, throttling, committed calls, transparent
-//!   retries), on the same engine and driver: the repository's `docs/grpc.md` holds each rule
+//! - `grpc`: `GrpcRetryLayer`, gRPC retries for tonic clients by gRFC A6 (retry or hedging
+//!   policy per method, from a service config too, pushback, throttling, committed calls,
+//!   transparent retries), on the same engine and driver: the repository's `docs/grpc.md` holds each rule
 //!   with the test that shows it.
 //!
 //! Deterministic simulations of retry traffic, with their charts, live in the repository's

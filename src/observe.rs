@@ -80,9 +80,13 @@ pub struct CounterSnapshot {
     pub throttled: u64,
     /// Second copies of reads sent (see
     /// [`RetryPolicyBuilder::hedge_reads`](crate::RetryPolicyBuilder::hedge_reads)). They are
-    /// not counted in `attempts`: the dependency got `attempts + hedges` requests.
+    /// not counted in `attempts`: the dependency got `attempts + hedges` requests. Under a gRPC
+    /// hedging policy (feature `grpc`), every copy is an attempt, as A6 counts them, and a
+    /// retry: `hedges` counts the copies after the first, which are in `attempts` and
+    /// `retries` too.
     pub hedges: u64,
-    /// Hedges whose answer was the one returned (or retried after).
+    /// Hedges whose answer was the one returned (or retried after; under a gRPC hedging
+    /// policy, the one the call ended with).
     pub hedges_won: u64,
 }
 

@@ -31,6 +31,10 @@ use crate::rng::RandomSource;
 ///   deadline over every attempt, each told what is left of it;
 /// - a transport failure is `UNAVAILABLE`; one that sent nothing (a refused connection) is
 ///   retried whatever the codes, within the policy's attempts;
+/// - a method under a [`GrpcHedgingPolicy`](crate::GrpcHedgingPolicy) gets copies of each
+///   call `hedgingDelay` apart (at once after a non-fatal failure, or after a pushback's wait);
+///   the first answer, or a fatal code, ends the call and the other copies are cancelled;
+/// - a call past its deadline ends `DEADLINE_EXCEEDED`;
 /// - without [`RetryThrottling`](crate::RetryThrottling), retries are paid from a
 ///   [`RetryBudget`](crate::RetryBudget) shared by the layer's methods (A6 has none; this crate keeps its
 ///   guarantee that retries cannot multiply an outage).

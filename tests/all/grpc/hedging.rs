@@ -262,3 +262,24 @@ async fn the_call_s_deadline_cuts_every_copy_and_each_is_told_what_is_left() {
     );
     script.until(|s| s.cancelled() == 2).await;
 }
+
+#[tokio::test]
+async fn a_call_past_the_buffer_limit_is_sent_once_unhedged() {
+    let script = Script::new([Act::Fail(Code::Unavailable, None)]);
+    let uri = serve(&script).await;
+    let config = GrpcConfig::new()
+        .hedge("echo.Echo", hedging(3, Duration::ZERO))
+        .unwrap()
+        .buffer_limits(16, 1 << 20);
+    let (layer, _clock, _) = layer(config);
+    let status = say(layer.layer(channel(&uri)), text(&"x".repeat(64)))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::Unavailable);
+    let record = RetryRecord::of_status(&status).unwrap();
+    assert_eq!(
+        (record.attempts(), record.stop_reason()),
+        (1, StopReason::BodyNotCloneable)
+    );
+    assert_eq!(script.seen().len(), 1);
+}
