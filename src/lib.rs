@@ -471,9 +471,9 @@ pub use engine::budget::{RetryBudget, RetryBudgetBuilder};
 pub use engine::classifier::{Attempt, Outcome, Retryable};
 pub use engine::dependency::{Dependency, RetryOverride};
 #[cfg(feature = "grpc")]
-pub use engine::grpc::config::{
-    GRPC_MAX_ATTEMPTS, GrpcConfig, GrpcRetryPolicy, GrpcRetryPolicyBuilder,
-};
+pub use engine::grpc::GRPC_MAX_ATTEMPTS;
+#[cfg(feature = "grpc")]
+pub use engine::grpc::config::{GrpcConfig, GrpcRetryPolicy, GrpcRetryPolicyBuilder};
 #[cfg(feature = "grpc")]
 pub use engine::grpc::hedging::{GrpcHedgingPolicy, GrpcHedgingPolicyBuilder};
 #[cfg(feature = "grpc")]

@@ -12,11 +12,11 @@ use http::Extensions;
 use http_body::{Body, Frame, SizeHint};
 use tower_service::Service;
 
-use super::call::Call;
-use super::service::Shared;
+use super::call::{Buffer, Call};
 use crate::driver::beneath_service;
 use crate::driver::claim::Beneath;
 use crate::driver::retry_body::RetryBody;
+use crate::engine::grpc::config::GrpcConfig;
 use crate::engine::grpc::throttle::RetryThrottling;
 use crate::engine::grpc::{self, CodeSet, Said};
 use crate::engine::seen::{Failure, Locate, ResponseHead};
@@ -128,6 +128,20 @@ fn tonic_fault(err: &(dyn std::error::Error + 'static)) -> Option<Fault> {
         source = at.source();
     }
     None
+}
+
+/// The transport, and what every call through the layer shares.
+#[derive(Debug)]
+pub(crate) struct Shared<S> {
+    pub(super) service: S,
+    pub(super) channel: Arc<Channel>,
+}
+
+/// What every call through one layer shares: the config, and the buffer for replays.
+#[derive(Debug)]
+pub(crate) struct Channel {
+    pub(super) config: GrpcConfig,
+    pub(super) buffer: Buffer,
 }
 
 impl<S> Inner<S> {

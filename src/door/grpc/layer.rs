@@ -6,7 +6,8 @@ use std::sync::Arc;
 use tower_layer::Layer;
 
 use super::call::Buffer;
-use super::service::{Channel, GrpcRetryService, Shared};
+use super::inner::{Channel, Shared};
+use super::service::GrpcRetryService;
 use crate::clock::Clock;
 use crate::driver::phases::RetryMiddleware;
 use crate::engine::grpc::config::{GrpcConfig, dependency_name};

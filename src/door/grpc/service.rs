@@ -10,15 +10,14 @@ use std::task::{Context, Poll};
 use bytes::Bytes;
 use tower_service::Service;
 
-use super::call::{Buffer, Call};
-use super::inner::{Answer, Claimed, GrpcBody, Inner};
+use super::call::Call;
+use super::inner::{Answer, Claimed, GrpcBody, Inner, Shared};
 use crate::driver::claim::{self, Beneath};
 use crate::driver::phases::RetryMiddleware;
 use crate::driver::retry_body::RetryBody;
 use crate::driver::send_body::SendBody;
 use crate::engine::dependency::RetryOverride;
 use crate::engine::grpc;
-use crate::engine::grpc::config::GrpcConfig;
 use crate::error::{BoxError, LastError, RetryError};
 use crate::record::RetryRecord;
 use crate::stop::StopReason;
@@ -48,20 +47,6 @@ pub struct GrpcRetryService<S> {
     /// Shared by the clones of this service and the calls in flight: each attempt calls a clone
     /// of the transport of its own.
     pub(super) shared: Arc<Shared<S>>,
-}
-
-/// The transport, and what every call through the layer shares.
-#[derive(Debug)]
-pub(crate) struct Shared<S> {
-    pub(super) service: S,
-    pub(super) channel: Arc<Channel>,
-}
-
-/// What every call through one layer shares: the config, and the buffer for replays.
-#[derive(Debug)]
-pub(crate) struct Channel {
-    pub(super) config: GrpcConfig,
-    pub(super) buffer: Buffer,
 }
 
 impl<S, R> Service<http::Request<tonic::body::Body>> for GrpcRetryService<S>

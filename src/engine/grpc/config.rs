@@ -10,7 +10,7 @@ use crate::engine::budget::RetryBudget;
 use crate::engine::dependency::{Dependency, PathMatch, Routes};
 use crate::engine::grpc::hedging::GrpcHedgingPolicy;
 use crate::engine::grpc::throttle::RetryThrottling;
-use crate::engine::grpc::{CodeSet, code_named};
+use crate::engine::grpc::{CodeSet, GRPC_MAX_ATTEMPTS, code_named};
 use crate::engine::policy::RetryPolicy;
 use crate::error::InvalidConfig;
 
@@ -18,10 +18,6 @@ use crate::error::InvalidConfig;
 const AREA: &str = "gRPC retry policy";
 /// The area of a service config's errors.
 const CONFIG: &str = "gRPC service config";
-
-/// The most attempts A6 allows unless raised on purpose
-/// ([`GrpcRetryPolicyBuilder::allow_attempts_above_five`]).
-pub const GRPC_MAX_ATTEMPTS: u32 = 5;
 
 /// A6's retry policy for a method or a service (feature `grpc`): how many attempts, the backoff
 /// between them, and which status codes are retried.

@@ -21,11 +21,9 @@
 
 use std::time::{Duration, Instant};
 
-#[cfg(feature = "grpc")]
-use crate::engine::grpc::CodeSet;
 use crate::engine::grpc::Pushback;
 #[cfg(feature = "grpc")]
-use crate::engine::grpc::config::GRPC_MAX_ATTEMPTS;
+use crate::engine::grpc::{CodeSet, GRPC_MAX_ATTEMPTS};
 #[cfg(feature = "grpc")]
 use crate::engine::policy::RetryPolicy;
 #[cfg(feature = "grpc")]

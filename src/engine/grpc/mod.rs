@@ -23,6 +23,12 @@ use std::time::Duration;
 
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 
+/// The most attempts A6 allows a retry or hedging policy unless raised on purpose
+/// ([`GrpcRetryPolicyBuilder::allow_attempts_above_five`](crate::GrpcRetryPolicyBuilder::allow_attempts_above_five),
+/// [`GrpcHedgingPolicyBuilder::allow_attempts_above_five`](crate::GrpcHedgingPolicyBuilder::allow_attempts_above_five)).
+#[cfg(feature = "grpc")]
+pub const GRPC_MAX_ATTEMPTS: u32 = 5;
+
 /// The status codes, by number, as gRPC names them.
 pub(crate) const NAMES: [&str; 17] = [
     "OK",
