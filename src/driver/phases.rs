@@ -291,9 +291,9 @@ impl RetryMiddleware {
                         let Ok(mut timer) = this.clock.timeout(plan.limit, Some(now)) else {
                             return this.no_timer(&span, &decider, sent.ends(&kept));
                         };
-                        let hedging = (decider.grpc_hedging())
-                            .filter(|_| plan.keep_copy && kept.resend().is_some());
-                        let judged = if let Some(delay) = hedging {
+                        // A hedged call that is not kept for another copy (past its buffer
+                        // limits) goes once: the core refuses its next copy.
+                        let judged = if let Some(delay) = decider.grpc_hedging() {
                             // Boxed: few calls are hedged, and this future is kept small.
                             let lent = Lent::new(&mut kept, &sent, &mut decider, this.tools());
                             let chain = Chain {
