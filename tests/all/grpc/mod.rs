@@ -360,6 +360,69 @@ async fn a_refused_connection_is_retried_and_ends_as_unavailable() {
     let draws = SeededRng::new(SEED);
     let backoffs: Vec<Duration> = (0..2).map(|n| a6_wait(n, draws.next_u64())).collect();
     assert_eq!(clock.sleeps(), [&[Duration::ZERO][..], &backoffs].concat());
+
+    // With a deadline shorter than the first backoff, the call has one attempt (the deadline
+    // leaves no room for a retry), and its status is still the transport's `UNAVAILABLE`: no
+    // attempt ran out of time.
+    let (layer, clock) = faked(
+        GrpcConfig::new()
+            .retry("echo.Echo", unavailable(3))
+            .unwrap(),
+    );
+    let mut request = text("x");
+    request.set_timeout(Duration::from_millis(50));
+    let status = say(
+        layer.layer(channel(&format!("http://127.0.0.1:{port}"))),
+        request,
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+    let record = RetryRecord::of_status(&status).expect("the layer's record");
+    assert_eq!(record.stop_reason(), StopReason::DeadlineReached);
+    assert_eq!(
+        (record.attempts(), clock.sleeps()),
+        (1, vec![]),
+        "{record:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_committed_call_that_fails_with_a_counted_code_takes_a_token() {
+    let throttling = RetryThrottling::new(3.0, 0.5).unwrap();
+    for (name, config) in [
+        (
+            "retry",
+            GrpcConfig::new()
+                .retry("echo.Echo", unavailable(3))
+                .unwrap(),
+        ),
+        (
+            "hedging",
+            GrpcConfig::new()
+                .hedge(
+                    "echo.Echo",
+                    reqwest_safe_retry::GrpcHedgingPolicy::builder()
+                        .max_attempts(2)
+                        .non_fatal_codes([Code::Unavailable])
+                        .build()
+                        .unwrap(),
+                )
+                .unwrap(),
+        ),
+    ] {
+        let before = throttling.tokens();
+        let script = Script::new([Act::SendThenFail(Code::Unavailable)]);
+        let uri = serve(&script).await;
+        let (layer, _clock) = faked(config.retry_throttling(throttling.clone()));
+        let (got, ended) = count(layer.layer(channel(&uri)), "once").await;
+        assert_eq!(
+            (got.len(), ended.unwrap_err().code()),
+            (1, Code::Unavailable)
+        );
+        // Counted as its trailers passed: one token taken.
+        assert_eq!(throttling.tokens(), before - 1.0, "{name}");
+    }
 }
 
 #[tokio::test(start_paused = true)]
