@@ -10,7 +10,7 @@ use crate::engine::budget::RetryBudget;
 use crate::engine::dependency::{Dependency, PathMatch, Routes};
 use crate::engine::grpc::hedging::GrpcHedgingPolicy;
 use crate::engine::grpc::throttle::RetryThrottling;
-use crate::engine::grpc::{CodeSet, GRPC_MAX_ATTEMPTS, code_named};
+use crate::engine::grpc::{CodeSet, bad_in, code_named, max_attempts, status_codes};
 use crate::engine::policy::RetryPolicy;
 use crate::error::InvalidConfig;
 
@@ -164,18 +164,7 @@ impl GrpcRetryPolicyBuilder {
     /// `retryableStatusCodes` or one that is not a code (0 to 16).
     pub fn build(self) -> Result<GrpcRetryPolicy, InvalidConfig> {
         let bad = |msg: String| Err(InvalidConfig::new(AREA, msg));
-        let Some(attempts) = self.max_attempts else {
-            return bad("maxAttempts is required: set max_attempts".into());
-        };
-        if attempts < 2 {
-            return bad(format!(
-                "maxAttempts ({attempts}) must be at least 2 (1 would be no retry policy at all)"
-            ));
-        }
-        let most = self
-            .most
-            .unwrap_or(GRPC_MAX_ATTEMPTS)
-            .max(GRPC_MAX_ATTEMPTS);
+        let attempts = max_attempts(self.max_attempts, self.most, "retry").map_err(bad_in(AREA))?;
         let (Some(initial), Some(max)) = (self.initial_backoff, self.max_backoff) else {
             return bad("initialBackoff and maxBackoff are required: set both".into());
         };
@@ -196,19 +185,9 @@ impl GrpcRetryPolicyBuilder {
                 "backoffMultiplier ({multiplier}) must be above zero (at least 0.001)"
             ));
         }
-        if self.codes.is_empty() {
-            return bad("retryableStatusCodes must name at least one code".into());
-        }
-        let codes = match CodeSet::of(self.codes) {
-            Ok(codes) => codes,
-            Err(code) => {
-                return bad(format!(
-                    "retryableStatusCodes: {code} is not a gRPC status code (0 to 16)"
-                ));
-            }
-        };
+        let codes = status_codes(self.codes, "retryableStatusCodes").map_err(bad_in(AREA))?;
         Ok(GrpcRetryPolicy {
-            max_attempts: attempts.min(most),
+            max_attempts: attempts,
             initial_backoff: initial,
             max_backoff: max,
             multiplier_milli: milli as u32,

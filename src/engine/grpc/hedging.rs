@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use crate::engine::grpc::Pushback;
 #[cfg(feature = "grpc")]
-use crate::engine::grpc::{CodeSet, GRPC_MAX_ATTEMPTS};
+use crate::engine::grpc::{CodeSet, bad_in, max_attempts, status_codes};
 #[cfg(feature = "grpc")]
 use crate::engine::policy::RetryPolicy;
 #[cfg(feature = "grpc")]
@@ -144,32 +144,11 @@ impl GrpcHedgingPolicyBuilder {
     /// rules: no `maxAttempts` or one below 2, no `nonFatalStatusCodes` or one that is not a
     /// code (0 to 16).
     pub fn build(self) -> Result<GrpcHedgingPolicy, InvalidConfig> {
-        let bad = |msg: String| Err(InvalidConfig::new(AREA, msg));
-        let Some(attempts) = self.max_attempts else {
-            return bad("maxAttempts is required: set max_attempts".into());
-        };
-        if attempts < 2 {
-            return bad(format!(
-                "maxAttempts ({attempts}) must be at least 2 (1 would be no hedging policy at all)"
-            ));
-        }
-        let most = self
-            .most
-            .unwrap_or(GRPC_MAX_ATTEMPTS)
-            .max(GRPC_MAX_ATTEMPTS);
-        if self.codes.is_empty() {
-            return bad("nonFatalStatusCodes must name at least one code".into());
-        }
-        let codes = match CodeSet::of(self.codes) {
-            Ok(codes) => codes,
-            Err(code) => {
-                return bad(format!(
-                    "nonFatalStatusCodes: {code} is not a gRPC status code (0 to 16)"
-                ));
-            }
-        };
+        let attempts =
+            max_attempts(self.max_attempts, self.most, "hedging").map_err(bad_in(AREA))?;
+        let codes = status_codes(self.codes, "nonFatalStatusCodes").map_err(bad_in(AREA))?;
         Ok(GrpcHedgingPolicy {
-            max_attempts: attempts.min(most),
+            max_attempts: attempts,
             delay: self.delay,
             codes,
         })

@@ -29,6 +29,42 @@ use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 #[cfg(feature = "grpc")]
 pub const GRPC_MAX_ATTEMPTS: u32 = 5;
 
+/// A policy's `maxAttempts` (`given`): required, at least 2, cut to A6's 5 or to `most` when
+/// raised on purpose; else what is wrong with it, for a `kind` policy.
+#[cfg(feature = "grpc")]
+pub(crate) fn max_attempts(
+    given: Option<u32>,
+    most: Option<u32>,
+    kind: &str,
+) -> Result<u32, String> {
+    let Some(attempts) = given else {
+        return Err("maxAttempts is required: set max_attempts".into());
+    };
+    if attempts < 2 {
+        return Err(format!(
+            "maxAttempts ({attempts}) must be at least 2 (1 would be no {kind} policy at all)"
+        ));
+    }
+    let most = most.unwrap_or(GRPC_MAX_ATTEMPTS).max(GRPC_MAX_ATTEMPTS);
+    Ok(attempts.min(most))
+}
+
+/// The status codes of the field `field`: at least one, each a code; else what is wrong.
+#[cfg(feature = "grpc")]
+pub(crate) fn status_codes(codes: Vec<i32>, field: &str) -> Result<CodeSet, String> {
+    if codes.is_empty() {
+        return Err(format!("{field} must name at least one code"));
+    }
+    CodeSet::of(codes)
+        .map_err(|code| format!("{field}: {code} is not a gRPC status code (0 to 16)"))
+}
+
+/// The configuration error of `area` that says `msg`.
+#[cfg(feature = "grpc")]
+pub(crate) fn bad_in(area: &'static str) -> impl Fn(String) -> crate::error::InvalidConfig {
+    move |msg| crate::error::InvalidConfig::new(area, msg)
+}
+
 /// The status codes, by number, as gRPC names them.
 pub(crate) const NAMES: [&str; 17] = [
     "OK",
