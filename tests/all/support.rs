@@ -493,12 +493,14 @@ pub use bridges::{ThroughReqwest, ThroughTower};
 
 /// A loopback listener that never accepts, its queue already full: a connection to it does
 /// not open, and a client's connect timeout fires (nothing is sent).
+#[cfg(feature = "tower")]
 pub struct FullBacklog {
     address: std::net::SocketAddr,
     /// The listener, and the connection that fills its queue.
     _held: (tokio::net::TcpListener, tokio::net::TcpStream),
 }
 
+#[cfg(feature = "tower")]
 impl FullBacklog {
     pub async fn start() -> FullBacklog {
         let socket = tokio::net::TcpSocket::new_v4().unwrap();

@@ -495,6 +495,7 @@ impl Script {
 
     /// A script whose charges wait after their effect, holding their transaction, until the
     /// test adds permits.
+    #[cfg(feature = "postgres")]
     pub fn stalled_after() -> Script {
         Script {
             after: Arc::new(Semaphore::new(0)),
