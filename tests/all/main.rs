@@ -2,6 +2,7 @@
 
 mod across_features;
 mod attempt_headers;
+mod auto_traits;
 mod bodies;
 mod budget;
 mod classifier;
