@@ -28,6 +28,7 @@ macro_rules! on_every_store {
     };
 }
 
+mod auto_traits;
 mod both_halves;
 #[allow(dead_code)]
 #[path = "../../examples/support/charges_app.rs"]
