@@ -2,8 +2,10 @@
 //! scripts of what each copy answers and when, a `FakeClock` moved 10 ms at a time, and a
 //! door whose copies answer when the script says. The model says when each copy goes (to the
 //! tick), which copy's answer the call ends with and why, how many copies are cancelled, and
-//! the throttling's tokens; each copy carries `grpc-previous-rpc-attempts`. A failure names
-//! its seed: `HEDGE_SEED=N HEDGE_SCRIPTS=M` runs `M` scripts from seed `N`.
+//! the throttling's tokens; each copy carries `grpc-previous-rpc-attempts`. Some scripts drop
+//! the call at a tick: every copy out is cancelled then, and the tokens stay as the answers
+//! before it left them. A failure names its seed: `HEDGE_SEED=N HEDGE_SCRIPTS=M` runs `M`
+//! scripts from seed `N`.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -55,6 +57,8 @@ struct Script {
     /// Per copy, in the order sent: after how many ticks it answers (never, if `None`), and
     /// what it says.
     copies: Vec<(Option<u64>, Says)>,
+    /// The caller drops the call at the start of this tick, before the clock moves to it.
+    drop_at: Option<u64>,
 }
 
 struct Gen(SeededRng);
@@ -96,12 +100,14 @@ fn script(seed: u64) -> Script {
             (after, says)
         })
         .collect();
+    let drop_at = g.chance(30).then(|| 1 + g.upto(40));
     Script {
         max,
         delay,
         non_fatal,
         throttling,
         copies,
+        drop_at,
     }
 }
 
@@ -110,9 +116,10 @@ fn script(seed: u64) -> Script {
 struct Ending {
     /// The tick each copy went at.
     sent: Vec<u64>,
-    /// The copy whose answer the call ended with, and why; `None` if it had not ended.
+    /// The copy whose answer the call ended with, and why; `None` if it had not ended (or was
+    /// dropped first).
     ended: Option<(usize, StopReason)>,
-    /// Copies cancelled: out when the call ended.
+    /// Copies cancelled: out when the call ended, or when it was dropped.
     cancelled: usize,
     /// The throttling's tokens, in thousandths.
     tokens: Option<u64>,
@@ -135,6 +142,16 @@ fn model(s: &Script) -> Ending {
         tokens,
     };
     for t in 0..=TICKS {
+        if s.drop_at == Some(t) {
+            // Dropped: every copy out is cancelled; a cancelled copy is no answer, so the
+            // tokens stay.
+            return Ending {
+                cancelled: out(&done),
+                sent,
+                ended: None,
+                tokens,
+            };
+        }
         loop {
             // Every copy due goes.
             while next.is_some_and(|at| at <= t) {
@@ -253,16 +270,27 @@ fn run(s: &Script) -> (Ending, Scripted, Option<RetryRecord>) {
     let door = Scripted::default();
     let url = "http://127.0.0.1/echo.Echo/Say".parse().unwrap();
     let mut extensions = Extensions::new();
-    let mut call = std::pin::pin!(RetryMiddleware::execute(
+    let mut call = Some(Box::pin(RetryMiddleware::execute(
         &middleware,
         Request::new(http::Method::POST, url),
         &mut extensions,
         door.clone(),
-    ));
+    )));
     let mut sent: Vec<u64> = Vec::new();
     let mut delivered: Vec<bool> = Vec::new();
     let mut ended = None;
     'ticks: for t in 0..=TICKS {
+        if s.drop_at == Some(t) {
+            drop(call.take());
+            let ending = Ending {
+                cancelled: door.dropped(),
+                sent,
+                ended: None,
+                tokens: throttling.map(|t| (t.tokens() * 1000.0).round() as u64),
+            };
+            return (ending, door, None);
+        }
+        let call = call.as_mut().expect("not dropped yet");
         if t > 0 {
             clock.advance(TICK);
         }
@@ -346,6 +374,11 @@ fn hedged_calls_follow_a6_s_hedging_tick_by_tick() {
             .map(|i| (i > 0).then(|| i.to_string()))
             .collect();
         assert_eq!(previous, counted, "seed {seed}");
+        if got.ended.is_none() && s.drop_at.is_some() && got.cancelled > 0 {
+            *ended_by
+                .entry("Dropped with copies out".to_owned())
+                .or_insert(0) += 1;
+        }
         if let (Some(record), Some((copy, why))) = (record, got.ended) {
             assert_eq!(record.attempts() as usize, got.sent.len(), "seed {seed}");
             assert_eq!(
@@ -365,6 +398,7 @@ fn hedged_calls_follow_a6_s_hedging_tick_by_tick() {
             "AttemptsExhausted",
             "ServerDeclinedRetry",
             "BudgetExhausted",
+            "Dropped with copies out",
         ] {
             assert!(
                 ended_by.get(why).is_some_and(|n| *n > 3),
