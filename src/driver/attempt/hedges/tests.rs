@@ -248,8 +248,16 @@ fn answer(copy: usize, says: Says) -> Response {
     Response::from(answer.body("").unwrap())
 }
 
+/// What a run shows beside its ending: the door's copies, the answer's record, and the copies
+/// the dependency's retry budget paid for.
+struct Seen {
+    door: Scripted,
+    record: Option<RetryRecord>,
+    paid: u64,
+}
+
 /// The layer's driver through the script, tick by tick.
-fn run(s: &Script) -> (Ending, Scripted, Option<RetryRecord>) {
+fn run(s: &Script) -> (Ending, Seen) {
     let mut policy = GrpcHedgingPolicy::builder()
         .max_attempts(s.max)
         .hedging_delay(TICK * s.delay as u32);
@@ -264,11 +272,14 @@ fn run(s: &Script) -> (Ending, Scripted, Option<RetryRecord>) {
         config = config.retry_throttling(throttling.clone());
     }
     let clock = FakeClock::new();
-    let middleware = RetryMiddleware::routed(config.routes())
+    let url: reqwest::Url = "http://127.0.0.1/echo.Echo/Say".parse().unwrap();
+    let routes = config.routes();
+    // None under throttling, which takes the budget's place.
+    let budget = routes.pick(&url, || url.path()).budget().cloned();
+    let middleware = RetryMiddleware::routed(routes)
         .with_clock(clock.clone())
         .with_rng(SeededRng::new(1));
     let door = Scripted::default();
-    let url = "http://127.0.0.1/echo.Echo/Say".parse().unwrap();
     let mut extensions = Extensions::new();
     let mut call = Some(Box::pin(RetryMiddleware::execute(
         &middleware,
@@ -288,7 +299,9 @@ fn run(s: &Script) -> (Ending, Scripted, Option<RetryRecord>) {
                 ended: None,
                 tokens: throttling.map(|t| (t.tokens() * 1000.0).round() as u64),
             };
-            return (ending, door, None);
+            let paid = budget.as_ref().map_or(0, |b| b.retries());
+            let record = None;
+            return (ending, Seen { door, record, paid });
         }
         let call = call.as_mut().expect("not dropped yet");
         if t > 0 {
@@ -323,7 +336,9 @@ fn run(s: &Script) -> (Ending, Scripted, Option<RetryRecord>) {
             cancelled: 0,
             tokens,
         };
-        return (ending, door, None);
+        let paid = budget.as_ref().map_or(0, |b| b.retries());
+        let record = None;
+        return (ending, Seen { door, record, paid });
     };
     let response = ended.expect("a scripted copy answers");
     let copy: usize = response.headers()["x-copy"]
@@ -338,7 +353,8 @@ fn run(s: &Script) -> (Ending, Scripted, Option<RetryRecord>) {
         ended: Some((copy, record.stop_reason())),
         tokens,
     };
-    (ending, door, Some(record))
+    let (paid, record) = (budget.as_ref().map_or(0, |b| b.retries()), Some(record));
+    (ending, Seen { door, record, paid })
 }
 
 /// Polls `future` once.
@@ -357,8 +373,16 @@ fn hedged_calls_follow_a6_s_hedging_tick_by_tick() {
     for seed in from..from + scripts {
         let s = script(seed);
         let expected = model(&s);
-        let (got, door, record) = run(&s);
+        let (got, Seen { door, record, paid }) = run(&s);
         assert_eq!(got, expected, "seed {seed}: {s:?}");
+        // Without throttling the budget pays for each copy after the first that went, whether
+        // the call ended or was dropped, and for none that did not go; with it, for none.
+        let copies_paid = if s.throttling.is_some() {
+            0
+        } else {
+            got.sent.len() as u64 - 1
+        };
+        assert_eq!(paid, copies_paid, "seed {seed}: {got:?} {s:?}");
         // Each copy says how many went before it.
         let previous: Vec<Option<String>> = door
             .headers
