@@ -8,8 +8,8 @@ pub(crate) mod server;
 use std::time::Duration;
 
 use reqwest_safe_retry::{
-    FakeClock, GrpcConfig, GrpcRetryLayer, GrpcRetryPolicy, RandomSource, RetryRecord,
-    RetryThrottling, SeededRng, StopReason,
+    FakeClock, GrpcConfig, GrpcHedgingPolicy, GrpcRetryLayer, GrpcRetryPolicy, RandomSource,
+    RetryRecord, RetryThrottling, SeededRng, StopReason,
 };
 use server::{Act, Script, channel, count, say, serve, text};
 use tonic::Code;
@@ -735,9 +735,32 @@ where
 
 type Inner = reqwest_safe_retry::GrpcRetryService<tonic::transport::Channel>;
 
-/// A call that always fails `UNAVAILABLE`, through two layers of 3 attempts each with `between`
-/// made of the inner one: the outer layer's attempts, and the arrivals at the server.
-async fn through_two_layers<M>(between: impl FnOnce(Inner) -> M) -> (u32, usize)
+/// Both layers retry `echo.Echo`'s calls, 3 attempts each.
+fn retrying() -> GrpcConfig {
+    GrpcConfig::new()
+        .retry("echo.Echo", unavailable(3))
+        .unwrap()
+}
+
+/// Both layers hedge `echo.Echo`'s calls: 3 copies with no delay between them (A6: all at
+/// once), `UNAVAILABLE` non-fatal.
+fn hedging() -> GrpcConfig {
+    let policy = GrpcHedgingPolicy::builder()
+        .max_attempts(3)
+        .hedging_delay(Duration::ZERO)
+        .non_fatal_codes([Code::Unavailable])
+        .build()
+        .unwrap();
+    GrpcConfig::new().hedge("echo.Echo", policy).unwrap()
+}
+
+/// A call that always fails `UNAVAILABLE`, through two layers of `config` (3 attempts each)
+/// with `between` made of the inner one: the outer layer's attempts, and the arrivals at the
+/// server.
+async fn through_two_layers<M>(
+    config: fn() -> GrpcConfig,
+    between: impl FnOnce(Inner) -> M,
+) -> (u32, usize)
 where
     M: tower_service::Service<
             http::Request<tonic::body::Body>,
@@ -751,11 +774,6 @@ where
 {
     let script = Script::new((0..9).map(|_| Act::Fail(Code::Unavailable, None)));
     let uri = serve(&script).await;
-    let config = || {
-        GrpcConfig::new()
-            .retry("echo.Echo", unavailable(3))
-            .unwrap()
-    };
     let (outer, _clock) = faked(config());
     let (inner, _inner_clock) = faked(config());
     let service = outer.layer(between(inner.layer(channel(&uri))));
@@ -767,7 +785,30 @@ where
 #[tokio::test]
 async fn two_layers_make_one_layer_of_attempts_across_tasks() {
     assert_eq!(
-        through_two_layers(OwnTask).await,
+        through_two_layers(retrying, OwnTask).await,
+        (3, 3),
+        "3 arrivals, not 9"
+    );
+}
+
+#[tokio::test]
+async fn two_hedging_layers_send_one_layer_of_copies_across_tasks() {
+    // The outer layer's copies go at once, each reaching the inner layer on a task of its own:
+    // the inner layer sees each copy's mark and sends it on once.
+    assert_eq!(
+        through_two_layers(hedging, OwnTask).await,
+        (3, 3),
+        "3 arrivals, not 9"
+    );
+}
+
+#[tokio::test]
+async fn two_hedging_layers_send_one_layer_of_copies_when_the_extensions_are_lost_between_them() {
+    // Three copies of one call in flight at once, none marked: the inner layer knows each by
+    // its method and path while the outer layer runs the call.
+    let lost = |inner| Remade { inner, to: None };
+    assert_eq!(
+        through_two_layers(hedging, lost).await,
         (3, 3),
         "3 arrivals, not 9"
     );
@@ -777,7 +818,11 @@ async fn two_layers_make_one_layer_of_attempts_across_tasks() {
 async fn two_layers_make_one_layer_of_attempts_when_the_extensions_are_lost_between_them() {
     // The inner layer knows the call by its method and path, and passes it through.
     let lost = |inner| Remade { inner, to: None };
-    assert_eq!(through_two_layers(lost).await, (3, 3), "3 arrivals, not 9");
+    assert_eq!(
+        through_two_layers(retrying, lost).await,
+        (3, 3),
+        "3 arrivals, not 9"
+    );
 }
 
 #[tokio::test]
@@ -787,7 +832,7 @@ async fn a_call_of_its_own_that_a_service_between_two_layers_makes_is_the_inner_
         inner,
         to: Some("/echo.Echo/Count"),
     };
-    assert_eq!(through_two_layers(rerouted).await, (3, 9));
+    assert_eq!(through_two_layers(retrying, rerouted).await, (3, 9));
 }
 
 #[tokio::test]
