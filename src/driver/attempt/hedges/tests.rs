@@ -276,6 +276,7 @@ fn run(s: &Script) -> (Ending, Seen) {
     let routes = config.routes();
     // None under throttling, which takes the budget's place.
     let budget = routes.pick(&url, || url.path()).budget().cloned();
+    let paid = || budget.as_ref().map_or(0, |b| b.retries());
     let middleware = RetryMiddleware::routed(routes)
         .with_clock(clock.clone())
         .with_rng(SeededRng::new(1));
@@ -299,8 +300,7 @@ fn run(s: &Script) -> (Ending, Seen) {
                 ended: None,
                 tokens: throttling.map(|t| (t.tokens() * 1000.0).round() as u64),
             };
-            let paid = budget.as_ref().map_or(0, |b| b.retries());
-            let record = None;
+            let (paid, record) = (paid(), None);
             return (ending, Seen { door, record, paid });
         }
         let call = call.as_mut().expect("not dropped yet");
@@ -336,8 +336,7 @@ fn run(s: &Script) -> (Ending, Seen) {
             cancelled: 0,
             tokens,
         };
-        let paid = budget.as_ref().map_or(0, |b| b.retries());
-        let record = None;
+        let (paid, record) = (paid(), None);
         return (ending, Seen { door, record, paid });
     };
     let response = ended.expect("a scripted copy answers");
@@ -353,7 +352,7 @@ fn run(s: &Script) -> (Ending, Seen) {
         ended: Some((copy, record.stop_reason())),
         tokens,
     };
-    let (paid, record) = (budget.as_ref().map_or(0, |b| b.retries()), Some(record));
+    let (paid, record) = (paid(), Some(record));
     (ending, Seen { door, record, paid })
 }
 
