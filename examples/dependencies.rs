@@ -5,17 +5,31 @@
 //! and a small budget, so its outage cannot multiply the load on it. At the end the counters of
 //! each dependency are printed.
 //!
+//! The middleware logs through `tracing`: this example prints what a subscriber at INFO shows (a
+//! retry at INFO, a give-up after retries at WARN), as your application's subscriber would. The
+//! random source has a fixed seed, so the waits are the same on every run.
+//!
 //! Run it with `cargo run --example dependencies`.
 
 use std::time::Duration;
 
 use reqwest_middleware::ClientBuilder;
-use reqwest_safe_retry::{Dependency, RetryBudget, RetryMiddleware, RetryPolicy};
+use reqwest_safe_retry::{
+    Dependency, RetryBudget, RetryMiddleware, RetryPolicy, RetryRecord, SeededRng,
+};
 use wiremock::matchers::{method, path};
 use wiremock::{Mock, MockServer, ResponseTemplate};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    // Your application's subscriber: here tracing-subscriber's plain one, at INFO, on stdout,
+    // without colours or timestamps.
+    tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::INFO)
+        .without_time()
+        .with_ansi(false)
+        .init();
+
     let payments_server = MockServer::start().await;
     Mock::given(method("POST"))
         .and(path("/charges"))
@@ -63,7 +77,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .with(
             RetryMiddleware::new(RetryPolicy::default())
                 .route(&payments_server.address().to_string(), payments)?
-                .route(&cache_server.address().to_string(), cache)?,
+                .route(&cache_server.address().to_string(), cache)?
+                .with_rng(SeededRng::new(7)),
         )
         .build();
 
@@ -77,7 +92,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             .body(format!("{{\"amount\":{i}0}}"))
             .send()
             .await?;
-        println!("  charge {i}: {}", response.status());
+        let attempts = RetryRecord::of(&response).map_or(1, |r| r.attempts());
+        println!(
+            "  charge {i}: {} after {attempts} attempt(s)",
+            response.status()
+        );
     }
     println!(
         "cache ({}): 10 lookups against a dead cache",
@@ -88,9 +107,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             .get(format!("{}/item/{i}", cache_server.uri()))
             .send()
             .await?;
-        print!("{} ", response.status().as_u16());
+        let attempts = RetryRecord::of(&response).map_or(1, |r| r.attempts());
+        println!(
+            "  lookup {i}: {} after {attempts} attempt(s)",
+            response.status()
+        );
     }
-    println!("\n");
+    println!();
 
     for (name, counters) in [("payments", &payments_counters), ("cache", &cache_counters)] {
         let c = counters.counters();

@@ -6,6 +6,9 @@
 //! charge, once per idempotency key. The client is tonic's own, its channel under
 //! `GrpcRetryLayer`; the method's retry policy is read from a gRPC service config, and the
 //! method is marked non-idempotent, so every attempt carries the same key in its metadata.
+//! The server prints what it answers each call; the layer's observer prints each wait it
+//! decides (A6's jittered backoff, drawn from a seeded source here so it is the same on every
+//! run, or the server's pushback).
 //!
 //! Run it with `cargo run --example grpc --features grpc`.
 
@@ -17,7 +20,9 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
 use http::uri::PathAndQuery;
-use reqwest_safe_retry::{GrpcConfig, GrpcRetryLayer, RetryRecord};
+use std::time::Duration;
+
+use reqwest_safe_retry::{GrpcConfig, GrpcRetryLayer, RetryRecord, SeededRng};
 use tonic::{Code, Status};
 use tower_layer::Layer;
 
@@ -50,7 +55,16 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
 
     let config = GrpcConfig::from_json(SERVICE_CONFIG)?.non_idempotent("payments.Ledger/Charge")?;
     let channel = tonic::transport::Endpoint::from_shared(uri)?.connect_lazy();
-    let mut client = tonic::client::Grpc::new(GrpcRetryLayer::new(config).layer(channel));
+    let layer = GrpcRetryLayer::new(config)
+        .with_rng(SeededRng::new(42))
+        .with_observer(|event| match (event.delay, event.retry_after) {
+            (Some(delay), Some(_)) => {
+                println!("  client: waiting {} (the server's pushback)", ms(delay))
+            }
+            (Some(delay), None) => println!("  client: waiting {} (backoff)", ms(delay)),
+            _ => {}
+        });
+    let mut client = tonic::client::Grpc::new(layer.layer(channel));
 
     client.ready().await?;
     let path = PathAndQuery::from_static("/payments.Ledger/Charge");
@@ -65,15 +79,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         .get::<RetryRecord>()
         .expect("the layer's answers carry a record");
     println!(
-        "charged {} after {} attempts, {:?} waited ({})",
+        "charged {} after {} attempts ({})",
         response.get_ref().order,
         record.attempts(),
-        record.waited(),
         record.stop_reason(),
     );
     let keys: HashSet<String> = ledger.keys.lock().unwrap().iter().cloned().collect();
     println!(
-        "the server saw {} attempts under {} key: {keys:?}",
+        "the server saw {} calls under {} idempotency key",
         ledger.calls(),
         keys.len()
     );
@@ -139,9 +152,14 @@ impl tonic::server::UnaryService<Charge> for ChargeOnce {
     fn call(&mut self, request: tonic::Request<Charge>) -> Self::Future {
         let (ledger, key) = (self.ledger.clone(), self.key.clone());
         Box::pin(async move {
-            match ledger.calls() {
-                1 => return Err(Status::new(Code::Unavailable, "warming up")),
+            let call = ledger.calls();
+            match call {
+                1 => {
+                    println!("server: call 1: UNAVAILABLE (warming up)");
+                    return Err(Status::new(Code::Unavailable, "warming up"));
+                }
                 2 => {
+                    println!("server: call 2: UNAVAILABLE, grpc-retry-pushback-ms: 250");
                     let mut busy = Status::new(Code::Unavailable, "busy");
                     busy.metadata_mut()
                         .insert("grpc-retry-pushback-ms", "250".parse().unwrap());
@@ -149,7 +167,15 @@ impl tonic::server::UnaryService<Charge> for ChargeOnce {
                 }
                 _ => {}
             }
-            ledger.charged.lock().unwrap().insert(key);
+            let new = ledger.charged.lock().unwrap().insert(key);
+            println!(
+                "server: call {call}: OK, {}",
+                if new {
+                    "charged"
+                } else {
+                    "a charge already made under this key"
+                }
+            );
             Ok(tonic::Response::new(request.into_inner()))
         })
     }
@@ -166,4 +192,9 @@ async fn serve(ledger: Ledger) -> std::io::Result<String> {
             .serve_with_incoming(incoming),
     );
     Ok(format!("http://{address}"))
+}
+
+/// A duration as a person reads it: milliseconds, to a tenth.
+fn ms(d: Duration) -> String {
+    format!("{:.1} ms", d.as_secs_f64() * 1000.0)
 }

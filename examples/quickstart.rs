@@ -1,71 +1,90 @@
-//! The main job in one screen: a flaky service on loopback, and a client that rides it out.
+//! The README's quick start, against an embedded flaky server: an order POSTed through
+//! `RetryMiddleware` rides out two `503`s under one `Idempotency-Key`.
 //!
-//! The server answers `503 Service Unavailable` twice, then `200 OK`. The client sends one GET
-//! through `RetryMiddleware`; a small middleware placed after it prints every attempt as it
-//! leaves, so you can watch the retries and the waits between them.
+//! The server, on 127.0.0.1, answers `POST /orders` with `503 Service Unavailable` twice, then
+//! `201 Created`. A small middleware placed after the retry middleware prints every attempt as it
+//! leaves, with the key it carries; the retry middleware's observer prints each wait it decides.
+//! The random source has a fixed seed, so the waits are the same on every run.
 //!
 //! Run it with `cargo run --example quickstart`.
 
-use std::time::{Duration, Instant};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use http::Extensions;
 use reqwest::{Request, Response};
 use reqwest_middleware::{ClientBuilder, Middleware, Next};
-use reqwest_safe_retry::{RetryMiddleware, RetryPolicy, RetryRecord};
+use reqwest_safe_retry::{RetryMiddleware, RetryPolicy, RetryRecord, SeededRng};
 use wiremock::matchers::{method, path};
 use wiremock::{Mock, MockServer, ResponseTemplate};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    // A server on 127.0.0.1 that fails twice, then recovers.
+    // A server on 127.0.0.1 that fails twice, then takes the order.
     let server = MockServer::start().await;
-    Mock::given(method("GET"))
-        .and(path("/inventory"))
+    Mock::given(method("POST"))
+        .and(path("/orders"))
         .respond_with(ResponseTemplate::new(503))
         .up_to_n_times(2)
         .mount(&server)
         .await;
-    Mock::given(method("GET"))
-        .and(path("/inventory"))
-        .respond_with(ResponseTemplate::new(200).set_body_string("42 widgets in stock"))
+    Mock::given(method("POST"))
+        .and(path("/orders"))
+        .respond_with(ResponseTemplate::new(201).set_body_string("{\"order\":17}"))
         .mount(&server)
         .await;
 
-    // Up to 3 attempts; waits drawn from [0, 200 ms], then [0, 400 ms] (capped full jitter).
-    let policy = RetryPolicy::builder()
-        .max_attempts(3)
-        .base_delay(Duration::from_millis(200))
-        .build()?;
+    // The quick start's client: the default policy (3 attempts, waits drawn from [0, 100 ms],
+    // then [0, 200 ms]). The seed makes this run's draws the same on every run; leave it out in
+    // your code, where each process draws its own.
+    let waits = Arc::new(Mutex::new(Vec::new()));
+    let seen = waits.clone();
+    let retry = RetryMiddleware::new(RetryPolicy::default())
+        .with_rng(SeededRng::new(42))
+        .with_observer(move |event| {
+            if let Some(delay) = event.delay {
+                println!("  waiting {}", ms(tenths(delay)));
+                seen.lock().unwrap().push(delay);
+            }
+        });
+    let keys = Arc::new(Mutex::new(Vec::new()));
     let client = ClientBuilder::new(reqwest::Client::new())
-        .with(RetryMiddleware::new(policy))
-        .with(PrintAttempts::default())
+        .with(retry)
+        .with(PrintAttempts { keys: keys.clone() })
         .build();
 
-    println!(
-        "GET {}/inventory: the server fails twice, then answers.\n",
-        server.uri()
-    );
+    println!("POST /orders to a server on 127.0.0.1 that fails twice, then takes the order:");
     let response = client
-        .get(format!("{}/inventory", server.uri()))
+        .post(format!("{}/orders", server.uri()))
+        .body("{}")
         .send()
         .await?;
 
-    let record = RetryRecord::of(&response).expect("the retry middleware records every request");
+    let record = RetryRecord::of(&response).expect("a response of the middleware");
+    let waits = waits.lock().unwrap().clone();
+    let keys = keys.lock().unwrap().clone();
     println!(
-        "\nfinal status: {} after {} attempts ({} waiting between them; stopped because: {})",
+        "{} after {} attempts ({}), {} waiting in all",
         response.status(),
         record.attempts(),
-        fmt_ms(record.waited()),
         record.stop_reason(),
+        // The sum of the waits as printed, so the lines add up.
+        ms(waits.iter().map(|w| tenths(*w)).sum::<u64>()),
     );
-    println!("body: {:?}", response.text().await?);
+    let one_key = keys.windows(2).all(|pair| pair[0] == pair[1]);
+    println!(
+        "{} Idempotency-Key on all {} attempts, so the server can make the order once",
+        if one_key { "one" } else { "NOT ONE" },
+        keys.len(),
+    );
+    println!("body: {}", response.text().await?);
     Ok(())
 }
 
-/// Prints each attempt that the retry middleware sends down the chain.
-#[derive(Debug, Default)]
+/// Prints each attempt the retry middleware sends down the chain, and keeps its key.
+#[derive(Debug)]
 struct PrintAttempts {
-    state: std::sync::Mutex<(u32, Option<Instant>)>,
+    keys: Arc<Mutex<Vec<String>>>,
 }
 
 #[async_trait::async_trait]
@@ -76,29 +95,37 @@ impl Middleware for PrintAttempts {
         extensions: &mut Extensions,
         next: Next<'_>,
     ) -> reqwest_middleware::Result<Response> {
-        let (attempt, waited) = {
-            let mut state = self.state.lock().unwrap();
-            state.0 += 1;
-            (state.0, state.1.map(|ended| ended.elapsed()))
+        let key = request
+            .headers()
+            .get("idempotency-key")
+            .and_then(|k| k.to_str().ok())
+            .unwrap_or("(none)")
+            .to_owned();
+        let attempt = {
+            let mut keys = self.keys.lock().unwrap();
+            keys.push(key.clone());
+            keys.len()
         };
-        if let Some(waited) = waited {
-            println!("  ... waited {} (backoff with jitter)", fmt_ms(waited));
-        }
         let label = format!(
-            "attempt {attempt}: {} {}",
+            "attempt {attempt}: {} {} Idempotency-Key: {key}",
             request.method(),
-            request.url().path()
+            request.url().path(),
         );
         let outcome = next.run(request, extensions).await;
         match &outcome {
             Ok(response) => println!("{label} -> {}", response.status()),
             Err(err) => println!("{label} -> error: {err}"),
         }
-        self.state.lock().unwrap().1 = Some(Instant::now());
         outcome
     }
 }
 
-fn fmt_ms(d: Duration) -> String {
-    format!("{} ms", d.as_millis())
+/// A duration in tenths of a millisecond, rounded.
+fn tenths(d: Duration) -> u64 {
+    ((d.as_micros() + 50) / 100) as u64
+}
+
+/// Tenths of a millisecond as a person reads them.
+fn ms(tenths: u64) -> String {
+    format!("{}.{} ms", tenths / 10, tenths % 10)
 }
