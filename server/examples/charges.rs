@@ -14,11 +14,11 @@
 //! cargo run -p safe-retry-server --example charges -- --walkthrough
 //! ```
 //!
-//! Options: `--addr` [127.0.0.1:8090], `--database-url` [one SQLite file, the same on every
-//! run, in the temporary directory: `safe-retry-charges/charges.db`, printed at start;
-//! `postgres://…` with `--features postgres`], `--effect-delay-ms` [50]: how long a charge
-//! works before it writes its effect. Any number of processes may start on one new database at
-//! once.
+//! Options: `--addr` [127.0.0.1:8090], `--database-url` [a new SQLite file for this run, in the
+//! temporary directory, printed at start and removed when the demo is stopped with Ctrl-C;
+//! `sqlite://charges.db` keeps one across runs and restarts; `postgres://…` with `--features
+//! postgres`], `--effect-delay-ms` [50]: how long a charge works before it writes its effect.
+//! Any number of processes may start on one new database at once.
 //!
 //! The external call: `--payments-url URL` and `--receipts-url URL` turn on `POST /orders`
 //! (an order row, a charge at `URL/charges` through this workspace's client, a receipt to
@@ -129,16 +129,27 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         return walk(options.database_url).await;
     }
     let listener = tokio::net::TcpListener::bind(&options.addr).await?;
-    let url = match &options.database_url {
-        Some(url) => url.clone(),
-        // One stable file, the same for every run: a restarted server keeps its keys (and a
-        // charge retried across the restart is still made once).
+    let (url, own_file) = match &options.database_url {
+        Some(url) => (url.clone(), None),
+        // A database of this run's own: what the README shows (the first charge is effect 1)
+        // holds whatever ran before. `--database-url sqlite://charges.db` keeps one across
+        // restarts (and a charge retried across a restart is still made once).
         None => {
-            let dir = std::env::temp_dir().join("safe-retry-charges");
-            std::fs::create_dir_all(&dir)?;
-            format!("sqlite://{}", dir.join("charges.db").display())
+            let file =
+                std::env::temp_dir().join(format!("safe-retry-charges-{}.db", std::process::id()));
+            (format!("sqlite://{}", file.display()), Some(file))
         }
     };
+    if let Some(file) = own_file {
+        // Ctrl-C (or a SIGTERM) ends the demo and removes its database.
+        tokio::spawn(async move {
+            let code = stopped().await;
+            for end in ["", "-wal", "-shm", "-journal"] {
+                let _ = std::fs::remove_file(format!("{}{end}", file.display()));
+            }
+            std::process::exit(code);
+        });
+    }
     if url.starts_with("postgres") {
         #[cfg(feature = "postgres")]
         {
@@ -150,6 +161,31 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     let store = safe_retry_server::SqliteStore::open(&url).await?;
     serve(store, &url, options, listener).await
+}
+
+/// Waits for Ctrl-C or, on Unix, a SIGTERM, and returns the exit code a shell gives each.
+async fn stopped() -> i32 {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        let Ok(mut term) = signal(SignalKind::terminate()) else {
+            return ctrl_c().await;
+        };
+        tokio::select! {
+            code = ctrl_c() => code,
+            _ = term.recv() => 143,
+        }
+    }
+    #[cfg(not(unix))]
+    ctrl_c().await
+}
+
+async fn ctrl_c() -> i32 {
+    match tokio::signal::ctrl_c().await {
+        Ok(()) => 130,
+        // No handler could be installed: the database stays, as any other file would.
+        Err(_) => std::future::pending().await,
+    }
 }
 
 async fn serve<S: ChargesDb>(
@@ -245,7 +281,7 @@ async fn walk(database_url: Option<String>) -> Result<(), Box<dyn std::error::Er
         "each run is killed with SIGKILL at the point; a new process on the same database finishes it\n"
     );
     println!(
-        "{:<18} {:<15} {:>8} {:>13} {:>9} {:>14} {:>11}  {:<9}",
+        "{:<18} {:<15} {:>8} {:>13} {:>9} {:>14} {:>11}  {:<10} {}",
         "killed at",
         "finished by",
         "charges",
@@ -253,12 +289,13 @@ async fn walk(database_url: Option<String>) -> Result<(), Box<dyn std::error::Er
         "receipts",
         "receipt calls",
         "order rows",
-        "receipt"
+        "outbox",
+        "answers"
     );
     let walked = walkthrough::walk_all(&binary, database).await;
     for w in &walked {
         println!(
-            "{:<18} {:<15} {:>8} {:>13} {:>9} {:>14} {:>11}  {:<9} {}",
+            "{:<18} {:<15} {:>8} {:>13} {:>9} {:>14} {:>11}  {:<10} {}",
             w.point,
             w.finished_by,
             w.charges,
@@ -266,11 +303,11 @@ async fn walk(database_url: Option<String>) -> Result<(), Box<dyn std::error::Er
             w.receipts,
             w.receipt_calls,
             w.order_rows,
-            format!("{} ({}×)", w.outbox.0, w.outbox.1),
+            w.outbox.0,
             if w.answers_identical {
-                "answers identical"
+                "identical"
             } else {
-                "ANSWERS DIFFER"
+                "DIFFER"
             }
         );
     }

@@ -21,6 +21,9 @@ pub struct Receiver {
     effects: Mutex<Vec<(String, String)>>,
     /// Requests received, repeats and refusals included.
     pub calls: AtomicUsize,
+    /// Requests served (an effect performed, or its answer sent again): neither refused while
+    /// down nor refused by `refuse_with`.
+    pub served: AtomicUsize,
     /// While set, every request is answered 503 before anything is done.
     pub down: AtomicBool,
     /// While not 0, every request is answered with this status before anything is done.
@@ -41,6 +44,7 @@ impl Receiver {
             answers: Mutex::default(),
             effects: Mutex::default(),
             calls: AtomicUsize::new(0),
+            served: AtomicUsize::new(0),
             down: AtomicBool::new(false),
             refuse_with: AtomicU16::new(0),
             hold: AtomicBool::new(false),
@@ -97,6 +101,7 @@ async fn receive(
     else {
         return (StatusCode::BAD_REQUEST, "an Idempotency-Key is required").into_response();
     };
+    receiver.served.fetch_add(1, Ordering::SeqCst);
     let answer = {
         let mut answers = lock(&receiver.answers);
         if let Some((status, body)) = answers.get(&key) {

@@ -29,12 +29,12 @@ pub struct Walked {
     pub finished_by: &'static str,
     /// Charges the payment provider performed for the order.
     pub charges: usize,
-    /// Calls the payment provider received (repeats it collapsed included).
+    /// Calls the payment provider served (repeats it collapsed included).
     pub charge_calls: usize,
     /// Receipts the receipt service performed.
     pub receipts: usize,
-    /// Deliveries the receipt service received (repeats it collapsed and the ones it refused
-    /// while down included).
+    /// Deliveries the receipt service served (repeats it collapsed included; not the ones it
+    /// refused while down, whose number depends on how soon the relay tried).
     pub receipt_calls: usize,
     /// Order rows the service wrote.
     pub order_rows: u64,
@@ -209,6 +209,9 @@ pub async fn walk(binary: &Path, point: &'static str, database: &str) -> Walked 
             .expect("open")
             .forget(),
     }
+    // Whether the first process stored the order's answer before it died: then only the
+    // receipt's delivery is left to finish.
+    let completed_first = record_status(&client, &first.addr, &key).await == "completed";
     first.kill().await;
     let _ = sent.await;
     receipts.down.store(false, Ordering::SeqCst);
@@ -220,14 +223,7 @@ pub async fn walk(binary: &Path, point: &'static str, database: &str) -> Walked 
     // First nobody asks: the reconciler finishes what reached a recovery point (up to 1.5 s).
     // Then the client retries until it has the answer, and the receipt is relayed.
     for _ in 0..60 {
-        let record = client
-            .get(format!("http://{}/record?key={key}", second.addr))
-            .send()
-            .await
-            .expect("the record");
-        let record: serde_json::Value =
-            serde_json::from_slice(&record.bytes().await.expect("a body")).unwrap_or_default();
-        if record["status"] == "completed" {
+        if record_status(&client, &second.addr, &key).await == "completed" {
             break;
         }
         tokio::time::sleep(Duration::from_millis(25)).await;
@@ -262,15 +258,17 @@ pub async fn walk(binary: &Path, point: &'static str, database: &str) -> Walked 
     second.kill().await;
     Walked {
         point,
-        finished_by: if first_answer.1 {
+        finished_by: if completed_first {
+            "the relay"
+        } else if first_answer.1 {
             "the reconciler"
         } else {
             "a retry"
         },
         charges: payments.effects().len(),
-        charge_calls: payments.calls.load(Ordering::SeqCst),
+        charge_calls: payments.served.load(Ordering::SeqCst),
         receipts: receipts.effects().len(),
-        receipt_calls: receipts.calls.load(Ordering::SeqCst),
+        receipt_calls: receipts.served.load(Ordering::SeqCst),
         order_rows: effects["count"].as_u64().unwrap_or(0),
         outbox,
         answers_identical: answers.len() == 3
@@ -278,6 +276,19 @@ pub async fn walk(binary: &Path, point: &'static str, database: &str) -> Walked 
                 .iter()
                 .all(|a| a.0 == first_answer.0 && a.2 == first_answer.2),
     }
+}
+
+/// The status of `key`'s record on the process at `addr` (`completed`, `in_progress`, ...), or
+/// an empty string for none.
+async fn record_status(client: &reqwest::Client, addr: &str, key: &str) -> String {
+    let record = client
+        .get(format!("http://{addr}/record?key={key}"))
+        .send()
+        .await
+        .expect("the record");
+    let record: serde_json::Value =
+        serde_json::from_slice(&record.bytes().await.expect("a body")).unwrap_or_default();
+    record["status"].as_str().unwrap_or_default().to_owned()
 }
 
 /// Walks every point at once, each on the database `database(point)` names.

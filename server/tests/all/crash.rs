@@ -13,16 +13,23 @@ fn check(walked: &[Walked]) {
         assert_eq!(w.order_rows, 1, "one order row: {w:?}");
         assert_eq!(w.outbox.0, "sent", "{w:?}");
         assert!(w.answers_identical, "{w:?}");
+        // What finished each: nothing was saved for a resumption before the order, so only the
+        // client's retry can; after the delivery the answer was stored, and only the relay had
+        // work left; in between, the reconciler resumed the record at its recovery point.
+        let finisher = match w.point {
+            "before-order" => "a retry",
+            AFTER_DELIVERY => "the relay",
+            _ => "the reconciler",
+        };
+        assert_eq!(w.finished_by, finisher, "{w:?}");
         match w.point {
-            // Nothing was saved for a resumption: only the client's retry can finish it.
-            "before-order" => assert_eq!(w.finished_by, "a retry", "{w:?}"),
             // The charge was made before the kill, and made again, under its key, after.
             "after-charge-call" => assert_eq!(w.charge_calls, 2, "{w:?}"),
             // The receipt was delivered before the kill, and again, under its key, after.
             AFTER_DELIVERY => {
                 assert_eq!((w.receipt_calls, w.outbox.1), (2, 2), "{w:?}")
             }
-            _ => assert_eq!(w.charge_calls, 1, "{w:?}"),
+            _ => assert_eq!((w.charge_calls, w.receipt_calls), (1, 1), "{w:?}"),
         }
     }
 }

@@ -252,14 +252,16 @@ pub async fn three_processes_start_together_on_a_new_database<S: Backend>() {
     }
 }
 
-/// Defect 7: Without `--database-url` the example keeps one stable file, printed at start: a restart
-/// serves the same keys.
-pub async fn the_example_s_default_database_is_one_stable_file<S: Backend>() {
+/// Without `--database-url` each run of the example has a database of its own, which Ctrl-C
+/// removes: what the README shows (the first charge is effect 1) holds whatever ran before,
+/// this suite included.
+pub async fn the_example_s_default_database_is_its_own_and_goes_with_it<S: Backend>() {
     if S::ROW_LOCKS {
         return; // The default is SQLite's: one run of this test is enough.
     }
     let binary = crate::walkthrough::example_binary();
-    let mut printed = Vec::new();
+    let client = reqwest::Client::new();
+    let mut files = Vec::new();
     for _ in 0..2 {
         let mut child = tokio::process::Command::new(&binary)
             .args(["--addr", "127.0.0.1:0"])
@@ -274,16 +276,38 @@ pub async fn the_example_s_default_database_is_one_stable_file<S: Backend>() {
             .expect("the example starts within 20 s")
             .expect("its stdout")
             .expect("a first line");
-        child.kill().await.unwrap();
-        printed.push(first.split("(database: ").nth(1).map(str::to_owned));
+        let addr = first
+            .strip_prefix("charges on http://")
+            .and_then(|rest| rest.split(' ').next())
+            .unwrap_or_else(|| panic!("{first}"));
+        let file = first
+            .split("(database: sqlite://")
+            .nth(1)
+            .and_then(|rest| rest.strip_suffix(')'))
+            .map(std::path::PathBuf::from)
+            .unwrap_or_else(|| panic!("{first}"));
+        assert!(file.exists(), "{file:?}");
+        let url = format!("http://{addr}/charges");
+        for _ in 0..2 {
+            let answer = post(&client, &url, Some("order-42"), "amount=1000").await;
+            assert_eq!(&answer.body[..], br#"{"effect_id":1}"#, "{answer:?}");
+        }
+        // Ctrl-C, as a person ends the demo.
+        let pid = child.id().expect("running").to_string();
+        let sent = std::process::Command::new("kill")
+            .args(["-INT", &pid])
+            .status()
+            .expect("kill runs");
+        assert!(sent.success());
+        let ended = tokio::time::timeout(Duration::from_secs(10), child.wait())
+            .await
+            .expect("Ctrl-C ends the demo within 10 s")
+            .unwrap();
+        assert_eq!(ended.code(), Some(130));
+        assert!(!file.exists(), "the demo removed its database {file:?}");
+        files.push(file);
     }
-    assert!(
-        printed[0]
-            .as_deref()
-            .is_some_and(|d| d.contains("charges.db")),
-        "{printed:?}"
-    );
-    assert_eq!(printed[0], printed[1], "one file for every run");
+    assert_ne!(files[0], files[1], "each run has a database of its own");
 }
 
 /// A shared scope's replay never carries the first caller's `Set-Cookie`; a caller's own
@@ -422,6 +446,6 @@ on_every_store!(
     renewals_never_burn_a_key,
     a_held_row_never_stalls_the_claims,
     three_processes_start_together_on_a_new_database,
-    the_example_s_default_database_is_one_stable_file,
+    the_example_s_default_database_is_its_own_and_goes_with_it,
     a_replay_across_callers_never_carries_set_cookie,
 );
