@@ -276,24 +276,43 @@ pub mod postgres {
         .unwrap();
     }
 
+    /// How long the first connection of a test may take before the server counts as absent:
+    /// a server on loopback answers in milliseconds; without one, each test fails within this
+    /// (sqlx's own default, 30 s, made the 55 PostgreSQL tests wait that long each).
+    const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+
+    /// Why PostgreSQL was found unreachable, once a test of this process found it so: the
+    /// tests after it fail at once, with the same message.
+    static UNREACHABLE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
     /// A new, empty schema of its own, and the options that reach it.
     async fn new_schema() -> (String, PgConnectOptions) {
         let url = url();
         let schema = unique("srs_test");
-        let unreachable = |error: sqlx::Error| -> ! {
-            panic!(
-                "PostgreSQL is unreachable at {url}: {error}. The PostgreSQL tests need a server: \
-                 the project's machines run one on 127.0.0.1:5432 (trust auth, database `test`); \
-                 elsewhere start one (e.g. `docker run -p 5432:5432 -e POSTGRES_HOST_AUTH_METHOD=trust postgres`) \
-                 and set SAFE_RETRY_POSTGRES_URL=postgres://user@host:port/database"
-            )
+        if let Some(message) = UNREACHABLE.get() {
+            panic!("{message}");
+        }
+        let unreachable = |error: &dyn std::fmt::Display| -> ! {
+            let message = UNREACHABLE.get_or_init(|| {
+                format!(
+                    "PostgreSQL is unreachable at {url}: {error}. The PostgreSQL tests need a server: \
+                     the project's machines run one on 127.0.0.1:5432 (trust auth, database `test`); \
+                     elsewhere start one (e.g. `docker run -p 5432:5432 -e POSTGRES_HOST_AUTH_METHOD=trust postgres`) \
+                     and set SAFE_RETRY_POSTGRES_URL=postgres://user@host:port/database"
+                )
+            });
+            panic!("{message}")
         };
-        let options = PgConnectOptions::from_str(&url).unwrap_or_else(|e| unreachable(e));
-        let admin = PgPoolOptions::new()
+        let options = PgConnectOptions::from_str(&url).unwrap_or_else(|e| unreachable(&e));
+        let connecting = PgPoolOptions::new()
             .max_connections(1)
-            .connect_with(options.clone())
-            .await
-            .unwrap_or_else(|e| unreachable(e));
+            .acquire_timeout(CONNECT_TIMEOUT)
+            .connect_with(options.clone());
+        let admin = match tokio::time::timeout(CONNECT_TIMEOUT, connecting).await {
+            Ok(Ok(admin)) => admin,
+            Ok(Err(e)) => unreachable(&e),
+            Err(_) => unreachable(&format_args!("no connection within {CONNECT_TIMEOUT:?}")),
+        };
         sqlx::query(sqlx::AssertSqlSafe(format!("CREATE SCHEMA {schema}")))
             .execute(&admin)
             .await
