@@ -181,9 +181,11 @@ async fn retries_waiting_in_backoff_never_exceed_what_the_bucket_holds() {
     assert_eq!(dead.attempts.load(Ordering::SeqCst), 1_000 + CAPACITY);
 }
 
-/// Twenty-one callers each give up after 100 ms, while their retries wait 1 s: the ten that got
-/// tokens are dropped mid-backoff. None of their retries happened, so none stays paid for or
-/// counted, and the next request's retry is granted.
+/// Twenty-one callers of a dependency with ten tokens: ten get a retry and wait five minutes for
+/// it, eleven are refused. The ten are dropped mid-backoff, as callers that give up are. None of
+/// their retries happened, so none stays paid for or counted, and the next request's retry is
+/// granted. No timer decides when they are dropped (a loaded machine once made a 100 ms caller
+/// timeout fire before the first answers): the observer says when each has decided to wait.
 #[tokio::test]
 async fn requests_dropped_during_their_backoff_give_their_tokens_back() {
     let server = support::always(503).await;
@@ -193,16 +195,24 @@ async fn requests_dropped_during_their_backoff_give_their_tokens_back() {
         .build()
         .unwrap();
     let slow_backoff = RetryPolicy::builder()
-        .base_delay(Duration::from_secs(1))
-        .max_delay(Duration::from_secs(1))
+        .base_delay(Duration::from_secs(300))
+        .max_delay(Duration::from_secs(300))
+        .deadline(Duration::from_secs(600))
         .build()
         .unwrap();
-    // The top of every draw (a second's wait) until the last request, which draws no wait.
+    // The top of every draw (five minutes' wait) until the last request, which draws no wait.
     let draw = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(u64::MAX));
     let drawn = draw.clone();
+    let waiting = std::sync::Arc::new(tokio::sync::Semaphore::new(0));
+    let decided = waiting.clone();
     let counters = Dependency::new("default", slow_backoff).with_budget(budget.clone());
     let middleware = RetryMiddleware::new(counters.clone())
-        .with_rng(move || drawn.load(std::sync::atomic::Ordering::Relaxed));
+        .with_rng(move || drawn.load(std::sync::atomic::Ordering::Relaxed))
+        .with_observer(move |event| {
+            if event.delay.is_some() {
+                decided.add_permits(1);
+            }
+        });
     let client = ClientBuilder::new(reqwest::Client::new())
         .with(middleware)
         .build();
@@ -210,23 +220,32 @@ async fn requests_dropped_during_their_backoff_give_their_tokens_back() {
     let mut callers = tokio::task::JoinSet::new();
     for _ in 0..21 {
         let (client, url) = (client.clone(), server.uri());
-        callers.spawn(async move {
-            tokio::time::timeout(Duration::from_millis(100), client.get(url).send()).await
-        });
+        callers.spawn(async move { client.get(url).send().await });
     }
-    let (mut gave_up, mut refused) = (0, 0);
-    while let Some(done) = callers.join_next().await {
-        match done.unwrap() {
-            Err(_elapsed) => gave_up += 1,
-            Ok(response) => {
-                let record = RetryRecord::of(&response.unwrap()).unwrap();
-                assert_eq!(record.stop_reason(), StopReason::BudgetExhausted);
-                refused += 1;
-            }
+    // A bound on the wait, not a part of the scenario: every step below takes milliseconds.
+    let refused = tokio::time::timeout(Duration::from_secs(30), async {
+        waiting.acquire_many(10).await.unwrap().forget();
+        let mut refused = 0;
+        while refused < 11 {
+            let response = callers.join_next().await.unwrap().unwrap().unwrap();
+            let record = RetryRecord::of(&response).unwrap();
+            assert_eq!(record.stop_reason(), StopReason::BudgetExhausted);
+            refused += 1;
         }
+        refused
+    })
+    .await
+    .expect("ten callers waiting and eleven refused");
+    assert_eq!(refused, 11);
+    assert_eq!(budget.balance(), 0.0, "the ten waiting have paid");
+    callers.abort_all();
+    let mut gave_up = 0;
+    while let Some(done) = callers.join_next().await {
+        assert!(done.unwrap_err().is_cancelled(), "dropped in its backoff");
+        gave_up += 1;
     }
 
-    assert_eq!((gave_up, refused), (10, 11));
+    assert_eq!(gave_up, 10);
     assert_eq!(server.received_requests().await.unwrap().len(), 21);
     assert_eq!(budget.balance(), 10.0);
     let counts = counters.counters();
