@@ -18,10 +18,9 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
-
-use http::uri::PathAndQuery;
 use std::time::Duration;
 
+use http::uri::PathAndQuery;
 use reqwest_safe_retry::{GrpcConfig, GrpcRetryLayer, RetryRecord, SeededRng};
 use tonic::{Code, Status};
 use tower_layer::Layer;
