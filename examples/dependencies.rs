@@ -6,8 +6,8 @@
 //! each dependency are printed.
 //!
 //! The middleware logs through `tracing`: this example prints what a subscriber at INFO shows (a
-//! retry at INFO, a give-up at WARN), as your application's subscriber would. The
-//! random source has a fixed seed, so the waits are the same on every run.
+//! retry at INFO, a give-up at WARN), as your application's subscriber would. The random source
+//! has a fixed seed, so the waits are the same on every run.
 //!
 //! Run it with `cargo run --example dependencies`.
 
