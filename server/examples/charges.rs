@@ -281,7 +281,7 @@ async fn walk(database_url: Option<String>) -> Result<(), Box<dyn std::error::Er
         "each run is killed with SIGKILL at the point; a new process on the same database finishes it\n"
     );
     println!(
-        "{:<18} {:<15} {:>8} {:>13} {:>9} {:>14} {:>11}  {:<10} {}",
+        "{:<18} {:<15} {:>8} {:>13} {:>9} {:>14} {:>11}  {:<10} answers",
         "killed at",
         "finished by",
         "charges",
@@ -290,7 +290,6 @@ async fn walk(database_url: Option<String>) -> Result<(), Box<dyn std::error::Er
         "receipt calls",
         "order rows",
         "outbox",
-        "answers"
     );
     let walked = walkthrough::walk_all(&binary, database).await;
     for w in &walked {
