@@ -1017,17 +1017,20 @@ impl<'a> Decider<'a> {
 
     /// The budget's part in a final outcome: a first attempt the dependency answered (with a
     /// response that is not a transient failure) deposits; a success after retries refunds its
-    /// last retry, if the budget refunds.
+    /// last retry, if the budget refunds. A gRPC call that committed (its head a `200` without
+    /// a status: the status follows in its trailers) settles as an HTTP `200` does: the budget
+    /// cannot wait for the trailers, and the server answered. (A6's throttling, where a channel
+    /// has it, reads the trailers' status instead.)
     fn settle(&self, stop: StopReason, answered: bool) {
         let Some(budget) = self.accounts.budget else {
             return;
         };
-        let earned = matches!(stop, StopReason::Succeeded | StopReason::NotRetryable);
+        let succeeded = matches!(stop, StopReason::Succeeded | StopReason::Committed);
         if self.attempt == 1 {
-            if answered && earned {
+            if answered && (succeeded || stop == StopReason::NotRetryable) {
                 budget.deposit_first_attempt();
             }
-        } else if stop == StopReason::Succeeded {
+        } else if succeeded {
             budget.refund(self.last_cost);
         }
     }

@@ -270,6 +270,38 @@ fn an_answer_that_is_not_retryable_earns_but_an_error_earns_nothing() {
 }
 
 #[test]
+fn a_committed_call_settles_as_a_success_does() {
+    // A first attempt that committed deposits.
+    let s = Setup::new(
+        RetryPolicy::default(),
+        Some(RetryBudget::builder().initial(0.0).build().unwrap()),
+    );
+    let mut d = s.decider(false);
+    begin(&mut d, &s.time);
+    let next = d.after(final_(StopReason::Committed, true), &s.time, TOP);
+    assert_eq!(next, Wait::Stop(StopReason::Committed));
+    assert_eq!(s.balance(), 100);
+    // After a retry, a budget that refunds successes refunds the committed call's last retry.
+    let s = Setup::new(
+        RetryPolicy::default(),
+        Some(
+            RetryBudget::builder()
+                .refund_on_success(true)
+                .build()
+                .unwrap(),
+        ),
+    );
+    let mut d = s.decider(false);
+    begin(&mut d, &s.time);
+    assert!(matches!(d.after(transient(), &s.time, TOP), Wait::Sleep(_)));
+    let paid = s.balance();
+    s.time.advance(100 * MS);
+    begin(&mut d, &s.time);
+    d.after(final_(StopReason::Committed, true), &s.time, TOP);
+    assert_eq!(s.balance(), paid + 1_000, "the retry's token back");
+}
+
+#[test]
 fn a_transient_failure_unsafe_to_repeat_stops_and_earns_nothing() {
     let s = Setup::new(
         RetryPolicy::default(),

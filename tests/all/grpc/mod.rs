@@ -580,6 +580,50 @@ async fn without_throttling_retries_are_paid_from_one_budget_for_every_method() 
     assert!(record.attempts() <= 2, "{record:?}");
 }
 
+/// Issue 64, defect 5: without `retryThrottling` the layer's budget pays the retries, and a call
+/// that commits (its status in the trailers, as every unary OK from a tonic server is) earns
+/// for it as an HTTP answer does: 200 of them refill a budget that failures drained.
+#[tokio::test]
+async fn without_throttling_committed_calls_refill_the_budget_as_http_answers_do() {
+    let failing = Script::new((0..100).map(|_| Act::Fail(Code::Unavailable, None)));
+    let answering = Script::new([]);
+    let (failing_uri, answering_uri) = (serve(&failing).await, serve(&answering).await);
+    let config = GrpcConfig::new()
+        .retry("echo.Echo", unavailable(5))
+        .unwrap();
+    let (layer, _clock) = faked(config);
+    let (fails, answers) = (
+        layer.layer(channel(&failing_uri)),
+        layer.layer(channel(&answering_uri)),
+    );
+    // Failures until the budget (10 tokens) runs dry.
+    let mut dry = false;
+    for _ in 0..8 {
+        let status = say(fails.clone(), text("x")).await.unwrap_err();
+        if RetryRecord::of_status(&status).unwrap().stop_reason() == StopReason::BudgetExhausted {
+            dry = true;
+            break;
+        }
+    }
+    assert!(dry, "the budget ran dry");
+    // 200 calls answered OK, each committed: a tenth of a token each, the budget full again. No
+    // time passes on the fake clock meanwhile, so nothing else refills it.
+    for _ in 0..200 {
+        let answer = say(answers.clone(), text("y")).await.unwrap();
+        assert_eq!(
+            RetryRecord::of(&answer).unwrap().stop_reason(),
+            StopReason::Committed
+        );
+    }
+    let status = say(fails, text("z")).await.unwrap_err();
+    let record = RetryRecord::of_status(&status).unwrap();
+    assert_eq!(
+        (record.attempts(), record.stop_reason()),
+        (5, StopReason::AttemptsExhausted),
+        "{record:?}"
+    );
+}
+
 #[tokio::test]
 async fn a_caller_s_own_key_in_metadata_is_kept_on_every_attempt() {
     let script = Script::new([Act::Fail(Code::Unavailable, None)]);
