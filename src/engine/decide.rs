@@ -885,6 +885,18 @@ impl<'a> Decider<'a> {
         })
     }
 
+    /// Whether a hedged call's next copy may be due at `at` (from `now`): not at or past the
+    /// call's deadline, where it would have nothing left. A pushback or a hedging delay longer
+    /// than what is left sends no further copy; the call then ends when the copies out have
+    /// (at once, if none is), never after its deadline. Counted as a deadline stop when not.
+    pub(crate) fn grpc_copy_due(&mut self, at: Instant, now: Instant) -> Result<(), StopReason> {
+        if at.saturating_duration_since(now) < self.remaining(now) {
+            return Ok(());
+        }
+        self.count(Count::DeadlineStop);
+        Err(StopReason::DeadlineReached)
+    }
+
     /// How a copy of the hedged call ended, in `observed`, for its course: the throttling
     /// counts it (as it counts an attempt's end); a copy cut at its limit reached the call's
     /// deadline; a non-fatal failure carries the server's pushback.

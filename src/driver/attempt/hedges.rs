@@ -21,7 +21,7 @@ use crate::driver::body::Outcome;
 use crate::driver::claim::{self, Beneath, Claiming};
 use crate::driver::trace::{LogLevels, Traced};
 use crate::engine::classify::Verdict;
-use crate::engine::decide::{Observed, Plan};
+use crate::engine::decide::{Decider, Observed, Plan};
 use crate::engine::grpc::hedging::{Course, Then};
 use crate::engine::schedule::Wait;
 use crate::error::LastError;
@@ -87,7 +87,7 @@ impl<'s, 'l, 'p, 'q, 'd, N: Beneath + 's> Hedges<'s, 'l, 'p, 'q, 'd, N> {
         };
         let mut copies = Vec::with_capacity(spares.len() + 1);
         copies.push(first);
-        Some(Hedges {
+        let mut hedges = Hedges {
             lent,
             door: next,
             span,
@@ -98,7 +98,10 @@ impl<'s, 'l, 'p, 'q, 'd, N: Beneath + 's> Hedges<'s, 'l, 'p, 'q, 'd, N> {
             due: None,
             asking: None,
             last: None,
-        })
+        };
+        // The first copy is out: the course goes on whatever this says of the next.
+        let _ = in_time(&mut hedges.course, &mut hedges.lent.decider, now);
+        Some(hedges)
     }
 
     /// The call's outcome and verdict (final), once it has them.
@@ -181,7 +184,11 @@ impl<'s, 'l, 'p, 'q, 'd, N: Beneath + 's> Hedges<'s, 'l, 'p, 'q, 'd, N> {
             let observed = Observed::of(&seen, verdict, lent.kept.resend());
             let end = lent.decider.grpc_copy_ended(&observed);
             let now = lent.tools.clock.get().now();
-            match self.course.ended(end, now) {
+            let then = match self.course.ended(end, now) {
+                Then::Go => in_time(&mut self.course, &mut lent.decider, now),
+                end => end,
+            };
+            match then {
                 Then::End(stop) => return Some(self.end(outcome, number, stop)),
                 Then::Go => {
                     // Traced as an attempt is, with the wait before the next copy.
@@ -236,6 +243,8 @@ impl<'s, 'l, 'p, 'q, 'd, N: Beneath + 's> Hedges<'s, 'l, 'p, 'q, 'd, N> {
             limit: plan.limit,
         });
         self.course.sent(now);
+        // A copy is out: the course goes on whatever this says of the next.
+        let _ = in_time(&mut self.course, &mut self.lent.decider, now);
         None
     }
 
@@ -265,6 +274,18 @@ impl<'s, 'l, 'p, 'q, 'd, N: Beneath + 's> Hedges<'s, 'l, 'p, 'q, 'd, N> {
             self.lent.decider.grpc_hedge_won();
         }
         (outcome, Verdict::Final(stop), false)
+    }
+}
+
+/// `course` as it stands at `now`, its next copy given up if `decider` says it would be due at
+/// or past the call's deadline.
+fn in_time(course: &mut Course, decider: &mut Decider<'_>, now: Instant) -> Then {
+    let Some(at) = course.due() else {
+        return Then::Go;
+    };
+    match decider.grpc_copy_due(at, now) {
+        Ok(()) => Then::Go,
+        Err(stop) => course.close(stop),
     }
 }
 

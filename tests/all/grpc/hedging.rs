@@ -169,6 +169,41 @@ async fn a_pushback_sets_the_next_copy_s_time() {
     assert_eq!(script.seen().len(), 2);
 }
 
+/// Issue 64, defect 1: a pushback past the call's deadline sends no further copy, and the call,
+/// with none out, ends then: not when the pushback ends (20 s after a 1 s deadline).
+#[tokio::test]
+async fn a_pushback_past_the_deadline_sends_no_copy_and_the_call_ends_within_it() {
+    let script = Script::new([Act::Fail(Code::Unavailable, Some("20000"))]);
+    let uri = serve(&script).await;
+    let config = GrpcConfig::new()
+        .hedge("echo.Echo", hedging(3, Duration::from_millis(100)))
+        .unwrap();
+    let (layer, clock, seen) = layer(config);
+    let mut request = text("x");
+    request.set_timeout(Duration::from_secs(1));
+    let call = tokio::spawn(say(layer.layer(channel(&uri)), request));
+    observed(&seen, 1).await;
+    assert_eq!(
+        seen.lock().unwrap()[0],
+        (1, None, Some(StopReason::DeadlineReached))
+    );
+    // No time moves: the call has nothing left to wait for. (A bound in real time, not a part
+    // of the scenario: before the fix it waited for the 20 s timer, which never fired here.)
+    let status = tokio::time::timeout(Duration::from_secs(10), call)
+        .await
+        .expect("the call ends without waiting out the pushback")
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+    let record = RetryRecord::of_status(&status).unwrap();
+    assert_eq!(
+        (record.attempts(), record.stop_reason()),
+        (1, StopReason::DeadlineReached)
+    );
+    assert_eq!(clock.elapsed(), Duration::ZERO);
+    assert_eq!(script.seen().len(), 1);
+}
+
 #[tokio::test]
 async fn a_pushback_that_says_stop_sends_no_more_copies_and_the_one_out_answers() {
     let (first, second) = (gate(), gate());

@@ -245,3 +245,21 @@ fn a_call_without_a_deadline_waits_out_the_longest_pushback() {
         Wait::Sleep(Duration::from_millis(2_147_483_647))
     );
 }
+
+#[test]
+fn a_hedged_call_s_next_copy_is_never_due_at_or_past_its_deadline() {
+    let policy = a6(3).to_builder().deadline(secs(1)).build().unwrap();
+    assert!(policy.grpc().is_some());
+    let s = Setup::new(policy, None);
+    let mut d = s.decider(false);
+    begin(&mut d, &s.time);
+    s.time.advance(200 * MS);
+    let now = s.time.now();
+    // 800 ms left: a copy due before then may go; one due at or past it never will.
+    assert_eq!(d.grpc_copy_due(now + 799 * MS, now), Ok(()));
+    assert_eq!(s.counts().deadline_stops, 0);
+    for at in [now + 800 * MS, now + secs(20)] {
+        assert_eq!(d.grpc_copy_due(at, now), Err(StopReason::DeadlineReached));
+    }
+    assert_eq!(s.counts().deadline_stops, 2);
+}
