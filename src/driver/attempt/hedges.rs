@@ -100,7 +100,7 @@ impl<'s, 'l, 'p, 'q, 'd, N: Beneath + 's> Hedges<'s, 'l, 'p, 'q, 'd, N> {
             last: None,
         };
         // The first copy is out: the course goes on whatever this says of the next.
-        let _ = in_time(&mut hedges.course, &mut hedges.lent.decider, now);
+        let _ = in_time(&mut hedges.course, hedges.lent.decider, now);
         Some(hedges)
     }
 
@@ -185,7 +185,7 @@ impl<'s, 'l, 'p, 'q, 'd, N: Beneath + 's> Hedges<'s, 'l, 'p, 'q, 'd, N> {
             let end = lent.decider.grpc_copy_ended(&observed);
             let now = lent.tools.clock.get().now();
             let then = match self.course.ended(end, now) {
-                Then::Go => in_time(&mut self.course, &mut lent.decider, now),
+                Then::Go => in_time(&mut self.course, lent.decider, now),
                 end => end,
             };
             match then {
@@ -244,7 +244,7 @@ impl<'s, 'l, 'p, 'q, 'd, N: Beneath + 's> Hedges<'s, 'l, 'p, 'q, 'd, N> {
         });
         self.course.sent(now);
         // A copy is out: the course goes on whatever this says of the next.
-        let _ = in_time(&mut self.course, &mut self.lent.decider, now);
+        let _ = in_time(&mut self.course, self.lent.decider, now);
         None
     }
 
