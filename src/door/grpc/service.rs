@@ -31,9 +31,10 @@ use crate::stop::StopReason;
 /// [`Bytes`]. So a generated client takes it in place of its channel:
 /// `EchoClient::new(ServiceBuilder::new().layer(layer).service(channel))`.
 ///
-/// A call that ends with a gRPC status other than `OK` in its head (a trailers-only answer) is
-/// handed back as an error: the `tonic::Status` that tonic would have read from it, whose
-/// source carries the [`RetryRecord`] ([`RetryRecord::of_status`] reads it). A committed
+/// A call that ends with a gRPC status other than `OK` in its head (a trailers-only answer), or
+/// with an HTTP failure that has none (a proxy's `503`), is handed back as an error: the
+/// `tonic::Status` that tonic would have read from it, whose source carries the
+/// [`RetryRecord`] ([`RetryRecord::of_status`] reads it). A committed
 /// call's answer carries its record in its extensions (`RetryRecord::of` on the
 /// `tonic::Response`). A transport failure the layer gave up on is a
 /// [`RetryError<BoxError>`](crate::RetryError), boxed, which tonic makes a `Status` of by its
@@ -140,16 +141,23 @@ fn past_deadline(err: BoxError) -> BoxError {
 }
 
 /// A call's answer as the caller gets it: a trailers-only answer with a failure status is the
-/// `tonic::Status` it says, its source the call's record; any other answer as it came.
+/// `tonic::Status` it says, its source the call's record; so is an HTTP failure without a
+/// gRPC status (a proxy's `503`), as the code gRPC maps its HTTP status to, with the message
+/// tonic gives it; any other answer as it came.
 fn failed_status<R>(answer: Answer<R>) -> Result<Answer<R>, BoxError> {
-    match grpc::said(answer.status(), answer.headers()) {
-        grpc::Said::Status(code) if code != grpc::OK => {}
+    let code = match grpc::said(answer.status(), answer.headers()) {
+        grpc::Said::Status(code) if code != grpc::OK => code,
         _ => return Ok(answer),
-    }
-    let Some(mut status) = tonic::Status::from_header_map(answer.headers()) else {
-        // An HTTP failure without a gRPC status: tonic reads it from the answer.
-        return Ok(answer);
     };
+    let mut status = tonic::Status::from_header_map(answer.headers()).unwrap_or_else(|| {
+        tonic::Status::new(
+            tonic::Code::from(i32::from(code)),
+            format!(
+                "grpc-status header missing, mapped from HTTP status code {}",
+                answer.status().as_u16()
+            ),
+        )
+    });
     // Every failure the layer hands back carries its record (only a first-attempt success is
     // spared one); without it the answer goes as it came, for tonic to read.
     let Some(record) = answer.extensions().get::<RetryRecord>().cloned() else {

@@ -489,6 +489,8 @@ enum Raw {
     Refuse,
     /// A trailers-only answer with this `grpc-status`.
     Status(&'static str),
+    /// What a proxy in front of the server answers: this HTTP status, no `grpc-status`.
+    Http(u16),
 }
 
 /// An HTTP/2 server that does with each stream what `script` says, in order (the last act for
@@ -514,6 +516,14 @@ async fn raw_h2(script: Vec<Raw>) -> (String, std::sync::Arc<std::sync::atomic::
                     let answer = http::Response::builder()
                         .header("content-type", "application/grpc")
                         .header("grpc-status", code)
+                        .body(())
+                        .unwrap();
+                    respond.send_response(answer, true).unwrap();
+                }
+                Raw::Http(status) => {
+                    let answer = http::Response::builder()
+                        .status(status)
+                        .header("content-type", "text/plain")
                         .body(())
                         .unwrap();
                     respond.send_response(answer, true).unwrap();
@@ -548,6 +558,35 @@ async fn a_stream_refused_unprocessed_is_retried_at_once_beyond_the_policy_s_att
         clock.sleeps(),
         [Duration::ZERO, a6_wait(0, draws.next_u64())]
     );
+}
+
+/// Issue 64, defect 10: a proxy's `503` or `429` (no `grpc-status`) is retried as the
+/// `UNAVAILABLE` it stands for, and the give-up carries its record, as any other does, with the
+/// status tonic reads from such an answer.
+#[tokio::test]
+async fn a_proxy_s_http_failure_given_up_carries_the_record() {
+    for proxy in [503, 429] {
+        let (uri, streams) = raw_h2(vec![Raw::Http(proxy)]).await;
+        let (layer, _clock) = faked(
+            GrpcConfig::new()
+                .retry("echo.Echo", unavailable(3))
+                .unwrap(),
+        );
+        let status = say(layer.layer(channel(&uri)), text("x"))
+            .await
+            .unwrap_err();
+        assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+        assert_eq!(
+            status.message(),
+            format!("grpc-status header missing, mapped from HTTP status code {proxy}")
+        );
+        let record = RetryRecord::of_status(&status).expect("the layer's record");
+        assert_eq!(
+            (record.attempts(), record.stop_reason()),
+            (3, StopReason::AttemptsExhausted)
+        );
+        assert_eq!(streams.load(std::sync::atomic::Ordering::SeqCst), 3);
+    }
 }
 
 #[tokio::test]
