@@ -158,7 +158,7 @@ pub(crate) fn of_causes(err: &(dyn std::error::Error + 'static)) -> Option<Fault
                 return Some(fault);
             }
         }
-        #[cfg(feature = "http2")]
+        #[cfg(any(feature = "http2", feature = "grpc"))]
         if let Some(h2) = cause.downcast_ref::<h2::Error>() {
             return h2_fault(h2);
         }
@@ -185,7 +185,7 @@ pub(crate) fn of_causes(err: &(dyn std::error::Error + 'static)) -> Option<Fault
 /// or left above a graceful GOAWAY's last stream id, was not processed and is safe to send again
 /// whatever its method; any other reset or connection failure may have come after processing.
 /// Errors this side raised itself are not transient.
-#[cfg(feature = "http2")]
+#[cfg(any(feature = "http2", feature = "grpc"))]
 fn h2_fault(err: &h2::Error) -> Option<Fault> {
     if let Some(io) = err.get_io() {
         return io_fault(io).or(Some(Fault::Reset));

@@ -534,7 +534,8 @@ async fn raw_h2(script: Vec<Raw>) -> (String, std::sync::Arc<std::sync::atomic::
     (format!("http://{address}"), streams)
 }
 
-#[cfg(feature = "http2")]
+/// Issue 64, defect 7 (with the feature `grpc` alone, as with `http2`: the gRPC door reads
+/// HTTP/2's own signals, which tonic's transport always speaks).
 #[tokio::test]
 async fn a_stream_refused_unprocessed_is_retried_at_once_beyond_the_policy_s_attempts() {
     let (uri, streams) = raw_h2(vec![Raw::Refuse, Raw::Status("14")]).await;
@@ -587,6 +588,29 @@ async fn a_proxy_s_http_failure_given_up_carries_the_record() {
         );
         assert_eq!(streams.load(std::sync::atomic::Ordering::SeqCst), 3);
     }
+}
+
+/// Issue 64, defect 7: a stream the server refuses every time ends `UNAVAILABLE`, as gRPC's
+/// HTTP/2 mapping says of `REFUSED_STREAM`, with the record: one transparent retry, then the
+/// policy's.
+#[tokio::test]
+async fn a_stream_refused_every_time_ends_unavailable_with_its_record() {
+    let (uri, streams) = raw_h2(vec![Raw::Refuse]).await;
+    let (layer, _clock) = faked(
+        GrpcConfig::new()
+            .retry("echo.Echo", unavailable(2))
+            .unwrap(),
+    );
+    let status = say(layer.layer(channel(&uri)), text("x"))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+    let record = RetryRecord::of_status(&status).expect("the layer's record");
+    assert_eq!(
+        (record.attempts(), record.stop_reason()),
+        (3, StopReason::AttemptsExhausted)
+    );
+    assert_eq!(streams.load(std::sync::atomic::Ordering::SeqCst), 3);
 }
 
 #[tokio::test]
