@@ -547,6 +547,22 @@ impl RetryOverride {
         self
     }
 
+    /// This override on a gRPC call: the call's deadline its own `grpc-timeout` (`timeout`),
+    /// which the override can shorten and never drops, and at most `most` attempts (A6's cap,
+    /// or the one the method's policy raised on purpose), which the override cannot pass.
+    #[cfg(feature = "grpc")]
+    pub(crate) fn on_grpc_call(self, timeout: Option<Duration>, most: u32) -> Self {
+        let deadline = match (self.deadline, timeout) {
+            (Some(asked), Some(call)) => Some(asked.min(call)),
+            (asked, call) => asked.or(call),
+        };
+        RetryOverride {
+            deadline,
+            max_attempts: self.max_attempts.map(|attempts| attempts.min(most)),
+            ..self
+        }
+    }
+
     /// The override a request carries in its `extensions`, for its `dependency`: the policy it
     /// runs under (`None`: the dependency's), what caps its attempts, and the error that
     /// refuses it when the override is invalid.
@@ -811,6 +827,30 @@ mod tests {
         let hooked = plain.with_classifier(|a| a.default_verdict());
         let debug = format!("{hooked:?}");
         assert!(debug.contains("classifier: Some(Classifier)"), "{debug}");
+    }
+
+    #[cfg(feature = "grpc")]
+    #[test]
+    fn on_a_grpc_call_an_override_shortens_the_deadline_and_stays_within_the_cap() {
+        let ms = Duration::from_millis;
+        let call = Some(ms(200));
+        let over = RetryOverride::new().max_attempts(9);
+        let on = over.on_grpc_call(call, 5);
+        assert_eq!((on.deadline, on.max_attempts), (Some(ms(200)), Some(5)));
+        let shorter = RetryOverride::new().deadline(ms(50)).on_grpc_call(call, 5);
+        assert_eq!(shorter.deadline, Some(ms(50)));
+        let longer = RetryOverride::new().deadline(ms(500)).on_grpc_call(call, 5);
+        assert_eq!(longer.deadline, Some(ms(200)));
+        // A call without a deadline keeps the override's; a raised cap lets more through.
+        let own = RetryOverride::new().deadline(ms(500)).on_grpc_call(None, 5);
+        assert_eq!(own.deadline, Some(ms(500)));
+        assert_eq!(over.on_grpc_call(None, 7).max_attempts, Some(7));
+        assert!(
+            RetryOverride::new()
+                .no_retries()
+                .on_grpc_call(call, 5)
+                .no_retries
+        );
     }
 
     #[test]

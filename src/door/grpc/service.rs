@@ -17,7 +17,7 @@ use crate::driver::phases::RetryMiddleware;
 use crate::driver::retry_body::RetryBody;
 use crate::driver::send_body::SendBody;
 use crate::engine::dependency::RetryOverride;
-use crate::engine::grpc;
+use crate::engine::grpc::{self, GRPC_MAX_ATTEMPTS};
 use crate::error::{BoxError, LastError, RetryError};
 use crate::record::RetryRecord;
 use crate::stop::StopReason;
@@ -73,11 +73,15 @@ where
     fn call(&mut self, request: http::Request<tonic::body::Body>) -> Self::Future {
         let (mut parts, body) = request.into_parts();
         let mut extensions = std::mem::take(&mut parts.extensions);
-        // The call's deadline spans every attempt, as A6 says: a request's own override wins.
-        if extensions.get::<RetryOverride>().is_none() {
-            if let Some(timeout) = grpc::timeout_of(&parts.headers) {
-                extensions.insert(RetryOverride::new().deadline(timeout));
-            }
+        // The call's deadline spans every attempt, as A6 says: a request's own override may
+        // shorten it, never drop it, nor pass A6's cap on attempts.
+        let timeout = grpc::timeout_of(&parts.headers);
+        let asked = extensions.get::<RetryOverride>().copied();
+        if timeout.is_some() || asked.is_some() {
+            let most = (self.shared.channel.config.for_path(parts.uri.path()))
+                .map_or(GRPC_MAX_ATTEMPTS, |policy| policy.max_attempts())
+                .max(GRPC_MAX_ATTEMPTS);
+            extensions.insert(asked.unwrap_or_default().on_grpc_call(timeout, most));
         }
         let body = SendBody::new(body);
         let held = self.shared.channel.buffer.hold(&body);

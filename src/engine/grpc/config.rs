@@ -294,7 +294,6 @@ impl MethodPolicy {
     }
 
     /// The most attempts: retries, or copies.
-    #[cfg(test)]
     pub(crate) fn max_attempts(self) -> u32 {
         match self {
             MethodPolicy::Retry(policy) => policy.max_attempts(),

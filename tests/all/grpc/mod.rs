@@ -9,9 +9,9 @@ use std::time::Duration;
 
 use reqwest_safe_retry::{
     FakeClock, GrpcConfig, GrpcHedgingPolicy, GrpcRetryLayer, GrpcRetryPolicy, RandomSource,
-    RetryRecord, RetryThrottling, SeededRng, StopReason,
+    RetryOverride, RetryRecord, RetryThrottling, SeededRng, StopReason,
 };
-use server::{Act, Script, channel, count, say, serve, text};
+use server::{Act, Gate, Script, channel, count, say, serve, text};
 use tonic::Code;
 use tower_layer::Layer;
 
@@ -611,6 +611,88 @@ async fn a_stream_refused_every_time_ends_unavailable_with_its_record() {
         (3, StopReason::AttemptsExhausted)
     );
     assert_eq!(streams.load(std::sync::atomic::Ordering::SeqCst), 3);
+}
+
+/// Issue 64, defect 2: a per-call `RetryOverride` narrows the call, never drops its
+/// `grpc-timeout`: every attempt is told what is left of the call's deadline, and the call
+/// ends `DEADLINE_EXCEEDED` at it.
+#[tokio::test]
+async fn an_override_keeps_the_call_s_deadline() {
+    let never = Gate::default();
+    let script = Script::new((0..4).map(|_| Act::Held(never.clone(), None)));
+    let uri = serve(&script).await;
+    let (layer, clock) = faked(
+        GrpcConfig::new()
+            .retry("echo.Echo", unavailable(4))
+            .unwrap(),
+    );
+    for over in [
+        RetryOverride::new().max_attempts(3),
+        RetryOverride::new().attempt_timeout(Duration::from_secs(60)),
+        RetryOverride::new().deadline(Duration::from_secs(60)),
+    ] {
+        let mut request = text("x");
+        request.set_timeout(Duration::from_millis(200));
+        request.extensions_mut().insert(over);
+        let call = tokio::spawn(say(layer.layer(channel(&uri)), request));
+        let seen = script.seen().len();
+        script.until(|s| s.seen().len() == seen + 1).await;
+        assert_eq!(
+            script.values("grpc-timeout").last().unwrap().as_deref(),
+            Some("200000u"),
+            "{over:?}"
+        );
+        clock.advance(Duration::from_millis(200));
+        let status = call.await.unwrap().unwrap_err();
+        assert_eq!(
+            status.code(),
+            Code::DeadlineExceeded,
+            "{over:?}: {status:?}"
+        );
+        let record = RetryRecord::of_status(&status).unwrap();
+        assert_eq!(
+            (record.attempts(), record.stop_reason()),
+            (1, StopReason::DeadlineReached)
+        );
+    }
+    // A shorter deadline of the override's own wins.
+    let mut request = text("x");
+    request.set_timeout(Duration::from_millis(200));
+    request
+        .extensions_mut()
+        .insert(RetryOverride::new().deadline(Duration::from_millis(50)));
+    let call = tokio::spawn(say(layer.layer(channel(&uri)), request));
+    script.until(|s| s.seen().len() == 4).await;
+    assert_eq!(
+        script.values("grpc-timeout").last().unwrap().as_deref(),
+        Some("50000000n")
+    );
+    clock.advance(Duration::from_millis(50));
+    let status = call.await.unwrap().unwrap_err();
+    assert_eq!(status.code(), Code::DeadlineExceeded, "{status:?}");
+}
+
+/// Issue 64, defect 2: an override's attempts stop at A6's cap of 5, as a policy's do.
+#[tokio::test]
+async fn an_override_s_attempts_stop_at_a6_s_cap() {
+    let script = Script::new((0..12).map(|_| Act::Fail(Code::Unavailable, None)));
+    let uri = serve(&script).await;
+    let (layer, _clock) = faked(
+        GrpcConfig::new()
+            .retry("echo.Echo", unavailable(2))
+            .unwrap(),
+    );
+    let mut request = text("x");
+    request
+        .extensions_mut()
+        .insert(RetryOverride::new().max_attempts(9));
+    let status = say(layer.layer(channel(&uri)), request).await.unwrap_err();
+    let record = RetryRecord::of_status(&status).unwrap();
+    assert_eq!(
+        (record.attempts(), record.stop_reason()),
+        (5, StopReason::AttemptsExhausted)
+    );
+    assert_eq!(script.seen().len(), 5);
 }
 
 #[tokio::test]
