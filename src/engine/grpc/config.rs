@@ -10,7 +10,7 @@ use crate::engine::budget::RetryBudget;
 use crate::engine::dependency::{Dependency, PathMatch, Routes};
 use crate::engine::grpc::hedging::GrpcHedgingPolicy;
 use crate::engine::grpc::throttle::RetryThrottling;
-use crate::engine::grpc::{CodeSet, bad_in, code_named, max_attempts, status_codes};
+use crate::engine::grpc::{CodeSet, bad_in, code_named, in_range, max_attempts, status_codes};
 use crate::engine::policy::RetryPolicy;
 use crate::error::InvalidConfig;
 
@@ -160,8 +160,9 @@ impl GrpcRetryPolicyBuilder {
     ///
     /// [`InvalidConfig`] naming the field (as a service config names it) that breaks A6's
     /// rules: no `maxAttempts` or one below 2, no `initialBackoff` or `maxBackoff` or one that
-    /// is zero, `maxBackoff` below `initialBackoff`, a `backoffMultiplier` not above zero, no
-    /// `retryableStatusCodes` or one that is not a code (0 to 16).
+    /// is zero or longer than a gRPC duration holds (about 292 years), `maxBackoff` below
+    /// `initialBackoff`, a `backoffMultiplier` not above zero, no `retryableStatusCodes` or one
+    /// that is not a code (0 to 16).
     pub fn build(self) -> Result<GrpcRetryPolicy, InvalidConfig> {
         let bad = |msg: String| Err(InvalidConfig::new(AREA, msg));
         let attempts = max_attempts(self.max_attempts, self.most, "retry").map_err(bad_in(AREA))?;
@@ -178,6 +179,8 @@ impl GrpcRetryPolicyBuilder {
                 "maxBackoff ({max:?}) must not be below initialBackoff ({initial:?})"
             ));
         }
+        in_range(initial, "initialBackoff").map_err(bad_in(AREA))?;
+        in_range(max, "maxBackoff").map_err(bad_in(AREA))?;
         let multiplier = self.multiplier.unwrap_or(2.0);
         let milli = (multiplier * 1000.0).round();
         if !(milli >= 1.0 && milli <= f64::from(u32::MAX)) {
@@ -778,6 +781,24 @@ pub(crate) fn proto_duration(text: &str) -> Option<Duration> {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn backoffs_longer_than_a_grpc_duration_are_refused_at_build() {
+        let longest = crate::engine::grpc::LONGEST;
+        let build = |initial, max| {
+            GrpcRetryPolicy::builder()
+                .max_attempts(2)
+                .initial_backoff(initial)
+                .max_backoff(max)
+                .retryable_codes([14])
+                .build()
+        };
+        assert!(build(longest, longest).is_ok());
+        let err = build(Duration::from_secs(1), Duration::MAX).unwrap_err();
+        assert!(err.to_string().contains("maxBackoff"), "{err}");
+        let err = build(Duration::MAX, Duration::MAX).unwrap_err();
+        assert!(err.to_string().contains("initialBackoff"), "{err}");
+    }
 
     fn policy(attempts: u32) -> GrpcRetryPolicy {
         GrpcRetryPolicy::builder()

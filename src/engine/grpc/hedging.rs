@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use crate::engine::grpc::Pushback;
 #[cfg(feature = "grpc")]
-use crate::engine::grpc::{CodeSet, bad_in, max_attempts, status_codes};
+use crate::engine::grpc::{CodeSet, bad_in, in_range, max_attempts, status_codes};
 #[cfg(feature = "grpc")]
 use crate::engine::policy::RetryPolicy;
 #[cfg(feature = "grpc")]
@@ -142,14 +142,15 @@ impl GrpcHedgingPolicyBuilder {
     ///
     /// [`InvalidConfig`] naming the field (as a service config names it) that breaks A6's
     /// rules: no `maxAttempts` or one below 2, no `nonFatalStatusCodes` or one that is not a
-    /// code (0 to 16).
+    /// code (0 to 16), a `hedgingDelay` longer than a gRPC duration holds (about 292 years).
     pub fn build(self) -> Result<GrpcHedgingPolicy, InvalidConfig> {
         let attempts =
             max_attempts(self.max_attempts, self.most, "hedging").map_err(bad_in(AREA))?;
+        let delay = in_range(self.delay, "hedgingDelay").map_err(bad_in(AREA))?;
         let codes = status_codes(self.codes, "nonFatalStatusCodes").map_err(bad_in(AREA))?;
         Ok(GrpcHedgingPolicy {
             max_attempts: attempts,
-            delay: self.delay,
+            delay,
             codes,
         })
     }
@@ -181,7 +182,8 @@ pub(crate) struct Course {
     delay: Duration,
     /// Copies out: sent, and not ended.
     out: u32,
-    /// When the next copy is due, if one may go.
+    /// When the next copy is due, if one may go (none past what the clock can count: a delay
+    /// too long for it is never due).
     next: Option<Instant>,
     /// Why no copy goes any more, once none will.
     closed: Option<StopReason>,
@@ -193,7 +195,7 @@ impl Course {
         Course {
             delay,
             out: 1,
-            next: Some(now + delay),
+            next: now.checked_add(delay),
             closed: None,
         }
     }
@@ -211,7 +213,7 @@ impl Course {
     /// A further copy went at `now`: the one after it is due `delay` later.
     pub(crate) fn sent(&mut self, now: Instant) {
         self.out += 1;
-        self.next = Some(now + self.delay);
+        self.next = now.checked_add(self.delay);
     }
 
     /// No further copy may go, for `stop` (the decider refused one): the call ends with the
@@ -237,7 +239,7 @@ impl Course {
             }
             CopyEnd::NonFatal(Pushback::Wait(wait)) => {
                 if self.next.is_some() {
-                    self.next = Some(now + wait);
+                    self.next = now.checked_add(wait);
                 }
             }
             CopyEnd::NonFatal(Pushback::Stop) => {

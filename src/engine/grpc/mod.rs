@@ -49,6 +49,24 @@ pub(crate) fn max_attempts(
     Ok(attempts.min(most))
 }
 
+/// The longest duration a policy's field may hold: what grpc-go reads a duration into (a
+/// `time.Duration`, nanoseconds in 63 bits: about 292 years). Longer ones are refused at build,
+/// rather than overflowing the clock's arithmetic when a call uses them.
+#[cfg(feature = "grpc")]
+pub(crate) const LONGEST: Duration = Duration::from_nanos(i64::MAX as u64);
+
+/// `value` of the field `field`, if it is not longer than [`LONGEST`]; else what is wrong.
+#[cfg(feature = "grpc")]
+pub(crate) fn in_range(value: Duration, field: &str) -> Result<Duration, String> {
+    if value > LONGEST {
+        return Err(format!(
+            "{field} ({value:?}) is longer than a gRPC duration holds (about 292 years, as \
+             grpc-go reads it): use a shorter one"
+        ));
+    }
+    Ok(value)
+}
+
 /// The status codes of the field `field`: at least one, each a code; else what is wrong.
 #[cfg(feature = "grpc")]
 pub(crate) fn status_codes(codes: Vec<i32>, field: &str) -> Result<CodeSet, String> {

@@ -156,3 +156,36 @@ fn the_policy_keeps_a6_s_rules() {
     assert_eq!((rules.codes, rules.hedge_delay), (ok.codes(), Some(5 * MS)));
     assert_eq!(run.deadline(), crate::engine::grpc::NO_DEADLINE);
 }
+
+#[test]
+fn a_delay_the_clock_cannot_count_is_never_due_and_never_overflows() {
+    let t0 = Instant::now();
+    let mut course = Course::start(Duration::MAX, t0);
+    assert_eq!(course.due(), None);
+    let mut course = Course::start(50 * MS, t0);
+    course.sent(t0);
+    let end = CopyEnd::NonFatal(Pushback::Wait(Duration::MAX));
+    assert_eq!(course.ended(end, t0), Then::Go, "one copy still out");
+    assert_eq!(course.due(), None);
+}
+
+#[test]
+fn a_delay_longer_than_a_grpc_duration_is_refused_at_build() {
+    let policy = |delay| {
+        GrpcHedgingPolicy::builder()
+            .max_attempts(2)
+            .hedging_delay(delay)
+            .non_fatal_codes([14])
+            .build()
+    };
+    let err = policy(Duration::MAX).unwrap_err().to_string();
+    assert!(
+        err.contains("hedgingDelay") && err.contains("292 years"),
+        "{err}"
+    );
+    assert!(policy(crate::engine::grpc::LONGEST).is_ok());
+    let json = r#"{"methodConfig": [{"name": [{}], "hedgingPolicy": {"maxAttempts": 2,
+        "hedgingDelay": "9223372036854775807s", "nonFatalStatusCodes": [14]}}]}"#;
+    let err = crate::GrpcConfig::from_json(json).unwrap_err().to_string();
+    assert!(err.contains("hedgingDelay"), "{err}");
+}
