@@ -154,8 +154,11 @@ fn the_grpc_door_allocates_at_most_three_more_than_tower_s_retry() {
     // Against tower's retry over the same channel (which boxes its caller's future, reads the
     // body into memory, and clones the request for a retry): at most three more, for what the
     // layer gives that it does not (the record on the answer, its map and its box, among them).
+    // Whole allocations per call: over HTTP/2 either client's count moves by a hundredth
+    // between runs (one allocation in 160 calls, a buffer of tonic's or h2's grown once; seen
+    // as (G1) 43.00 and 43.01 beside (G2) 46.01), which is not a cost per call.
     assert!(
-        door <= tower + 3.0,
+        door.round() <= tower.round() + 3.0,
         "(G2) {door:.2} against (G1) {tower:.2}"
     );
 }
