@@ -169,6 +169,7 @@ fn a_delay_the_clock_cannot_count_is_never_due_and_never_overflows() {
     assert_eq!(course.due(), None);
 }
 
+#[cfg(feature = "grpc")]
 #[test]
 fn a_delay_longer_than_a_grpc_duration_is_refused_at_build() {
     let policy = |delay| {
