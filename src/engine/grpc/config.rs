@@ -160,9 +160,10 @@ impl GrpcRetryPolicyBuilder {
     ///
     /// [`InvalidConfig`] naming the field (as a service config names it) that breaks A6's
     /// rules: no `maxAttempts` or one below 2, no `initialBackoff` or `maxBackoff` or one that
-    /// is zero or longer than a gRPC duration holds (about 292 years), `maxBackoff` below
-    /// `initialBackoff`, a `backoffMultiplier` not above zero, no `retryableStatusCodes` or one
-    /// that is not a code (0 to 16).
+    /// is zero or longer than a gRPC duration holds (about 292 years), a `backoffMultiplier`
+    /// not above zero, no `retryableStatusCodes` or one that is not a code (0 to 16). A
+    /// `maxBackoff` below `initialBackoff` is taken, as grpc-go takes it: every wait is then
+    /// capped at `maxBackoff`.
     pub fn build(self) -> Result<GrpcRetryPolicy, InvalidConfig> {
         let bad = |msg: String| Err(InvalidConfig::new(AREA, msg));
         let attempts = max_attempts(self.max_attempts, self.most, "retry").map_err(bad_in(AREA))?;
@@ -172,11 +173,6 @@ impl GrpcRetryPolicyBuilder {
         if initial.is_zero() || max.is_zero() {
             return bad(format!(
                 "initialBackoff ({initial:?}) and maxBackoff ({max:?}) must be above zero"
-            ));
-        }
-        if max < initial {
-            return bad(format!(
-                "maxBackoff ({max:?}) must not be below initialBackoff ({initial:?})"
             ));
         }
         in_range(initial, "initialBackoff").map_err(bad_in(AREA))?;
@@ -201,7 +197,7 @@ impl GrpcRetryPolicyBuilder {
 
 /// The methods a method config names: a service's (`"pkg.Service"`), one method
 /// (`"pkg.Service/Method"`), or every one (`""`).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub(crate) struct Name {
     pub(crate) service: String,
     pub(crate) method: Option<String>,
@@ -582,8 +578,11 @@ impl GrpcConfig {
             let Value::Array(methods) = methods else {
                 return Err(field("methodConfig", "must be an array"));
             };
+            // Each name once in the whole config, as grpc-go refuses a duplicated name: the
+            // entry that named it first, by name.
+            let mut named = std::collections::HashMap::new();
             for (i, method) in methods.iter().enumerate() {
-                config = config.read_method(i, method)?;
+                config = config.read_method(i, method, &mut named)?;
             }
         }
         if let Some(throttling) = root.get("retryThrottling") {
@@ -602,7 +601,12 @@ impl GrpcConfig {
         Ok(config)
     }
 
-    fn read_method(mut self, i: usize, method: &Value) -> Result<Self, InvalidConfig> {
+    fn read_method(
+        mut self,
+        i: usize,
+        method: &Value,
+        named: &mut std::collections::HashMap<Name, usize>,
+    ) -> Result<Self, InvalidConfig> {
         let at = format!("methodConfig[{i}]");
         let policy = match (method.get("retryPolicy"), method.get("hedgingPolicy")) {
             (None, None) => None,
@@ -643,16 +647,23 @@ impl GrpcConfig {
                 format!("{service}/{method_name}")
             };
             let name = Name::parse(&name).map_err(|e| field(&here, e.message()))?;
-            if self
-                .methods
-                .iter()
-                .any(|m| m.name == name && m.policy.is_some())
-            {
-                return Err(field(&here, &format!("names {name} again")));
+            if let Some(first) = named.get(&name) {
+                return Err(field(
+                    &here,
+                    &format!(
+                        "names {name} again (methodConfig[{first}] named it first): a method has \
+                         one method config"
+                    ),
+                ));
             }
+            named.insert(name.clone(), i);
             if let Some(policy) = policy {
-                let at = self.entry(name);
-                self.methods[at].policy = Some(policy);
+                // New to this config (every name is once): no search for an entry.
+                self.methods.push(MethodConfig {
+                    name,
+                    policy: Some(policy),
+                    keyed: false,
+                });
             }
         }
         Ok(self)
@@ -781,6 +792,54 @@ pub(crate) fn proto_duration(text: &str) -> Option<Duration> {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    /// What grpc-go and grpc-java run, this reads: a `maxBackoff` below `initialBackoff` (every
+    /// wait capped at it), a hedging policy without `nonFatalStatusCodes` (every failure
+    /// fatal); and what grpc-go refuses, it refuses: a name in two method configs, whether or
+    /// not the first has a policy.
+    #[test]
+    fn the_service_config_is_read_as_grpc_go_and_grpc_java_read_it() {
+        let low_cap = r#"{"methodConfig": [{"name": [{}], "retryPolicy": {"maxAttempts": 3,
+            "initialBackoff": "2s", "maxBackoff": "1s", "backoffMultiplier": 2,
+            "retryableStatusCodes": [14]}}]}"#;
+        let config = GrpcConfig::from_json(low_cap).unwrap();
+        let Some(MethodPolicy::Retry(policy)) = config.for_path("/a.B/C") else {
+            panic!("a retry policy")
+        };
+        let run = policy.to_policy();
+        let rules = run.grpc().unwrap();
+        for retry in 0..3 {
+            let ceiling = crate::engine::backoff::a6_ceiling(
+                run.base_delay(),
+                run.max_delay(),
+                rules.multiplier_milli,
+                retry,
+            );
+            assert_eq!(ceiling, Duration::from_secs(1), "capped at maxBackoff");
+        }
+        let no_codes = r#"{"methodConfig": [{"name": [{}], "hedgingPolicy": {"maxAttempts": 3}}]}"#;
+        let config = GrpcConfig::from_json(no_codes).unwrap();
+        let Some(MethodPolicy::Hedge(hedging)) = config.for_path("/a.B/C") else {
+            panic!("a hedging policy")
+        };
+        assert!((0..=16).all(|code| !hedging.is_non_fatal(code)));
+        for first in [
+            "",
+            r#", "retryPolicy": {"maxAttempts": 2, "initialBackoff": "1s", "maxBackoff": "1s", "backoffMultiplier": 2, "retryableStatusCodes": [14]}"#,
+        ] {
+            let twice = format!(
+                r#"{{"methodConfig": [{{"name": [{{"service": "a.B"}}]{first}}},
+                  {{"name": [{{"service": "x.Y"}}, {{"service": "a.B"}}], "hedgingPolicy": {{"maxAttempts": 2}}}}]}}"#
+            );
+            let err = GrpcConfig::from_json(&twice).unwrap_err().to_string();
+            assert!(
+                err.contains(
+                    "methodConfig[1].name[1] names a.B again (methodConfig[0] named it first)"
+                ),
+                "{err}"
+            );
+        }
+    }
 
     #[test]
     fn backoffs_longer_than_a_grpc_duration_are_refused_at_build() {
@@ -976,10 +1035,6 @@ mod tests {
                 "methodConfig[0].retryPolicy.initialBackoff must be a duration",
             ),
             (
-                r#"{"methodConfig": [{"name": [{}], "retryPolicy": {"maxAttempts": 2, "initialBackoff": "2s", "maxBackoff": "1s", "backoffMultiplier": 2, "retryableStatusCodes": [14]}}]}"#,
-                "maxBackoff (1s) must not be below initialBackoff",
-            ),
-            (
                 r#"{"methodConfig": [{"name": [{}], "retryPolicy": {"maxAttempts": 2, "initialBackoff": "1s", "maxBackoff": "1s", "retryableStatusCodes": [14]}}]}"#,
                 "methodConfig[0].retryPolicy.backoffMultiplier is required",
             ),
@@ -1016,8 +1071,8 @@ mod tests {
                 "methodConfig[0].hedgingPolicy: maxAttempts (1) must be at least 2",
             ),
             (
-                r#"{"methodConfig": [{"name": [{}], "hedgingPolicy": {"maxAttempts": 2}}]}"#,
-                "methodConfig[0].hedgingPolicy: nonFatalStatusCodes must name at least one code",
+                r#"{"methodConfig": [{"name": [{}], "hedgingPolicy": {"maxAttempts": 2, "nonFatalStatusCodes": [14, 99]}}]}"#,
+                "is not a gRPC status code",
             ),
             (
                 r#"{"methodConfig": [{"name": [{}], "hedgingPolicy": {"maxAttempts": 2, "nonFatalStatusCodes": ["SOON"]}}]}"#,

@@ -63,8 +63,8 @@ pub struct GrpcHedgingPolicy {
 
 #[cfg(feature = "grpc")]
 impl GrpcHedgingPolicy {
-    /// A builder: `maxAttempts` and the non-fatal codes must be set; the delay's default is
-    /// zero (every copy at once), as A6's.
+    /// A builder: `maxAttempts` must be set; the non-fatal codes default to none (every failure
+    /// ends the call), the delay to zero (every copy at once), as A6's.
     pub fn builder() -> GrpcHedgingPolicyBuilder {
         GrpcHedgingPolicyBuilder::default()
     }
@@ -141,13 +141,19 @@ impl GrpcHedgingPolicyBuilder {
     /// # Errors
     ///
     /// [`InvalidConfig`] naming the field (as a service config names it) that breaks A6's
-    /// rules: no `maxAttempts` or one below 2, no `nonFatalStatusCodes` or one that is not a
+    /// rules: no `maxAttempts` or one below 2, a `nonFatalStatusCodes` entry that is not a
     /// code (0 to 16), a `hedgingDelay` longer than a gRPC duration holds (about 292 years).
+    /// No non-fatal codes is a policy: every failure ends the call, as A6's field is optional.
     pub fn build(self) -> Result<GrpcHedgingPolicy, InvalidConfig> {
         let attempts =
             max_attempts(self.max_attempts, self.most, "hedging").map_err(bad_in(AREA))?;
         let delay = in_range(self.delay, "hedgingDelay").map_err(bad_in(AREA))?;
-        let codes = status_codes(self.codes, "nonFatalStatusCodes").map_err(bad_in(AREA))?;
+        // None given: every failure is fatal, as A6's field is optional and grpc-java reads it.
+        let codes = if self.codes.is_empty() {
+            CodeSet::default()
+        } else {
+            status_codes(self.codes, "nonFatalStatusCodes").map_err(bad_in(AREA))?
+        };
         Ok(GrpcHedgingPolicy {
             max_attempts: attempts,
             delay,

@@ -134,10 +134,6 @@ fn the_policy_keeps_a6_s_rules() {
             "maxAttempts (1) must be at least 2",
         ),
         (
-            GrpcHedgingPolicy::builder().max_attempts(2),
-            "nonFatalStatusCodes must name at least one code",
-        ),
-        (
             GrpcHedgingPolicy::builder()
                 .max_attempts(2)
                 .non_fatal_codes([17]),
