@@ -567,50 +567,45 @@ async fn a_stream_refused_unprocessed_is_retried_at_once_beyond_the_policy_s_att
 #[tokio::test]
 async fn a_proxy_s_http_failure_given_up_carries_the_record() {
     for proxy in [503, 429] {
-        let (uri, streams) = raw_h2(vec![Raw::Http(proxy)]).await;
-        let (layer, _clock) = faked(
-            GrpcConfig::new()
-                .retry("echo.Echo", unavailable(3))
-                .unwrap(),
-        );
-        let status = say(layer.layer(channel(&uri)), text("x"))
-            .await
-            .unwrap_err();
-        assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+        let status = given_up_at_a_raw_peer(Raw::Http(proxy), 3, 3).await;
         assert_eq!(
             status.message(),
             format!("grpc-status header missing, mapped from HTTP status code {proxy}")
         );
-        let record = RetryRecord::of_status(&status).expect("the layer's record");
-        assert_eq!(
-            (record.attempts(), record.stop_reason()),
-            (3, StopReason::AttemptsExhausted)
-        );
-        assert_eq!(streams.load(std::sync::atomic::Ordering::SeqCst), 3);
     }
 }
 
-/// Issue 64, defect 7: a stream the server refuses every time ends `UNAVAILABLE`, as gRPC's
-/// HTTP/2 mapping says of `REFUSED_STREAM`, with the record: one transparent retry, then the
-/// policy's.
-#[tokio::test]
-async fn a_stream_refused_every_time_ends_unavailable_with_its_record() {
-    let (uri, streams) = raw_h2(vec![Raw::Refuse]).await;
+/// A call to a raw HTTP/2 peer that does `act` with every stream, through a layer whose
+/// policy tries `UNAVAILABLE` `tries` times: it ends `UNAVAILABLE` after `attempts` attempts
+/// (the peer saw as many streams), with its record; the status.
+async fn given_up_at_a_raw_peer(act: Raw, tries: u32, attempts: u32) -> tonic::Status {
+    let (uri, streams) = raw_h2(vec![act]).await;
     let (layer, _clock) = faked(
         GrpcConfig::new()
-            .retry("echo.Echo", unavailable(2))
+            .retry("echo.Echo", unavailable(tries))
             .unwrap(),
     );
     let status = say(layer.layer(channel(&uri)), text("x"))
         .await
         .unwrap_err();
-    assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+    assert_eq!(status.code(), Code::Unavailable, "{act:?}: {status:?}");
     let record = RetryRecord::of_status(&status).expect("the layer's record");
     assert_eq!(
         (record.attempts(), record.stop_reason()),
-        (3, StopReason::AttemptsExhausted)
+        (attempts, StopReason::AttemptsExhausted),
+        "{act:?}"
     );
-    assert_eq!(streams.load(std::sync::atomic::Ordering::SeqCst), 3);
+    let streams = streams.load(std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(streams, attempts as usize);
+    status
+}
+
+/// Issue 64, defect 7: a stream the server refuses every time ends `UNAVAILABLE`, as gRPC's
+/// HTTP/2 mapping says of `REFUSED_STREAM`, with the record: one transparent retry, then the
+/// policy's two attempts.
+#[tokio::test]
+async fn a_stream_refused_every_time_ends_unavailable_with_its_record() {
+    given_up_at_a_raw_peer(Raw::Refuse, 2, 3).await;
 }
 
 /// Issue 64, defect 2: a per-call `RetryOverride` narrows the call, never drops its
