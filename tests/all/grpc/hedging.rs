@@ -204,6 +204,34 @@ async fn a_pushback_past_the_deadline_sends_no_copy_and_the_call_ends_within_it(
     assert_eq!(script.seen().len(), 1);
 }
 
+/// Issue 64, defect 1, on tokio's paused clock with the default clock: the call with a 1 s
+/// deadline ends within it in virtual time, not when a 20 s pushback would end.
+#[tokio::test(start_paused = true)]
+async fn on_tokio_s_paused_clock_a_pushback_past_the_deadline_ends_the_call_within_it() {
+    let script = Script::new([Act::Fail(Code::Unavailable, Some("20000"))]);
+    let uri = serve(&script).await;
+    let layer = GrpcRetryLayer::new(
+        GrpcConfig::new()
+            .hedge("echo.Echo", hedging(3, Duration::from_millis(100)))
+            .unwrap(),
+    );
+    let mut request = text("x");
+    request.set_timeout(Duration::from_secs(1));
+    let started = tokio::time::Instant::now();
+    let status = say(layer.layer(channel(&uri)), request).await.unwrap_err();
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        started.elapsed()
+    );
+    let record = RetryRecord::of_status(&status).unwrap();
+    assert_eq!(
+        (record.attempts(), record.stop_reason()),
+        (1, StopReason::DeadlineReached)
+    );
+    assert_eq!(script.seen().len(), 1);
+}
+
 #[tokio::test]
 async fn a_pushback_that_says_stop_sends_no_more_copies_and_the_one_out_answers() {
     let (first, second) = (gate(), gate());
