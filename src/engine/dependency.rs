@@ -548,17 +548,23 @@ impl RetryOverride {
     }
 
     /// This override on a gRPC call: the call's deadline its own `grpc-timeout` (`timeout`),
-    /// which the override can shorten and never drops, and at most `most` attempts (A6's cap,
-    /// or the one the method's policy raised on purpose), which the override cannot pass.
+    /// which the override can shorten and never drops, and at most `most()` attempts (A6's
+    /// cap, or the one the method's policy raised on purpose), which the override cannot pass.
+    /// `most` is asked only of an override that sets attempts: most calls carry a deadline
+    /// alone, and need no look-up of their method's policy.
     #[cfg(feature = "grpc")]
-    pub(crate) fn on_grpc_call(self, timeout: Option<Duration>, most: u32) -> Self {
+    pub(crate) fn on_grpc_call(
+        self,
+        timeout: Option<Duration>,
+        most: impl FnOnce() -> u32,
+    ) -> Self {
         let deadline = match (self.deadline, timeout) {
             (Some(asked), Some(call)) => Some(asked.min(call)),
             (asked, call) => asked.or(call),
         };
         RetryOverride {
             deadline,
-            max_attempts: self.max_attempts.map(|attempts| attempts.min(most)),
+            max_attempts: self.max_attempts.map(|attempts| attempts.min(most())),
             ..self
         }
     }
@@ -835,20 +841,26 @@ mod tests {
         let ms = Duration::from_millis;
         let call = Some(ms(200));
         let over = RetryOverride::new().max_attempts(9);
-        let on = over.on_grpc_call(call, 5);
+        let on = over.on_grpc_call(call, || 5);
         assert_eq!((on.deadline, on.max_attempts), (Some(ms(200)), Some(5)));
-        let shorter = RetryOverride::new().deadline(ms(50)).on_grpc_call(call, 5);
+        let shorter = RetryOverride::new()
+            .deadline(ms(50))
+            .on_grpc_call(call, || 5);
         assert_eq!(shorter.deadline, Some(ms(50)));
-        let longer = RetryOverride::new().deadline(ms(500)).on_grpc_call(call, 5);
+        let longer = RetryOverride::new()
+            .deadline(ms(500))
+            .on_grpc_call(call, || 5);
         assert_eq!(longer.deadline, Some(ms(200)));
         // A call without a deadline keeps the override's; a raised cap lets more through.
-        let own = RetryOverride::new().deadline(ms(500)).on_grpc_call(None, 5);
+        let own = RetryOverride::new()
+            .deadline(ms(500))
+            .on_grpc_call(None, || 5);
         assert_eq!(own.deadline, Some(ms(500)));
-        assert_eq!(over.on_grpc_call(None, 7).max_attempts, Some(7));
+        assert_eq!(over.on_grpc_call(None, || 7).max_attempts, Some(7));
         assert!(
             RetryOverride::new()
                 .no_retries()
-                .on_grpc_call(call, 5)
+                .on_grpc_call(call, || 5)
                 .no_retries
         );
     }

@@ -78,9 +78,12 @@ where
         let timeout = grpc::timeout_of(&parts.headers);
         let asked = extensions.get::<RetryOverride>().copied();
         if timeout.is_some() || asked.is_some() {
-            let most = (self.shared.channel.config.for_path(parts.uri.path()))
-                .map_or(GRPC_MAX_ATTEMPTS, |policy| policy.max_attempts())
-                .max(GRPC_MAX_ATTEMPTS);
+            let config = &self.shared.channel.config;
+            let most = || {
+                (config.for_path(parts.uri.path()))
+                    .map_or(GRPC_MAX_ATTEMPTS, |policy| policy.max_attempts())
+                    .max(GRPC_MAX_ATTEMPTS)
+            };
             extensions.insert(asked.unwrap_or_default().on_grpc_call(timeout, most));
         }
         let body = SendBody::new(body);
