@@ -65,8 +65,10 @@ pub enum StopReason {
     /// The middleware's clock could not make a timer (a [`TokioClock`](crate::TokioClock) on a
     /// runtime without tokio's time driver); nothing was sent.
     TimerUnavailable,
-    /// A gRPC call was committed: the server answered with headers, so its messages and its
-    /// status (in its trailers) are the caller's, and gRPC never retries it (gRFC A6).
+    /// A gRPC call was answered: the server sent its headers, so the call is committed (gRFC
+    /// A6): its messages and its status (in its trailers) are the caller's, and it is never
+    /// retried. The success of a unary call that tonic hands back as `Ok` (a status other
+    /// than `OK` in the trailers is tonic's `Err`); a stream's status comes at its end.
     Committed,
 }
 
@@ -118,7 +120,7 @@ impl fmt::Display for StopReason {
                 "the dependency's quota is spent until after the request could wait"
             }
             StopReason::TimerUnavailable => "no timer to time the attempt with",
-            StopReason::Committed => "the call was committed: the server answered it",
+            StopReason::Committed => "answered: the server took the call, its status follows",
         })
     }
 }

@@ -814,6 +814,22 @@ impl<'a> Decider<'a> {
         }
     }
 
+    /// A gRPC call's attempt that ended `CANCELLED` at or after the call's deadline (a server
+    /// that gave up at the `grpc-timeout` it was told, as tonic's does, answering as the
+    /// client's timer fires) ended at the deadline: [`StopReason::DeadlineReached`], which the
+    /// door hands back as `DEADLINE_EXCEEDED`, as grpc-java's call does. The time is read
+    /// only for such an answer.
+    fn grpc_cancelled_late(&self, observed: &mut Observed<'_>, now: &dyn Fn() -> Instant) {
+        let Some(answer) = observed.answer.filter(|_| self.policy.grpc().is_some()) else {
+            return;
+        };
+        if grpc::said(answer.status, answer.headers) == Said::Status(grpc::CANCELLED)
+            && self.remaining(now()).is_zero()
+        {
+            observed.verdict = Verdict::Final(StopReason::DeadlineReached);
+        }
+    }
+
     /// The channel's throttling counts a gRPC attempt's end, if it has throttling and counts
     /// this end: whether a retry may follow.
     fn count_grpc(&self, observed: &Observed<'_>) -> Option<bool> {
@@ -885,24 +901,26 @@ impl<'a> Decider<'a> {
         })
     }
 
-    /// Whether a hedged call's next copy may be due at `at` (from `now`): not at or past the
-    /// call's deadline, where it would have nothing left. A pushback or a hedging delay longer
-    /// than what is left sends no further copy; the call then ends when the copies out have
-    /// (at once, if none is), never after its deadline. Counted as a deadline stop when not.
-    pub(crate) fn grpc_copy_due(&mut self, at: Instant, now: Instant) -> Result<(), StopReason> {
-        if at.saturating_duration_since(now) < self.remaining(now) {
-            return Ok(());
+    /// When a hedged call whose next copy is due at `at` (seen at `now`) is next asked about:
+    /// `at`, or the call's deadline if that comes first. A pushback or a hedging delay longer
+    /// than what is left sends no further copy: the call waits for the copies out or its
+    /// deadline, where [`grpc_copy`](Self::grpc_copy) refuses the copy and the call ends
+    /// `DEADLINE_EXCEEDED`, as grpc-java's hedged call does.
+    pub(crate) fn grpc_copy_at(&self, at: Instant, now: Instant) -> Instant {
+        let left = self.remaining(now);
+        if at.saturating_duration_since(now) < left {
+            return at;
         }
-        self.count(Count::DeadlineStop);
-        Err(StopReason::DeadlineReached)
+        now.checked_add(left).unwrap_or(at)
     }
 
     /// How a copy of the hedged call ended, in `observed`, for its course: the throttling
     /// counts it (as it counts an attempt's end); a copy cut at its limit reached the call's
     /// deadline; a non-fatal failure carries the server's pushback.
-    pub(crate) fn grpc_copy_ended(&mut self, observed: &Observed<'_>) -> CopyEnd {
+    pub(crate) fn grpc_copy_ended(&mut self, mut observed: Observed<'_>, now: Instant) -> CopyEnd {
         self.hedged = true;
-        let _ = self.count_grpc(observed);
+        let _ = self.count_grpc(&observed);
+        self.grpc_cancelled_late(&mut observed, &|| now);
         match observed.verdict {
             Verdict::Final(StopReason::ServerDeclinedRetry) => CopyEnd::NonFatal(Pushback::Stop),
             Verdict::Final(stop) => CopyEnd::Ends(stop),
@@ -998,6 +1016,16 @@ impl<'a> Decider<'a> {
         let delay = match wait {
             Wait::Stop(StopReason::RetryAfterTooLong) if by_quota => {
                 return Err(StopReason::QuotaExhausted);
+            }
+            Wait::Stop(StopReason::DeadlineReached | StopReason::RetryAfterTooLong)
+                if self.policy.grpc().is_some() && floor.is_none_or(|f| f >= remaining) =>
+            {
+                // A gRPC call whose next wait (a backoff, a pushback) would cross its deadline
+                // waits for the deadline and ends there, `DEADLINE_EXCEEDED`, as grpc-go's and
+                // grpc-java's calls do: the wait is cut to what is left, no retry is paid for,
+                // and the next plan finds the deadline passed.
+                self.asleep = nanos(remaining);
+                return Ok(remaining);
             }
             Wait::Stop(stop) => return Err(stop),
             Wait::Sleep(delay) => delay,

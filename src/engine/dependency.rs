@@ -532,10 +532,19 @@ impl RetryOverride {
     /// than the policy's `base_delay` leaves no room for a retry's wait: the request makes one
     /// attempt, and if that attempt fails in a way that would have been retried, the record and
     /// the error say [`StopReason::DeadlineReached`](crate::StopReason::DeadlineReached) (the
-    /// deadline is what ended it), and the `deadline_stops` counter counts it.
+    /// deadline is what ended it), and the `deadline_stops` counter counts it. On a gRPC
+    /// call through [`GrpcRetryLayer`](crate::GrpcRetryLayer) the deadline is the call's,
+    /// if shorter than its `grpc-timeout` (which then tells the server this one), and its
+    /// waits are cut at it instead: the call ends there `DEADLINE_EXCEEDED`, as gRPC's do.
     pub const fn deadline(mut self, deadline: Duration) -> Self {
         self.deadline = Some(deadline);
         self
+    }
+
+    /// The deadline this override sets, if it sets one.
+    #[cfg(feature = "grpc")]
+    pub(crate) fn deadline_set(&self) -> Option<Duration> {
+        self.deadline
     }
 
     /// This per-attempt timeout instead of the policy's (at least 1 ms), still cut to what the
@@ -654,7 +663,11 @@ impl RetryOverride {
             if policy.max_retry_after() != policy.deadline() {
                 changed = changed.max_retry_after(policy.max_retry_after().min(deadline));
             }
-            if policy.base_delay() >= deadline && attempts > 1 && !self.no_retries {
+            // A gRPC call's waits are capped by its deadline instead: A6 sends some copies at
+            // once (a transparent retry, the next hedge after a non-fatal failure), and a wait
+            // that would cross the deadline is waited out to it (`Decider::schedule`).
+            let grpc = policy.grpc().is_some();
+            if !grpc && policy.base_delay() >= deadline && attempts > 1 && !self.no_retries {
                 changed = changed.max_attempts(1);
                 cap = Cap::Deadline;
             }
@@ -821,6 +834,32 @@ mod tests {
             "the dependency given, shared"
         );
         assert!(routes.add("http://x.example", payments).is_err());
+    }
+
+    /// Issue 64, defect 3: a gRPC call's deadline shorter than its backoff leaves its attempts
+    /// as they are (A6 sends some copies at once; its waits are cut at the deadline), where an
+    /// HTTP request's means one attempt.
+    #[cfg(feature = "grpc")]
+    #[test]
+    fn a_grpc_call_s_short_deadline_keeps_its_attempts() {
+        let ms = Duration::from_millis;
+        let grpc = crate::engine::grpc::config::GrpcRetryPolicy::builder()
+            .max_attempts(4)
+            .initial_backoff(ms(100))
+            .max_backoff(ms(1000))
+            .retryable_codes([14])
+            .build()
+            .unwrap()
+            .to_policy();
+        for deadline in [ms(1), ms(50), ms(100)] {
+            let over = RetryOverride::new().deadline(deadline);
+            let (changed, cap) = over.policy(&grpc).unwrap();
+            let changed = changed.expect("the deadline changes the policy");
+            assert_eq!(cap, Cap::Policy, "{deadline:?}");
+            assert_eq!((changed.max_attempts(), changed.deadline()), (4, deadline));
+            let http = RetryPolicy::default();
+            assert_eq!(over.policy(&http).unwrap().1, Cap::Deadline, "{deadline:?}");
+        }
     }
 
     #[test]

@@ -756,7 +756,9 @@ impl RetryPolicyBuilder {
                 ),
             ));
         }
-        if self.base_delay >= self.deadline && self.max_attempts > 1 {
+        // A gRPC call's deadline is its own `grpc-timeout`, often shorter than the backoff: its
+        // waits are cut at the deadline instead (`Decider::schedule`).
+        if self.base_delay >= self.deadline && self.max_attempts > 1 && self.grpc.is_none() {
             return Err(InvalidConfig::new(
                 POLICY,
                 format!(

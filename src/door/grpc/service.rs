@@ -84,7 +84,12 @@ where
                     .map_or(GRPC_MAX_ATTEMPTS, |policy| policy.max_attempts())
                     .max(GRPC_MAX_ATTEMPTS)
             };
-            extensions.insert(asked.unwrap_or_default().on_grpc_call(timeout, most));
+            let over = asked.unwrap_or_default().on_grpc_call(timeout, most);
+            // The server is told the deadline the call keeps: an override's shorter one too.
+            if let Some(deadline) = over.deadline_set().filter(|d| Some(*d) != timeout) {
+                (parts.headers).insert(grpc::GRPC_TIMEOUT, grpc::timeout_value(deadline));
+            }
+            extensions.insert(over);
         }
         let body = SendBody::new(body);
         let held = self.shared.channel.buffer.hold(&body);
@@ -129,15 +134,15 @@ where
 }
 
 /// A call whose deadline passed ends `DEADLINE_EXCEEDED`, as a gRPC client's call past its
-/// deadline does, whichever timer cut its last attempt: the layer's (a gRPC call has no
-/// attempt timeout of its own, so the layer's timer is the deadline's) or tonic's channel's,
-/// at the `grpc-timeout` the attempt carried (tonic's own error would say `CANCELLED`). The
-/// layer's error, with its record, is the status's source. Any other error goes as it is,
-/// for tonic to read.
+/// deadline does, whichever timer cut it: the layer's (a gRPC call has no attempt timeout of
+/// its own, so the layer's timer is the deadline's), tonic's channel's, at the `grpc-timeout`
+/// the attempt carried (tonic's own error would say `CANCELLED`), or the wait before a retry
+/// that the deadline cut. The layer's error, with its record, is the status's source. Any
+/// other error goes as it is, for tonic to read.
 fn past_deadline(err: BoxError) -> BoxError {
     let timed_out = err.downcast_ref::<RetryError<BoxError>>().is_some_and(|e| {
         matches!(e.last_error(), LastError::TimedOut(_))
-            || (e.stop_reason() == StopReason::DeadlineReached && e.timed_out())
+            || e.stop_reason() == StopReason::DeadlineReached
     });
     if !timed_out {
         return err;
@@ -150,21 +155,31 @@ fn past_deadline(err: BoxError) -> BoxError {
 /// A call's answer as the caller gets it: a trailers-only answer with a failure status is the
 /// `tonic::Status` it says, its source the call's record; so is an HTTP failure without a
 /// gRPC status (a proxy's `503`), as the code gRPC maps its HTTP status to, with the message
-/// tonic gives it; any other answer as it came.
+/// tonic gives it; a failure the call's deadline ended (the wait before a retry cut at the
+/// deadline, or a `CANCELLED` that came at it) is `DEADLINE_EXCEEDED`; any other answer as it
+/// came.
 fn failed_status<R>(answer: Answer<R>) -> Result<Answer<R>, BoxError> {
     let code = match grpc::said(answer.status(), answer.headers()) {
         grpc::Said::Status(code) if code != grpc::OK => code,
         _ => return Ok(answer),
     };
-    let mut status = tonic::Status::from_header_map(answer.headers()).unwrap_or_else(|| {
-        tonic::Status::new(
-            tonic::Code::from(i32::from(code)),
-            format!(
-                "grpc-status header missing, mapped from HTTP status code {}",
-                answer.status().as_u16()
-            ),
-        )
-    });
+    let record = answer.extensions().get::<RetryRecord>();
+    let mut status = if record.is_some_and(|r| r.stop == StopReason::DeadlineReached) {
+        tonic::Status::deadline_exceeded(format!(
+            "the call's deadline passed; its last attempt ended {}",
+            grpc::NAMES[usize::from(code)]
+        ))
+    } else {
+        tonic::Status::from_header_map(answer.headers()).unwrap_or_else(|| {
+            tonic::Status::new(
+                tonic::Code::from(i32::from(code)),
+                format!(
+                    "grpc-status header missing, mapped from HTTP status code {}",
+                    answer.status().as_u16()
+                ),
+            )
+        })
+    };
     // Every failure the layer hands back carries its record (only a first-attempt success is
     // spared one); without it the answer goes as it came, for tonic to read.
     let Some(record) = answer.extensions().get::<RetryRecord>().cloned() else {

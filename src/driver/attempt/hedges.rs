@@ -21,7 +21,7 @@ use crate::driver::body::Outcome;
 use crate::driver::claim::{self, Beneath, Claiming};
 use crate::driver::trace::{LogLevels, Traced};
 use crate::engine::classify::Verdict;
-use crate::engine::decide::{Decider, Observed, Plan};
+use crate::engine::decide::{Observed, Plan};
 use crate::engine::grpc::hedging::{Course, Then};
 use crate::engine::schedule::Wait;
 use crate::error::LastError;
@@ -87,7 +87,7 @@ impl<'s, 'l, 'p, 'q, 'd, N: Beneath + 's> Hedges<'s, 'l, 'p, 'q, 'd, N> {
         };
         let mut copies = Vec::with_capacity(spares.len() + 1);
         copies.push(first);
-        let mut hedges = Hedges {
+        let hedges = Hedges {
             lent,
             door: next,
             span,
@@ -99,8 +99,6 @@ impl<'s, 'l, 'p, 'q, 'd, N: Beneath + 's> Hedges<'s, 'l, 'p, 'q, 'd, N> {
             asking: None,
             last: None,
         };
-        // The first copy is out: the course goes on whatever this says of the next.
-        let _ = in_time(&mut hedges.course, hedges.lent.decider, now);
         Some(hedges)
     }
 
@@ -112,7 +110,9 @@ impl<'s, 'l, 'p, 'q, 'd, N: Beneath + 's> Hedges<'s, 'l, 'p, 'q, 'd, N> {
             }
             let now = self.lent.tools.clock.get().now();
             if self.asking.is_none() {
-                match self.course.due() {
+                // Never past the call's deadline: there the core refuses the copy.
+                let due = self.course.due();
+                match due.map(|at| self.lent.decider.grpc_copy_at(at, now)) {
                     Some(at) if at <= now => {
                         self.due = None;
                         self.asking = Some(None);
@@ -182,19 +182,20 @@ impl<'s, 'l, 'p, 'q, 'd, N: Beneath + 's> Hedges<'s, 'l, 'p, 'q, 'd, N> {
             let seen = self.door.seen(&outcome, lent.kept.went_to());
             let verdict = lent.judging.verdict(&seen, number);
             let observed = Observed::of(&seen, verdict, lent.kept.resend());
-            let end = lent.decider.grpc_copy_ended(&observed);
             let now = lent.tools.clock.get().now();
-            let then = match self.course.ended(end, now) {
-                Then::Go => in_time(&mut self.course, lent.decider, now),
-                end => end,
-            };
+            let end = lent.decider.grpc_copy_ended(observed, now);
+            let then = self.course.ended(end, now);
             match then {
                 Then::End(stop) => return Some(self.end(outcome, number, stop)),
                 Then::Go => {
                     // Traced as an attempt is, with the wait before the next copy.
                     if let Some(watcher) = lent.sent.watcher.as_deref() {
                         let decision = match self.course.due() {
-                            Some(at) => Wait::Sleep(at.saturating_duration_since(now)),
+                            Some(at) => Wait::Sleep(
+                                lent.decider
+                                    .grpc_copy_at(at, now)
+                                    .saturating_duration_since(now),
+                            ),
                             None => Wait::Stop(self.course.closed()),
                         };
                         let traced = Traced {
@@ -243,8 +244,6 @@ impl<'s, 'l, 'p, 'q, 'd, N: Beneath + 's> Hedges<'s, 'l, 'p, 'q, 'd, N> {
             limit: plan.limit,
         });
         self.course.sent(now);
-        // A copy is out: the course goes on whatever this says of the next.
-        let _ = in_time(&mut self.course, self.lent.decider, now);
         None
     }
 
@@ -274,18 +273,6 @@ impl<'s, 'l, 'p, 'q, 'd, N: Beneath + 's> Hedges<'s, 'l, 'p, 'q, 'd, N> {
             self.lent.decider.grpc_hedge_won();
         }
         (outcome, Verdict::Final(stop), false)
-    }
-}
-
-/// `course` as it stands at `now`, its next copy given up if `decider` says it would be due at
-/// or past the call's deadline.
-fn in_time(course: &mut Course, decider: &mut Decider<'_>, now: Instant) -> Then {
-    let Some(at) = course.due() else {
-        return Then::Go;
-    };
-    match decider.grpc_copy_due(at, now) {
-        Ok(()) => Then::Go,
-        Err(stop) => course.close(stop),
     }
 }
 

@@ -144,6 +144,7 @@ impl Decider<'_> {
             self.hedge_won();
         }
         self.throttle_grpc(&mut observed);
+        self.grpc_cancelled_late(&mut observed, now);
         match self.stop_without_time(&observed) {
             Some(stop) => Wait::Stop(stop),
             None => self.after_attempt(observed, now(), wall, rng),

@@ -358,12 +358,15 @@ pub(crate) struct MethodConfig {
 pub struct GrpcConfig {
     pub(crate) methods: Vec<MethodConfig>,
     pub(crate) throttling: Option<RetryThrottling>,
+    /// The budget retries are paid from without throttling; `None`: one of the layer's own.
+    pub(crate) budget: Option<RetryBudget>,
     pub(crate) per_call_buffer: usize,
     pub(crate) per_channel_buffer: usize,
 }
 
 impl PartialEq for GrpcConfig {
-    /// The same methods, limits and throttling parameters (not the same count).
+    /// The same methods, limits and throttling parameters (not the same count, nor the same
+    /// budget).
     fn eq(&self, other: &Self) -> bool {
         let params =
             |t: &Option<RetryThrottling>| t.as_ref().map(|t| (t.max_tokens(), t.token_ratio()));
@@ -387,6 +390,7 @@ impl GrpcConfig {
         GrpcConfig {
             methods: Vec::new(),
             throttling: None,
+            budget: None,
             per_call_buffer: 1 << 20,
             per_channel_buffer: 16 << 20,
         }
@@ -450,6 +454,26 @@ impl GrpcConfig {
         self
     }
 
+    /// Pays the retries and hedges of every method from `budget` when the channel has no
+    /// [`retry_throttling`](Self::retry_throttling) (with it, the throttling alone decides, as
+    /// A6 says). By default the layer has a [`RetryBudget`] of its own (10 tokens, 10 % of the
+    /// first attempts that go well). A clone of a budget shares its tokens: give the same one
+    /// to [`Dependency::with_budget`] to make a gRPC layer and an HTTP client of the same
+    /// service draw on one account, on purpose.
+    ///
+    /// ```
+    /// use reqwest_safe_retry::{Dependency, GrpcConfig, RetryBudget, RetryPolicy};
+    ///
+    /// let shared = RetryBudget::default();
+    /// let grpc = GrpcConfig::new().retry_budget(shared.clone());
+    /// let http = Dependency::new("payments", RetryPolicy::default()).with_budget(shared);
+    /// # drop((grpc, http));
+    /// ```
+    pub fn retry_budget(mut self, budget: RetryBudget) -> Self {
+        self.budget = Some(budget);
+        self
+    }
+
     /// How much of a call's request is held for a retry: `per_call` bytes of one call, and
     /// `per_channel` of all the calls in flight through one layer. A call past either is sent
     /// once, as committed.
@@ -508,7 +532,7 @@ impl GrpcConfig {
     /// and pays its retries from the channel's throttling, or else from one budget that every
     /// method shares.
     pub(crate) fn routes(&self) -> Routes {
-        let budget = RetryBudget::default();
+        let budget = self.budget.clone().unwrap_or_default();
         let mut methods: Vec<&MethodConfig> = self.methods.iter().collect();
         // The closest name first: methods, then services; every method's is the default.
         methods.sort_by_key(|m| std::cmp::Reverse(m.name.matches_how()));

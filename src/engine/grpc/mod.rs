@@ -114,6 +114,8 @@ pub(crate) const PREVIOUS_ATTEMPTS: HeaderName =
 
 /// `OK`.
 pub(crate) const OK: u8 = 0;
+/// `CANCELLED`.
+pub(crate) const CANCELLED: u8 = 1;
 /// `UNKNOWN`: what an unreadable `grpc-status` stands for.
 pub(crate) const UNKNOWN: u8 = 2;
 /// `INTERNAL`.

@@ -169,10 +169,12 @@ async fn a_pushback_sets_the_next_copy_s_time() {
     assert_eq!(script.seen().len(), 2);
 }
 
-/// Issue 64, defect 1: a pushback past the call's deadline sends no further copy, and the call,
-/// with none out, ends then: not when the pushback ends (20 s after a 1 s deadline).
+/// Issue 64, defects 1 and 4: a pushback past the call's deadline sends no further copy, and
+/// the call, with none out, ends at its deadline, `DEADLINE_EXCEEDED`, as grpc-java's hedged
+/// call does: not when the pushback ends (20 s after a 1 s deadline), nor at once with the
+/// last failure's `UNAVAILABLE`.
 #[tokio::test]
-async fn a_pushback_past_the_deadline_sends_no_copy_and_the_call_ends_within_it() {
+async fn a_pushback_past_the_deadline_sends_no_copy_and_the_call_ends_at_it_deadline_exceeded() {
     let script = Script::new([Act::Fail(Code::Unavailable, Some("20000"))]);
     let uri = serve(&script).await;
     let config = GrpcConfig::new()
@@ -183,31 +185,31 @@ async fn a_pushback_past_the_deadline_sends_no_copy_and_the_call_ends_within_it(
     request.set_timeout(Duration::from_secs(1));
     let call = tokio::spawn(say(layer.layer(channel(&uri)), request));
     observed(&seen, 1).await;
+    // The next copy is asked about at the deadline, not at the pushback's end.
     assert_eq!(
         seen.lock().unwrap()[0],
-        (1, None, Some(StopReason::DeadlineReached))
+        (1, Some(Duration::from_secs(1)), None)
     );
-    // No time moves: the call has nothing left to wait for. (A bound in real time, not a part
-    // of the scenario: before the fix it waited for the 20 s timer, which never fired here.)
-    let status = tokio::time::timeout(Duration::from_secs(10), call)
-        .await
-        .expect("the call ends without waiting out the pushback")
-        .unwrap()
-        .unwrap_err();
-    assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+    clock.advance(Duration::from_millis(999));
+    tokio::task::yield_now().await;
+    assert!(!call.is_finished(), "the call runs to its deadline");
+    clock.advance(Duration::from_millis(1));
+    let status = call.await.unwrap().unwrap_err();
+    assert_eq!(status.code(), Code::DeadlineExceeded, "{status:?}");
     let record = RetryRecord::of_status(&status).unwrap();
     assert_eq!(
         (record.attempts(), record.stop_reason()),
         (1, StopReason::DeadlineReached)
     );
-    assert_eq!(clock.elapsed(), Duration::ZERO);
+    assert_eq!(clock.elapsed(), Duration::from_secs(1));
     assert_eq!(script.seen().len(), 1);
 }
 
-/// Issue 64, defect 1, on tokio's paused clock with the default clock: the call with a 1 s
-/// deadline ends within it in virtual time, not when a 20 s pushback would end.
+/// Issue 64, defects 1 and 4, on tokio's paused clock with the default clock: the call with a
+/// 1 s deadline ends at it in virtual time, `DEADLINE_EXCEEDED`, not when a 20 s pushback
+/// would end.
 #[tokio::test(start_paused = true)]
-async fn on_tokio_s_paused_clock_a_pushback_past_the_deadline_ends_the_call_within_it() {
+async fn on_tokio_s_paused_clock_a_pushback_past_the_deadline_ends_the_call_at_it() {
     let script = Script::new([Act::Fail(Code::Unavailable, Some("20000"))]);
     let uri = serve(&script).await;
     let layer = GrpcRetryLayer::new(
@@ -219,17 +221,44 @@ async fn on_tokio_s_paused_clock_a_pushback_past_the_deadline_ends_the_call_with
     request.set_timeout(Duration::from_secs(1));
     let started = tokio::time::Instant::now();
     let status = say(layer.layer(channel(&uri)), request).await.unwrap_err();
+    let took = started.elapsed();
     assert!(
-        started.elapsed() < Duration::from_secs(1),
-        "{:?}",
-        started.elapsed()
+        took >= Duration::from_secs(1) && took < Duration::from_millis(1100),
+        "{took:?}"
     );
+    assert_eq!(status.code(), Code::DeadlineExceeded, "{status:?}");
     let record = RetryRecord::of_status(&status).unwrap();
     assert_eq!(
         (record.attempts(), record.stop_reason()),
         (1, StopReason::DeadlineReached)
     );
     assert_eq!(script.seen().len(), 1);
+}
+
+/// Issue 64, defect 3: a deadline shorter than the hedging delay still lets the next copy go
+/// at once after a non-fatal failure, as A6 says (the HTTP rule made it one copy).
+#[tokio::test]
+async fn a_deadline_shorter_than_the_delay_still_sends_the_next_copy_at_once_after_a_failure() {
+    let script = Script::new([Act::Fail(Code::Unavailable, None)]);
+    let uri = serve(&script).await;
+    let config = GrpcConfig::new()
+        .hedge("echo.Echo", hedging(3, Duration::from_millis(500)))
+        .unwrap();
+    let (layer, clock, _) = layer(config);
+    let mut request = text("x");
+    request.set_timeout(Duration::from_millis(200));
+    let answer = say(layer.layer(channel(&uri)), request).await.unwrap();
+    let record = RetryRecord::of(&answer).unwrap();
+    assert_eq!(
+        (
+            record.attempts(),
+            record.stop_reason(),
+            record.answered_by_hedge()
+        ),
+        (2, StopReason::Committed, true)
+    );
+    assert_eq!(clock.elapsed(), Duration::ZERO);
+    assert_eq!(script.seen().len(), 2);
 }
 
 #[tokio::test]

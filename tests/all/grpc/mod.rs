@@ -235,7 +235,8 @@ async fn the_call_s_deadline_spans_its_attempts_and_each_is_told_what_is_left() 
     assert_eq!(timeouts[0].as_deref(), Some("5000000u"));
     assert_eq!(timeouts[1].as_deref(), Some("3500000u"));
 
-    // A pushback past what is left ends the call at once.
+    // A pushback past what is left is waited to the deadline, where the call ends
+    // `DEADLINE_EXCEEDED` (grpc-go's and grpc-java's status then), its record saying so.
     let script = Script::new([Act::Fail(Code::Unavailable, Some("6000"))]);
     let uri = serve(&script).await;
     let (layer, clock) = faked(
@@ -246,9 +247,14 @@ async fn the_call_s_deadline_spans_its_attempts_and_each_is_told_what_is_left() 
     let mut request = text("x");
     request.set_timeout(Duration::from_secs(5));
     let status = say(layer.layer(channel(&uri)), request).await.unwrap_err();
+    assert_eq!(status.code(), Code::DeadlineExceeded, "{status:?}");
     let record = RetryRecord::of_status(&status).unwrap();
-    assert_eq!(record.stop_reason(), StopReason::RetryAfterTooLong);
-    assert!(clock.sleeps().is_empty());
+    assert_eq!(
+        (record.attempts(), record.stop_reason()),
+        (1, StopReason::DeadlineReached)
+    );
+    assert_eq!(clock.sleeps(), [Duration::from_secs(5)]);
+    assert_eq!(script.seen().len(), 1);
 }
 
 #[tokio::test]
@@ -361,9 +367,9 @@ async fn a_refused_connection_is_retried_and_ends_as_unavailable() {
     let backoffs: Vec<Duration> = (0..2).map(|n| a6_wait(n, draws.next_u64())).collect();
     assert_eq!(clock.sleeps(), [&[Duration::ZERO][..], &backoffs].concat());
 
-    // With a deadline shorter than the first backoff, the call has one attempt (the deadline
-    // leaves no room for a retry), and its status is still the transport's `UNAVAILABLE`: no
-    // attempt ran out of time.
+    // With a deadline shorter than the first backoff, A6's transparent retry still goes at
+    // once; the backoff after it would cross the deadline, so the call waits out what is left
+    // and ends there, `DEADLINE_EXCEEDED`, as grpc-go's and grpc-java's calls do.
     let (layer, clock) = faked(
         GrpcConfig::new()
             .retry("echo.Echo", unavailable(3))
@@ -377,12 +383,12 @@ async fn a_refused_connection_is_retried_and_ends_as_unavailable() {
     )
     .await
     .unwrap_err();
-    assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+    assert_eq!(status.code(), Code::DeadlineExceeded, "{status:?}");
     let record = RetryRecord::of_status(&status).expect("the layer's record");
     assert_eq!(record.stop_reason(), StopReason::DeadlineReached);
     assert_eq!(
         (record.attempts(), clock.sleeps()),
-        (1, vec![]),
+        (2, vec![Duration::ZERO, Duration::from_millis(50)]),
         "{record:?}"
     );
 }
@@ -480,6 +486,143 @@ async fn a_slow_answer_past_the_call_s_deadline_ends_it_deadline_exceeded() {
         (record.attempts(), record.stop_reason()),
         (1, StopReason::DeadlineReached)
     );
+}
+
+/// Issue 64, defect 3: a deadline shorter than the backoff still lets A6's sends within it
+/// go: here a pushback shorter than what is left (the HTTP rule made it one attempt).
+#[tokio::test]
+async fn a_deadline_shorter_than_the_backoff_still_waits_a_pushback_within_it() {
+    let script = Script::new([Act::Fail(Code::Unavailable, Some("50"))]);
+    let uri = serve(&script).await;
+    let slow = GrpcRetryPolicy::builder()
+        .max_attempts(3)
+        .initial_backoff(Duration::from_millis(500))
+        .max_backoff(Duration::from_secs(1))
+        .retryable_codes([Code::Unavailable])
+        .build()
+        .unwrap();
+    let (layer, clock) = faked(GrpcConfig::new().retry("echo.Echo", slow).unwrap());
+    let mut request = text("x");
+    request.set_timeout(Duration::from_millis(200));
+    let answer = say(layer.layer(channel(&uri)), request).await.unwrap();
+    let record = RetryRecord::of(&answer).unwrap();
+    assert_eq!(
+        (record.attempts(), record.stop_reason()),
+        (2, StopReason::Committed)
+    );
+    assert_eq!(clock.sleeps(), [Duration::from_millis(50)]);
+    // The retry was told what is left after the wait.
+    assert_eq!(script.values("grpc-timeout")[1].as_deref(), Some("150000u"));
+}
+
+/// Issue 64, defect 4: a backoff that would cross the deadline is waited to it, and the call
+/// ends there `DEADLINE_EXCEEDED` (grpc-go's `shouldRetry` waits on the call's context,
+/// grpc-java's deadline timer cancels the scheduled retry), not at once with the last
+/// `UNAVAILABLE`, early.
+#[tokio::test]
+async fn a_backoff_past_the_deadline_ends_the_call_at_it_deadline_exceeded() {
+    let script = Script::new([Act::Fail(Code::Unavailable, None)]);
+    let uri = serve(&script).await;
+    let (layer, clock) = faked(
+        GrpcConfig::new()
+            .retry("echo.Echo", unavailable(4))
+            .unwrap(),
+    );
+    let mut request = text("x");
+    // The first backoff is 80 to 120 ms.
+    request.set_timeout(Duration::from_millis(60));
+    let status = say(layer.layer(channel(&uri)), request).await.unwrap_err();
+    assert_eq!(status.code(), Code::DeadlineExceeded, "{status:?}");
+    let record = RetryRecord::of_status(&status).expect("the layer's record");
+    assert_eq!(
+        (record.attempts(), record.stop_reason()),
+        (1, StopReason::DeadlineReached)
+    );
+    assert_eq!(clock.sleeps(), [Duration::from_millis(60)]);
+    assert_eq!(clock.elapsed(), Duration::from_millis(60));
+    assert_eq!(script.seen().len(), 1);
+    let counts = layer.counters("echo.Echo").unwrap();
+    assert_eq!((counts.retries, counts.deadline_stops), (0, 1));
+}
+
+/// A channel whose answers come as the call's deadline passes: each moves the clock `by`
+/// once it has come, before the layer reads it.
+#[derive(Clone)]
+struct Late {
+    channel: tonic::transport::Channel,
+    clock: FakeClock,
+    by: Duration,
+}
+
+impl tower_service::Service<http::Request<tonic::body::Body>> for Late {
+    type Response = <tonic::transport::Channel as tower_service::Service<
+        http::Request<tonic::body::Body>,
+    >>::Response;
+    type Error = tonic::transport::Error;
+    type Future = std::pin::Pin<
+        Box<dyn std::future::Future<Output = Result<Self::Response, Self::Error>> + Send>,
+    >;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        self.channel.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<tonic::body::Body>) -> Self::Future {
+        let answer = self.channel.call(request);
+        let (clock, by) = (self.clock.clone(), self.by);
+        Box::pin(async move {
+            let answer = answer.await;
+            clock.advance(by);
+            answer
+        })
+    }
+}
+
+/// Issue 64, defect 4: a server's `CANCELLED` that comes at the call's deadline (tonic's
+/// server gives up at the `grpc-timeout` it was told, as the client's timer fires) ends the
+/// call `DEADLINE_EXCEEDED`, as grpc-java's call reads it; before the deadline it is the
+/// server's own answer.
+#[tokio::test]
+async fn a_cancelled_that_comes_at_the_deadline_is_deadline_exceeded() {
+    for (by, code, stop) in [
+        (
+            Duration::from_millis(200),
+            Code::DeadlineExceeded,
+            StopReason::DeadlineReached,
+        ),
+        (
+            Duration::from_millis(199),
+            Code::Cancelled,
+            StopReason::NotRetryable,
+        ),
+    ] {
+        let script = Script::new([Act::Fail(Code::Cancelled, None)]);
+        let uri = serve(&script).await;
+        let (layer, clock) = faked(
+            GrpcConfig::new()
+                .retry("echo.Echo", unavailable(4))
+                .unwrap(),
+        );
+        let late = Late {
+            channel: channel(&uri),
+            clock: clock.clone(),
+            by,
+        };
+        let mut request = text("x");
+        request.set_timeout(Duration::from_millis(200));
+        let status = say(layer.layer(late), request).await.unwrap_err();
+        assert_eq!(status.code(), code, "{by:?}: {status:?}");
+        let record = RetryRecord::of_status(&status).expect("the layer's record");
+        assert_eq!(
+            (record.attempts(), record.stop_reason()),
+            (1, stop),
+            "{by:?}"
+        );
+        assert_eq!(script.seen().len(), 1);
+    }
 }
 
 /// What a raw HTTP/2 server does with a stream.

@@ -105,16 +105,95 @@ fn a_pushback_is_waited_exactly_and_the_backoff_starts_again_after_it() {
 }
 
 #[test]
-fn a_pushback_past_the_call_s_deadline_stops_it() {
+fn a_wait_past_the_call_s_deadline_is_waited_to_it_unpaid_and_the_call_ends_there() {
+    // A pushback or a backoff that would cross the deadline: the call waits out what is left
+    // (as grpc-go's and grpc-java's calls do), no retry is paid for, and the plan after the
+    // wait stops at the deadline, counted once.
+    let two_s = status("14", &[("grpc-retry-pushback-ms", "2000")]);
+    let at_deadline = status("14", &[("grpc-retry-pushback-ms", "700")]);
+    let plain = status("14", &[]);
+    for (headers, slow) in [(&two_s, 100), (&at_deadline, 100), (&plain, 900)] {
+        let policy = a6(5)
+            .to_builder()
+            .base_delay(Duration::from_millis(slow))
+            .deadline(secs(1))
+            .build()
+            .unwrap();
+        let s = Setup::new(policy, Some(RetryBudget::default()));
+        let before = s.balance();
+        let mut d = s.decider(false);
+        begin(&mut d, &s.time);
+        s.time.advance(300 * MS);
+        assert_eq!(
+            ended(&mut d, &s, said(UNAVAILABLE, headers), TOP),
+            Wait::Sleep(700 * MS),
+            "{headers:?}"
+        );
+        assert_eq!(
+            s.balance(),
+            before,
+            "nothing paid for a retry that cannot go"
+        );
+        s.time.advance(700 * MS);
+        assert_eq!(d.next(&s.time), Err(StopReason::DeadlineReached));
+        let counts = s.counts();
+        assert_eq!((counts.retries, counts.deadline_stops), (0, 1));
+        drop(d);
+        assert_eq!(s.balance(), before);
+    }
+    // A wait that ends before the deadline is a retry as before.
     let policy = a6(5).to_builder().deadline(secs(1)).build().unwrap();
     let s = Setup::new(policy, None);
     let mut d = s.decider(false);
     begin(&mut d, &s.time);
-    let pushed = status("14", &[("grpc-retry-pushback-ms", "1000")]);
+    let short = status("14", &[("grpc-retry-pushback-ms", "999")]);
     assert_eq!(
-        ended(&mut d, &s, said(UNAVAILABLE, &pushed), TOP),
-        Wait::Stop(StopReason::RetryAfterTooLong)
+        ended(&mut d, &s, said(UNAVAILABLE, &short), TOP),
+        Wait::Sleep(999 * MS)
     );
+}
+
+#[test]
+fn a_cancelled_at_or_past_the_deadline_ended_at_the_deadline() {
+    let policy = a6(5).to_builder().deadline(secs(1)).build().unwrap();
+    let s = Setup::new(policy, None);
+    let cancelled = status("1", &[]);
+    let not_retried = Verdict::Final(StopReason::NotRetryable);
+    // Before the deadline, a server's CANCELLED is its own answer.
+    let mut d = s.decider(false);
+    begin(&mut d, &s.time);
+    s.time.advance(999 * MS);
+    assert_eq!(
+        ended(&mut d, &s, said(not_retried, &cancelled), TOP),
+        Wait::Stop(StopReason::NotRetryable)
+    );
+    // At the deadline (tonic's server gives up at the grpc-timeout it was told), the call
+    // ended there; another code at the deadline stays what it is.
+    for (headers, stop) in [
+        (&cancelled, StopReason::DeadlineReached),
+        (&status("5", &[]), StopReason::NotRetryable),
+    ] {
+        let mut d = s.decider(false);
+        begin(&mut d, &s.time);
+        s.time.advance(secs(1));
+        assert_eq!(
+            ended(&mut d, &s, said(not_retried, headers), TOP),
+            Wait::Stop(stop)
+        );
+    }
+    // An HTTP request's CANCELLED-looking header means nothing.
+    let s = Setup::new(policy_http_deadline(), None);
+    let mut d = s.decider(false);
+    begin(&mut d, &s.time);
+    s.time.advance(secs(2));
+    assert_eq!(
+        ended(&mut d, &s, said(not_retried, &cancelled), TOP),
+        Wait::Stop(StopReason::NotRetryable)
+    );
+}
+
+fn policy_http_deadline() -> RetryPolicy {
+    RetryPolicy::builder().deadline(secs(1)).build().unwrap()
 }
 
 #[test]
@@ -247,7 +326,7 @@ fn a_call_without_a_deadline_waits_out_the_longest_pushback() {
 }
 
 #[test]
-fn a_hedged_call_s_next_copy_is_never_due_at_or_past_its_deadline() {
+fn a_hedged_call_s_next_copy_is_asked_about_at_its_deadline_at_the_latest_and_refused_there() {
     let policy = a6(3).to_builder().deadline(secs(1)).build().unwrap();
     assert!(policy.grpc().is_some());
     let s = Setup::new(policy, None);
@@ -255,11 +334,18 @@ fn a_hedged_call_s_next_copy_is_never_due_at_or_past_its_deadline() {
     begin(&mut d, &s.time);
     s.time.advance(200 * MS);
     let now = s.time.now();
-    // 800 ms left: a copy due before then may go; one due at or past it never will.
-    assert_eq!(d.grpc_copy_due(now + 799 * MS, now), Ok(()));
-    assert_eq!(s.counts().deadline_stops, 0);
+    // 800 ms left: a copy due before then is asked about when due; one due at or past it, at
+    // the deadline.
+    assert_eq!(d.grpc_copy_at(now + 799 * MS, now), now + 799 * MS);
     for at in [now + 800 * MS, now + secs(20)] {
-        assert_eq!(d.grpc_copy_due(at, now), Err(StopReason::DeadlineReached));
+        assert_eq!(d.grpc_copy_at(at, now), now + 800 * MS);
     }
-    assert_eq!(s.counts().deadline_stops, 2);
+    assert_eq!(s.counts().deadline_stops, 0);
+    s.time.advance(800 * MS);
+    assert_eq!(
+        d.grpc_copy(s.time.now(), Some(&URL))
+            .map(|plan| plan.number),
+        Err(StopReason::DeadlineReached)
+    );
+    assert_eq!(s.counts().deadline_stops, 1);
 }
