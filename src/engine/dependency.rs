@@ -14,6 +14,7 @@ use crate::engine::attempt_headers::{self, AttemptHeaders};
 use crate::engine::budget::RetryBudget;
 use crate::engine::classifier::{Attempt, Classifier, Retryable};
 use crate::engine::decide::{Accounts, Cap};
+use crate::engine::grpc::PathTable;
 use crate::engine::grpc::throttle::RetryThrottling;
 use crate::engine::idempotency::IdempotencyKeys;
 use crate::engine::latency::LatencyWindow;
@@ -312,28 +313,9 @@ impl Dependency {
 pub(crate) struct Routes {
     default: Dependency,
     routes: Vec<(HostMatch, Dependency)>,
-    /// By the request's path, before any host (the gRPC door's methods): a path, or a prefix
-    /// (a service's `/pkg.Service/`), tried in the order added.
-    paths: Vec<(PathMatch, Dependency)>,
-}
-
-/// Which paths a dependency routed by path serves.
-#[derive(Debug, Clone)]
-#[cfg_attr(not(feature = "grpc"), allow(dead_code))]
-pub(crate) enum PathMatch {
-    /// This path.
-    Exact(String),
-    /// Every path that starts so.
-    Prefix(String),
-}
-
-impl PathMatch {
-    fn matches(&self, path: &str) -> bool {
-        match self {
-            PathMatch::Exact(p) => path == p,
-            PathMatch::Prefix(p) => path.starts_with(p.as_str()),
-        }
-    }
+    /// By the request's path, before any host (the gRPC door's methods): a method's, else its
+    /// service's, found by name in time independent of their number.
+    paths: PathTable<Dependency>,
 }
 
 impl Routes {
@@ -341,7 +323,7 @@ impl Routes {
         Routes {
             default,
             routes: Vec::new(),
-            paths: Vec::new(),
+            paths: PathTable::default(),
         }
     }
 
@@ -349,17 +331,17 @@ impl Routes {
     #[cfg(feature = "grpc")]
     pub(crate) fn named(&self, name: &str) -> Option<&Dependency> {
         let routed = self.routes.iter().map(|(_, d)| d);
-        let by_path = self.paths.iter().map(|(_, d)| d);
         std::iter::once(&self.default)
             .chain(routed)
-            .chain(by_path)
+            .chain(self.paths.values())
             .find(|d| &*d.name == name)
     }
 
-    /// Sends requests whose path `path` matches through `dependency`, before any host route.
+    /// Sends the calls of `service`'s `method` (or of every method of `service`) through
+    /// `dependency`, before any host route.
     #[cfg(feature = "grpc")]
-    pub(crate) fn add_path(&mut self, path: PathMatch, dependency: Dependency) {
-        self.paths.push((path, dependency));
+    pub(crate) fn add_path(&mut self, service: &str, method: Option<&str>, dependency: Dependency) {
+        self.paths.insert(service, method, dependency);
     }
 
     /// Sends requests to `host` through `dependency`; see
@@ -373,8 +355,7 @@ impl Routes {
     /// are routes).
     pub(crate) fn pick<'p>(&self, to: &dyn Locate, path: impl FnOnce() -> &'p str) -> &Dependency {
         if !self.paths.is_empty() {
-            let path = path();
-            if let Some((_, dependency)) = self.paths.iter().find(|(m, _)| m.matches(path)) {
+            if let Some(dependency) = self.paths.get(path()) {
                 return dependency;
             }
         }

@@ -16,7 +16,7 @@ use super::call::{Buffer, Call};
 use crate::driver::beneath_service;
 use crate::driver::claim::Beneath;
 use crate::driver::retry_body::RetryBody;
-use crate::engine::grpc::config::GrpcConfig;
+use crate::engine::grpc::config::{Calls, GrpcConfig};
 use crate::engine::grpc::throttle::RetryThrottling;
 use crate::engine::grpc::{self, CodeSet, Said};
 use crate::engine::seen::{Failure, Locate, ResponseHead};
@@ -141,6 +141,8 @@ pub(crate) struct Shared<S> {
 #[derive(Debug)]
 pub(crate) struct Channel {
     pub(super) config: GrpcConfig,
+    /// What each call runs under, by its path.
+    pub(super) calls: Calls,
     pub(super) buffer: Buffer,
 }
 
@@ -148,9 +150,9 @@ impl<S> Inner<S> {
     /// What counts the call to `path` at its trailers: its channel's throttling, if it has
     /// one, and the codes its policy retries.
     fn count(&self, path: &str) -> Option<Count> {
-        let config = &self.shared.channel.config;
-        let throttling = config.throttling.as_ref()?;
-        let policy = config.for_path(path)?;
+        let channel = &self.shared.channel;
+        let throttling = channel.config.throttling.as_ref()?;
+        let policy = channel.calls.of(path).policy?;
         Some(Count {
             throttling: throttling.clone(),
             codes: policy.codes(),

@@ -69,7 +69,11 @@ impl GrpcRetryLayer {
         let buffer = Buffer::new(config.per_call_buffer, config.per_channel_buffer);
         GrpcRetryLayer {
             retry: RetryMiddleware::routed(config.routes()),
-            channel: Arc::new(Channel { config, buffer }),
+            channel: Arc::new(Channel {
+                calls: config.calls(),
+                config,
+                buffer,
+            }),
         }
     }
 

@@ -73,20 +73,25 @@ where
     fn call(&mut self, request: http::Request<tonic::body::Body>) -> Self::Future {
         let (mut parts, body) = request.into_parts();
         let mut extensions = std::mem::take(&mut parts.extensions);
-        // The call's deadline spans every attempt, as A6 says: a request's own override may
-        // shorten it, never drop it, nor pass A6's cap on attempts.
-        let timeout = grpc::timeout_of(&parts.headers);
+        // The call's deadline spans every attempt, as A6 says: its method's timeout or a
+        // request's own override may shorten it, never drop it, nor pass A6's cap on attempts.
+        let told = grpc::timeout_of(&parts.headers);
+        let calls = &self.shared.channel.calls;
+        let timeout = match calls.of(parts.uri.path()).timeout {
+            Some(method) if calls.timeouts => Some(told.map_or(method, |t| t.min(method))),
+            _ => told,
+        };
         let asked = extensions.get::<RetryOverride>().copied();
         if timeout.is_some() || asked.is_some() {
-            let config = &self.shared.channel.config;
             let most = || {
-                (config.for_path(parts.uri.path()))
+                (calls.of(parts.uri.path()).policy)
                     .map_or(GRPC_MAX_ATTEMPTS, |policy| policy.max_attempts())
                     .max(GRPC_MAX_ATTEMPTS)
             };
             let over = asked.unwrap_or_default().on_grpc_call(timeout, most);
-            // The server is told the deadline the call keeps: an override's shorter one too.
-            if let Some(deadline) = over.deadline_set().filter(|d| Some(*d) != timeout) {
+            // The server is told the deadline the call keeps: a shorter one of its method's or
+            // of an override too.
+            if let Some(deadline) = over.deadline_set().filter(|d| Some(*d) != told) {
                 (parts.headers).insert(grpc::GRPC_TIMEOUT, grpc::timeout_value(deadline));
             }
             extensions.insert(over);

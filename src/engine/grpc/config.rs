@@ -2,15 +2,18 @@
 //! retried and how, the channel's throttling, and (beyond A6) which methods carry an
 //! idempotency key. Built in code or read from a service config's JSON, to the same values.
 
+use std::collections::{BTreeSet, HashMap};
 use std::time::Duration;
 
 use serde_json::Value;
 
 use crate::engine::budget::RetryBudget;
-use crate::engine::dependency::{Dependency, PathMatch, Routes};
+use crate::engine::dependency::{Dependency, Routes};
 use crate::engine::grpc::hedging::GrpcHedgingPolicy;
 use crate::engine::grpc::throttle::RetryThrottling;
-use crate::engine::grpc::{CodeSet, bad_in, code_named, in_range, max_attempts, status_codes};
+use crate::engine::grpc::{
+    CodeSet, PathTable, bad_in, code_named, in_range, max_attempts, status_codes,
+};
 use crate::engine::policy::RetryPolicy;
 use crate::error::InvalidConfig;
 
@@ -197,7 +200,7 @@ impl GrpcRetryPolicyBuilder {
 
 /// The methods a method config names: a service's (`"pkg.Service"`), one method
 /// (`"pkg.Service/Method"`), or every one (`""`).
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub(crate) struct Name {
     pub(crate) service: String,
     pub(crate) method: Option<String>,
@@ -225,36 +228,32 @@ impl Name {
         })
     }
 
-    /// How closely it names its calls: 2 for a method, 1 for a service, 0 for every one.
-    pub(crate) fn matches_how(&self) -> u8 {
-        match (&self.method, self.service.as_str()) {
-            (_, "") => 0,
-            (None, _) => 1,
-            (Some(_), _) => 2,
+    /// Every method's name (`""`).
+    fn every() -> Name {
+        Name {
+            service: String::new(),
+            method: None,
         }
     }
 
-    /// How closely it names the calls `other` names, if it names them all: as
-    /// [`matches`](Self::matches) rates a call's path.
-    pub(crate) fn covers(&self, other: &Name) -> Option<u8> {
-        match (&self.method, self.service.as_str()) {
-            (_, "") => Some(0),
-            (None, s) if s == other.service => Some(1),
-            (Some(m), s) if s == other.service && other.method.as_ref() == Some(m) => Some(2),
-            _ => None,
-        }
+    /// The names that cover its calls, closest first: itself, its service's, every method's.
+    fn and_wider(&self) -> impl Iterator<Item = Name> + '_ {
+        let service = (self.method.is_some()).then(|| Name {
+            service: self.service.clone(),
+            method: None,
+        });
+        let every = (!self.service.is_empty()).then(Name::every);
+        std::iter::once(self.clone()).chain(service).chain(every)
     }
 
-    /// How closely it names the call to `path` (`/pkg.Service/Method`): 2 for the method, 1
-    /// for its service, 0 for every method; `None` if it names another.
-    pub(crate) fn matches(&self, path: &str) -> Option<u8> {
+    /// The name of the calls to `path` (`/pkg.Service/Method`), if it is one.
+    #[cfg(test)]
+    fn of_path(path: &str) -> Option<Name> {
         let (service, method) = path.strip_prefix('/')?.split_once('/')?;
-        match (&self.method, self.service.as_str()) {
-            (_, "") => Some(0),
-            (None, s) if s == service => Some(1),
-            (Some(m), s) if s == service && m == method => Some(2),
-            _ => None,
-        }
+        Some(Name {
+            service: service.to_owned(),
+            method: Some(method.to_owned()),
+        })
     }
 }
 
@@ -308,13 +307,42 @@ impl MethodPolicy {
     }
 }
 
-/// What a service config says of some methods.
+/// What a service config says of some methods: their method config, which stands for them
+/// whole (a closer name's config without a policy or a timeout leaves its calls none, as
+/// grpc-go reads a service config).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct MethodConfig {
     pub(crate) name: Name,
     pub(crate) policy: Option<MethodPolicy>,
-    /// Its calls carry an idempotency key.
+    /// The method-level `timeout`: the calls' deadline when they carry none or a later one.
+    pub(crate) timeout: Option<Duration>,
+}
+
+/// What the calls one name names run under: the closest method config's policy and timeout,
+/// and whether a name that covers them is marked non-idempotent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct Resolved {
+    pub(crate) policy: Option<MethodPolicy>,
+    pub(crate) timeout: Option<Duration>,
     pub(crate) keyed: bool,
+}
+
+/// What each call through a layer runs under, found by its path in time independent of the
+/// number of method configs: what the layer reads per call (the method-level timeout, the
+/// codes its trailers are counted by, A6's cap on an override's attempts).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Calls {
+    by_path: PathTable<Resolved>,
+    every: Resolved,
+    /// Whether any method config sets a timeout (if none does, no call looks one up).
+    pub(crate) timeouts: bool,
+}
+
+impl Calls {
+    /// What the call to `path` runs under.
+    pub(crate) fn of(&self, path: &str) -> &Resolved {
+        self.by_path.get(path).unwrap_or(&self.every)
+    }
 }
 
 /// What a gRPC retry layer does for each method (feature `grpc`): A6's retry policy or hedging
@@ -323,7 +351,9 @@ pub(crate) struct MethodConfig {
 /// config's JSON ([`from_json`](Self::from_json)) to the same values.
 ///
 /// A method with no policy is not retried or hedged. Names: `"pkg.Service/Method"` for one method,
-/// `"pkg.Service"` for a service's, `""` for every one; the closest name wins.
+/// `"pkg.Service"` for a service's, `""` for every one; the closest name's method config (its
+/// policy and its [`timeout`](Self::timeout)) decides, whole, as in a service config.
+/// [`non_idempotent`](Self::non_idempotent) marks names apart: it leaves their policy as it is.
 ///
 /// ```
 /// use std::time::Duration;
@@ -357,6 +387,10 @@ pub(crate) struct MethodConfig {
 #[derive(Debug, Clone)]
 pub struct GrpcConfig {
     pub(crate) methods: Vec<MethodConfig>,
+    /// Where each name's method config is in `methods`.
+    index: HashMap<Name, usize>,
+    /// The names marked non-idempotent.
+    keyed: BTreeSet<Name>,
     pub(crate) throttling: Option<RetryThrottling>,
     /// The budget retries are paid from without throttling; `None`: one of the layer's own.
     pub(crate) budget: Option<RetryBudget>,
@@ -371,6 +405,7 @@ impl PartialEq for GrpcConfig {
         let params =
             |t: &Option<RetryThrottling>| t.as_ref().map(|t| (t.max_tokens(), t.token_ratio()));
         self.methods == other.methods
+            && self.keyed == other.keyed
             && params(&self.throttling) == params(&other.throttling)
             && self.per_call_buffer == other.per_call_buffer
             && self.per_channel_buffer == other.per_channel_buffer
@@ -389,6 +424,8 @@ impl GrpcConfig {
     pub fn new() -> Self {
         GrpcConfig {
             methods: Vec::new(),
+            index: HashMap::new(),
+            keyed: BTreeSet::new(),
             throttling: None,
             budget: None,
             per_call_buffer: 1 << 20,
@@ -442,9 +479,43 @@ impl GrpcConfig {
     ///
     /// [`InvalidConfig`] when `name` is not a name.
     pub fn non_idempotent(mut self, name: &str) -> Result<Self, InvalidConfig> {
+        self.keyed.insert(Name::parse(name)?);
+        Ok(self)
+    }
+
+    /// The method-level `timeout` of the calls `name` names, as a service config's
+    /// `methodConfig[].timeout` sets it: a call's deadline when it carries none, or a later
+    /// one (the earlier of the two wins, and the server is told it in `grpc-timeout`). The
+    /// closest name's method config decides, whole, as in a service config: a method with a
+    /// config of its own that sets no timeout has none, whatever its service's says.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use reqwest_safe_retry::GrpcConfig;
+    ///
+    /// let config = GrpcConfig::new().timeout("payments.Ledger", Duration::from_secs(2))?;
+    /// # drop(config);
+    /// # Ok::<(), reqwest_safe_retry::InvalidConfig>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`InvalidConfig`] when `name` is not a name, a timeout was already given for it, or
+    /// `timeout` is zero (every call would fail) or longer than a gRPC duration holds (about
+    /// 292 years).
+    pub fn timeout(mut self, name: &str, timeout: Duration) -> Result<Self, InvalidConfig> {
         let name = Name::parse(name)?;
+        let timeout = method_timeout(timeout)
+            .map_err(|e| InvalidConfig::new(CONFIG, format!("the timeout of {name} {e}")))?;
         let at = self.entry(name);
-        self.methods[at].keyed = true;
+        let entry = &mut self.methods[at];
+        if entry.timeout.is_some() {
+            return Err(InvalidConfig::new(
+                CONFIG,
+                format!("{} is given a timeout twice", entry.name),
+            ));
+        }
+        entry.timeout = Some(timeout);
         Ok(self)
     }
 
@@ -485,82 +556,98 @@ impl GrpcConfig {
 
     /// The method config that `name` names, made if there is none.
     fn entry(&mut self, name: Name) -> usize {
-        if let Some(at) = self.methods.iter().position(|m| m.name == name) {
+        if let Some(&at) = self.index.get(&name) {
             return at;
         }
+        self.index.insert(name.clone(), self.methods.len());
         self.methods.push(MethodConfig {
             name,
             policy: None,
-            keyed: false,
+            timeout: None,
         });
         self.methods.len() - 1
     }
 
-    /// The policy of the call to `path`: the one given for the closest name.
+    /// The policy of the call to `path`: the closest method config's (a layer reads its
+    /// [`Calls`] instead, built once).
+    #[cfg(test)]
     pub(crate) fn for_path(&self, path: &str) -> Option<MethodPolicy> {
-        self.closest(|m| m.name.matches(path))
+        self.resolve(&Name::of_path(path)?).policy
     }
 
-    /// What the calls `name` names run under: the policy given for the closest name that
-    /// covers them, and whether any name that covers them is marked non-idempotent.
-    pub(crate) fn resolved(&self, name: &Name) -> (Option<MethodPolicy>, bool) {
-        let policy = self.closest(|m| m.name.covers(name));
-        let keyed = self
-            .methods
-            .iter()
-            .any(|m| m.keyed && m.name.covers(name).is_some());
-        (policy, keyed)
-    }
-
-    /// The policy of the method config that `score` rates highest, of those with one.
-    fn closest(&self, score: impl Fn(&MethodConfig) -> Option<u8>) -> Option<MethodPolicy> {
-        let mut best: Option<(u8, MethodPolicy)> = None;
-        for method in &self.methods {
-            if let (Some(at), Some(policy)) = (score(method), method.policy) {
-                if best.is_none_or(|(s, _)| at > s) {
-                    best = Some((at, policy));
+    /// What the calls `name` names run under: the closest method config's policy and
+    /// timeout (found by name, at most three look-ups), and whether a name that covers them
+    /// is marked non-idempotent.
+    pub(crate) fn resolve(&self, name: &Name) -> Resolved {
+        let mut resolved = Resolved::default();
+        let mut decided = false;
+        for wider in name.and_wider() {
+            if !decided {
+                if let Some(&at) = self.index.get(&wider) {
+                    let config = &self.methods[at];
+                    resolved.policy = config.policy;
+                    resolved.timeout = config.timeout;
+                    decided = true;
                 }
             }
+            resolved.keyed |= self.keyed.contains(&wider);
         }
-        best.map(|(_, policy)| policy)
+        resolved
+    }
+
+    /// The names calls are routed by: every method config's, and every one marked
+    /// non-idempotent (all but `""`, every method's, which is the default's).
+    fn route_names(&self) -> BTreeSet<&Name> {
+        let configs = self.methods.iter().map(|m| &m.name);
+        configs
+            .chain(self.keyed.iter())
+            .filter(|name| !name.service.is_empty())
+            .collect()
+    }
+
+    /// What each call through a layer of this config runs under, by its path.
+    pub(crate) fn calls(&self) -> Calls {
+        let mut by_path = PathTable::default();
+        let mut timeouts = false;
+        for name in self.route_names() {
+            let resolved = self.resolve(name);
+            timeouts |= resolved.timeout.is_some();
+            by_path.insert(&name.service, name.method.as_deref(), resolved);
+        }
+        let every = self.resolve(&Name::every());
+        timeouts |= every.timeout.is_some();
+        Calls {
+            by_path,
+            every,
+            timeouts,
+        }
     }
 
     /// The middleware's dependencies for this config: one per name it gives, routed by the
     /// call's path (a method's, then a service's), and every other call's as the default (the
-    /// config for every method, or one attempt). Each runs its closest policy, carries a key
-    /// where a name that covers it is marked non-idempotent, sends gRPC's attempt headers,
-    /// and pays its retries from the channel's throttling, or else from one budget that every
-    /// method shares.
+    /// config for every method, or one attempt). Each runs its closest method config's policy,
+    /// carries a key where a name that covers it is marked non-idempotent, sends gRPC's
+    /// attempt headers, and pays its retries from the channel's throttling, or else from one
+    /// budget that every method shares.
     pub(crate) fn routes(&self) -> Routes {
         let budget = self.budget.clone().unwrap_or_default();
-        let mut methods: Vec<&MethodConfig> = self.methods.iter().collect();
-        // The closest name first: methods, then services; every method's is the default.
-        methods.sort_by_key(|m| std::cmp::Reverse(m.name.matches_how()));
-        let every = methods.iter().find(|m| m.name.service.is_empty());
-        let default = match every {
-            Some(method) => self.dependency(method, &budget),
-            None => {
-                let every = Dependency::new(&dependency_name(""), one_attempt());
-                self.made(every, false, &budget)
-            }
-        };
-        let mut routes = Routes::new(default);
-        for method in methods.iter().filter(|m| !m.name.service.is_empty()) {
-            let path = match &method.name.method {
-                Some(name) => PathMatch::Exact(format!("/{}/{name}", method.name.service)),
-                None => PathMatch::Prefix(format!("/{}/", method.name.service)),
-            };
-            routes.add_path(path, self.dependency(method, &budget));
+        let every = Name::every();
+        let mut routes = Routes::new(self.dependency(&every, &budget));
+        for name in self.route_names() {
+            let dependency = self.dependency(name, &budget);
+            routes.add_path(&name.service, name.method.as_deref(), dependency);
         }
         routes
     }
 
-    /// The dependency of the calls a method config names.
-    fn dependency(&self, method: &MethodConfig, budget: &RetryBudget) -> Dependency {
-        let name = format!("grpc {}", method.name);
-        let (policy, keyed) = self.resolved(&method.name);
-        let policy = policy.map_or_else(one_attempt, MethodPolicy::to_policy);
-        self.made(Dependency::new(&name, policy), keyed, budget)
+    /// The dependency of the calls `name` names.
+    fn dependency(&self, name: &Name, budget: &RetryBudget) -> Dependency {
+        let resolved = self.resolve(name);
+        let policy = resolved
+            .policy
+            .map_or_else(one_attempt, MethodPolicy::to_policy);
+        let dependency = Dependency::new(&format!("grpc {name}"), policy);
+        self.made(dependency, resolved.keyed, budget)
     }
 
     /// `dependency` with the channel's throttling or else `budget`, a key if `keyed`, and
@@ -580,9 +667,13 @@ impl GrpcConfig {
         dependency
     }
 
-    /// Reads a gRPC service config: its `methodConfig`s' `name`s, `retryPolicy`s and
-    /// `hedgingPolicy`s, and its `retryThrottling`. Other fields (a load balancer's, a method's `timeout`) are not this
-    /// layer's and are passed over.
+    /// Reads a gRPC service config: its `methodConfig`s' `name`s, `retryPolicy`s,
+    /// `hedgingPolicy`s and `timeout`s, and its `retryThrottling`. Each method config stands
+    /// for its names whole, as grpc-go reads it: a method named in a config of its own runs
+    /// under that config's policy and timeout, or none, whatever its service's says. Other
+    /// fields (a load balancer's, `waitForReady`, message size limits) are not this layer's
+    /// and are passed over; `retryPolicy.perAttemptRecvTimeout` is refused by name, as this
+    /// layer does not carry it out.
     ///
     /// # Errors
     ///
@@ -649,6 +740,17 @@ impl GrpcConfig {
                 ));
             }
         };
+        let timeout = match method.get("timeout") {
+            None => None,
+            Some(value) => {
+                let here = format!("{at}.timeout");
+                let d = value
+                    .as_str()
+                    .and_then(proto_duration)
+                    .ok_or_else(|| field(&here, "must be a duration such as \"2s\""))?;
+                Some(method_timeout(d).map_err(|e| field(&here, &e))?)
+            }
+        };
         let names = match method.get("name") {
             Some(Value::Array(names)) => names.as_slice(),
             None => &[],
@@ -681,14 +783,11 @@ impl GrpcConfig {
                 ));
             }
             named.insert(name.clone(), i);
-            if let Some(policy) = policy {
-                // New to this config (every name is once): no search for an entry.
-                self.methods.push(MethodConfig {
-                    name,
-                    policy: Some(policy),
-                    keyed: false,
-                });
-            }
+            // New to this config (every name is once); kept without a policy or a timeout too,
+            // as it stands for its methods whole.
+            let at = self.entry(name);
+            self.methods[at].policy = policy;
+            self.methods[at].timeout = timeout;
         }
         Ok(self)
     }
@@ -700,9 +799,31 @@ fn one_attempt() -> RetryPolicy {
     RetryPolicy::grpc_method(1, (any, any, 2000), CodeSet::default())
 }
 
+/// A method-level timeout, if it is one this layer can keep: above zero, and not longer than
+/// a gRPC duration holds; else what is wrong with it.
+fn method_timeout(timeout: Duration) -> Result<Duration, String> {
+    if timeout.is_zero() {
+        return Err("is zero: every call would fail at once; leave it out for none".into());
+    }
+    if in_range(timeout, "timeout").is_err() {
+        return Err(format!(
+            "({timeout:?}) is longer than a gRPC duration holds (about 292 years, as grpc-go \
+             reads it): use a shorter one"
+        ));
+    }
+    Ok(timeout)
+}
+
 /// A service config's `retryPolicy` at `at`.
 fn read_policy(at: &str, policy: &Value) -> Result<GrpcRetryPolicy, InvalidConfig> {
     let get = |key: &str| policy.get(key);
+    if get("perAttemptRecvTimeout").is_some() {
+        return Err(field(
+            &format!("{at}.perAttemptRecvTimeout"),
+            "is not carried out by this layer (each attempt runs to the call's deadline): \
+             remove it, or give the call a shorter deadline",
+        ));
+    }
     let mut builder = GrpcRetryPolicy::builder();
     if let Some(attempts) = get("maxAttempts") {
         let n = attempts
@@ -919,6 +1040,10 @@ mod tests {
             .unwrap()
             .retry("", policy(5))
             .unwrap()
+            .timeout("echo.Echo/Say", Duration::from_secs(1))
+            .unwrap()
+            .timeout("echo.Other", Duration::from_secs(1))
+            .unwrap()
             .retry_throttling(RetryThrottling::new(10.0, 0.1).unwrap());
         assert_eq!(read, built);
         assert_eq!(
@@ -993,19 +1118,33 @@ mod tests {
         assert_eq!(at("no-slash"), None);
         // A method marked non-idempotent keeps its service's policy, and carries a key.
         let keyed = config.non_idempotent("echo.Other/Pay").unwrap();
-        let pay = Name::parse("echo.Other/Pay").unwrap();
+        let resolved = |config: &GrpcConfig, name: &str| {
+            let r = config.resolve(&Name::parse(name).unwrap());
+            (r.policy, r.keyed)
+        };
+        let four = Some(MethodPolicy::Retry(policy(4)));
+        assert_eq!(resolved(&keyed, "echo.Other/Pay"), (four, true));
+        assert_eq!(resolved(&keyed, "echo.Other/Read"), (four, false));
+        assert_eq!(keyed.for_path("/echo.Other/Pay"), four);
+        // The table a layer reads per call says the same, by path.
+        let calls = keyed.calls();
         assert_eq!(
-            keyed.resolved(&pay),
-            (Some(MethodPolicy::Retry(policy(4))), true)
+            (
+                calls.of("/echo.Other/Pay").policy,
+                calls.of("/echo.Other/Pay").keyed
+            ),
+            (four, true)
         );
-        let other = Name::parse("echo.Other/Read").unwrap();
         assert_eq!(
-            keyed.resolved(&other),
-            (Some(MethodPolicy::Retry(policy(4))), false)
+            calls
+                .of("/echo.Echo/Shout")
+                .policy
+                .map(|p| p.max_attempts()),
+            Some(5)
         );
         assert_eq!(
-            keyed.for_path("/echo.Other/Pay"),
-            Some(MethodPolicy::Retry(policy(4)))
+            calls.of("no-slash").policy.map(|p| p.max_attempts()),
+            Some(5)
         );
         // A name marked alone takes the closest policy that covers it: every method's here,
         // not another service's.
@@ -1016,23 +1155,124 @@ mod tests {
             .unwrap()
             .non_idempotent("a.B/C")
             .unwrap();
-        let c = Name::parse("a.B/C").unwrap();
         assert_eq!(
-            alone.resolved(&c),
+            resolved(&alone, "a.B/C"),
             (Some(MethodPolicy::Retry(policy(5))), true)
         );
-        assert_eq!(Name::parse("x.Y").unwrap().covers(&c), None);
-        assert_eq!(Name::parse("").unwrap().covers(&c), Some(0));
         assert_eq!(GrpcConfig::new().for_path("/a.B/C"), None);
         let named = Name::parse("a.B/C").unwrap();
         assert_eq!(named.to_string(), "a.B/C");
-        assert_eq!((named.matches_how(), named.matches("/a.B/C")), (2, Some(2)));
-        assert_eq!(named.matches("/a.B/D"), None);
-        assert_eq!(Name::parse("a.B").unwrap().matches("/a.B/D"), Some(1));
-        assert_eq!(Name::parse("a.B").unwrap().matches_how(), 1);
-        assert_eq!(Name::parse("").unwrap().matches_how(), 0);
+        assert_eq!(Name::of_path("/a.B/C"), Some(named));
+        assert_eq!(Name::of_path("a.B"), None);
         for bad in ["a.B/", "/C", "a/b/c"] {
             assert!(Name::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    /// Issue 64, defect 9: the method-level `timeout` is read, and each method config stands
+    /// for its names whole, as grpc-go's `getMethodConfig` takes the closest one: a method
+    /// named in a config of its own that sets only a timeout has no retry policy, whatever
+    /// its service's says (before, it fell through to the service's policy, and the timeout
+    /// was dropped).
+    #[test]
+    fn a_method_config_stands_for_its_methods_whole_as_grpc_go_reads_it() {
+        let json = r#"{"methodConfig": [
+          {"name": [{"service": "a.B"}], "retryPolicy": {"maxAttempts": 3, "initialBackoff": "0.1s", "maxBackoff": "1s", "backoffMultiplier": 2, "retryableStatusCodes": [14]}},
+          {"name": [{"service": "a.B", "method": "Slow"}], "timeout": "0.25s"},
+          {"name": [{}], "timeout": "5s"}]}"#;
+        let config = GrpcConfig::from_json(json).unwrap();
+        let calls = config.calls();
+        let of = |path| {
+            let r = calls.of(path);
+            (r.policy.map(|p| p.max_attempts()), r.timeout)
+        };
+        let ms = Duration::from_millis;
+        assert_eq!(of("/a.B/Slow"), (None, Some(ms(250))));
+        assert_eq!(
+            of("/a.B/Fast"),
+            (Some(3), None),
+            "the service's config, whole"
+        );
+        assert_eq!(of("/c.D/E"), (None, Some(ms(5000))), "every method's");
+        assert!(calls.timeouts);
+        // The same built in code; and a config without timeouts looks none up.
+        let built = GrpcConfig::new()
+            .retry(
+                "a.B",
+                GrpcRetryPolicy::builder()
+                    .max_attempts(3)
+                    .initial_backoff(ms(100))
+                    .max_backoff(ms(1000))
+                    .retryable_codes([14])
+                    .build()
+                    .unwrap(),
+            )
+            .unwrap()
+            .timeout("a.B/Slow", ms(250))
+            .unwrap()
+            .timeout("", ms(5000))
+            .unwrap();
+        assert_eq!(built, config);
+        assert!(!GrpcConfig::new().calls().timeouts);
+        // A timeout is given once per name, above zero, within a gRPC duration.
+        let err = built.clone().timeout("a.B/Slow", ms(1)).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("a.B/Slow is given a timeout twice"),
+            "{err}"
+        );
+        let err = GrpcConfig::new()
+            .timeout("a.B", Duration::ZERO)
+            .unwrap_err();
+        assert!(
+            err.to_string().contains("the timeout of a.B is zero"),
+            "{err}"
+        );
+        let err = GrpcConfig::new().timeout("a.B", Duration::MAX).unwrap_err();
+        assert!(
+            err.to_string().contains("longer than a gRPC duration"),
+            "{err}"
+        );
+    }
+
+    /// Issue 64, defect 9: building, reading and finding a call's method config take time
+    /// independent of the number of method configs (before: a scan of every entry for each
+    /// name given, and for each call). 20,000 names, each found by its call's path.
+    #[test]
+    fn twenty_thousand_method_configs_are_each_found_by_name() {
+        let mut config = GrpcConfig::new();
+        let mut json = String::from(r#"{"methodConfig": ["#);
+        for i in 0..20_000 {
+            let name = format!("s{}.S/M{i}", i % 100);
+            let attempts = 2 + i % 4;
+            let policy = GrpcRetryPolicy::builder()
+                .max_attempts(attempts)
+                .initial_backoff(Duration::from_millis(100))
+                .max_backoff(Duration::from_secs(1))
+                .retryable_codes([14])
+                .build()
+                .unwrap();
+            config = config.retry(&name, policy).unwrap();
+            let (service, method) = name.split_once('/').unwrap();
+            if i > 0 {
+                json.push(',');
+            }
+            json.push_str(&format!(
+                r#"{{"name": [{{"service": "{service}", "method": "{method}"}}], "retryPolicy": {{"maxAttempts": {attempts}, "initialBackoff": "0.1s", "maxBackoff": "1s", "backoffMultiplier": 2, "retryableStatusCodes": [14]}}}}"#
+            ));
+        }
+        json.push_str("]}");
+        let read = GrpcConfig::from_json(&json).unwrap();
+        assert_eq!(read, config);
+        let calls = config.calls();
+        let routes = config.routes();
+        for i in (0..20_000).step_by(997) {
+            let path = format!("/s{}.S/M{i}", i % 100);
+            let attempts = calls.of(&path).policy.map(|p| p.max_attempts());
+            assert_eq!(attempts, Some(2 + i % 4), "{path}");
+            let url: url::Url = format!("http://x.example{path}").parse().unwrap();
+            let dependency = routes.pick(&url, || path.as_str());
+            assert_eq!(dependency.policy.max_attempts(), 2 + i % 4, "{path}");
         }
     }
 
@@ -1123,7 +1363,35 @@ mod tests {
                 "retryThrottling.tokenRatio is required",
             ),
         ];
-        for (json, says) in cases {
+        let more = [
+            (
+                r#"{"methodConfig": [{"name": [{}], "timeout": "0s"}]}"#,
+                "methodConfig[0].timeout is zero",
+            ),
+            (
+                r#"{"methodConfig": [{"name": [{}], "timeout": 2}]}"#,
+                "methodConfig[0].timeout must be a duration",
+            ),
+            (
+                r#"{"methodConfig": [{"name": [{}], "timeout": "9223372037s"}]}"#,
+                "methodConfig[0].timeout (9223372037s) is longer than a gRPC duration holds",
+            ),
+            (
+                r#"{"methodConfig": [{"name": [{}], "retryPolicy": {"maxAttempts": 2, "initialBackoff": "1s", "maxBackoff": "1s", "backoffMultiplier": 2, "retryableStatusCodes": [14], "perAttemptRecvTimeout": "1s"}}]}"#,
+                "methodConfig[0].retryPolicy.perAttemptRecvTimeout is not carried out",
+            ),
+        ];
+        let ok = [
+            (
+                r#"{"methodConfig": [{"name": [{}], "retryPolicy": {"maxAttempts": 2, "initialBackoff": "1s", "maxBackoff": "1s", "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE", "OK"]}}]}"#,
+                "retryableStatusCodes names OK, which is no failure",
+            ),
+            (
+                r#"{"methodConfig": [{"name": [{}], "hedgingPolicy": {"maxAttempts": 2, "nonFatalStatusCodes": [0]}}]}"#,
+                "nonFatalStatusCodes names OK, which is no failure",
+            ),
+        ];
+        for (json, says) in cases.into_iter().chain(more).chain(ok) {
             let err = GrpcConfig::from_json(json).unwrap_err().to_string();
             assert!(err.contains(says), "{json}\n  said: {err}\n  not: {says}");
         }

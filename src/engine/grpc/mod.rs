@@ -23,6 +23,60 @@ use std::time::Duration;
 
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 
+/// Values by a gRPC call's path (`/pkg.Service/Method`), found as a service config finds a
+/// method's: the method's own, else its service's, else the one for every method. A lookup
+/// is at most two hash look-ups of slices of the path, whatever the number of names.
+#[derive(Debug, Clone)]
+pub(crate) struct PathTable<T> {
+    /// By `/pkg.Service/Method`.
+    methods: std::collections::HashMap<String, T>,
+    /// By `/pkg.Service/`.
+    services: std::collections::HashMap<String, T>,
+}
+
+impl<T> Default for PathTable<T> {
+    fn default() -> Self {
+        PathTable {
+            methods: std::collections::HashMap::new(),
+            services: std::collections::HashMap::new(),
+        }
+    }
+}
+
+#[cfg_attr(not(feature = "grpc"), allow(dead_code))]
+impl<T> PathTable<T> {
+    /// `value` for the calls of `service`'s `method`, or of every method of `service`.
+    pub(crate) fn insert(&mut self, service: &str, method: Option<&str>, value: T) {
+        match method {
+            Some(method) => self.methods.insert(format!("/{service}/{method}"), value),
+            None => self.services.insert(format!("/{service}/"), value),
+        };
+    }
+
+    /// The value of the call to `path`: its method's, else its service's.
+    pub(crate) fn get(&self, path: &str) -> Option<&T> {
+        if self.methods.is_empty() && self.services.is_empty() {
+            return None;
+        }
+        if let Some(value) = self.methods.get(path) {
+            return Some(value);
+        }
+        // `/pkg.Service/`: the path up to its second slash.
+        let end = path.get(1..)?.find('/')? + 2;
+        self.services.get(&path[..end])
+    }
+
+    /// Every value.
+    pub(crate) fn values(&self) -> impl Iterator<Item = &T> {
+        self.methods.values().chain(self.services.values())
+    }
+
+    /// Whether it holds nothing.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.methods.is_empty() && self.services.is_empty()
+    }
+}
+
 /// The most attempts A6 allows a retry or hedging policy unless raised on purpose
 /// ([`GrpcRetryPolicyBuilder::allow_attempts_above_five`](crate::GrpcRetryPolicyBuilder::allow_attempts_above_five),
 /// [`GrpcHedgingPolicyBuilder::allow_attempts_above_five`](crate::GrpcHedgingPolicyBuilder::allow_attempts_above_five)).
@@ -67,11 +121,23 @@ pub(crate) fn in_range(value: Duration, field: &str) -> Result<Duration, String>
     Ok(value)
 }
 
-/// The status codes of the field `field`: at least one, each a code; else what is wrong.
+/// The status codes of the field `field`: at least one, each a code, not `OK` (a success is
+/// never retried, nor a failure; grpc-java refuses it too); else what is wrong.
 #[cfg(feature = "grpc")]
 pub(crate) fn status_codes(codes: Vec<i32>, field: &str) -> Result<CodeSet, String> {
     if codes.is_empty() {
         return Err(format!("{field} must name at least one code"));
+    }
+    codes_without_ok(codes, field)
+}
+
+/// The status codes of the field `field`, none of them `OK`; else what is wrong.
+#[cfg(feature = "grpc")]
+pub(crate) fn codes_without_ok(codes: Vec<i32>, field: &str) -> Result<CodeSet, String> {
+    if codes.contains(&i32::from(OK)) {
+        return Err(format!(
+            "{field} names OK, which is no failure: leave it out"
+        ));
     }
     CodeSet::of(codes)
         .map_err(|code| format!("{field}: {code} is not a gRPC status code (0 to 16)"))

@@ -545,6 +545,43 @@ async fn a_backoff_past_the_deadline_ends_the_call_at_it_deadline_exceeded() {
     assert_eq!((counts.retries, counts.deadline_stops), (0, 1));
 }
 
+/// Issue 64, defect 9: a method config's `timeout` is the call's deadline when the call sets
+/// none or a later one (grpc-go takes the earlier of the two), and the server is told it in
+/// `grpc-timeout`, what is left of it on each retry.
+#[tokio::test]
+async fn a_method_s_timeout_is_the_deadline_of_calls_that_set_none_or_a_later_one() {
+    let json = r#"{"methodConfig": [{"name": [{"service": "echo.Echo"}], "timeout": "0.2s",
+      "retryPolicy": {"maxAttempts": 3, "initialBackoff": "0.1s", "maxBackoff": "1s",
+                      "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]}}]}"#;
+    for (own, told) in [
+        (None, ["200000u", "150000u"]),
+        (Some(Duration::from_secs(5)), ["200000u", "150000u"]),
+        (Some(Duration::from_millis(100)), ["100000u", "50000000n"]),
+    ] {
+        let script = Script::new([Act::Fail(Code::Unavailable, Some("50"))]);
+        let uri = serve(&script).await;
+        let (layer, clock) = faked(GrpcConfig::from_json(json).unwrap());
+        let mut request = text("x");
+        if let Some(own) = own {
+            request.set_timeout(own);
+        }
+        say(layer.layer(channel(&uri)), request).await.unwrap();
+        assert_eq!(clock.sleeps(), [Duration::from_millis(50)], "{own:?}");
+        let values = script.values("grpc-timeout");
+        let values: Vec<_> = values.iter().map(|v| v.as_deref().unwrap()).collect();
+        assert_eq!(values, told, "{own:?}");
+    }
+    // A pushback past the method's timeout is waited to it: the call ends there.
+    let script = Script::new([Act::Fail(Code::Unavailable, Some("300"))]);
+    let uri = serve(&script).await;
+    let (layer, clock) = faked(GrpcConfig::from_json(json).unwrap());
+    let status = say(layer.layer(channel(&uri)), text("x"))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::DeadlineExceeded, "{status:?}");
+    assert_eq!(clock.sleeps(), [Duration::from_millis(200)]);
+}
+
 /// A channel whose answers come as the call's deadline passes: each moves the clock `by`
 /// once it has come, before the layer reads it.
 #[derive(Clone)]
