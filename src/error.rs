@@ -4,7 +4,7 @@
 //! A response always comes back as `Ok`, whatever its status, with a record (`record.rs`). An
 //! error comes back as a [`RetryError`] inside [`reqwest_middleware::Error::Middleware`];
 //! [`RetryError::of`] finds it, and it answers the questions one asks a `reqwest::Error`, by
-//! the names [`RetryErrorExt`] asks them of any `reqwest_middleware::Error` (whose own methods
+//! the names [`RetryErrorExt`](crate::RetryErrorExt) asks them of any `reqwest_middleware::Error` (whose own methods
 //! cannot see inside a middleware's error): `timed_out()`, `failed_to_connect()`,
 //! `last_status()`, `strip_url()`. Also here: the configuration error, and the causes the middleware
 //! puts in its errors.
@@ -13,7 +13,8 @@ use std::fmt;
 use std::time::Duration;
 
 use http::HeaderValue;
-use reqwest::{StatusCode, Url};
+use http::StatusCode;
+use url::Url;
 
 use crate::fault::{AttemptErrorKind, Fault};
 use crate::record::RetryRecord;
@@ -23,44 +24,56 @@ use crate::stop::StopReason;
 /// boxed. The tower door's [`RetryError`] is a `RetryError<BoxError>`.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-/// The error of a logical request: the last attempt's error, with the attempt count and the
-/// reason retrying stopped.
-///
-/// `E` is the error of what lies beneath the door: `reqwest_middleware::Error` behind the
-/// reqwest door (the default), the inner service's error boxed ([`BoxError`]) behind the tower
-/// door. The last error is that error, or one of the layer's own ([`LastError`]).
-///
-/// The reqwest door returns it as [`reqwest_middleware::Error::Middleware`]; get it back with
-/// [`RetryError::of`]:
-///
-/// ```no_run
-/// # async fn run(client: reqwest_middleware::ClientWithMiddleware) {
-/// use reqwest_safe_retry::RetryError;
-///
-/// if let Err(err) = client.get("http://127.0.0.1:9/").send().await {
-///     let retry = RetryError::of(&err).expect("every error of the middleware is a RetryError");
-///     if retry.failed_to_connect() {
-///         eprintln!("unreachable after {} attempts ({})", retry.attempts(), retry.stop_reason());
-///     }
-/// }
-/// # }
-/// ```
-///
-/// The tower door returns it boxed: `err.downcast_ref::<RetryError<BoxError>>()`.
-pub struct RetryError<E = reqwest_middleware::Error> {
-    attempts: u32,
-    stop: StopReason,
-    key: Option<HeaderValue>,
-    waited: Duration,
-    /// The request's URL, for a last error that carries none (an attempt timeout, another
-    /// middleware's error, nothing sent).
-    url: Option<Url>,
-    /// The capacity of the budget that refused a retry, for the message.
-    budget: Option<f64>,
-    last: LastError<E>,
-    /// The transient fault the door found in the last error, if any.
-    fault: Option<Fault>,
+/// Defines [`RetryError`]: its type parameter defaults to the reqwest door's error when that
+/// door is built (feature `reqwest`, on by default), and has no default otherwise.
+macro_rules! retry_error {
+    ($($default:ty)?) => {
+        /// The error of a logical request: the last attempt's error, with the attempt count and the
+        /// reason retrying stopped.
+        ///
+        /// `E` is the error of what lies beneath the door: `reqwest_middleware::Error` behind the
+        /// reqwest door (the default), the inner service's error boxed ([`BoxError`]) behind the tower
+        /// door. The last error is that error, or one of the layer's own ([`LastError`]).
+        ///
+        /// The reqwest door returns it as [`reqwest_middleware::Error::Middleware`]; get it back with
+        /// [`RetryError::of`]:
+        ///
+        /// ```no_run
+        /// # async fn run(client: reqwest_middleware::ClientWithMiddleware) {
+        /// use reqwest_safe_retry::RetryError;
+        ///
+        /// if let Err(err) = client.get("http://127.0.0.1:9/").send().await {
+        ///     let retry = RetryError::of(&err).expect("every error of the middleware is a RetryError");
+        ///     if retry.failed_to_connect() {
+        ///         eprintln!("unreachable after {} attempts ({})", retry.attempts(), retry.stop_reason());
+        ///     }
+        /// }
+        /// # }
+        /// ```
+        ///
+        /// The tower door returns it boxed: `err.downcast_ref::<RetryError<BoxError>>()`.
+        pub struct RetryError<E $(= $default)?> {
+
+            attempts: u32,
+            stop: StopReason,
+            key: Option<HeaderValue>,
+            waited: Duration,
+            /// The request's URL, for a last error that carries none (an attempt timeout, another
+            /// middleware's error, nothing sent).
+            url: Option<Url>,
+            /// The capacity of the budget that refused a retry, for the message.
+            budget: Option<f64>,
+            last: LastError<E>,
+            /// The transient fault the door found in the last error, if any.
+            fault: Option<Fault>,
+        }
+    };
 }
+
+#[cfg(feature = "reqwest")]
+retry_error!(reqwest_middleware::Error);
+#[cfg(not(feature = "reqwest"))]
+retry_error!();
 
 /// The last error of a [`RetryError`]: what the chain or the service beneath returned, or one
 /// of the layer's own (an attempt it cut at its timeout, a request it did not send).
@@ -213,7 +226,7 @@ impl<E> RetryError<E> {
     /// The total time the request spent waiting, before its first attempt (a spent quota's
     /// hold) and between attempts, on the middleware's clock, as
     /// [`RetryRecord::waited`](crate::RetryRecord::waited) says of a response.
-    /// [`RetryErrorExt::waited`] asks the same of a `reqwest_middleware::Error`.
+    /// [`RetryErrorExt::waited`](crate::RetryErrorExt::waited) asks the same of a `reqwest_middleware::Error`.
     pub fn waited(&self) -> Duration {
         self.waited
     }
@@ -224,13 +237,13 @@ impl<E> RetryError<E> {
         self.key.as_ref()
     }
 
-    /// How many attempts were made, the first included. [`RetryErrorExt::attempts`] is `None`
+    /// How many attempts were made, the first included. [`RetryErrorExt::attempts`](crate::RetryErrorExt::attempts) is `None`
     /// for an error that did not come from this middleware.
     pub fn attempts(&self) -> u32 {
         self.attempts
     }
 
-    /// Why no further attempt was made. [`RetryErrorExt::stop_reason`] is `None` for an error
+    /// Why no further attempt was made. [`RetryErrorExt::stop_reason`](crate::RetryErrorExt::stop_reason) is `None` for an error
     /// that did not come from this middleware.
     pub fn stop_reason(&self) -> StopReason {
         self.stop
@@ -303,7 +316,7 @@ impl<E: DoorError> RetryError<E> {
     /// client or the request), the policy's per-attempt timeout, or a connection that did not
     /// open in time (a connect timeout, which is also
     /// [`failed_to_connect`](Self::failed_to_connect): nothing was sent).
-    /// [`RetryErrorExt::timed_out`] asks the same of a `reqwest_middleware::Error`, from this
+    /// [`RetryErrorExt::timed_out`](crate::RetryErrorExt::timed_out) asks the same of a `reqwest_middleware::Error`, from this
     /// middleware or not.
     #[doc(alias = "is_timeout")]
     pub fn timed_out(&self) -> bool {
@@ -323,14 +336,14 @@ impl<E: DoorError> RetryError<E> {
 
     /// Whether the last attempt failed to connect (the host name could not be resolved, or the
     /// connection was refused): nothing of the request was sent.
-    /// [`RetryErrorExt::failed_to_connect`] asks the same of any `reqwest_middleware::Error`.
+    /// [`RetryErrorExt::failed_to_connect`](crate::RetryErrorExt::failed_to_connect) asks the same of any `reqwest_middleware::Error`.
     #[doc(alias = "is_connect")]
     pub fn failed_to_connect(&self) -> bool {
         self.last.beneath().is_some_and(DoorError::is_connect) || self.fault == Some(Fault::Connect)
     }
 
     /// The status code the last attempt's error carries, if any (reqwest's `error_for_status`
-    /// in an inner middleware makes one). [`RetryErrorExt::last_status`] asks the same of any
+    /// in an inner middleware makes one). [`RetryErrorExt::last_status`](crate::RetryErrorExt::last_status) asks the same of any
     /// `reqwest_middleware::Error`.
     #[doc(alias = "status")]
     pub fn last_status(&self) -> Option<StatusCode> {
@@ -340,7 +353,7 @@ impl<E: DoorError> RetryError<E> {
     /// The URL of the last attempt, whatever ended it: the URL the last error carries (a
     /// redirect may have moved it), else the request's (the policy's attempt timeout cut it,
     /// another middleware failed it, or nothing was sent). `None` only after
-    /// [`strip_url`](Self::strip_url). [`RetryErrorExt::last_url`] asks the same of a
+    /// [`strip_url`](Self::strip_url). [`RetryErrorExt::last_url`](crate::RetryErrorExt::last_url) asks the same of a
     /// `reqwest_middleware::Error`. The URL as written, with any user name and password in it:
     /// for a log line, print [`url_without_query`](Self::url_without_query).
     pub fn url(&self) -> Option<&Url> {
@@ -357,7 +370,7 @@ impl<E: DoorError> RetryError<E> {
 
     /// The same error without any URL: the last attempt's error forgets it (reqwest's
     /// `without_url`), so neither [`url`](Self::url) nor the message shows it, nor its query
-    /// (which may carry a token). [`RetryErrorExt::strip_url`] does the same to any
+    /// (which may carry a token). [`RetryErrorExt::strip_url`](crate::RetryErrorExt::strip_url) does the same to any
     /// `reqwest_middleware::Error`.
     #[doc(alias = "without_url")]
     #[must_use]
@@ -368,19 +381,6 @@ impl<E: DoorError> RetryError<E> {
         };
         self.url = None;
         self
-    }
-}
-
-impl RetryError {
-    /// Finds the `RetryError` inside an error returned by a client that uses the middleware.
-    ///
-    /// Returns `None` for errors that did not come from it (for example from a middleware placed
-    /// before it in the chain).
-    pub fn of(err: &reqwest_middleware::Error) -> Option<&RetryError> {
-        match err {
-            reqwest_middleware::Error::Middleware(e) => e.downcast_ref::<RetryError>(),
-            reqwest_middleware::Error::Reqwest(_) => None,
-        }
     }
 }
 
@@ -451,7 +451,7 @@ impl<E: DoorError> std::error::Error for RetryError<E> {
 
 /// `url` as an error may print it: without its query and fragment (a token may be there)
 /// and without a user name and password.
-fn printable(url: &Url) -> Url {
+pub(crate) fn printable(url: &Url) -> Url {
     let mut url = url.clone();
     url.set_query(None);
     url.set_fragment(None);
@@ -480,155 +480,10 @@ fn root_cause<'e>(
     deeper.then_some(cause)
 }
 
-/// `err` without its URL, whether it is reqwest's or this middleware's.
-fn strip_url(err: reqwest_middleware::Error) -> reqwest_middleware::Error {
-    match err {
-        reqwest_middleware::Error::Reqwest(e) => e.without_url().into(),
-        reqwest_middleware::Error::Middleware(e) => match e.downcast::<RetryError>() {
-            Ok(retry) => retry.strip_url().into(),
-            Err(other) => reqwest_middleware::Error::Middleware(other),
-        },
-    }
-}
-
-/// The reqwest door's error: reqwest's own, which says what it is and where it went, or
-/// another middleware's.
-impl DoorError for reqwest_middleware::Error {
-    fn as_error(&self) -> &(dyn std::error::Error + 'static) {
-        match self {
-            reqwest_middleware::Error::Reqwest(e) => e,
-            reqwest_middleware::Error::Middleware(e) => e.as_ref(),
-        }
-    }
-
-    fn is_connect(&self) -> bool {
-        reqwest_middleware::Error::is_connect(self)
-    }
-
-    fn is_timeout(&self) -> bool {
-        reqwest_middleware::Error::is_timeout(self)
-    }
-
-    fn status(&self) -> Option<StatusCode> {
-        reqwest_middleware::Error::status(self)
-    }
-
-    fn hide_url(&mut self) -> Option<Url> {
-        let reqwest_middleware::Error::Reqwest(e) = self else {
-            return None;
-        };
-        let shown = e.url_mut()?;
-        let whole = shown.clone();
-        *shown = printable(shown);
-        Some(whole)
-    }
-
-    fn without_url(self) -> Self {
-        strip_url(self)
-    }
-}
-
-/// What the middleware's errors answer, asked of a [`reqwest_middleware::Error`] directly.
-///
-/// Every error of this middleware is a [`RetryError`] inside
-/// [`reqwest_middleware::Error::Middleware`], and `reqwest_middleware::Error`'s own
-/// `is_timeout()`, `is_connect()` and `status()` cannot see inside a middleware's error: for
-/// every one of them they answer `false` and `None`, and its `without_url()` leaves the URL in
-/// place. Rust calls those methods before any trait's of the same name, so these have names of
-/// their own. They answer for the last attempt of a [`RetryError`], and exactly as
-/// `reqwest_middleware::Error` would for any other error, so code can use them everywhere.
-///
-/// ```no_run
-/// # async fn run(client: reqwest_middleware::ClientWithMiddleware) {
-/// use reqwest_safe_retry::RetryErrorExt;
-///
-/// if let Err(err) = client.get("http://127.0.0.1:9/").send().await {
-///     if err.timed_out() || err.failed_to_connect() {
-///         eprintln!(
-///             "unreachable after {} attempts: {}",
-///             err.attempts().unwrap_or(1),
-///             err.strip_url()
-///         );
-///     }
-/// }
-/// # }
-/// ```
-///
-/// The trait is sealed: it is implemented for `reqwest_middleware::Error` only.
-pub trait RetryErrorExt: sealed::Sealed + Sized {
-    /// Whether the last attempt timed out: reqwest's own timeout or the policy's per-attempt
-    /// timeout. `reqwest_middleware::Error::is_timeout`, for any error.
-    #[doc(alias = "is_timeout")]
-    fn timed_out(&self) -> bool;
-
-    /// Whether the last attempt failed to connect. `is_connect`, for any error.
-    #[doc(alias = "is_connect")]
-    fn failed_to_connect(&self) -> bool;
-
-    /// The status the last attempt's error carries, if any. `status`, for any error.
-    #[doc(alias = "status")]
-    fn last_status(&self) -> Option<StatusCode>;
-
-    /// How many attempts were made, if the error came from this middleware.
-    fn attempts(&self) -> Option<u32>;
-
-    /// Why retrying stopped, if the error came from this middleware.
-    fn stop_reason(&self) -> Option<StopReason>;
-
-    /// How long the request waited before and between its attempts, if the error came from
-    /// this middleware ([`RetryError::waited`]).
-    fn waited(&self) -> Option<Duration>;
-
-    /// The URL of the last attempt, whatever ended it ([`RetryError::url`]); for another
-    /// error, its own `url()`. (Not `url`: `reqwest_middleware::Error`'s own method of that
-    /// name would be called first, and it cannot see inside a middleware's error.)
-    fn last_url(&self) -> Option<&Url>;
-
-    /// The error without any URL, inside this middleware's error too. `without_url`, for any
-    /// error.
-    #[doc(alias = "without_url")]
-    fn strip_url(self) -> Self;
-}
-
 pub(crate) mod sealed {
     /// Implemented by the crate's own types only.
     pub trait Sealed {}
-    impl Sealed for reqwest_middleware::Error {}
     impl Sealed for super::BoxError {}
-}
-
-impl RetryErrorExt for reqwest_middleware::Error {
-    fn timed_out(&self) -> bool {
-        RetryError::of(self).map_or_else(|| self.is_timeout(), RetryError::timed_out)
-    }
-
-    fn failed_to_connect(&self) -> bool {
-        RetryError::of(self).map_or_else(|| self.is_connect(), RetryError::failed_to_connect)
-    }
-
-    fn last_status(&self) -> Option<StatusCode> {
-        RetryError::of(self).map_or_else(|| self.status(), RetryError::last_status)
-    }
-
-    fn attempts(&self) -> Option<u32> {
-        RetryError::of(self).map(RetryError::attempts)
-    }
-
-    fn stop_reason(&self) -> Option<StopReason> {
-        RetryError::of(self).map(RetryError::stop_reason)
-    }
-
-    fn waited(&self) -> Option<Duration> {
-        RetryError::of(self).map(RetryError::waited)
-    }
-
-    fn last_url(&self) -> Option<&Url> {
-        RetryError::of(self).map_or_else(|| self.url(), RetryError::url)
-    }
-
-    fn strip_url(self) -> Self {
-        strip_url(self)
-    }
 }
 
 /// The error of an attempt that outlasted its timeout: the policy's
@@ -661,14 +516,6 @@ impl std::error::Error for AttemptTimeout {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         static TIMED_OUT: std::sync::OnceLock<std::io::Error> = std::sync::OnceLock::new();
         Some(TIMED_OUT.get_or_init(|| std::io::Error::from(std::io::ErrorKind::TimedOut)))
-    }
-}
-
-/// The reqwest door's error as the chain hands it back: inside
-/// [`reqwest_middleware::Error::Middleware`], where [`RetryError::of`] finds it.
-impl From<RetryError> for reqwest_middleware::Error {
-    fn from(err: RetryError) -> Self {
-        reqwest_middleware::Error::middleware(err)
     }
 }
 
@@ -753,9 +600,10 @@ impl std::error::Error for NotSent {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "reqwest"))]
 mod tests {
     use super::*;
+    use crate::RetryErrorExt;
 
     /// An error with a cause, as a transport's error has one.
     #[derive(Debug, thiserror::Error)]

@@ -84,10 +84,12 @@ impl AttemptErrorKind {
     }
 }
 
+#[cfg(any(test, feature = "reqwest", feature = "tower"))]
 /// What hyper's connector calls the error of a name that could not be resolved, whatever the
 /// resolver (the system's, hickory's, or one given to reqwest's `dns_resolver`) said.
 const DNS_ERROR: &str = "dns error";
 
+#[cfg(any(test, feature = "reqwest", feature = "tower"))]
 /// Whether `err` or one of its sources is a failure to resolve the host name. hyper's
 /// connector error is not public, so it is known by its message, written into a fixed buffer
 /// (no allocation, and a message of any length is compared in bounded time).
@@ -106,6 +108,7 @@ pub(crate) fn resolution_failed(err: &(dyn std::error::Error + 'static)) -> bool
     false
 }
 
+#[cfg(any(test, feature = "reqwest", feature = "tower"))]
 /// Whether `value` displays exactly as `text`.
 fn displays_as(value: &dyn std::fmt::Display, text: &str) -> bool {
     /// Compares what is written with the rest of `text`, and stops at the first difference.

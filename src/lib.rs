@@ -444,6 +444,12 @@
 #![forbid(unsafe_code)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+#[cfg(not(any(feature = "reqwest", feature = "tower", feature = "grpc")))]
+compile_error!(
+    "reqwest-safe-retry has no door to retry through: turn on one of its features `reqwest` \
+     (the default), `tower` or `grpc`"
+);
+
 mod clock;
 mod door;
 mod driver;
@@ -461,6 +467,8 @@ mod stop;
 pub use clock::{Clock, Sleep, TokioClock};
 #[cfg(feature = "grpc")]
 pub use door::grpc::{GrpcBody, GrpcRetryLayer, GrpcRetryService};
+#[cfg(feature = "reqwest")]
+pub use door::reqwest::RetryErrorExt;
 #[cfg(feature = "tower")]
 pub use door::tower::RetryService;
 pub use driver::phases::RetryMiddleware;
@@ -486,7 +494,6 @@ pub use engine::seen::ResponseHead;
 pub use engine::throttle::{AdaptiveThrottle, AdaptiveThrottleBuilder};
 pub use error::{
     AttemptTimeout, BoxError, DoorError, InvalidConfig, LastError, NotSent, RetryError,
-    RetryErrorExt,
 };
 #[cfg(feature = "test-util")]
 pub use fake_clock::FakeClock;

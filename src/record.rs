@@ -46,15 +46,15 @@ impl RetryRecord {
     /// chain, an `http::Response` from the tower layer, or a `tonic::Response` through the
     /// gRPC layer (feature `grpc`; its answers always carry a record).
     pub fn of(response: &impl Answer) -> Option<RetryRecord> {
-        let (status, extensions) = response.parts();
-        RetryRecord::read(status, extensions)
+        let (failed, extensions) = response.parts();
+        RetryRecord::read(failed, extensions)
     }
 
     /// The record an answer's head carries, or the first attempt's that it stands for.
-    fn read(status: http::StatusCode, extensions: &http::Extensions) -> Option<RetryRecord> {
+    fn read(failed: bool, extensions: &http::Extensions) -> Option<RetryRecord> {
         let record = match extensions.get::<RetryRecord>() {
             Some(record) => record.clone(),
-            None if status.as_u16() < 400 => RetryRecord {
+            None if !failed => RetryRecord {
                 attempts: 1,
                 stop: StopReason::Succeeded,
                 waited: Duration::ZERO,
@@ -111,36 +111,19 @@ impl RetryRecord {
 /// body, or (feature `grpc`) a `tonic::Response`. Sealed: the doors' answers, and nothing
 /// else.
 pub trait Answer: sealed::Sealed {
-    /// The answer's status and extensions.
+    /// Whether the answer's status is a failure (400 or above), and its extensions.
     #[doc(hidden)]
-    fn parts(&self) -> (http::StatusCode, &http::Extensions);
-}
-
-impl Answer for reqwest::Response {
-    fn parts(&self) -> (http::StatusCode, &http::Extensions) {
-        (self.status(), self.extensions())
-    }
+    fn parts(&self) -> (bool, &http::Extensions);
 }
 
 impl<B> Answer for http::Response<B> {
-    fn parts(&self) -> (http::StatusCode, &http::Extensions) {
-        (self.status(), self.extensions())
+    fn parts(&self) -> (bool, &http::Extensions) {
+        (self.status().as_u16() >= 400, self.extensions())
     }
 }
 
-/// A tonic answer through the gRPC door (feature `grpc`): tonic keeps the `http::Response`'s
-/// extensions, and with them the record.
-#[cfg(feature = "grpc")]
-impl<T> Answer for tonic::Response<T> {
-    fn parts(&self) -> (http::StatusCode, &http::Extensions) {
-        (http::StatusCode::OK, self.extensions())
-    }
-}
-
-mod sealed {
+pub(crate) mod sealed {
+    /// The doors' answers (each door implements it for its own).
     pub trait Sealed {}
-    impl Sealed for reqwest::Response {}
     impl<B> Sealed for http::Response<B> {}
-    #[cfg(feature = "grpc")]
-    impl<T> Sealed for tonic::Response<T> {}
 }

@@ -4,6 +4,7 @@
 
 #[cfg(feature = "grpc")]
 pub(crate) mod grpc;
+#[cfg(feature = "reqwest")]
 pub(crate) mod reqwest;
 #[cfg(feature = "tower")]
 pub(crate) mod tower;

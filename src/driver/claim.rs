@@ -135,7 +135,7 @@ pub(crate) trait Outgoing: Send + Sized + 'static {
     /// What is kept of it once its last copy went.
     fn gone(&self) -> Self::Gone;
     /// The URL of a request that went, for its error (the only caller: a give-up).
-    fn url_of(gone: &Self::Gone) -> Option<reqwest::Url>;
+    fn url_of(gone: &Self::Gone) -> Option<url::Url>;
 }
 
 /// Where a request goes, in parts.

@@ -4,7 +4,7 @@
 //! (`Ends`).
 
 use http::Extensions;
-use reqwest::Url;
+use url::Url;
 
 use crate::driver::body::{Outcome, Reply};
 use crate::driver::claim::{self, Outgoing};

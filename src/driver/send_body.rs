@@ -130,6 +130,7 @@ fn in_memory<B: 'static>(body: &mut B) -> Option<Bytes> {
     if let Some(text) = any.downcast_mut::<String>() {
         return Some(Bytes::from(std::mem::take(text)));
     }
+    #[cfg(feature = "reqwest")]
     if let Some(reqwest) = any.downcast_mut::<reqwest::Body>() {
         if reqwest.as_bytes().is_some() {
             return drain(reqwest);

@@ -514,7 +514,7 @@ impl RetryOverride {
     /// attempt, and if that attempt fails in a way that would have been retried, the record and
     /// the error say [`StopReason::DeadlineReached`](crate::StopReason::DeadlineReached) (the
     /// deadline is what ended it), and the `deadline_stops` counter counts it. On a gRPC
-    /// call through [`GrpcRetryLayer`](crate::GrpcRetryLayer) the deadline is the call's,
+    /// call through `GrpcRetryLayer` (feature `grpc`) the deadline is the call's,
     /// if shorter than its `grpc-timeout` (which then tells the server this one), and its
     /// waits are cut at it instead: the call ends there `DEADLINE_EXCEEDED`, as gRPC's do.
     pub const fn deadline(mut self, deadline: Duration) -> Self {

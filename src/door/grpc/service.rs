@@ -211,6 +211,16 @@ impl std::fmt::Display for Ended {
 
 impl std::error::Error for Ended {}
 
+/// A tonic answer through the gRPC door: tonic keeps the `http::Response`'s extensions, and
+/// with them the record; a failure is tonic's `Err`, never a `Response`.
+impl<T> crate::record::Answer for tonic::Response<T> {
+    fn parts(&self) -> (bool, &http::Extensions) {
+        (false, self.extensions())
+    }
+}
+
+impl<T> crate::record::sealed::Sealed for tonic::Response<T> {}
+
 impl RetryRecord {
     /// The record of the call that ended in `status` through a
     /// [`GrpcRetryLayer`](crate::GrpcRetryLayer) (feature `grpc`): a failure status the

@@ -1,6 +1,10 @@
 //! The first front door: [`RetryMiddleware`] in a `reqwest-middleware` chain. Each copy of a
 //! request goes down the rest of the chain (`Next`) as the `reqwest::Request` it is.
 
+mod errors;
+
+pub use errors::RetryErrorExt;
+
 use std::future::Future;
 use std::pin::Pin;
 
@@ -310,6 +314,15 @@ fn connect_fault(cause: Option<Fault>, err: &reqwest::Error) -> Option<Fault> {
         cause.is_some() || err.is_timeout() || err.source().is_some_and(fault::resolution_failed);
     passing.then_some(Fault::Connect)
 }
+
+/// The reqwest door's answer: its record is in its extensions.
+impl crate::record::Answer for Response {
+    fn parts(&self) -> (bool, &Extensions) {
+        (self.status().as_u16() >= 400, self.extensions())
+    }
+}
+
+impl crate::record::sealed::Sealed for Response {}
 
 #[cfg(test)]
 mod tests {
