@@ -30,6 +30,8 @@ use crate::engine::budget::RetryBudget;
 use crate::engine::classify::Verdict;
 use crate::engine::decide::{Decider, Observed, Plan, Step};
 use crate::engine::dependency::{Dependency, RetryOverride, Routes};
+#[cfg(feature = "grpc")]
+use crate::engine::grpc::throttle::RetryThrottling;
 use crate::engine::policy::RetryPolicy;
 use crate::engine::schedule::Wait;
 use crate::error::{InvalidConfig, LastError, NotSent, RetryError};
@@ -115,6 +117,19 @@ impl RetryMiddleware {
             dependencies: routes,
             ..RetryMiddleware::default()
         }
+    }
+
+    /// This middleware with `throttling` (one channel's count) for every dependency that has
+    /// gRPC's throttling: the rest shared with this one (counters, budget, clock).
+    #[cfg(feature = "grpc")]
+    pub(crate) fn with_grpc_throttle(&self, throttling: &RetryThrottling) -> RetryMiddleware {
+        let mut middleware = self.clone();
+        middleware.dependencies.each_mut(|dependency| {
+            if dependency.grpc_throttle.is_some() {
+                dependency.grpc_throttle = Some(throttling.clone());
+            }
+        });
+        middleware
     }
 
     /// The dependency named `name`, if this middleware has one.

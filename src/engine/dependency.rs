@@ -337,6 +337,14 @@ impl Routes {
             .find(|d| &*d.name == name)
     }
 
+    /// Every dependency, to change: the default, those by host, those by path.
+    #[cfg(feature = "grpc")]
+    pub(crate) fn each_mut(&mut self, mut change: impl FnMut(&mut Dependency)) {
+        change(&mut self.default);
+        self.routes.iter_mut().for_each(|(_, d)| change(d));
+        self.paths.values_mut().for_each(change);
+    }
+
     /// Sends the calls of `service`'s `method` (or of every method of `service`) through
     /// `dependency`, before any host route.
     #[cfg(feature = "grpc")]

@@ -135,6 +135,8 @@ fn tonic_fault(err: &(dyn std::error::Error + 'static)) -> Option<Fault> {
 pub(crate) struct Shared<S> {
     pub(super) service: S,
     pub(super) channel: Arc<Channel>,
+    /// This channel's throttling count, if the config has throttling.
+    pub(super) throttling: Option<RetryThrottling>,
 }
 
 /// What every call through one layer shares: the config, and the buffer for replays.
@@ -150,9 +152,8 @@ impl<S> Inner<S> {
     /// What counts the call to `path` at its trailers: its channel's throttling, if it has
     /// one, and the codes its policy retries.
     fn count(&self, path: &str) -> Option<Count> {
-        let channel = &self.shared.channel;
-        let throttling = channel.config.throttling.as_ref()?;
-        let policy = channel.calls.of(path).policy?;
+        let throttling = self.shared.throttling.as_ref()?;
+        let policy = self.shared.channel.calls.of(path).policy?;
         Some(Count {
             throttling: throttling.clone(),
             codes: policy.codes(),

@@ -11,6 +11,7 @@ use super::service::GrpcRetryService;
 use crate::clock::Clock;
 use crate::driver::phases::RetryMiddleware;
 use crate::engine::grpc::config::{GrpcConfig, dependency_name};
+use crate::engine::grpc::throttle::RetryThrottling;
 use crate::observe::CounterSnapshot;
 use crate::observe::RetryEvent;
 use crate::rng::RandomSource;
@@ -114,12 +115,21 @@ impl GrpcRetryLayer {
 impl<S> Layer<S> for GrpcRetryLayer {
     type Service = GrpcRetryService<S>;
 
+    /// The service around one channel: with the config's throttling, a count of its own (A6
+    /// counts per server), shared by its clones and every method called through it.
     fn layer(&self, inner: S) -> GrpcRetryService<S> {
+        let throttling =
+            (self.channel.config.throttling.as_ref()).map(RetryThrottling::for_channel);
+        let retry = match &throttling {
+            Some(throttling) => self.retry.with_grpc_throttle(throttling),
+            None => self.retry.clone(),
+        };
         GrpcRetryService {
-            retry: Arc::new(self.retry.clone()),
+            retry: Arc::new(retry),
             shared: Arc::new(Shared {
                 service: inner,
                 channel: self.channel.clone(),
+                throttling,
             }),
         }
     }

@@ -519,7 +519,8 @@ impl GrpcConfig {
         Ok(self)
     }
 
-    /// The channel's throttling, shared by every method.
+    /// The channel's throttling, shared by every method: each channel a layer of this config is
+    /// put around counts its own tokens, as A6 counts per server.
     pub fn retry_throttling(mut self, throttling: RetryThrottling) -> Self {
         self.throttling = Some(throttling);
         self

@@ -71,6 +71,11 @@ impl<T> PathTable<T> {
         self.methods.values().chain(self.services.values())
     }
 
+    /// Every value, to change.
+    pub(crate) fn values_mut(&mut self) -> impl Iterator<Item = &mut T> {
+        self.methods.values_mut().chain(self.services.values_mut())
+    }
+
     /// Whether it holds nothing.
     pub(crate) fn is_empty(&self) -> bool {
         self.methods.is_empty() && self.services.is_empty()

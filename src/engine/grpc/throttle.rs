@@ -3,8 +3,8 @@
 // Without the `grpc` feature, nothing makes one (the decider still asks for it).
 #![cfg_attr(not(feature = "grpc"), allow(unreachable_pub, dead_code))]
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 
 use crate::engine::grpc::CodeSet;
 use crate::error::InvalidConfig;
@@ -12,9 +12,12 @@ use crate::error::InvalidConfig;
 /// The area named in this module's configuration errors.
 const AREA: &str = "gRPC retry throttling";
 
-/// gRPC's retry throttling (gRFC A6's `retryThrottling`), shared by every call through one
-/// layer and its clones: the same guarantee as a [`RetryBudget`](crate::RetryBudget), that
-/// retries cannot multiply an outage, by gRPC's own rule.
+/// gRPC's retry throttling (gRFC A6's `retryThrottling`): the same guarantee as a
+/// [`RetryBudget`](crate::RetryBudget), that retries cannot multiply an outage, by gRPC's own
+/// rule. A6 counts it per server: each service a layer makes around a channel
+/// (`layer.layer(channel)`) keeps a count of its own, shared by its clones and every method
+/// called through it, and never by a channel to another server, even one made from a clone of
+/// the same [`GrpcConfig`](crate::GrpcConfig).
 ///
 /// The count starts at `max_tokens`. Every attempt that fails with a status its policy retries
 /// takes 1 from it (down to 0); every call that ends `OK` adds `token_ratio` (up to
@@ -34,7 +37,19 @@ pub struct RetryThrottling {
     /// In thousandths.
     max: u64,
     ratio: u64,
+    /// The count this value spends and refills: one channel's.
     tokens: Arc<AtomicU64>,
+    /// The channels made from this value and its clones, for [`tokens`](Self::tokens) to
+    /// read.
+    channels: Arc<Mutex<Channels>>,
+}
+
+/// The counts of the channels made from one throttling: those alive, and the last one made,
+/// kept after its channel is gone so that its count can still be read.
+#[derive(Debug, Default)]
+struct Channels {
+    alive: Vec<Weak<AtomicU64>>,
+    last: Option<Arc<AtomicU64>>,
 }
 
 impl RetryThrottling {
@@ -65,12 +80,37 @@ impl RetryThrottling {
             max,
             ratio: ratio.min(1e12) as u64,
             tokens: Arc::new(AtomicU64::new(max)),
+            channels: Arc::default(),
         })
     }
 
-    /// The count now, in tokens.
+    /// The same throttling for one more channel: a count of its own, full, that
+    /// [`tokens`](Self::tokens) reads among the others.
+    pub(crate) fn for_channel(&self) -> RetryThrottling {
+        let tokens = Arc::new(AtomicU64::new(self.max));
+        let mut channels = self.channels.lock().unwrap_or_else(PoisonError::into_inner);
+        // The counts of channels gone go with them.
+        channels.alive.retain(|count| count.strong_count() > 0);
+        channels.alive.push(Arc::downgrade(&tokens));
+        channels.last = Some(tokens.clone());
+        RetryThrottling {
+            tokens,
+            channels: self.channels.clone(),
+            ..*self
+        }
+    }
+
+    /// The count now, in tokens: the lowest of the channels' that layers made with this
+    /// throttling and that are still in use (one, with a layer over one channel: the usual
+    /// case); when none is, the last one's; before any is made, `max_tokens`.
     pub fn tokens(&self) -> f64 {
-        self.milli() as f64 / 1000.0
+        let channels = self.channels.lock().unwrap_or_else(PoisonError::into_inner);
+        let lowest = (channels.alive.iter())
+            .filter_map(Weak::upgrade)
+            .map(|count| count.load(Ordering::Relaxed))
+            .min();
+        let last = channels.last.as_ref().map(|c| c.load(Ordering::Relaxed));
+        lowest.or(last).unwrap_or_else(|| self.milli()) as f64 / 1000.0
     }
 
     /// The most it holds.
@@ -174,6 +214,30 @@ mod tests {
             "a new one is its own"
         );
         assert_eq!((t.max_tokens(), t.token_ratio()), (10.0, 0.5));
+    }
+
+    /// Issue 64, defect 8: each channel counts alone (A6 counts per server): a failure of one
+    /// server's calls does not stop another's retries, though both channels were made from
+    /// one throttling (a cloned config's). `tokens` reads the lowest count in use.
+    #[test]
+    fn each_channel_counts_alone_and_tokens_reads_the_lowest_in_use() {
+        let t = RetryThrottling::new(4.0, 1.0).unwrap();
+        let (a, b) = (t.for_channel(), t.clone().for_channel());
+        assert!(a.ended(UNAVAILABLE, retried()), "4 → 3: retried");
+        assert!(
+            !a.ended(UNAVAILABLE, retried()),
+            "3 → 2: at half, not retried"
+        );
+        assert!(!a.allows());
+        // The other server's channel is full: its retries go.
+        assert!(b.allows());
+        assert!(b.ended(UNAVAILABLE, retried()));
+        assert_eq!((a.milli(), b.milli()), (2000, 3000));
+        assert_eq!(t.tokens(), 2.0, "the lowest in use");
+        drop(a);
+        assert_eq!(t.tokens(), 3.0, "the one left");
+        drop(b);
+        assert_eq!(t.tokens(), 3.0, "the last made, when none is in use");
     }
 
     #[test]

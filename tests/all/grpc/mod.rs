@@ -393,9 +393,40 @@ async fn a_refused_connection_is_retried_and_ends_as_unavailable() {
     );
 }
 
+/// Issue 64, defect 8: a cloned config serving another server does not share its throttling
+/// count: server A's failures, which stop A's retries, leave server B's retries going.
+#[tokio::test]
+async fn a_cloned_config_s_throttling_counts_each_server_alone() {
+    let config = GrpcConfig::new()
+        .retry("echo.Echo", unavailable(5))
+        .unwrap()
+        .retry_throttling(RetryThrottling::new(3.0, 0.5).unwrap());
+    let failing = Script::new([
+        Act::Fail(Code::Unavailable, None),
+        Act::Fail(Code::Unavailable, None),
+    ]);
+    let other = Script::new([Act::Fail(Code::Unavailable, None)]);
+    let (a, b) = (serve(&failing).await, serve(&other).await);
+    let (layer_a, _) = faked(config.clone());
+    let (layer_b, _) = faked(config);
+    // A: 3 → 2 (retried) → 1 (not): throttled.
+    let status = say(layer_a.layer(channel(&a)), text("x"))
+        .await
+        .unwrap_err();
+    let record = RetryRecord::of_status(&status).unwrap();
+    assert_eq!(record.stop_reason(), StopReason::BudgetExhausted);
+    // B's count is its own, full: its failure is retried, and the call answered.
+    let answer = say(layer_b.layer(channel(&b)), text("y")).await.unwrap();
+    let record = RetryRecord::of(&answer).unwrap();
+    assert_eq!(
+        (record.attempts(), record.stop_reason()),
+        (2, StopReason::Committed)
+    );
+    assert_eq!((failing.seen().len(), other.seen().len()), (2, 2));
+}
+
 #[tokio::test]
 async fn a_committed_call_that_fails_with_a_counted_code_takes_a_token() {
-    let throttling = RetryThrottling::new(3.0, 0.5).unwrap();
     for (name, config) in [
         (
             "retry",
@@ -417,7 +448,7 @@ async fn a_committed_call_that_fails_with_a_counted_code_takes_a_token() {
                 .unwrap(),
         ),
     ] {
-        let before = throttling.tokens();
+        let throttling = RetryThrottling::new(3.0, 0.5).unwrap();
         let script = Script::new([Act::SendThenFail(Code::Unavailable)]);
         let uri = serve(&script).await;
         let (layer, _clock) = faked(config.retry_throttling(throttling.clone()));
@@ -427,7 +458,7 @@ async fn a_committed_call_that_fails_with_a_counted_code_takes_a_token() {
             (1, Code::Unavailable)
         );
         // Counted as its trailers passed: one token taken.
-        assert_eq!(throttling.tokens(), before - 1.0, "{name}");
+        assert_eq!(throttling.tokens(), 2.0, "{name}");
     }
 }
 
