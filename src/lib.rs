@@ -62,7 +62,9 @@
 //!   [`RetryPolicyBuilder::retryable_methods`] narrows this (to reads only, say:
 //!   `.retryable_methods([Method::GET, Method::HEAD])`); it never widens it.
 //! - **Only when the body can be sent again**: a request whose body is a stream is sent once,
-//!   unchanged, and its record says [`StopReason::BodyNotCloneable`].
+//!   unchanged, and its record says [`StopReason::BodyNotCloneable`]; a stream whose chunks are
+//!   all at hand when the request is sent (`reqwest::Body::wrap` of chunks already made) is
+//!   read into bytes first, and sent again like any body in memory, as the tower door does.
 //!
 //! # Idempotency keys
 //!

@@ -186,6 +186,13 @@ pub(crate) fn announce(extensions: &mut Extensions, span: &tracing::Span, number
     }
 }
 
+/// The mark each copy that the tower or gRPC door sends carries in its extensions: an instance
+/// further in, of either door, passes the request through. It crosses a task (a `Buffer`
+/// between the layers) where the thread's mark cannot.
+#[cfg(any(feature = "tower", feature = "grpc"))]
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Claimed;
+
 /// Whether an instance further out on this request's path already makes its attempts: the
 /// mark on the thread is this request's passage through the chain (the same extensions), or,
 /// across the two doors, the same request (its method and URL), which a service or middleware

@@ -12,8 +12,9 @@ use wiremock::{Mock, MockServer, ResponseTemplate};
 
 use crate::support::{self, Action, RawServer};
 
-/// A request body that arrives in chunks and cannot be replayed.
-struct Chunks(VecDeque<Bytes>);
+/// A request body that arrives in chunks and cannot be replayed: its first chunk is at hand,
+/// the next ones come after a wait (it wakes its reader at once), as a stream's do.
+struct Chunks(VecDeque<Bytes>, bool);
 
 impl http_body::Body for Chunks {
     type Data = Bytes;
@@ -21,19 +22,25 @@ impl http_body::Body for Chunks {
 
     fn poll_frame(
         mut self: Pin<&mut Self>,
-        _: &mut Context<'_>,
+        cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        if self.0.len() == 2 && !std::mem::replace(&mut self.1, true) {
+            cx.waker().wake_by_ref();
+            return Poll::Pending;
+        }
         Poll::Ready(self.0.pop_front().map(|b| Ok(Frame::data(b))))
     }
 }
 
-/// A body of three chunks, as a stream.
+/// A body of three chunks, as a stream: the first at hand when the request is sent, the rest
+/// later.
 pub fn streaming_body() -> reqwest::Body {
     reqwest::Body::wrap(Chunks(
         [&b"first chunk, "[..], b"second chunk, ", b"last chunk"]
             .into_iter()
             .map(Bytes::from_static)
             .collect(),
+        false,
     ))
 }
 

@@ -64,6 +64,8 @@ pub(crate) struct Call {
     headers: Vec<(&'static str, String)>,
     /// A body that streams (sent once), rather than one whole in memory.
     streamed: bool,
+    /// A body that streams, every chunk of it at hand when the request is made (kept whole).
+    at_hand: bool,
     overriding: Option<RetryOverride>,
     /// Called with each copy's extensions beneath the middleware, as a middleware or service
     /// further in would be: a stand-in for the time a copy takes.
@@ -82,6 +84,7 @@ impl Call {
             url: url.to_owned(),
             headers: Vec::new(),
             streamed: false,
+            at_hand: false,
             overriding: None,
             beneath: None,
             connect_timeout: None,
@@ -111,6 +114,11 @@ impl Call {
         self
     }
 
+    fn at_hand(mut self) -> Call {
+        self.at_hand = true;
+        self
+    }
+
     fn overriding(mut self, overriding: RetryOverride) -> Call {
         self.overriding = Some(overriding);
         self
@@ -120,6 +128,9 @@ impl Call {
     fn body(&self) -> reqwest::Body {
         if self.streamed {
             reqwest::Body::wrap(Later(Some(Bytes::from_static(b"order")), false))
+        } else if self.at_hand {
+            let chunks = [&b"or"[..], b"d", b"er"].map(Bytes::from_static);
+            reqwest::Body::wrap(AtHand(chunks.into_iter().collect()))
         } else {
             reqwest::Body::from(Bytes::from_static(b"order"))
         }
@@ -234,6 +245,25 @@ impl http_body::Body for Later {
             return Poll::Pending;
         }
         Poll::Ready(self.0.take().map(|bytes| Ok(http_body::Frame::data(bytes))))
+    }
+}
+
+/// A body that streams, every chunk ready when asked.
+struct AtHand(std::collections::VecDeque<Bytes>);
+
+impl http_body::Body for AtHand {
+    type Data = Bytes;
+    type Error = std::io::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, std::io::Error>>> {
+        Poll::Ready(
+            self.0
+                .pop_front()
+                .map(|bytes| Ok(http_body::Frame::data(bytes))),
+        )
     }
 }
 
@@ -421,6 +451,7 @@ both! {
     the_server_s_verdict_speaks_of_failures_only;
     a_caller_s_key_goes_on_every_attempt_unchanged;
     a_streamed_body_is_sent_once;
+    a_stream_whose_data_is_at_hand_is_kept_and_sent_again;
     an_override_changes_one_request_only;
     the_attempt_header_counts_every_attempt;
     a_spent_quota_holds_the_next_request_until_its_reset;
@@ -1062,6 +1093,32 @@ mod scenarios {
             "{door:?}"
         );
         assert!(clock.sleeps().is_empty(), "{door:?}");
+    }
+
+    /// Issue 64, defect 6: the doors agree on which bodies are kept for another attempt. A
+    /// stream whose chunks are all at hand when the request is sent is kept whole and sent
+    /// again through either door (the reqwest door sent it once, `BodyNotCloneable`, where the
+    /// tower door kept it).
+    pub async fn a_stream_whose_data_is_at_hand_is_kept_and_sent_again(door: Door) {
+        let server = always(503).await;
+        let (middleware, _clock) = on_fake_clock(policy());
+        let end = door
+            .send(
+                vec![middleware],
+                Call::new(http::Method::PUT, &server.uri()).at_hand(),
+            )
+            .await;
+        let bodies: Vec<_> = received(&server)
+            .await
+            .iter()
+            .map(|r| r.body.clone())
+            .collect();
+        assert_eq!(bodies, vec![b"order".to_vec(); 3], "{door:?}");
+        assert_eq!(
+            (end.attempts, end.stop),
+            (3, StopReason::AttemptsExhausted),
+            "{door:?}"
+        );
     }
 
     pub async fn an_override_changes_one_request_only(door: Door) {

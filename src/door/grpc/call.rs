@@ -118,9 +118,10 @@ impl Outgoing for Call {
 
     /// Of the method and the URI's path, `/pkg.Service/Method`: a generated client's URI is its
     /// path alone (the channel adds where it goes), and the path names the call.
+    /// As the other doors name a request: its method and its URL's text (its path alone when
+    /// the call carries no origin, as tonic's generated clients send it).
     fn fingerprint(&self) -> u64 {
-        let path = self.request.uri().path().as_bytes();
-        claim::fingerprint_of(self.request.method(), path)
+        crate::driver::uri::fingerprint(self.request.method(), self.request.uri())
     }
 
     type Gone = http::Uri;

@@ -14,7 +14,7 @@ use tower_service::Service;
 
 use super::call::{Buffer, Call};
 use crate::driver::beneath_service;
-use crate::driver::claim::Beneath;
+use crate::driver::claim::{Beneath, Claimed};
 use crate::driver::retry_body::RetryBody;
 use crate::engine::grpc::config::{Calls, GrpcConfig};
 use crate::engine::grpc::throttle::RetryThrottling;
@@ -22,11 +22,6 @@ use crate::engine::grpc::{self, CodeSet, Said};
 use crate::engine::seen::{Failure, Locate, ResponseHead};
 use crate::error::BoxError;
 use crate::fault::{self, Fault};
-
-/// The mark a copy carries down to the transport: a gRPC retry layer further in passes the call
-/// through.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct Claimed;
 
 /// What counts a committed call's status when its trailers come: the channel's throttling,
 /// and the codes the call's policy retries.

@@ -11,8 +11,8 @@ use bytes::Bytes;
 use tower_service::Service;
 
 use super::call::Call;
-use super::inner::{Answer, Claimed, GrpcBody, Inner, Shared};
-use crate::driver::claim::{self, Beneath};
+use super::inner::{Answer, GrpcBody, Inner, Shared};
+use crate::driver::claim::{self, Beneath, Claimed};
 use crate::driver::phases::RetryMiddleware;
 use crate::driver::retry_body::RetryBody;
 use crate::driver::send_body::SendBody;

@@ -43,6 +43,8 @@ impl Middleware for RetryMiddleware {
             // An instance further out on this request's path makes the attempts and retries.
             return next.run(request, extensions);
         }
+        let mut request = request;
+        read_at_hand(&mut request);
         // Written into its place as it is made, not made beside it and copied there.
         let place = Box::new_uninit();
         let run = RetryMiddleware::execute(self, request, extensions, next);
@@ -204,7 +206,13 @@ impl Reply for Response {
     }
 
     fn read_first(self, read: Prefix) -> Self {
-        rebody(self, |rest| reqwest::Body::wrap(Prefixed { read, rest }))
+        rebody(self, |rest| {
+            reqwest::Body::wrap(Prefixed {
+                read,
+                then: None,
+                rest,
+            })
+        })
     }
 }
 
@@ -228,9 +236,44 @@ fn rebody(mut response: Response, body: impl FnOnce(reqwest::Body) -> reqwest::B
     Response::from(rebuilt)
 }
 
+/// A request whose body streams (`reqwest::Body::wrap`) but whose data is all at hand when it is
+/// sent gets that data as bytes, so that it can be sent again, as the tower door keeps such a
+/// body; a body still streaming keeps what was at hand, then the rest, and is sent once. A body
+/// of bytes, or none, is left as it is (most requests: one look at it).
+fn read_at_hand(request: &mut Request) {
+    let Some(body) = request.body_mut() else {
+        return;
+    };
+    if body.as_bytes().is_some() {
+        return;
+    }
+    let mut rest = std::mem::replace(body, reqwest::Body::from(Bytes::new()));
+    let mut cx = Context::from_waker(std::task::Waker::noop());
+    let mut read = bytes::BytesMut::new();
+    // Bounded by the frames at hand: a body that is never ready stops it at once.
+    let then = loop {
+        match Pin::new(&mut rest).poll_frame(&mut cx) {
+            Poll::Ready(None) => {
+                *body = reqwest::Body::from(read.freeze());
+                return;
+            }
+            Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
+                Ok(data) => read.extend_from_slice(&data),
+                Err(frame) => break Some(Ok(frame)),
+            },
+            Poll::Ready(Some(Err(e))) => break Some(Err(e)),
+            Poll::Pending => break None,
+        }
+    };
+    let read = Prefix::new(read.freeze(), Bytes::new());
+    *body = reqwest::Body::wrap(Prefixed { read, then, rest });
+}
+
 /// The chunks of a body read already, then the rest of it.
 struct Prefixed {
     read: Prefix,
+    /// A frame that is not data (trailers), or an error, read after them.
+    then: Option<Result<Frame<Bytes>, reqwest::Error>>,
     rest: reqwest::Body,
 }
 
@@ -245,11 +288,14 @@ impl HttpBody for Prefixed {
         if let Some(chunk) = self.read.pop() {
             return Poll::Ready(Some(Ok(Frame::data(chunk))));
         }
+        if let Some(then) = self.then.take() {
+            return Poll::Ready(Some(then));
+        }
         Pin::new(&mut self.rest).poll_frame(cx)
     }
 
     fn is_end_stream(&self) -> bool {
-        self.read.is_empty() && self.rest.is_end_stream()
+        self.read.is_empty() && self.then.is_none() && self.rest.is_end_stream()
     }
 
     fn size_hint(&self) -> SizeHint {
@@ -333,10 +379,68 @@ mod tests {
     use crate::engine::seen::Seen;
     use crate::error::LastError;
 
+    /// A body of `chunks`, each at hand, then (if `pending`) one more after a wait, then
+    /// trailers if `trailers`.
+    struct Frames(std::collections::VecDeque<Bytes>, bool, bool);
+
+    impl HttpBody for Frames {
+        type Data = Bytes;
+        type Error = std::io::Error;
+
+        fn poll_frame(
+            mut self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<Bytes>, std::io::Error>>> {
+            if let Some(chunk) = self.0.pop_front() {
+                return Poll::Ready(Some(Ok(Frame::data(chunk))));
+            }
+            if std::mem::take(&mut self.1) {
+                self.0.push_back(Bytes::from_static(b"!"));
+                cx.waker().wake_by_ref();
+                return Poll::Pending;
+            }
+            if std::mem::take(&mut self.2) {
+                return Poll::Ready(Some(Ok(Frame::trailers(http::HeaderMap::new()))));
+            }
+            Poll::Ready(None)
+        }
+    }
+
+    #[tokio::test]
+    async fn a_stream_all_at_hand_becomes_bytes_and_any_other_keeps_every_frame() {
+        let request = |pending, trailers| {
+            let chunks = [&b"ab"[..], b"cd"].map(Bytes::from_static);
+            let body = reqwest::Body::wrap(Frames(chunks.into_iter().collect(), pending, trailers));
+            let client = reqwest::Client::new();
+            let mut request = client.put("http://x.example/").body(body).build().unwrap();
+            read_at_hand(&mut request);
+            request
+        };
+        let whole = request(false, false);
+        assert_eq!(whole.body().and_then(|b| b.as_bytes()), Some(&b"abcd"[..]));
+        assert!(whole.try_clone().is_some(), "sent again");
+        for (pending, trailers, data) in [(true, false, &b"abcd!"[..]), (false, true, b"abcd")] {
+            let mut streamed = request(pending, trailers);
+            assert!(streamed.try_clone().is_none(), "sent once");
+            let body = streamed.body_mut().take().unwrap();
+            let collected = http_body_util::BodyExt::collect(body).await.unwrap();
+            assert_eq!(collected.trailers().is_some(), trailers);
+            assert_eq!(&collected.to_bytes()[..], data);
+        }
+        // A request without a body, or with bytes, is left as it is.
+        let mut plain = reqwest::Client::new()
+            .get("http://x.example/")
+            .build()
+            .unwrap();
+        read_at_hand(&mut plain);
+        assert!(plain.body().is_none());
+    }
+
     #[test]
     fn a_prefixed_body_reports_its_size_and_its_end() {
         let prefixed = |read: &'static [u8], over: &'static [u8], rest: &'static [u8]| Prefixed {
             read: Prefix::new(Bytes::from_static(read), Bytes::from_static(over)),
+            then: None,
             rest: reqwest::Body::from(rest),
         };
         let body = prefixed(b"ab", b"cd", b"efg");

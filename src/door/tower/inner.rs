@@ -10,17 +10,11 @@ use tower_service::Service;
 
 use super::error::{BoxError, service_fault};
 use super::future::Call;
-use super::uri;
 use crate::driver::beneath_service;
-use crate::driver::claim::{Address, Beneath, Outgoing};
+use crate::driver::claim::{Address, Beneath, Claimed, Outgoing};
 use crate::driver::retry_body::RetryBody;
 use crate::driver::send_body::SendBody;
 use crate::engine::seen::{Failure, Locate, ResponseHead};
-
-/// The mark a copy carries down to the inner service: a layer made of this crate further in
-/// passes the request through.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct Claimed;
 
 /// The inner service, as the driver sends copies to it: each copy to a clone of its own, with
 /// a body made from the caller's `B`.
@@ -78,7 +72,7 @@ impl<B: Send + 'static> Outgoing for http::Request<SendBody<B>> {
 
     /// Of the URL's text as `Url::as_str` writes it, read from the URI's parts in place.
     fn fingerprint(&self) -> u64 {
-        uri::fingerprint(self.method(), http::Request::uri(self))
+        crate::driver::uri::fingerprint(self.method(), http::Request::uri(self))
     }
 
     type Gone = http::Uri;

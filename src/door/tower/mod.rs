@@ -15,8 +15,9 @@
 //! classifier and a give-up's sources see.
 //!
 //! Bodies: a body whose frames are all at hand when the request is made (`Full<Bytes>`, a
-//! `String`, an empty one) is kept as `Bytes` for a retry or a hedge; one that streams is sent
-//! once, as on the reqwest side, and the record says why nothing was retried.
+//! `String`, an empty one, a stream of chunks all at hand) is kept as `Bytes` for a retry or a
+//! hedge; one that streams is sent once, as on the reqwest side, and the record says why
+//! nothing was retried.
 //!
 //! One layer retries: each copy carries a mark in its extensions, and an instance of the layer
 //! further in that sees it sends the request on untouched.
@@ -31,7 +32,6 @@ mod future;
 mod inner;
 mod layer;
 mod service;
-mod uri;
 
 #[cfg(test)]
 mod tests;

@@ -10,8 +10,8 @@ use bytes::Bytes;
 use tower_service::Service;
 
 use super::error::BoxError;
-use super::inner::{Claimed, Inner};
-use crate::driver::claim::Beneath;
+use super::inner::Inner;
+use crate::driver::claim::{Beneath, Claimed};
 use crate::driver::phases::RetryMiddleware;
 use crate::driver::retry_body::RetryBody;
 use crate::driver::send_body::SendBody;
@@ -93,17 +93,18 @@ where
         // request itself goes to the driver as it is, its body kept whole in memory when all of
         // it is at hand (a copy for a retry then clones its bytes), else sent once.
         let (mut parts, body) = request.into_parts();
-        if let Err(e) = absolute(&parts.uri) {
-            return Box::pin(std::future::ready(Err(e)));
-        }
         let mut extensions = std::mem::take(&mut parts.extensions);
         let inner = Inner::new(self.inner.clone());
         let request = http::Request::from_parts(parts, SendBody::new(body));
         let claimed = extensions.get::<Claimed>().is_some()
             || crate::driver::claim::claimed(&extensions, &request);
         if claimed {
-            // A layer further out on this request's path makes its attempts.
+            // A layer further out on this request's path makes its attempts (the gRPC door's,
+            // whose calls may carry a path alone, among them).
             return Box::pin(async move { inner.run(request, &mut extensions).await });
+        }
+        if let Err(e) = absolute(request.uri()) {
+            return Box::pin(std::future::ready(Err(e)));
         }
         // The future owns the middleware, the extensions and a handle on the inner service: it
         // is one allocation in the allocator's fast size class, written into its place as it is

@@ -12,9 +12,9 @@ use tower_layer::Layer;
 use tower_service::Service;
 
 use super::RetryService;
-use super::inner::Claimed;
 use super::service::absolute;
 use crate::driver::body::Reply;
+use crate::driver::claim::Claimed;
 use crate::driver::claim::Outgoing;
 use crate::driver::phases::RetryMiddleware;
 use crate::error::RetryError;

@@ -1348,3 +1348,112 @@ async fn a_call_dropped_in_its_wait_or_on_the_wire_gives_its_buffer_back() {
         (2, StopReason::Committed)
     );
 }
+
+/// A tonic `Channel` beneath the tower door: each copy's body as tonic's own.
+#[cfg(feature = "tower")]
+#[derive(Clone)]
+struct TonicBody<S>(S);
+
+#[cfg(feature = "tower")]
+impl<S, B> tower_service::Service<http::Request<B>> for TonicBody<S>
+where
+    S: tower_service::Service<http::Request<tonic::body::Body>>,
+    B: http_body::Body<Data = bytes::Bytes> + Send + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = S::Future;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), S::Error>> {
+        self.0.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<B>) -> S::Future {
+        self.0.call(request.map(tonic::body::Body::new))
+    }
+}
+
+/// Calls `/echo.Echo/Say` through `service` with an origin (absolute URIs, which the tower
+/// door needs).
+#[cfg(feature = "tower")]
+async fn say_at<S>(service: S, origin: &str) -> Result<tonic::Response<server::Echo>, tonic::Status>
+where
+    S: tonic::client::GrpcService<tonic::body::Body>,
+    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    S::ResponseBody: http_body::Body<Data = bytes::Bytes> + Send + 'static,
+    <S::ResponseBody as http_body::Body>::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let mut grpc = tonic::client::Grpc::with_origin(service, origin.parse().unwrap());
+    grpc.ready()
+        .await
+        .map_err(|e| tonic::Status::unknown(e.into().to_string()))?;
+    let path = http::uri::PathAndQuery::from_static("/echo.Echo/Say");
+    grpc.unary(text("x"), path, tonic_prost::ProstCodec::default())
+        .await
+}
+
+/// Issue 64, defect 6: the gRPC layer over this crate's HTTP tower layer, against a proxy that
+/// answers HTTP 503: one layer retries (3 arrivals, where each retried the other's attempts:
+/// 9). The doors share one mark and one fingerprint rule; the retrying layer is the outer one,
+/// whose record the caller reads.
+#[cfg(feature = "tower")]
+#[tokio::test]
+async fn one_layer_retries_when_the_grpc_door_is_over_the_http_door() {
+    // The gRPC layer outside: the tower layer beneath passes its copies through.
+    let (uri, streams) = raw_h2(vec![Raw::Http(503)]).await;
+    let (grpc, _clock) = faked(
+        GrpcConfig::new()
+            .retry("echo.Echo", unavailable(3))
+            .unwrap(),
+    );
+    let service = grpc.layer(http().layer(TonicBody(channel(&uri))));
+    let status = say(service, text("x")).await.unwrap_err();
+    assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+    let record = RetryRecord::of_status(&status).expect("the gRPC layer's record");
+    assert_eq!(
+        (record.attempts(), record.stop_reason()),
+        (3, StopReason::AttemptsExhausted)
+    );
+    assert_eq!(streams.load(std::sync::atomic::Ordering::SeqCst), 3);
+}
+
+/// The HTTP door on a fake clock, with the default policy (3 attempts).
+#[cfg(feature = "tower")]
+fn http() -> reqwest_safe_retry::RetryMiddleware {
+    let policy = reqwest_safe_retry::RetryPolicy::default();
+    reqwest_safe_retry::RetryMiddleware::new(policy).with_clock(FakeClock::new())
+}
+
+/// Issue 64, defect 6, the other way round: the HTTP layer outside, the gRPC layer beneath
+/// passes its copies through.
+#[cfg(feature = "tower")]
+#[tokio::test]
+async fn one_layer_retries_when_the_http_door_is_over_the_grpc_door() {
+    let (uri, streams) = raw_h2(vec![Raw::Http(503)]).await;
+    let (grpc, _clock) = faked(
+        GrpcConfig::new()
+            .retry("echo.Echo", unavailable(3))
+            .unwrap(),
+    );
+    // What the outer layer saw of each attempt: the retrying layer is the one the caller
+    // called (before, the inner one retried, and the outer saw one attempt, hiding three).
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let events = seen.clone();
+    let outer = http().with_observer(move |e| events.lock().unwrap().push((e.attempt, e.stop)));
+    let service = outer.layer(TonicBody(grpc.layer(channel(&uri))));
+    let status = say_at(service, &uri).await.unwrap_err();
+    assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+    assert_eq!(streams.load(std::sync::atomic::Ordering::SeqCst), 3);
+    assert_eq!(
+        *seen.lock().unwrap(),
+        [
+            (1, None),
+            (2, None),
+            (3, Some(StopReason::AttemptsExhausted))
+        ]
+    );
+}

@@ -1,6 +1,6 @@
-//! Where a request of the tower door goes, read from its URI: its host and port in one pass over
-//! the authority, and its URL's text as the reqwest door's `Url` writes it, for the fingerprint
-//! that knows a request across the doors.
+//! A request of the tower or gRPC door named by its URI: its URL's text as the reqwest door's
+//! `Url` writes it, for the fingerprint that knows a request across the three doors (one rule:
+//! the same request, however written, gives the same fingerprint at every door).
 
 /// [`fingerprint_of`](crate::driver::claim::fingerprint_of) a request of `method` to `uri`, of
 /// the URL's text in its canonical form, the URL standard's, as `Url::as_str` writes it
@@ -12,7 +12,7 @@
 /// resolves): their text is taken from the URI's parts in place, less the scheme's own port
 /// and with `/` for an empty path, without parsing them again (this runs for every request).
 /// Any other is parsed as a `Url` and its text taken.
-pub(super) fn fingerprint(method: &http::Method, uri: &http::Uri) -> u64 {
+pub(crate) fn fingerprint(method: &http::Method, uri: &http::Uri) -> u64 {
     if !canonical(uri) {
         if let Ok(url) = url::Url::parse(&uri.to_string()) {
             let text = url.as_str();
