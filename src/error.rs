@@ -17,7 +17,7 @@ use http::StatusCode;
 use url::Url;
 
 use crate::fault::{AttemptErrorKind, Fault};
-use crate::record::RetryRecord;
+use crate::record::{RetryRecord, Tally};
 use crate::stop::StopReason;
 
 /// An error as tower passes errors, and as the tower door hands back the inner service's:
@@ -53,7 +53,6 @@ macro_rules! retry_error {
         ///
         /// The tower door returns it boxed: `err.downcast_ref::<RetryError<BoxError>>()`.
         pub struct RetryError<E $(= $default)?> {
-
             attempts: u32,
             stop: StopReason,
             key: Option<HeaderValue>,
@@ -66,6 +65,8 @@ macro_rules! retry_error {
             last: LastError<E>,
             /// The transient fault the door found in the last error, if any.
             fault: Option<Fault>,
+            /// What gRPC's metrics count of its attempts.
+            tally: Tally,
         }
     };
 }
@@ -208,6 +209,7 @@ impl<E> RetryError<E> {
             budget: None,
             last,
             fault: None,
+            tally: Tally::default(),
         }
     }
 
@@ -220,6 +222,12 @@ impl<E> RetryError<E> {
     /// With the capacity of the budget that refused its retry, which the message names.
     pub(crate) fn with_budget(mut self, capacity: Option<f64>) -> Self {
         self.budget = capacity;
+        self
+    }
+
+    /// With what gRPC's metrics count of its attempts.
+    pub(crate) fn with_tally(mut self, tally: Tally) -> Self {
+        self.tally = tally;
         self
     }
 
@@ -293,6 +301,7 @@ impl<E> RetryError<E> {
             key: self.key.clone(),
             replayed: false,
             answered_by_hedge: false,
+            tally: self.tally,
         }
     }
 }

@@ -30,6 +30,17 @@ pub struct RetryRecord {
     /// before it (else the marker means nothing: a proxy may echo it).
     pub(crate) replayed: bool,
     pub(crate) answered_by_hedge: bool,
+    /// What gRPC's metrics count of the call's attempts.
+    pub(crate) tally: Tally,
+}
+
+/// What kind of attempts a call made beyond its first, as gRPC's metrics count them (gRFC
+/// A96): whether one was A6's transparent retry, and whether those after the first were
+/// hedges (a hedged call's) rather than retries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct Tally {
+    pub(crate) transparent: bool,
+    pub(crate) hedged: bool,
 }
 
 impl RetryRecord {
@@ -61,6 +72,7 @@ impl RetryRecord {
                 key: None,
                 replayed: false,
                 answered_by_hedge: false,
+                tally: Tally::default(),
             },
             None => return None,
         };

@@ -484,6 +484,7 @@ impl RetryMiddleware {
             key: ends.key.map(|(key, _)| key.value),
             replayed,
             answered_by_hedge: decider.hedge_answered(),
+            tally: decider.tally(),
         };
         let budget = (stop == StopReason::BudgetExhausted)
             .then(|| decider.budget().map(RetryBudget::capacity))
@@ -560,7 +561,8 @@ fn hand_back<R: Reply>(
             let err = RetryError::new(record.attempts, record.stop, record.key, last);
             let err = err
                 .with_fault(fault)
-                .with(record.waited, url.url().as_ref());
+                .with(record.waited, url.url().as_ref())
+                .with_tally(record.tally);
             Err(err.with_budget(budget).into())
         }
     }

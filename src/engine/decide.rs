@@ -935,6 +935,15 @@ impl<'a> Decider<'a> {
         }
     }
 
+    /// What gRPC's metrics count of the call's attempts: whether one was a transparent retry,
+    /// and whether those after the first were hedges.
+    pub(crate) fn tally(&self) -> crate::record::Tally {
+        crate::record::Tally {
+            transparent: self.transparent,
+            hedged: self.hedged,
+        }
+    }
+
     /// The hedged call's answer came from a copy after the first.
     pub(crate) fn grpc_hedge_won(&mut self) {
         self.hedging.get_or_insert_with(Box::default).answered = true;

@@ -576,15 +576,38 @@ async fn the_observer_sees_the_request_the_floor_and_the_error_kind() {
 /// A `metrics` recorder that keeps every counter in memory, keyed by name and labels.
 #[cfg(feature = "metrics")]
 #[derive(Debug, Default)]
-struct MemoryRecorder {
+pub(crate) struct MemoryRecorder {
     counters: Mutex<HashMap<String, Arc<Cell>>>,
     gauges: Mutex<HashMap<String, Arc<Cell>>>,
+    histograms: Mutex<HashMap<String, Arc<Values>>>,
     described: Mutex<Vec<(String, String)>>,
 }
 
 #[cfg(feature = "metrics")]
 #[derive(Debug, Default)]
 struct Cell(AtomicU64);
+
+/// A histogram's values, in the order recorded.
+#[cfg(feature = "metrics")]
+#[derive(Debug, Default)]
+struct Values(Mutex<Vec<f64>>);
+
+#[cfg(feature = "metrics")]
+impl metrics::HistogramFn for Values {
+    fn record(&self, value: f64) {
+        self.0.lock().unwrap().push(value);
+    }
+}
+
+/// A key's name and labels, as `name{a=x,b=y}`.
+#[cfg(feature = "metrics")]
+fn keyed(key: &metrics::Key) -> String {
+    let labels: Vec<String> = key
+        .labels()
+        .map(|l| format!("{}={}", l.key(), l.value()))
+        .collect();
+    format!("{}{{{}}}", key.name(), labels.join(","))
+}
 
 #[cfg(feature = "metrics")]
 impl metrics::CounterFn for Cell {
@@ -611,6 +634,24 @@ impl MemoryRecorder {
     fn registered(&self, name: &str, dependency: &str) -> bool {
         let key = format!("{name}{{dependency={dependency}}}");
         self.counters.lock().unwrap().contains_key(&key)
+    }
+
+    /// The values recorded in the histogram `name` of `labels` (`a=x,b=y`).
+    pub(crate) fn histogram(&self, name: &str, labels: &str) -> Vec<f64> {
+        let key = format!("{name}{{{labels}}}");
+        let histograms = self.histograms.lock().unwrap();
+        histograms
+            .get(&key)
+            .map_or_else(Vec::new, |v| v.0.lock().unwrap().clone())
+    }
+
+    /// The gauge `name` of `labels` (`a=x`), if it was set.
+    pub(crate) fn gauge_of(&self, name: &str, labels: &str) -> Option<f64> {
+        let key = format!("{name}{{{labels}}}");
+        let gauges = self.gauges.lock().unwrap();
+        gauges
+            .get(&key)
+            .map(|c| f64::from_bits(c.0.load(Ordering::SeqCst)))
     }
 
     fn gauge(&self, name: &str, dependency: &str) -> Option<f64> {
@@ -676,26 +717,26 @@ impl metrics::Recorder for MemoryRecorder {
     }
 
     fn register_gauge(&self, key: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Gauge {
-        let name = format!(
-            "{}{{dependency={}}}",
-            key.name(),
-            key.labels().next().unwrap().value()
-        );
+        let name = keyed(key);
         let cell = self.gauges.lock().unwrap().entry(name).or_default().clone();
         metrics::Gauge::from_arc(cell)
     }
 
     fn register_histogram(
         &self,
-        _: &metrics::Key,
+        key: &metrics::Key,
         _: &metrics::Metadata<'_>,
     ) -> metrics::Histogram {
-        metrics::Histogram::noop()
+        let name = keyed(key);
+        let values = self.histograms.lock().unwrap();
+        let mut values = values;
+        let cell = values.entry(name).or_default().clone();
+        metrics::Histogram::from_arc(cell)
     }
 }
 
 #[cfg(feature = "metrics")]
-fn recorder() -> &'static MemoryRecorder {
+pub(crate) fn recorder() -> &'static MemoryRecorder {
     static RECORDER: OnceLock<&'static MemoryRecorder> = OnceLock::new();
     RECORDER.get_or_init(|| {
         let recorder: &'static MemoryRecorder = Box::leak(Box::default());

@@ -8,7 +8,7 @@ mod budget;
 mod classifier;
 mod config;
 mod core_rules;
-mod dependencies;
+pub(crate) mod dependencies;
 #[cfg(feature = "tower")]
 mod doors;
 mod driver_model;

@@ -29,6 +29,9 @@ use crate::fault::{self, Fault};
 pub(super) struct Count {
     pub(super) throttling: RetryThrottling,
     pub(super) codes: CodeSet,
+    /// The channel's target, for the tokens' gauge.
+    #[cfg(feature = "metrics")]
+    pub(super) target: Arc<str>,
 }
 
 /// The transport beneath, as the driver sends copies to it: each copy to a clone of its own.
@@ -132,6 +135,9 @@ pub(crate) struct Shared<S> {
     pub(super) channel: Arc<Channel>,
     /// This channel's throttling count, if the config has throttling.
     pub(super) throttling: Option<RetryThrottling>,
+    /// The channel's target, as gRPC's metrics label it (`grpc.target`).
+    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+    pub(super) target: Arc<str>,
 }
 
 /// What every call through one layer shares: the config, and the buffer for replays.
@@ -140,6 +146,7 @@ pub(crate) struct Channel {
     pub(super) config: GrpcConfig,
     /// What each call runs under, by its path.
     pub(super) calls: Calls,
+
     pub(super) buffer: Buffer,
 }
 
@@ -152,6 +159,8 @@ impl<S> Inner<S> {
         Some(Count {
             throttling: throttling.clone(),
             codes: policy.codes(),
+            #[cfg(feature = "metrics")]
+            target: self.shared.target.clone(),
         })
     }
 
@@ -254,6 +263,8 @@ where
                 (trailers.get(grpc::GRPC_STATUS), self.count.take())
             {
                 count.throttling.ended(grpc::code_of(status), count.codes);
+                #[cfg(feature = "metrics")]
+                super::metrics::tokens(&count.target, &count.throttling);
             }
         }
         Poll::Ready(frame)

@@ -62,6 +62,8 @@ use crate::rng::RandomSource;
 pub struct GrpcRetryLayer {
     retry: RetryMiddleware,
     channel: Arc<Channel>,
+    /// The channels' target, as gRPC's metrics label it.
+    target: Arc<str>,
 }
 
 impl GrpcRetryLayer {
@@ -70,6 +72,7 @@ impl GrpcRetryLayer {
         let buffer = Buffer::new(config.per_call_buffer, config.per_channel_buffer);
         GrpcRetryLayer {
             retry: RetryMiddleware::routed(config.routes()),
+            target: Arc::from("other"),
             channel: Arc::new(Channel {
                 calls: config.calls(),
                 config,
@@ -98,6 +101,14 @@ impl GrpcRetryLayer {
     /// Draws jitter from `rng`, as [`RetryMiddleware::with_rng`] does.
     pub fn with_rng(mut self, rng: impl RandomSource) -> Self {
         self.retry = self.retry.with_rng(rng);
+        self
+    }
+
+    /// Labels the layer's calls in gRPC's metrics (feature `metrics`; gRFC A96's
+    /// `grpc.client.call.*`) with `target` as their `grpc.target`, the channel's target as gRPC
+    /// writes it (`dns:///ledger.example:443`). Without it they say `other`.
+    pub fn with_target(mut self, target: &str) -> Self {
+        self.target = Arc::from(target);
         self
     }
 
@@ -130,6 +141,7 @@ impl<S> Layer<S> for GrpcRetryLayer {
                 service: inner,
                 channel: self.channel.clone(),
                 throttling,
+                target: self.target.clone(),
             }),
         }
     }

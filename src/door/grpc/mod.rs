@@ -16,6 +16,8 @@
 mod call;
 mod inner;
 mod layer;
+#[cfg(feature = "metrics")]
+mod metrics;
 mod service;
 
 pub use inner::GrpcBody;

@@ -109,13 +109,38 @@ where
             // A layer further out on this call's path makes its attempts.
             return Box::pin(async move { inner.run(call, &mut extensions).await });
         }
+        #[cfg(feature = "metrics")]
+        let (path, shared): (Box<str>, _) = (call.request.uri().path().into(), self.shared.clone());
         let run = RetryMiddleware::execute(self.retry.clone(), call, extensions, inner);
         // The call's future, written into its box as it is made; an `async` block around it
         // would hold it twice (as the block's capture and as what it awaits).
         let place = Box::new_uninit();
         let answered: Box<Answered<_>> = Box::write(place, Answered { run });
+        #[cfg(feature = "metrics")]
+        return Box::pin(async move {
+            let answer = Box::into_pin(answered).await;
+            reported(&answer, &path, &shared);
+            answer
+        });
+        #[cfg(not(feature = "metrics"))]
         Box::into_pin(answered)
     }
+}
+
+/// What a call that ended in `answer` reports to gRPC's metrics (gRFC A96).
+#[cfg(feature = "metrics")]
+fn reported<S, R>(answer: &Result<Answer<R>, BoxError>, path: &str, shared: &Shared<S>) {
+    let record = match answer {
+        Ok(answer) => answer.extensions().get::<RetryRecord>().cloned(),
+        Err(e) => (e.downcast_ref::<tonic::Status>())
+            .and_then(RetryRecord::of_status)
+            .or_else(|| {
+                e.downcast_ref::<RetryError<BoxError>>()
+                    .map(RetryError::record)
+            }),
+    };
+    let throttling = shared.throttling.as_ref();
+    super::metrics::call_ended(path, &shared.target, record.as_ref(), throttling);
 }
 
 pin_project_lite::pin_project! {

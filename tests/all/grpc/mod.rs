@@ -1457,3 +1457,87 @@ async fn one_layer_retries_when_the_http_door_is_over_the_grpc_door() {
         ]
     );
 }
+
+/// gRFC A96's per-call histograms through the `metrics` facade, labelled `grpc.method` and
+/// `grpc.target`, each count not reported when zero; and the channel's throttling tokens.
+#[cfg(feature = "metrics")]
+#[tokio::test]
+async fn a96_s_histograms_count_retries_transparent_retries_hedges_and_the_delay() {
+    let recorder = crate::dependencies::recorder();
+    let labels = |target: &str| format!("grpc.method=echo.Echo/Say,grpc.target={target}");
+    let of = |name: &str, target: &str| recorder.histogram(name, &labels(target));
+
+    // Two retries, the second after a pushback; the waits are the delay.
+    let script = Script::new([
+        Act::Fail(Code::Unavailable, None),
+        Act::Fail(Code::Unavailable, Some("250")),
+    ]);
+    let uri = serve(&script).await;
+    let throttling = RetryThrottling::new(10.0, 0.5).unwrap();
+    let config = GrpcConfig::new()
+        .retry("echo.Echo", unavailable(4))
+        .unwrap()
+        .retry_throttling(throttling);
+    let (layer, clock) = faked(config);
+    let layer = layer.with_target("dns:///a96-retries");
+    say(layer.layer(channel(&uri)), text("x")).await.unwrap();
+    let waited: Duration = clock.sleeps().iter().sum();
+    assert_eq!(of("grpc.client.call.retries", "dns:///a96-retries"), [2.0]);
+    assert!(of("grpc.client.call.transparent_retries", "dns:///a96-retries").is_empty());
+    assert!(of("grpc.client.call.hedges", "dns:///a96-retries").is_empty());
+    assert_eq!(
+        of("grpc.client.call.retry_delay", "dns:///a96-retries"),
+        [waited.as_secs_f64()]
+    );
+    // 10 - 2 failures + 0.5 for the OK.
+    assert_eq!(
+        recorder.gauge_of(
+            "reqwest_safe_retry_grpc_throttle_tokens",
+            "grpc.target=dns:///a96-retries"
+        ),
+        Some(8.5)
+    );
+
+    // A transparent retry of a refused stream, then the policy's retry.
+    let (uri, _) = raw_h2(vec![Raw::Refuse, Raw::Status("14")]).await;
+    let (layer, _) = faked(
+        GrpcConfig::new()
+            .retry("echo.Echo", unavailable(2))
+            .unwrap(),
+    );
+    let layer = layer.with_target("dns:///a96-transparent");
+    say(layer.layer(channel(&uri)), text("x"))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        of(
+            "grpc.client.call.transparent_retries",
+            "dns:///a96-transparent"
+        ),
+        [1.0]
+    );
+    assert_eq!(
+        of("grpc.client.call.retries", "dns:///a96-transparent"),
+        [1.0]
+    );
+
+    // A hedge after a non-fatal failure; and a call of one attempt reports nothing.
+    let script = Script::new([Act::Fail(Code::Unavailable, None)]);
+    let uri = serve(&script).await;
+    let hedging = GrpcHedgingPolicy::builder()
+        .max_attempts(3)
+        .hedging_delay(Duration::from_millis(500))
+        .non_fatal_codes([Code::Unavailable])
+        .build()
+        .unwrap();
+    let (layer, _) = faked(GrpcConfig::new().hedge("echo.Echo", hedging).unwrap());
+    let service = layer.with_target("dns:///a96-hedges").layer(channel(&uri));
+    say(service.clone(), text("x")).await.unwrap();
+    say(service, text("y")).await.unwrap();
+    assert_eq!(of("grpc.client.call.hedges", "dns:///a96-hedges"), [1.0]);
+    assert!(of("grpc.client.call.retries", "dns:///a96-hedges").is_empty());
+    assert_eq!(
+        of("grpc.client.call.retry_delay", "dns:///a96-hedges"),
+        [0.0]
+    );
+}
