@@ -90,6 +90,14 @@ pub trait Clock: Send + Sync + 'static {
 /// runtime that waits with `tokio::time::sleep` answers when tokio advances to the end of its
 /// sleep, and one that sleeps past the attempt timeout is cut at it, as on a running clock.
 ///
+/// A runtime learns from its holds: one that runs out with its attempt still waiting says the
+/// server answers in virtual time, and the next holds are a quarter as long, down to 2 ms, so
+/// that a hundred requests retried at once, at a hundred virtual instants, take a few hundred
+/// milliseconds of real time rather than a hundred holds of 100 ms each (6.7 s before). An
+/// attempt whose timer fires before its 100 ms of real time (its hold was short) still waits
+/// the rest of them for a server elsewhere, and takes its answer; virtual time has then moved
+/// to the attempt's timeout, and the runtime's holds are 100 ms again.
+///
 /// # Spare timers
 ///
 /// Making a tokio timer, filing it in tokio's timer wheel and taking it out again costs more
@@ -139,22 +147,88 @@ impl Clock for TokioClock {
 /// [`TokioClock`]'s per-attempt timeout, made eagerly (so a missing time driver shows at once)
 /// and polled in place: the middleware keeps it inline in its own future, with no future nested
 /// in another. Always tokio's own timer; under a paused clock, it also holds tokio's
-/// auto-advance for a grace of real time ([`PAUSED_GRACE`]).
+/// auto-advance for a grace of real time (see [`Grace`]).
 pub(crate) struct TokioTimeout {
     sleep: Armed,
     /// The deadline on tokio's clock (`None`: beyond the `Instant` range).
     deadline: Option<tokio::time::Instant>,
-    /// Set while tokio's clock is paused: a server elsewhere is given this real time to answer
+    /// Set while tokio's clock is paused: a server elsewhere is given real time to answer
     /// before auto-advance may move the clock (to this timer, or any other).
     hold: Option<Hold>,
 }
 
-/// How long, in real time, an attempt under tokio's paused clock holds its auto-advance: a
-/// server on threads of its own (wiremock's) answers a loopback request in well under a
-/// millisecond (4.6 ms at most of 2,400, with four busy loops on two cores), so the grace has
+/// How long, in real time, an attempt under tokio's paused clock holds its auto-advance at
+/// most: a server on threads of its own (wiremock's) answers a loopback request in well under
+/// a millisecond (4.6 ms at most of 2,400, with four busy loops on two cores), so the grace has
 /// twenty times that; a server on the runtime itself that waits with `tokio::time::sleep` is
 /// answered in virtual time once it ends.
 pub(crate) const PAUSED_GRACE: Duration = Duration::from_millis(100);
+
+/// The shortest hold a runtime's attempts learn to make (see [`Grace`]).
+const LEAST_GRACE: Duration = Duration::from_millis(2);
+
+/// What a runtime whose clock is paused has learned of its servers: how long an attempt holds
+/// tokio's auto-advance. A hold that ran out with its attempt still waiting says the server is
+/// not answering in real time (one on the runtime itself, asleep on tokio's clock, which the
+/// hold keeps from moving): the next holds are a quarter as long, down to 2 ms, so that many
+/// requests retried at once, at many virtual instants, do not each wait 100 ms of real time.
+/// An attempt whose timer fired before its whole allowance of real time (the hold was short)
+/// waits the rest of it; answered then (a server elsewhere, slower than the shortened hold),
+/// it sets the grace back to [`PAUSED_GRACE`].
+#[derive(Debug)]
+struct Grace {
+    runtime: tokio::runtime::Id,
+    /// In microseconds.
+    micros: std::sync::atomic::AtomicU64,
+}
+
+impl Grace {
+    /// The current runtime's.
+    fn of_runtime() -> Arc<Grace> {
+        /// The runtimes that held lately (a runtime that ends leaves its entry, so few are kept).
+        static RUNTIMES: Mutex<Vec<Arc<Grace>>> = Mutex::new(Vec::new());
+        let runtime = tokio::runtime::Handle::current().id();
+        let mut runtimes = RUNTIMES.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(grace) = runtimes.iter().find(|g| g.runtime == runtime) {
+            return grace.clone();
+        }
+        if runtimes.len() >= 64 {
+            runtimes.remove(0);
+        }
+        let grace = Arc::new(Grace {
+            runtime,
+            micros: std::sync::atomic::AtomicU64::new(micros(PAUSED_GRACE)),
+        });
+        runtimes.push(grace.clone());
+        grace
+    }
+
+    fn now(&self) -> Duration {
+        let micros = self.micros.load(std::sync::atomic::Ordering::Relaxed);
+        Duration::from_micros(micros)
+    }
+
+    /// A hold ran out with its attempt still waiting.
+    fn ran_out(&self) {
+        let _ = self.micros.fetch_update(
+            std::sync::atomic::Ordering::Relaxed,
+            std::sync::atomic::Ordering::Relaxed,
+            |m| Some((m / 4).max(micros(LEAST_GRACE))),
+        );
+    }
+
+    /// An attempt was answered from elsewhere in real time.
+    fn answered(&self) {
+        let full = micros(PAUSED_GRACE);
+        self.micros
+            .store(full, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// `d` in microseconds, saturating.
+fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}
 
 impl TokioTimeout {
     /// Arms a timeout of `duration`. Panics, as tokio does, outside a runtime or on one without
@@ -168,7 +242,12 @@ impl TokioTimeout {
         // only hold auto-advance that is not there, for a moment.
         let first = read.map_or_else(tokio::time::Instant::now, tokio::time::Instant::from_std);
         let second = tokio::time::Instant::now();
-        let hold = (first == second).then(|| Hold::start(duration.min(PAUSED_GRACE)));
+        let hold = (first == second).then(|| {
+            let grace = Grace::of_runtime();
+            let (allowance, held) = (duration.min(PAUSED_GRACE), duration.min(grace.now()));
+            let short = (held < allowance).then(|| (Instant::now(), allowance));
+            Hold::start(held, grace, Wake::Later(short))
+        });
         // The deadline from the reading just made, rather than a third one.
         let deadline = second.checked_add(duration);
         TokioTimeout {
@@ -182,11 +261,37 @@ impl TokioTimeout {
 impl Future for TokioTimeout {
     type Output = ();
 
-    /// Ready when the timeout has passed on tokio's clock.
+    /// Ready when the timeout has passed on tokio's clock; under a paused clock, and no sooner
+    /// than [`PAUSED_GRACE`] of real time after the attempt began (a server elsewhere answers
+    /// within it).
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        if let Some(hold) = &self.hold {
+            if hold.waking() {
+                // The rest of the grace, waited after the timer fired early.
+                if !hold.ran_out(cx) {
+                    return Poll::Pending;
+                }
+                self.hold = None;
+                return Poll::Ready(());
+            }
+        }
         let deadline = self.deadline;
         std::task::ready!(self.sleep.poll(cx, deadline));
-        self.hold = None;
+        if let Some(hold) = self.hold.take() {
+            if let Some((began, allowance)) = hold.short() {
+                let spent = began.elapsed();
+                if spent < allowance {
+                    // The hold was short, learned from servers that answer in virtual time: a
+                    // server elsewhere is still given the whole allowance before the attempt
+                    // is cut.
+                    let grace = hold.state.grace.clone();
+                    drop(hold);
+                    let rest = Wake::Task(cx.waker().clone());
+                    self.hold = Some(Hold::start(allowance - spent, grace, rest));
+                    return Poll::Pending;
+                }
+            }
+        }
         Poll::Ready(())
     }
 }
@@ -195,40 +300,120 @@ impl Future for TokioTimeout {
 /// condition variable for a grace of real time. While a blocking task runs, tokio does not
 /// auto-advance its paused clock, so no timer (this attempt's, a connection pool's, the
 /// caller's) jumps virtual time forward while a server elsewhere answers. Dropping it (the
-/// attempt ended) ends the task at once.
+/// attempt ended) ends the task at once, and tells the runtime's [`Grace`] the attempt was
+/// answered within it; running out tells it that it was not.
 pub(crate) struct Hold {
-    cancel: Arc<(Mutex<bool>, Condvar)>,
+    state: Arc<HoldState>,
+}
+
+/// What a hold and its blocking task share.
+struct HoldState {
+    /// (the attempt ended, the grace ran out), and the condition the task waits on.
+    flags: Mutex<(bool, bool)>,
+    wakeup: Condvar,
+    grace: Arc<Grace>,
+    /// The task to wake when the grace runs out: a timer waiting the rest of its grace.
+    waker: Mutex<Option<std::task::Waker>>,
+    /// A hold at its attempt's start shorter than the attempt's allowance (learned): when it
+    /// began, in real time, and the allowance.
+    short: Option<(Instant, Duration)>,
+    waking: bool,
+    /// Tokio's time when it began: an attempt that ends within the hold with tokio's clock
+    /// moved was answered in virtual time (the hold began before its task ran), not from
+    /// elsewhere in real time.
+    began: tokio::time::Instant,
+}
+
+/// What a hold does when its grace runs out.
+enum Wake {
+    /// Nothing: the hold of an attempt's start; shorter than its allowance, when it began and
+    /// the allowance.
+    Later(Option<(Instant, Duration)>),
+    /// Wakes the task of a timer that fired early, waiting the rest of its allowance.
+    Task(std::task::Waker),
 }
 
 impl Hold {
-    fn start(grace: Duration) -> Hold {
-        let cancel = Arc::new((Mutex::new(false), Condvar::new()));
-        let waiting = cancel.clone();
+    fn start(grace: Duration, learned: Arc<Grace>, wake: Wake) -> Hold {
+        let (waker, short) = match wake {
+            Wake::Later(short) => (None, short),
+            Wake::Task(waker) => (Some(waker), None),
+        };
+        let state = Arc::new(HoldState {
+            flags: Mutex::new((false, false)),
+            wakeup: Condvar::new(),
+            grace: learned,
+            waking: waker.is_some(),
+            waker: Mutex::new(waker),
+            short,
+            began: tokio::time::Instant::now(),
+        });
+        let held = state.clone();
         // Detached: it ends when its grace is over or when it is told.
         drop(tokio::task::spawn_blocking(move || {
-            let (dropped, wakeup) = &*waiting;
             let ends = Instant::now() + grace;
-            let mut dropped = dropped.lock().unwrap_or_else(|e| e.into_inner());
-            while !*dropped {
+            let mut flags = held.flags.lock().unwrap_or_else(|e| e.into_inner());
+            while !flags.0 {
                 let left = ends.saturating_duration_since(Instant::now());
                 if left.is_zero() {
+                    flags.1 = true;
+                    drop(flags);
+                    held.grace.ran_out();
+                    let waker = held.waker.lock().unwrap_or_else(|e| e.into_inner()).take();
+                    if let Some(waker) = waker {
+                        waker.wake();
+                    }
                     return;
                 }
-                dropped = wakeup
-                    .wait_timeout(dropped, left)
+                flags = held
+                    .wakeup
+                    .wait_timeout(flags, left)
                     .unwrap_or_else(|e| e.into_inner())
                     .0;
             }
         }));
-        Hold { cancel }
+        Hold { state }
+    }
+
+    /// When a short hold at its attempt's start began, and the attempt's allowance.
+    fn short(&self) -> Option<(Instant, Duration)> {
+        self.state.short
+    }
+
+    /// Whether it wakes its task when it runs out: the rest of a grace, after a timer fired.
+    fn waking(&self) -> bool {
+        self.state.waking
+    }
+
+    /// Whether the grace ran out; if not, `cx`'s task is woken when it does.
+    fn ran_out(&self, cx: &Context<'_>) -> bool {
+        let mut waker = self.state.waker.lock().unwrap_or_else(|e| e.into_inner());
+        let flags = self.state.flags.lock().unwrap_or_else(|e| e.into_inner());
+        if flags.1 {
+            return true;
+        }
+        *waker = Some(cx.waker().clone());
+        false
     }
 }
 
 impl Drop for Hold {
     fn drop(&mut self) {
-        let (dropped, wakeup) = &*self.cancel;
-        *dropped.lock().unwrap_or_else(|e| e.into_inner()) = true;
-        wakeup.notify_one();
+        let mut flags = self.state.flags.lock().unwrap_or_else(|e| e.into_inner());
+        if !flags.1 {
+            if tokio::time::Instant::now() != self.state.began {
+                // Ended within its grace with tokio's clock moved: answered in virtual time
+                // (the hold began before its task ran).
+                self.state.grace.ran_out();
+            } else if self.state.waking {
+                // The rest of a short hold, ended by the attempt's answer from elsewhere in
+                // real time: the hold learned was too short.
+                self.state.grace.answered();
+            }
+        }
+        flags.0 = true;
+        drop(flags);
+        self.state.wakeup.notify_one();
     }
 }
 
@@ -481,6 +666,80 @@ pub(crate) struct TimerUnavailable;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue 64, defect 11: a runtime learns how long its attempts hold tokio's auto-advance:
+    /// a quarter after each hold that ran out unanswered, down to 2 ms; the whole grace again
+    /// once an attempt is answered within its hold.
+    #[tokio::test]
+    async fn a_runtime_s_grace_shrinks_when_holds_run_out_and_comes_back_when_one_is_answered() {
+        let grace = Grace::of_runtime();
+        assert!(Arc::ptr_eq(&grace, &Grace::of_runtime()), "one per runtime");
+        assert_eq!(grace.now(), PAUSED_GRACE);
+        let seen: Vec<Duration> = (0..4)
+            .map(|_| {
+                grace.ran_out();
+                grace.now()
+            })
+            .collect();
+        let ms = Duration::from_millis;
+        assert_eq!(seen, [ms(25), Duration::from_micros(6250), ms(2), ms(2)]);
+        grace.answered();
+        assert_eq!(grace.now(), PAUSED_GRACE);
+        // Another runtime learns apart.
+        let other = std::thread::spawn(|| {
+            let runtime = tokio::runtime::Runtime::new().unwrap();
+            runtime.block_on(async { Grace::of_runtime().now() })
+        });
+        grace.ran_out();
+        assert_eq!(other.join().unwrap(), PAUSED_GRACE);
+    }
+
+    /// A hold that runs out tells its runtime; so does the rest of a short hold dropped within
+    /// its grace (its attempt answered from elsewhere).
+    #[tokio::test(start_paused = true)]
+    async fn a_hold_tells_its_runtime_how_it_ended() {
+        let grace = Grace::of_runtime();
+        grace.answered();
+        let hold = Hold::start(Duration::from_millis(5), grace.clone(), Wake::Later(None));
+        // Bounded: the hold runs out after 5 ms of real time.
+        for _ in 0..200 {
+            if grace.now() < PAUSED_GRACE {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(grace.now(), Duration::from_millis(25), "ran out");
+        drop(hold);
+        assert_eq!(
+            grace.now(),
+            Duration::from_millis(25),
+            "dropped after: nothing said"
+        );
+        let answered = Hold::start(Duration::from_secs(5), grace.clone(), Wake::Later(None));
+        drop(answered);
+        assert_eq!(
+            grace.now(),
+            Duration::from_millis(25),
+            "an attempt's hold: nothing said"
+        );
+        let waker = std::task::Waker::noop().clone();
+        let rest = Hold::start(Duration::from_secs(5), grace.clone(), Wake::Task(waker));
+        drop(rest);
+        assert_eq!(
+            grace.now(),
+            PAUSED_GRACE,
+            "the rest of a short hold, answered"
+        );
+        // Tokio's clock moved within a hold: its attempt was answered in virtual time.
+        let moved = Hold::start(Duration::from_secs(5), grace.clone(), Wake::Later(None));
+        tokio::time::advance(Duration::from_millis(1)).await;
+        drop(moved);
+        assert_eq!(
+            grace.now(),
+            Duration::from_millis(25),
+            "answered in virtual time"
+        );
+    }
 
     /// How many spare timers this thread keeps, and for which runtime.
     /// Aborts the test binary if it is still alive after 10 s of real time: a timer that never

@@ -331,3 +331,114 @@ fn a_runtime_without_a_timer_works_with_a_fake_clock_and_fails_clearly_with_toki
         assert_eq!(server.requests(), 2, "nothing was sent");
     });
 }
+
+/// A server on this runtime: each path's first request is answered `503`, the next `200`,
+/// each after a nap of `nap` on tokio's clock (virtual under a paused one).
+async fn napping_server(nap: Duration) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(std::collections::HashSet::new()));
+    tokio::spawn(async move {
+        loop {
+            let (mut socket, _) = listener.accept().await.unwrap();
+            let seen = seen.clone();
+            tokio::spawn(async move {
+                let mut head = Vec::new();
+                let mut buf = [0u8; 1024];
+                // Bounded: a request head is far shorter than 64 reads.
+                for _ in 0..64 {
+                    let n = socket.read(&mut buf).await.unwrap_or(0);
+                    head.extend_from_slice(&buf[..n]);
+                    if n == 0 || head.windows(4).any(|w| w == b"\r\n\r\n") {
+                        break;
+                    }
+                }
+                let line = String::from_utf8_lossy(&head)
+                    .lines()
+                    .next()
+                    .unwrap_or("")
+                    .to_owned();
+                let path = line.split(' ').nth(1).unwrap_or("").to_owned();
+                let first = seen.lock().unwrap().insert(path);
+                tokio::time::sleep(nap).await;
+                let status = if first {
+                    "503 Service Unavailable"
+                } else {
+                    "200 OK"
+                };
+                let answer =
+                    format!("HTTP/1.1 {status}\r\ncontent-length: 0\r\nconnection: close\r\n\r\n");
+                let _ = socket.write_all(answer.as_bytes()).await;
+            });
+        }
+    });
+    format!("http://{address}")
+}
+
+/// Issue 64, defect 11: many requests retried at once under tokio's paused clock, against a
+/// server on the same runtime that waits with `tokio::time::sleep`, are answered in virtual
+/// time. Each attempt held tokio's auto-advance for 100 ms of real time, and holds started at
+/// different virtual instants ran one after another: 6.4 s of real time for 100 requests. The
+/// real time it takes is printed (`--nocapture`); what is checked is what the requests got,
+/// and in what virtual time.
+#[tokio::test(start_paused = true)]
+async fn many_requests_retried_at_once_on_the_paused_clock_are_answered_in_virtual_time() {
+    const REQUESTS: usize = 100;
+    let nap = Duration::from_millis(5);
+    let server = napping_server(nap).await;
+    // Every request retried: a budget would rightly refuse most of a burst of retries.
+    let dependency = reqwest_safe_retry::Dependency::new("burst", RetryPolicy::default());
+    let client = ClientBuilder::new(reqwest::Client::new())
+        .with(RetryMiddleware::new(dependency.without_budget()))
+        .build();
+    let (virtual_start, real_start) = (tokio::time::Instant::now(), Instant::now());
+    let calls = (0..REQUESTS).map(|n| {
+        let (client, url) = (client.clone(), format!("{server}/{n}"));
+        tokio::spawn(async move { client.get(url).send().await })
+    });
+    for call in calls.collect::<Vec<_>>() {
+        let response = call.await.unwrap().unwrap();
+        assert_eq!(response.status(), 200);
+        assert_eq!(RetryRecord::of(&response).unwrap().attempts(), 2);
+    }
+    // Two server naps and one backoff (at most 100 ms): no attempt was cut at its timeout.
+    let took = virtual_start.elapsed();
+    assert!(took >= 2 * nap && took < Duration::from_secs(1), "{took:?}");
+    eprintln!(
+        "{REQUESTS} requests retried at once: {took:?} of virtual time, {:?} of real time",
+        real_start.elapsed()
+    );
+}
+
+/// Issue 64, defect 11: after its runtime learned short holds from a server that answers in
+/// virtual time, an attempt to a server elsewhere (its own runtime and thread, real time) is
+/// still given the whole grace: its timer, reached at once by auto-advance, waits the rest of
+/// 100 ms of real time, and the answer that comes within it is taken (cut three times before,
+/// without that wait). Virtual time has moved to the attempt's timeout meanwhile.
+#[tokio::test(start_paused = true)]
+async fn after_short_holds_a_server_elsewhere_still_has_the_whole_grace_to_answer() {
+    let server = napping_server(Duration::from_secs(1)).await;
+    let dependency = reqwest_safe_retry::Dependency::new("learn", RetryPolicy::default());
+    let client = ClientBuilder::new(reqwest::Client::new())
+        .with(RetryMiddleware::new(dependency.without_budget()))
+        .build();
+    // Each of these attempts waits for the server's nap in virtual time: its hold runs out.
+    for n in 0..4 {
+        let response = client.get(format!("{server}/{n}")).send().await.unwrap();
+        assert_eq!(response.status(), 200);
+    }
+    let (elsewhere, _thread) = server_elsewhere(vec![Action::Delay(
+        Duration::from_millis(10),
+        support::ok("from elsewhere"),
+    )]);
+    let virtual_start = tokio::time::Instant::now();
+    let response = client.get(elsewhere.url("/")).send().await.unwrap();
+    assert_eq!(response.text().await.unwrap(), "from elsewhere");
+    assert_eq!(elsewhere.requests(), 1);
+    assert_eq!(
+        virtual_start.elapsed(),
+        Duration::from_secs(10),
+        "the attempt's timeout"
+    );
+}
