@@ -21,7 +21,10 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use http::uri::PathAndQuery;
-use reqwest_safe_retry::{GrpcConfig, GrpcRetryLayer, RetryRecord, SeededRng};
+use reqwest_safe_retry::{
+    RetryRecord, SeededRng,
+    grpc::{GrpcConfig, GrpcRetryLayer},
+};
 use tonic::{Code, Status};
 use tower_layer::Layer;
 

@@ -15,7 +15,7 @@ use bytes::Bytes;
 use http_body_util::Full;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use reqwest_safe_retry::{RetryMiddleware, RetryPolicy, RetryRecord, SeededRng, SendBody};
+use reqwest_safe_retry::{RetryMiddleware, RetryPolicy, RetryRecord, SeededRng, body::SendBody};
 use tower_layer::Layer;
 use tower_service::Service;
 use wiremock::matchers::{method, path};

@@ -52,7 +52,7 @@
 //!   judged by its status.
 //!   [`RetryPolicyBuilder::should_retry_fields`] turns the verdict off.
 //! - **Your own rules**: a classifier closure on a dependency
-//!   ([`Dependency::with_classifier`]) sees each [`Attempt`]'s request and outcome and says
+//!   ([`Dependency::with_classifier`]) sees each [`Attempt`](classify::Attempt)'s request and outcome and says
 //!   whether it is transient, wider or narrower than the rules above, which it can delegate to.
 //!   It cannot override the next rule.
 //! - **Only when repeating is safe**: GET, HEAD, OPTIONS, TRACE, PUT and DELETE are retried, and
@@ -280,16 +280,16 @@
 //! `RetryError` is generic over the error of what lies beneath its door: the reqwest door's is
 //! a `RetryError<reqwest_middleware::Error>` (the default, written `RetryError`), the tower
 //! door's a `RetryError<BoxError>`, boxed as tower passes errors and found with
-//! [`RetryError::of_boxed`]. Its [`last_error`](RetryError::last_error) is a [`LastError`]:
-//! the error of the chain or the inner service ([`LastError::Beneath`]), or the layer's own
-//! ([`LastError::TimedOut`], [`LastError::NotSent`]). Both doors answer every question the
+//! [`RetryError::of_boxed`]. Its [`last_error`](RetryError::last_error) is a [`LastError`](error::LastError):
+//! the error of the chain or the inner service ([`LastError::Beneath`](error::LastError::Beneath)), or the layer's own
+//! ([`LastError::TimedOut`](error::LastError::TimedOut), [`LastError::NotSent`](error::LastError::NotSent)). Both doors answer every question the
 //! same way for the same failure.
 //!
 //! The policy's per-attempt timeout covers an attempt from sending until the response head (or,
 //! with `buffer_body`, the whole body) has arrived; it is enforced by the middleware on its
 //! [`Clock`]. Timeouts set on the `reqwest::Client` or on one request still apply as reqwest
 //! applies them, and count as transient failures too. An attempt cut by the policy's timeout
-//! fails with [`LastError::TimedOut`] ("attempt timed out after 20ms"), whose source is an
+//! fails with [`LastError::TimedOut`](error::LastError::TimedOut) ("attempt timed out after 20ms"), whose source is an
 //! `io::Error` of kind `TimedOut`, and [`RetryError::timed_out`] is `true` for either kind.
 //!
 //! # Cancellation
@@ -456,7 +456,7 @@ mod clock;
 mod door;
 mod driver;
 mod engine;
-mod error;
+pub mod error;
 #[cfg(feature = "test-util")]
 mod fake_clock;
 mod fault;
@@ -467,36 +467,20 @@ mod shared;
 mod stop;
 
 pub use clock::{Clock, Sleep, TokioClock};
-#[cfg(feature = "grpc")]
-pub use door::grpc::{GrpcBody, GrpcRetryLayer, GrpcRetryService};
 #[cfg(feature = "reqwest")]
 pub use door::reqwest::RetryErrorExt;
 #[cfg(feature = "tower")]
 pub use door::tower::RetryService;
 pub use driver::phases::RetryMiddleware;
-#[cfg(any(feature = "tower", feature = "grpc"))]
-pub use driver::{retry_body::RetryBody, send_body::SendBody};
 pub use engine::backoff::Jitter;
 pub use engine::budget::{RetryBudget, RetryBudgetBuilder};
-pub use engine::classifier::{Attempt, Outcome, Retryable};
 pub use engine::dependency::{Dependency, RetryOverride};
-#[cfg(feature = "grpc")]
-pub use engine::grpc::GRPC_MAX_ATTEMPTS;
-#[cfg(feature = "grpc")]
-pub use engine::grpc::config::{GrpcConfig, GrpcRetryPolicy, GrpcRetryPolicyBuilder};
-#[cfg(feature = "grpc")]
-pub use engine::grpc::hedging::{GrpcHedgingPolicy, GrpcHedgingPolicyBuilder};
-#[cfg(feature = "grpc")]
-pub use engine::grpc::throttle::RetryThrottling;
 pub use engine::idempotency::{
     IdempotencyKeys, IdempotencyKeysBuilder, KeyFormat, KeySource, NaturalKey, SeededKeys,
 };
 pub use engine::policy::{RetryPolicy, RetryPolicyBuilder};
-pub use engine::seen::ResponseHead;
 pub use engine::throttle::{AdaptiveThrottle, AdaptiveThrottleBuilder};
-pub use error::{
-    AttemptTimeout, BoxError, DoorError, InvalidConfig, LastError, NotSent, RetryError,
-};
+pub use error::{BoxError, InvalidConfig, RetryError};
 #[cfg(feature = "test-util")]
 pub use fake_clock::FakeClock;
 pub use fault::AttemptErrorKind;
@@ -504,6 +488,33 @@ pub use observe::{CounterSnapshot, RetryAttempt, RetryEvent};
 pub use record::{Answer, RetryRecord};
 pub use rng::{RandomSource, SeededRng};
 pub use stop::StopReason;
+
+/// Your own rules of what is transient: what a classifier
+/// ([`Dependency::with_classifier`]) is handed of each attempt, and what it answers.
+pub mod classify {
+    pub use crate::engine::classifier::{Attempt, Outcome, Retryable};
+    pub use crate::engine::seen::ResponseHead;
+}
+
+/// The bodies the tower and gRPC doors hand on: a request's as each copy carries it
+/// ([`SendBody`](body::SendBody)), and an answer's as the caller reads it
+/// ([`RetryBody`](body::RetryBody)).
+#[cfg(any(feature = "tower", feature = "grpc"))]
+pub mod body {
+    pub use crate::driver::{retry_body::RetryBody, send_body::SendBody};
+}
+
+/// The gRPC door (feature `grpc`): gRFC A6's retry and hedging policies for tonic clients
+/// ([`GrpcRetryLayer`](grpc::GrpcRetryLayer), configured by a [`GrpcConfig`](grpc::GrpcConfig)).
+/// The crate's README and `docs/grpc.md` say what it does, rule by rule.
+#[cfg(feature = "grpc")]
+pub mod grpc {
+    pub use crate::door::grpc::{GrpcBody, GrpcRetryLayer, GrpcRetryService};
+    pub use crate::engine::grpc::GRPC_MAX_ATTEMPTS;
+    pub use crate::engine::grpc::config::{GrpcConfig, GrpcRetryPolicy, GrpcRetryPolicyBuilder};
+    pub use crate::engine::grpc::hedging::{GrpcHedgingPolicy, GrpcHedgingPolicyBuilder};
+    pub use crate::engine::grpc::throttle::RetryThrottling;
+}
 
 /// The README's examples, compiled and run as doctests.
 #[cfg(doctest)]

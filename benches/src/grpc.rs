@@ -19,7 +19,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::uri::PathAndQuery;
 use http_body_util::{BodyExt, Full};
-use reqwest_safe_retry::{GrpcConfig, GrpcRetryLayer, GrpcRetryPolicy};
+use reqwest_safe_retry::grpc::{GrpcConfig, GrpcRetryLayer, GrpcRetryPolicy};
 use tonic::{Code, Status};
 
 use crate::Client;

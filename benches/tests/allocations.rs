@@ -170,7 +170,7 @@ fn the_grpc_door_allocates_at_most_three_more_than_tower_s_retry() {
 fn a_64_mib_post_through_the_tower_door_is_never_copied() {
     use bytes::Bytes;
     use http_body_util::Full;
-    use reqwest_safe_retry::{RetryMiddleware, RetryPolicy, RetryRecord, SendBody};
+    use reqwest_safe_retry::{RetryMiddleware, RetryPolicy, RetryRecord, body::SendBody};
     use tower::{Layer, Service, ServiceExt};
 
     const SIZE: usize = 64 << 20;

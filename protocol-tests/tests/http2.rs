@@ -183,7 +183,7 @@ async fn through_tower(
     let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
         .http2_only(true)
         .retry_canceled_requests(false)
-        .build_http::<reqwest_safe_retry::SendBody<String>>();
+        .build_http::<reqwest_safe_retry::body::SendBody<String>>();
     let mut service =
         RetryMiddleware::new(Dependency::new("default", policy).without_idempotency_keys())
             .with_clock(FakeClock::new())

@@ -322,7 +322,7 @@ mod tests {
             ("http://h", "http://h/"),
         ] {
             let request = http::Request::get(uri)
-                .body(crate::SendBody::new(String::new()))
+                .body(crate::body::SendBody::new(String::new()))
                 .unwrap();
             assert_eq!(url_without_query(&request.address()), seen, "{uri}");
         }

@@ -13,6 +13,12 @@
 /// and with `/` for an empty path, without parsing them again (this runs for every request).
 /// Any other is parsed as a `Url` and its text taken.
 pub(crate) fn fingerprint(method: &http::Method, uri: &http::Uri) -> u64 {
+    // A path alone (a gRPC call without an origin, as tonic's generated clients send it):
+    // nothing to write in the URL standard's form, and nothing to allocate.
+    if uri.scheme().is_none() && uri.authority().is_none() {
+        let path_and_query = uri.path_and_query().map_or("/", |pq| pq.as_str());
+        return crate::driver::claim::fingerprint_of(method, path_and_query.as_bytes());
+    }
     if !canonical(uri) {
         if let Ok(url) = url::Url::parse(&uri.to_string()) {
             let text = url.as_str();
@@ -181,6 +187,25 @@ fn joined<'o>(out: &'o mut [u8], pieces: &[&[u8]]) -> Option<&'o [u8]> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A path alone (a gRPC call without an origin) is named by its method and path, with no
+    /// URL written (nothing allocated); one request written absolute is named as the reqwest
+    /// door's `Url` writes it, whatever the door.
+    #[test]
+    fn a_path_alone_is_named_by_its_path_and_an_absolute_uri_by_its_url() {
+        let post = http::Method::POST;
+        let path: http::Uri = "/echo.Echo/Say".parse().unwrap();
+        assert_eq!(
+            fingerprint(&post, &path),
+            crate::driver::claim::fingerprint_of(&post, b"/echo.Echo/Say")
+        );
+        let absolute: http::Uri = "HTTP://Ledger.Example:80/echo.Echo/Say".parse().unwrap();
+        assert_eq!(
+            fingerprint(&post, &absolute),
+            crate::driver::claim::fingerprint_of(&post, b"http://ledger.example/echo.Echo/Say")
+        );
+        assert_ne!(fingerprint(&post, &path), fingerprint(&post, &absolute));
+    }
     use crate::engine::seen::split_authority;
 
     proptest::proptest! {

@@ -37,7 +37,7 @@ use crate::shared::Shared;
 ///
 /// ```
 /// use std::time::Duration;
-/// use reqwest_safe_retry::{Dependency, RetryBudget, RetryMiddleware, RetryPolicy, Retryable};
+/// use reqwest_safe_retry::{Dependency, RetryBudget, RetryMiddleware, RetryPolicy, classify::Retryable};
 ///
 /// let payments = Dependency::new("payments", RetryPolicy::default())
 ///     .with_budget(RetryBudget::aws_like());
@@ -138,7 +138,7 @@ impl Dependency {
     /// read and sees it ([`Attempt::body`]); without it, it sees the head alone.
     ///
     /// ```
-    /// use reqwest_safe_retry::{Dependency, Retryable, RetryPolicy};
+    /// use reqwest_safe_retry::{Dependency, RetryPolicy, classify::Retryable};
     ///
     /// // 503s from the report endpoint are final (it sheds load for minutes); 500s from the
     /// // search endpoint are transient; the default rules for everything else.

@@ -536,7 +536,7 @@ impl RetryPolicyBuilder {
     ///
     /// The server's verdict speaks of what is transient, never of what is safe: a request that
     /// is neither idempotent nor keyed is not repeated, whatever it says. A dependency's
-    /// classifier sees the verdict in [`Attempt::default_verdict`](crate::Attempt::default_verdict)
+    /// classifier sees the verdict in [`Attempt::default_verdict`](crate::classify::Attempt::default_verdict)
     /// and has the last word. A success is final whatever the fields say. On by default: a
     /// server that sends them knows its answer better than a status code does.
     pub fn should_retry_fields(mut self, on: bool) -> Self {
@@ -613,7 +613,7 @@ impl RetryPolicyBuilder {
     /// Without a classifier, only the bodies of answers that will not be retried are read: a
     /// response whose status is a transient failure (a 503) is judged on its head. With a
     /// [classifier](crate::Dependency::with_classifier), every answer's body is read first,
-    /// within the attempt's time, and the classifier sees it ([`Attempt::body`](crate::Attempt::body)):
+    /// within the attempt's time, and the classifier sees it ([`Attempt::body`](crate::classify::Attempt::body)):
     /// a 500 whose body says "maintenance" can be told from another 500.
     pub fn buffer_body(mut self, limit: usize) -> Self {
         self.buffer_body = Some(limit);

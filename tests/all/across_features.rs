@@ -795,7 +795,7 @@ enum Front {
 #[cfg(feature = "tower")]
 type HyperClient = hyper_util::client::legacy::Client<
     hyper_util::client::legacy::connect::HttpConnector,
-    reqwest_safe_retry::SendBody<reqwest::Body>,
+    reqwest_safe_retry::body::SendBody<reqwest::Body>,
 >;
 
 impl Front {

@@ -4,6 +4,12 @@
 //! promised: the types hold the user's own clocks, classifiers, observers, key sources and
 //! errors as trait objects, which it would require of them too.
 
+#[cfg(any(feature = "tower", feature = "grpc"))]
+use reqwest_safe_retry::body::*;
+use reqwest_safe_retry::classify::*;
+use reqwest_safe_retry::error::*;
+#[cfg(feature = "grpc")]
+use reqwest_safe_retry::grpc::*;
 use reqwest_safe_retry::*;
 
 /// Sent between threads, shared by reference, and moved freely.

@@ -5,8 +5,9 @@ use std::sync::{Arc, Mutex};
 
 use reqwest_middleware::{ClientBuilder, ClientWithMiddleware};
 use reqwest_safe_retry::{
-    Attempt, Dependency, FakeClock, Outcome, RetryError, RetryMiddleware, RetryPolicy, RetryRecord,
-    Retryable, SeededRng, StopReason,
+    Dependency, FakeClock, RetryError, RetryMiddleware, RetryPolicy, RetryRecord, SeededRng,
+    StopReason,
+    classify::{Attempt, Outcome, Retryable},
 };
 use wiremock::matchers::path;
 use wiremock::{Mock, MockServer, ResponseTemplate};

@@ -287,7 +287,9 @@ async fn an_attempt_whose_classifier_panicked_counts_for_the_throttle() {
         &clock,
         Dependency::from(RetryPolicy::default())
             .with_throttle(throttle.clone())
-            .with_classifier(|_| -> reqwest_safe_retry::Retryable { panic!("a classifier's bug") }),
+            .with_classifier(|_| -> reqwest_safe_retry::classify::Retryable {
+                panic!("a classifier's bug")
+            }),
     );
     let client = client(middleware);
 

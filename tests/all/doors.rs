@@ -10,8 +10,9 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use reqwest_middleware::ClientBuilder;
 use reqwest_safe_retry::{
-    AdaptiveThrottle, Dependency, DoorError, FakeClock, LastError, RetryBudget, RetryError,
-    RetryMiddleware, RetryOverride, RetryPolicy, RetryRecord, SeededRng, StopReason,
+    AdaptiveThrottle, Dependency, FakeClock, RetryBudget, RetryError, RetryMiddleware,
+    RetryOverride, RetryPolicy, RetryRecord, SeededRng, StopReason,
+    error::{DoorError, LastError},
 };
 use tower_layer::Layer;
 use tower_service::Service;
@@ -1739,7 +1740,7 @@ struct Unsync {
 
 type UnsyncBody = http_body_util::combinators::UnsyncBoxBody<Bytes, std::io::Error>;
 
-impl<B> Service<http::Request<reqwest_safe_retry::SendBody<B>>> for Unsync
+impl<B> Service<http::Request<reqwest_safe_retry::body::SendBody<B>>> for Unsync
 where
     B: http_body::Body + Send + 'static,
     B::Data: Into<Bytes>,
@@ -1755,7 +1756,10 @@ where
         Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, request: http::Request<reqwest_safe_retry::SendBody<B>>) -> Self::Future {
+    fn call(
+        &mut self,
+        request: http::Request<reqwest_safe_retry::body::SendBody<B>>,
+    ) -> Self::Future {
         use http_body_util::BodyExt;
         let n = (self.calls).fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         let bodies = self.bodies.clone();

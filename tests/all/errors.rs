@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use reqwest_middleware::ClientBuilder;
 use reqwest_safe_retry::{
-    Dependency, FakeClock, IdempotencyKeys, KeySource, LastError, RetryError, RetryErrorExt,
-    RetryMiddleware, RetryPolicy, SeededKeys, StopReason,
+    Dependency, FakeClock, IdempotencyKeys, KeySource, RetryError, RetryErrorExt, RetryMiddleware,
+    RetryPolicy, SeededKeys, StopReason, error::LastError,
 };
 
 use crate::support::{self, Action, RawServer};

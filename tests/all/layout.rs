@@ -152,3 +152,49 @@ fn no_door_holds_a_rule() {
     let seen = found("door", &rules);
     assert!(seen.is_empty(), "{seen:#?}");
 }
+
+/// Issue 64, defect 13: the crate root holds at most 40 public items with every feature: each
+/// door's own items under its module (`grpc`, as tower-http groups each middleware), the
+/// classifier's under `classify`, the error's parts under `error`, the bodies under `body`.
+#[test]
+fn the_crate_root_holds_at_most_forty_items() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/lib.rs");
+    let code = std::fs::read_to_string(root).unwrap();
+    let mut items = Vec::new();
+    let mut lines = code.lines().peekable();
+    while let Some(line) = lines.next() {
+        if let Some(rest) = line.strip_prefix("pub use ") {
+            let mut statement = rest.to_owned();
+            while !statement.contains(';') {
+                statement.push_str(lines.next().expect("a `pub use` ends"));
+            }
+            let names = match statement.split_once('{') {
+                Some((_, inner)) => inner.trim_end_matches([';', '}']).to_owned(),
+                None => statement
+                    .rsplit("::")
+                    .next()
+                    .unwrap()
+                    .trim_end_matches(';')
+                    .to_owned(),
+            };
+            items.extend(
+                names
+                    .split(',')
+                    .map(str::trim)
+                    .filter(|n| !n.is_empty())
+                    .map(String::from),
+            );
+        } else if let Some(rest) = line.strip_prefix("pub mod ") {
+            items.push(rest.trim_end_matches([';', ' ', '{']).to_owned());
+        } else if line.starts_with("pub struct") || line.starts_with("pub enum") {
+            items.push(line.to_owned());
+        }
+    }
+    // The README's doctests hold, compiled only for `cargo test --doc`.
+    items.retain(|item| !item.contains("ReadmeDoctests"));
+    assert!(
+        items.len() <= 40,
+        "{} items at the root: {items:?}",
+        items.len()
+    );
+}

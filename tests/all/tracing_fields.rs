@@ -828,12 +828,13 @@ async fn a_classifier_asking_for_a_body_the_policy_does_not_read_is_told_once() 
     CAPTURING.with(|c| c.set(true));
     let server = crate::support::always(503).await;
     let reading = |policy: RetryPolicy| {
-        let dependency = Dependency::new("bodies", policy).with_classifier(|attempt| match attempt
-            .body()
-        {
-            Some(body) if body.starts_with(b"maintenance") => reqwest_safe_retry::Retryable::Fatal,
-            _ => attempt.default_verdict(),
-        });
+        let dependency =
+            Dependency::new("bodies", policy).with_classifier(|attempt| match attempt.body() {
+                Some(body) if body.starts_with(b"maintenance") => {
+                    reqwest_safe_retry::classify::Retryable::Fatal
+                }
+                _ => attempt.default_verdict(),
+            });
         ClientBuilder::new(reqwest::Client::new())
             .with(RetryMiddleware::new(dependency).with_clock(FakeClock::new()))
             .build()
@@ -864,17 +865,17 @@ async fn through_the_grpc_door_a_retried_call_emits_the_same_span_and_events() {
     let capture = capture();
     let script = Script::new([Act::Fail(tonic::Code::Unavailable, None)]);
     let uri = serve(&script).await;
-    let policy = reqwest_safe_retry::GrpcRetryPolicy::builder()
+    let policy = reqwest_safe_retry::grpc::GrpcRetryPolicy::builder()
         .max_attempts(2)
         .initial_backoff(std::time::Duration::from_millis(100))
         .max_backoff(std::time::Duration::from_millis(100))
         .retryable_codes([tonic::Code::Unavailable])
         .build()
         .unwrap();
-    let config = reqwest_safe_retry::GrpcConfig::new()
+    let config = reqwest_safe_retry::grpc::GrpcConfig::new()
         .retry("echo.Echo", policy)
         .unwrap();
-    let layer = reqwest_safe_retry::GrpcRetryLayer::new(config)
+    let layer = reqwest_safe_retry::grpc::GrpcRetryLayer::new(config)
         .with_clock(FakeClock::new())
         .with_rng(|| u64::MAX);
     CAPTURING.with(|c| c.set(true));

@@ -13,6 +13,8 @@ use http_body::{Body, Frame, SizeHint};
 use tower_service::Service;
 
 use super::call::{Buffer, Call};
+#[cfg(feature = "metrics")]
+use super::metrics::{MOST_METHODS, Reporter};
 use crate::driver::beneath_service;
 use crate::driver::claim::{Beneath, Claimed};
 use crate::driver::retry_body::RetryBody;
@@ -138,6 +140,37 @@ pub(crate) struct Shared<S> {
     /// The channel's target, as gRPC's metrics label it (`grpc.target`).
     #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
     pub(super) target: Arc<str>,
+    /// The reporter of each method called through this channel, made at its first call.
+    #[cfg(feature = "metrics")]
+    pub(super) reporters: std::sync::Mutex<std::collections::HashMap<Box<str>, Arc<Reporter>>>,
+}
+
+#[cfg(feature = "metrics")]
+impl<S> Shared<S> {
+    /// The reporter of the calls to `path` through this channel: made at the method's first
+    /// call, then shared (past [`MOST_METHODS`] methods, one for all the others, `other`).
+    pub(super) fn reporter(&self, path: &str) -> Arc<Reporter> {
+        let method = path.strip_prefix('/').unwrap_or(path);
+        let mut reporters = self.reporters.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(reporter) = reporters.get(method) {
+            return reporter.clone();
+        }
+        let method = if reporters.len() < MOST_METHODS {
+            method
+        } else {
+            "other"
+        };
+        if let Some(other) = reporters.get(method) {
+            return other.clone();
+        }
+        let reporter = Arc::new(Reporter {
+            method: method.into(),
+            target: self.target.clone(),
+            throttling: self.throttling.clone(),
+        });
+        reporters.insert(method.into(), reporter.clone());
+        reporter
+    }
 }
 
 /// What every call through one layer shares: the config, and the buffer for replays.
@@ -233,7 +266,7 @@ impl Body for AsSent {
     }
 }
 
-/// The body of an answer through [`GrpcRetryService`](crate::GrpcRetryService) (feature
+/// The body of an answer through [`GrpcRetryService`](crate::grpc::GrpcRetryService) (feature
 /// `grpc`): the transport's body `B`, passed on frame by frame as it comes. When the call was
 /// committed and its channel has [`RetryThrottling`], the `grpc-status` of its trailers is
 /// counted there as they pass (`OK` refills the count, a status the method's policy retries

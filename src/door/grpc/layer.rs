@@ -21,7 +21,7 @@ use crate::rng::RandomSource;
 /// `FooClient::new(ServiceBuilder::new().layer(layer).service(channel))`.
 ///
 /// Configured by a [`GrpcConfig`]: A6's retry policy per method or service, the channel's
-/// [`RetryThrottling`](crate::RetryThrottling), which methods carry an idempotency key, and the
+/// [`RetryThrottling`](crate::grpc::RetryThrottling), which methods carry an idempotency key, and the
 /// buffer limits. What each call does:
 ///
 /// - its status is read from `grpc-status` in a trailers-only answer's headers; a status the
@@ -33,11 +33,11 @@ use crate::rng::RandomSource;
 ///   deadline over every attempt, each told what is left of it;
 /// - a transport failure is `UNAVAILABLE`; one that sent nothing (a refused connection) is
 ///   retried whatever the codes, within the policy's attempts;
-/// - a method under a [`GrpcHedgingPolicy`](crate::GrpcHedgingPolicy) gets copies of each
+/// - a method under a [`GrpcHedgingPolicy`](crate::grpc::GrpcHedgingPolicy) gets copies of each
 ///   call `hedgingDelay` apart (at once after a non-fatal failure, or after a pushback's wait);
 ///   the first answer, or a fatal code, ends the call and the other copies are cancelled;
 /// - a call past its deadline ends `DEADLINE_EXCEEDED`;
-/// - without [`RetryThrottling`](crate::RetryThrottling), retries are paid from a
+/// - without [`RetryThrottling`](crate::grpc::RetryThrottling), retries are paid from a
 ///   [`RetryBudget`](crate::RetryBudget) shared by the layer's methods (A6 has none; this crate keeps its
 ///   guarantee that retries cannot multiply an outage).
 ///
@@ -45,7 +45,7 @@ use crate::rng::RandomSource;
 ///
 /// ```
 /// use std::time::Duration;
-/// use reqwest_safe_retry::{GrpcConfig, GrpcRetryLayer, GrpcRetryPolicy};
+/// use reqwest_safe_retry::grpc::{GrpcConfig, GrpcRetryLayer, GrpcRetryPolicy};
 ///
 /// let policy = GrpcRetryPolicy::builder()
 ///     .max_attempts(3)
@@ -142,6 +142,8 @@ impl<S> Layer<S> for GrpcRetryLayer {
                 channel: self.channel.clone(),
                 throttling,
                 target: self.target.clone(),
+                #[cfg(feature = "metrics")]
+                reporters: std::sync::Mutex::default(),
             }),
         }
     }

@@ -5,7 +5,7 @@
 //! `grpc.target` (the layer's target, `GrpcRetryLayer::with_target`, else `other`), as A66
 //! names them. As A96 says, a count of zero is not reported.
 
-use std::sync::Once;
+use std::sync::{Arc, Once};
 
 use crate::engine::grpc::throttle::RetryThrottling;
 use crate::record::RetryRecord;
@@ -54,10 +54,30 @@ pub(super) fn tokens(target: &str, throttling: &RetryThrottling) {
     metrics::gauge!(THROTTLE_TOKENS, "grpc.target" => target.to_owned()).set(tokens);
 }
 
-/// What a call that ended with `record` (none: one attempt, answered) reports, to `path`
+/// What the calls of one method through one channel report: made once per method and channel
+/// (see `Shared::reporter`), and held by each call.
+#[derive(Debug)]
+pub(crate) struct Reporter {
+    /// `pkg.Service/Method`.
+    pub(super) method: Box<str>,
+    pub(super) target: Arc<str>,
+    pub(super) throttling: Option<RetryThrottling>,
+}
+
+/// The most methods a channel reports apart; the calls of any other say `other`.
+pub(super) const MOST_METHODS: usize = 1024;
+
+impl Reporter {
+    /// What a call that ended with `record` (none: one attempt, answered) reports.
+    pub(super) fn call_ended(&self, record: Option<&RetryRecord>) {
+        call_ended(&self.method, &self.target, record, self.throttling.as_ref());
+    }
+}
+
+/// What a call that ended with `record` (none: one attempt, answered) reports, to `method`
 /// through a layer of `target`, and its channel's `throttling`, if it has throttling.
-pub(super) fn call_ended(
-    path: &str,
+fn call_ended(
+    method: &str,
     target: &str,
     record: Option<&RetryRecord>,
     throttling: Option<&RetryThrottling>,
@@ -69,8 +89,10 @@ pub(super) fn call_ended(
     let Some(record) = record.filter(|r| r.attempts > 1) else {
         return;
     };
-    let method = path.strip_prefix('/').unwrap_or(path).to_owned();
-    let labels = [("grpc.method", method), ("grpc.target", target.to_owned())];
+    let labels = [
+        ("grpc.method", method.to_owned()),
+        ("grpc.target", target.to_owned()),
+    ];
     let more = record.attempts - 1;
     let transparent = u32::from(record.tally.transparent).min(more);
     let (retries, hedges) = if record.tally.hedged {

@@ -23,7 +23,7 @@ use crate::record::RetryRecord;
 use crate::stop::StopReason;
 
 /// A tower [`Service`] of gRPC calls that retries them as gRFC A6 says, made by
-/// [`GrpcRetryLayer`](crate::GrpcRetryLayer) around a gRPC transport (feature `grpc`).
+/// [`GrpcRetryLayer`](crate::grpc::GrpcRetryLayer) around a gRPC transport (feature `grpc`).
 ///
 /// It takes tonic's `http::Request<tonic::body::Body>`, as a generated client sends it, and
 /// hands each attempt to the transport as the same: a tonic `Channel`, or any service of
@@ -110,27 +110,32 @@ where
             return Box::pin(async move { inner.run(call, &mut extensions).await });
         }
         #[cfg(feature = "metrics")]
-        let (path, shared): (Box<str>, _) = (call.request.uri().path().into(), self.shared.clone());
+        let report = Some(self.shared.reporter(call.request.uri().path()));
+        #[cfg(not(feature = "metrics"))]
+        let report = ();
         let run = RetryMiddleware::execute(self.retry.clone(), call, extensions, inner);
         // The call's future, written into its box as it is made; an `async` block around it
         // would hold it twice (as the block's capture and as what it awaits).
         let place = Box::new_uninit();
-        let answered: Box<Answered<_>> = Box::write(place, Answered { run });
-        #[cfg(feature = "metrics")]
-        return Box::pin(async move {
-            let answer = Box::into_pin(answered).await;
-            reported(&answer, &path, &shared);
-            answer
-        });
-        #[cfg(not(feature = "metrics"))]
+        let answered: Box<Answered<_>> = Box::write(place, Answered { run, report });
         Box::into_pin(answered)
     }
 }
 
-/// What a call that ended in `answer` reports to gRPC's metrics (gRFC A96).
+/// What a call reports to gRPC's metrics when it ends (gRFC A96; nothing without the
+/// `metrics` feature).
+#[cfg(not(feature = "metrics"))]
+type Report = ();
+
+/// What a call reports to gRPC's metrics when it ends (gRFC A96): its method's reporter, one
+/// per method and channel, made once (so a call holds one pointer more, and allocates nothing).
 #[cfg(feature = "metrics")]
-fn reported<S, R>(answer: &Result<Answer<R>, BoxError>, path: &str, shared: &Shared<S>) {
-    let record = match answer {
+type Report = Option<Arc<super::metrics::Reporter>>;
+
+/// The record of a call that ended in `answer`, if it has one.
+#[cfg(feature = "metrics")]
+fn record_of<R>(answer: &Result<Answer<R>, BoxError>) -> Option<RetryRecord> {
+    match answer {
         Ok(answer) => answer.extensions().get::<RetryRecord>().cloned(),
         Err(e) => (e.downcast_ref::<tonic::Status>())
             .and_then(RetryRecord::of_status)
@@ -138,16 +143,16 @@ fn reported<S, R>(answer: &Result<Answer<R>, BoxError>, path: &str, shared: &Sha
                 e.downcast_ref::<RetryError<BoxError>>()
                     .map(RetryError::record)
             }),
-    };
-    let throttling = shared.throttling.as_ref();
-    super::metrics::call_ended(path, &shared.target, record.as_ref(), throttling);
+    }
 }
 
 pin_project_lite::pin_project! {
-    /// A call's future: the driver's, its answer handed back as [`failed_status`] says.
+    /// A call's future: the driver's, its answer handed back as [`failed_status`] says (and
+    /// reported to gRPC's metrics, with the feature).
     struct Answered<F> {
         #[pin]
         run: F,
+        report: Report,
     }
 }
 
@@ -158,8 +163,16 @@ where
     type Output = Result<Answer<R>, BoxError>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let answer = std::task::ready!(self.project().run.poll(cx));
-        Poll::Ready(answer.map_err(past_deadline).and_then(failed_status))
+        let this = self.project();
+        let answer = std::task::ready!(this.run.poll(cx));
+        let answer = answer.map_err(past_deadline).and_then(failed_status);
+        #[cfg(feature = "metrics")]
+        if let Some(reporter) = this.report.take() {
+            reporter.call_ended(record_of(&answer).as_ref());
+        }
+        #[cfg(not(feature = "metrics"))]
+        let _ = this.report;
+        Poll::Ready(answer)
     }
 }
 
@@ -248,7 +261,7 @@ impl<T> crate::record::sealed::Sealed for tonic::Response<T> {}
 
 impl RetryRecord {
     /// The record of the call that ended in `status` through a
-    /// [`GrpcRetryLayer`](crate::GrpcRetryLayer) (feature `grpc`): a failure status the
+    /// [`GrpcRetryLayer`](crate::grpc::GrpcRetryLayer) (feature `grpc`): a failure status the
     /// server answered with, or a transport failure the layer gave up on. `None` for a status
     /// that did not come from the layer.
     pub fn of_status(status: &tonic::Status) -> Option<RetryRecord> {

@@ -44,7 +44,7 @@ use crate::driver::send_body::SendBody;
 ///
 /// let connector = hyper_util::client::legacy::connect::HttpConnector::new();
 /// let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-///     .build::<_, reqwest_safe_retry::SendBody<String>>(connector);
+///     .build::<_, reqwest_safe_retry::body::SendBody<String>>(connector);
 /// let retrying = RetryMiddleware::new(RetryPolicy::default()).layer(client);
 /// # drop(retrying);
 /// ```

@@ -18,7 +18,7 @@ use crate::driver::claim::Claimed;
 use crate::driver::claim::Outgoing;
 use crate::driver::phases::RetryMiddleware;
 use crate::error::RetryError;
-use crate::{RetryBody, SendBody};
+use crate::{body::RetryBody, body::SendBody};
 
 #[test]
 fn a_uri_without_a_scheme_or_a_host_is_refused() {

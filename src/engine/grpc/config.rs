@@ -32,7 +32,7 @@ const CONFIG: &str = "gRPC service config";
 ///
 /// ```
 /// use std::time::Duration;
-/// use reqwest_safe_retry::GrpcRetryPolicy;
+/// use reqwest_safe_retry::grpc::GrpcRetryPolicy;
 ///
 /// let policy = GrpcRetryPolicy::builder()
 ///     .max_attempts(4)
@@ -357,7 +357,7 @@ impl Calls {
 ///
 /// ```
 /// use std::time::Duration;
-/// use reqwest_safe_retry::{GrpcConfig, GrpcRetryPolicy, RetryThrottling};
+/// use reqwest_safe_retry::grpc::{GrpcConfig, GrpcRetryPolicy, RetryThrottling};
 ///
 /// let unavailable = GrpcRetryPolicy::builder()
 ///     .max_attempts(3)
@@ -491,7 +491,7 @@ impl GrpcConfig {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use reqwest_safe_retry::GrpcConfig;
+    /// use reqwest_safe_retry::grpc::GrpcConfig;
     ///
     /// let config = GrpcConfig::new().timeout("payments.Ledger", Duration::from_secs(2))?;
     /// # drop(config);
@@ -534,7 +534,7 @@ impl GrpcConfig {
     /// service draw on one account, on purpose.
     ///
     /// ```
-    /// use reqwest_safe_retry::{Dependency, GrpcConfig, RetryBudget, RetryPolicy};
+    /// use reqwest_safe_retry::{Dependency, RetryBudget, RetryPolicy, grpc::GrpcConfig};
     ///
     /// let shared = RetryBudget::default();
     /// let grpc = GrpcConfig::new().retry_budget(shared.clone());
@@ -681,7 +681,7 @@ impl GrpcConfig {
     /// [`InvalidConfig`] naming the field, as A6 validates a service config: JSON that is not
     /// an object, a name or field of the wrong type, a name twice, a `retryPolicy` that breaks
     /// [`GrpcRetryPolicyBuilder::build`]'s rules or a `hedgingPolicy` that breaks
-    /// [`GrpcHedgingPolicyBuilder::build`](crate::GrpcHedgingPolicyBuilder::build)'s, both in
+    /// [`GrpcHedgingPolicyBuilder::build`](crate::grpc::GrpcHedgingPolicyBuilder::build)'s, both in
     /// one method config, a `retryThrottling` out of range.
     pub fn from_json(json: &str) -> Result<Self, InvalidConfig> {
         let value: Value = serde_json::from_str(json)

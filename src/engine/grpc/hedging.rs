@@ -39,12 +39,12 @@ const AREA: &str = "gRPC hedging policy";
 /// may be in flight, how far apart they go, and which status codes leave the others running.
 ///
 /// Hedging is for methods that are safe to run more than once: every copy may reach the
-/// server. A method marked [`non_idempotent`](crate::GrpcConfig::non_idempotent) carries the
+/// server. A method marked [`non_idempotent`](crate::grpc::GrpcConfig::non_idempotent) carries the
 /// same idempotency key on every copy, for a server that dedupes on it.
 ///
 /// ```
 /// use std::time::Duration;
-/// use reqwest_safe_retry::GrpcHedgingPolicy;
+/// use reqwest_safe_retry::grpc::GrpcHedgingPolicy;
 ///
 /// let policy = GrpcHedgingPolicy::builder()
 ///     .max_attempts(3)

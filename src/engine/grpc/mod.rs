@@ -83,8 +83,8 @@ impl<T> PathTable<T> {
 }
 
 /// The most attempts A6 allows a retry or hedging policy unless raised on purpose
-/// ([`GrpcRetryPolicyBuilder::allow_attempts_above_five`](crate::GrpcRetryPolicyBuilder::allow_attempts_above_five),
-/// [`GrpcHedgingPolicyBuilder::allow_attempts_above_five`](crate::GrpcHedgingPolicyBuilder::allow_attempts_above_five)).
+/// ([`GrpcRetryPolicyBuilder::allow_attempts_above_five`](crate::grpc::GrpcRetryPolicyBuilder::allow_attempts_above_five),
+/// [`GrpcHedgingPolicyBuilder::allow_attempts_above_five`](crate::grpc::GrpcHedgingPolicyBuilder::allow_attempts_above_five)).
 #[cfg(feature = "grpc")]
 pub const GRPC_MAX_ATTEMPTS: u32 = 5;
 

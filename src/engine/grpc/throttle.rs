@@ -17,7 +17,7 @@ const AREA: &str = "gRPC retry throttling";
 /// rule. A6 counts it per server: each service a layer makes around a channel
 /// (`layer.layer(channel)`) keeps a count of its own, shared by its clones and every method
 /// called through it, and never by a channel to another server, even one made from a clone of
-/// the same [`GrpcConfig`](crate::GrpcConfig).
+/// the same [`GrpcConfig`](crate::grpc::GrpcConfig).
 ///
 /// The count starts at `max_tokens`. Every attempt that fails with a status its policy retries
 /// takes 1 from it (down to 0); every call that ends `OK` adds `token_ratio` (up to
@@ -26,7 +26,7 @@ const AREA: &str = "gRPC retry throttling";
 /// clients count (a ratio is read to three decimal places).
 ///
 /// ```
-/// use reqwest_safe_retry::RetryThrottling;
+/// use reqwest_safe_retry::grpc::RetryThrottling;
 ///
 /// let throttling = RetryThrottling::new(10.0, 0.1)?;
 /// assert_eq!(throttling.tokens(), 10.0);

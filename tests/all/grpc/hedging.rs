@@ -8,8 +8,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use reqwest_safe_retry::{
-    FakeClock, GrpcConfig, GrpcHedgingPolicy, GrpcRetryLayer, RetryRecord, RetryThrottling,
-    SeededRng, StopReason,
+    FakeClock, RetryRecord, SeededRng, StopReason,
+    grpc::{GrpcConfig, GrpcHedgingPolicy, GrpcRetryLayer, RetryThrottling},
 };
 use tonic::Code;
 use tower_layer::Layer;

@@ -8,8 +8,8 @@ pub(crate) mod server;
 use std::time::Duration;
 
 use reqwest_safe_retry::{
-    FakeClock, GrpcConfig, GrpcHedgingPolicy, GrpcRetryLayer, GrpcRetryPolicy, RandomSource,
-    RetryOverride, RetryRecord, RetryThrottling, SeededRng, StopReason,
+    FakeClock, RandomSource, RetryOverride, RetryRecord, SeededRng, StopReason,
+    grpc::{GrpcConfig, GrpcHedgingPolicy, GrpcRetryLayer, GrpcRetryPolicy, RetryThrottling},
 };
 use server::{Act, Gate, Script, channel, count, say, serve, text};
 use tonic::Code;
@@ -439,7 +439,7 @@ async fn a_committed_call_that_fails_with_a_counted_code_takes_a_token() {
             GrpcConfig::new()
                 .hedge(
                     "echo.Echo",
-                    reqwest_safe_retry::GrpcHedgingPolicy::builder()
+                    reqwest_safe_retry::grpc::GrpcHedgingPolicy::builder()
                         .max_attempts(2)
                         .non_fatal_codes([Code::Unavailable])
                         .build()
@@ -1128,7 +1128,7 @@ where
     }
 }
 
-type Inner = reqwest_safe_retry::GrpcRetryService<tonic::transport::Channel>;
+type Inner = reqwest_safe_retry::grpc::GrpcRetryService<tonic::transport::Channel>;
 
 /// Both layers retry `echo.Echo`'s calls, 3 attempts each.
 fn retrying() -> GrpcConfig {

@@ -19,8 +19,8 @@ use std::collections::VecDeque;
 use std::time::Duration;
 
 use reqwest_safe_retry::{
-    FakeClock, GrpcConfig, GrpcRetryLayer, GrpcRetryPolicy, RandomSource, RetryBudget,
-    RetryOverride, RetryRecord, RetryThrottling, SeededRng, StopReason,
+    FakeClock, RandomSource, RetryBudget, RetryOverride, RetryRecord, SeededRng, StopReason,
+    grpc::{GrpcConfig, GrpcRetryLayer, GrpcRetryPolicy, RetryThrottling},
 };
 use tonic::Code;
 use tower_layer::Layer;

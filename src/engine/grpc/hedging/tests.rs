@@ -183,6 +183,8 @@ fn a_delay_longer_than_a_grpc_duration_is_refused_at_build() {
     assert!(policy(crate::engine::grpc::LONGEST).is_ok());
     let json = r#"{"methodConfig": [{"name": [{}], "hedgingPolicy": {"maxAttempts": 2,
         "hedgingDelay": "9223372036854775807s", "nonFatalStatusCodes": [14]}}]}"#;
-    let err = crate::GrpcConfig::from_json(json).unwrap_err().to_string();
+    let err = crate::grpc::GrpcConfig::from_json(json)
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("hedgingDelay"), "{err}");
 }
