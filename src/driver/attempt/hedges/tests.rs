@@ -2,9 +2,12 @@
 //! scripts of what each copy answers and when, a `FakeClock` moved 10 ms at a time, and a
 //! door whose copies answer when the script says. The model says when each copy goes (to the
 //! tick), which copy's answer the call ends with and why, how many copies are cancelled, and
-//! the throttling's tokens; each copy carries `grpc-previous-rpc-attempts`. Some scripts drop
-//! the call at a tick: every copy out is cancelled then, and the tokens stay as the answers
-//! before it left them. A failure names its seed: `HEDGE_SEED=N HEDGE_SCRIPTS=M` runs `M`
+//! the throttling's or the budget's tokens; each copy carries `grpc-previous-rpc-attempts`.
+//! Some scripts drop the call at a tick: every copy out is cancelled then, and the tokens stay
+//! as the answers before it left them. Some give the call a deadline (a per-call override):
+//! no copy goes at or past it, and the call ends there, `DeadlineReached`, with a copy cut at
+//! its limit or the last failure; some an override of the attempts; some a small budget in
+//! the throttling's place. A failure names its seed: `HEDGE_SEED=N HEDGE_SCRIPTS=M` runs `M`
 //! scripts from seed `N`.
 
 use std::future::Future;
@@ -17,6 +20,8 @@ use reqwest::{Request, Response};
 
 use crate::driver::phases::RetryMiddleware;
 use crate::driver::scripted::Scripted;
+use crate::engine::budget::RetryBudget;
+use crate::engine::dependency::RetryOverride;
 use crate::engine::grpc::config::GrpcConfig;
 use crate::engine::grpc::hedging::GrpcHedgingPolicy;
 use crate::engine::grpc::throttle::RetryThrottling;
@@ -54,6 +59,12 @@ struct Script {
     delay: u64,
     non_fatal: Vec<u8>,
     throttling: Option<(u64, f64)>,
+    /// Without throttling: a budget of this many tokens (a copy costs one, none is earned).
+    budget: Option<u64>,
+    /// The call's deadline, in ticks (a per-call override).
+    deadline: Option<u64>,
+    /// A per-call override of the attempts, in place of `max`.
+    attempts: Option<u32>,
     /// Per copy, in the order sent: after how many ticks it answers (never, if `None`), and
     /// what it says.
     copies: Vec<(Option<u64>, Says)>,
@@ -80,7 +91,10 @@ fn script(seed: u64) -> Script {
     let throttling = g
         .chance(40)
         .then(|| (2 + g.upto(4), (1 + g.upto(8)) as f64 / 10.0));
-    let copies = (0..max)
+    let budget = (throttling.is_none() && g.chance(40)).then(|| g.upto(3));
+    let deadline = g.chance(35).then(|| 1 + g.upto(30));
+    let attempts = g.chance(20).then(|| 1 + g.upto(5) as u32);
+    let copies = (0..max.max(attempts.unwrap_or(0)))
         .map(|_| {
             let after = (!g.chance(15)).then(|| g.upto(12));
             let says = match g.upto(99) {
@@ -106,6 +120,9 @@ fn script(seed: u64) -> Script {
         delay,
         non_fatal,
         throttling,
+        budget,
+        deadline,
+        attempts,
         copies,
         drop_at,
     }
@@ -116,30 +133,55 @@ fn script(seed: u64) -> Script {
 struct Ending {
     /// The tick each copy went at.
     sent: Vec<u64>,
-    /// The copy whose answer the call ended with, and why; `None` if it had not ended (or was
-    /// dropped first).
+    /// The copy whose answer the call ended with ([`CUT`]: a copy cut at the deadline), and
+    /// why; `None` if it had not ended (or was dropped first).
     ended: Option<(usize, StopReason)>,
     /// Copies cancelled: out when the call ended, or when it was dropped.
     cancelled: usize,
     /// The throttling's tokens, in thousandths.
     tokens: Option<u64>,
+    /// The budget's tokens, in thousandths.
+    budget: Option<u64>,
 }
+
+/// The copy a call ended with when a copy was cut at the deadline (its outcome is the layer's
+/// timeout, not an answer).
+const CUT: usize = usize::MAX;
 
 /// A6's hedging, tick by tick: the reference.
 fn model(s: &Script) -> Ending {
     let delay = s.delay;
+    let max = s.attempts.unwrap_or(s.max);
     let mut sent: Vec<u64> = vec![0];
     let mut done: Vec<bool> = vec![false];
     let mut next = Some(delay);
     let mut closed: Option<StopReason> = None;
     let mut tokens = s.throttling.map(|(max, _)| max * 1000);
+    let mut budget = s.budget.map(|b| b * 1000);
     let mut last = 0;
     let out = |done: &Vec<bool>| done.iter().filter(|d| !**d).count();
-    let end = |sent: Vec<u64>, done: &Vec<bool>, at: usize, why, tokens| Ending {
-        cancelled: done.iter().filter(|d| !**d).count(),
-        sent,
-        ended: Some((at, why)),
-        tokens,
+    let capacity = s.budget.map(|b| b.max(1) * 1000);
+    let end = |sent: Vec<u64>, done: &Vec<bool>, at: usize, why, tokens, budget: Option<u64>| {
+        // A first copy the server answered (and no other) earns a tenth of a token.
+        let earned = sent.len() == 1
+            && matches!(
+                why,
+                StopReason::Succeeded | StopReason::Committed | StopReason::NotRetryable
+            );
+        let budget = budget.map(|b| {
+            if earned {
+                (b + 100).min(capacity.unwrap())
+            } else {
+                b
+            }
+        });
+        Ending {
+            cancelled: done.iter().filter(|d| !**d).count(),
+            sent,
+            ended: Some((at, why)),
+            tokens,
+            budget,
+        }
     };
     for t in 0..=TICKS {
         if s.drop_at == Some(t) {
@@ -150,7 +192,30 @@ fn model(s: &Script) -> Ending {
                 sent,
                 ended: None,
                 tokens,
+                budget,
             };
+        }
+        if s.deadline == Some(t) {
+            if out(&done) > 0 {
+                // Every copy out is cut at its limit, the call's deadline (each dropped, its
+                // stream reset): the first ends the call, a transport failure counted as
+                // UNAVAILABLE.
+                if let Some(t) = tokens.as_mut() {
+                    *t = t.saturating_sub(1000);
+                }
+                return end(
+                    sent,
+                    &done,
+                    CUT,
+                    StopReason::DeadlineReached,
+                    tokens,
+                    budget,
+                );
+            }
+            // None out: the next copy was due at or past the deadline; the call ends with the
+            // last failure, unless no copy may go any more for another reason already.
+            let why = closed.unwrap_or(StopReason::DeadlineReached);
+            return end(sent, &done, last, why, tokens, budget);
         }
         loop {
             // Every copy due goes.
@@ -159,9 +224,9 @@ fn model(s: &Script) -> Ending {
                     (Some((max, _)), Some(tokens)) => tokens * 2 <= max * 1000,
                     _ => false,
                 };
-                let refused = if sent.len() as u32 >= s.max {
+                let refused = if sent.len() as u32 >= max {
                     Some(StopReason::AttemptsExhausted)
-                } else if throttled {
+                } else if throttled || budget.is_some_and(|b| b < 1000) {
                     Some(StopReason::BudgetExhausted)
                 } else {
                     None
@@ -171,10 +236,13 @@ fn model(s: &Script) -> Ending {
                         next = None;
                         let why = *closed.get_or_insert(why);
                         if out(&done) == 0 {
-                            return end(sent, &done, last, why, tokens);
+                            return end(sent, &done, last, why, tokens, budget);
                         }
                     }
                     None => {
+                        if let Some(b) = budget.as_mut() {
+                            *b -= 1000;
+                        }
                         sent.push(t);
                         done.push(false);
                         next = Some(t + delay);
@@ -189,15 +257,17 @@ fn model(s: &Script) -> Ending {
             };
             done[i] = true;
             match s.copies[i].1 {
-                Says::Committed => return end(sent, &done, i, StopReason::Committed, tokens),
+                Says::Committed => {
+                    return end(sent, &done, i, StopReason::Committed, tokens, budget);
+                }
                 Says::Ok => {
                     if let (Some((max, ratio)), Some(t)) = (s.throttling, tokens.as_mut()) {
                         *t = (*t + (ratio * 1000.0).round() as u64).min(max * 1000);
                     }
-                    return end(sent, &done, i, StopReason::Succeeded, tokens);
+                    return end(sent, &done, i, StopReason::Succeeded, tokens, budget);
                 }
                 Says::Fails(code, _) if !s.non_fatal.contains(&code) => {
-                    return end(sent, &done, i, StopReason::NotRetryable, tokens);
+                    return end(sent, &done, i, StopReason::NotRetryable, tokens, budget);
                 }
                 Says::Fails(_, push) => {
                     if let Some(t) = tokens.as_mut() {
@@ -214,7 +284,7 @@ fn model(s: &Script) -> Ending {
                     }
                     if out(&done) == 0 && next.is_none() {
                         let why = closed.unwrap_or(StopReason::AttemptsExhausted);
-                        return end(sent, &done, i, why, tokens);
+                        return end(sent, &done, i, why, tokens, budget);
                     }
                 }
             }
@@ -225,6 +295,7 @@ fn model(s: &Script) -> Ending {
         ended: None,
         cancelled: 0,
         tokens,
+        budget,
     }
 }
 
@@ -271,6 +342,22 @@ fn run(s: &Script) -> (Ending, Seen) {
     if let Some(throttling) = &throttling {
         config = config.retry_throttling(throttling.clone());
     }
+    let script_budget = s.budget.map(|tokens| {
+        RetryBudget::builder()
+            .capacity(tokens.max(1) as f64)
+            .initial(tokens as f64)
+            .floor_per_sec(0.0)
+            .build()
+            .unwrap()
+    });
+    if let Some(budget) = &script_budget {
+        config = config.retry_budget(budget.clone());
+    }
+    let tokens_of = |budget: &Option<RetryBudget>| {
+        budget
+            .as_ref()
+            .map(|b| (b.balance() * 1000.0).round() as u64)
+    };
     let clock = FakeClock::new();
     let url: reqwest::Url = "http://127.0.0.1/echo.Echo/Say".parse().unwrap();
     let routes = config.routes();
@@ -282,6 +369,16 @@ fn run(s: &Script) -> (Ending, Seen) {
         .with_rng(SeededRng::new(1));
     let door = Scripted::default();
     let mut extensions = Extensions::new();
+    let mut over = RetryOverride::new();
+    if let Some(deadline) = s.deadline {
+        over = over.deadline(TICK * deadline as u32);
+    }
+    if let Some(attempts) = s.attempts {
+        over = over.max_attempts(attempts);
+    }
+    if over != RetryOverride::new() {
+        extensions.insert(over);
+    }
     let mut call = Some(Box::pin(RetryMiddleware::execute(
         &middleware,
         Request::new(http::Method::POST, url),
@@ -299,6 +396,7 @@ fn run(s: &Script) -> (Ending, Seen) {
                 sent,
                 ended: None,
                 tokens: throttling.map(|t| (t.tokens() * 1000.0).round() as u64),
+                budget: tokens_of(&script_budget),
             };
             let (paid, record) = (paid(), None);
             return (ending, Seen { door, record, paid });
@@ -329,28 +427,40 @@ fn run(s: &Script) -> (Ending, Seen) {
         }
     }
     let tokens = throttling.map(|t| (t.tokens() * 1000.0).round() as u64);
+    let budget = tokens_of(&script_budget);
     let Some(ended) = ended else {
         let ending = Ending {
             sent,
             ended: None,
             cancelled: 0,
             tokens,
+            budget,
         };
         let (paid, record) = (paid(), None);
         return (ending, Seen { door, record, paid });
     };
-    let response = ended.expect("a scripted copy answers");
-    let copy: usize = response.headers()["x-copy"]
-        .to_str()
-        .unwrap()
-        .parse()
-        .unwrap();
-    let record = RetryRecord::of(&response).expect("a record");
+    let (copy, record) = match ended {
+        Ok(response) => {
+            let copy: usize = response.headers()["x-copy"]
+                .to_str()
+                .unwrap()
+                .parse()
+                .unwrap();
+            (copy, RetryRecord::of(&response).expect("a record"))
+        }
+        // A copy cut at the deadline: the layer's own timeout.
+        Err(err) => {
+            let err = crate::error::RetryError::of(&err).expect("the layer's error");
+            assert!(err.timed_out(), "{err}");
+            (CUT, err.record())
+        }
+    };
     let ending = Ending {
         cancelled: door.dropped(),
         sent,
         ended: Some((copy, record.stop_reason())),
         tokens,
+        budget,
     };
     let (paid, record) = (paid(), Some(record));
     (ending, Seen { door, record, paid })
@@ -404,11 +514,13 @@ fn hedged_calls_follow_a6_s_hedging_tick_by_tick() {
         }
         if let (Some(record), Some((copy, why))) = (record, got.ended) {
             assert_eq!(record.attempts() as usize, got.sent.len(), "seed {seed}");
-            assert_eq!(
-                record.answered_by_hedge(),
-                copy > 0,
-                "seed {seed}: {got:?} {s:?} {record:?}"
-            );
+            if copy != CUT {
+                assert_eq!(
+                    record.answered_by_hedge(),
+                    copy > 0,
+                    "seed {seed}: {got:?} {s:?} {record:?}"
+                );
+            }
             *ended_by.entry(format!("{why:?}")).or_insert(0) += 1;
         }
     }
@@ -421,6 +533,7 @@ fn hedged_calls_follow_a6_s_hedging_tick_by_tick() {
             "AttemptsExhausted",
             "ServerDeclinedRetry",
             "BudgetExhausted",
+            "DeadlineReached",
             "Dropped with copies out",
         ] {
             assert!(
