@@ -426,9 +426,9 @@ mod tests {
     /// timeout (transient).
     #[test]
     fn one_attempt_sends_its_copy_and_ends_with_its_judged_outcome() {
-        let clock = crate::FakeClock::new();
+        let clock = crate::fake_clock::FakeClock::new();
         let shared = SharedClock::new(clock.clone());
-        let rng = crate::SeededRng::new(1);
+        let rng = crate::rng::SeededRng::new(1);
         let policy = RetryPolicy::builder()
             .attempt_timeout(Duration::from_secs(2))
             .build()

@@ -78,7 +78,7 @@ use crate::stop::StopReason;
 /// | observer | none ([`with_observer`](Self::with_observer)) |
 /// | log levels | INFO for a retry, WARN for a give-up, DEBUG for the rest ([`with_retry_log_level`](Self::with_retry_log_level), [`with_give_up_log_level`](Self::with_give_up_log_level)) |
 ///
-/// In tests, use `FakeClock` (feature `test-util`) and [`SeededRng`](crate::SeededRng).
+/// In tests, use `FakeClock` (feature `test-util`) and [`SeededRng`](crate::rng::SeededRng).
 #[derive(Debug, Clone)]
 pub struct RetryMiddleware {
     dependencies: Routes,
@@ -170,7 +170,7 @@ impl RetryMiddleware {
         self
     }
 
-    /// Draws jitter from `rng`: a [`SeededRng`](crate::SeededRng) makes every wait repeat
+    /// Draws jitter from `rng`: a [`SeededRng`](crate::rng::SeededRng) makes every wait repeat
     /// exactly from run to run.
     ///
     /// So a test can state a schedule from the policy and the seed alone (full jitter, as
@@ -641,7 +641,7 @@ mod tests {
     fn an_attempt_in_flight_poll_by_poll() {
         use std::task::{Context, Poll as P, Waker};
 
-        let clock = crate::FakeClock::new();
+        let clock = crate::fake_clock::FakeClock::new();
         let policy = RetryPolicy::builder()
             .attempt_timeout(Duration::from_secs(5))
             .hedge_reads(0.05, Duration::from_secs(1))
@@ -651,7 +651,7 @@ mod tests {
         let dependency = Dependency::new("scripted", policy);
         let middleware = RetryMiddleware::new(dependency.clone())
             .with_clock(clock.clone())
-            .with_rng(crate::SeededRng::new(3));
+            .with_rng(crate::rng::SeededRng::new(3));
         let request = || Request::new(http::Method::GET, "http://127.0.0.1/x".parse().unwrap());
         let mut cx = Context::from_waker(Waker::noop());
         // The latency window learns 10 ms answers: its p95 is then 10.24 ms.
@@ -717,7 +717,7 @@ mod tests {
         let P::Ready(Ok(response)) = run.as_mut().poll(&mut cx) else {
             panic!("the retry's answer ends the request");
         };
-        let record = crate::RetryRecord::of(&response).unwrap();
+        let record = crate::record::RetryRecord::of(&response).unwrap();
         assert_eq!((record.attempts(), record.answered_by_hedge()), (2, false));
         // The hedge's answer was the first attempt's outcome (then cut, and retried after).
         assert_eq!(dependency.counters().hedges_won, 1);

@@ -20,7 +20,7 @@ pub(crate) struct Scripted {
     pub(crate) slots: Arc<std::sync::Mutex<Vec<Option<reqwest_middleware::Result<Response>>>>>,
     pub(crate) dropped: Arc<std::sync::atomic::AtomicUsize>,
     /// Each copy, sent, answers at once with an empty 200 after this much virtual time.
-    pub(crate) answer_after: Option<(crate::FakeClock, Duration)>,
+    pub(crate) answer_after: Option<(crate::fake_clock::FakeClock, Duration)>,
     /// The headers each copy carried, in the order they were sent.
     pub(crate) headers: Arc<std::sync::Mutex<Vec<http::HeaderMap>>>,
 }

@@ -270,7 +270,7 @@ impl RetryRecord {
             return Some(ended.0.clone());
         }
         // tonic keeps the error it read the status from as the status's source.
-        let gave_up = source.downcast_ref::<crate::RetryError<BoxError>>()?;
+        let gave_up = source.downcast_ref::<RetryError<BoxError>>()?;
         Some(gave_up.record())
     }
 }

@@ -155,7 +155,7 @@ impl<Q> Service<Q> for Gate {
 }
 
 fn layered(gate: &Gate) -> RetryService<Gate> {
-    RetryMiddleware::new(crate::RetryPolicy::default()).layer(gate.clone())
+    RetryMiddleware::new(crate::engine::policy::RetryPolicy::default()).layer(gate.clone())
 }
 
 /// A service ready at once is called once per attempt; one that is not yet ready is asked

@@ -25,10 +25,11 @@ use crate::engine::dependency::RetryOverride;
 use crate::engine::grpc::config::GrpcConfig;
 use crate::engine::grpc::hedging::GrpcHedgingPolicy;
 use crate::engine::grpc::throttle::RetryThrottling;
+use crate::fake_clock::FakeClock;
 use crate::record::RetryRecord;
 use crate::rng::RandomSource;
+use crate::rng::SeededRng;
 use crate::stop::StopReason;
-use crate::{FakeClock, SeededRng};
 
 /// One tick of the fake clock.
 const TICK: Duration = Duration::from_millis(10);
