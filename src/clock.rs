@@ -694,6 +694,45 @@ mod tests {
         assert_eq!(other.join().unwrap(), PAUSED_GRACE);
     }
 
+    /// A timeout whose short hold (learned) let its timer fire early waits the rest of the
+    /// whole allowance of real time, however often it is polled meanwhile, then fires.
+    #[tokio::test(start_paused = true)]
+    async fn a_timer_that_fired_early_waits_the_rest_of_its_allowance_however_polled() {
+        let grace = Grace::of_runtime();
+        for _ in 0..4 {
+            grace.ran_out();
+        }
+        assert_eq!(grace.now(), LEAST_GRACE);
+        let began = Instant::now();
+        let mut timeout = Box::pin(TokioTimeout::new(Duration::from_millis(50), None));
+        tokio::time::advance(Duration::from_millis(50)).await;
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        // Polled again and again before its allowance: still waiting (a spurious wake-up
+        // must not end it).
+        let mut polls = 0;
+        while began.elapsed() < Duration::from_millis(40) {
+            assert!(
+                timeout.as_mut().poll(&mut cx).is_pending(),
+                "{:?}",
+                began.elapsed()
+            );
+            polls += 1;
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert!(polls > 1);
+        // Bounded: the allowance (50 ms) runs out in real time.
+        let mut fired = false;
+        for _ in 0..500 {
+            if timeout.as_mut().poll(&mut cx).is_ready() {
+                fired = true;
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert!(fired, "the timer fires once its allowance ran out");
+        assert!(began.elapsed() >= Duration::from_millis(50));
+    }
+
     /// A hold that runs out tells its runtime; so does the rest of a short hold dropped within
     /// its grace (its attempt answered from elsewhere).
     #[tokio::test(start_paused = true)]

@@ -77,9 +77,13 @@ where
         // request's own override may shorten it, never drop it, nor pass A6's cap on attempts.
         let told = grpc::timeout_of(&parts.headers);
         let calls = &self.shared.channel.calls;
-        let timeout = match calls.of(parts.uri.path()).timeout {
-            Some(method) if calls.timeouts => Some(told.map_or(method, |t| t.min(method))),
-            _ => told,
+        // Looked up only when a method config sets a timeout: most configs set none.
+        let method = (calls.timeouts)
+            .then(|| calls.of(parts.uri.path()).timeout)
+            .flatten();
+        let timeout = match method {
+            Some(method) => Some(told.map_or(method, |t| t.min(method))),
+            None => told,
         };
         let asked = extensions.get::<RetryOverride>().copied();
         if timeout.is_some() || asked.is_some() {

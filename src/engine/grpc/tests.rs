@@ -168,3 +168,17 @@ fn codes_are_named_as_grpc_names_them_in_any_case() {
     assert_eq!(CodeSet::of([17]), Err(17));
     assert_eq!(CodeSet::of([-1]), Err(-1));
 }
+
+/// The path table's hash is FNV-1a (64 bits), checked against the published vectors.
+#[test]
+fn the_path_table_s_hash_is_fnv_1a() {
+    use std::hash::Hasher;
+    let hash = |bytes: &[u8]| {
+        let mut h = super::FnvHasher::default();
+        h.write(bytes);
+        h.finish()
+    };
+    assert_eq!(hash(b""), 0xcbf2_9ce4_8422_2325);
+    assert_eq!(hash(b"a"), 0xaf63_dc4c_8601_ec8c);
+    assert_eq!(hash(b"foobar"), 0x8594_4171_f739_67e8);
+}
