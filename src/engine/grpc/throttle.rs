@@ -240,6 +240,21 @@ mod tests {
         assert_eq!(t.tokens(), 3.0, "the last made, when none is in use");
     }
 
+    /// The counts of channels gone are let go when another is made: the list holds those in
+    /// use, however many channels come and go.
+    #[test]
+    fn the_counts_of_channels_gone_are_let_go() {
+        let t = RetryThrottling::new(4.0, 1.0).unwrap();
+        for _ in 0..100 {
+            drop(t.for_channel());
+        }
+        let kept = t.for_channel();
+        // The one in use, and the last one made before it (kept for `tokens` to read).
+        let alive = t.channels.lock().unwrap().alive.len();
+        assert_eq!(alive, 2);
+        drop(kept);
+    }
+
     #[test]
     fn out_of_range_fields_are_refused_by_name() {
         for (max, ratio, field) in [
