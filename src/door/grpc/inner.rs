@@ -14,7 +14,7 @@ use tower_service::Service;
 
 use super::call::{Buffer, Call};
 #[cfg(feature = "metrics")]
-use super::metrics::{MOST_METHODS, Reporter};
+use super::metrics::Reporter;
 use crate::driver::beneath_service;
 use crate::driver::claim::{Beneath, Claimed};
 use crate::driver::retry_body::RetryBody;
@@ -148,18 +148,14 @@ pub(crate) struct Shared<S> {
 #[cfg(feature = "metrics")]
 impl<S> Shared<S> {
     /// The reporter of the calls to `path` through this channel: made at the method's first
-    /// call, then shared (past [`MOST_METHODS`] methods, one for all the others, `other`).
+    /// call, then shared (past 1,024 methods, one for all the others, `other`).
     pub(super) fn reporter(&self, path: &str) -> Arc<Reporter> {
         let method = path.strip_prefix('/').unwrap_or(path);
         let mut reporters = self.reporters.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(reporter) = reporters.get(method) {
             return reporter.clone();
         }
-        let method = if reporters.len() < MOST_METHODS {
-            method
-        } else {
-            "other"
-        };
+        let method = super::metrics::label(reporters.len(), method);
         if let Some(other) = reporters.get(method) {
             return other.clone();
         }

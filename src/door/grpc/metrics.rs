@@ -67,6 +67,16 @@ pub(crate) struct Reporter {
 /// The most methods a channel reports apart; the calls of any other say `other`.
 pub(super) const MOST_METHODS: usize = 1024;
 
+/// The `grpc.method` label of a call to `method` through a channel that reports `known`
+/// methods already: the method itself, or `other` past [`MOST_METHODS`].
+pub(super) fn label(known: usize, method: &str) -> &str {
+    if known < MOST_METHODS {
+        method
+    } else {
+        "other"
+    }
+}
+
 impl Reporter {
     /// What a call that ended with `record` (none: one attempt, answered) reports.
     pub(super) fn call_ended(&self, record: Option<&RetryRecord>) {
@@ -94,11 +104,13 @@ fn call_ended(
         ("grpc.target", target.to_owned()),
     ];
     let more = record.attempts - 1;
-    let transparent = u32::from(record.tally.transparent).min(more);
-    let (retries, hedges) = if record.tally.hedged {
-        (0, more - transparent)
+    let (retries, transparent, hedges) = if record.tally.hedged {
+        // A hedged call's copies after the first are its hedges; A6 makes no transparent
+        // retry of one apart (a copy that sent nothing is a non-fatal failure).
+        (0, 0, more)
     } else {
-        (more - transparent, 0)
+        let transparent = u32::from(record.tally.transparent).min(more);
+        (more - transparent, transparent, 0)
     };
     for (name, count) in [
         (RETRIES, retries),
@@ -110,4 +122,19 @@ fn call_ended(
         }
     }
     metrics::histogram!(RETRY_DELAY, &labels).record(record.waited.as_secs_f64());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A channel reports 1,024 methods apart, by name, and any further one as `other`: a
+    /// client that calls paths of its own making cannot grow the labels without bound.
+    #[test]
+    fn a_channel_labels_its_first_1024_methods_by_name_and_the_rest_other() {
+        assert_eq!(label(0, "a.B/C"), "a.B/C");
+        assert_eq!(label(MOST_METHODS - 1, "a.B/C"), "a.B/C");
+        assert_eq!(label(MOST_METHODS, "a.B/C"), "other");
+        assert_eq!(label(MOST_METHODS + 7, "a.B/C"), "other");
+    }
 }
