@@ -1,10 +1,11 @@
 //! The gRPC clients under comparison: a tonic server on loopback answering one unary method,
-//! and a tonic client over the same `Channel` three ways.
+//! and a tonic client over the same `Channel`, bare and under four retrying layers.
 //!
 //! | client | what it is |
 //! |---|---|
 //! | (G0) | tonic's `Channel`, bare |
 //! | (G1) | tower's retry over the channel as a user writes it for tonic: the request's body read into memory (tonic's body cannot be cloned), a policy that retries a trailers-only `UNAVAILABLE` up to 2 times from a `TpsBudget` |
+//! | (G1t) | (G1) under tower's `Timeout` of 10 s: a deadline over the attempts, as the layer keeps |
 //! | (G2) | this crate's `GrpcRetryLayer` over the channel: A6's policy for the method (4 attempts, `UNAVAILABLE`), a budget, no key |
 //! | (G3) | (G2) with the method marked non-idempotent: an idempotency key in every call's metadata |
 
@@ -123,6 +124,23 @@ pub fn grpc_clients() -> Vec<crate::Labelled> {
         }),
         ("(G3) GrpcRetryLayer, key", || {
             grpc_client(|channel| tower::Layer::layer(&GrpcRetryLayer::new(config(true)), channel))
+        }),
+        ("(G1t) tower retry + TpsBudget + timeout", || {
+            grpc_client(|channel| {
+                let budget = Arc::new(tower::retry::budget::TpsBudget::new(
+                    Duration::from_secs(10),
+                    10,
+                    0.2,
+                ));
+                let retry = tower::retry::Retry::new(
+                    Unavailable { left: 2, budget },
+                    tower::util::MapRequest::new(channel, |r: http::Request<Full<Bytes>>| {
+                        r.map(tonic::body::Body::new)
+                    }),
+                );
+                // A deadline over the attempts, as the layer keeps one: tower's timeout.
+                Buffered(tower::timeout::Timeout::new(retry, Duration::from_secs(10)))
+            })
         }),
     ]
 }

@@ -142,8 +142,8 @@ fn the_grpc_door_allocates_at_most_three_more_than_tower_s_retry() {
             per.last().unwrap()
         );
     }
-    let [bare, tower, door, keyed] = per[..] else {
-        unreachable!("four clients")
+    let [bare, tower, door, keyed, _timed] = per[..] else {
+        unreachable!("five clients")
     };
     println!(
         "over the bare channel: (G1) {:+.2}, (G2) {:+.2}, (G3) {:+.2}",
