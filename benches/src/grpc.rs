@@ -104,20 +104,7 @@ pub fn grpc_clients() -> Vec<crate::Labelled> {
     vec![
         ("(G0) tonic Channel", || grpc_client(|channel| channel)),
         ("(G1) tower retry + TpsBudget", || {
-            grpc_client(|channel| {
-                let budget = Arc::new(tower::retry::budget::TpsBudget::new(
-                    Duration::from_secs(10),
-                    10,
-                    0.2,
-                ));
-                let retry = tower::retry::Retry::new(
-                    Unavailable { left: 2, budget },
-                    tower::util::MapRequest::new(channel, |r: http::Request<Full<Bytes>>| {
-                        r.map(tonic::body::Body::new)
-                    }),
-                );
-                Buffered(retry)
-            })
+            grpc_client(|channel| Buffered(tower_retry(channel)))
         }),
         ("(G2) GrpcRetryLayer", || {
             grpc_client(|channel| tower::Layer::layer(&GrpcRetryLayer::new(config(false)), channel))
@@ -127,22 +114,32 @@ pub fn grpc_clients() -> Vec<crate::Labelled> {
         }),
         ("(G1t) tower retry + TpsBudget + timeout", || {
             grpc_client(|channel| {
-                let budget = Arc::new(tower::retry::budget::TpsBudget::new(
-                    Duration::from_secs(10),
-                    10,
-                    0.2,
-                ));
-                let retry = tower::retry::Retry::new(
-                    Unavailable { left: 2, budget },
-                    tower::util::MapRequest::new(channel, |r: http::Request<Full<Bytes>>| {
-                        r.map(tonic::body::Body::new)
-                    }),
-                );
                 // A deadline over the attempts, as the layer keeps one: tower's timeout.
+                let retry = tower_retry(channel);
                 Buffered(tower::timeout::Timeout::new(retry, Duration::from_secs(10)))
             })
         }),
     ]
+}
+
+/// `channel` taking the requests tower's retry makes (a body in memory) as tonic's.
+type ToTonic<S> =
+    tower::util::MapRequest<S, fn(http::Request<Full<Bytes>>) -> http::Request<tonic::body::Body>>;
+
+/// tower's retry over `channel` as a user writes it for tonic: a trailers-only `UNAVAILABLE`
+/// or an error retried up to 2 times from a `TpsBudget`, over the body read into memory.
+fn tower_retry<S>(channel: S) -> tower::retry::Retry<Unavailable, ToTonic<S>> {
+    let budget = Arc::new(tower::retry::budget::TpsBudget::new(
+        Duration::from_secs(10),
+        10,
+        0.2,
+    ));
+    let to_tonic: fn(http::Request<Full<Bytes>>) -> http::Request<tonic::body::Body> =
+        |r| r.map(tonic::body::Body::new);
+    tower::retry::Retry::new(
+        Unavailable { left: 2, budget },
+        tower::util::MapRequest::new(channel, to_tonic),
+    )
 }
 
 fn config(keyed: bool) -> GrpcConfig {
