@@ -17,7 +17,7 @@ use crate::driver::phases::RetryMiddleware;
 use crate::driver::retry_body::RetryBody;
 use crate::driver::send_body::SendBody;
 use crate::engine::dependency::RetryOverride;
-use crate::engine::grpc::{self, GRPC_MAX_ATTEMPTS};
+use crate::engine::grpc;
 use crate::error::{BoxError, LastError, RetryError};
 use crate::record::RetryRecord;
 use crate::stop::StopReason;
@@ -77,21 +77,10 @@ where
         // request's own override may shorten it, never drop it, nor pass A6's cap on attempts.
         let told = grpc::timeout_of(&parts.headers);
         let calls = &self.shared.channel.calls;
-        // Looked up only when a method config sets a timeout: most configs set none.
-        let method = (calls.timeouts)
-            .then(|| calls.of(parts.uri.path()).timeout)
-            .flatten();
-        let timeout = match method {
-            Some(method) => Some(told.map_or(method, |t| t.min(method))),
-            None => told,
-        };
+        let timeout = calls.deadline(parts.uri.path(), told);
         let asked = extensions.get::<RetryOverride>().copied();
         if timeout.is_some() || asked.is_some() {
-            let most = || {
-                (calls.of(parts.uri.path()).policy)
-                    .map_or(GRPC_MAX_ATTEMPTS, |policy| policy.max_attempts())
-                    .max(GRPC_MAX_ATTEMPTS)
-            };
+            let most = || calls.most_attempts(parts.uri.path());
             let over = asked.unwrap_or_default().on_grpc_call(timeout, most);
             // The server is told the deadline the call keeps: a shorter one of its method's or
             // of an override too.

@@ -12,7 +12,7 @@ use crate::engine::dependency::{Dependency, Routes};
 use crate::engine::grpc::hedging::GrpcHedgingPolicy;
 use crate::engine::grpc::throttle::RetryThrottling;
 use crate::engine::grpc::{
-    CodeSet, PathTable, bad_in, code_named, in_range, max_attempts, status_codes,
+    CodeSet, GRPC_MAX_ATTEMPTS, PathTable, bad_in, code_named, in_range, max_attempts, status_codes,
 };
 use crate::engine::policy::RetryPolicy;
 use crate::error::InvalidConfig;
@@ -342,6 +342,25 @@ impl Calls {
     /// What the call to `path` runs under.
     pub(crate) fn of(&self, path: &str) -> &Resolved {
         self.by_path.get(path).unwrap_or(&self.every)
+    }
+
+    /// The deadline of the call to `path` that carries `told` (its `grpc-timeout`, if any):
+    /// the earlier of it and its method's timeout, as grpc-go takes them. The method's is
+    /// looked up only when a method config sets one (most set none).
+    pub(crate) fn deadline(&self, path: &str, told: Option<Duration>) -> Option<Duration> {
+        let method = self.timeouts.then(|| self.of(path).timeout).flatten();
+        match (method, told) {
+            (Some(method), Some(told)) => Some(method.min(told)),
+            (method, told) => method.or(told),
+        }
+    }
+
+    /// The most attempts an override may ask of the call to `path`: A6's cap, or the one its
+    /// method's policy raised on purpose.
+    pub(crate) fn most_attempts(&self, path: &str) -> u32 {
+        (self.of(path).policy)
+            .map_or(GRPC_MAX_ATTEMPTS, MethodPolicy::max_attempts)
+            .max(GRPC_MAX_ATTEMPTS)
     }
 }
 
@@ -1196,6 +1215,24 @@ mod tests {
         );
         assert_eq!(of("/c.D/E"), (None, Some(ms(5000))), "every method's");
         assert!(calls.timeouts);
+        // A call's deadline: the earlier of its own and its method's.
+        assert_eq!(calls.deadline("/a.B/Slow", None), Some(ms(250)));
+        assert_eq!(calls.deadline("/a.B/Slow", Some(ms(100))), Some(ms(100)));
+        assert_eq!(calls.deadline("/a.B/Slow", Some(ms(900))), Some(ms(250)));
+        assert_eq!(calls.deadline("/a.B/Fast", Some(ms(900))), Some(ms(900)));
+        assert_eq!(calls.deadline("/a.B/Fast", None), None);
+        // An override's attempts stop at A6's cap, or a policy's raised one.
+        assert_eq!(calls.most_attempts("/a.B/Fast"), GRPC_MAX_ATTEMPTS);
+        let raised = GrpcRetryPolicy::builder()
+            .max_attempts(7)
+            .allow_attempts_above_five(7)
+            .initial_backoff(ms(100))
+            .max_backoff(ms(1000))
+            .retryable_codes([14])
+            .build()
+            .unwrap();
+        let raised = GrpcConfig::new().retry("x.Y", raised).unwrap().calls();
+        assert_eq!(raised.most_attempts("/x.Y/Z"), 7);
         // The same built in code; and a config without timeouts looks none up.
         let built = GrpcConfig::new()
             .retry(

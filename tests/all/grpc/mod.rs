@@ -37,6 +37,16 @@ fn a6_wait(n: u32, x: u64) -> Duration {
     ceiling * 4 / 5 + Duration::from_nanos(drawn as u64)
 }
 
+/// The layer retrying `UNAVAILABLE` for every method of `echo.Echo` (`attempts` in all), on a
+/// fake clock with the test's seed.
+fn faked_retrying(attempts: u32) -> (GrpcRetryLayer, FakeClock) {
+    faked(
+        GrpcConfig::new()
+            .retry("echo.Echo", unavailable(attempts))
+            .unwrap(),
+    )
+}
+
 /// The layer for `config` on a fake clock with the test's seed.
 fn faked(config: GrpcConfig) -> (GrpcRetryLayer, FakeClock) {
     let clock = FakeClock::new();
@@ -96,11 +106,7 @@ async fn a_unary_call_survives_two_unavailables_and_a_pushback_with_one_key() {
 async fn an_idempotent_method_carries_no_key() {
     let script = Script::new([Act::Fail(Code::Unavailable, None)]);
     let uri = serve(&script).await;
-    let (layer, _clock) = faked(
-        GrpcConfig::new()
-            .retry("echo.Echo", unavailable(2))
-            .unwrap(),
-    );
+    let (layer, _clock) = faked_retrying(2);
     say(layer.layer(channel(&uri)), text("x")).await.unwrap();
     assert_eq!(script.values("idempotency-key"), [None, None]);
 }
@@ -109,11 +115,7 @@ async fn an_idempotent_method_carries_no_key() {
 async fn a_code_the_policy_does_not_retry_is_handed_back_at_once_as_tonic_reads_it() {
     let script = Script::new([Act::Fail(Code::InvalidArgument, None)]);
     let uri = serve(&script).await;
-    let (layer, clock) = faked(
-        GrpcConfig::new()
-            .retry("echo.Echo", unavailable(4))
-            .unwrap(),
-    );
+    let (layer, clock) = faked_retrying(4);
     let status = say(layer.layer(channel(&uri)), text("x"))
         .await
         .unwrap_err();
@@ -138,11 +140,7 @@ async fn the_last_status_comes_back_with_its_record_when_attempts_run_out() {
         Act::Fail(Code::Unavailable, None),
     ]);
     let uri = serve(&script).await;
-    let (layer, clock) = faked(
-        GrpcConfig::new()
-            .retry("echo.Echo", unavailable(3))
-            .unwrap(),
-    );
+    let (layer, clock) = faked_retrying(3);
     let status = say(layer.layer(channel(&uri)), text("x"))
         .await
         .unwrap_err();
@@ -164,11 +162,7 @@ async fn a_negative_or_malformed_pushback_ends_the_call() {
     for pushback in ["-1", "soon"] {
         let script = Script::new([Act::Fail(Code::Unavailable, Some(pushback))]);
         let uri = serve(&script).await;
-        let (layer, clock) = faked(
-            GrpcConfig::new()
-                .retry("echo.Echo", unavailable(4))
-                .unwrap(),
-        );
+        let (layer, clock) = faked_retrying(4);
         let status = say(layer.layer(channel(&uri)), text("x"))
             .await
             .unwrap_err();
@@ -190,11 +184,7 @@ async fn a_negative_or_malformed_pushback_ends_the_call() {
 async fn a_stream_that_committed_then_failed_is_not_retried() {
     let script = Script::new([Act::SendThenFail(Code::Unavailable)]);
     let uri = serve(&script).await;
-    let (layer, clock) = faked(
-        GrpcConfig::new()
-            .retry("echo.Echo", unavailable(4))
-            .unwrap(),
-    );
+    let (layer, clock) = faked_retrying(4);
     let (got, ended) = count(layer.layer(channel(&uri)), "once").await;
     assert_eq!(got, ["once"]);
     assert_eq!(ended.unwrap_err().code(), Code::Unavailable);
@@ -206,11 +196,7 @@ async fn a_stream_that_committed_then_failed_is_not_retried() {
 async fn a_stream_refused_before_it_committed_is_retried() {
     let script = Script::new([Act::Fail(Code::Unavailable, None)]);
     let uri = serve(&script).await;
-    let (layer, _clock) = faked(
-        GrpcConfig::new()
-            .retry("echo.Echo", unavailable(4))
-            .unwrap(),
-    );
+    let (layer, _clock) = faked_retrying(4);
     let (got, ended) = count(layer.layer(channel(&uri)), "twice").await;
     ended.unwrap();
     assert_eq!(got, ["twice", "twice"]);
@@ -221,11 +207,7 @@ async fn a_stream_refused_before_it_committed_is_retried() {
 async fn the_call_s_deadline_spans_its_attempts_and_each_is_told_what_is_left() {
     let script = Script::new([Act::Fail(Code::Unavailable, Some("1500"))]);
     let uri = serve(&script).await;
-    let (layer, clock) = faked(
-        GrpcConfig::new()
-            .retry("echo.Echo", unavailable(4))
-            .unwrap(),
-    );
+    let (layer, clock) = faked_retrying(4);
     let mut request = text("x");
     request.set_timeout(Duration::from_secs(5));
     say(layer.layer(channel(&uri)), request).await.unwrap();
@@ -239,11 +221,7 @@ async fn the_call_s_deadline_spans_its_attempts_and_each_is_told_what_is_left() 
     // `DEADLINE_EXCEEDED` (grpc-go's and grpc-java's status then), its record saying so.
     let script = Script::new([Act::Fail(Code::Unavailable, Some("6000"))]);
     let uri = serve(&script).await;
-    let (layer, clock) = faked(
-        GrpcConfig::new()
-            .retry("echo.Echo", unavailable(4))
-            .unwrap(),
-    );
+    let (layer, clock) = faked_retrying(4);
     let mut request = text("x");
     request.set_timeout(Duration::from_secs(5));
     let status = say(layer.layer(channel(&uri)), request).await.unwrap_err();
@@ -345,11 +323,7 @@ async fn a_refused_connection_is_retried_and_ends_as_unavailable() {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         listener.local_addr().unwrap().port()
     };
-    let (layer, clock) = faked(
-        GrpcConfig::new()
-            .retry("echo.Echo", unavailable(3))
-            .unwrap(),
-    );
+    let (layer, clock) = faked_retrying(3);
     let status = say(
         layer.layer(channel(&format!("http://127.0.0.1:{port}"))),
         text("x"),
@@ -370,11 +344,7 @@ async fn a_refused_connection_is_retried_and_ends_as_unavailable() {
     // With a deadline shorter than the first backoff, A6's transparent retry still goes at
     // once; the backoff after it would cross the deadline, so the call waits out what is left
     // and ends there, `DEADLINE_EXCEEDED`, as grpc-go's and grpc-java's calls do.
-    let (layer, clock) = faked(
-        GrpcConfig::new()
-            .retry("echo.Echo", unavailable(3))
-            .unwrap(),
-    );
+    let (layer, clock) = faked_retrying(3);
     let mut request = text("x");
     request.set_timeout(Duration::from_millis(50));
     let status = say(
@@ -494,11 +464,7 @@ async fn a_slow_answer_past_the_call_s_deadline_ends_it_deadline_exceeded() {
     let script = Script::new([Act::Slow(Duration::from_secs(5))]);
     let uri = serve(&script).await;
     // On a fake clock that never moves, only tonic's channel's timer can end the call.
-    let (layer, _clock) = faked(
-        GrpcConfig::new()
-            .retry("echo.Echo", unavailable(4))
-            .unwrap(),
-    );
+    let (layer, _clock) = faked_retrying(4);
     let mut request = text("x");
     request.set_timeout(Duration::from_millis(50));
     let started = std::time::Instant::now();
@@ -554,11 +520,7 @@ async fn a_deadline_shorter_than_the_backoff_still_waits_a_pushback_within_it() 
 async fn a_backoff_past_the_deadline_ends_the_call_at_it_deadline_exceeded() {
     let script = Script::new([Act::Fail(Code::Unavailable, None)]);
     let uri = serve(&script).await;
-    let (layer, clock) = faked(
-        GrpcConfig::new()
-            .retry("echo.Echo", unavailable(4))
-            .unwrap(),
-    );
+    let (layer, clock) = faked_retrying(4);
     let mut request = text("x");
     // The first backoff is 80 to 120 ms.
     request.set_timeout(Duration::from_millis(60));
@@ -669,11 +631,7 @@ async fn a_cancelled_that_comes_at_the_deadline_is_deadline_exceeded() {
     ] {
         let script = Script::new([Act::Fail(Code::Cancelled, None)]);
         let uri = serve(&script).await;
-        let (layer, clock) = faked(
-            GrpcConfig::new()
-                .retry("echo.Echo", unavailable(4))
-                .unwrap(),
-        );
+        let (layer, clock) = faked_retrying(4);
         let late = Late {
             channel: channel(&uri),
             clock: clock.clone(),
@@ -750,11 +708,7 @@ async fn raw_h2(script: Vec<Raw>) -> (String, std::sync::Arc<std::sync::atomic::
 #[tokio::test]
 async fn a_stream_refused_unprocessed_is_retried_at_once_beyond_the_policy_s_attempts() {
     let (uri, streams) = raw_h2(vec![Raw::Refuse, Raw::Status("14")]).await;
-    let (layer, clock) = faked(
-        GrpcConfig::new()
-            .retry("echo.Echo", unavailable(2))
-            .unwrap(),
-    );
+    let (layer, clock) = faked_retrying(2);
     let status = say(layer.layer(channel(&uri)), text("x"))
         .await
         .unwrap_err();
@@ -791,11 +745,7 @@ async fn a_proxy_s_http_failure_given_up_carries_the_record() {
 /// (the peer saw as many streams), with its record; the status.
 async fn given_up_at_a_raw_peer(act: Raw, tries: u32, attempts: u32) -> tonic::Status {
     let (uri, streams) = raw_h2(vec![act]).await;
-    let (layer, _clock) = faked(
-        GrpcConfig::new()
-            .retry("echo.Echo", unavailable(tries))
-            .unwrap(),
-    );
+    let (layer, _clock) = faked_retrying(tries);
     let status = say(layer.layer(channel(&uri)), text("x"))
         .await
         .unwrap_err();
@@ -827,11 +777,7 @@ async fn an_override_keeps_the_call_s_deadline() {
     let never = Gate::default();
     let script = Script::new((0..4).map(|_| Act::Held(never.clone(), None)));
     let uri = serve(&script).await;
-    let (layer, clock) = faked(
-        GrpcConfig::new()
-            .retry("echo.Echo", unavailable(4))
-            .unwrap(),
-    );
+    let (layer, clock) = faked_retrying(4);
     for over in [
         RetryOverride::new().max_attempts(3),
         RetryOverride::new().attempt_timeout(Duration::from_secs(60)),
@@ -883,11 +829,7 @@ async fn an_override_keeps_the_call_s_deadline() {
 async fn an_override_s_attempts_stop_at_a6_s_cap() {
     let script = Script::new((0..12).map(|_| Act::Fail(Code::Unavailable, None)));
     let uri = serve(&script).await;
-    let (layer, _clock) = faked(
-        GrpcConfig::new()
-            .retry("echo.Echo", unavailable(2))
-            .unwrap(),
-    );
+    let (layer, _clock) = faked_retrying(2);
     let mut request = text("x");
     request
         .extensions_mut()
@@ -1003,11 +945,7 @@ async fn a_caller_s_own_key_in_metadata_is_kept_on_every_attempt() {
 async fn a_trailers_only_ok_is_an_answer_not_an_error() {
     // An empty stream, answered trailers-only with OK, after a retry (so with a record).
     let (uri, streams) = raw_h2(vec![Raw::Status("14"), Raw::Status("0")]).await;
-    let (layer, _clock) = faked(
-        GrpcConfig::new()
-            .retry("echo.Echo", unavailable(2))
-            .unwrap(),
-    );
+    let (layer, _clock) = faked_retrying(2);
     let (got, ended) = count(layer.layer(channel(&uri)), "x").await;
     assert!(got.is_empty());
     ended.expect("OK is no error");
@@ -1018,11 +956,7 @@ async fn a_trailers_only_ok_is_an_answer_not_an_error() {
 async fn a_status_s_source_says_how_the_call_ended() {
     let script = Script::new([Act::Fail(Code::PermissionDenied, None)]);
     let uri = serve(&script).await;
-    let (layer, _clock) = faked(
-        GrpcConfig::new()
-            .retry("echo.Echo", unavailable(2))
-            .unwrap(),
-    );
+    let (layer, _clock) = faked_retrying(2);
     let status = say(layer.layer(channel(&uri)), text("x"))
         .await
         .unwrap_err();
@@ -1040,11 +974,7 @@ async fn an_absolute_origin_is_the_url_of_a_call_given_up() {
         listener.local_addr().unwrap().port()
     };
     let origin: http::Uri = format!("http://127.0.0.1:{port}").parse().unwrap();
-    let (layer, _clock) = faked(
-        GrpcConfig::new()
-            .retry("echo.Echo", unavailable(2))
-            .unwrap(),
-    );
+    let (layer, _clock) = faked_retrying(2);
     let service = layer.layer(channel(&origin.to_string()));
     let mut grpc = tonic::client::Grpc::with_origin(service, origin);
     grpc.ready().await.unwrap();
@@ -1290,11 +1220,7 @@ impl tower_service::Service<http::Request<tonic::body::Body>> for Broken {
 
 #[tokio::test]
 async fn an_error_the_door_cannot_read_is_not_retried() {
-    let (layer, clock) = faked(
-        GrpcConfig::new()
-            .retry("echo.Echo", unavailable(4))
-            .unwrap(),
-    );
+    let (layer, clock) = faked_retrying(4);
     let status = say(layer.layer(Broken), text("x")).await.unwrap_err();
     let record = RetryRecord::of_status(&status).expect("the layer's record");
     // It may have reached the server: neither UNAVAILABLE nor unsent, so final.
@@ -1405,11 +1331,7 @@ where
 async fn one_layer_retries_when_the_grpc_door_is_over_the_http_door() {
     // The gRPC layer outside: the tower layer beneath passes its copies through.
     let (uri, streams) = raw_h2(vec![Raw::Http(503)]).await;
-    let (grpc, _clock) = faked(
-        GrpcConfig::new()
-            .retry("echo.Echo", unavailable(3))
-            .unwrap(),
-    );
+    let (grpc, _clock) = faked_retrying(3);
     let service = grpc.layer(http().layer(TonicBody(channel(&uri))));
     let status = say(service, text("x")).await.unwrap_err();
     assert_eq!(status.code(), Code::Unavailable, "{status:?}");
@@ -1434,11 +1356,7 @@ fn http() -> reqwest_safe_retry::RetryMiddleware {
 #[tokio::test]
 async fn one_layer_retries_when_the_http_door_is_over_the_grpc_door() {
     let (uri, streams) = raw_h2(vec![Raw::Http(503)]).await;
-    let (grpc, _clock) = faked(
-        GrpcConfig::new()
-            .retry("echo.Echo", unavailable(3))
-            .unwrap(),
-    );
+    let (grpc, _clock) = faked_retrying(3);
     // What the outer layer saw of each attempt: the retrying layer is the one the caller
     // called (before, the inner one retried, and the outer saw one attempt, hiding three).
     let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
@@ -1500,11 +1418,7 @@ async fn a96_s_histograms_count_retries_transparent_retries_hedges_and_the_delay
 
     // A transparent retry of a refused stream, then the policy's retry.
     let (uri, _) = raw_h2(vec![Raw::Refuse, Raw::Status("14")]).await;
-    let (layer, _) = faked(
-        GrpcConfig::new()
-            .retry("echo.Echo", unavailable(2))
-            .unwrap(),
-    );
+    let (layer, _) = faked_retrying(2);
     let layer = layer.with_target("dns:///a96-transparent");
     say(layer.layer(channel(&uri)), text("x"))
         .await
