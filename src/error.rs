@@ -8,6 +8,11 @@
 //! cannot see inside a middleware's error): `timed_out()`, `failed_to_connect()`,
 //! `last_status()`, `strip_url()`. Also here: the configuration error, and the causes the middleware
 //! puts in its errors.
+//!
+//! [`RetryError`], [`InvalidConfig`] and [`BoxError`] are at the crate root too, where most code
+//! names them: the same types. This module adds what only code that takes an error apart needs
+//! ([`LastError`], [`NotSent`], [`AttemptTimeout`]) and the trait a door's error implements
+//! ([`DoorError`]).
 
 use std::fmt;
 use std::time::Duration;

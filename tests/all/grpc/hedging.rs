@@ -42,6 +42,16 @@ fn layer(config: GrpcConfig) -> (GrpcRetryLayer, FakeClock, Seen) {
     (layer, clock, seen)
 }
 
+/// The layer for `echo.Echo` hedged `attempts` copies `delay` apart, on a fake clock, with an
+/// observer.
+fn hedged(attempts: u32, delay: Duration) -> (GrpcRetryLayer, FakeClock, Seen) {
+    layer(
+        GrpcConfig::new()
+            .hedge("echo.Echo", hedging(attempts, delay))
+            .unwrap(),
+    )
+}
+
 fn gate() -> Gate {
     Gate::default()
 }
@@ -106,10 +116,7 @@ async fn a_slow_call_is_hedged_after_the_delay_and_the_first_answer_wins_the_oth
 async fn a_non_fatal_failure_sends_the_next_copy_at_once() {
     let script = Script::new([Act::Fail(Code::Unavailable, None)]);
     let uri = serve(&script).await;
-    let config = GrpcConfig::new()
-        .hedge("echo.Echo", hedging(3, Duration::from_secs(10)))
-        .unwrap();
-    let (layer, clock, seen) = layer(config);
+    let (layer, clock, seen) = hedged(3, Duration::from_secs(10));
     // The clock never moves: the second copy goes as the first fails.
     let answer = say(layer.layer(channel(&uri)), text("x")).await.unwrap();
     let record = RetryRecord::of(&answer).unwrap();
@@ -130,10 +137,7 @@ async fn a_fatal_code_ends_the_call_and_cancels_every_copy_out() {
     ]);
     let uri = serve(&script).await;
     // No delay: every copy at once.
-    let config = GrpcConfig::new()
-        .hedge("echo.Echo", hedging(3, Duration::ZERO))
-        .unwrap();
-    let (layer, _clock, _) = layer(config);
+    let (layer, _clock, _) = hedged(3, Duration::ZERO);
     let call = tokio::spawn(say(layer.layer(channel(&uri)), text("x")));
     script.until(|s| s.seen().len() == 3).await;
     first.notify_one();
@@ -151,10 +155,7 @@ async fn a_fatal_code_ends_the_call_and_cancels_every_copy_out() {
 async fn a_pushback_sets_the_next_copy_s_time() {
     let script = Script::new([Act::Fail(Code::Unavailable, Some("300"))]);
     let uri = serve(&script).await;
-    let config = GrpcConfig::new()
-        .hedge("echo.Echo", hedging(3, Duration::from_secs(1)))
-        .unwrap();
-    let (layer, clock, seen) = layer(config);
+    let (layer, clock, seen) = hedged(3, Duration::from_secs(1));
     let call = tokio::spawn(say(layer.layer(channel(&uri)), text("x")));
     observed(&seen, 1).await;
     // Exactly the pushback, neither at once nor the delay.
@@ -177,10 +178,7 @@ async fn a_pushback_sets_the_next_copy_s_time() {
 async fn a_pushback_past_the_deadline_sends_no_copy_and_the_call_ends_at_it_deadline_exceeded() {
     let script = Script::new([Act::Fail(Code::Unavailable, Some("20000"))]);
     let uri = serve(&script).await;
-    let config = GrpcConfig::new()
-        .hedge("echo.Echo", hedging(3, Duration::from_millis(100)))
-        .unwrap();
-    let (layer, clock, seen) = layer(config);
+    let (layer, clock, seen) = hedged(3, Duration::from_millis(100));
     let mut request = text("x");
     request.set_timeout(Duration::from_secs(1));
     let call = tokio::spawn(say(layer.layer(channel(&uri)), request));
@@ -241,10 +239,7 @@ async fn on_tokio_s_paused_clock_a_pushback_past_the_deadline_ends_the_call_at_i
 async fn a_deadline_shorter_than_the_delay_still_sends_the_next_copy_at_once_after_a_failure() {
     let script = Script::new([Act::Fail(Code::Unavailable, None)]);
     let uri = serve(&script).await;
-    let config = GrpcConfig::new()
-        .hedge("echo.Echo", hedging(3, Duration::from_millis(500)))
-        .unwrap();
-    let (layer, clock, _) = layer(config);
+    let (layer, clock, _) = hedged(3, Duration::from_millis(500));
     let mut request = text("x");
     request.set_timeout(Duration::from_millis(200));
     let answer = say(layer.layer(channel(&uri)), request).await.unwrap();
@@ -269,10 +264,7 @@ async fn a_pushback_that_says_stop_sends_no_more_copies_and_the_one_out_answers(
         Act::Held(second.clone(), None),
     ]);
     let uri = serve(&script).await;
-    let config = GrpcConfig::new()
-        .hedge("echo.Echo", hedging(4, Duration::from_millis(100)))
-        .unwrap();
-    let (layer, clock, seen) = layer(config);
+    let (layer, clock, seen) = hedged(4, Duration::from_millis(100));
     let call = tokio::spawn(say(layer.layer(channel(&uri)), text("x")));
     script.until(|s| s.seen().len() == 1).await;
     clock.advance(Duration::from_millis(100));
@@ -330,10 +322,7 @@ async fn the_call_s_deadline_cuts_every_copy_and_each_is_told_what_is_left() {
         Act::Held(never.clone(), None),
     ]);
     let uri = serve(&script).await;
-    let config = GrpcConfig::new()
-        .hedge("echo.Echo", hedging(2, Duration::from_millis(100)))
-        .unwrap();
-    let (layer, clock, _) = layer(config);
+    let (layer, clock, _) = hedged(2, Duration::from_millis(100));
     let mut request = text("x");
     request.set_timeout(Duration::from_millis(250));
     let call = tokio::spawn(say(layer.layer(channel(&uri)), request));

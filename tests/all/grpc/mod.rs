@@ -47,6 +47,19 @@ fn faked_retrying(attempts: u32) -> (GrpcRetryLayer, FakeClock) {
     )
 }
 
+/// Calls that fail through `service` until the layer's retry budget refuses a retry (within
+/// eight calls: the default budget holds 10 tokens).
+async fn drain(service: &reqwest_safe_retry::grpc::GrpcRetryService<tonic::transport::Channel>) {
+    for _ in 0..8 {
+        let status = say(service.clone(), text("x")).await.unwrap_err();
+        let stop = RetryRecord::of_status(&status).unwrap().stop_reason();
+        if stop == StopReason::BudgetExhausted {
+            return;
+        }
+    }
+    panic!("the budget never ran dry");
+}
+
 /// The layer for `config` on a fake clock with the test's seed.
 fn faked(config: GrpcConfig) -> (GrpcRetryLayer, FakeClock) {
     let clock = FakeClock::new();
@@ -856,15 +869,7 @@ async fn without_throttling_retries_are_paid_from_one_budget_for_every_method() 
     let (layer, _clock) = faked(config);
     let service = layer.layer(channel(&uri));
     // One method's calls until the budget (10 tokens) runs dry...
-    let mut dry = false;
-    for _ in 0..8 {
-        let status = say(service.clone(), text("x")).await.unwrap_err();
-        if RetryRecord::of_status(&status).unwrap().stop_reason() == StopReason::BudgetExhausted {
-            dry = true;
-            break;
-        }
-    }
-    assert!(dry, "the budget ran dry");
+    drain(&service).await;
     // ...leave another method's call at once with at most the refill's one retry: the
     // budget is the layer's, not the method's.
     let status = count(service, "x").await.1.unwrap_err();
@@ -890,15 +895,7 @@ async fn without_throttling_committed_calls_refill_the_budget_as_http_answers_do
         layer.layer(channel(&answering_uri)),
     );
     // Failures until the budget (10 tokens) runs dry.
-    let mut dry = false;
-    for _ in 0..8 {
-        let status = say(fails.clone(), text("x")).await.unwrap_err();
-        if RetryRecord::of_status(&status).unwrap().stop_reason() == StopReason::BudgetExhausted {
-            dry = true;
-            break;
-        }
-    }
-    assert!(dry, "the budget ran dry");
+    drain(&fails).await;
     // 200 calls answered OK, each committed: a tenth of a token each, the budget full again. No
     // time passes on the fake clock meanwhile, so nothing else refills it.
     for _ in 0..200 {
