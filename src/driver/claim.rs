@@ -121,6 +121,12 @@ pub(crate) trait Outgoing: Send + Sized + 'static {
     fn whole_body(&self) -> bool;
     /// A copy for another attempt, unless its body can be sent only once.
     fn try_clone(&self) -> Option<Self>;
+    /// A request to send while one stays kept for another attempt, unless its body can be sent
+    /// only once: a copy, or the request itself with a copy kept in its place where that costs
+    /// less (a copy's headers are made to measure, and a transport that adds one grows them).
+    fn copy_to_send(&mut self) -> Option<Self> {
+        self.try_clone()
+    }
     /// Where it goes, for a rule that asks (a route, a quota).
     fn locate(&self) -> &dyn Locate;
     /// Where it goes, in the parts the trace, the observer and the claim name it by.

@@ -98,9 +98,9 @@ impl<Q: Outgoing, R: Reply> Kept<Q, R> {
         self.previous = None;
         if let Some(copy) = self
             .request
-            .as_ref()
+            .as_mut()
             .filter(|_| keep)
-            .and_then(Q::try_clone)
+            .and_then(Q::copy_to_send)
         {
             return copy;
         }

@@ -61,7 +61,7 @@ impl AttemptHeaders {
                 headers.insert(grpc::PREVIOUS_ATTEMPTS, previous);
             }
             // The call's deadline spans its attempts: each is told what is left of it.
-            if headers.contains_key(grpc::GRPC_TIMEOUT) {
+            if grpc::header(headers, &grpc::GRPC_TIMEOUT).is_some() {
                 headers.insert(grpc::GRPC_TIMEOUT, grpc::timeout_value(left));
             }
         }

@@ -288,9 +288,11 @@ where
         let trailers = frame.as_ref().and_then(|f| f.as_ref().ok()?.trailers_ref());
         if let Some(trailers) = trailers {
             // Counted once, at the trailers (the data before them counts nothing).
-            if let (Some(status), Some(count)) =
-                (trailers.get(grpc::GRPC_STATUS), self.count.take())
-            {
+            let count = self.count.take();
+            let status = count
+                .as_ref()
+                .and_then(|_| grpc::header(trailers, &grpc::GRPC_STATUS));
+            if let (Some(status), Some(count)) = (status, count) {
                 count.throttling.ended(grpc::code_of(status), count.codes);
                 #[cfg(feature = "metrics")]
                 super::metrics::tokens(&count.target, &count.throttling);

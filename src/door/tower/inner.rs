@@ -58,6 +58,13 @@ impl<B: Send + 'static> Outgoing for http::Request<SendBody<B>> {
         beneath_service::copy_of(self)
     }
 
+    /// The request itself, a copy kept in its place: the request's headers have room for what
+    /// the client beneath adds (a `host`), a copy's would grow.
+    fn copy_to_send(&mut self) -> Option<Self> {
+        let copy = beneath_service::copy_of(self)?;
+        Some(std::mem::replace(self, copy))
+    }
+
     fn locate(&self) -> &dyn Locate {
         http::Request::uri(self)
     }
@@ -181,4 +188,30 @@ fn marked<B>(mut request: http::Request<B>, extensions: &Extensions) -> http::Re
     *request.extensions_mut() = extensions.clone();
     request.extensions_mut().insert(Claimed);
     request
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+    use http_body_util::Full;
+
+    #[test]
+    fn the_request_itself_is_sent_and_a_copy_kept_in_its_place() {
+        let mut request: http::Request<SendBody<Full<Bytes>>> =
+            http::Request::new(SendBody::whole(Bytes::from_static(b"order")));
+        *request.uri_mut() = "http://127.0.0.1:1/orders".parse().unwrap();
+        request
+            .headers_mut()
+            .insert("x-order", "7".parse().unwrap());
+        // What tells the request itself from a copy: a copy has no extensions.
+        request.extensions_mut().insert("the request itself");
+        let sent = request.copy_to_send().expect("whole");
+        assert_eq!(sent.extensions().get(), Some(&"the request itself"));
+        assert_eq!(request.extensions().get::<&str>(), None);
+        assert_eq!(request.headers()["x-order"], "7");
+        assert_eq!(request.uri(), "http://127.0.0.1:1/orders");
+        assert_eq!(request.body().as_bytes().unwrap().as_ref(), b"order");
+        assert!(request.whole_body());
+    }
 }

@@ -276,9 +276,36 @@ pub(crate) enum Said {
     Status(u8),
 }
 
+/// The most headers a lookup passes along instead of hashing the name.
+const PASSED: usize = 8;
+
+/// The first value of header `name` in `headers`, and whether another follows it. A gRPC
+/// head or trailers hold a handful of headers, and comparing each name costs less than hashing
+/// the one looked for (about 150 instructions a lookup, found or not): a small map is passed
+/// along, a large one looked up by hash.
+fn values<'h>(headers: &'h HeaderMap, name: &HeaderName) -> (Option<&'h HeaderValue>, bool) {
+    if headers.len() <= PASSED {
+        let mut named = headers.iter().filter(|(n, _)| *n == name);
+        let first = named.next().map(|(_, value)| value);
+        return (first, first.is_some() && named.next().is_some());
+    }
+    let mut named = headers.get_all(name).iter();
+    (named.next(), named.next().is_some())
+}
+
+/// The first value of header `name` in `headers` (see [`values`]).
+pub(crate) fn header<'h>(headers: &'h HeaderMap, name: &HeaderName) -> Option<&'h HeaderValue> {
+    if headers.len() <= PASSED {
+        return headers
+            .iter()
+            .find_map(|(n, value)| (n == name).then_some(value));
+    }
+    headers.get(name)
+}
+
 /// What an answer with HTTP `status` and `headers` says of the call.
 pub(crate) fn said(status: StatusCode, headers: &HeaderMap) -> Said {
-    if let Some(value) = headers.get(GRPC_STATUS) {
+    if let Some(value) = header(headers, &GRPC_STATUS) {
         return Said::Status(code_of(value));
     }
     if status == StatusCode::OK {
@@ -325,11 +352,11 @@ pub(crate) enum Pushback {
 
 /// The server's pushback on an answer.
 pub(crate) fn pushback(headers: &HeaderMap) -> Pushback {
-    let mut values = headers.get_all(PUSHBACK).iter();
-    let Some(value) = values.next() else {
+    let (first, more) = values(headers, &PUSHBACK);
+    let Some(value) = first else {
         return Pushback::Absent;
     };
-    if values.next().is_some() {
+    if more {
         // Two values say two things: malformed.
         return Pushback::Stop;
     }
@@ -345,7 +372,7 @@ pub(crate) fn pushback(headers: &HeaderMap) -> Pushback {
 /// `M`, `S`, `m`, `u`, `n`); `None` when there is none, or it is malformed.
 #[cfg(feature = "grpc")]
 pub(crate) fn timeout_of(headers: &HeaderMap) -> Option<Duration> {
-    let bytes = headers.get(GRPC_TIMEOUT)?.as_bytes();
+    let bytes = header(headers, &GRPC_TIMEOUT)?.as_bytes();
     let (&unit, digits) = bytes.split_last()?;
     if digits.is_empty() || digits.len() > 8 || !digits.iter().all(u8::is_ascii_digit) {
         return None;

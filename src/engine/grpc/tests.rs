@@ -182,3 +182,30 @@ fn the_path_table_s_hash_is_fnv_1a() {
     assert_eq!(hash(b"a"), 0xaf63_dc4c_8601_ec8c);
     assert_eq!(hash(b"foobar"), 0x8594_4171_f739_67e8);
 }
+
+proptest! {
+    /// The lookup that passes a small map along finds what `HeaderMap`'s own lookup by hash
+    /// finds, in maps smaller and larger than the ones it passes, with repeated names.
+    #[test]
+    fn a_header_is_found_as_the_map_s_own_lookup_finds_it(
+        names in proptest::collection::vec(0usize..6, 0..20),
+        sought in 0usize..6,
+    ) {
+        const NAMES: [HeaderName; 6] = [
+            GRPC_STATUS,
+            PUSHBACK,
+            GRPC_TIMEOUT,
+            PREVIOUS_ATTEMPTS,
+            http::header::CONTENT_TYPE,
+            http::header::DATE,
+        ];
+        let mut map = HeaderMap::new();
+        for (at, &name) in names.iter().enumerate() {
+            map.append(NAMES[name].clone(), HeaderValue::from(at));
+        }
+        let name = &NAMES[sought];
+        prop_assert_eq!(header(&map, name), map.get(name));
+        let mut all = map.get_all(name).iter();
+        prop_assert_eq!(values(&map, name), (all.next(), all.next().is_some()));
+    }
+}
