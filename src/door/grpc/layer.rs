@@ -11,7 +11,6 @@ use super::service::GrpcRetryService;
 use crate::clock::Clock;
 use crate::driver::phases::RetryMiddleware;
 use crate::engine::grpc::config::{GrpcConfig, dependency_name};
-use crate::engine::grpc::throttle::RetryThrottling;
 use crate::observe::CounterSnapshot;
 use crate::observe::RetryEvent;
 use crate::rng::RandomSource;
@@ -62,8 +61,9 @@ use crate::rng::RandomSource;
 pub struct GrpcRetryLayer {
     retry: RetryMiddleware,
     channel: Arc<Channel>,
-    /// The channels' target, as gRPC's metrics label it.
-    target: Arc<str>,
+    /// The channels' target, as gRPC's metrics label it and its throttling counts per server;
+    /// none given: `other` in the metrics, a count per channel.
+    target: Option<Arc<str>>,
 }
 
 impl GrpcRetryLayer {
@@ -72,7 +72,7 @@ impl GrpcRetryLayer {
         let buffer = Buffer::new(config.per_call_buffer, config.per_channel_buffer);
         GrpcRetryLayer {
             retry: RetryMiddleware::routed(config.routes()),
-            target: Arc::from("other"),
+            target: None,
             channel: Arc::new(Channel {
                 calls: config.calls(),
                 config,
@@ -104,11 +104,14 @@ impl GrpcRetryLayer {
         self
     }
 
-    /// Labels the layer's calls in gRPC's metrics (feature `metrics`; gRFC A96's
-    /// `grpc.client.call.*`) with `target` as their `grpc.target`, the channel's target as gRPC
-    /// writes it (`dns:///ledger.example:443`). Without it they say `other`.
+    /// Names the server the layer's channels go to, `target`, the channel's target as gRPC
+    /// writes it (`dns:///ledger.example:443`): the services the layer makes around channels
+    /// to one target share one [`RetryThrottling`](crate::grpc::RetryThrottling) count, as
+    /// gRPC's C core keeps one per server name (without a target each service keeps its own),
+    /// and gRPC's metrics (feature `metrics`; gRFC A96's `grpc.client.call.*`) label the calls
+    /// with it as their `grpc.target` (without one, `other`).
     pub fn with_target(mut self, target: &str) -> Self {
-        self.target = Arc::from(target);
+        self.target = Some(Arc::from(target));
         self
     }
 
@@ -126,11 +129,12 @@ impl GrpcRetryLayer {
 impl<S> Layer<S> for GrpcRetryLayer {
     type Service = GrpcRetryService<S>;
 
-    /// The service around one channel: with the config's throttling, a count of its own (A6
-    /// counts per server), shared by its clones and every method called through it.
+    /// The service around one channel: with the config's throttling, its server's count (A6
+    /// counts per server; see [`with_target`](GrpcRetryLayer::with_target)), shared by its
+    /// clones and every method called through it.
     fn layer(&self, inner: S) -> GrpcRetryService<S> {
-        let throttling =
-            (self.channel.config.throttling.as_ref()).map(RetryThrottling::for_channel);
+        let server = self.target.as_deref();
+        let throttling = (self.channel.config.throttling.as_ref()).map(|t| t.for_server(server));
         let retry = match &throttling {
             Some(throttling) => self.retry.with_grpc_throttle(throttling),
             None => self.retry.clone(),
@@ -141,7 +145,7 @@ impl<S> Layer<S> for GrpcRetryLayer {
                 service: inner,
                 channel: self.channel.clone(),
                 throttling,
-                target: self.target.clone(),
+                target: self.target.clone().unwrap_or_else(|| Arc::from("other")),
                 #[cfg(feature = "metrics")]
                 reporters: std::sync::Mutex::default(),
             }),

@@ -14,10 +14,13 @@ const AREA: &str = "gRPC retry throttling";
 
 /// gRPC's retry throttling (gRFC A6's `retryThrottling`): the same guarantee as a
 /// [`RetryBudget`](crate::RetryBudget), that retries cannot multiply an outage, by gRPC's own
-/// rule. A6 counts it per server: each service a layer makes around a channel
-/// (`layer.layer(channel)`) keeps a count of its own, shared by its clones and every method
-/// called through it, and never by a channel to another server, even one made from a clone of
-/// the same [`GrpcConfig`](crate::grpc::GrpcConfig).
+/// rule. A6 counts it per server: the services a layer makes around channels to one server
+/// (`layer.layer(channel)`, the server named by
+/// [`GrpcRetryLayer::with_target`](crate::grpc::GrpcRetryLayer::with_target)) share one count,
+/// as gRPC's C core keeps one per server name, with their clones and every method called
+/// through them; a channel to another server never shares it, even one made from a clone of
+/// the same [`GrpcConfig`](crate::grpc::GrpcConfig). A layer with no target names no server:
+/// each service it makes keeps a count of its own.
 ///
 /// The count starts at `max_tokens`. Every attempt that fails with a status its policy retries
 /// takes 1 from it (down to 0); every call that ends `OK` adds `token_ratio` (up to
@@ -44,11 +47,13 @@ pub struct RetryThrottling {
     channels: Arc<Mutex<Channels>>,
 }
 
-/// The counts of the channels made from one throttling: those alive, and the last one made,
-/// kept after its channel is gone so that its count can still be read.
+/// The counts of the channels made from one throttling: those alive, each named server's, and
+/// the last one made, kept after its channel is gone so that its count can still be read.
 #[derive(Debug, Default)]
 struct Channels {
     alive: Vec<Weak<AtomicU64>>,
+    /// The count of each server named by the layers' target, while a channel to it is alive.
+    servers: Vec<(Arc<str>, Weak<AtomicU64>)>,
     last: Option<Arc<AtomicU64>>,
 }
 
@@ -84,20 +89,43 @@ impl RetryThrottling {
         })
     }
 
-    /// The same throttling for one more channel: a count of its own, full, that
-    /// [`tokens`](Self::tokens) reads among the others.
-    pub(crate) fn for_channel(&self) -> RetryThrottling {
-        let tokens = Arc::new(AtomicU64::new(self.max));
+    /// The same throttling for one more channel to `server` (the layer's target): the count
+    /// of a channel to the same server still in use, as gRPC's C core keeps one per server
+    /// name; else (a server not named, or none of its channels alive) a count of its own, full,
+    /// that [`tokens`](Self::tokens) reads among the others.
+    pub(crate) fn for_server(&self, server: Option<&str>) -> RetryThrottling {
         let mut channels = self.channels.lock().unwrap_or_else(PoisonError::into_inner);
         // The counts of channels gone go with them.
         channels.alive.retain(|count| count.strong_count() > 0);
-        channels.alive.push(Arc::downgrade(&tokens));
+        channels
+            .servers
+            .retain(|(_, count)| count.strong_count() > 0);
+        let named = server.and_then(|name| {
+            let (_, count) = channels.servers.iter().find(|(n, _)| **n == *name)?;
+            count.upgrade()
+        });
+        let tokens = named.unwrap_or_else(|| {
+            let tokens = Arc::new(AtomicU64::new(self.max));
+            channels.alive.push(Arc::downgrade(&tokens));
+            if let Some(name) = server {
+                channels
+                    .servers
+                    .push((Arc::from(name), Arc::downgrade(&tokens)));
+            }
+            tokens
+        });
         channels.last = Some(tokens.clone());
         RetryThrottling {
             tokens,
             channels: self.channels.clone(),
             ..*self
         }
+    }
+
+    /// A count of its own for one more channel, its server not named.
+    #[cfg(test)]
+    fn for_channel(&self) -> RetryThrottling {
+        self.for_server(None)
     }
 
     /// The count now, in tokens: the lowest of the channels' that layers made with this
@@ -238,6 +266,41 @@ mod tests {
         assert_eq!(t.tokens(), 3.0, "the one left");
         drop(b);
         assert_eq!(t.tokens(), 3.0, "the last made, when none is in use");
+    }
+
+    /// Channels to one named server share its count, as gRPC's C core keeps one per server
+    /// name; another server's, or a channel whose server is not named, count alone; a server
+    /// whose channels are all gone starts again full.
+    #[test]
+    fn channels_to_one_named_server_share_its_count() {
+        let t = RetryThrottling::new(4.0, 1.0).unwrap();
+        let (a1, a2) = (
+            t.for_server(Some("dns:///a")),
+            t.clone().for_server(Some("dns:///a")),
+        );
+        let (b, unnamed) = (t.for_server(Some("dns:///b")), t.for_server(None));
+        assert!(a1.ended(UNAVAILABLE, retried()), "4 → 3");
+        assert!(!a2.ended(UNAVAILABLE, retried()), "3 → 2: the same count");
+        assert!(!a1.allows() && !a2.allows());
+        assert!(b.allows() && unnamed.allows());
+        assert_eq!((b.milli(), unnamed.milli()), (4000, 4000));
+        assert_eq!(
+            t.for_server(None).milli(),
+            4000,
+            "an unnamed server's count is new"
+        );
+        drop((a1, a2));
+        let again = t.for_server(Some("dns:///a"));
+        assert_eq!(
+            again.milli(),
+            4000,
+            "none of a's channels alive: a new count"
+        );
+        assert_eq!(
+            t.channels.lock().unwrap().servers.len(),
+            2,
+            "a and b, those alive"
+        );
     }
 
     /// The counts of channels gone are let go when another is made: the list holds those in

@@ -408,6 +408,51 @@ async fn a_cloned_config_s_throttling_counts_each_server_alone() {
     assert_eq!((failing.seen().len(), other.seen().len()), (2, 2));
 }
 
+/// Issue 64: throttling per server name. Two channels to one server, each from its own
+/// `layer.layer(channel)`, share the server's count when the layer names it: the first
+/// channel's failures stop the second's retries; a layer naming another server counts alone.
+#[tokio::test]
+async fn channels_to_one_named_server_share_its_throttling_count() {
+    let config = GrpcConfig::new()
+        .retry("echo.Echo", unavailable(5))
+        .unwrap()
+        .retry_throttling(RetryThrottling::new(3.0, 0.5).unwrap());
+    let script = Script::new([
+        Act::Fail(Code::Unavailable, None),
+        Act::Fail(Code::Unavailable, None),
+        Act::Fail(Code::Unavailable, None),
+        Act::Fail(Code::Unavailable, None),
+    ]);
+    let uri = serve(&script).await;
+    let (layer, _) = faked(config);
+    let layer = layer.with_target("dns:///echo");
+    // The first channel: 3 → 2 (retried) → 1 (not): throttled.
+    let status = say(layer.layer(channel(&uri)), text("x"))
+        .await
+        .unwrap_err();
+    let record = RetryRecord::of_status(&status).unwrap();
+    assert_eq!(
+        (record.attempts(), record.stop_reason()),
+        (2, StopReason::BudgetExhausted)
+    );
+    // A second channel to the same server: the same count, at 1: its failure is not retried.
+    let status = say(layer.layer(channel(&uri)), text("y"))
+        .await
+        .unwrap_err();
+    let record = RetryRecord::of_status(&status).unwrap();
+    assert_eq!(
+        (record.attempts(), record.stop_reason()),
+        (1, StopReason::BudgetExhausted)
+    );
+    // A clone of the layer naming another server: a full count of its own, whose retry
+    // goes (and the script, past its failures, answers).
+    let other = layer.clone().with_target("dns:///other");
+    let answer = say(other.layer(channel(&uri)), text("z")).await.unwrap();
+    let record = RetryRecord::of(&answer).unwrap();
+    assert_eq!(record.attempts(), 2, "{record:?}");
+    assert_eq!(script.seen().len(), 5);
+}
+
 #[tokio::test]
 async fn a_committed_call_that_fails_with_a_counted_code_takes_a_token() {
     for (name, config) in [
