@@ -37,8 +37,9 @@ use crate::driver::body;
 use crate::driver::body::{Outcome, Reply};
 use crate::driver::claim::{self, Beneath, Claiming, Outgoing};
 use crate::driver::request::{Kept, Sent};
-use crate::engine::classify::{Judging, Verdict};
+use crate::engine::classify::Verdict;
 use crate::engine::decide::{Decider, Plan};
+use crate::engine::rules::Judge;
 use crate::error::LastError;
 use crate::rng::RandomSource;
 
@@ -56,7 +57,6 @@ pub(crate) struct Chain<'s, N> {
 pub(crate) struct Lent<'p, 's, 'd, Q: Outgoing, R: Reply> {
     kept: &'p mut Kept<Q, R>,
     sent: &'p Sent<'s>,
-    judging: Judging<'p>,
     decider: &'p mut Decider<'d>,
     tools: Tools<'p>,
     timer: &'p mut AttemptTimer,
@@ -82,7 +82,6 @@ impl<'p, 's, 'd, Q: Outgoing, R: Reply> Lent<'p, 's, 'd, Q, R> {
         move |timer| Lent {
             kept,
             sent,
-            judging: sent.judging(decider.policy()),
             decider,
             tools,
             timer,
@@ -91,6 +90,16 @@ impl<'p, 's, 'd, Q: Outgoing, R: Reply> Lent<'p, 's, 'd, Q, R> {
 }
 
 impl<Q: Outgoing, R: Reply> Lent<'_, '_, '_, Q, R> {
+    /// How the request's outcomes are judged: under its policy and rules (made when asked,
+    /// not held across the attempt's waits).
+    #[inline]
+    pub(crate) fn judge(&self) -> Judge<'_> {
+        Judge {
+            judging: self.sent.judging(self.decider.policy()),
+            rules: self.decider.rules(),
+        }
+    }
+
     /// The most copies the request's policy allows, the first included.
     pub(crate) fn most_copies(&self) -> u32 {
         self.decider.policy().max_attempts()
@@ -224,12 +233,13 @@ impl<'s, 'l, 'p, 'q, 'd, N: Beneath + 's> Flight<'s, 'l, 'p, 'q, 'd, N> {
             } else {
                 let (outcome, by_hedge) = ready!(self.poll_copies(cx));
                 // Read first when the classifier is to see the body.
-                if let (Some(max), true) = (self.lent.judging.body_first(), outcome.is_ok()) {
+                if let (Some(max), true) = (self.lent.judge().judging.body_first(), outcome.is_ok())
+                {
                     self.read(outcome, max, AfterRead::Judge, by_hedge);
                     continue;
                 }
                 let seen = self.door.seen(&outcome, self.lent.kept.went_to());
-                let verdict = (self.lent.judging).verdict(&seen, self.number);
+                let verdict = self.lent.judge().verdict(&seen, self.number);
                 (outcome, verdict, by_hedge)
             };
             if let Some(hedged) = self.hedged.as_deref_mut() {
@@ -249,7 +259,7 @@ impl<'s, 'l, 'p, 'q, 'd, N: Beneath + 's> Flight<'s, 'l, 'p, 'q, 'd, N> {
             self.first.set(None);
             // The body is read within the first copy's time, which began first: a hedge's
             // answer gets a little less than its own limit, never more than the attempt's.
-            if let Some(max) = body::to_read(&self.lent.judging, &outcome, verdict) {
+            if let Some(max) = body::to_read(&self.lent.judge().judging, &outcome, verdict) {
                 self.read(outcome, max, AfterRead::Done, by_hedge);
                 continue;
             }
@@ -292,7 +302,7 @@ impl<'s, 'l, 'p, 'q, 'd, N: Beneath + 's> Flight<'s, 'l, 'p, 'q, 'd, N> {
         // cut off is transient, and a body read whole leaves the verdict as it was (the same
         // status and head).
         let seen = self.door.seen(&outcome, self.lent.kept.went_to());
-        let verdict = (self.lent.judging).verdict_on(&seen, self.number, body.as_ref());
+        let verdict = (self.lent.judge()).verdict_on(&seen, self.number, body.as_ref());
         Poll::Ready((outcome, verdict, by_hedge, then))
     }
 

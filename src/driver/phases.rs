@@ -28,10 +28,9 @@ use crate::driver::trace::{self, Ended, LogLevels, Traced};
 use crate::engine::advice;
 use crate::engine::budget::RetryBudget;
 use crate::engine::classify::Verdict;
-use crate::engine::decide::{Decider, Observed, Plan, Step};
+use crate::engine::decide::{Decider, Plan, Step};
 use crate::engine::dependency::{Dependency, RetryOverride, Routes};
-#[cfg(feature = "grpc")]
-use crate::engine::grpc::throttle::RetryThrottling;
+use crate::engine::observed::Observed;
 use crate::engine::policy::RetryPolicy;
 use crate::engine::schedule::Wait;
 use crate::error::{InvalidConfig, LastError, NotSent, RetryError};
@@ -119,16 +118,16 @@ impl RetryMiddleware {
         }
     }
 
-    /// This middleware with `throttling` (one channel's count) for every dependency that has
-    /// gRPC's throttling: the rest shared with this one (counters, budget, clock).
+    /// This middleware with `change` made to each of its dependencies (the gRPC door's: one
+    /// channel's throttling in their rules), the rest shared with this one (counters, budget,
+    /// clock).
     #[cfg(feature = "grpc")]
-    pub(crate) fn with_grpc_throttle(&self, throttling: &RetryThrottling) -> RetryMiddleware {
+    pub(crate) fn with_each_dependency(
+        &self,
+        change: impl FnMut(&mut Dependency),
+    ) -> RetryMiddleware {
         let mut middleware = self.clone();
-        middleware.dependencies.each_mut(|dependency| {
-            if dependency.grpc_throttle.is_some() {
-                dependency.grpc_throttle = Some(throttling.clone());
-            }
-        });
+        middleware.dependencies.each_mut(change);
         middleware
     }
 
@@ -308,7 +307,7 @@ impl RetryMiddleware {
                         };
                         // A hedged call that is not kept for another copy (past its buffer
                         // limits) goes once: the core refuses its next copy.
-                        let judged = if let Some(delay) = decider.grpc_hedging() {
+                        let judged = if let Some(delay) = decider.course() {
                             // Boxed: few calls are hedged, and this future is kept small.
                             let lent = Lent::new(&mut kept, &sent, &mut decider, this.tools());
                             let chain = Chain {

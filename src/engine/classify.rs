@@ -18,8 +18,7 @@ use http::{HeaderValue, Method, StatusCode};
 
 use crate::engine::advice;
 use crate::engine::classifier::{Attempt, Classifier, Outcome, RequestHead, Retryable};
-use crate::engine::grpc::{self, Pushback, Said};
-use crate::engine::policy::{GrpcRules, RetryPolicy};
+use crate::engine::policy::RetryPolicy;
 use crate::engine::seen::{ResponseHead, Seen};
 use crate::fault::Fault;
 use crate::shared::Shared;
@@ -77,9 +76,12 @@ pub(crate) struct Judging<'a> {
     pub(crate) hook: Option<(&'a Shared<dyn Classifier>, &'a RequestHead)>,
 }
 
+/// HTTP's judgement (`engine::rules::Http`; a protocol's rules judge by their own, see
+/// `engine::rules::Judge`).
 impl Judging<'_> {
     /// The verdict on attempt `number`'s outcome, `seen`: transient by the default rules or
     /// the classifier, then retried only where the safety rule allows.
+    #[cfg(test)]
     pub(crate) fn verdict(&self, seen: &Seen<'_>, number: u32) -> Verdict {
         self.verdict_on(seen, number, None)
     }
@@ -98,9 +100,6 @@ impl Judging<'_> {
         number: u32,
         body: Option<&bytes::Bytes>,
     ) -> Verdict {
-        if let Some(rules) = self.policy.grpc() {
-            return self.grpc_verdict(seen, rules);
-        }
         // The common answer, a success with no classifier to ask: final, whatever else it says.
         if let (Seen::Answer(answer), None) = (seen, self.hook) {
             if answer.status.as_u16() < 400 {
@@ -155,44 +154,6 @@ impl Judging<'_> {
         }
     }
 
-    /// The verdict on a gRPC call's outcome, by A6: a committed call is final; a status in the
-    /// policy's codes is transient, unless the server's pushback says not to retry, and under
-    /// the same key rules as an HTTP answer (a replayed failure is final); a transport failure
-    /// stands for `UNAVAILABLE`, as gRPC's clients report it, and one that sent nothing is
-    /// retried whatever the codes (A6's transparent retry, within the policy's attempts).
-    /// The dependency's classifier is not asked: the method's policy is the rule. Nor is the
-    /// method (every call is a POST): a retry policy is the service's word that its method's
-    /// calls may be repeated, as A6 takes it; a call the service cannot dedupe is marked
-    /// non-idempotent and carries a key.
-    fn grpc_verdict(&self, seen: &Seen<'_>, rules: GrpcRules) -> Verdict {
-        let answer = match seen {
-            Seen::Failed(failure) => {
-                let retried = rules.codes.has(grpc::UNAVAILABLE);
-                let nothing_sent = failure.fault.is_some_and(Fault::nothing_sent);
-                let transient = failure.fault.is_some() && (retried || nothing_sent);
-                return error_verdict(failure.fault, transient, true);
-            }
-            Seen::Answer(answer) => answer,
-        };
-        let code = match grpc::said(answer.status, answer.headers) {
-            Said::Committed => return Verdict::Final(StopReason::Committed),
-            Said::Status(grpc::OK) => return Verdict::Final(StopReason::Succeeded),
-            Said::Status(code) => code,
-        };
-        if !rules.codes.has(code) {
-            return Verdict::Final(StopReason::NotRetryable);
-        }
-        if grpc::pushback(answer.headers) == Pushback::Stop {
-            return Verdict::Final(StopReason::ServerDeclinedRetry);
-        }
-        if self.key_sent && advice::replayed(answer.headers) {
-            return Verdict::Final(StopReason::ReplayedFailure);
-        }
-        // Every retried code costs a retry alike: a gRPC method pays from the channel's
-        // throttling, or from a budget at its defaults, whose throttled cost is a retry's.
-        Verdict::Transient(Cause::Status { throttled: false })
-    }
-
     /// Whether an answer is a transient failure by the default rules: its status in the
     /// policy's set (409 under a key sent before: the original is still in flight), unless the server's own verdict, when the policy
     /// heeds it, says otherwise. The second value: the server's `false` made a failure final
@@ -242,7 +203,7 @@ fn status_verdict(status: StatusCode, transient: bool, repeatable: bool) -> Verd
 /// rules know one) that is (or is not) transient, by the default rules or a classifier's. A
 /// transient error is retried when `repeatable`, or when nothing of the request reached the
 /// server: a fault the default rules do not know may have come after the request was sent.
-fn error_verdict(fault: Option<Fault>, transient: bool, repeatable: bool) -> Verdict {
+pub(crate) fn error_verdict(fault: Option<Fault>, transient: bool, repeatable: bool) -> Verdict {
     if !transient {
         return Verdict::Final(StopReason::NotRetryable);
     }

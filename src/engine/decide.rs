@@ -70,19 +70,20 @@
 
 use std::time::{Duration, Instant, SystemTime};
 
-use http::{HeaderMap, StatusCode};
+use http::HeaderMap;
 
 use crate::engine::budget::{RetryBudget, RetryKind};
 use crate::engine::classify::{Cause, Verdict};
+use crate::engine::grpc::Pushback;
 use crate::engine::grpc::hedging::CopyEnd;
-use crate::engine::grpc::throttle::RetryThrottling;
-use crate::engine::grpc::{self, Pushback, Said};
 use crate::engine::latency::LatencyWindow;
+use crate::engine::observed::{Answer, Observed};
 use crate::engine::policy::RetryPolicy;
 use crate::engine::rate_limit::{self, Gate, Origin, ProbeTicket, QuotaState};
 use crate::engine::retry_after;
+use crate::engine::rules::Rules;
 use crate::engine::schedule::{self, Wait};
-use crate::engine::seen::{Locate, Seen};
+use crate::engine::seen::Locate;
 use crate::engine::throttle::{self, AdaptiveThrottle};
 use crate::fault::Fault;
 use crate::observe::{Balance, Count, MetricKeys, RetryCounters};
@@ -103,62 +104,14 @@ pub(crate) struct Accounts<'a> {
     pub(crate) quota: &'a QuotaState,
     /// The latency window, when the policy measures it.
     pub(crate) latency: Option<&'a LatencyWindow>,
-    /// gRPC's retry throttling, for a gRPC method's dependency that has it.
-    pub(crate) grpc_throttle: Option<&'a RetryThrottling>,
+    /// The dependency's rules: HTTP's, or its protocol's (`engine::rules`).
+    pub(crate) rules: &'a dyn Rules,
 }
 
 impl Accounts<'_> {
     /// The budget, as the metrics read its balance.
     fn balance(&self) -> Option<&dyn Balance> {
         self.budget.map(|budget| budget as &dyn Balance)
-    }
-}
-
-/// The dependency's answer to an attempt: what the core reads of it.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Answer<'a> {
-    pub(crate) status: StatusCode,
-    pub(crate) headers: &'a HeaderMap,
-    /// Where the answer came from (after any redirect): its quota is that origin's.
-    pub(crate) from: &'a dyn Locate,
-}
-
-/// What the decider is told about one attempt's outcome.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Observed<'a> {
-    /// Transient or final, from `classify`.
-    pub(crate) verdict: Verdict,
-    /// The answer, if the dependency answered with an HTTP response (of any status).
-    pub(crate) answer: Option<Answer<'a>>,
-    /// Where a copy of the request would go, when one is at hand for another attempt.
-    pub(crate) resend: Option<&'a dyn Locate>,
-    /// The attempt timed out (the policy's attempt timeout, or reqwest's).
-    pub(crate) timed_out: bool,
-    /// The attempt certainly sent nothing the server acted on (a connection never made, a
-    /// stream the server refused unprocessed).
-    pub(crate) unsent: bool,
-}
-
-impl<'a> Observed<'a> {
-    /// What the core reads of an attempt's outcome, `seen`, with `verdict`; `resend`: where a
-    /// copy of the request would go, if one is at hand.
-    #[inline]
-    pub(crate) fn of(seen: &Seen<'a>, verdict: Verdict, resend: Option<&'a dyn Locate>) -> Self {
-        let answer = match seen {
-            Seen::Answer(head) => Some(Answer {
-                status: head.status,
-                headers: head.headers,
-                from: head.from,
-            }),
-            Seen::Failed(_) => None,
-        };
-        Observed {
-            verdict,
-            answer,
-            resend,
-            timed_out: seen.fault() == Some(Fault::Timeout),
-            unsent: !seen.may_have_reached(),
-        }
     }
 }
 
@@ -379,6 +332,11 @@ impl<'a> Decider<'a> {
     /// The policy the request runs under.
     pub(crate) fn policy(&self) -> &'a RetryPolicy {
         self.policy
+    }
+
+    /// The rules the request is judged and scheduled by.
+    pub(crate) fn rules(&self) -> &'a dyn Rules {
+        self.accounts.rules
     }
 
     /// Attempts started so far.
@@ -776,85 +734,49 @@ impl<'a> Decider<'a> {
         Wait::Stop(stop)
     }
 
-    /// The wait the server asked for on a transient answer: gRPC's pushback (whose "do not
-    /// retry" made the answer final before this), else `retry-after-ms`,
-    /// `x-ms-retry-after-ms` or `Retry-After`. A pushback starts the backoff again from its
-    /// first wait (A6).
+    /// The wait the server asked for on a transient answer, as the rules read it (HTTP's
+    /// `retry-after-ms`, `x-ms-retry-after-ms` or `Retry-After`; gRPC's pushback, which starts
+    /// the backoff again from its first wait).
     fn server_floor(
         &mut self,
         headers: &HeaderMap,
         wall: &dyn Fn() -> SystemTime,
     ) -> Option<Duration> {
-        if self.policy.grpc().is_none() {
-            return retry_after::floor(headers, wall);
+        let said = self.accounts.rules.server_wait(headers, wall);
+        if said.restarts_backoff {
+            self.backoff_from = u8::try_from(self.attempt).unwrap_or(u8::MAX);
         }
-        match grpc::pushback(headers) {
-            Pushback::Wait(wait) => {
-                self.backoff_from = u8::try_from(self.attempt).unwrap_or(u8::MAX);
-                Some(wait)
-            }
-            Pushback::Absent | Pushback::Stop => None,
-        }
+        said.floor
     }
 
-    /// A gRPC call's attempt ended in `observed`: the channel's throttling counts its status
-    /// (`OK` refills it; a code the policy retries, or a transport failure that would be
-    /// retried as `UNAVAILABLE`, spends it), and a retry it does not allow becomes
-    /// [`StopReason::BudgetExhausted`]. A committed call is counted by the door when its
-    /// trailers come.
-    fn throttle_grpc(&self, observed: &mut Observed<'_>) {
+    /// The attempt ended in `observed`: the rules' own account (gRPC's throttling) counts it,
+    /// and a retry it does not allow becomes [`StopReason::BudgetExhausted`].
+    fn count_end(&self, observed: &mut Observed<'_>) {
         if self.hedged {
             // Each copy was counted as it ended.
             return;
         }
-        let allowed = self.count_grpc(observed);
+        let allowed = self.accounts.rules.counted(observed);
         if allowed == Some(false) && matches!(observed.verdict, Verdict::Transient(_)) {
             self.count(Count::BudgetRefusal);
             observed.verdict = Verdict::Final(StopReason::BudgetExhausted);
         }
     }
 
-    /// A gRPC call's attempt that ended `CANCELLED` at or after the call's deadline (a server
-    /// that gave up at the `grpc-timeout` it was told, as tonic's does, answering as the
-    /// client's timer fires) ended at the deadline: [`StopReason::DeadlineReached`], which the
-    /// door hands back as `DEADLINE_EXCEEDED`, as grpc-java's call does. The time is read
-    /// only for such an answer.
-    fn grpc_cancelled_late(&self, observed: &mut Observed<'_>, now: &dyn Fn() -> Instant) {
-        let Some(answer) = observed.answer.filter(|_| self.policy.grpc().is_some()) else {
-            return;
-        };
-        if grpc::said(answer.status, answer.headers) == Said::Status(grpc::CANCELLED)
-            && self.remaining(now()).is_zero()
-        {
+    /// An outcome that the rules take, at or after the deadline, for the deadline (a gRPC
+    /// server's `CANCELLED`) ended at the deadline: [`StopReason::DeadlineReached`], which the
+    /// gRPC door hands back as `DEADLINE_EXCEEDED`, as grpc-java's call does. The time is read
+    /// only for such an outcome.
+    fn ended_at_deadline(&self, observed: &mut Observed<'_>, now: &dyn Fn() -> Instant) {
+        if self.accounts.rules.at_deadline(observed) && self.remaining(now()).is_zero() {
             observed.verdict = Verdict::Final(StopReason::DeadlineReached);
         }
     }
 
-    /// The channel's throttling counts a gRPC attempt's end, if it has throttling and counts
-    /// this end: whether a retry may follow.
-    fn count_grpc(&self, observed: &Observed<'_>) -> Option<bool> {
-        let (Some(rules), Some(throttle)) = (self.policy.grpc(), self.accounts.grpc_throttle)
-        else {
-            return None;
-        };
-        let code = match observed.answer {
-            Some(answer) => match grpc::said(answer.status, answer.headers) {
-                Said::Committed => return None,
-                Said::Status(code) => code,
-            },
-            // A failure that sent nothing reached no application: not counted (A6).
-            None if matches!(observed.verdict, Verdict::Transient(_)) && !observed.unsent => {
-                grpc::UNAVAILABLE
-            }
-            None => return None,
-        };
-        Some(throttle.ended(code, rules.codes))
-    }
-
-    /// The delay between a hedged gRPC call's copies, if the call is hedged: its method's
-    /// policy is A6's hedging policy, and the call did not forbid retries.
-    pub(crate) fn grpc_hedging(&self) -> Option<Duration> {
-        let delay = self.policy.grpc()?.hedge_delay?;
+    /// The delay between the copies of a request its rules hedge as a course (A6's hedging
+    /// policy), unless the request forbade retries.
+    pub(crate) fn course(&self) -> Option<Duration> {
+        let delay = self.accounts.rules.course()?;
         (self.cap == Cap::Policy).then_some(delay)
     }
 
@@ -862,7 +784,7 @@ impl<'a> Decider<'a> {
     /// paid for; else why no copy goes any more. In order: the policy's attempts, the
     /// deadline, a copy to send, the channel's throttling (above half of its tokens), the
     /// budget. The driver then says [`sent`](Self::sent).
-    pub(crate) fn grpc_copy(
+    pub(crate) fn copy(
         &mut self,
         now: Instant,
         resend: Option<&dyn Locate>,
@@ -879,7 +801,7 @@ impl<'a> Decider<'a> {
         if resend.is_none() {
             return Err(StopReason::BodyNotCloneable);
         }
-        if self.accounts.grpc_throttle.is_some_and(|t| !t.allows()) {
+        if self.accounts.rules.refuses_copies() {
             self.count(Count::BudgetRefusal);
             return Err(StopReason::BudgetExhausted);
         }
@@ -904,9 +826,9 @@ impl<'a> Decider<'a> {
     /// When a hedged call whose next copy is due at `at` (seen at `now`) is next asked about:
     /// `at`, or the call's deadline if that comes first. A pushback or a hedging delay longer
     /// than what is left sends no further copy: the call waits for the copies out or its
-    /// deadline, where [`grpc_copy`](Self::grpc_copy) refuses the copy and the call ends
+    /// deadline, where [`copy`](Self::copy) refuses the copy and the call ends
     /// `DEADLINE_EXCEEDED`, as grpc-java's hedged call does.
-    pub(crate) fn grpc_copy_at(&self, at: Instant, now: Instant) -> Instant {
+    pub(crate) fn copy_at(&self, at: Instant, now: Instant) -> Instant {
         let left = self.remaining(now);
         if at.saturating_duration_since(now) < left {
             return at;
@@ -914,24 +836,31 @@ impl<'a> Decider<'a> {
         now.checked_add(left).unwrap_or(at)
     }
 
-    /// How a copy of the hedged call ended, in `observed`, for its course: the throttling
-    /// counts it (as it counts an attempt's end); a copy cut at its limit reached the call's
-    /// deadline; a non-fatal failure carries the server's pushback.
-    pub(crate) fn grpc_copy_ended(&mut self, mut observed: Observed<'_>, now: Instant) -> CopyEnd {
+    /// How a copy of the hedged call ended, in `observed`, for its course: the rules' own
+    /// account counts it (as it counts an attempt's end); a copy cut at its limit reached the
+    /// call's deadline; a non-fatal failure carries the wait the server asked for (`wall`: the
+    /// wall time, for rules that read a date).
+    pub(crate) fn copy_ended(
+        &mut self,
+        mut observed: Observed<'_>,
+        now: Instant,
+        wall: &dyn Fn() -> SystemTime,
+    ) -> CopyEnd {
         self.hedged = true;
-        let _ = self.count_grpc(&observed);
-        self.grpc_cancelled_late(&mut observed, &|| now);
+        let _ = self.accounts.rules.counted(&observed);
+        self.ended_at_deadline(&mut observed, &|| now);
         match observed.verdict {
             Verdict::Final(StopReason::ServerDeclinedRetry) => CopyEnd::NonFatal(Pushback::Stop),
             Verdict::Final(stop) => CopyEnd::Ends(stop),
             Verdict::Transient(_) if observed.timed_out => {
                 CopyEnd::Ends(StopReason::DeadlineReached)
             }
-            Verdict::Transient(_) => CopyEnd::NonFatal(
-                observed
-                    .answer
-                    .map_or(Pushback::Absent, |answer| grpc::pushback(answer.headers)),
-            ),
+            Verdict::Transient(_) => {
+                let wait = observed.answer.and_then(|answer| {
+                    (self.accounts.rules.server_wait(answer.headers, wall)).floor
+                });
+                CopyEnd::NonFatal(wait.map_or(Pushback::Absent, Pushback::Wait))
+            }
         }
     }
 
@@ -944,8 +873,8 @@ impl<'a> Decider<'a> {
         }
     }
 
-    /// The hedged call's answer came from a copy after the first.
-    pub(crate) fn grpc_hedge_won(&mut self) {
+    /// The hedged call's answer came from a copy after its first.
+    pub(crate) fn copy_won(&mut self) {
         self.hedging.get_or_insert_with(Box::default).answered = true;
         self.count(Count::HedgeWon);
     }
@@ -954,7 +883,7 @@ impl<'a> Decider<'a> {
     /// as A6's transparent retry: once per call, beyond its policy's attempts, without a wait,
     /// unpaid, within its deadline, unless the call forbade retries.
     fn transparent_retry(&mut self, observed: &Observed<'_>, now: Instant) -> bool {
-        let may = self.policy.grpc().is_some()
+        let may = self.accounts.rules.retries_unsent_at_once()
             && observed.unsent
             && !self.transparent
             && self.cap == Cap::Policy
@@ -1015,8 +944,14 @@ impl<'a> Decider<'a> {
             u64::MAX => self.policy.base_delay(),
             nanos => Duration::from_nanos(nanos),
         };
-        let (wait, backoff) =
-            schedule::next_wait(self.policy, retry, previous, floor, remaining, rng);
+        let (wait, backoff) = schedule::next_wait(
+            (self.policy, self.accounts.rules),
+            retry,
+            previous,
+            floor,
+            remaining,
+            rng,
+        );
         if let Some(backoff) = backoff {
             // One of 584 years or more saturates to the mark of none: no wait that long ends
             // before a deadline, so no later draw reads it.
@@ -1027,7 +962,8 @@ impl<'a> Decider<'a> {
                 return Err(StopReason::QuotaExhausted);
             }
             Wait::Stop(StopReason::DeadlineReached | StopReason::RetryAfterTooLong)
-                if self.policy.grpc().is_some() && floor.is_none_or(|f| f >= remaining) =>
+                if self.accounts.rules.waits_out_the_deadline()
+                    && floor.is_none_or(|f| f >= remaining) =>
             {
                 // A gRPC call whose next wait (a backoff, a pushback) would cross its deadline
                 // waits for the deadline and ends there, `DEADLINE_EXCEEDED`, as grpc-go's and

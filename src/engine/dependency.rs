@@ -15,11 +15,11 @@ use crate::engine::budget::RetryBudget;
 use crate::engine::classifier::{Attempt, Classifier, Retryable};
 use crate::engine::decide::{Accounts, Cap};
 use crate::engine::grpc::PathTable;
-use crate::engine::grpc::throttle::RetryThrottling;
 use crate::engine::idempotency::IdempotencyKeys;
 use crate::engine::latency::LatencyWindow;
 use crate::engine::policy::RetryPolicy;
 use crate::engine::rate_limit::QuotaState;
+use crate::engine::rules::{Http, Rules};
 use crate::engine::seen::{Locate, Target};
 use crate::engine::throttle::AdaptiveThrottle;
 use crate::error::InvalidConfig;
@@ -73,8 +73,9 @@ pub struct Dependency {
     pub(crate) attempt_headers: AttemptHeaders,
     /// What the dependency's attempts take, when its policy measures it; clones share it.
     pub(crate) latency: Option<Arc<LatencyWindow>>,
-    /// gRPC's retry throttling, for a gRPC method's dependency whose channel has it.
-    pub(crate) grpc_throttle: Option<RetryThrottling>,
+    /// The rules its requests are judged and scheduled by: HTTP's, or those of the protocol
+    /// the door that made it speaks (`engine::rules`).
+    pub(crate) rules: Arc<dyn Rules>,
 }
 
 impl From<RetryPolicy> for Dependency {
@@ -104,7 +105,7 @@ impl Dependency {
             latency: policy
                 .measures_latency()
                 .then(|| Arc::new(LatencyWindow::new(&policy))),
-            grpc_throttle: None,
+            rules: Arc::new(Http),
         }
     }
 
@@ -302,7 +303,7 @@ impl Dependency {
             throttle: self.throttle.as_ref(),
             quota: &self.quota,
             latency: self.latency.as_deref(),
-            grpc_throttle: self.grpc_throttle.as_ref(),
+            rules: &*self.rules,
         }
     }
 }
@@ -536,6 +537,12 @@ impl RetryOverride {
         self.deadline
     }
 
+    /// The attempts this override sets, if it sets them.
+    #[cfg(feature = "grpc")]
+    pub(crate) fn attempts_set(&self) -> Option<u32> {
+        self.max_attempts
+    }
+
     /// This per-attempt timeout instead of the policy's (at least 1 ms), still cut to what the
     /// deadline leaves. It is the request's own word: on a dependency that takes its timeout
     /// from measured latency ([`RetryPolicyBuilder::timeout_from_latency`](crate::RetryPolicyBuilder::timeout_from_latency)),
@@ -543,28 +550,6 @@ impl RetryOverride {
     pub const fn attempt_timeout(mut self, timeout: Duration) -> Self {
         self.attempt_timeout = Some(timeout);
         self
-    }
-
-    /// This override on a gRPC call: the call's deadline its own `grpc-timeout` (`timeout`),
-    /// which the override can shorten and never drops, and at most `most()` attempts (A6's
-    /// cap, or the one the method's policy raised on purpose), which the override cannot pass.
-    /// `most` is asked only of an override that sets attempts: most calls carry a deadline
-    /// alone, and need no look-up of their method's policy.
-    #[cfg(feature = "grpc")]
-    pub(crate) fn on_grpc_call(
-        self,
-        timeout: Option<Duration>,
-        most: impl FnOnce() -> u32,
-    ) -> Self {
-        let deadline = match (self.deadline, timeout) {
-            (Some(asked), Some(call)) => Some(asked.min(call)),
-            (asked, call) => asked.or(call),
-        };
-        RetryOverride {
-            deadline,
-            max_attempts: self.max_attempts.map(|attempts| attempts.min(most())),
-            ..self
-        }
     }
 
     /// The override a request carries in its `extensions`, for its `dependency`: the policy it
@@ -575,36 +560,36 @@ impl RetryOverride {
         extensions: &http::Extensions,
         dependency: &Dependency,
     ) -> (Option<Box<RetryPolicy>>, Cap, Option<InvalidConfig>) {
-        match Self::plan(extensions, &dependency.policy) {
+        match Self::plan(extensions, (&dependency.policy, &*dependency.rules)) {
             Ok((policy, cap)) => (policy, cap, None),
             Err(invalid) => (None, Cap::Policy, Some(invalid)),
         }
     }
 
-    /// The plan of a request with these `extensions` under its dependency's `policy`: the
-    /// policy it runs under (`None`: the dependency's own), and what caps its attempts.
-    /// The policy is boxed: the requests without an override, nearly all, do not carry room
-    /// for one.
+    /// The plan of a request with these `extensions` under its dependency's `policy` and
+    /// `rules`: the policy it runs under (`None`: the dependency's own), and what caps its
+    /// attempts. The policy is boxed: the requests without an override, nearly all, do not
+    /// carry room for one.
     #[inline]
     pub(crate) fn plan(
         extensions: &http::Extensions,
-        policy: &RetryPolicy,
+        of: (&RetryPolicy, &dyn Rules),
     ) -> Result<(Option<Box<RetryPolicy>>, Cap), InvalidConfig> {
         if extensions.is_empty() {
             return Ok((None, Cap::Policy));
         }
-        Self::planned(extensions, policy)
+        Self::planned(extensions, of)
     }
 
     fn planned(
         extensions: &http::Extensions,
-        policy: &RetryPolicy,
+        (policy, rules): (&RetryPolicy, &dyn Rules),
     ) -> Result<(Option<Box<RetryPolicy>>, Cap), InvalidConfig> {
         misplaced(extensions)?;
         match extensions.get::<RetryOverride>() {
             None => Ok((None, Cap::Policy)),
             Some(over) => over
-                .policy(policy)
+                .policy(policy, rules)
                 .map(|(changed, cap)| (changed.map(Box::new), cap)),
         }
     }
@@ -614,6 +599,7 @@ impl RetryOverride {
     pub(crate) fn policy(
         &self,
         policy: &RetryPolicy,
+        rules: &dyn Rules,
     ) -> Result<(Option<RetryPolicy>, Cap), InvalidConfig> {
         let refuse = |message: String| InvalidConfig::new("retry override", message);
         if let (true, Some(attempts @ (0 | 2..))) = (self.no_retries, self.max_attempts) {
@@ -645,22 +631,17 @@ impl RetryOverride {
             changed = changed.max_attempts(attempts);
         }
         let attempts = attempts.unwrap_or(policy.max_attempts());
+        let mut new_deadline = None;
         if let Some(deadline) = self.deadline {
-            let deadline = deadline.max(Duration::from_millis(1));
-            // A `max_retry_after` left to follow the deadline follows the new one (the
-            // builder leaves it unset); one set apart from it is kept, cut to the new deadline.
-            if policy.max_retry_after() != policy.deadline() {
-                changed = changed.max_retry_after(policy.max_retry_after().min(deadline));
-            }
-            // A gRPC call's waits are capped by its deadline instead: A6 sends some copies at
-            // once (a transparent retry, the next hedge after a non-fatal failure), and a wait
-            // that would cross the deadline is waited out to it (`Decider::schedule`).
-            let grpc = policy.grpc().is_some();
-            if !grpc && policy.base_delay() >= deadline && attempts > 1 && !self.no_retries {
+            // Rules that wait out to the deadline (gRPC's) keep the attempts: A6 sends some
+            // copies at once (a transparent retry, the next hedge after a non-fatal failure),
+            // and a wait that would cross the deadline is waited to it (`Decider::schedule`).
+            let waits_cut = rules.waits_out_the_deadline();
+            if !waits_cut && policy.base_delay() >= deadline && attempts > 1 && !self.no_retries {
                 changed = changed.max_attempts(1);
                 cap = Cap::Deadline;
             }
-            changed = changed.deadline(deadline);
+            new_deadline = Some(deadline);
         }
         if let Some(timeout) = self.attempt_timeout {
             // The request's own word: the measured limit, the dependency's guess, gives way.
@@ -668,9 +649,14 @@ impl RetryOverride {
                 .attempt_timeout(timeout)
                 .without_timeout_from_latency();
         }
-        let changed = changed
+        let mut changed = changed
             .build()
             .map_err(|e| refuse(format!("{}: {}", self.said(), e.message())))?;
+        if let Some(deadline) = new_deadline {
+            // Set on the policy built: the rule above decided what a deadline shorter than
+            // the backoff leaves.
+            changed = changed.with_deadline(deadline);
+        }
         Ok((Some(changed), cap))
     }
 
@@ -842,12 +828,16 @@ mod tests {
             .to_policy();
         for deadline in [ms(1), ms(50), ms(100)] {
             let over = RetryOverride::new().deadline(deadline);
-            let (changed, cap) = over.policy(&grpc).unwrap();
+            let (changed, cap) = over.policy(&grpc.0, &grpc.1).unwrap();
             let changed = changed.expect("the deadline changes the policy");
             assert_eq!(cap, Cap::Policy, "{deadline:?}");
             assert_eq!((changed.max_attempts(), changed.deadline()), (4, deadline));
             let http = RetryPolicy::default();
-            assert_eq!(over.policy(&http).unwrap().1, Cap::Deadline, "{deadline:?}");
+            assert_eq!(
+                over.policy(&http, &Http).unwrap().1,
+                Cap::Deadline,
+                "{deadline:?}"
+            );
         }
     }
 
@@ -863,41 +853,16 @@ mod tests {
         assert!(debug.contains("classifier: Some(Classifier)"), "{debug}");
     }
 
-    #[cfg(feature = "grpc")]
-    #[test]
-    fn on_a_grpc_call_an_override_shortens_the_deadline_and_stays_within_the_cap() {
-        let ms = Duration::from_millis;
-        let call = Some(ms(200));
-        let over = RetryOverride::new().max_attempts(9);
-        let on = over.on_grpc_call(call, || 5);
-        assert_eq!((on.deadline, on.max_attempts), (Some(ms(200)), Some(5)));
-        let shorter = RetryOverride::new()
-            .deadline(ms(50))
-            .on_grpc_call(call, || 5);
-        assert_eq!(shorter.deadline, Some(ms(50)));
-        let longer = RetryOverride::new()
-            .deadline(ms(500))
-            .on_grpc_call(call, || 5);
-        assert_eq!(longer.deadline, Some(ms(200)));
-        // A call without a deadline keeps the override's; a raised cap lets more through.
-        let own = RetryOverride::new()
-            .deadline(ms(500))
-            .on_grpc_call(None, || 5);
-        assert_eq!(own.deadline, Some(ms(500)));
-        assert_eq!(over.on_grpc_call(None, || 7).max_attempts, Some(7));
-        assert!(
-            RetryOverride::new()
-                .no_retries()
-                .on_grpc_call(call, || 5)
-                .no_retries
-        );
-    }
-
     #[test]
     fn a_deadline_override_never_fails_and_too_short_a_one_means_one_attempt() {
         let ms = Duration::from_millis;
         let policy = RetryPolicy::default(); // base 100 ms, 3 attempts
-        let of = |d| RetryOverride::new().deadline(d).policy(&policy).unwrap();
+        let of = |d| {
+            RetryOverride::new()
+                .deadline(d)
+                .policy(&policy, &Http)
+                .unwrap()
+        };
         for (deadline, effective, attempts, cap) in [
             (Duration::ZERO, ms(1), 1, Cap::Deadline),
             (ms(1), ms(1), 1, Cap::Deadline),
@@ -922,13 +887,13 @@ mod tests {
         let (_, cap) = RetryOverride::new()
             .max_attempts(1)
             .deadline(ms(50))
-            .policy(&policy)
+            .policy(&policy, &Http)
             .unwrap();
         assert_eq!(cap, Cap::Policy);
         let (_, cap) = RetryOverride::new()
             .no_retries()
             .deadline(ms(50))
-            .policy(&policy)
+            .policy(&policy, &Http)
             .unwrap();
         assert_eq!(cap, Cap::NoRetries);
     }
@@ -939,7 +904,7 @@ mod tests {
         let of = |d, p: &RetryPolicy| {
             RetryOverride::new()
                 .deadline(d)
-                .policy(p)
+                .policy(p, &Http)
                 .unwrap()
                 .0
                 .unwrap()
@@ -973,7 +938,7 @@ mod tests {
             .max_attempts(6)
             .deadline(secs(60))
             .attempt_timeout(secs(2))
-            .policy(&policy)
+            .policy(&policy, &Http)
             .unwrap();
         let combined = combined.unwrap();
         assert_eq!(
@@ -987,7 +952,7 @@ mod tests {
         );
         assert_eq!(combined.base_delay(), policy.base_delay(), "the rest kept");
         assert_eq!(
-            RetryOverride::new().policy(&policy).unwrap(),
+            RetryOverride::new().policy(&policy, &Http).unwrap(),
             (None, Cap::Policy),
             "nothing to change: the dependency's own policy"
         );
@@ -995,7 +960,7 @@ mod tests {
             RetryOverride::new()
                 .no_retries()
                 .max_attempts(1)
-                .policy(&policy)
+                .policy(&policy, &Http)
                 .unwrap(),
             (None, Cap::NoRetries)
         );
@@ -1015,8 +980,8 @@ mod tests {
                 "invalid retry override: attempt_timeout(10µs): attempt_timeout",
             ),
         ] {
-            let err = (over.policy(&policy))
-                .and_then(|_| over.policy(&measured))
+            let err = (over.policy(&policy, &Http))
+                .and_then(|_| over.policy(&measured, &Http))
                 .unwrap_err()
                 .to_string();
             assert!(err.starts_with(message), "{err}");
@@ -1026,7 +991,7 @@ mod tests {
         let own = RetryOverride::new()
             .max_attempts(4)
             .attempt_timeout(Duration::from_millis(5));
-        let (changed, _) = own.policy(&measured).unwrap();
+        let (changed, _) = own.policy(&measured, &Http).unwrap();
         let changed = changed.unwrap();
         assert_eq!(changed.attempt_timeout(), Duration::from_millis(5));
         assert_eq!(changed.timeout_from_latency(), None);
@@ -1034,7 +999,7 @@ mod tests {
         // An override that leaves the attempt timeout alone keeps the measured limit.
         let (changed, _) = RetryOverride::new()
             .max_attempts(4)
-            .policy(&measured)
+            .policy(&measured, &Http)
             .unwrap();
         assert_eq!(
             changed.unwrap().timeout_from_latency(),

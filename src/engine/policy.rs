@@ -10,7 +10,6 @@ use std::time::Duration;
 use http::{Method, StatusCode};
 
 use crate::engine::backoff::Jitter;
-use crate::engine::grpc::CodeSet;
 use crate::error::InvalidConfig;
 
 /// The area named in this module's configuration errors.
@@ -50,20 +49,6 @@ pub struct RetryPolicy {
     buffer_body: Option<usize>,
     latency_timeout: Option<LatencyTimeout>,
     hedging: Option<Hedging>,
-    /// gRPC's rules (A6), for a policy the gRPC door made: answers judged by their gRPC
-    /// status, and the backoff's multiplier.
-    grpc: Option<GrpcRules>,
-}
-
-/// What a gRPC method's policy adds (`engine::grpc`): the status codes it retries, and the
-/// backoff's multiplier in thousandths.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct GrpcRules {
-    pub(crate) codes: CodeSet,
-    pub(crate) multiplier_milli: u32,
-    /// A hedging policy's delay between copies: the codes are its non-fatal ones, and its
-    /// attempts are copies of one call, never retries after it.
-    pub(crate) hedge_delay: Option<Duration>,
 }
 
 /// The attempt timeout from measured latency: `multiplier x p99.9`, never below `floor`.
@@ -201,23 +186,17 @@ impl RetryPolicy {
         self.buffer_body
     }
 
-    /// gRPC's rules, for a policy the gRPC door made.
-    #[inline]
-    pub(crate) fn grpc(&self) -> Option<GrpcRules> {
-        self.grpc
-    }
-
-    /// The policy that carries out an A6 retry policy: `attempts`, the backoff `(initial, max,
-    /// multiplier in thousandths)` with A6's jitter, answers judged by their gRPC status
-    /// (`codes` retried), the server's pushback taken as an exact wait, no HTTP field read, and
-    /// no deadline or attempt timeout of its own: a call's `grpc-timeout` gives its deadline.
+    /// The numbers of a protocol whose rules judge the answers (`engine::rules`): `attempts`,
+    /// the backoff from `initial` up to `max`, the server's wait fields read (the rules say
+    /// which), no HTTP status or field of its own, and `long` as its deadline and attempt
+    /// timeout: a call's own deadline gives its deadline (gRPC's `grpc-timeout`).
     #[cfg(feature = "grpc")]
-    pub(crate) fn grpc_method(
+    pub(crate) fn for_calls(
         attempts: u32,
-        (initial, max, multiplier_milli): (Duration, Duration, u32),
-        codes: CodeSet,
+        initial: Duration,
+        max: Duration,
+        long: Duration,
     ) -> RetryPolicy {
-        let long = crate::engine::grpc::NO_DEADLINE;
         RetryPolicy {
             max_attempts: attempts,
             base_delay: initial,
@@ -235,24 +214,22 @@ impl RetryPolicy {
             buffer_body: None,
             latency_timeout: None,
             hedging: None,
-            grpc: Some(GrpcRules {
-                codes,
-                multiplier_milli,
-                hedge_delay: None,
-            }),
         }
     }
 
-    /// The policy that carries out an A6 hedging policy: up to `attempts` copies of a call,
-    /// `delay` apart, `codes` the non-fatal ones; answers judged by their gRPC status, no HTTP
-    /// field read, and the call's deadline over every copy.
-    #[cfg(feature = "grpc")]
-    pub(crate) fn grpc_hedging(attempts: u32, delay: Duration, codes: CodeSet) -> RetryPolicy {
-        let mut policy = RetryPolicy::grpc_method(attempts, (delay, delay, 1000), codes);
-        if let Some(rules) = policy.grpc.as_mut() {
-            rules.hedge_delay = Some(delay);
-        }
-        policy
+    /// This policy with `deadline` (at least 1 ms) as its deadline, and a `max_retry_after`
+    /// that followed the deadline following this one (one set apart from it kept, cut to it):
+    /// a request's own deadline, which no build-time rule checks against the backoff (the
+    /// override that sets it decides what a deadline shorter than the backoff leaves).
+    pub(crate) fn with_deadline(mut self, deadline: Duration) -> RetryPolicy {
+        let deadline = deadline.max(Duration::from_millis(1));
+        self.max_retry_after = if self.max_retry_after == self.deadline {
+            deadline
+        } else {
+            self.max_retry_after.min(deadline)
+        };
+        self.deadline = deadline;
+        self
     }
 
     /// A builder holding every setting of this policy, to change a few and build another:
@@ -289,7 +266,6 @@ impl RetryPolicy {
             statuses: (400..=599).filter(|c| self.statuses.contains(*c)).collect(),
             methods: self.methods.listed(),
             buffer_body: self.buffer_body,
-            grpc: self.grpc,
         }
     }
 }
@@ -323,10 +299,6 @@ impl fmt::Debug for RetryPolicy {
             .field("buffer_body", &self.buffer_body)
             .field("timeout_from_latency", &self.timeout_from_latency())
             .field("hedge_reads", &self.hedge_reads());
-        // A gRPC method's rules, shown only on its policy.
-        if let Some(grpc) = &self.grpc {
-            shown.field("grpc", grpc);
-        }
         shown.finish()
     }
 }
@@ -375,8 +347,6 @@ pub struct RetryPolicyBuilder {
     latency_timeout: Option<(f64, Duration)>,
     /// `(extra_load, max_delay)`.
     hedging: Option<(f64, Duration)>,
-    /// Kept from a gRPC method's policy by `to_builder` (an override's), never set apart.
-    grpc: Option<GrpcRules>,
 }
 
 impl RetryPolicyBuilder {
@@ -398,7 +368,6 @@ impl RetryPolicyBuilder {
             buffer_body: None,
             latency_timeout: None,
             hedging: None,
-            grpc: None,
         }
     }
 
@@ -756,9 +725,7 @@ impl RetryPolicyBuilder {
                 ),
             ));
         }
-        // A gRPC call's deadline is its own `grpc-timeout`, often shorter than the backoff: its
-        // waits are cut at the deadline instead (`Decider::schedule`).
-        if self.base_delay >= self.deadline && self.max_attempts > 1 && self.grpc.is_none() {
+        if self.base_delay >= self.deadline && self.max_attempts > 1 {
             return Err(InvalidConfig::new(
                 POLICY,
                 format!(
@@ -815,7 +782,6 @@ impl RetryPolicyBuilder {
             buffer_body: self.buffer_body,
             latency_timeout,
             hedging,
-            grpc: self.grpc,
         })
     }
 

@@ -25,6 +25,7 @@ use std::time::Duration;
 
 use crate::engine::backoff::{self, Jitter};
 use crate::engine::policy::RetryPolicy;
+use crate::engine::rules::{Http, Rules};
 use crate::rng::RandomSource;
 use crate::stop::StopReason;
 
@@ -42,7 +43,7 @@ pub(crate) enum Wait {
 /// base before the first retry), for decorrelated jitter. A backoff drawn without a floor is
 /// the second value, for the next call's `previous`.
 pub(crate) fn next_wait(
-    policy: &RetryPolicy,
+    (policy, rules): (&RetryPolicy, &dyn Rules),
     retry: u32,
     previous: Duration,
     retry_after: Option<Duration>,
@@ -51,10 +52,7 @@ pub(crate) fn next_wait(
 ) -> (Wait, Option<Duration>) {
     let (base, cap) = (policy.base_delay(), policy.max_delay());
     let Some(floor) = retry_after else {
-        let backoff = match policy.grpc() {
-            Some(rules) => backoff::a6(base, cap, rules.multiplier_milli, retry, rng),
-            None => policy.jitter().draw(base, cap, retry, previous, rng),
-        };
+        let backoff = rules.backoff(policy, retry, previous, rng);
         let wait = if backoff >= remaining {
             Wait::Stop(StopReason::DeadlineReached)
         } else {
@@ -86,8 +84,9 @@ pub(crate) fn hold(
     remaining: Duration,
     rng: &dyn RandomSource,
 ) -> Wait {
+    // With a floor, no backoff is drawn: any rules do.
     match next_wait(
-        policy,
+        (policy, &Http),
         retry,
         policy.base_delay(),
         Some(hold),
@@ -117,7 +116,7 @@ mod tests {
         rng: &dyn RandomSource,
     ) -> Wait {
         next_wait(
-            policy,
+            (policy, &Http),
             retry,
             policy.base_delay(),
             retry_after,

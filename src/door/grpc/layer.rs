@@ -11,6 +11,7 @@ use super::service::GrpcRetryService;
 use crate::clock::Clock;
 use crate::driver::phases::RetryMiddleware;
 use crate::engine::grpc::config::{GrpcConfig, dependency_name};
+use crate::engine::grpc::rules::GrpcRules;
 use crate::observe::CounterSnapshot;
 use crate::observe::RetryEvent;
 use crate::rng::RandomSource;
@@ -136,7 +137,13 @@ impl<S> Layer<S> for GrpcRetryLayer {
         let server = self.target.as_deref();
         let throttling = (self.channel.config.throttling.as_ref()).map(|t| t.for_server(server));
         let retry = match &throttling {
-            Some(throttling) => self.retry.with_grpc_throttle(throttling),
+            Some(throttling) => self.retry.with_each_dependency(|dependency| {
+                let rules = dependency.rules.as_any().downcast_ref::<GrpcRules>();
+                if let Some(rules) = rules {
+                    let counted = rules.with_throttling(Some(throttling.clone()));
+                    dependency.rules = Arc::new(counted);
+                }
+            }),
             None => self.retry.clone(),
         };
         GrpcRetryService {

@@ -80,8 +80,7 @@ where
         let timeout = calls.deadline(parts.uri.path(), told);
         let asked = extensions.get::<RetryOverride>().copied();
         if timeout.is_some() || asked.is_some() {
-            let most = || calls.most_attempts(parts.uri.path());
-            let over = asked.unwrap_or_default().on_grpc_call(timeout, most);
+            let over = calls.overriding(parts.uri.path(), timeout, asked.unwrap_or_default());
             // The server is told the deadline the call keeps: a shorter one of its method's or
             // of an override too.
             if let Some(deadline) = over.deadline_set().filter(|d| Some(*d) != told) {

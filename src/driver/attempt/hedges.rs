@@ -1,7 +1,7 @@
 //! A hedged gRPC call in flight (A6's hedging policy): up to the policy's attempts copies of
 //! the call, each with its own limit (the call's deadline), sent when the course
 //! (`engine::grpc::hedging::Course`) says, the door asked for readiness first and the core
-//! (`Decider::grpc_copy`) whether each may go; every copy's end judged and counted as it comes,
+//! (`Decider::copy`) whether each may go; every copy's end judged and counted as it comes,
 //! and the call's outcome the copy that ends it, the others dropped (hyper resets their
 //! streams, and the server sees the cancellation).
 //!
@@ -21,8 +21,9 @@ use crate::driver::body::Outcome;
 use crate::driver::claim::{self, Beneath, Claiming};
 use crate::driver::trace::{LogLevels, Traced};
 use crate::engine::classify::Verdict;
-use crate::engine::decide::{Observed, Plan};
+use crate::engine::decide::Plan;
 use crate::engine::grpc::hedging::{Course, Then};
+use crate::engine::observed::Observed;
 use crate::engine::schedule::Wait;
 use crate::error::LastError;
 use crate::stop::StopReason;
@@ -112,7 +113,7 @@ impl<'s, 'l, 'p, 'q, 'd, N: Beneath + 's> Hedges<'s, 'l, 'p, 'q, 'd, N> {
             if self.asking.is_none() {
                 // Never past the call's deadline: there the core refuses the copy.
                 let due = self.course.due();
-                match due.map(|at| self.lent.decider.grpc_copy_at(at, now)) {
+                match due.map(|at| self.lent.decider.copy_at(at, now)) {
                     Some(at) if at <= now => {
                         self.due = None;
                         self.asking = Some(None);
@@ -180,10 +181,11 @@ impl<'s, 'l, 'p, 'q, 'd, N: Beneath + 's> Hedges<'s, 'l, 'p, 'q, 'd, N> {
             let number = self.copies.swap_remove(at).number;
             let lent = &mut *self.lent;
             let seen = self.door.seen(&outcome, lent.kept.went_to());
-            let verdict = lent.judging.verdict(&seen, number);
+            let verdict = lent.judge().verdict(&seen, number);
             let observed = Observed::of(&seen, verdict, lent.kept.resend());
-            let now = lent.tools.clock.get().now();
-            let end = lent.decider.grpc_copy_ended(observed, now);
+            let clock = lent.tools.clock.get();
+            let now = clock.now();
+            let end = lent.decider.copy_ended(observed, now, &|| clock.wall_now());
             let then = self.course.ended(end, now);
             match then {
                 Then::End(stop) => return Some(self.end(outcome, number, stop)),
@@ -192,9 +194,7 @@ impl<'s, 'l, 'p, 'q, 'd, N: Beneath + 's> Hedges<'s, 'l, 'p, 'q, 'd, N> {
                     if let Some(watcher) = lent.sent.watcher.as_deref() {
                         let decision = match self.course.due() {
                             Some(at) => Wait::Sleep(
-                                lent.decider
-                                    .grpc_copy_at(at, now)
-                                    .saturating_duration_since(now),
+                                lent.decider.copy_at(at, now).saturating_duration_since(now),
                             ),
                             None => Wait::Stop(self.course.closed()),
                         };
@@ -221,7 +221,7 @@ impl<'s, 'l, 'p, 'q, 'd, N: Beneath + 's> Hedges<'s, 'l, 'p, 'q, 'd, N> {
         let lent = &mut *self.lent;
         let clock = lent.tools.clock;
         let now = clock.get().now();
-        let plan = match lent.decider.grpc_copy(now, lent.kept.resend()) {
+        let plan = match lent.decider.copy(now, lent.kept.resend()) {
             Ok(plan) => plan,
             Err(stop) => return self.close(stop),
         };
@@ -270,7 +270,7 @@ impl<'s, 'l, 'p, 'q, 'd, N: Beneath + 's> Hedges<'s, 'l, 'p, 'q, 'd, N> {
     ) -> (Outcome<N::Reply>, Verdict, bool) {
         self.copies.clear();
         if number > 1 {
-            self.lent.decider.grpc_hedge_won();
+            self.lent.decider.copy_won();
         }
         (outcome, Verdict::Final(stop), false)
     }

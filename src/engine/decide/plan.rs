@@ -15,7 +15,8 @@ use std::time::{Duration, Instant, SystemTime};
 
 use crate::engine::seen::Locate;
 
-use super::{Decider, Next, Observed};
+use super::{Decider, Next};
+use crate::engine::observed::Observed;
 use crate::engine::schedule::Wait;
 use crate::rng::RandomSource;
 use crate::stop::StopReason;
@@ -143,8 +144,8 @@ impl Decider<'_> {
         if by_hedge {
             self.hedge_won();
         }
-        self.throttle_grpc(&mut observed);
-        self.grpc_cancelled_late(&mut observed, now);
+        self.count_end(&mut observed);
+        self.ended_at_deadline(&mut observed, now);
         match self.stop_without_time(&observed) {
             Some(stop) => Wait::Stop(stop),
             None => self.after_attempt(observed, now(), wall, rng),

@@ -2,12 +2,13 @@
 //! precedence between them, the budget's rules, the give-back on drop, and a model-based test
 //! of whole scripts against a reference model of the contract.
 
-use std::sync::{LazyLock, Mutex};
+use std::sync::{Arc, LazyLock, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
-use http::{HeaderMap, HeaderValue};
+use http::{HeaderMap, HeaderValue, StatusCode};
 
 use super::*;
+use crate::engine::rules::Http;
 use crate::engine::seen::Target;
 use crate::observe::CounterSnapshot;
 
@@ -111,7 +112,7 @@ pub(super) struct Setup {
     pub(super) throttle: Option<AdaptiveThrottle>,
     pub(super) quota: QuotaState,
     pub(super) latency: Option<LatencyWindow>,
-    pub(super) grpc_throttle: Option<RetryThrottling>,
+    pub(super) rules: Arc<dyn Rules>,
     pub(super) time: Time,
 }
 
@@ -125,7 +126,7 @@ impl Setup {
             throttle: None,
             quota: QuotaState::default(),
             latency: None,
-            grpc_throttle: None,
+            rules: Arc::new(Http),
             time: Time::new(),
         }
     }
@@ -156,7 +157,7 @@ impl Setup {
             throttle: self.throttle.as_ref(),
             quota: &self.quota,
             latency: self.latency.as_ref(),
-            grpc_throttle: self.grpc_throttle.as_ref(),
+            rules: &*self.rules,
         }
     }
 

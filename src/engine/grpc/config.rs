@@ -3,13 +3,15 @@
 //! idempotency key. Built in code or read from a service config's JSON, to the same values.
 
 use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::Value;
 
 use crate::engine::budget::RetryBudget;
-use crate::engine::dependency::{Dependency, Routes};
+use crate::engine::dependency::{Dependency, RetryOverride, Routes};
 use crate::engine::grpc::hedging::GrpcHedgingPolicy;
+use crate::engine::grpc::rules::GrpcRules;
 use crate::engine::grpc::throttle::RetryThrottling;
 use crate::engine::grpc::{
     CodeSet, GRPC_MAX_ATTEMPTS, PathTable, bad_in, code_named, in_range, max_attempts, status_codes,
@@ -94,8 +96,8 @@ impl GrpcRetryPolicy {
     /// their gRPC status, the wait the server pushes back with taken exactly, and the call's
     /// deadline (`grpc-timeout`, when it has one) over every attempt, with no attempt timeout
     /// of its own.
-    pub(crate) fn to_policy(self) -> RetryPolicy {
-        RetryPolicy::grpc_method(
+    pub(crate) fn to_policy(self) -> (RetryPolicy, GrpcRules) {
+        GrpcRules::retrying(
             self.max_attempts,
             (
                 self.initial_backoff,
@@ -299,7 +301,7 @@ impl MethodPolicy {
         }
     }
 
-    fn to_policy(self) -> RetryPolicy {
+    fn to_policy(self) -> (RetryPolicy, GrpcRules) {
         match self {
             MethodPolicy::Retry(policy) => policy.to_policy(),
             MethodPolicy::Hedge(policy) => policy.to_policy(),
@@ -361,6 +363,31 @@ impl Calls {
         (self.of(path).policy)
             .map_or(GRPC_MAX_ATTEMPTS, MethodPolicy::max_attempts)
             .max(GRPC_MAX_ATTEMPTS)
+    }
+
+    /// The override the call to `path` runs under, from the one it `asked` for: its deadline
+    /// the call's own (`timeout`: its `grpc-timeout` or its method's), which the override can
+    /// shorten and never drops, and at most [`most_attempts`](Self::most_attempts), which the
+    /// override cannot pass. Those are looked up only for an override that sets attempts: most
+    /// calls carry a deadline alone.
+    pub(crate) fn overriding(
+        &self,
+        path: &str,
+        timeout: Option<Duration>,
+        asked: RetryOverride,
+    ) -> RetryOverride {
+        let mut over = asked;
+        let deadline = match (asked.deadline_set(), timeout) {
+            (Some(asked), Some(call)) => Some(asked.min(call)),
+            (asked, call) => asked.or(call),
+        };
+        if let Some(deadline) = deadline {
+            over = over.deadline(deadline);
+        }
+        if let Some(attempts) = asked.attempts_set() {
+            over = over.max_attempts(attempts.min(self.most_attempts(path)));
+        }
+        over
     }
 }
 
@@ -663,23 +690,27 @@ impl GrpcConfig {
     /// The dependency of the calls `name` names.
     fn dependency(&self, name: &Name, budget: &RetryBudget) -> Dependency {
         let resolved = self.resolve(name);
-        let policy = resolved
+        let (policy, rules) = resolved
             .policy
             .map_or_else(one_attempt, MethodPolicy::to_policy);
         let dependency = Dependency::new(&format!("grpc {name}"), policy);
-        self.made(dependency, resolved.keyed, budget)
+        self.made(dependency, rules, resolved.keyed, budget)
     }
 
-    /// `dependency` with the channel's throttling or else `budget`, a key if `keyed`, and
-    /// gRPC's attempt headers.
-    fn made(&self, mut dependency: Dependency, keyed: bool, budget: &RetryBudget) -> Dependency {
+    /// `dependency` under gRPC's `rules` with the channel's throttling or else `budget`, a key
+    /// if `keyed`, and gRPC's attempt headers.
+    fn made(
+        &self,
+        mut dependency: Dependency,
+        rules: GrpcRules,
+        keyed: bool,
+        budget: &RetryBudget,
+    ) -> Dependency {
         dependency = match &self.throttling {
-            Some(throttling) => {
-                dependency.grpc_throttle = Some(throttling.clone());
-                dependency.without_budget()
-            }
+            Some(_) => dependency.without_budget(),
             None => dependency.with_budget(budget.clone()),
         };
+        dependency.rules = Arc::new(rules.with_throttling(self.throttling.clone()));
         if !keyed {
             dependency = dependency.without_idempotency_keys();
         }
@@ -814,9 +845,9 @@ impl GrpcConfig {
 }
 
 /// A method with no retry policy: one attempt, its answer judged as gRPC's.
-fn one_attempt() -> RetryPolicy {
+fn one_attempt() -> (RetryPolicy, GrpcRules) {
     let any = Duration::from_millis(1);
-    RetryPolicy::grpc_method(1, (any, any, 2000), CodeSet::default())
+    GrpcRules::retrying(1, (any, any, 2000), CodeSet::default())
 }
 
 /// A method-level timeout, if it is one this layer can keep: above zero, and not longer than
@@ -958,6 +989,49 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
+    /// On a call, an override shortens the call's deadline and never drops it, and asks at
+    /// most A6's cap of attempts (or a cap its method's policy raised); what else it says
+    /// stays.
+    #[test]
+    fn on_a_call_an_override_shortens_the_deadline_and_stays_within_the_cap() {
+        let ms = Duration::from_millis;
+        let calls = GrpcConfig::new().calls();
+        let on = |timeout, over| calls.overriding("/a.B/C", timeout, over);
+        let call = Some(ms(200));
+        let many = RetryOverride::new().max_attempts(9);
+        let capped = on(call, many);
+        assert_eq!(
+            (capped.deadline_set(), capped.attempts_set()),
+            (call, Some(5))
+        );
+        assert_eq!(
+            on(call, RetryOverride::new().deadline(ms(50))).deadline_set(),
+            Some(ms(50))
+        );
+        assert_eq!(
+            on(call, RetryOverride::new().deadline(ms(500))).deadline_set(),
+            call
+        );
+        // A call without a deadline keeps the override's; one that sets neither is as asked.
+        let own = RetryOverride::new().deadline(ms(500));
+        assert_eq!(on(None, own), own);
+        let plain = RetryOverride::new().no_retries();
+        assert_eq!(on(None, plain), plain);
+        assert_eq!(on(call, plain), plain.deadline(ms(200)), "no_retries stays");
+        // A method whose policy raised the cap lets more through.
+        let raised = GrpcRetryPolicy::builder()
+            .max_attempts(7)
+            .allow_attempts_above_five(7)
+            .initial_backoff(ms(100))
+            .max_backoff(ms(1000))
+            .retryable_codes([14])
+            .build()
+            .unwrap();
+        let raised = GrpcConfig::new().retry("a.B", raised).unwrap().calls();
+        let more = raised.overriding("/a.B/C", None, many);
+        assert_eq!(more.attempts_set(), Some(7));
+    }
+
     /// What grpc-go and grpc-java run, this reads: a `maxBackoff` below `initialBackoff` (every
     /// wait capped at it), a hedging policy without `nonFatalStatusCodes` (every failure
     /// fatal); and what grpc-go refuses, it refuses: a name in two method configs, whether or
@@ -971,8 +1045,7 @@ mod tests {
         let Some(MethodPolicy::Retry(policy)) = config.for_path("/a.B/C") else {
             panic!("a retry policy")
         };
-        let run = policy.to_policy();
-        let rules = run.grpc().unwrap();
+        let (run, rules) = policy.to_policy();
         for retry in 0..3 {
             let ceiling = crate::engine::backoff::a6_ceiling(
                 run.base_delay(),
@@ -1124,8 +1197,8 @@ mod tests {
         assert!(err.to_string().contains("named twice"), "{err}");
         // Its dependency runs the hedging policy.
         let routes = GrpcConfig::new().hedge("a.B", hedging).unwrap().routes();
-        let rules = routes.named("grpc a.B").unwrap().policy.grpc().unwrap();
-        assert_eq!(rules.hedge_delay, Some(Duration::from_millis(500)));
+        let rules = &routes.named("grpc a.B").unwrap().rules;
+        assert_eq!(rules.course(), Some(Duration::from_millis(500)));
     }
 
     #[test]
@@ -1487,11 +1560,10 @@ mod tests {
         assert_eq!(p.backoff_multiplier(), 1.5);
         assert!(p.retries_code(14) && p.retries_code(4) && !p.retries_code(2));
         assert!(!p.retries_code(-1) && !p.retries_code(300));
-        let run = p.to_policy();
+        let (run, rules) = p.to_policy();
         assert_eq!(run.max_attempts(), 4);
         assert_eq!(run.base_delay(), Duration::from_millis(100));
         assert_eq!(run.max_delay(), Duration::from_secs(1));
-        let rules = run.grpc().unwrap();
         assert_eq!((rules.codes, rules.multiplier_milli), (p.codes(), 1500));
         assert!(!run.retry_after_jitter() && run.retry_after_fields());
         assert!(!run.rate_limit_fields() && !run.should_retry_fields());
@@ -1499,7 +1571,7 @@ mod tests {
         assert_eq!(
             run.to_builder().build().unwrap(),
             run,
-            "an override keeps its rules"
+            "an override keeps its numbers"
         );
     }
 

@@ -23,6 +23,8 @@ use std::time::{Duration, Instant};
 
 use crate::engine::grpc::Pushback;
 #[cfg(feature = "grpc")]
+use crate::engine::grpc::rules::GrpcRules;
+#[cfg(feature = "grpc")]
 use crate::engine::grpc::{CodeSet, bad_in, in_range, max_attempts, status_codes};
 #[cfg(feature = "grpc")]
 use crate::engine::policy::RetryPolicy;
@@ -93,8 +95,8 @@ impl GrpcHedgingPolicy {
     /// The crate's policy that carries it out: answers judged by their gRPC status (the
     /// non-fatal codes are the transient ones), the call's deadline over every copy, and no
     /// retry after the copies.
-    pub(crate) fn to_policy(self) -> RetryPolicy {
-        RetryPolicy::grpc_hedging(self.max_attempts, self.delay, self.codes)
+    pub(crate) fn to_policy(self) -> (RetryPolicy, GrpcRules) {
+        GrpcRules::hedging(self.max_attempts, self.delay, self.codes)
     }
 }
 

@@ -17,6 +17,7 @@
 #[cfg(feature = "grpc")]
 pub(crate) mod config;
 pub(crate) mod hedging;
+pub(crate) mod rules;
 pub(crate) mod throttle;
 
 use std::time::Duration;

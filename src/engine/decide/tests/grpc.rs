@@ -3,9 +3,12 @@
 
 use super::*;
 use crate::engine::grpc::config::GrpcRetryPolicy;
+use crate::engine::grpc::rules::GrpcRules;
+use crate::engine::grpc::throttle::RetryThrottling;
 
-/// A6's policy: `attempts`, backoff from 100 ms by 3 up to 1 s, `UNAVAILABLE` retried.
-fn a6(attempts: u32) -> RetryPolicy {
+/// A6's policy and rules: `attempts`, backoff from 100 ms by 3 up to 1 s, `UNAVAILABLE`
+/// retried.
+fn a6_parts(attempts: u32) -> (RetryPolicy, GrpcRules) {
     GrpcRetryPolicy::builder()
         .max_attempts(attempts)
         .initial_backoff(Duration::from_millis(100))
@@ -15,6 +18,23 @@ fn a6(attempts: u32) -> RetryPolicy {
         .build()
         .unwrap()
         .to_policy()
+}
+
+/// A6's policy of `attempts`, to change before [`grpc`] sets a decider up under it.
+fn a6(attempts: u32) -> RetryPolicy {
+    a6_parts(attempts).0
+}
+
+/// What a decider borrows under gRPC's rules (A6's, as [`a6`]'s) and `policy`.
+fn grpc(policy: RetryPolicy, budget: Option<RetryBudget>) -> Setup {
+    let mut s = Setup::new(policy, budget);
+    s.rules = Arc::new(a6_parts(2).1);
+    s
+}
+
+/// `s` with the channel's `throttling` in its rules.
+fn throttled(s: &mut Setup, throttling: &RetryThrottling) {
+    s.rules = Arc::new(a6_parts(2).1.with_throttling(Some(throttling.clone())));
 }
 
 /// A trailers-only answer's headers: `grpc-status`, and `more`.
@@ -50,7 +70,7 @@ const BOTTOM: &dyn RandomSource = &|| 0;
 fn the_backoff_grows_by_the_multiplier_up_to_its_cap_then_moves_a_fifth_either_way() {
     let headers = status("14", &[]);
     for (rng, fifth) in [(TOP, 6), (BOTTOM, 4)] {
-        let s = Setup::new(a6(5), None);
+        let s = grpc(a6(5), None);
         let mut d = s.decider(false);
         let mut waits = Vec::new();
         for _ in 0..4 {
@@ -75,7 +95,7 @@ fn the_backoff_grows_by_the_multiplier_up_to_its_cap_then_moves_a_fifth_either_w
 
 #[test]
 fn a_pushback_is_waited_exactly_and_the_backoff_starts_again_after_it() {
-    let s = Setup::new(a6(5), None);
+    let s = grpc(a6(5), None);
     let mut d = s.decider(false);
     let plain = status("14", &[]);
     let pushed = status("14", &[("grpc-retry-pushback-ms", "750")]);
@@ -119,7 +139,7 @@ fn a_wait_past_the_call_s_deadline_is_waited_to_it_unpaid_and_the_call_ends_ther
             .deadline(secs(1))
             .build()
             .unwrap();
-        let s = Setup::new(policy, Some(RetryBudget::default()));
+        let s = grpc(policy, Some(RetryBudget::default()));
         let before = s.balance();
         let mut d = s.decider(false);
         begin(&mut d, &s.time);
@@ -143,7 +163,7 @@ fn a_wait_past_the_call_s_deadline_is_waited_to_it_unpaid_and_the_call_ends_ther
     }
     // A wait that ends before the deadline is a retry as before.
     let policy = a6(5).to_builder().deadline(secs(1)).build().unwrap();
-    let s = Setup::new(policy, None);
+    let s = grpc(policy, None);
     let mut d = s.decider(false);
     begin(&mut d, &s.time);
     let short = status("14", &[("grpc-retry-pushback-ms", "999")]);
@@ -156,7 +176,7 @@ fn a_wait_past_the_call_s_deadline_is_waited_to_it_unpaid_and_the_call_ends_ther
 #[test]
 fn a_cancelled_at_or_past_the_deadline_ended_at_the_deadline() {
     let policy = a6(5).to_builder().deadline(secs(1)).build().unwrap();
-    let s = Setup::new(policy, None);
+    let s = grpc(policy, None);
     let cancelled = status("1", &[]);
     let not_retried = Verdict::Final(StopReason::NotRetryable);
     // Before the deadline, a server's CANCELLED is its own answer.
@@ -198,9 +218,9 @@ fn policy_http_deadline() -> RetryPolicy {
 
 #[test]
 fn the_throttling_counts_each_attempt_and_stops_retries_at_half_its_tokens() {
-    let mut s = Setup::new(a6(5), None);
-    s.grpc_throttle = Some(RetryThrottling::new(4.0, 1.6).unwrap());
-    let throttle = s.grpc_throttle.clone().unwrap();
+    let mut s = grpc(a6(5), None);
+    let throttle = RetryThrottling::new(4.0, 1.6).unwrap().for_server(None);
+    throttled(&mut s, &throttle);
     let failed = status("14", &[]);
     let mut d = s.decider(false);
     begin(&mut d, &s.time);
@@ -266,9 +286,9 @@ fn unsent(fault: Fault) -> Observed<'static> {
 
 #[test]
 fn a_call_that_sent_nothing_is_retried_once_at_once_beyond_its_attempts_and_unpaid() {
-    let mut s = Setup::new(a6(2), None);
-    s.grpc_throttle = Some(RetryThrottling::new(4.0, 1.0).unwrap());
-    let throttle = s.grpc_throttle.clone().unwrap();
+    let mut s = grpc(a6(2), None);
+    let throttle = RetryThrottling::new(4.0, 1.0).unwrap().for_server(None);
+    throttled(&mut s, &throttle);
     let mut d = s.decider(false);
     begin(&mut d, &s.time);
     assert_eq!(
@@ -295,7 +315,7 @@ fn a_call_that_sent_nothing_is_retried_once_at_once_beyond_its_attempts_and_unpa
 
 #[test]
 fn no_transparent_retry_for_a_call_that_forbade_retries_nor_under_an_http_policy() {
-    let s = Setup::new(a6(2), None);
+    let s = grpc(a6(2), None);
     let mut d = s.decider(true);
     begin(&mut d, &s.time);
     assert_eq!(
@@ -314,7 +334,7 @@ fn no_transparent_retry_for_a_call_that_forbade_retries_nor_under_an_http_policy
 
 #[test]
 fn a_call_without_a_deadline_waits_out_the_longest_pushback() {
-    let s = Setup::new(a6(2), None);
+    let s = grpc(a6(2), None);
     let mut d = s.decider(false);
     begin(&mut d, &s.time);
     // A6's pushback is an int32 of milliseconds: at most about 24.8 days.
@@ -328,23 +348,21 @@ fn a_call_without_a_deadline_waits_out_the_longest_pushback() {
 #[test]
 fn a_hedged_call_s_next_copy_is_asked_about_at_its_deadline_at_the_latest_and_refused_there() {
     let policy = a6(3).to_builder().deadline(secs(1)).build().unwrap();
-    assert!(policy.grpc().is_some());
-    let s = Setup::new(policy, None);
+    let s = grpc(policy, None);
     let mut d = s.decider(false);
     begin(&mut d, &s.time);
     s.time.advance(200 * MS);
     let now = s.time.now();
     // 800 ms left: a copy due before then is asked about when due; one due at or past it, at
     // the deadline.
-    assert_eq!(d.grpc_copy_at(now + 799 * MS, now), now + 799 * MS);
+    assert_eq!(d.copy_at(now + 799 * MS, now), now + 799 * MS);
     for at in [now + 800 * MS, now + secs(20)] {
-        assert_eq!(d.grpc_copy_at(at, now), now + 800 * MS);
+        assert_eq!(d.copy_at(at, now), now + 800 * MS);
     }
     assert_eq!(s.counts().deadline_stops, 0);
     s.time.advance(800 * MS);
     assert_eq!(
-        d.grpc_copy(s.time.now(), Some(&URL))
-            .map(|plan| plan.number),
+        d.copy(s.time.now(), Some(&URL)).map(|plan| plan.number),
         Err(StopReason::DeadlineReached)
     );
     assert_eq!(s.counts().deadline_stops, 1);

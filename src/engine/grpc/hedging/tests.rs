@@ -146,9 +146,8 @@ fn the_policy_keeps_a6_s_rules() {
             "{err}"
         );
     }
-    let run = ok.to_policy();
+    let (run, rules) = ok.to_policy();
     assert_eq!(run.max_attempts(), 5);
-    let rules = run.grpc().unwrap();
     assert_eq!((rules.codes, rules.hedge_delay), (ok.codes(), Some(5 * MS)));
     assert_eq!(run.deadline(), crate::engine::grpc::NO_DEADLINE);
 }
