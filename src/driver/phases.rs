@@ -12,8 +12,9 @@ use std::borrow::BorrowMut;
 use std::future::Future;
 use std::ops::ControlFlow;
 use std::ops::Deref;
+use std::pin::Pin;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use http::Extensions;
 use tracing::Level;
@@ -342,13 +343,10 @@ impl RetryMiddleware {
                             };
                         // The body is read within the wait, not past it (none: what has come).
                         let reading = this.clock.get().now();
-                        let within =
-                            (!delay.is_zero()).then(|| this.clock.timeout(delay, Some(reading)));
-                        let Ok(within) = within.transpose() else {
+                        let Ok(kept_body) = this.keep_within(outcome, delay, reading) else {
                             return this.no_timer(&span, &decider, sent.ends(&kept));
                         };
-                        let kept_body = body::keep_within(outcome, body::KEPT, within);
-                        kept.previous = Some(Box::new((Box::pin(kept_body).await, fault)));
+                        kept.previous = Some(Box::new((kept_body.await, fault)));
                         now = this.clock.get().now();
                         Phase::Waiting(delay.saturating_sub(now.saturating_duration_since(reading)))
                     }
@@ -362,6 +360,23 @@ impl RetryMiddleware {
                 };
             }
         }
+    }
+
+    /// The last outcome kept through the wait of `delay` that follows it, read at `reading`:
+    /// its body read within the wait, not past it (with no wait, what has come); boxed, as
+    /// only a retry needs it.
+    fn keep_within<R: Reply>(
+        &self,
+        outcome: Outcome<R>,
+        delay: Duration,
+        reading: Instant,
+    ) -> Result<Pin<Box<impl Future<Output = Outcome<R>>>>, TimerUnavailable> {
+        let within = (!delay.is_zero()).then(|| self.clock.timeout(delay, Some(reading)));
+        Ok(Box::pin(body::keep_within(
+            outcome,
+            body::KEPT,
+            within.transpose()?,
+        )))
     }
 
     /// What the request needs after it has gone (its key, who watches), with what the core
