@@ -201,7 +201,7 @@ impl<'s, 'l, 'p, 'q, 'd, N: Beneath + 's> Flight<'s, 'l, 'p, 'q, 'd, N> {
                 failed: None,
             })
         });
-        let sending = lent.sent.copy(lent.kept, plan);
+        let sending = lent.sent.copy(lent.kept, plan, lent.decider.rules());
         let id = (claim::claim_id(extensions), lent.sent.print);
         first.set(Some(Claiming::new(id, span, || {
             next.run(sending, extensions)
@@ -387,7 +387,7 @@ impl<'s, 'l, 'p, 'q, 'd, N: Beneath + 's> Flight<'s, 'l, 'p, 'q, 'd, N> {
             lent.decider.hedge_sent(false);
             return;
         };
-        let sending = lent.sent.copy(lent.kept, &plan);
+        let sending = lent.sent.copy(lent.kept, &plan, lent.decider.rules());
         lent.decider.hedge_sent(true);
         let id = (claim::claim_id(extensions), lent.sent.print);
         let next = self.door;

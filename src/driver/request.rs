@@ -16,6 +16,7 @@ use crate::engine::decide::{Facts, Plan};
 use crate::engine::dependency::Dependency;
 use crate::engine::idempotency::{self, IdempotencyKeys, Key, NaturalKey};
 use crate::engine::policy::RetryPolicy;
+use crate::engine::rules::Rules;
 use crate::engine::seen::{Locate, Seen, Target};
 use crate::error::{InvalidConfig, LastError, NotSent};
 use crate::fault::Fault;
@@ -227,14 +228,21 @@ impl<'a> Sent<'a> {
     }
 
     /// The copy of the request that `plan` sends: the one place where a copy gets the key and
-    /// the attempt headers, each computed for this copy.
+    /// the attempt headers (the dependency's, and its `rules`' own), each computed for this
+    /// copy.
     #[inline]
-    pub(crate) fn copy<Q: Outgoing, R: Reply>(&self, kept: &mut Kept<Q, R>, plan: &Plan) -> Q {
+    pub(crate) fn copy<Q: Outgoing, R: Reply>(
+        &self,
+        kept: &mut Kept<Q, R>,
+        plan: &Plan,
+        rules: &dyn Rules,
+    ) -> Q {
         let mut sending = kept.take(plan.keep_copy);
         idempotency::put_on(self.keys, self.key.as_ref(), sending.headers_mut());
         if self.headers.are_on() {
             (self.headers).put_on(sending.headers_mut(), plan.number, plan.left);
         }
+        rules.attempt_headers(sending.headers_mut(), plan.number, plan.left);
         sending
     }
 

@@ -19,7 +19,6 @@ use std::time::Duration;
 
 use http::{HeaderName, HeaderValue};
 
-use crate::engine::grpc;
 use crate::engine::idempotency::STANDARD_FIELDS;
 use crate::error::InvalidConfig;
 
@@ -33,16 +32,13 @@ pub(crate) struct AttemptHeaders {
     pub(crate) attempt: Option<HeaderName>,
     /// The header of the time left before the deadline, in milliseconds.
     pub(crate) deadline: Option<HeaderName>,
-    /// gRPC's own (A6): `grpc-previous-rpc-attempts` on every retry, and a call's
-    /// `grpc-timeout`, when it has one, cut to the time left.
-    pub(crate) grpc: bool,
 }
 
 impl AttemptHeaders {
     /// Whether any is sent.
     #[inline]
     pub(crate) fn are_on(&self) -> bool {
-        self.attempt.is_some() || self.deadline.is_some() || self.grpc
+        self.attempt.is_some() || self.deadline.is_some()
     }
 
     /// Puts attempt `number`'s headers on the copy of the request it sends, `left` before the
@@ -54,16 +50,6 @@ impl AttemptHeaders {
         if let Some(name) = &self.deadline {
             let millis = u64::try_from(left.as_millis()).unwrap_or(u64::MAX);
             headers.insert(name.clone(), HeaderValue::from(millis));
-        }
-        if self.grpc {
-            if number > 1 {
-                let previous = HeaderValue::from(number - 1);
-                headers.insert(grpc::PREVIOUS_ATTEMPTS, previous);
-            }
-            // The call's deadline spans its attempts: each is told what is left of it.
-            if grpc::header(headers, &grpc::GRPC_TIMEOUT).is_some() {
-                headers.insert(grpc::GRPC_TIMEOUT, grpc::timeout_value(left));
-            }
         }
     }
 }
@@ -116,7 +102,6 @@ mod tests {
         let headers = AttemptHeaders {
             attempt: Some(HeaderName::from_static("x-attempt")),
             deadline: Some(HeaderName::from_static("x-deadline-ms")),
-            grpc: false,
         };
         let mut sending = request();
         sending
@@ -138,7 +123,6 @@ mod tests {
         let one = AttemptHeaders {
             attempt: None,
             deadline: Some(HeaderName::from_static("x-deadline-ms")),
-            grpc: false,
         };
         assert!(one.are_on());
     }

@@ -105,6 +105,7 @@ pub(crate) fn ceiling(base: Duration, cap: Duration, retry: u32) -> Duration {
 /// gRPC's wait before retry `retry` (0-based; A6 as revised in 2024): the ceiling
 /// `min(base * multiplier^retry, cap)` (`multiplier_milli` in thousandths), times a factor
 /// drawn from `[0.8, 1.2]`. The jitter comes after the cap, so a wait may pass it by a fifth.
+#[cfg(feature = "grpc")]
 pub(crate) fn a6(
     base: Duration,
     cap: Duration,
@@ -119,6 +120,7 @@ pub(crate) fn a6(
 
 /// `min(base * multiplier^retry, cap)`, `multiplier_milli` in thousandths: in floating point,
 /// as any multiplier may be given; a product too large, or not a number, is the cap.
+#[cfg(feature = "grpc")]
 pub(crate) fn a6_ceiling(
     base: Duration,
     cap: Duration,

@@ -74,8 +74,7 @@ use http::HeaderMap;
 
 use crate::engine::budget::{RetryBudget, RetryKind};
 use crate::engine::classify::{Cause, Verdict};
-use crate::engine::grpc::Pushback;
-use crate::engine::grpc::hedging::CopyEnd;
+use crate::engine::course::{CopyEnd, Pushback};
 use crate::engine::latency::LatencyWindow;
 use crate::engine::observed::{Answer, Observed};
 use crate::engine::policy::RetryPolicy;

@@ -14,6 +14,7 @@ use crate::engine::attempt_headers::{self, AttemptHeaders};
 use crate::engine::budget::RetryBudget;
 use crate::engine::classifier::{Attempt, Classifier, Retryable};
 use crate::engine::decide::{Accounts, Cap};
+#[cfg(feature = "grpc")]
 use crate::engine::grpc::PathTable;
 use crate::engine::idempotency::IdempotencyKeys;
 use crate::engine::latency::LatencyWindow;
@@ -316,6 +317,7 @@ pub(crate) struct Routes {
     routes: Vec<(HostMatch, Dependency)>,
     /// By the request's path, before any host (the gRPC door's methods): a method's, else its
     /// service's, found by name in time independent of their number.
+    #[cfg(feature = "grpc")]
     paths: PathTable<Dependency>,
 }
 
@@ -324,6 +326,7 @@ impl Routes {
         Routes {
             default,
             routes: Vec::new(),
+            #[cfg(feature = "grpc")]
             paths: PathTable::default(),
         }
     }
@@ -363,11 +366,14 @@ impl Routes {
     /// The dependency a request to `to` goes through (its target is read only when there
     /// are routes).
     pub(crate) fn pick<'p>(&self, to: &dyn Locate, path: impl FnOnce() -> &'p str) -> &Dependency {
+        #[cfg(feature = "grpc")]
         if !self.paths.is_empty() {
             if let Some(dependency) = self.paths.get(path()) {
                 return dependency;
             }
         }
+        #[cfg(not(feature = "grpc"))]
+        let _ = path;
         if self.routes.is_empty() {
             return &self.default;
         }

@@ -10,8 +10,10 @@ pub(crate) mod backoff;
 pub(crate) mod budget;
 pub(crate) mod classifier;
 pub(crate) mod classify;
+pub(crate) mod course;
 pub(crate) mod decide;
 pub(crate) mod dependency;
+#[cfg(feature = "grpc")]
 pub(crate) mod grpc;
 pub(crate) mod idempotency;
 pub(crate) mod latency;

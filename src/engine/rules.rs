@@ -74,6 +74,10 @@ pub(crate) trait Rules: Debug + Send + Sync + 'static {
     /// nothing.
     fn counted(&self, observed: &Observed<'_>) -> Option<bool>;
 
+    /// Puts the protocol's own attempt headers on the copy of attempt `number`, sent `left`
+    /// before the request's deadline (gRPC's `grpc-previous-rpc-attempts` and `grpc-timeout`).
+    fn attempt_headers(&self, headers: &mut HeaderMap, number: u32, left: Duration);
+
     /// Whether that account refuses any further copy now.
     fn refuses_copies(&self) -> bool;
 
@@ -149,6 +153,8 @@ impl Rules for Http {
     fn counted(&self, _: &Observed<'_>) -> Option<bool> {
         None
     }
+
+    fn attempt_headers(&self, _: &mut HeaderMap, _: u32, _: Duration) {}
 
     fn refuses_copies(&self) -> bool {
         false

@@ -1,6 +1,6 @@
 //! A hedged gRPC call in flight (A6's hedging policy): up to the policy's attempts copies of
 //! the call, each with its own limit (the call's deadline), sent when the course
-//! (`engine::grpc::hedging::Course`) says, the door asked for readiness first and the core
+//! (`engine::course::Course`) says, the door asked for readiness first and the core
 //! (`Decider::copy`) whether each may go; every copy's end judged and counted as it comes,
 //! and the call's outcome the copy that ends it, the others dropped (hyper resets their
 //! streams, and the server sees the cancellation).
@@ -21,8 +21,8 @@ use crate::driver::body::Outcome;
 use crate::driver::claim::{self, Beneath, Claiming};
 use crate::driver::trace::{LogLevels, Traced};
 use crate::engine::classify::Verdict;
+use crate::engine::course::{Course, Then};
 use crate::engine::decide::Plan;
-use crate::engine::grpc::hedging::{Course, Then};
 use crate::engine::observed::Observed;
 use crate::engine::schedule::Wait;
 use crate::error::LastError;
@@ -76,7 +76,7 @@ impl<'s, 'l, 'p, 'q, 'd, N: Beneath + 's> Hedges<'s, 'l, 'p, 'q, 'd, N> {
         let now = clock.get().now();
         let timer = clock.timeout(plan.limit, Some(now)).ok()?;
         claim::announce(extensions, span, plan.number);
-        let sending = lent.sent.copy(lent.kept, plan);
+        let sending = lent.sent.copy(lent.kept, plan, lent.decider.rules());
         let id = (claim::claim_id(extensions), lent.sent.print);
         let running = Claiming::new(id, span, || next.run(sending, extensions));
         lent.decider.sent();
@@ -232,7 +232,7 @@ impl<'s, 'l, 'p, 'q, 'd, N: Beneath + 's> Hedges<'s, 'l, 'p, 'q, 'd, N> {
             return self.close(StopReason::AttemptsExhausted);
         };
         claim::announce(extensions, self.span, plan.number);
-        let sending = lent.sent.copy(lent.kept, &plan);
+        let sending = lent.sent.copy(lent.kept, &plan, lent.decider.rules());
         lent.decider.sent();
         let id = (claim::claim_id(extensions), lent.sent.print);
         let door = self.door;

@@ -714,7 +714,6 @@ impl GrpcConfig {
         if !keyed {
             dependency = dependency.without_idempotency_keys();
         }
-        dependency.attempt_headers.grpc = true;
         dependency
     }
 

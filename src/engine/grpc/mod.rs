@@ -14,7 +14,6 @@
 //! in the path that does not speak gRPC (a proxy), and its status stands for a gRPC code as
 //! gRPC's HTTP mapping says (`429`, `502`, `503` and `504` are `UNAVAILABLE`).
 
-#[cfg(feature = "grpc")]
 pub(crate) mod config;
 pub(crate) mod hedging;
 pub(crate) mod rules;
@@ -23,6 +22,8 @@ pub(crate) mod throttle;
 use std::time::Duration;
 
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
+
+use crate::engine::course::Pushback;
 
 /// Values by a gRPC call's path (`/pkg.Service/Method`), found as a service config finds a
 /// method's: the method's own, else its service's, else the one for every method. A lookup
@@ -72,7 +73,6 @@ impl std::hash::Hasher for FnvHasher {
     }
 }
 
-#[cfg_attr(not(feature = "grpc"), allow(dead_code))]
 impl<T> PathTable<T> {
     /// `value` for the calls of `service`'s `method`, or of every method of `service`.
     pub(crate) fn insert(&mut self, service: &str, method: Option<&str>, value: T) {
@@ -114,12 +114,10 @@ impl<T> PathTable<T> {
 /// The most attempts A6 allows a retry or hedging policy unless raised on purpose
 /// ([`GrpcRetryPolicyBuilder::allow_attempts_above_five`](crate::grpc::GrpcRetryPolicyBuilder::allow_attempts_above_five),
 /// [`GrpcHedgingPolicyBuilder::allow_attempts_above_five`](crate::grpc::GrpcHedgingPolicyBuilder::allow_attempts_above_five)).
-#[cfg(feature = "grpc")]
 pub const GRPC_MAX_ATTEMPTS: u32 = 5;
 
 /// A policy's `maxAttempts` (`given`): required, at least 2, cut to A6's 5 or to `most` when
 /// raised on purpose; else what is wrong with it, for a `kind` policy.
-#[cfg(feature = "grpc")]
 pub(crate) fn max_attempts(
     given: Option<u32>,
     most: Option<u32>,
@@ -140,11 +138,9 @@ pub(crate) fn max_attempts(
 /// The longest duration a policy's field may hold: what grpc-go reads a duration into (a
 /// `time.Duration`, nanoseconds in 63 bits: about 292 years). Longer ones are refused at build,
 /// rather than overflowing the clock's arithmetic when a call uses them.
-#[cfg(feature = "grpc")]
 pub(crate) const LONGEST: Duration = Duration::from_nanos(i64::MAX as u64);
 
 /// `value` of the field `field`, if it is not longer than [`LONGEST`]; else what is wrong.
-#[cfg(feature = "grpc")]
 pub(crate) fn in_range(value: Duration, field: &str) -> Result<Duration, String> {
     if value > LONGEST {
         return Err(format!(
@@ -157,7 +153,6 @@ pub(crate) fn in_range(value: Duration, field: &str) -> Result<Duration, String>
 
 /// The status codes of the field `field`: at least one, each a code, not `OK` (a success is
 /// never retried, nor a failure; grpc-java refuses it too); else what is wrong.
-#[cfg(feature = "grpc")]
 pub(crate) fn status_codes(codes: Vec<i32>, field: &str) -> Result<CodeSet, String> {
     if codes.is_empty() {
         return Err(format!("{field} must name at least one code"));
@@ -166,7 +161,6 @@ pub(crate) fn status_codes(codes: Vec<i32>, field: &str) -> Result<CodeSet, Stri
 }
 
 /// The status codes of the field `field`, none of them `OK`; else what is wrong.
-#[cfg(feature = "grpc")]
 pub(crate) fn codes_without_ok(codes: Vec<i32>, field: &str) -> Result<CodeSet, String> {
     if codes.contains(&i32::from(OK)) {
         return Err(format!(
@@ -178,7 +172,6 @@ pub(crate) fn codes_without_ok(codes: Vec<i32>, field: &str) -> Result<CodeSet, 
 }
 
 /// The configuration error of `area` that says `msg`.
-#[cfg(feature = "grpc")]
 pub(crate) fn bad_in(area: &'static str) -> impl Fn(String) -> crate::error::InvalidConfig {
     move |msg| crate::error::InvalidConfig::new(area, msg)
 }
@@ -225,7 +218,6 @@ pub(crate) const UNAVAILABLE: u8 = 14;
 
 /// A call's deadline when it gives none (`grpc-timeout`): a gRPC call has none of its own, so
 /// the retries' is long.
-#[cfg(feature = "grpc")]
 pub(crate) const NO_DEADLINE: Duration = Duration::from_secs(365 * 24 * 3600);
 
 /// A set of gRPC status codes (0 to 16).
@@ -234,7 +226,6 @@ pub(crate) struct CodeSet(u32);
 
 impl CodeSet {
     /// The set of `codes`; `None` if one is not a gRPC code (0 to 16).
-    #[cfg(feature = "grpc")]
     pub(crate) fn of(codes: impl IntoIterator<Item = i32>) -> Result<CodeSet, i32> {
         let mut set = 0u32;
         for code in codes {
@@ -262,7 +253,6 @@ impl std::fmt::Debug for CodeSet {
 }
 
 /// The code named `name` (`"UNAVAILABLE"`, in any case), as a service config writes it.
-#[cfg(feature = "grpc")]
 pub(crate) fn code_named(name: &str) -> Option<u8> {
     let at = NAMES.iter().position(|n| n.eq_ignore_ascii_case(name))?;
     u8::try_from(at).ok()
@@ -339,19 +329,9 @@ pub(crate) fn code_of(value: &HeaderValue) -> u8 {
     }
 }
 
-/// What the server's `grpc-retry-pushback-ms` says.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Pushback {
-    /// None was sent.
-    Absent,
-    /// Retry after exactly this long.
-    Wait(Duration),
-    /// Do not retry: a negative value, or one that is not a whole number of milliseconds
-    /// (A6: "a negative or malformed value means do not retry").
-    Stop,
-}
-
-/// The server's pushback on an answer.
+/// The server's pushback on an answer (`grpc-retry-pushback-ms`): absent, a wait, or, when
+/// negative or malformed, do not retry (A6: "a negative or malformed value means do not
+/// retry").
 pub(crate) fn pushback(headers: &HeaderMap) -> Pushback {
     let (first, more) = values(headers, &PUSHBACK);
     let Some(value) = first else {
@@ -371,7 +351,6 @@ pub(crate) fn pushback(headers: &HeaderMap) -> Pushback {
 
 /// The call's deadline from now, as its `grpc-timeout` says (at most 8 digits and a unit: `H`,
 /// `M`, `S`, `m`, `u`, `n`); `None` when there is none, or it is malformed.
-#[cfg(feature = "grpc")]
 pub(crate) fn timeout_of(headers: &HeaderMap) -> Option<Duration> {
     let bytes = header(headers, &GRPC_TIMEOUT)?.as_bytes();
     let (&unit, digits) = bytes.split_last()?;
@@ -390,6 +369,18 @@ pub(crate) fn timeout_of(headers: &HeaderMap) -> Option<Duration> {
         b'n' => Duration::from_nanos(n),
         _ => return None,
     })
+}
+
+/// gRPC's attempt headers (A6), on the copy of attempt `number` sent `left` before the call's
+/// deadline: `grpc-previous-rpc-attempts` on every retry, and the call's `grpc-timeout`, when
+/// it has one, cut to what is left (the deadline spans its attempts).
+pub(crate) fn attempt_headers(headers: &mut HeaderMap, number: u32, left: Duration) {
+    if number > 1 {
+        headers.insert(PREVIOUS_ATTEMPTS, HeaderValue::from(number - 1));
+    }
+    if header(headers, &GRPC_TIMEOUT).is_some() {
+        headers.insert(GRPC_TIMEOUT, timeout_value(left));
+    }
 }
 
 /// `left` as a `grpc-timeout` value: in the finest unit whose count fits in 8 digits, rounded

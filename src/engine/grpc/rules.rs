@@ -2,10 +2,7 @@
 //! the server's pushback as its wait, A6's backoff, the channel's throttling counting each
 //! attempt's end, `CANCELLED` at the deadline standing for it, the transparent retry, waits cut
 //! at the deadline, and a hedging policy's course of copies.
-// Without the `grpc` feature, nothing makes them (the core still knows them).
-#![cfg_attr(not(feature = "grpc"), allow(dead_code))]
 
-#[cfg(feature = "grpc")]
 use std::any::Any;
 use std::time::{Duration, SystemTime};
 
@@ -15,8 +12,9 @@ use http::HeaderMap;
 use crate::engine::advice;
 use crate::engine::backoff;
 use crate::engine::classify::{Cause, Judging, Verdict, error_verdict};
+use crate::engine::course::Pushback;
 use crate::engine::grpc::throttle::RetryThrottling;
-use crate::engine::grpc::{self, CodeSet, Pushback, Said};
+use crate::engine::grpc::{self, CodeSet, Said};
 use crate::engine::observed::Observed;
 use crate::engine::policy::RetryPolicy;
 use crate::engine::rules::{Rules, ServerWait};
@@ -45,7 +43,6 @@ impl GrpcRules {
     /// `(initial, max, multiplier in thousandths)` with A6's jitter, `codes` retried, the
     /// server's pushback taken as an exact wait, and no deadline or attempt timeout of its own:
     /// a call's `grpc-timeout` gives its deadline.
-    #[cfg(feature = "grpc")]
     pub(crate) fn retrying(
         attempts: u32,
         (initial, max, multiplier_milli): (Duration, Duration, u32),
@@ -63,7 +60,6 @@ impl GrpcRules {
 
     /// The policy and rules that carry out an A6 hedging policy: up to `attempts` copies of a
     /// call, `delay` apart, `codes` the non-fatal ones, the call's deadline over every copy.
-    #[cfg(feature = "grpc")]
     pub(crate) fn hedging(
         attempts: u32,
         delay: Duration,
@@ -75,7 +71,6 @@ impl GrpcRules {
     }
 
     /// These rules with `throttling`'s count: one channel's.
-    #[cfg(feature = "grpc")]
     pub(crate) fn with_throttling(&self, throttling: Option<RetryThrottling>) -> GrpcRules {
         GrpcRules {
             throttling,
@@ -170,6 +165,12 @@ impl Rules for GrpcRules {
         Some(throttling.ended(code, self.codes))
     }
 
+    /// `grpc-previous-rpc-attempts` on every retry, and the call's `grpc-timeout`, when it has
+    /// one, cut to what is left (the deadline spans its attempts).
+    fn attempt_headers(&self, headers: &mut HeaderMap, number: u32, left: Duration) {
+        grpc::attempt_headers(headers, number, left);
+    }
+
     /// At or below half of the channel's tokens, no copy goes.
     fn refuses_copies(&self) -> bool {
         self.throttling.as_ref().is_some_and(|t| !t.allows())
@@ -198,7 +199,6 @@ impl Rules for GrpcRules {
         self.hedge_delay
     }
 
-    #[cfg(feature = "grpc")]
     fn as_any(&self) -> &dyn Any {
         self
     }

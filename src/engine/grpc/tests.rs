@@ -87,7 +87,6 @@ fn a_pushback_is_a_wait_and_a_negative_or_malformed_one_a_stop() {
     assert_eq!(pushback(&twice), Pushback::Stop);
 }
 
-#[cfg(feature = "grpc")]
 #[test]
 fn a_grpc_timeout_is_read_in_each_unit_and_a_malformed_one_is_none() {
     let read = |v: &str| timeout_of(&headers(&[("grpc-timeout", v)]));
@@ -116,7 +115,6 @@ fn a_time_left_is_written_in_the_finest_unit_that_fits_rounded_down() {
 
 proptest! {
     /// What is written is read back as at most the time left, and within one of its unit.
-    #[cfg(feature = "grpc")]
     #[test]
     fn a_written_timeout_reads_back_at_most_what_was_left(nanos in any::<u64>()) {
         let left = Duration::from_nanos(nanos);
@@ -151,7 +149,6 @@ proptest! {
     }
 }
 
-#[cfg(feature = "grpc")]
 #[test]
 fn codes_are_named_as_grpc_names_them_in_any_case() {
     assert_eq!(code_named("UNAVAILABLE"), Some(UNAVAILABLE));

@@ -1,7 +1,5 @@
-//! A6's retry throttling: a token count per channel that failures spend and successes refill,
-//! below half of which no call is retried.
-// Without the `grpc` feature, nothing makes one (the decider still asks for it).
-#![cfg_attr(not(feature = "grpc"), allow(unreachable_pub, dead_code))]
+//! A6's retry throttling: a token count per server (or channel) that failures spend and successes
+//! refill, below half of which no call is retried.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
@@ -198,7 +196,7 @@ impl RetryThrottling {
     }
 }
 
-#[cfg(all(test, feature = "grpc"))]
+#[cfg(test)]
 mod tests {
     use super::*;
     use proptest::prelude::*;

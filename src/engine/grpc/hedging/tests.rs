@@ -1,102 +1,9 @@
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::*;
 
 const MS: Duration = Duration::from_millis(1);
 
-#[test]
-fn each_copy_is_due_a_delay_after_the_one_before() {
-    let t0 = Instant::now();
-    let mut course = Course::start(50 * MS, t0);
-    assert_eq!(course.due(), Some(t0 + 50 * MS));
-    course.sent(t0 + 50 * MS);
-    assert_eq!(course.due(), Some(t0 + 100 * MS));
-    assert_eq!(course.out, 2);
-}
-
-#[test]
-fn a_non_fatal_failure_brings_the_next_copy_forward_and_a_pushback_sets_it() {
-    let t0 = Instant::now();
-    let mut course = Course::start(500 * MS, t0);
-    let end = CopyEnd::NonFatal(Pushback::Absent);
-    assert_eq!(course.ended(end, t0 + 20 * MS), Then::Go);
-    assert_eq!(course.due(), Some(t0 + 20 * MS), "at once");
-    course.sent(t0 + 20 * MS);
-    assert_eq!(
-        course.due(),
-        Some(t0 + 520 * MS),
-        "then a delay apart again"
-    );
-    let end = CopyEnd::NonFatal(Pushback::Wait(300 * MS));
-    assert_eq!(course.ended(end, t0 + 30 * MS), Then::Go);
-    assert_eq!(
-        course.due(),
-        Some(t0 + 330 * MS),
-        "exactly the pushback, later or sooner"
-    );
-}
-
-#[test]
-fn a_pushback_that_says_stop_sends_no_more_and_the_copies_out_run_on() {
-    let t0 = Instant::now();
-    let mut course = Course::start(10 * MS, t0);
-    course.sent(t0 + 10 * MS);
-    let stop = CopyEnd::NonFatal(Pushback::Stop);
-    assert_eq!(
-        course.ended(stop, t0 + 15 * MS),
-        Then::Go,
-        "one copy is out"
-    );
-    assert_eq!(course.due(), None);
-    // A later wait does not open it again.
-    let wait = CopyEnd::NonFatal(Pushback::Wait(MS));
-    assert_eq!(
-        course.ended(wait, t0 + 16 * MS),
-        Then::End(StopReason::ServerDeclinedRetry)
-    );
-}
-
-#[test]
-fn an_answer_or_a_fatal_code_ends_the_call_with_copies_out() {
-    for stop in [StopReason::Committed, StopReason::NotRetryable] {
-        let t0 = Instant::now();
-        let mut course = Course::start(MS, t0);
-        course.sent(t0 + MS);
-        course.sent(t0 + 2 * MS);
-        assert_eq!(
-            course.ended(CopyEnd::Ends(stop), t0 + 3 * MS),
-            Then::End(stop)
-        );
-        assert_eq!(course.due(), None);
-    }
-}
-
-#[test]
-fn a_refused_copy_closes_the_course_and_the_last_failure_ends_it() {
-    let t0 = Instant::now();
-    let mut course = Course::start(MS, t0);
-    assert_eq!(course.close(StopReason::BudgetExhausted), Then::Go);
-    assert_eq!(course.due(), None);
-    // The first reason stays.
-    assert_eq!(course.close(StopReason::AttemptsExhausted), Then::Go);
-    let end = CopyEnd::NonFatal(Pushback::Absent);
-    assert_eq!(
-        course.ended(end, t0 + MS),
-        Then::End(StopReason::BudgetExhausted)
-    );
-    // With nothing out, a close ends it at once.
-    let mut alone = Course::start(MS, t0);
-    assert_eq!(
-        alone.ended(CopyEnd::NonFatal(Pushback::Wait(MS)), t0),
-        Then::Go
-    );
-    assert_eq!(
-        alone.close(StopReason::AttemptsExhausted),
-        Then::End(StopReason::AttemptsExhausted)
-    );
-}
-
-#[cfg(feature = "grpc")]
 #[test]
 fn the_policy_keeps_a6_s_rules() {
     let build = |b: GrpcHedgingPolicyBuilder| b.build().map_err(|e| e.to_string());
@@ -152,19 +59,6 @@ fn the_policy_keeps_a6_s_rules() {
     assert_eq!(run.deadline(), crate::engine::grpc::NO_DEADLINE);
 }
 
-#[test]
-fn a_delay_the_clock_cannot_count_is_never_due_and_never_overflows() {
-    let t0 = Instant::now();
-    let course = Course::start(Duration::MAX, t0);
-    assert_eq!(course.due(), None);
-    let mut course = Course::start(50 * MS, t0);
-    course.sent(t0);
-    let end = CopyEnd::NonFatal(Pushback::Wait(Duration::MAX));
-    assert_eq!(course.ended(end, t0), Then::Go, "one copy still out");
-    assert_eq!(course.due(), None);
-}
-
-#[cfg(feature = "grpc")]
 #[test]
 fn a_delay_longer_than_a_grpc_duration_is_refused_at_build() {
     let policy = |delay| {
