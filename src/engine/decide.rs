@@ -756,7 +756,7 @@ impl<'a> Decider<'a> {
             return;
         }
         let allowed = self.accounts.rules.counted(observed);
-        if allowed == Some(false) && matches!(observed.verdict, Verdict::Transient(_)) {
+        if !allowed && matches!(observed.verdict, Verdict::Transient(_)) {
             self.count(Count::BudgetRefusal);
             observed.verdict = Verdict::Final(StopReason::BudgetExhausted);
         }

@@ -69,10 +69,10 @@ pub(crate) trait Rules: Debug + Send + Sync + 'static {
         rng: &dyn RandomSource,
     ) -> Duration;
 
-    /// What the protocol's own account of retries (gRPC's throttling) counts of an attempt's
-    /// (or a copy's) end, `observed`: whether a retry may follow; `None` when it counts
-    /// nothing.
-    fn counted(&self, observed: &Observed<'_>) -> Option<bool>;
+    /// The protocol's own account of retries (gRPC's throttling) counts an attempt's (or a
+    /// copy's) end, `observed`: whether it allows a retry after it (yes, when it counts
+    /// nothing).
+    fn counted(&self, observed: &Observed<'_>) -> bool;
 
     /// Puts the protocol's own attempt headers on the copy of attempt `number`, sent `left`
     /// before the request's deadline (gRPC's `grpc-previous-rpc-attempts` and `grpc-timeout`).
@@ -150,8 +150,8 @@ impl Rules for Http {
         policy.jitter().draw(base, cap, retry, previous, rng)
     }
 
-    fn counted(&self, _: &Observed<'_>) -> Option<bool> {
-        None
+    fn counted(&self, _: &Observed<'_>) -> bool {
+        true
     }
 
     fn attempt_headers(&self, _: &mut HeaderMap, _: u32, _: Duration) {}

@@ -150,19 +150,21 @@ impl Rules for GrpcRules {
     /// policy retries, or a transport failure that would be retried as `UNAVAILABLE`, spends
     /// it). A committed call is counted by the door when its trailers come, and a failure that
     /// sent nothing reached no application: neither is counted here (A6).
-    fn counted(&self, observed: &Observed<'_>) -> Option<bool> {
-        let throttling = self.throttling.as_ref()?;
+    fn counted(&self, observed: &Observed<'_>) -> bool {
+        let Some(throttling) = self.throttling.as_ref() else {
+            return true;
+        };
         let code = match observed.answer {
             Some(answer) => match grpc::said(answer.status, answer.headers) {
-                Said::Committed => return None,
+                Said::Committed => return true,
                 Said::Status(code) => code,
             },
             None if matches!(observed.verdict, Verdict::Transient(_)) && !observed.unsent => {
                 grpc::UNAVAILABLE
             }
-            None => return None,
+            None => return true,
         };
-        Some(throttling.ended(code, self.codes))
+        throttling.ended(code, self.codes)
     }
 
     /// `grpc-previous-rpc-attempts` on every retry, and the call's `grpc-timeout`, when it has
