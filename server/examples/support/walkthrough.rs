@@ -210,8 +210,23 @@ pub async fn walk(binary: &Path, point: &'static str, database: &str) -> Walked 
             .forget(),
     }
     // Whether the first process stored the order's answer before it died: then only the
-    // receipt's delivery is left to finish.
-    let completed_first = record_status(&client, &first.addr, &key).await == "completed";
+    // receipt's delivery is left to finish. With the delivery held, the order's answer is
+    // waited for: the relay may deliver the receipt (committed with the order's effects)
+    // before the handler's last write lands, and this walk is the one after both.
+    let completed_first = match crash {
+        Some(_) => record_status(&client, &first.addr, &key).await == "completed",
+        None => {
+            let mut completed = false;
+            for _ in 0..400 {
+                completed = record_status(&client, &first.addr, &key).await == "completed";
+                if completed {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(25)).await;
+            }
+            completed
+        }
+    };
     first.kill().await;
     let _ = sent.await;
     receipts.down.store(false, Ordering::SeqCst);
