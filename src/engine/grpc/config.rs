@@ -988,6 +988,19 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
+    /// A policy of 7 attempts, A6's cap raised on purpose.
+    fn raised_to_seven() -> GrpcRetryPolicy {
+        let ms = Duration::from_millis;
+        GrpcRetryPolicy::builder()
+            .max_attempts(7)
+            .allow_attempts_above_five(7)
+            .initial_backoff(ms(100))
+            .max_backoff(ms(1000))
+            .retryable_codes([14])
+            .build()
+            .unwrap()
+    }
+
     /// On a call, an override shortens the call's deadline and never drops it, and asks at
     /// most A6's cap of attempts (or a cap its method's policy raised); what else it says
     /// stays.
@@ -1018,14 +1031,7 @@ mod tests {
         assert_eq!(on(None, plain), plain);
         assert_eq!(on(call, plain), plain.deadline(ms(200)), "no_retries stays");
         // A method whose policy raised the cap lets more through.
-        let raised = GrpcRetryPolicy::builder()
-            .max_attempts(7)
-            .allow_attempts_above_five(7)
-            .initial_backoff(ms(100))
-            .max_backoff(ms(1000))
-            .retryable_codes([14])
-            .build()
-            .unwrap();
+        let raised = raised_to_seven();
         let raised = GrpcConfig::new().retry("a.B", raised).unwrap().calls();
         let more = raised.overriding("/a.B/C", None, many);
         assert_eq!(more.attempts_set(), Some(7));
@@ -1295,14 +1301,7 @@ mod tests {
         assert_eq!(calls.deadline("/a.B/Fast", None), None);
         // An override's attempts stop at A6's cap, or a policy's raised one.
         assert_eq!(calls.most_attempts("/a.B/Fast"), GRPC_MAX_ATTEMPTS);
-        let raised = GrpcRetryPolicy::builder()
-            .max_attempts(7)
-            .allow_attempts_above_five(7)
-            .initial_backoff(ms(100))
-            .max_backoff(ms(1000))
-            .retryable_codes([14])
-            .build()
-            .unwrap();
+        let raised = raised_to_seven();
         let raised = GrpcConfig::new().retry("x.Y", raised).unwrap().calls();
         assert_eq!(raised.most_attempts("/x.Y/Z"), 7);
         // The same built in code; and a config without timeouts looks none up.

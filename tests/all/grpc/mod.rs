@@ -376,14 +376,20 @@ async fn a_refused_connection_is_retried_and_ends_as_unavailable() {
     );
 }
 
+/// `echo.Echo` retried on `UNAVAILABLE` up to 5 attempts, under a throttling of 3 tokens
+/// (a ratio of 0.5): the second failure in a row leaves 1, below half, and stops retries.
+fn throttled_at_three() -> GrpcConfig {
+    GrpcConfig::new()
+        .retry("echo.Echo", unavailable(5))
+        .unwrap()
+        .retry_throttling(RetryThrottling::new(3.0, 0.5).unwrap())
+}
+
 /// Issue 64, defect 8: a cloned config serving another server does not share its throttling
 /// count: server A's failures, which stop A's retries, leave server B's retries going.
 #[tokio::test]
 async fn a_cloned_config_s_throttling_counts_each_server_alone() {
-    let config = GrpcConfig::new()
-        .retry("echo.Echo", unavailable(5))
-        .unwrap()
-        .retry_throttling(RetryThrottling::new(3.0, 0.5).unwrap());
+    let config = throttled_at_three();
     let failing = Script::new([
         Act::Fail(Code::Unavailable, None),
         Act::Fail(Code::Unavailable, None),
@@ -413,10 +419,7 @@ async fn a_cloned_config_s_throttling_counts_each_server_alone() {
 /// channel's failures stop the second's retries; a layer naming another server counts alone.
 #[tokio::test]
 async fn channels_to_one_named_server_share_its_throttling_count() {
-    let config = GrpcConfig::new()
-        .retry("echo.Echo", unavailable(5))
-        .unwrap()
-        .retry_throttling(RetryThrottling::new(3.0, 0.5).unwrap());
+    let config = throttled_at_three();
     let script = Script::new([
         Act::Fail(Code::Unavailable, None),
         Act::Fail(Code::Unavailable, None),
