@@ -49,25 +49,34 @@ impl RetryRecord {
     /// A response that succeeded (a status below 400) at its first attempt, without an
     /// idempotency key, carries no record: the success path is spared its allocation, and this
     /// returns what it would have said (1 attempt, [`StopReason::Succeeded`], no wait, no key).
+    /// A gRPC call's answer, which the server committed to at its first attempt, is spared
+    /// one likewise and reads [`StopReason::Committed`]: a `tonic::Response`, or an
+    /// `http::Response` whose head is a gRPC call's (`content-type: application/grpc`, its
+    /// status to follow in its trailers; so reads one from the tower layer too).
     /// Every other response from the middleware carries one. `None` for a response of 400 or
     /// above without a record: it did not pass through the middleware. A success that did not
     /// pass through it gets the first-attempt record too: it also made one attempt.
     ///
     /// `response` is an answer of any door: a `reqwest::Response` from a `reqwest-middleware`
     /// chain, an `http::Response` from the tower layer, or a `tonic::Response` through the
-    /// gRPC layer (feature `grpc`; its answers always carry a record).
+    /// gRPC layer (feature `grpc`).
     pub fn of(response: &impl Answer) -> Option<RetryRecord> {
         let (failed, extensions) = response.parts();
-        RetryRecord::read(failed, extensions)
+        RetryRecord::read(failed, extensions, || response.bare())
     }
 
-    /// The record an answer's head carries, or the first attempt's that it stands for.
-    fn read(failed: bool, extensions: &http::Extensions) -> Option<RetryRecord> {
+    /// The record an answer's head carries, or the first attempt's that it stands for, which
+    /// ended as `bare` says.
+    fn read(
+        failed: bool,
+        extensions: &http::Extensions,
+        bare: impl FnOnce() -> StopReason,
+    ) -> Option<RetryRecord> {
         let record = match extensions.get::<RetryRecord>() {
             Some(record) => record.clone(),
             None if !failed => RetryRecord {
                 attempts: 1,
-                stop: StopReason::Succeeded,
+                stop: bare(),
                 waited: Duration::ZERO,
                 key: None,
                 replayed: false,
@@ -126,11 +135,31 @@ pub trait Answer: sealed::Sealed {
     /// Whether the answer's status is a failure (400 or above), and its extensions.
     #[doc(hidden)]
     fn parts(&self) -> (bool, &http::Extensions);
+
+    /// What the answer stands for when it carries no record: a success, or a committed gRPC
+    /// call.
+    #[doc(hidden)]
+    fn bare(&self) -> StopReason {
+        StopReason::Succeeded
+    }
 }
 
 impl<B> Answer for http::Response<B> {
     fn parts(&self) -> (bool, &http::Extensions) {
         (self.status().as_u16() >= 400, self.extensions())
+    }
+
+    /// A gRPC call's head without a status (which its trailers will carry) is a committed
+    /// call's.
+    fn bare(&self) -> StopReason {
+        let headers = self.headers();
+        let grpc = (headers.get(http::header::CONTENT_TYPE))
+            .is_some_and(|value| value.as_bytes().starts_with(b"application/grpc"));
+        if grpc && !headers.contains_key("grpc-status") {
+            StopReason::Committed
+        } else {
+            StopReason::Succeeded
+        }
     }
 }
 
@@ -138,4 +167,64 @@ pub(crate) mod sealed {
     /// The doors' answers (each door implements it for its own).
     pub trait Sealed {}
     impl<B> Sealed for http::Response<B> {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn answer(status: u16, headers: &[(&str, &str)]) -> http::Response<()> {
+        let mut answer = http::Response::builder().status(status);
+        for (name, value) in headers {
+            answer = answer.header(*name, *value);
+        }
+        answer.body(()).unwrap()
+    }
+
+    fn inferred(answer: &http::Response<()>) -> Option<(u32, StopReason)> {
+        RetryRecord::of(answer).map(|r| (r.attempts, r.stop))
+    }
+
+    #[test]
+    fn an_answer_without_a_record_reads_as_its_protocol_s_first_attempt() {
+        let grpc = ("content-type", "application/grpc+proto");
+        // A gRPC call's head without a status: committed, the status to follow.
+        assert_eq!(
+            inferred(&answer(200, &[grpc])),
+            Some((1, StopReason::Committed))
+        );
+        // A trailers-only answer, and any HTTP answer: a success.
+        let ok = ("grpc-status", "0");
+        assert_eq!(
+            inferred(&answer(200, &[grpc, ok])),
+            Some((1, StopReason::Succeeded))
+        );
+        let json = ("content-type", "application/json");
+        assert_eq!(
+            inferred(&answer(200, &[json])),
+            Some((1, StopReason::Succeeded))
+        );
+        assert_eq!(
+            inferred(&answer(204, &[])),
+            Some((1, StopReason::Succeeded))
+        );
+        // A failure without a record did not pass through the middleware.
+        assert_eq!(inferred(&answer(503, &[grpc])), None);
+    }
+
+    #[test]
+    fn a_record_carried_is_read_as_it_is() {
+        let mut carried = answer(200, &[("content-type", "application/grpc")]);
+        let record = RetryRecord {
+            attempts: 3,
+            stop: StopReason::Succeeded,
+            waited: Duration::from_millis(5),
+            key: None,
+            replayed: false,
+            answered_by_hedge: false,
+            tally: Tally::default(),
+        };
+        carried.extensions_mut().insert(record.clone());
+        assert_eq!(RetryRecord::of(&carried), Some(record));
+    }
 }

@@ -27,6 +27,7 @@ use http::{HeaderMap, Method};
 use crate::driver::body::{Outcome, Reply};
 use crate::engine::seen::{Failure, Locate, ResponseHead, Seen};
 use crate::error::{AttemptTimeout, DoorError, LastError};
+use crate::stop::StopReason;
 
 /// What lies beneath the driver: where each copy of a request goes, with the request's
 /// extensions. The rest of a `reqwest-middleware` chain, or a tower service (`tower`): the one
@@ -79,6 +80,13 @@ pub(crate) trait Beneath: Send + Sync {
     /// An error of this door as the engine reads it: the transient fault the door finds in
     /// it, and the error itself, for a classifier.
     fn failure<'o>(&'o self, err: &'o Self::Error) -> Failure<'o>;
+
+    /// What a first attempt's answer that ends the request stands for when it carries no
+    /// record (`RetryRecord::of` infers it): an HTTP success, or, behind the gRPC door, a
+    /// committed call. The driver spares such an answer its record.
+    fn answered(&self) -> StopReason {
+        StopReason::Succeeded
+    }
 
     /// An attempt's outcome as the engine reads it: the answer's head, or the error with its
     /// transient fault: the door's, as the door finds it; the layer's own, as it says

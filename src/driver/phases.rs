@@ -402,6 +402,7 @@ impl RetryMiddleware {
                     key: None,
                     watcher: unsent.watcher.as_deref(),
                     url: kept,
+                    answered: StopReason::Succeeded,
                 };
                 let last = (Err(LastError::NotSent(unsent.cause)), None);
                 ControlFlow::Break(self.finish(span, last, unsent.stop, decider, ends))
@@ -445,7 +446,11 @@ impl RetryMiddleware {
         match decision {
             Wait::Stop(stop) => {
                 let last = (outcome, fault);
-                ControlFlow::Break(self.finish(span, last, stop, decider, sent.ends(kept)))
+                let ends = Ends {
+                    answered: door.answered(),
+                    ..sent.ends(kept)
+                };
+                ControlFlow::Break(self.finish(span, last, stop, decider, ends))
             }
             Wait::Sleep(delay) => ControlFlow::Continue((outcome, fault, delay)),
         }
@@ -503,7 +508,7 @@ impl RetryMiddleware {
         let budget = (stop == StopReason::BudgetExhausted)
             .then(|| decider.budget().map(RetryBudget::capacity))
             .flatten();
-        hand_back(record, (outcome, fault), ends.url, budget)
+        hand_back(record, (outcome, fault), ends.url, budget, ends.answered)
     }
 
     /// The clock and the random source, for an attempt.
@@ -549,20 +554,22 @@ where
 
 /// The caller's outcome with its `record`: on the response, or in the error that wraps the
 /// last one, with the fault found in it, the request's `url` and the `budget` that refused a
-/// retry. The most common outcome, a first attempt's success without a key or a wait, carries
-/// none: [`RetryRecord::of`] infers it, and the success path is spared an allocation and a map
-/// insertion.
+/// retry. The most common outcome, a first attempt's answer that stands for what the door's
+/// bare answers do (`answered`: an HTTP success, a committed gRPC call) without a key or a
+/// wait, carries none: [`RetryRecord::of`] infers it, and the success path is spared an
+/// allocation and a map insertion.
 #[inline]
 fn hand_back<R: Reply>(
     record: RetryRecord,
     (outcome, fault): Last<R>,
     url: &dyn KeptUrl,
     budget: Option<f64>,
+    answered: StopReason,
 ) -> Handed<R> {
     match outcome {
         Ok(mut response) => {
             let inferred = record.attempts == 1
-                && record.stop == StopReason::Succeeded
+                && record.stop == answered
                 && record.key.is_none()
                 && record.waited.is_zero()
                 && !record.answered_by_hedge;

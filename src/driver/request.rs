@@ -33,6 +33,8 @@ pub(crate) struct Ends<'s, 'a> {
     pub(crate) key: Option<(Key, bool)>,
     pub(crate) watcher: Option<&'s Watcher<'a>>,
     pub(crate) url: &'s dyn KeptUrl,
+    /// What a first attempt's answer stands for without a record (the door's `answered`).
+    pub(crate) answered: StopReason,
 }
 
 /// Where a request's URL is found after it has gone: asked only for an error.
@@ -259,6 +261,7 @@ impl<'a> Sent<'a> {
             key,
             watcher: self.watcher.as_deref(),
             url: kept,
+            answered: StopReason::Succeeded,
         }
     }
 

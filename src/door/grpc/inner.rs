@@ -110,6 +110,12 @@ where
             error: err,
         }
     }
+
+    /// A call answered at its first attempt is committed: its status follows in its
+    /// trailers, and it carries no record (a trailers-only `OK` does).
+    fn answered(&self) -> crate::stop::StopReason {
+        crate::stop::StopReason::Committed
+    }
 }
 
 /// The fault tonic's transport names in `err`'s chain: `ConnectError` (nothing sent) or

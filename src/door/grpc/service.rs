@@ -128,7 +128,7 @@ type Report = Option<Arc<super::metrics::Reporter>>;
 #[cfg(feature = "metrics")]
 fn record_of<R>(answer: &Result<Answer<R>, BoxError>) -> Option<RetryRecord> {
     match answer {
-        Ok(answer) => answer.extensions().get::<RetryRecord>().cloned(),
+        Ok(answer) => RetryRecord::of(answer),
         Err(e) => (e.downcast_ref::<tonic::Status>())
             .and_then(RetryRecord::of_status)
             .or_else(|| {
@@ -246,6 +246,12 @@ impl std::error::Error for Ended {}
 impl<T> crate::record::Answer for tonic::Response<T> {
     fn parts(&self) -> (bool, &http::Extensions) {
         (false, self.extensions())
+    }
+
+    /// A call answered at its first attempt: the server committed to it (a trailers-only
+    /// `OK` through the layer carries its record).
+    fn bare(&self) -> StopReason {
+        StopReason::Committed
     }
 }
 

@@ -997,6 +997,43 @@ async fn a_trailers_only_ok_is_an_answer_not_an_error() {
     assert_eq!(streams.load(std::sync::atomic::Ordering::SeqCst), 2);
 }
 
+/// A call the server committed to at its first attempt (the most common answer) carries no
+/// record, which spares it a map and a box, and reads as committed all the same; a
+/// trailers-only `OK` at its first attempt stands for no committed call and carries its own.
+#[tokio::test]
+async fn a_first_attempt_s_answer_carries_a_record_unless_it_is_a_committed_call_s() {
+    let uri = serve(&Script::new([])).await;
+    let (layer, _clock) = faked_retrying(2);
+    let answer = say(layer.layer(channel(&uri)), text("x")).await.unwrap();
+    assert_eq!(answer.extensions().get::<RetryRecord>(), None);
+    let record = RetryRecord::of(&answer).unwrap();
+    assert_eq!(
+        (record.attempts(), record.stop_reason()),
+        (1, StopReason::Committed)
+    );
+
+    let (uri, streams) = raw_h2(vec![Raw::Status("0")]).await;
+    let mut service = layer.layer(channel(&uri));
+    let request = http::Request::post(format!("{uri}/echo.Echo/Count"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(tonic::body::Body::empty())
+        .unwrap();
+    let answer = tower_service::Service::call(&mut service, request)
+        .await
+        .unwrap();
+    let record = answer
+        .extensions()
+        .get::<RetryRecord>()
+        .expect("its record");
+    assert_eq!(
+        (record.attempts(), record.stop_reason()),
+        (1, StopReason::Succeeded)
+    );
+    assert_eq!(RetryRecord::of(&answer).as_ref(), Some(record));
+    assert_eq!(streams.load(std::sync::atomic::Ordering::SeqCst), 1);
+}
+
 #[tokio::test]
 async fn a_status_s_source_says_how_the_call_ended() {
     let script = Script::new([Act::Fail(Code::PermissionDenied, None)]);

@@ -363,7 +363,7 @@ async fn run(seed: u64) {
             request.extensions_mut().insert(over.of());
         }
         let (record, code) = match say(service.clone(), request).await {
-            Ok(answer) => (answer.extensions().get::<RetryRecord>().cloned(), None),
+            Ok(answer) => (RetryRecord::of(&answer), None),
             Err(status) => (RetryRecord::of_status(&status), Some(status.code())),
         };
         let record = record.unwrap_or_else(|| panic!("{why}: call {call} has no record"));
