@@ -1,16 +1,11 @@
-//! One attempt, the driver's side: the copies of the request it sends down the rest of the
-//! chain, raced against their timers, and the outcome it ends in, judged, with its body read.
+//! One attempt, the driver's side: the copy of the request it sends down the rest of the
+//! chain, raced against its timer, and the outcome it ends in, judged, with its body read.
 //!
-//! An attempt is one path with one optional state more. Its first copy goes at once, racing its
-//! timer; when the timer fires the core says whether the copy is cut there or runs on
-//! (`Decider::at_limit`). When the core planned a hedge, a second timer runs beside it: when it
-//! fires with the first copy still out, the core is asked whether a hedge may go
-//! (`Decider::hedge_plan`); if so, a second copy goes with its own limit, down the rest of the
-//! chain with a copy of the request's extensions (so that instances of this middleware further
-//! in see it as claimed, and pass it through). The first answer that is not a transient
-//! failure wins, and the other copy is dropped: hyper then closes its connection, and the
-//! server sees the cancellation. A copy that fails transiently while the other is out does not
-//! end the attempt: the other may still answer.
+//! An attempt of one copy (nearly every attempt) is a [`Flight`]: its copy goes at once,
+//! racing its timer; when the timer fires the core says whether the copy is cut there or runs
+//! on (`Decider::at_limit`). An attempt the core planned with a hedge, or a hedged gRPC call,
+//! is a course of copies, [`Hedges`] (`hedges.rs`), boxed: few requests are hedged, and this
+//! path is kept lean.
 //!
 //! # Why a hedge, and why budgeted
 //!
@@ -38,6 +33,7 @@ use crate::driver::body::{Outcome, Reply};
 use crate::driver::claim::{self, Beneath, Claiming, Outgoing};
 use crate::driver::request::{Kept, Sent};
 use crate::engine::classify::Verdict;
+use crate::engine::course::Course;
 use crate::engine::decide::{Decider, Plan};
 use crate::engine::rules::Judge;
 use crate::error::LastError;
@@ -52,7 +48,7 @@ pub(crate) struct Chain<'s, N> {
 }
 
 /// What an attempt borrows while it runs: the request's own state and how its outcomes are
-/// judged, the core, the clock (for the time, and the hedge's timers) and the random source,
+/// judged, the core, the clock (for the time, and a hedge's timers) and the random source,
 /// and the first copy's timer, which the driver keeps for the answer's body after it.
 pub(crate) struct Lent<'p, 's, 'd, Q: Outgoing, R: Reply> {
     kept: &'p mut Kept<Q, R>,
@@ -100,9 +96,14 @@ impl<Q: Outgoing, R: Reply> Lent<'_, '_, '_, Q, R> {
         }
     }
 
-    /// The most copies the request's policy allows, the first included.
-    pub(crate) fn most_copies(&self) -> u32 {
-        self.decider.policy().max_attempts()
+    /// The time on the request's clock.
+    pub(crate) fn now(&self) -> std::time::Instant {
+        self.tools.clock.get().now()
+    }
+
+    /// The course of the attempt about to go at `now`, planned with a hedge after `delay`.
+    pub(crate) fn course(&self, delay: Duration, now: std::time::Instant) -> Course {
+        self.decider.course(delay, now)
     }
 }
 
@@ -113,31 +114,12 @@ pub(crate) type Running<'s, N> = Claiming<'s, <N as Beneath>::Running<'s>>;
 type Reading<R> = Pin<Box<dyn Future<Output = ReadBody<R>> + Send>>;
 type ReadBody<R> = Result<(R, Option<bytes::Bytes>), <R as Reply>::Error>;
 
-/// One attempt in flight: its first copy and, when the core planned a hedge, the hedged state;
-/// polled until it has an outcome, judged, with its body read as the policy says.
-pub(crate) struct Flight<'s, 'l, 'p, 'q, 'd, N: Beneath> {
-    lent: &'l mut Lent<'p, 'q, 'd, N::Request, N::Reply>,
-    /// The door beneath: where each copy goes, and what reads what it ends in.
-    door: &'s N,
-    number: u32,
-    /// The first copy's time limit, longer if it ran on past it.
-    limit: Duration,
-    /// The first copy, in the place the driver keeps for it: the door's future as it is, not
-    /// boxed.
-    first: Pin<&'l mut Option<Running<'s, N>>>,
-    /// Boxed: only a read the core may hedge needs room for a second copy.
-    hedged: Option<Box<Hedged<'s, N>>>,
-    /// An answer's body being read, racing the first copy's timer: for the classifier to see
-    /// it before the verdict, or, the verdict given, for the caller. While it is, the copies
-    /// are not polled. Boxed: only a policy that reads bodies needs room for it.
-    reading: Option<Box<ReadingBody<N::Reply>>>,
-}
-
-/// A body being read, and what follows.
+/// An answer's body being read, racing its copy's timer: for the classifier to see it before
+/// the verdict, or, the verdict given, for the caller. While it is, an attempt's copies are
+/// not polled.
 struct ReadingBody<R: Reply> {
     read: Reading<R>,
     then: AfterRead,
-    by_hedge: bool,
 }
 
 /// What follows a body read.
@@ -149,36 +131,64 @@ enum AfterRead {
     Done,
 }
 
-/// The hedged state: its delay's timer, the extensions lent to its copy, the copy (boxed, as
-/// only a hedge needs it), and a transient failure of one copy kept while the other is out.
-struct Hedged<'s, N: Beneath> {
-    due: Option<AttemptTimer>,
-    /// The delay has passed and the door is being asked whether it can take a copy: what it
-    /// made ready so far. A copy that waits for readiness is no hedge yet: nothing is decided
-    /// or paid until the door is ready.
-    asking: Option<Option<N::Ready>>,
-    lend: Option<&'s mut Extensions>,
-    span: &'s tracing::Span,
-    second: Option<Second<'s, N>>,
-    failed: Option<(Outcome<N::Reply>, Verdict)>,
+impl<R: Reply> ReadingBody<R> {
+    /// Starts reading the body of `outcome`, an answer, up to `max` bytes.
+    fn start(outcome: Outcome<R>, max: usize, then: AfterRead) -> Box<Self> {
+        let Ok(response) = outcome else {
+            unreachable!("only an answer has a body to read");
+        };
+        Box::new(ReadingBody {
+            read: Box::pin(body::buffer(response, max)),
+            then,
+        })
+    }
+
+    /// The answer with its body, or the error that cut it: the read's, or the copy's `timer`
+    /// (its limit `limit`) firing first.
+    fn poll(
+        &mut self,
+        timer: &mut AttemptTimer,
+        limit: Duration,
+        cx: &mut Context<'_>,
+    ) -> Poll<(Outcome<R>, Option<bytes::Bytes>)> {
+        Poll::Ready(match self.read.as_mut().poll(cx) {
+            Poll::Ready(Ok((response, body))) => (Ok(response), body),
+            Poll::Ready(Err(e)) => (Err(LastError::Beneath(e)), None),
+            Poll::Pending => {
+                ready!(Pin::new(timer).poll(cx));
+                (Err(claim::timed_out(limit)), None)
+            }
+        })
+    }
 }
 
-/// A hedge's copy on its way (boxed: only a hedge needs room for it), its timer and its limit.
-struct Second<'s, N: Beneath + 's> {
-    running: Pin<Box<Running<'s, N>>>,
-    timer: AttemptTimer,
+/// How much of `outcome`'s body to read before its verdict, for the classifier to see it, if
+/// any: an answer's, when the judge reads bodies first.
+fn body_first<R: Reply>(judge: &Judge<'_>, outcome: &Outcome<R>) -> Option<usize> {
+    judge.judging.body_first().filter(|_| outcome.is_ok())
+}
+
+/// One attempt of one copy in flight: polled until it has an outcome, judged, with its body
+/// read as the policy says.
+pub(crate) struct Flight<'s, 'l, 'p, 'q, 'd, N: Beneath> {
+    lent: &'l mut Lent<'p, 'q, 'd, N::Request, N::Reply>,
+    /// The door beneath: where the copy goes, and what reads what it ends in.
+    door: &'s N,
+    number: u32,
+    /// The copy's time limit, longer if it ran on past it.
     limit: Duration,
+    /// The copy, in the place the driver keeps for it: the door's future as it is, not boxed.
+    first: Pin<&'l mut Option<Running<'s, N>>>,
+    /// An answer's body being read, racing the copy's timer. Boxed: only a policy that reads
+    /// bodies needs room for it.
+    reading: Option<Box<ReadingBody<N::Reply>>>,
 }
 
 impl<'s, 'l, 'p, 'q, 'd, N: Beneath + 's> Flight<'s, 'l, 'p, 'q, 'd, N> {
-    /// Sends attempt `plan.number`'s first copy down `chain`, into `first`; `spare` takes the
-    /// copy of the extensions a hedge would go with, if the core planned one. The hedging
-    /// delay's timer is armed as the first copy starts (a middleware may take time before its
-    /// future is polled); without a timer there is no hedge.
+    /// Sends attempt `plan.number`'s copy down `chain`, into `first`.
     #[inline(always)]
     pub(crate) fn launch(
         chain: Chain<'s, N>,
-        spare: &'s mut Extensions,
         mut first: Pin<&'l mut Option<Running<'s, N>>>,
         plan: &Plan,
         lent: &'l mut Lent<'p, 'q, 'd, N::Request, N::Reply>,
@@ -189,18 +199,6 @@ impl<'s, 'l, 'p, 'q, 'd, N: Beneath + 's> Flight<'s, 'l, 'p, 'q, 'd, N> {
             span,
         } = chain;
         claim::announce(extensions, span, plan.number);
-        let hedged = plan.hedge_after.map(|after| {
-            // Copied before the first copy borrows the request's own for as long as it runs.
-            spare.clone_from(extensions);
-            Box::new(Hedged {
-                due: lent.tools.clock.timeout(after, None).ok(),
-                asking: None,
-                lend: Some(spare),
-                span,
-                second: None,
-                failed: None,
-            })
-        });
         let sending = lent.sent.copy(lent.kept, plan, lent.decider.rules());
         let id = (claim::claim_id(extensions), lent.sent.print);
         first.set(Some(Claiming::new(id, span, || {
@@ -213,199 +211,76 @@ impl<'s, 'l, 'p, 'q, 'd, N: Beneath + 's> Flight<'s, 'l, 'p, 'q, 'd, N> {
             number: plan.number,
             limit: plan.limit,
             first,
-            hedged,
             reading: None,
         }
     }
 
-    /// The attempt's outcome and verdict, and whether its hedge answered, once it has them. The
-    /// outcome is looked at where it lies and moved once, to where it goes: nearly every
-    /// request's answer passes through here.
+    /// The attempt's outcome and verdict once it has them. The outcome is looked at where it
+    /// lies and moved once, to where it goes: nearly every request's answer passes through
+    /// here.
     #[inline(always)]
     fn poll_judged(&mut self, cx: &mut Context<'_>) -> Poll<(Outcome<N::Reply>, Verdict, bool)> {
         loop {
-            let (outcome, verdict, by_hedge) = if self.reading.is_some() {
-                let (outcome, verdict, by_hedge, then) = ready!(self.poll_read(cx));
-                if let AfterRead::Done = then {
-                    return Poll::Ready((outcome, verdict, by_hedge));
-                }
-                (outcome, verdict, by_hedge)
-            } else {
-                let (outcome, by_hedge) = ready!(self.poll_copies(cx));
-                // Read first when the classifier is to see the body.
-                if let (Some(max), true) = (self.lent.judge().judging.body_first(), outcome.is_ok())
-                {
-                    self.read(outcome, max, AfterRead::Judge, by_hedge);
-                    continue;
-                }
+            if let Some(reading) = self.reading.as_deref_mut() {
+                let (outcome, body) = ready!(reading.poll(self.lent.timer, self.limit, cx));
+                self.reading = None;
+                // Judged with the body the classifier is to see (a body read for it is not
+                // read again); after a verdict, judged again: a body cut off is transient,
+                // and a body read whole leaves the verdict as it was (the same status and
+                // head).
                 let seen = self.door.seen(&outcome, self.lent.kept.went_to());
-                let verdict = self.lent.judge().verdict(&seen, self.number);
-                (outcome, verdict, by_hedge)
-            };
-            if let Some(hedged) = self.hedged.as_deref_mut() {
-                let other_out = if by_hedge {
-                    self.first.is_some()
-                } else {
-                    hedged.second.is_some()
-                };
-                if other_out && matches!(verdict, Verdict::Transient(..)) {
-                    // The other copy may still answer.
-                    hedged.failed = Some((outcome, verdict));
-                    continue;
-                }
-                // The other copy, if out, is given up here: dropped, its connection closed.
-                (hedged.failed, hedged.second) = (None, None);
+                let verdict = (self.lent.judge()).verdict_on(&seen, self.number, body.as_ref());
+                return Poll::Ready((outcome, verdict, false));
             }
-            self.first.set(None);
-            // The body is read within the first copy's time, which began first: a hedge's
-            // answer gets a little less than its own limit, never more than the attempt's.
-            if let Some(max) = body::to_read(&self.lent.judge().judging, &outcome, verdict) {
-                self.read(outcome, max, AfterRead::Done, by_hedge);
+            let outcome = ready!(self.poll_copy(cx));
+            // Read first when the classifier is to see the body.
+            if let Some(max) = body_first(&self.lent.judge(), &outcome) {
+                self.reading = Some(ReadingBody::start(outcome, max, AfterRead::Judge));
                 continue;
             }
-            return Poll::Ready((outcome, verdict, by_hedge));
+            let seen = self.door.seen(&outcome, self.lent.kept.went_to());
+            let verdict = self.lent.judge().verdict(&seen, self.number);
+            // The body is read within the copy's time.
+            if let Some(max) = body::to_read(&self.lent.judge().judging, &outcome, verdict) {
+                self.reading = Some(ReadingBody::start(outcome, max, AfterRead::Done));
+                continue;
+            }
+            return Poll::Ready((outcome, verdict, false));
         }
     }
 
-    /// Starts reading the body of `outcome`, an answer, up to `max` bytes.
-    fn read(&mut self, outcome: Outcome<N::Reply>, max: usize, then: AfterRead, by_hedge: bool) {
-        let Ok(response) = outcome else {
-            unreachable!("only an answer has a body to read");
-        };
-        self.reading = Some(Box::new(ReadingBody {
-            read: Box::pin(body::buffer(response, max)),
-            then,
-            by_hedge,
-        }));
-    }
-
-    /// Polls the body being read, racing the first copy's timer: the answer with its body, or
-    /// the error that cut it, judged (again, after a verdict: a body cut off is transient).
-    fn poll_read(
-        &mut self,
-        cx: &mut Context<'_>,
-    ) -> Poll<(Outcome<N::Reply>, Verdict, bool, AfterRead)> {
-        let Some(reading) = self.reading.as_deref_mut() else {
-            unreachable!("polled only while a body is read");
-        };
-        let (then, by_hedge) = (reading.then, reading.by_hedge);
-        let (outcome, body) = match reading.read.as_mut().poll(cx) {
-            Poll::Ready(Ok((response, body))) => (Ok(response), body),
-            Poll::Ready(Err(e)) => (Err(LastError::Beneath(e)), None),
-            Poll::Pending => {
-                ready!(Pin::new(&mut *self.lent.timer).poll(cx));
-                (Err(claim::timed_out(self.limit)), None)
-            }
-        };
-        self.reading = None;
-        // Judged with the body the classifier is to see; after a verdict, judged again: a body
-        // cut off is transient, and a body read whole leaves the verdict as it was (the same
-        // status and head).
-        let seen = self.door.seen(&outcome, self.lent.kept.went_to());
-        let verdict = (self.lent.judge()).verdict_on(&seen, self.number, body.as_ref());
-        Poll::Ready((outcome, verdict, by_hedge, then))
-    }
-
-    /// Polls the copies out and their timers, until one of them ends: the first copy's timer
-    /// asks the core whether it is cut or runs on; when the hedging delay's fires, a hedge may
-    /// go (and is polled at once).
+    /// Polls the copy and its timer until one of them ends: when the timer fires the core
+    /// says whether the copy is cut or runs on.
     #[inline(always)]
-    fn poll_copies(&mut self, cx: &mut Context<'_>) -> Poll<(Outcome<N::Reply>, bool)> {
-        loop {
-            let lent = &mut *self.lent;
-            let clock = lent.tools.clock;
-            if let Some(work) = self.first.as_mut().as_pin_mut() {
-                if let Poll::Ready(done) = work.poll(cx) {
-                    self.first.set(None);
-                    return Poll::Ready((done.map_err(LastError::Beneath), false));
-                }
-                while Pin::new(&mut *lent.timer).poll(cx).is_ready() {
-                    let now = clock.get().now();
-                    let longer = (lent.decider.at_limit(now))
-                        .and_then(|more| Some((more, clock.timeout(more, Some(now)).ok()?)));
-                    let Some((more, longer)) = longer else {
-                        self.first.set(None);
-                        return Poll::Ready((Err(claim::timed_out(self.limit)), false));
-                    };
-                    self.limit += more;
-                    *lent.timer = longer;
-                }
-            }
-            let Some(hedged) = self.hedged.as_deref_mut() else {
-                assert!(self.first.is_some(), "an attempt waits with no copy out");
-                return Poll::Pending;
-            };
-            if let Some(second) = hedged.second.as_mut() {
-                let ended = match second.running.as_mut().poll(cx) {
-                    Poll::Ready(done) => done.map_err(LastError::Beneath),
-                    Poll::Pending => match Pin::new(&mut second.timer).poll(cx) {
-                        Poll::Ready(()) => Err(claim::timed_out(second.limit)),
-                        Poll::Pending => return Poll::Pending,
-                    },
-                };
-                hedged.second = None;
-                return Poll::Ready((ended, true));
-            }
-            if let Some(Poll::Ready(())) = hedged.due.as_mut().map(|due| Pin::new(due).poll(cx)) {
-                // Once: the delay's timer is gone.
-                hedged.due = None;
-                hedged.asking = Some(None);
-            }
-            // The door is asked with this task's waker, so a door that becomes ready wakes it;
-            // once it is ready (at most once: the asking ends), the core decides the hedge, and
-            // this loop turns once more to poll it.
-            if let Some(ready) = hedged.asking.as_mut() {
-                if let Poll::Ready(able) = self.door.poll_ready(ready, cx) {
-                    let ready = hedged.asking.take().flatten();
-                    if let (true, Some(ready)) = (able, ready) {
-                        self.send_hedge(ready);
-                        continue;
-                    }
-                }
-            }
-            let out = self.first.is_some() || hedged.second.is_some();
-            assert!(out, "an attempt waits with no copy out");
-            return Poll::Pending;
-        }
-    }
-
-    /// The hedging delay has passed with the first copy out, and the door is `ready` for a
-    /// copy: a second copy goes if the core plans one and a timer can be made for it.
-    fn send_hedge(&mut self, ready: N::Ready) {
-        let Some(hedged) = self.hedged.as_deref_mut() else {
-            return;
-        };
+    fn poll_copy(&mut self, cx: &mut Context<'_>) -> Poll<Outcome<N::Reply>> {
         let lent = &mut *self.lent;
-        let Tools { clock, rng } = lent.tools;
-        let now = clock.get().now();
-        let Some(plan) = lent.decider.hedge_plan(now, lent.kept.resend(), rng) else {
-            return;
+        let clock = lent.tools.clock;
+        let Some(work) = self.first.as_mut().as_pin_mut() else {
+            unreachable!("an attempt is polled with its copy out");
         };
-        let (Ok(timer), Some(extensions)) =
-            (clock.timeout(plan.limit, Some(now)), hedged.lend.take())
-        else {
-            lent.decider.hedge_sent(false);
-            return;
-        };
-        let sending = lent.sent.copy(lent.kept, &plan, lent.decider.rules());
-        lent.decider.hedge_sent(true);
-        let id = (claim::claim_id(extensions), lent.sent.print);
-        let next = self.door;
-        let running = Claiming::new(id, hedged.span, || {
-            next.run_ready(ready, sending, extensions)
-        });
-        hedged.second = Some(Second {
-            running: Box::pin(running),
-            timer,
-            limit: plan.limit,
-        });
+        if let Poll::Ready(done) = work.poll(cx) {
+            self.first.set(None);
+            return Poll::Ready(done.map_err(LastError::Beneath));
+        }
+        while Pin::new(&mut *lent.timer).poll(cx).is_ready() {
+            let now = clock.get().now();
+            let longer = (lent.decider.at_limit(now))
+                .and_then(|more| Some((more, clock.timeout(more, Some(now)).ok()?)));
+            let Some((more, longer)) = longer else {
+                self.first.set(None);
+                return Poll::Ready(Err(claim::timed_out(self.limit)));
+            };
+            self.limit += more;
+            *lent.timer = longer;
+        }
+        Poll::Pending
     }
 }
 
 impl<'s, N: Beneath + 's> Future for Flight<'s, '_, '_, '_, '_, N> {
     type Output = (Outcome<N::Reply>, Verdict, bool);
 
-    /// The attempt's outcome and verdict, and whether its hedge answered.
+    /// The attempt's outcome and verdict (and `false`: no hedge answered).
     #[inline]
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         self.poll_judged(cx)
@@ -479,9 +354,8 @@ mod tests {
                 next: &door,
                 span: &span,
             };
-            let mut spare = Extensions::new();
             let first = std::pin::pin!(None);
-            let flight = Flight::launch(chain, &mut spare, first, &plan, lent);
+            let flight = Flight::launch(chain, first, &plan, lent);
             let mut flight = std::pin::pin!(flight);
             assert_eq!(
                 door.sent(),

@@ -306,34 +306,26 @@ impl RetryMiddleware {
                         let Ok(mut timer) = this.clock.timeout(plan.limit, Some(now)) else {
                             return this.no_timer(&span, &decider, sent.ends(&kept));
                         };
-                        // A hedged call that is not kept for another copy (past its buffer
+                        let lent = Lent::new(&mut kept, &sent, &mut decider, this.tools());
+                        let chain = Chain {
+                            extensions: &mut *extensions,
+                            next: &next,
+                            span: &span,
+                        };
+                        let lent = &mut lent(&mut timer);
+                        // A request that is not kept for another copy (past its buffer
                         // limits) goes once: the core refuses its next copy.
-                        let judged = if let Some(delay) = decider.course() {
-                            // Boxed: few calls are hedged, and this future is kept small.
-                            let lent = Lent::new(&mut kept, &sent, &mut decider, this.tools());
-                            let chain = Chain {
-                                extensions: &mut *extensions,
-                                next: &next,
-                                span: &span,
-                            };
-                            let lent = &mut lent(&mut timer);
+                        let judged = if let Some(delay) = plan.hedge_after {
+                            // Boxed: few requests are hedged, and this future is kept small.
                             let how = (&plan, delay, &this.log);
                             match Box::pin(hedged(chain, how, lent)).await {
                                 Some(judged) => judged,
                                 None => return this.no_timer(&span, &decider, sent.ends(&kept)),
                             }
                         } else {
-                            let mut spare = Extensions::new();
-                            // Where the first copy runs: here, in this future, not boxed.
+                            // Where the copy runs: here, in this future, not boxed.
                             let first = std::pin::pin!(None);
-                            let lent = Lent::new(&mut kept, &sent, &mut decider, this.tools());
-                            let chain = Chain {
-                                extensions: &mut *extensions,
-                                next: &next,
-                                span: &span,
-                            };
-                            let lent = &mut lent(&mut timer);
-                            Flight::launch(chain, &mut spare, first, &plan, lent).await
+                            Flight::launch(chain, first, &plan, lent).await
                         };
                         let request = (&mut sent, &kept, &next);
                         let (outcome, fault, delay) =
@@ -532,11 +524,13 @@ impl RetryMiddleware {
     }
 }
 
-/// A hedged gRPC call's copies in flight, each further one with its own copy of the request's
-/// extensions; `None` when no timer can be made for its first copy.
+/// A hedged request's copies in flight (an HTTP read's hedged attempt, or a hedged gRPC
+/// call), on the course the core sets for `plan` with `delay` between copies, each further
+/// copy with its own copy of the request's extensions (made before the first copy borrows
+/// them); `None` when no timer can be made for its first copy.
 async fn hedged<'s, N, Q, R>(
     chain: Chain<'s, N>,
-    how: (&Plan, Duration, &'s LogLevels),
+    (plan, delay, log): (&Plan, Duration, &'s LogLevels),
     lent: &mut Lent<'_, '_, '_, Q, R>,
 ) -> Option<(Outcome<R>, Verdict, bool)>
 where
@@ -544,12 +538,14 @@ where
     Q: Outgoing,
     R: Reply,
 {
-    let further = lent.most_copies().saturating_sub(1) as usize;
-    let mut spares = vec![Extensions::new(); further];
+    let now = lent.now();
+    let course = lent.course(delay, now);
+    let mut spares = vec![Extensions::new(); course.most() as usize];
     for spare in &mut spares {
         spare.clone_from(chain.extensions);
     }
-    Some(Hedges::launch(chain, &mut spares, how, lent)?.await)
+    let launched = Hedges::launch(chain, &mut spares, (course, now), (plan, log), lent);
+    Some(launched?.await)
 }
 
 /// The caller's outcome with its `record`: on the response, or in the error that wraps the

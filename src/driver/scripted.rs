@@ -23,6 +23,8 @@ pub(crate) struct Scripted {
     pub(crate) answer_after: Option<(crate::fake_clock::FakeClock, Duration)>,
     /// The headers each copy carried, in the order they were sent.
     pub(crate) headers: Arc<std::sync::Mutex<Vec<http::HeaderMap>>>,
+    /// The attempt each copy was, as its extensions told the door (a hedge its attempt's).
+    pub(crate) attempts: Arc<std::sync::Mutex<Vec<u32>>>,
 }
 
 impl Scripted {
@@ -86,8 +88,10 @@ impl Beneath for Scripted {
         self.run(request, e)
     }
 
-    fn run<'s>(&'s self, request: Request, _: &'s mut Extensions) -> Copy {
+    fn run<'s>(&'s self, request: Request, extensions: &'s mut Extensions) -> Copy {
         self.headers.lock().unwrap().push(request.headers().clone());
+        let attempt = extensions.get::<crate::observe::RetryAttempt>();
+        (self.attempts.lock().unwrap()).push(attempt.map_or(1, |a| a.number));
         let mut slots = self.slots.lock().unwrap();
         let at = slots.len();
         slots.push(None);

@@ -10,8 +10,8 @@
 //! holds, attempts and waits alike.
 //!
 //! The driver talks to it through a few verbs whose answers carry all it needs (`plan.rs`:
-//! [`Decider::plan`] before each attempt, [`Decider::at_limit`] and [`Decider::hedge_plan`]
-//! while one is out, [`Decider::ended`] after it); the finer steps below are what those verbs
+//! [`Decider::plan`] before each attempt, [`Decider::at_limit`] and, for a hedged one,
+//! [`Decider::copy`] while one is out, [`Decider::ended`] after it); the finer steps below are what those verbs
 //! are made of, and what the core's tests drive one by one.
 //!
 //! # Where each rule lives
@@ -27,7 +27,7 @@
 //! | charge before sleep, deposit, refund, give back | here, on the [`RetryBudget`] |
 //! | counters | here: a retry counts when its attempt starts, a stamped key when the first does |
 //! | the attempt's timeout from measured latency, doubled after a timeout | [`Decider::next_attempt`], on `latency::LatencyWindow` |
-//! | whether and when a hedge goes, what it costs, which copy's outcome counts | [`Decider::next_attempt`], [`Decider::hedge`], [`Decider::hedge_won`]; which requests may be hedged: `classify` |
+//! | whether and when a hedge goes, what it costs, which copy's outcome counts | [`Decider::next_attempt`], [`Decider::copy`] ([`Decider::hedge`] for an HTTP read, [`Decider::call_copy`] for a hedged gRPC call), [`Decider::hedge_won`]; when each copy goes: `course`; which requests may be hedged: `classify` |
 //!
 //! # Precedence
 //!
@@ -74,7 +74,7 @@ use http::HeaderMap;
 
 use crate::engine::budget::{RetryBudget, RetryKind};
 use crate::engine::classify::{Cause, Verdict};
-use crate::engine::course::{CopyEnd, Pushback};
+use crate::engine::course::{CopyEnd, Course, Pushback};
 use crate::engine::latency::LatencyWindow;
 use crate::engine::observed::{Answer, Observed};
 use crate::engine::policy::RetryPolicy;
@@ -551,19 +551,17 @@ impl<'a> Decider<'a> {
         self.count(Count::Hedge);
     }
 
-    /// The hedge's outcome, not the first copy's, is the one about to be taken in: its time
-    /// is measured and its admission counted, and the first copy is the one given up.
+    /// A copy after the first (a hedge, or a hedged call's later copy), not the first, gave
+    /// the outcome about to be taken in: a hedge's time is measured and its admission
+    /// counted, and the first copy is the one given up.
     fn hedge_won(&mut self) {
-        let Some(hedging) = self.hedging.as_deref_mut() else {
-            return;
-        };
-        let Some(hedge) = hedging.out.as_mut() else {
-            return;
-        };
-        // With a throttle both copies were admitted (without one, neither): the hedge's
-        // admission is now the one the outcome settles, the first copy's the one given up.
-        std::mem::swap(&mut self.sent_at, &mut hedge.sent_at);
-        std::mem::swap(&mut self.admitted, &mut hedge.admitted);
+        let hedging = self.hedging.get_or_insert_with(Box::default);
+        if let Some(hedge) = hedging.out.as_mut() {
+            // With a throttle both copies were admitted (without one, neither): the hedge's
+            // admission is now the one the outcome settles, the first copy's the one given up.
+            std::mem::swap(&mut self.sent_at, &mut hedge.sent_at);
+            std::mem::swap(&mut self.admitted, &mut hedge.admitted);
+        }
         hedging.answered = true;
         self.count(Count::HedgeWon);
     }
@@ -772,22 +770,78 @@ impl<'a> Decider<'a> {
         }
     }
 
-    /// The delay between the copies of a request its rules hedge as a course (A6's hedging
+    /// The delay between the copies of a request its rules hedge as a call (A6's hedging
     /// policy), unless the request forbade retries.
-    pub(crate) fn course(&self) -> Option<Duration> {
+    fn call_course(&self) -> Option<Duration> {
         let delay = self.accounts.rules.course()?;
         (self.cap == Cap::Policy).then_some(delay)
+    }
+
+    /// Whether the request's copies are each an attempt of its own (its rules hedge it as a
+    /// call), rather than an attempt's (an HTTP hedge).
+    fn copies_are_attempts(&self) -> bool {
+        self.accounts.rules.course().is_some()
+    }
+
+    /// The course of the attempt about to be sent at `now`, which [`plan`](Self::plan) said
+    /// may be hedged after `delay`: a hedged call's (its copies up to the attempts its policy
+    /// allows), or a hedged attempt's (one hedge).
+    pub(crate) fn course(&self, delay: Duration, now: Instant) -> Course {
+        if self.copies_are_attempts() {
+            let more = self.max_attempts().saturating_sub(self.attempt + 1);
+            Course::call(delay, more, now)
+        } else {
+            Course::attempt(delay, now)
+        }
+    }
+
+    /// Whether a further copy of the hedged request may go at `now`, to `resend`: its plan if
+    /// so, paid for; else why no copy goes any more. A hedged attempt's hedge as
+    /// [`hedge`](Self::hedge) says; a hedged call's copy as [`call_copy`](Self::call_copy)
+    /// says. The driver then says whether it went ([`copy_sent`](Self::copy_sent)).
+    pub(crate) fn copy(
+        &mut self,
+        now: Instant,
+        resend: Option<&dyn Locate>,
+        rng: &dyn RandomSource,
+    ) -> Result<Plan, StopReason> {
+        if self.copies_are_attempts() {
+            return self.call_copy(now, resend);
+        }
+        let limit = resend.and_then(|resend| self.hedge(now, resend, rng));
+        let limit = limit.ok_or(StopReason::AttemptsExhausted)?;
+        Ok(Plan {
+            number: self.attempt,
+            limit,
+            left: self.remaining(now),
+            keep_copy: true,
+            hedge_after: None,
+        })
+    }
+
+    /// The copy last planned went (`true`: counted, and what it cost stays spent, whatever
+    /// becomes of it), or could not (no timer for it: what it withdrew comes back).
+    pub(crate) fn copy_sent(&mut self, went: bool) {
+        match (went, self.copies_are_attempts()) {
+            (true, true) => {
+                self.count(Count::Hedge);
+                self.attempt_started();
+            }
+            (true, false) => self.hedge_started(),
+            (false, true) => {
+                if let (Some(pending), Some(budget)) = (self.pending.take(), self.accounts.budget) {
+                    budget.cancel_withdrawal(pending.cost);
+                }
+            }
+            (false, false) => self.hedge_unsent(),
+        }
     }
 
     /// Whether a further copy of the hedged call may go at `now`, to `resend`: its plan if so,
     /// paid for; else why no copy goes any more. In order: the policy's attempts, the
     /// deadline, a copy to send, the channel's throttling (above half of its tokens), the
-    /// budget. The driver then says [`sent`](Self::sent).
-    pub(crate) fn copy(
-        &mut self,
-        now: Instant,
-        resend: Option<&dyn Locate>,
-    ) -> Result<Plan, StopReason> {
+    /// budget.
+    fn call_copy(&mut self, now: Instant, resend: Option<&dyn Locate>) -> Result<Plan, StopReason> {
         self.hedged = true;
         if self.attempt >= self.max_attempts() {
             return Err(StopReason::AttemptsExhausted);
@@ -812,7 +866,6 @@ impl<'a> Decider<'a> {
             cost,
             honours_floor: false,
         });
-        self.count(Count::Hedge);
         Ok(Plan {
             number: self.attempt + 1,
             limit: left,
@@ -835,16 +888,24 @@ impl<'a> Decider<'a> {
         now.checked_add(left).unwrap_or(at)
     }
 
-    /// How a copy of the hedged call ended, in `observed`, for its course: the rules' own
-    /// account counts it (as it counts an attempt's end); a copy cut at its limit reached the
-    /// call's deadline; a non-fatal failure carries the wait the server asked for (`wall`: the
-    /// wall time, for rules that read a date).
+    /// How a copy of the hedged request ended, in `observed`, for its course. A hedged
+    /// attempt's copy ends it with a final verdict, else fails (the other copy may answer;
+    /// what the attempt's end counts is counted when it ends). A hedged call's copy: the rules'
+    /// own account counts it (as it counts an attempt's end); a copy cut at its limit reached
+    /// the call's deadline; a non-fatal failure carries the wait the server asked for
+    /// (`wall`: the wall time, for rules that read a date).
     pub(crate) fn copy_ended(
         &mut self,
         mut observed: Observed<'_>,
         now: Instant,
         wall: &dyn Fn() -> SystemTime,
     ) -> CopyEnd {
+        if !self.copies_are_attempts() {
+            return match observed.verdict {
+                Verdict::Final(stop) => CopyEnd::Ends(stop),
+                Verdict::Transient(_) => CopyEnd::NonFatal(Pushback::Absent),
+            };
+        }
         self.hedged = true;
         let _ = self.accounts.rules.counted(&observed);
         self.ended_at_deadline(&mut observed, &|| now);
@@ -870,12 +931,6 @@ impl<'a> Decider<'a> {
             transparent: self.transparent,
             hedged: self.hedged,
         }
-    }
-
-    /// The hedged call's answer came from a copy after its first.
-    pub(crate) fn copy_won(&mut self) {
-        self.hedging.get_or_insert_with(Box::default).answered = true;
-        self.count(Count::HedgeWon);
     }
 
     /// Whether a gRPC call's attempt that sent nothing the server acted on is retried at once,

@@ -5,8 +5,10 @@
 //! [`Plan`] that says the attempt's number, its time limit, the time left at its send (for the
 //! time-left header), whether a copy of the request must be kept for an attempt after it, and
 //! when a hedge of it may go. While it is out the driver says [`Decider::sent`] once it is on
-//! its way, asks [`Decider::at_limit`] when its timer fires, and [`Decider::hedge_plan`] when
-//! its hedging delay has passed (then [`Decider::hedge_sent`]). When it ends the driver hands
+//! its way and asks [`Decider::at_limit`] when its timer fires. An attempt planned with a
+//! hedge is a course of copies (`engine::course`, [`Decider::course`]): when its next copy is
+//! due the driver asks [`Decider::copy`] (then [`Decider::copy_sent`]), and tells
+//! [`Decider::copy_ended`] how each copy ended. When it ends the driver hands
 //! [`Decider::ended`] the outcome, which copy answered and a way to read the time, and gets a
 //! wait or a stop back. The finer steps these verbs are made of stay private to the core, where
 //! its tests drive them one by one.
@@ -53,7 +55,8 @@ pub(crate) struct Plan {
     pub(crate) left: Duration,
     /// Another copy may follow this one: the driver keeps a copy of the request.
     pub(crate) keep_copy: bool,
-    /// When a hedge of this attempt may go, if one may.
+    /// When a further copy of this attempt may go, if one may: an HTTP read's hedge, or the
+    /// next copy of a hedged gRPC call (the attempt is then the course of its copies).
     pub(crate) hedge_after: Option<Duration>,
 }
 
@@ -85,7 +88,7 @@ impl Decider<'_> {
                 limit,
                 left: self.remaining(now),
                 keep_copy: self.may_retry_after_next(),
-                hedge_after: self.hedge_after(),
+                hedge_after: self.hedge_after().or_else(|| self.call_course()),
             }),
             Next::Hold(hold) => Step::Hold(hold),
             Next::Stop(stop) => Step::Stop(stop),
@@ -97,35 +100,6 @@ impl Decider<'_> {
     #[inline]
     pub(crate) fn sent(&mut self) {
         self.attempt_started();
-    }
-
-    /// Whether a hedge of the attempt on the wire may go at `now`, to `resend`: its plan if so
-    /// (paid for, as [`hedge`](Self::hedge) says). The driver then says whether it went
-    /// ([`hedge_sent`](Self::hedge_sent)).
-    pub(crate) fn hedge_plan(
-        &mut self,
-        now: Instant,
-        resend: Option<&dyn Locate>,
-        rng: &dyn RandomSource,
-    ) -> Option<Plan> {
-        let limit = self.hedge(now, resend?, rng)?;
-        Some(Plan {
-            number: self.attempt,
-            limit,
-            left: self.remaining(now),
-            keep_copy: true,
-            hedge_after: None,
-        })
-    }
-
-    /// The hedge last planned went (`true`: counted, and what it cost stays spent, whatever
-    /// becomes of it), or could not (no timer for it: what it withdrew comes back).
-    pub(crate) fn hedge_sent(&mut self, went: bool) {
-        if went {
-            self.hedge_started();
-        } else {
-            self.hedge_unsent();
-        }
     }
 
     /// What follows the attempt that just ended in `observed`, answered by its hedge if

@@ -2,6 +2,7 @@
 //! it, and the channel's throttling, counted as each attempt ends.
 
 use super::*;
+use crate::engine::grpc::CodeSet;
 use crate::engine::grpc::config::GrpcRetryPolicy;
 use crate::engine::grpc::rules::GrpcRules;
 use crate::engine::grpc::throttle::RetryThrottling;
@@ -347,8 +348,10 @@ fn a_call_without_a_deadline_waits_out_the_longest_pushback() {
 
 #[test]
 fn a_hedged_call_s_next_copy_is_asked_about_at_its_deadline_at_the_latest_and_refused_there() {
-    let policy = a6(3).to_builder().deadline(secs(1)).build().unwrap();
-    let s = grpc(policy, None);
+    let (policy, rules) = GrpcRules::hedging(3, 100 * MS, CodeSet::of([14]).unwrap());
+    let policy = policy.to_builder().deadline(secs(1)).build().unwrap();
+    let mut s = grpc(policy, None);
+    s.rules = Arc::new(rules);
     let mut d = s.decider(false);
     begin(&mut d, &s.time);
     s.time.advance(200 * MS);
@@ -362,7 +365,8 @@ fn a_hedged_call_s_next_copy_is_asked_about_at_its_deadline_at_the_latest_and_re
     assert_eq!(s.counts().deadline_stops, 0);
     s.time.advance(800 * MS);
     assert_eq!(
-        d.copy(s.time.now(), Some(&URL)).map(|plan| plan.number),
+        d.copy(s.time.now(), Some(&URL), TOP)
+            .map(|plan| plan.number),
         Err(StopReason::DeadlineReached)
     );
     assert_eq!(s.counts().deadline_stops, 1);
