@@ -47,6 +47,22 @@ pub(crate) struct Chain<'s, N> {
     pub(crate) span: &'s tracing::Span,
 }
 
+impl<'s, N> Chain<'s, N> {
+    /// Copies go down `next` with `extensions`, in `span`.
+    #[inline(always)]
+    pub(crate) fn new(
+        extensions: &'s mut Extensions,
+        next: &'s N,
+        span: &'s tracing::Span,
+    ) -> Self {
+        Chain {
+            extensions,
+            next,
+            span,
+        }
+    }
+}
+
 /// What an attempt borrows while it runs: the request's own state and how its outcomes are
 /// judged, the core, the clock (for the time, and a hedge's timers) and the random source,
 /// and the first copy's timer, which the driver keeps for the answer's body after it.
@@ -288,7 +304,7 @@ impl<'s, N: Beneath + 's> Future for Flight<'s, '_, '_, '_, '_, N> {
 }
 
 mod hedges;
-pub(crate) use hedges::Hedges;
+pub(crate) use hedges::run as hedged;
 
 #[cfg(test)]
 mod tests {

@@ -20,7 +20,7 @@ use http::Extensions;
 use tracing::Level;
 
 use crate::clock::{Clock, SharedClock, TimerUnavailable, TokioClock};
-use crate::driver::attempt::{Chain, Flight, Hedges, Lent, Tools};
+use crate::driver::attempt::{Chain, Flight, Lent, Tools, hedged};
 use crate::driver::body;
 use crate::driver::body::{Outcome, Reply};
 use crate::driver::claim::{Beneath, Outgoing};
@@ -255,13 +255,14 @@ impl RetryMiddleware {
     }
 
     /// The logical request, as its phases: asking the core what the next attempt may do, an
-    /// attempt in flight ([`Flight`]: one copy or a hedged pair, its body read), and waiting
+    /// attempt in flight ([`Flight`]: one copy, or a hedged request's course of copies, its
+    /// body read), and waiting
     /// (a hold for a spent quota, or the wait before a retry, with the last answer's body kept
     /// through it).
     ///
     /// Its future is the one boxed for the chain; its size is `tests/all/future_size.rs`'s
     /// bound, which says why. The rare states (an override, a body read, a kept answer, a
-    /// hedge's second copy) are boxed where they arise.
+    /// hedged request's copies) are boxed where they arise.
     ///
     /// `next` is where each copy goes: the rest of the chain, or a tower service.
     ///
@@ -276,13 +277,8 @@ impl RetryMiddleware {
     ) -> impl Future<Output = Handed<N::Reply>> + Send + 'a {
         let mut kept = Kept::new(request);
         async move {
-            let this = &*this;
-            let extensions = extensions.borrow_mut();
-            let request = kept.request();
-            let dependency = this
-                .dependencies
-                .pick(request.locate(), || request.address().path);
-            let span = trace::request_span(&dependency.name, kept.request());
+            let (this, extensions) = (&*this, extensions.borrow_mut());
+            let (dependency, span) = this.dependency_of(kept.request());
             let (overriding, cap, refused) = RetryOverride::of_request(extensions, dependency);
             let policy = overriding.as_deref().unwrap_or(&dependency.policy);
             let (method, mut now) = (kept.request().method(), this.clock.get().now());
@@ -304,28 +300,23 @@ impl RetryMiddleware {
                     },
                     Phase::InFlight(plan) => {
                         let Ok(mut timer) = this.clock.timeout(plan.limit, Some(now)) else {
-                            return this.no_timer(&span, &decider, sent.ends(&kept));
+                            break;
                         };
                         let lent = Lent::new(&mut kept, &sent, &mut decider, this.tools());
-                        let chain = Chain {
-                            extensions: &mut *extensions,
-                            next: &next,
-                            span: &span,
-                        };
+                        let chain = Chain::new(&mut *extensions, &next, &span);
                         let lent = &mut lent(&mut timer);
-                        // A request that is not kept for another copy (past its buffer
-                        // limits) goes once: the core refuses its next copy.
-                        let judged = if let Some(delay) = plan.hedge_after {
-                            // Boxed: few requests are hedged, and this future is kept small.
-                            let how = (&plan, delay, &this.log);
-                            match Box::pin(hedged(chain, how, lent)).await {
-                                Some(judged) => judged,
-                                None => return this.no_timer(&span, &decider, sent.ends(&kept)),
+                        // One copy runs here, in this future; a course of copies is boxed (few
+                        // are hedged). One not kept for another copy goes once: the core says.
+                        let first = std::pin::pin!(None);
+                        let judged = match plan.hedge_after {
+                            None => Flight::launch(chain, first, &plan, lent).await,
+                            Some(delay) => {
+                                let course = hedged(chain, (plan, delay, &this.log), lent);
+                                let Some(judged) = Box::pin(course).await else {
+                                    break;
+                                };
+                                judged
                             }
-                        } else {
-                            // Where the copy runs: here, in this future, not boxed.
-                            let first = std::pin::pin!(None);
-                            Flight::launch(chain, first, &plan, lent).await
                         };
                         let request = (&mut sent, &kept, &next);
                         let (outcome, fault, delay) =
@@ -336,7 +327,7 @@ impl RetryMiddleware {
                         // The body is read within the wait, not past it (none: what has come).
                         let reading = this.clock.get().now();
                         let Ok(kept_body) = this.keep_within(outcome, delay, reading) else {
-                            return this.no_timer(&span, &decider, sent.ends(&kept));
+                            break;
                         };
                         kept.previous = Some(Box::new((kept_body.await, fault)));
                         now = this.clock.get().now();
@@ -347,11 +338,20 @@ impl RetryMiddleware {
                             now = this.clock.get().now();
                             Phase::Asking
                         }
-                        Err(_) => return this.no_timer(&span, &decider, sent.ends(&kept)),
+                        Err(_) => break,
                     },
                 };
             }
+            // The clock had no timer to time an attempt or a wait with.
+            this.no_timer(&span, &decider, sent.ends(&kept))
         }
+    }
+
+    /// The dependency `request` goes to, and the request's span.
+    #[inline(always)]
+    fn dependency_of(&self, request: &impl Outgoing) -> (&Dependency, tracing::Span) {
+        let dependency = (self.dependencies).pick(request.locate(), || request.address().path);
+        (dependency, trace::request_span(&dependency.name, request))
     }
 
     /// The last outcome kept through the wait of `delay` that follows it, read at `reading`:
@@ -522,30 +522,6 @@ impl RetryMiddleware {
         let cause = LastError::NotSent(NotSent::because(stop, TimerUnavailable));
         self.finish(span, (Err(cause), None), stop, decider, ends)
     }
-}
-
-/// A hedged request's copies in flight (an HTTP read's hedged attempt, or a hedged gRPC
-/// call), on the course the core sets for `plan` with `delay` between copies, each further
-/// copy with its own copy of the request's extensions (made before the first copy borrows
-/// them); `None` when no timer can be made for its first copy.
-async fn hedged<'s, N, Q, R>(
-    chain: Chain<'s, N>,
-    (plan, delay, log): (&Plan, Duration, &'s LogLevels),
-    lent: &mut Lent<'_, '_, '_, Q, R>,
-) -> Option<(Outcome<R>, Verdict, bool)>
-where
-    N: Beneath<Request = Q, Reply = R> + 's,
-    Q: Outgoing,
-    R: Reply,
-{
-    let now = lent.now();
-    let course = lent.course(delay, now);
-    let mut spares = vec![Extensions::new(); course.most() as usize];
-    for spare in &mut spares {
-        spare.clone_from(chain.extensions);
-    }
-    let launched = Hedges::launch(chain, &mut spares, (course, now), (plan, log), lent);
-    Some(launched?.await)
 }
 
 /// The caller's outcome with its `record`: on the response, or in the error that wraps the

@@ -80,7 +80,26 @@ struct Read<R: crate::driver::body::Reply> {
 }
 
 /// The request's outcome, its verdict, and whether a copy after the first gave it.
-type Ending<R> = (Outcome<R>, Verdict, bool);
+pub(crate) type Ending<R> = (Outcome<R>, Verdict, bool);
+
+/// A hedged request's copies in flight, planned by `plan` with `delay` between them, on the
+/// course the core sets: each further copy with its own copy of the request's extensions
+/// (made before the first copy borrows them, and held here, for as long as the copies run);
+/// `None` when no timer can be made for its first copy.
+pub(crate) async fn run<'s, N: Beneath + 's>(
+    chain: Chain<'s, N>,
+    (plan, delay, log): (Plan, Duration, &'s LogLevels),
+    lent: &mut Lent<'_, '_, '_, N::Request, N::Reply>,
+) -> Option<Ending<N::Reply>> {
+    let now = lent.now();
+    let course = lent.course(delay, now);
+    let mut spares = vec![Extensions::new(); course.most() as usize];
+    for spare in &mut spares {
+        spare.clone_from(chain.extensions);
+    }
+    let launched = Hedges::launch(chain, &mut spares, (course, now), (&plan, log), lent);
+    Some(launched?.await)
+}
 
 impl<'s, 'l, 'p, 'q, 'd, N: Beneath + 's> Hedges<'s, 'l, 'p, 'q, 'd, N> {
     /// Sends the request's first copy down `chain` as `plan` says, on `course`, started at
