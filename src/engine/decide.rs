@@ -764,7 +764,12 @@ impl<'a> Decider<'a> {
     /// server's `CANCELLED`) ended at the deadline: [`StopReason::DeadlineReached`], which the
     /// gRPC door hands back as `DEADLINE_EXCEEDED`, as grpc-java's call does. The time is read
     /// only for such an outcome.
+    #[inline]
     fn ended_at_deadline(&self, observed: &mut Observed<'_>, now: &dyn Fn() -> Instant) {
+        // A success is its own outcome, whenever it came (the common case, asked nothing).
+        if observed.verdict == Verdict::Final(StopReason::Succeeded) {
+            return;
+        }
         if self.accounts.rules.at_deadline(observed) && self.remaining(now()).is_zero() {
             observed.verdict = Verdict::Final(StopReason::DeadlineReached);
         }

@@ -29,7 +29,7 @@ use crate::fault::{self, Fault};
 impl Middleware for RetryMiddleware {
     fn handle<'life0, 'life1, 'life2, 'async_trait>(
         &'life0 self,
-        request: Request,
+        mut request: Request,
         extensions: &'life1 mut Extensions,
         next: Next<'life2>,
     ) -> Pin<Box<dyn Future<Output = reqwest_middleware::Result<Response>> + Send + 'async_trait>>
@@ -43,7 +43,7 @@ impl Middleware for RetryMiddleware {
             // An instance further out on this request's path makes the attempts and retries.
             return next.run(request, extensions);
         }
-        let mut request = request;
+        // In place: a request moved to a binding of its own is copied (about 250 bytes).
         read_at_hand(&mut request);
         // Written into its place as it is made, not made beside it and copied there.
         let place = Box::new_uninit();
@@ -240,13 +240,17 @@ fn rebody(mut response: Response, body: impl FnOnce(reqwest::Body) -> reqwest::B
 /// sent gets that data as bytes, so that it can be sent again, as the tower door keeps such a
 /// body; a body still streaming keeps what was at hand, then the rest, and is sent once. A body
 /// of bytes, or none, is left as it is (most requests: one look at it).
+#[inline]
 fn read_at_hand(request: &mut Request) {
-    let Some(body) = request.body_mut() else {
-        return;
-    };
-    if body.as_bytes().is_some() {
-        return;
+    if let Some(body) = request.body_mut().as_mut().filter(|b| b.as_bytes().is_none()) {
+        read_streaming(body);
     }
+}
+
+/// A streaming body made bytes if its data is all at hand, else what was at hand kept before
+/// the rest (see [`read_at_hand`]).
+#[inline(never)]
+fn read_streaming(body: &mut reqwest::Body) {
     let mut rest = std::mem::replace(body, reqwest::Body::from(Bytes::new()));
     let mut cx = Context::from_waker(std::task::Waker::noop());
     let mut read = bytes::BytesMut::new();
