@@ -242,7 +242,11 @@ fn rebody(mut response: Response, body: impl FnOnce(reqwest::Body) -> reqwest::B
 /// of bytes, or none, is left as it is (most requests: one look at it).
 #[inline]
 fn read_at_hand(request: &mut Request) {
-    if let Some(body) = request.body_mut().as_mut().filter(|b| b.as_bytes().is_none()) {
+    if let Some(body) = request
+        .body_mut()
+        .as_mut()
+        .filter(|b| b.as_bytes().is_none())
+    {
         read_streaming(body);
     }
 }

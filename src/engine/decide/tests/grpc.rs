@@ -371,3 +371,21 @@ fn a_hedged_call_s_next_copy_is_asked_about_at_its_deadline_at_the_latest_and_re
     );
     assert_eq!(s.counts().deadline_stops, 1);
 }
+
+#[test]
+fn a_hedged_call_s_course_holds_room_for_the_copies_its_attempts_allow_and_an_http_hedge_one() {
+    let (policy, rules) = GrpcRules::hedging(3, 100 * MS, CodeSet::of([14]).unwrap());
+    let mut s = grpc(policy, None);
+    s.rules = Arc::new(rules);
+    let d = s.decider(false);
+    let now = s.time.now();
+    // Asked before the first copy goes: two more may follow it, the first of them 100 ms on.
+    let course = d.course(100 * MS, now);
+    assert!(course.is_call());
+    assert_eq!((course.most(), course.due()), (2, Some(now + 100 * MS)));
+    // Under HTTP's rules an attempt has one hedge.
+    let http = Setup::new(RetryPolicy::default(), None);
+    let course = http.decider(false).course(10 * MS, now);
+    assert!(!course.is_call());
+    assert_eq!(course.most(), 1);
+}
