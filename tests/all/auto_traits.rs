@@ -64,6 +64,15 @@ fn the_grpc_door_s_types_are_send_sync_and_unpin() {
     everywhere::<GrpcRetryService<tonic::transport::Channel>>();
 }
 
+/// The bodies the tower and gRPC doors hand on, over a body that is.
+#[cfg(any(feature = "tower", feature = "grpc"))]
+#[test]
+fn the_doors_bodies_are_send_sync_and_unpin_over_a_body_that_is() {
+    type Full = http_body_util::Full<bytes::Bytes>;
+    everywhere::<SendBody<Full>>();
+    everywhere::<RetryBody<Full>>();
+}
+
 #[cfg(feature = "tower")]
 #[test]
 fn the_tower_door_s_service_is_send_sync_and_unpin_over_a_client_that_is() {
