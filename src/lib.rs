@@ -471,7 +471,7 @@ pub use clock::{Clock, Sleep, TokioClock};
 pub use door::reqwest::RetryErrorExt;
 #[cfg(feature = "tower")]
 pub use door::tower::RetryService;
-pub use driver::phases::RetryMiddleware;
+pub use driver::middleware::RetryMiddleware;
 pub use engine::backoff::Jitter;
 pub use engine::budget::{RetryBudget, RetryBudgetBuilder};
 pub use engine::dependency::{Dependency, RetryOverride};

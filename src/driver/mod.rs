@@ -1,5 +1,6 @@
-//! The driver: the only code that sends, times out, sleeps and awaits; it decides nothing. One
-//! logical request's phases (`phases`), what it keeps of itself (`request`), the attempt in
+//! The driver: the only code that sends, times out, sleeps and awaits; it decides nothing. The
+//! middleware and what its requests share (`middleware`), one logical request's phases
+//! (`phases`), what it keeps of itself (`request`), the attempt in
 //! flight (`attempt`), bodies read inside
 //! an attempt or kept through a wait (`body`), the claim that lets one layer retry (`claim`, and
 //! `uri`: a request's fingerprint from its URI),
@@ -10,6 +11,7 @@ pub(crate) mod attempt;
 pub(crate) mod beneath_service;
 pub(crate) mod body;
 pub(crate) mod claim;
+pub(crate) mod middleware;
 pub(crate) mod phases;
 pub(crate) mod request;
 #[cfg(any(feature = "tower", feature = "grpc"))]

@@ -9,7 +9,7 @@ use super::call::Buffer;
 use super::inner::{Channel, Shared};
 use super::service::GrpcRetryService;
 use crate::clock::Clock;
-use crate::driver::phases::RetryMiddleware;
+use crate::driver::middleware::RetryMiddleware;
 use crate::engine::grpc::config::{GrpcConfig, dependency_name};
 use crate::engine::grpc::rules::GrpcRules;
 use crate::observe::CounterSnapshot;

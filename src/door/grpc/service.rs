@@ -13,7 +13,7 @@ use tower_service::Service;
 use super::call::Call;
 use super::inner::{Answer, GrpcBody, Inner, Shared};
 use crate::driver::claim::{self, Beneath, Claimed};
-use crate::driver::phases::RetryMiddleware;
+use crate::driver::middleware::RetryMiddleware;
 use crate::driver::retry_body::RetryBody;
 use crate::driver::send_body::SendBody;
 use crate::engine::dependency::RetryOverride;

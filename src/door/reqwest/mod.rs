@@ -20,7 +20,7 @@ use std::task::{Context, Poll};
 
 use crate::driver::body::{Prefix, Reply};
 use crate::driver::claim::{self, Address, Beneath, Outgoing};
-use crate::driver::phases::RetryMiddleware;
+use crate::driver::middleware::RetryMiddleware;
 use crate::engine::seen::{Failure, Locate, ResponseHead};
 use crate::fault::{self, Fault};
 

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use tower_layer::Layer;
 
 use super::service::RetryService;
-use crate::driver::phases::RetryMiddleware;
+use crate::driver::middleware::RetryMiddleware;
 
 impl<S> Layer<S> for RetryMiddleware {
     type Service = RetryService<S>;

@@ -12,7 +12,7 @@ use tower_service::Service;
 use super::error::BoxError;
 use super::inner::Inner;
 use crate::driver::claim::{Beneath, Claimed};
-use crate::driver::phases::RetryMiddleware;
+use crate::driver::middleware::RetryMiddleware;
 use crate::driver::retry_body::RetryBody;
 use crate::driver::send_body::SendBody;
 

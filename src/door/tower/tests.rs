@@ -16,7 +16,7 @@ use super::service::absolute;
 use crate::driver::body::Reply;
 use crate::driver::claim::Claimed;
 use crate::driver::claim::Outgoing;
-use crate::driver::phases::RetryMiddleware;
+use crate::driver::middleware::RetryMiddleware;
 use crate::error::RetryError;
 use crate::{body::RetryBody, body::SendBody};
 

@@ -18,7 +18,7 @@ use std::time::Duration;
 use http::Extensions;
 use reqwest::{Request, Response};
 
-use crate::driver::phases::RetryMiddleware;
+use crate::driver::middleware::RetryMiddleware;
 use crate::driver::scripted::Scripted;
 use crate::engine::budget::RetryBudget;
 use crate::engine::dependency::RetryOverride;
