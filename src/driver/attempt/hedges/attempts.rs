@@ -121,6 +121,16 @@ struct Out {
     hedge: bool,
 }
 
+/// A copy goes at tick `t`, of `attempt`, a hedge or not: out, and not yet answered.
+fn send(e: &mut Ending, out: &mut Vec<Out>, delivered: &mut Vec<bool>, copy: (u64, u32, bool)) {
+    out.push(Out {
+        copy: e.sent.len(),
+        hedge: copy.2,
+    });
+    e.sent.push(copy);
+    delivered.push(false);
+}
+
 /// The reference, tick by tick.
 fn model(s: &Script) -> Ending {
     // The 150 answers the window learned from each earned a thousandth of a token.
@@ -206,24 +216,14 @@ fn model(s: &Script) -> Ending {
                 attempt += 1;
                 started = t;
                 may_hedge = attempt < s.attempts;
-                out.push(Out {
-                    copy: e.sent.len(),
-                    hedge: false,
-                });
-                e.sent.push((t, attempt, false));
-                delivered.push(false);
+                send(&mut e, &mut out, &mut delivered, (t, attempt, false));
                 continue;
             }
             if may_hedge && t >= started + HEDGE_AT {
                 may_hedge = false;
                 if pay(&mut e.budget) {
                     e.hedges += 1;
-                    out.push(Out {
-                        copy: e.sent.len(),
-                        hedge: true,
-                    });
-                    e.sent.push((t, attempt, true));
-                    delivered.push(false);
+                    send(&mut e, &mut out, &mut delivered, (t, attempt, true));
                     continue;
                 }
             }
