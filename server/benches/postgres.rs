@@ -19,8 +19,8 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::StatusCode;
-use safe_retry_server::store::{Claim, Completion, StoredAnswer};
-use safe_retry_server::{PostgresStore, Store};
+use safe_retry_server::PostgresStore;
+use safe_retry_server::store::{Claim, Completion, Outcomes, StoredAnswer};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
 use common::ChargesDb;

@@ -31,8 +31,9 @@ use axum::routing::post;
 use http_body_util::BodyExt;
 use reqwest_middleware::{ClientBuilder, ClientWithMiddleware};
 use reqwest_safe_retry::{Dependency, RetryMiddleware, RetryPolicy};
+use safe_retry_server::store::{Outbox, Outcomes};
 use safe_retry_server::{
-    Execution, IdempotencyLayer, PostgresStore, Relay, Step, StepError, Store, StoreError,
+    Execution, IdempotencyLayer, PostgresStore, Relay, Step, StepError, StoreError,
 };
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use tower_service::Service;

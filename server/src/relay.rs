@@ -9,7 +9,7 @@ use reqwest_safe_retry::NaturalKey;
 
 use crate::events::{Event, EventLevels, emit};
 use crate::outgoing::{NO_MIDDLEWARE, Verdict, sent_with_key, verdict};
-use crate::store::{OutboxMessage, Settle, Store, StoreError};
+use crate::store::{Outbox, OutboxMessage, Settle, StoreError};
 
 /// Delivers the outbox's messages: each at least once after the transaction that staged it
 /// commits, through a `reqwest-safe-retry` client (its backoff, budget and deadline within a
@@ -69,7 +69,7 @@ pub struct RelayReport {
     pub store_failures: usize,
 }
 
-impl<S: Store> Relay<S> {
+impl<S: Outbox> Relay<S> {
     /// A relay of `store`'s outbox through `client`: build the client with this workspace's
     /// middleware, whose policy (attempts, backoff, deadline, budget) governs each delivery.
     pub fn new(store: S, client: ClientWithMiddleware) -> Relay<S> {

@@ -537,7 +537,7 @@ mod tests {
     #[tokio::test]
     async fn a_pending_step_shows_its_name_and_its_key_comes_from_the_record() {
         use crate::execution::{Claimed, Snapshot};
-        use crate::store::Claim;
+        use crate::store::{Claim, Outcomes};
         let store = crate::store::SqliteStore::memory().await.unwrap();
         let claimed = store
             .try_claim(&Claim {

@@ -4,7 +4,7 @@ use std::fmt;
 use std::time::Duration;
 
 use crate::events::{Event, EventLevels, emit};
-use crate::store::{Store, StoreError};
+use crate::store::{Outcomes, StoreError};
 
 /// Deletes expired records (completed ones past their retention, failed ones past theirs,
 /// in-progress ones whose retention and lease have both ended) and ended outbox messages past
@@ -34,7 +34,7 @@ pub struct SweepReport {
     pub deleted: u64,
 }
 
-impl<S: Store> Sweeper<S> {
+impl<S: Outcomes> Sweeper<S> {
     /// A sweeper of `store`'s table and outbox.
     pub fn new(store: S) -> Sweeper<S> {
         Sweeper { store, batch: 500 }

@@ -9,10 +9,10 @@
 //!
 //! The promises every store keeps, and that the test suite proves on each of them:
 //!
-//! - [`Store::try_claim`] is one atomic statement: of any number of concurrent claims of one key,
+//! - [`Outcomes::try_claim`] is one atomic statement: of any number of concurrent claims of one key,
 //!   exactly one owns the execution; a claim takes over a record whose lease has run out (with the
 //!   same fingerprint) or whose retention has run out, and bumps its attempt.
-//! - [`Store::complete`] and [`Store::release`] are fenced: they change the record only while it
+//! - [`Outcomes::complete`] and [`Outcomes::release`] are fenced: they change the record only while it
 //!   is still held by the attempt that claimed it, in the transaction the handler wrote in, and a
 //!   refused write rolls that whole transaction back.
 //! - Time is the database's clock, read in the statements themselves.
@@ -33,13 +33,24 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{HeaderName, HeaderValue, StatusCode};
 
-/// A durable table of outcomes, one row per (scope, key).
+/// A whole store: the outcome table, its recovery points and its outbox. What the layers take.
 ///
-/// The layer calls these methods; an application calls only its store's constructor,
-/// `migrate` and [`sweep`](Store::sweep). A new store (Redis, MySQL) implements this trait and
-/// runs the crate's test suite (`server/tests/all/support.rs`'s `Backend` shows how each store is plugged
-/// in).
-pub trait Store: Clone + Send + Sync + 'static {
+/// Implemented for every type that provides the three parts; a backend implements
+/// [`Outcomes`], [`RecoveryPoints`] and [`Outbox`], never this. A worker or a front that
+/// needs less takes less: a [`Sweeper`](crate::Sweeper) takes any [`Outcomes`], a `Relay`
+/// any [`Outbox`].
+///
+/// The layers call these methods; an application calls only its store's constructor,
+/// `migrate` and `sweep`. A new store (Redis, MySQL) implements the three parts and runs the
+/// crate's test suite (`server/tests/all/support.rs`'s `Backend` shows how each store is
+/// plugged in).
+pub trait Store: Outcomes + RecoveryPoints + Outbox {}
+
+impl<T: Outcomes + RecoveryPoints + Outbox> Store for T {}
+
+/// The outcome table: one row per (scope, key), claimed atomically, held under a fenced
+/// lease, completed with the handler's local effects, kept for its retention.
+pub trait Outcomes: Clone + Send + Sync + 'static {
     /// The transaction a handler writes its local effects in. It commits with the record's
     /// completion, or rolls back with it.
     type Tx: Send + 'static;
@@ -96,6 +107,20 @@ pub trait Store: Clone + Send + Sync + 'static {
     /// call it again while that equals or passes `batch`.
     fn sweep(&self, batch: u32) -> impl Future<Output = Result<u64, StoreError>> + Send;
 
+    /// Ends the record in the `failed` state with `answer` (what every later request with the
+    /// key is sent), kept for `retention` from now, while `fence` still holds it. The saved
+    /// request is cleared; the last recovery point and the steps' outputs stay for an operator.
+    fn fail(
+        &self,
+        fence: Fence,
+        answer: &StoredAnswer,
+        retention: Duration,
+    ) -> impl Future<Output = Result<Completion, StoreError>> + Send;
+}
+
+/// Recovery points: the committed steps of a record in progress, the request it saved for a
+/// resumption, and the search for records a resumption can finish.
+pub trait RecoveryPoints: Outcomes {
     /// Reads what earlier holders of the record committed: the steps' outputs and the saved
     /// request. A resumption reads it once, after its claim.
     fn progress(&self, fence: Fence) -> impl Future<Output = Result<Progress, StoreError>> + Send;
@@ -111,21 +136,15 @@ pub trait Store: Clone + Send + Sync + 'static {
         write: &StepWrite<'_>,
     ) -> impl Future<Output = Result<Completion, StoreError>> + Send;
 
-    /// Ends the record in the `failed` state with `answer` (what every later request with the
-    /// key is sent), kept for `retention` from now, while `fence` still holds it. The saved
-    /// request is cleared; the last recovery point and the steps' outputs stay for an operator.
-    fn fail(
-        &self,
-        fence: Fence,
-        answer: &StoredAnswer,
-        retention: Duration,
-    ) -> impl Future<Output = Result<Completion, StoreError>> + Send;
-
     /// Up to `batch` records a resumption can finish: in progress, past their lease, within
     /// their retention, with a saved request (they reached a recovery point). Oldest lease
     /// first. Reading them claims nothing: each is then claimed like any request.
     fn stalled(&self, batch: u32) -> impl Future<Output = Result<Vec<Stalled>, StoreError>> + Send;
+}
 
+/// The transactional outbox: messages staged in a handler's transaction, taken and settled by
+/// a relay.
+pub trait Outbox: Outcomes {
     /// Stages an outbox message in `tx`: it exists once `tx` commits, and never before. A
     /// message whose id is already staged is left as it is.
     fn stage(
@@ -136,7 +155,7 @@ pub trait Store: Clone + Send + Sync + 'static {
 
     /// Takes up to `batch` pending messages that are due, for `lease`: each is due again after
     /// it unless it is settled first, and its delivery count goes up by one (the fence of
-    /// [`settle`](Store::settle)). Two relays never take one message at once.
+    /// [`settle`](Outbox::settle)). Two relays never take one message at once.
     fn take_messages(
         &self,
         batch: u32,
@@ -177,7 +196,7 @@ pub struct StepWrite<'a> {
     pub lease: Duration,
 }
 
-/// A record a resumption can finish, as [`Store::stalled`] finds it.
+/// A record a resumption can finish, as [`RecoveryPoints::stalled`] finds it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Stalled {
     /// The caller's scope.

@@ -8,9 +8,9 @@ use sqlx::{Postgres, Row, Transaction};
 use bytes::Bytes;
 
 use super::{
-    Claim, Claimed, Completion, Fence, OutboxMessage, Progress, Record, Settle, StagedMessage,
-    Stalled, StepWrite, Store, StoreError, StoredAnswer, encode_headers, message_of, millis,
-    record_of, settle_columns, stalled_of,
+    Claim, Claimed, Completion, Fence, Outbox, OutboxMessage, Outcomes, Progress, Record,
+    RecoveryPoints, Settle, StagedMessage, Stalled, StepWrite, StoreError, StoredAnswer,
+    encode_headers, message_of, millis, record_of, settle_columns, stalled_of,
 };
 
 const MIGRATIONS: &[(i64, &str)] = &[
@@ -40,6 +40,13 @@ pub struct PostgresStore {
 }
 
 impl PostgresStore {
+    /// Deletes at most `batch` expired records and at most `batch` expired outbox messages
+    /// ([`Outcomes::sweep`], callable without the trait in scope); a [`Sweeper`](crate::Sweeper)
+    /// calls it on a schedule.
+    pub async fn sweep(&self, batch: u32) -> Result<u64, StoreError> {
+        Outcomes::sweep(self, batch).await
+    }
+
     /// Connects to `url` (`postgres://user@host/database`) with a pool of 16 connections and
     /// applies the migrations.
     pub async fn connect(url: &str) -> Result<PostgresStore, StoreError> {
@@ -91,7 +98,7 @@ impl PostgresStore {
     }
 }
 
-impl Store for PostgresStore {
+impl Outcomes for PostgresStore {
     type Tx = Transaction<'static, Postgres>;
 
     async fn try_claim(&self, claim: &Claim<'_>) -> Result<Option<Claimed>, StoreError> {
@@ -256,6 +263,36 @@ impl Store for PostgresStore {
         Ok(done.rows_affected() + messages.rows_affected())
     }
 
+    async fn fail(
+        &self,
+        fence: Fence,
+        answer: &StoredAnswer,
+        retention: Duration,
+    ) -> Result<Completion, StoreError> {
+        let done = sqlx::query(
+            "UPDATE safe_retry_outcomes
+             SET status = 'failed', locked_until = NULL, request = NULL,
+                 response_status = $3, response_headers = $4, response_body = $5,
+                 expires_at = now() + $6::BIGINT * INTERVAL '1 millisecond'
+             WHERE id = $1 AND attempt = $2 AND status = 'in_progress'",
+        )
+        .bind(fence.id)
+        .bind(fence.attempt)
+        .bind(i32::from(answer.status.as_u16()))
+        .bind(encode_headers(&answer.headers))
+        .bind(answer.body.as_deref())
+        .bind(millis(retention))
+        .execute(&self.pool)
+        .await?;
+        Ok(if done.rows_affected() == 0 {
+            Completion::Fenced
+        } else {
+            Completion::Completed
+        })
+    }
+}
+
+impl RecoveryPoints for PostgresStore {
     async fn progress(&self, fence: Fence) -> Result<Progress, StoreError> {
         let row = sqlx::query("SELECT steps, request FROM safe_retry_outcomes WHERE id = $1")
             .bind(fence.id)
@@ -304,34 +341,6 @@ impl Store for PostgresStore {
         Ok(Completion::Completed)
     }
 
-    async fn fail(
-        &self,
-        fence: Fence,
-        answer: &StoredAnswer,
-        retention: Duration,
-    ) -> Result<Completion, StoreError> {
-        let done = sqlx::query(
-            "UPDATE safe_retry_outcomes
-             SET status = 'failed', locked_until = NULL, request = NULL,
-                 response_status = $3, response_headers = $4, response_body = $5,
-                 expires_at = now() + $6::BIGINT * INTERVAL '1 millisecond'
-             WHERE id = $1 AND attempt = $2 AND status = 'in_progress'",
-        )
-        .bind(fence.id)
-        .bind(fence.attempt)
-        .bind(i32::from(answer.status.as_u16()))
-        .bind(encode_headers(&answer.headers))
-        .bind(answer.body.as_deref())
-        .bind(millis(retention))
-        .execute(&self.pool)
-        .await?;
-        Ok(if done.rows_affected() == 0 {
-            Completion::Fenced
-        } else {
-            Completion::Completed
-        })
-    }
-
     async fn stalled(&self, batch: u32) -> Result<Vec<Stalled>, StoreError> {
         let rows = sqlx::query(
             "SELECT scope, key, fingerprint FROM safe_retry_outcomes
@@ -344,7 +353,9 @@ impl Store for PostgresStore {
         .await?;
         rows.iter().map(stalled_of).collect()
     }
+}
 
+impl Outbox for PostgresStore {
     async fn stage(
         &self,
         tx: &mut Self::Tx,

@@ -9,9 +9,9 @@ use sqlx::{Row, Sqlite, Transaction};
 use bytes::Bytes;
 
 use super::{
-    Claim, Claimed, Completion, Fence, OutboxMessage, Progress, Record, Settle, StagedMessage,
-    Stalled, StepWrite, Store, StoreError, StoredAnswer, encode_headers, message_of, millis,
-    record_of, settle_columns, stalled_of,
+    Claim, Claimed, Completion, Fence, Outbox, OutboxMessage, Outcomes, Progress, Record,
+    RecoveryPoints, Settle, StagedMessage, Stalled, StepWrite, StoreError, StoredAnswer,
+    encode_headers, message_of, millis, record_of, settle_columns, stalled_of,
 };
 
 /// The database's clock in milliseconds since the Unix epoch, as every statement reads it.
@@ -42,6 +42,13 @@ pub struct SqliteStore {
 }
 
 impl SqliteStore {
+    /// Deletes at most `batch` expired records and at most `batch` expired outbox messages
+    /// ([`Outcomes::sweep`], callable without the trait in scope); a [`Sweeper`](crate::Sweeper)
+    /// calls it on a schedule.
+    pub async fn sweep(&self, batch: u32) -> Result<u64, StoreError> {
+        Outcomes::sweep(self, batch).await
+    }
+
     /// Opens (creating it if missing) the database at `url` (`sqlite://path/to/file.db`, or a
     /// bare path) with the defaults of [`SqliteStore::builder`], and applies the migrations.
     pub async fn open(url: &str) -> Result<SqliteStore, StoreError> {
@@ -173,7 +180,7 @@ fn is_busy(error: &StoreError) -> bool {
         .is_some_and(|code| code == "5")
 }
 
-impl Store for SqliteStore {
+impl Outcomes for SqliteStore {
     type Tx = Transaction<'static, Sqlite>;
 
     async fn try_claim(&self, claim: &Claim<'_>) -> Result<Option<Claimed>, StoreError> {
@@ -358,6 +365,38 @@ impl Store for SqliteStore {
         Ok(done.rows_affected() + messages.rows_affected())
     }
 
+    async fn fail(
+        &self,
+        fence: Fence,
+        answer: &StoredAnswer,
+        retention: Duration,
+    ) -> Result<Completion, StoreError> {
+        let done = sqlx::query(concat!(
+            "UPDATE safe_retry_outcomes
+             SET status = 'failed', locked_until = NULL, request = NULL,
+                 response_status = ?3, response_headers = ?4, response_body = ?5,
+                 expires_at = ",
+            now_ms!(),
+            " + ?6
+             WHERE id = ?1 AND attempt = ?2 AND status = 'in_progress'"
+        ))
+        .bind(fence.id)
+        .bind(fence.attempt)
+        .bind(i64::from(answer.status.as_u16()))
+        .bind(encode_headers(&answer.headers))
+        .bind(answer.body.as_deref())
+        .bind(millis(retention))
+        .execute(&self.pool)
+        .await?;
+        Ok(if done.rows_affected() == 0 {
+            Completion::Fenced
+        } else {
+            Completion::Completed
+        })
+    }
+}
+
+impl RecoveryPoints for SqliteStore {
     async fn progress(&self, fence: Fence) -> Result<Progress, StoreError> {
         let row = sqlx::query("SELECT steps, request FROM safe_retry_outcomes WHERE id = ?1")
             .bind(fence.id)
@@ -408,36 +447,6 @@ impl Store for SqliteStore {
         Ok(Completion::Completed)
     }
 
-    async fn fail(
-        &self,
-        fence: Fence,
-        answer: &StoredAnswer,
-        retention: Duration,
-    ) -> Result<Completion, StoreError> {
-        let done = sqlx::query(concat!(
-            "UPDATE safe_retry_outcomes
-             SET status = 'failed', locked_until = NULL, request = NULL,
-                 response_status = ?3, response_headers = ?4, response_body = ?5,
-                 expires_at = ",
-            now_ms!(),
-            " + ?6
-             WHERE id = ?1 AND attempt = ?2 AND status = 'in_progress'"
-        ))
-        .bind(fence.id)
-        .bind(fence.attempt)
-        .bind(i64::from(answer.status.as_u16()))
-        .bind(encode_headers(&answer.headers))
-        .bind(answer.body.as_deref())
-        .bind(millis(retention))
-        .execute(&self.pool)
-        .await?;
-        Ok(if done.rows_affected() == 0 {
-            Completion::Fenced
-        } else {
-            Completion::Completed
-        })
-    }
-
     async fn stalled(&self, batch: u32) -> Result<Vec<Stalled>, StoreError> {
         let rows = sqlx::query(concat!(
             "SELECT scope, key, fingerprint FROM safe_retry_outcomes
@@ -454,7 +463,9 @@ impl Store for SqliteStore {
         .await?;
         rows.iter().map(stalled_of).collect()
     }
+}
 
+impl Outbox for SqliteStore {
     async fn stage(
         &self,
         tx: &mut Self::Tx,

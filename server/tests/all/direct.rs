@@ -14,8 +14,8 @@ use http_body_util::{BodyExt, Full};
 use std::time::Duration;
 
 use safe_retry_server::store::{
-    Claim, Claimed, Completion, Fence, OutboxMessage, Progress, Record, Settle, StagedMessage,
-    Stalled, StepWrite, StoredAnswer,
+    Claim, Claimed, Completion, Fence, Outbox, OutboxMessage, Outcomes, Progress, Record,
+    RecoveryPoints, Settle, StagedMessage, Stalled, StepWrite, StoredAnswer,
 };
 use safe_retry_server::{IdempotencyLayer, KeySource, SqliteStore, Store, StoreError};
 use tower_layer::Layer;
@@ -209,7 +209,7 @@ struct LateLease<S> {
     failing_begin: Arc<std::sync::atomic::AtomicBool>,
 }
 
-impl<S: Store> Store for LateLease<S> {
+impl<S: Store> Outcomes for LateLease<S> {
     type Tx = S::Tx;
 
     async fn try_claim(&self, claim: &Claim<'_>) -> Result<Option<Claimed>, StoreError> {
@@ -256,6 +256,17 @@ impl<S: Store> Store for LateLease<S> {
     fn sweep(&self, batch: u32) -> impl Future<Output = Result<u64, StoreError>> + Send {
         self.inner.sweep(batch)
     }
+    fn fail(
+        &self,
+        fence: Fence,
+        answer: &StoredAnswer,
+        retention: Duration,
+    ) -> impl Future<Output = Result<Completion, StoreError>> + Send {
+        self.inner.fail(fence, answer, retention)
+    }
+}
+
+impl<S: Store> RecoveryPoints for LateLease<S> {
     fn progress(&self, fence: Fence) -> impl Future<Output = Result<Progress, StoreError>> + Send {
         self.inner.progress(fence)
     }
@@ -267,17 +278,12 @@ impl<S: Store> Store for LateLease<S> {
     ) -> impl Future<Output = Result<Completion, StoreError>> + Send {
         self.inner.commit_step(tx, fence, write)
     }
-    fn fail(
-        &self,
-        fence: Fence,
-        answer: &StoredAnswer,
-        retention: Duration,
-    ) -> impl Future<Output = Result<Completion, StoreError>> + Send {
-        self.inner.fail(fence, answer, retention)
-    }
     fn stalled(&self, batch: u32) -> impl Future<Output = Result<Vec<Stalled>, StoreError>> + Send {
         self.inner.stalled(batch)
     }
+}
+
+impl<S: Store> Outbox for LateLease<S> {
     fn stage(
         &self,
         tx: &mut Self::Tx,

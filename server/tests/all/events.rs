@@ -144,8 +144,7 @@ async fn stops_after_a_step(
 
 #[test]
 fn a_tick_that_did_something_says_what() {
-    use safe_retry_server::Store;
-    use safe_retry_server::store::StagedMessage;
+    use safe_retry_server::store::{Outbox, Outcomes, StagedMessage};
     let kept = Kept::default();
     tracing::subscriber::with_default(kept.clone(), || {
         crate::support::on_this_thread(async {

@@ -12,7 +12,8 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing;
 use axum::{Extension, Json};
-use safe_retry_server::{Execution, IdempotencyLayer, Rejected, Store, StoreError};
+use safe_retry_server::store::Outcomes;
+use safe_retry_server::{Execution, IdempotencyLayer, Rejected, StoreError};
 use tokio::sync::Semaphore;
 
 pub use crate::charges_app::ChargesDb;
