@@ -4,11 +4,19 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
+use http::HeaderMap;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
 /// The error of a [`ReplyBody`]: the handler's body's error, boxed.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// A whole answer body: its bytes, and the trailers after them (a gRPC answer's status).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Whole {
+    pub(crate) data: Bytes,
+    pub(crate) trailers: Option<HeaderMap>,
+}
 
 pin_project! {
     /// The body of the layer's answers: whole bytes (a stored answer, a replay, a problem), or
@@ -23,7 +31,7 @@ pin_project! {
 pin_project! {
     #[project = KindProj]
     enum Kind<B> {
-        Full { data: Option<Bytes> },
+        Full { data: Option<Bytes>, trailers: Option<HeaderMap> },
         Inner { prefix: Option<Bytes>, #[pin] body: B },
     }
 }
@@ -31,9 +39,18 @@ pin_project! {
 impl<B> ReplyBody<B> {
     /// Whole bytes.
     pub(crate) fn full(data: Bytes) -> ReplyBody<B> {
+        ReplyBody::whole(Whole {
+            data,
+            trailers: None,
+        })
+    }
+
+    /// Whole bytes, then trailers if any.
+    pub(crate) fn whole(whole: Whole) -> ReplyBody<B> {
         ReplyBody {
             kind: Kind::Full {
-                data: (!data.is_empty()).then_some(data),
+                data: (!whole.data.is_empty()).then_some(whole.data),
+                trailers: whole.trailers,
             },
         }
     }
@@ -62,7 +79,10 @@ where
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         match self.project().kind.project() {
-            KindProj::Full { data } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
+            KindProj::Full { data, trailers } => Poll::Ready(match data.take() {
+                Some(data) => Some(Ok(Frame::data(data))),
+                None => trailers.take().map(|t| Ok(Frame::trailers(t))),
+            }),
             KindProj::Inner { prefix, body } => match prefix.take() {
                 Some(prefix) => Poll::Ready(Some(Ok(Frame::data(prefix)))),
                 None => body.poll_frame(cx).map_err(Into::into),
@@ -72,14 +92,14 @@ where
 
     fn is_end_stream(&self) -> bool {
         match &self.kind {
-            Kind::Full { data } => data.is_none(),
+            Kind::Full { data, trailers } => data.is_none() && trailers.is_none(),
             Kind::Inner { prefix, body } => prefix.is_none() && body.is_end_stream(),
         }
     }
 
     fn size_hint(&self) -> SizeHint {
         match &self.kind {
-            Kind::Full { data } => {
+            Kind::Full { data, .. } => {
                 SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
             }
             Kind::Inner { prefix, body } => {
@@ -110,6 +130,26 @@ mod tests {
         let empty: ReplyBody<Full<Bytes>> = ReplyBody::full(Bytes::new());
         assert!(empty.is_end_stream());
         assert_eq!(empty.size_hint().exact(), Some(0));
+    }
+
+    #[tokio::test]
+    async fn whole_bytes_are_followed_by_their_trailers() {
+        let mut trailers = HeaderMap::new();
+        trailers.insert("grpc-status", http::HeaderValue::from_static("0"));
+        let body: ReplyBody<Full<Bytes>> = ReplyBody::whole(Whole {
+            data: Bytes::from_static(b"m"),
+            trailers: Some(trailers.clone()),
+        });
+        assert!(!body.is_end_stream());
+        let collected = body.collect().await.unwrap();
+        assert_eq!(collected.trailers(), Some(&trailers));
+        assert_eq!(collected.to_bytes(), "m");
+        let only: ReplyBody<Full<Bytes>> = ReplyBody::whole(Whole {
+            data: Bytes::new(),
+            trailers: Some(trailers.clone()),
+        });
+        assert!(!only.is_end_stream());
+        assert_eq!(only.collect().await.unwrap().trailers(), Some(&trailers));
     }
 
     #[tokio::test]

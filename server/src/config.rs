@@ -10,6 +10,7 @@ use http::{HeaderName, Method, StatusCode};
 use crate::events::EventLevels;
 use crate::fingerprint::Fingerprint;
 use crate::key::KeySource;
+use crate::transport::Front;
 
 pub(crate) type ScopeFn = dyn Fn(&Parts) -> Option<String> + Send + Sync;
 
@@ -60,6 +61,8 @@ pub(crate) struct Config<S> {
     pub(crate) request_body_timeout: Duration,
     pub(crate) events: Arc<EventLevels>,
     pub(crate) counters: Arc<Counters>,
+    /// How the layer's transport answers.
+    pub(crate) front: Arc<dyn Front>,
 }
 
 /// What the layer has done, counted since it was built (monotonic, shared by its clones).

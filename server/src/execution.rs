@@ -329,22 +329,7 @@ impl StoreError {
     }
 }
 
-/// The marker of an answer given before the handler did anything (a validation failure):
-/// put in the response's extensions, it tells the layer to store nothing and roll back the
-/// handler's transaction, so a corrected request with the same key runs.
-///
-/// ```
-/// use http::{Response, StatusCode};
-/// use safe_retry_server::Rejected;
-///
-/// let mut answer = Response::new("amount must be positive");
-/// *answer.status_mut() = StatusCode::UNPROCESSABLE_ENTITY;
-/// answer.extensions_mut().insert(Rejected);
-/// ```
-///
-/// With the `axum` feature it is also a response part: `(StatusCode::BAD_REQUEST, Rejected, "…")`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Rejected;
+pub use crate::markers::Rejected;
 
 #[cfg(feature = "axum")]
 mod axum_parts {

@@ -12,8 +12,8 @@ use tracing::Level;
 use crate::config::{Config, Counters, ScopeRule};
 use crate::events::Event;
 use crate::fingerprint::Fingerprint;
+use crate::front::http::{Http, Idempotent};
 use crate::key::KeySource;
-use crate::service::Idempotent;
 use crate::store::Store;
 
 /// The layer: wraps a service so that each (scope, key) runs it once.
@@ -75,6 +75,7 @@ impl<S: Store> IdempotencyLayer<S> {
                 request_body_timeout: Duration::from_secs(10),
                 events: Arc::default(),
                 counters: Arc::default(),
+                front: Arc::new(Http::default()),
             },
         }
     }
@@ -314,8 +315,12 @@ impl<S: Store> Builder<S> {
             )));
         }
         self.config.counters.announce();
+        let mut config = self.config;
+        config.front = Arc::new(Http {
+            not_stored: config.not_stored.clone(),
+        });
         Ok(IdempotencyLayer {
-            config: Arc::new(self.config),
+            config: Arc::new(config),
         })
     }
 }

@@ -160,9 +160,11 @@
 
 mod body;
 mod config;
+mod engine;
 mod events;
 mod execution;
 mod fingerprint;
+mod front;
 mod headers;
 mod key;
 mod layer;
@@ -173,13 +175,13 @@ mod problem;
 mod reconciler;
 #[cfg(feature = "client")]
 mod relay;
-mod service;
 mod step;
 pub mod store;
 mod sweeper;
 #[cfg(feature = "test-util")]
 #[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
 pub mod testing;
+mod transport;
 mod worker;
 
 pub use body::{BoxError, ReplyBody};
@@ -187,6 +189,7 @@ pub use config::{CounterSnapshot, Counters};
 pub use events::Event;
 pub use execution::{Execution, Local, LocalError, Rejected};
 pub use fingerprint::Fingerprint;
+pub use front::http::{Idempotent, IdempotentFuture};
 pub use headers::IDEMPOTENT_REPLAYED;
 pub use key::{IDEMPOTENCY_KEY, KeyForm, KeySource};
 pub use layer::{Builder, ConfigError, IdempotencyLayer};
@@ -194,7 +197,6 @@ pub use problem::Problem;
 pub use reconciler::{ReconcileReport, Reconciler, SavedBody};
 #[cfg(feature = "client")]
 pub use relay::{Relay, RelayReport};
-pub use service::{Idempotent, IdempotentFuture};
 #[cfg(feature = "client")]
 pub use step::Downstream;
 pub use step::{Message, Pending, Step, StepError, Unfinished};

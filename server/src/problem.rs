@@ -123,10 +123,7 @@ impl Problem {
 
     /// A `409` with the retry hint (see [`retry_hint`]).
     pub(crate) fn in_progress(retry_after: Duration) -> Response<Bytes> {
-        let seconds = retry_after.as_millis().div_ceil(1000).max(1);
-        let mut response = Problem::InProgress.response(&format!(
-            "the first request with this key is still running; ask again in {seconds} s with the same key"
-        ));
+        let mut response = Problem::InProgress.response(&in_progress_detail(retry_after));
         retry_hint(&mut response, retry_after);
         response
     }
@@ -134,11 +131,22 @@ impl Problem {
     /// `503 store-unavailable` with a one-second retry hint: the store, its pool or the layer
     /// failed, nothing was recorded, and the error's own text goes to the log only.
     pub(crate) fn store_unavailable() -> Response<Bytes> {
-        let mut response = Problem::StoreUnavailable
-            .response("the outcome store failed; nothing was recorded; retry with the same key");
+        let mut response = Problem::StoreUnavailable.response(STORE_UNAVAILABLE);
         retry_hint(&mut response, Duration::from_secs(1));
         response
     }
+}
+
+/// What a caller is told when the store failed.
+pub(crate) const STORE_UNAVAILABLE: &str =
+    "the outcome store failed; nothing was recorded; retry with the same key";
+
+/// What a caller is told while the key's first request runs.
+pub(crate) fn in_progress_detail(retry_after: Duration) -> String {
+    let seconds = retry_after.as_millis().div_ceil(1000).max(1);
+    format!(
+        "the first request with this key is still running; ask again in {seconds} s with the same key"
+    )
 }
 
 /// When to ask again: `Retry-After` in whole seconds (rounded up, at least 1), and beside it

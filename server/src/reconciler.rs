@@ -12,9 +12,9 @@ use tower_service::Service;
 
 use crate::body::BoxError;
 use crate::config::Config;
+use crate::engine::{Ended, Held, Owned, Resumed, end_failed, execute};
 use crate::events::{Event, emit};
 use crate::layer::IdempotencyLayer;
-use crate::service::{Ended, Held, Owned, Resumed, end_failed, execute};
 use crate::store::{Claim, Stalled, Store, StoreError, decode_request};
 
 /// Finishes requests that stopped part-way: records in progress past their lease that reached a

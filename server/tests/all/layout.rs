@@ -1,15 +1,19 @@
 //! The house holds its floors (`docs/architecture.md`): a file of `src/` names only modules on
-//! its own floor or below, and no two files name each other.
+//! its own floor or below, no two files name each other, no front names another, and the
+//! engine names no transport's crate.
 
 use std::collections::BTreeMap;
 use std::path::Path;
 
 /// Each module of `src/` and its floor, from the top.
 const FLOORS: &[(&str, u8)] = &[
-    ("lib", 4),
-    ("layer", 4),
-    ("reconciler", 4),
-    ("service", 3),
+    ("lib", 5),
+    ("layer", 5),
+    ("reconciler", 5),
+    ("front", 4),
+    ("front::http", 4),
+    ("front::grpc", 4),
+    ("engine", 3),
     ("execution", 2),
     ("step", 2),
     ("relay", 2),
@@ -26,6 +30,18 @@ const FLOORS: &[(&str, u8)] = &[
     ("headers", 1),
     ("problem", 1),
     ("body", 1),
+    ("transport", 1),
+];
+
+/// The crates of transports (and of the frameworks over them): the engine names none.
+const TRANSPORT_CRATES: &[&str] = &[
+    "tonic",
+    "axum",
+    "axum_core",
+    "hyper",
+    "reqwest",
+    "lapin",
+    "async_nats",
 ];
 
 fn floor(module: &str) -> u8 {
@@ -36,16 +52,24 @@ fn floor(module: &str) -> u8 {
         .unwrap_or_else(|| panic!("`{module}` has no floor: give it one in tests/all/layout.rs and docs/architecture.md"))
 }
 
-/// The module a file of `src/` belongs to (`service/claim.rs` is `service`).
+/// The module a file of `src/` belongs to (`engine/claim.rs` is `engine`); each front is a
+/// module of its own (`front/grpc.rs` is `front::grpc`).
 fn module_of(path: &Path, src: &Path) -> String {
     let relative = path.strip_prefix(src).unwrap();
-    let first = relative
+    let parts: Vec<String> = relative
         .components()
-        .next()
-        .unwrap()
-        .as_os_str()
-        .to_string_lossy();
-    first.trim_end_matches(".rs").to_owned()
+        .map(|c| {
+            c.as_os_str()
+                .to_string_lossy()
+                .trim_end_matches(".rs")
+                .to_owned()
+        })
+        .collect();
+    match parts.as_slice() {
+        [front, name, ..] if front == "front" && name != "mod" => format!("front::{name}"),
+        [first, ..] => first.clone(),
+        [] => unreachable!(),
+    }
 }
 
 /// The modules of this crate a file's code names (`crate::x`), its tests and its comments
@@ -65,7 +89,19 @@ fn named(code: &str) -> Vec<String> {
             .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
             .collect();
         // `crate::Name` is a re-export of lib.rs, named in docs; a module is lower case.
-        if name.chars().next().is_some_and(|c| c.is_ascii_lowercase()) {
+        if !name.chars().next().is_some_and(|c| c.is_ascii_lowercase()) {
+            continue;
+        }
+        let after = &rest[name.len()..];
+        let sub: String = after
+            .strip_prefix("::")
+            .unwrap_or_default()
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect();
+        if name == "front" && sub.chars().next().is_some_and(|c| c.is_ascii_lowercase()) {
+            found.push(format!("front::{sub}"));
+        } else {
             found.push(name);
         }
     }
@@ -116,4 +152,60 @@ fn every_file_names_only_its_floor_or_below_and_no_two_name_each_other() {
         }
     }
     assert!(edges.len() >= 8, "the files were read: {edges:?}");
+    for (from, tos) in &edges {
+        if from.starts_with("front::") {
+            let other = tos
+                .iter()
+                .find(|to| to.starts_with("front::") && *to != from);
+            assert!(
+                other.is_none(),
+                "the front `{from}` names another front, `{other:?}`"
+            );
+        }
+    }
+    assert!(
+        edges
+            .get("front::http")
+            .is_some_and(|tos| tos.iter().any(|to| to == "engine")),
+        "the HTTP front was read: {edges:?}"
+    );
+}
+
+/// The crates a file's code names in its paths (`tonic::Status`, `use axum_core::...`), its tests
+/// and comments left out.
+fn crates_named(code: &str) -> Vec<&'static str> {
+    let code = code.split("#[cfg(test)]").next().unwrap_or_default();
+    let code: String = code
+        .lines()
+        .filter(|line| !line.trim_start().starts_with("//"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    TRANSPORT_CRATES
+        .iter()
+        .copied()
+        .filter(|name| {
+            code.match_indices(&format!("{name}::")).any(|(i, _)| {
+                // A whole name: `tonic::`, not `my_tonic::`.
+                !code[..i]
+                    .chars()
+                    .next_back()
+                    .is_some_and(|c| c.is_ascii_alphanumeric() || c == '_')
+            })
+        })
+        .collect()
+}
+
+#[test]
+fn the_engine_names_no_transport_s_crate() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut all = Vec::new();
+    files(&src.join("engine"), &mut all);
+    assert!(all.len() >= 4, "the engine's files were read: {all:?}");
+    for path in [src.join("transport.rs")].iter().chain(&all) {
+        let code = std::fs::read_to_string(path).unwrap();
+        let named = crates_named(&code);
+        assert!(named.is_empty(), "{} names {named:?}", path.display());
+    }
+    assert_eq!(crates_named("let s = tonic::Status::ok(\"\");"), ["tonic"]);
+    assert!(crates_named("my_tonic::x\n  // tonic::y").is_empty());
 }

@@ -4,21 +4,20 @@
 
 use bytes::{Bytes, BytesMut};
 use http::request::Parts;
-use http::{Request, Response};
+use http::{HeaderMap, Request, Response};
 use http_body::Body;
 use http_body_util::BodyExt;
 use tower_service::Service;
 
-use crate::body::{BoxError, ReplyBody};
+use crate::body::{BoxError, ReplyBody, Whole};
 use crate::config::{Config, Count};
 use crate::events::Event;
-use crate::execution::{Execution, Rejected, Snapshot};
-use crate::headers::end_to_end;
-use crate::markers::{FencedStep, Unfinished};
+use crate::execution::{Execution, Snapshot};
 use crate::problem::Problem;
-use crate::store::{Claimed, Completion, Fence, RecordState, Store, StoredAnswer};
+use crate::store::{Claimed, Completion, Fence, RecordState, Store};
+use crate::transport::{Mark, marked_in_extensions};
 
-use super::answers::{answer, in_progress, not_stored, replay, unavailable};
+use super::answers::{in_progress, own, replay, unavailable, whole};
 use super::claim::Owned;
 
 /// What became of an execution, beside its answer: the reconciler counts them.
@@ -102,7 +101,7 @@ where
         let detail =
             "the handler still held its Local transaction when it answered; nothing was recorded";
         return Ok((
-            answer(Problem::HandlerFailed.response(detail)),
+            own(config, Problem::HandlerFailed, detail, None),
             Ended::Unfinished,
         ));
     };
@@ -122,42 +121,45 @@ where
     R::Error: Into<BoxError>,
 {
     let (scope, key, fence) = (&owned.scope, &owned.key, owned.claimed.fence);
-    let passed = |response: Response<R>| response.map(|body| ReplyBody::inner(Bytes::new(), body));
-    if response.extensions().get::<FencedStep>().is_some() {
-        // Another attempt holds the record: this holder wrote nothing, and says what happened.
-        drop(tx);
-        owned.held.done();
-        return (fenced_answer(config, owned).await, Ended::Fenced);
-    }
-    if response.extensions().get::<Unfinished>().is_some() || not_stored(config, response.status())
-    {
-        // Not an outcome: the record stays at its last recovery point, and its lease ends
-        // before the answer leaves, so a retry with the key, or the reconciler, resumes it.
-        drop(tx);
-        owned.held.end_now().await;
-        config.counters.add(Count::Unfinished);
-        let status = response.status().as_u16();
-        crate::events::emit!(config.events, Event::Unfinished, scope = %scope, key = %key, attempt = fence.attempt, status);
-        return (passed(response), Ended::Unfinished);
-    }
-    if response.extensions().get::<Rejected>().is_some() {
-        return match config.store.release(tx, fence).await {
+    let (mut head, body) = response.into_parts();
+    let mark = marked_in_extensions(&head).or_else(|| config.front.mark(&mut head));
+    let passed = |head, body| Response::from_parts(head, ReplyBody::inner(Bytes::new(), body));
+    match mark {
+        None => complete(config, head, body, tx, owned).await,
+        Some(Mark::Fenced) => {
+            // Another attempt holds the record: this holder wrote nothing, and says what
+            // happened.
+            drop(tx);
+            owned.held.done();
+            (fenced_answer(config, owned).await, Ended::Fenced)
+        }
+        Some(Mark::Unfinished) => {
+            // Not an outcome: the record stays at its last recovery point, and its lease ends
+            // before the answer leaves, so a retry with the key, or the reconciler, resumes it.
+            drop(tx);
+            owned.held.end_now().await;
+            config.counters.add(Count::Unfinished);
+            let status = head.status.as_u16();
+            crate::events::emit!(config.events, Event::Unfinished, scope = %scope, key = %key, attempt = fence.attempt, status);
+            (passed(head, body), Ended::Unfinished)
+        }
+        Some(Mark::Rejected) => match config.store.release(tx, fence).await {
             Ok(_) => {
                 owned.held.done();
                 config.counters.add(Count::Rejections);
-                crate::events::emit!(config.events, Event::Rejected, scope = %scope, key = %key, status = response.status().as_u16());
-                (passed(response), Ended::Rejected)
+                crate::events::emit!(config.events, Event::Rejected, scope = %scope, key = %key, status = head.status.as_u16());
+                (passed(head, body), Ended::Rejected)
             }
             Err(error) => (unavailable(config, &error), Ended::StoreFailed),
-        };
+        },
     }
-    complete(config, response, tx, owned).await
 }
 
 /// Reads the answer up to the storage limit, stores it with the local effects, then sends it.
 async fn complete<S, R>(
     config: &Config<S>,
-    response: Response<R>,
+    head: http::response::Parts,
+    mut body: R,
     tx: Option<S::Tx>,
     owned: &Owned<S>,
 ) -> (Response<ReplyBody<R>>, Ended)
@@ -167,8 +169,7 @@ where
     R::Error: Into<BoxError>,
 {
     let (scope, key, fence) = (&owned.scope, &owned.key, owned.claimed.fence);
-    let (head, mut body) = response.into_parts();
-    let (read, over) = match read_answer(&mut body, config.max_answer_body).await {
+    let read = match read_answer(&mut body, config.max_answer_body).await {
         Ok(read) => read,
         Err(error) => {
             config.counters.add(Count::StoreFailures);
@@ -177,15 +178,18 @@ where
             drop(tx);
             let detail = "the handler's answer failed while it was read; nothing was recorded; retry with the same key";
             return (
-                answer(Problem::HandlerFailed.response(detail)),
+                own(config, Problem::HandlerFailed, detail, None),
                 Ended::Unfinished,
             );
         }
     };
-    let stored = StoredAnswer {
-        status: head.status,
-        headers: end_to_end(&head.headers),
-        body: (!over).then(|| read.clone()),
+    let stored = match &read {
+        Read::Whole(whole) => {
+            config
+                .front
+                .stored(&head, Some(&whole.data), whole.trailers.as_ref())
+        }
+        Read::Over(_) => config.front.stored(&head, None, None),
     };
     match config.store.complete(tx, fence, &stored).await {
         Err(error) => (unavailable(config, &error), Ended::StoreFailed),
@@ -193,10 +197,9 @@ where
             owned.held.done();
             config.counters.add(Count::Completions);
             crate::events::emit!(config.events, Event::Completed, scope = %scope, key = %key, status = head.status.as_u16());
-            let body = if over {
-                ReplyBody::inner(read, body)
-            } else {
-                ReplyBody::full(read)
+            let body = match read {
+                Read::Whole(whole) => ReplyBody::whole(whole),
+                Read::Over(read) => ReplyBody::inner(read, body),
             };
             (Response::from_parts(head, body), Ended::Completed)
         }
@@ -207,22 +210,41 @@ where
     }
 }
 
-/// The answer's body up to `limit` bytes; `true` beside it when there is more.
-async fn read_answer<R>(body: &mut R, limit: usize) -> Result<(Bytes, bool), BoxError>
+/// What was read of an answer.
+enum Read {
+    /// All of it, within the limit: its bytes and its trailers.
+    Whole(Whole),
+    /// The first bytes past the limit; the rest is still in the body.
+    Over(Bytes),
+}
+
+/// The answer's body up to `limit` bytes, with its trailers when it ends within it.
+async fn read_answer<R>(body: &mut R, limit: usize) -> Result<Read, BoxError>
 where
     R: Body<Data = Bytes> + Unpin,
     R::Error: Into<BoxError>,
 {
     let mut read = BytesMut::new();
+    let mut trailers: Option<HeaderMap> = None;
     while let Some(frame) = body.frame().await {
-        if let Ok(data) = frame.map_err(Into::into)?.into_data() {
-            read.extend_from_slice(&data);
-            if read.len() > limit {
-                return Ok((read.freeze(), true));
+        match frame.map_err(Into::into)?.into_data() {
+            Ok(data) => {
+                read.extend_from_slice(&data);
+                if read.len() > limit {
+                    return Ok(Read::Over(read.freeze()));
+                }
+            }
+            Err(frame) => {
+                if let Ok(more) = frame.into_trailers() {
+                    trailers.get_or_insert_with(HeaderMap::new).extend(more);
+                }
             }
         }
     }
-    Ok((read.freeze(), false))
+    Ok(Read::Whole(Whole {
+        data: read.freeze(),
+        trailers,
+    }))
 }
 
 /// The answer of a holder that another attempt took over (at a recovery point or at its
@@ -261,12 +283,9 @@ pub(crate) async fn end_failed<S: Store, R>(
     detail: &str,
 ) -> (Response<ReplyBody<R>>, Ended) {
     let (scope, key, fence): (&str, &str, Fence) = (&owned.scope, &owned.key, owned.claimed.fence);
-    let problem = Problem::GaveUp.response(detail);
-    let stored = StoredAnswer {
-        status: problem.status(),
-        headers: end_to_end(problem.headers()),
-        body: Some(problem.body().clone()),
-    };
+    let answer = config.front.own(Problem::GaveUp, detail, None);
+    let (head, body) = answer.into_parts();
+    let stored = config.front.stored(&head, Some(&body), None);
     match config
         .store
         .fail(fence, &stored, config.failed_retention)
@@ -288,7 +307,7 @@ pub(crate) async fn end_failed<S: Store, R>(
                 attempt = fence.attempt,
                 detail
             );
-            (answer(problem), Ended::Failed)
+            (whole(Response::from_parts(head, body)), Ended::Failed)
         }
     }
 }

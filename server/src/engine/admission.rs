@@ -67,7 +67,9 @@ where
             Ok(Some(key)) => key,
         },
     };
-    let fingerprint = config.fingerprint.of(&parts, &body);
+    let fingerprint = config
+        .front
+        .fingerprint(config.fingerprint.of(&parts, &body));
     Admission::Admitted(Admitted {
         parts,
         body,

@@ -1,0 +1,72 @@
+//! The engine: one unit of work's way from its key to its outcome, whatever transport brought
+//! it — admission (key, scope, body), the atomic claim and its hold, running the handler under
+//! the claim, and settling its answer (stored with its local effects, or not an outcome, or
+//! rejected, or fenced). A front (`transport::Front`) says how its transport answers: the layer's own
+//! answers, what of a handler's answer is stored, and how a stored one is sent again.
+
+mod admission;
+mod answers;
+mod claim;
+mod running;
+
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body::Body;
+use tower_service::Service;
+
+use crate::body::{BoxError, ReplyBody};
+use crate::config::Config;
+use crate::store::Store;
+
+use admission::{Admission, admit};
+use claim::{Claiming, claim};
+pub(crate) use claim::{Held, Owned};
+pub(crate) use running::{Ended, end_failed, execute};
+
+/// A guarded request's way: admitted, claimed, run. A request admission finds unguarded (no
+/// key where none is required) goes to the handler as it is.
+pub(crate) async fn run<Svc, S, B, R>(
+    config: &Config<S>,
+    inner: Svc,
+    request: Request<B>,
+) -> Result<Response<ReplyBody<R>>, Svc::Error>
+where
+    Svc: Service<Request<B>, Response = Response<R>>,
+    S: Store,
+    B: Body + From<Bytes>,
+    B::Error: Into<BoxError>,
+    R: Body<Data = Bytes> + Unpin,
+    R::Error: Into<BoxError>,
+{
+    let admitted = match admit(config, request).await {
+        Admission::Admitted(admitted) => admitted,
+        Admission::Pass(request) => return pass(inner, request).await,
+        Admission::Refused(answer) => return Ok(answer),
+    };
+    let owned = match claim(config, &admitted).await {
+        Claiming::Owned(owned) => owned,
+        Claiming::Answered(answer) => return Ok(answer),
+    };
+    execute(config, inner, admitted.parts, admitted.body, owned)
+        .await
+        .map(|(answer, _)| answer)
+}
+
+/// A request the layer does not guard: to the handler, nothing recorded.
+pub(crate) async fn pass<Svc, B, R>(
+    mut inner: Svc,
+    request: Request<B>,
+) -> Result<Response<ReplyBody<R>>, Svc::Error>
+where
+    Svc: Service<Request<B>, Response = Response<R>>,
+{
+    Ok(inner
+        .call(request)
+        .await?
+        .map(|body| ReplyBody::inner(Bytes::new(), body)))
+}
+
+/// The marker of a request the reconciler resumes: the layer, if the reconciler's service
+/// has it too, passes the request straight to the handler.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Resumed;
