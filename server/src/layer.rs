@@ -12,6 +12,8 @@ use tracing::Level;
 use crate::config::{Config, Counters, ScopeRule};
 use crate::events::Event;
 use crate::fingerprint::Fingerprint;
+#[cfg(feature = "grpc")]
+use crate::front::grpc::{Grpc as GrpcFront, GrpcIdempotencyLayer, GuardedMethod};
 use crate::front::http::{Http, Idempotent};
 use crate::key::KeySource;
 use crate::store::Store;
@@ -77,6 +79,8 @@ impl<S: Store> IdempotencyLayer<S> {
                 counters: Arc::default(),
                 front: Arc::new(Http::default()),
             },
+            #[cfg(feature = "grpc")]
+            grpc: Grpc::default(),
         }
     }
 
@@ -106,6 +110,16 @@ impl<S, Svc> Layer<Svc> for IdempotencyLayer<S> {
 /// refuses a configuration that cannot keep the layer's promises.
 pub struct Builder<S> {
     config: Config<S>,
+    #[cfg(feature = "grpc")]
+    grpc: Grpc,
+}
+
+/// What a builder knows of the gRPC front.
+#[cfg(feature = "grpc")]
+#[derive(Default)]
+struct Grpc {
+    methods: Vec<GuardedMethod>,
+    not_stored: Vec<tonic::Code>,
 }
 
 impl<S: fmt::Debug> fmt::Debug for Builder<S> {
@@ -278,10 +292,27 @@ impl<S: Store> Builder<S> {
 
     /// Checks the configuration and builds the layer.
     pub fn build(self) -> Result<IdempotencyLayer<S>, ConfigError> {
-        let c = &self.config;
-        if c.methods.is_empty() {
+        if self.config.methods.is_empty() {
             return Err(ConfigError("`methods` is empty: the layer would guard nothing; name at least one method (e.g. POST)".into()));
         }
+        #[cfg(feature = "grpc")]
+        if !self.grpc.methods.is_empty() {
+            return Err(ConfigError("gRPC methods are named (`grpc_method`): build the gRPC layer with `build_grpc`, and the HTTP layer from a builder of its own".into()));
+        }
+        self.check()?;
+        self.config.counters.announce();
+        let mut config = self.config;
+        config.front = Arc::new(Http {
+            not_stored: config.not_stored.clone(),
+        });
+        Ok(IdempotencyLayer {
+            config: Arc::new(config),
+        })
+    }
+
+    /// The checks every layer's settings pass, whatever its transport.
+    fn check(&self) -> Result<(), ConfigError> {
+        let c = &self.config;
         if c.lease < Duration::from_millis(1) {
             return Err(ConfigError("`lease` is under 1 ms: every request would take over the one running; set it above the handler's longest run (default 30 s)".into()));
         }
@@ -314,15 +345,106 @@ impl<S: Store> Builder<S> {
                 c.max_key_len
             )));
         }
+        Ok(())
+    }
+}
+
+#[cfg(feature = "grpc")]
+#[cfg_attr(docsrs, doc(cfg(feature = "grpc")))]
+impl<S: Store> Builder<S> {
+    /// A gRPC method the layer guards, by its path (`/package.Service/Method`, the leading
+    /// `/` optional): each call must carry a key in its `idempotency-key` metadata (what this
+    /// workspace's gRPC door sends for a method it is told is not idempotent), and runs once
+    /// per (scope, key). Other methods pass through untouched. Name each method that makes an
+    /// effect; a gRPC layer guards only the methods named.
+    pub fn grpc_method(mut self, path: &str) -> Self {
+        self.grpc.methods.push(GuardedMethod {
+            path: guarded_path(path),
+            key_required: true,
+        });
+        self
+    }
+
+    /// A gRPC method the layer guards when a call carries a key: a call without one runs as
+    /// it would without the layer, with nothing recorded (it may run more than once).
+    pub fn grpc_method_key_optional(mut self, path: &str) -> Self {
+        self.grpc.methods.push(GuardedMethod {
+            path: guarded_path(path),
+            key_required: false,
+        });
+        self
+    }
+
+    /// Codes of a handler's trailers-only statuses that are not outcomes and are never stored
+    /// \[none\]: the status reaches its caller, the handler's transaction rolls back and the
+    /// lease ends at once, so a retry with the key runs the handler again (gRPC's own
+    /// `RESOURCE_EXHAUSTED` from a concurrency limit, say). A status the handler chose after
+    /// it began is an outcome and is stored; the statuses the crate makes of `StepError`,
+    /// `LocalError` and `StoreError` are never stored, whatever this says. A status after
+    /// messages (in trailers) is always an outcome: the call answered.
+    pub fn grpc_not_stored(mut self, codes: impl IntoIterator<Item = tonic::Code>) -> Self {
+        self.grpc.not_stored = codes.into_iter().collect();
+        self
+    }
+
+    /// Checks the configuration and builds the layer for a tonic server (the `grpc_…`
+    /// settings, and every setting of the HTTP layer but `methods`, `not_stored` and `key`'s
+    /// body sources, which a call's metadata does not have).
+    pub fn build_grpc(mut self) -> Result<GrpcIdempotencyLayer<S>, ConfigError> {
+        let grpc = std::mem::take(&mut self.grpc);
+        if grpc.methods.is_empty() {
+            return Err(ConfigError("no gRPC method named: the layer would guard nothing; name each method that makes an effect with `.grpc_method(\"/package.Service/Method\")`".into()));
+        }
+        if let Some(bad) = grpc.methods.iter().find(|m| !is_grpc_path(&m.path)) {
+            return Err(ConfigError(format!(
+                "`{}` is not a gRPC method's path: write it as `/package.Service/Method`",
+                bad.path
+            )));
+        }
+        if self.config.key.needs_body() {
+            return Err(ConfigError("the key source reads the body, which a gRPC call's messages are not: read the key from metadata (the default, `idempotency-key`, or `KeySource::header`)".into()));
+        }
+        self.check()?;
         self.config.counters.announce();
         let mut config = self.config;
-        config.front = Arc::new(Http {
-            not_stored: config.not_stored.clone(),
+        config.methods = vec![Method::POST];
+        if config.saved_headers[..] == DEFAULT_SAVED_HEADERS[..] {
+            // A resumed call needs its messages' encoding to decode them.
+            let mut saved = DEFAULT_SAVED_HEADERS.to_vec();
+            saved.extend([
+                HeaderName::from_static("grpc-encoding"),
+                HeaderName::from_static("grpc-accept-encoding"),
+            ]);
+            config.saved_headers = saved.into();
+        }
+        config.front = Arc::new(GrpcFront {
+            not_stored: grpc.not_stored,
         });
-        Ok(IdempotencyLayer {
+        Ok(GrpcIdempotencyLayer {
             config: Arc::new(config),
+            methods: grpc.methods.into(),
         })
     }
+}
+
+/// A method's path as a request carries it: with its leading `/`.
+#[cfg(feature = "grpc")]
+fn guarded_path(path: &str) -> String {
+    if path.starts_with('/') {
+        path.to_owned()
+    } else {
+        format!("/{path}")
+    }
+}
+
+/// Whether `path` is `/service/method`, each part non-empty and without spaces.
+#[cfg(feature = "grpc")]
+fn is_grpc_path(path: &str) -> bool {
+    let mut parts = path.trim_start_matches('/').split('/');
+    let ok = |part: Option<&str>| {
+        part.is_some_and(|p| !p.is_empty() && !p.contains(char::is_whitespace))
+    };
+    path.starts_with('/') && ok(parts.next()) && ok(parts.next()) && parts.next().is_none()
 }
 
 /// The headers a saved request keeps unless the builder says otherwise.

@@ -190,6 +190,18 @@ pub use events::Event;
 pub use execution::{Execution, Local, LocalError, Rejected};
 pub use fingerprint::Fingerprint;
 pub use front::http::{Idempotent, IdempotentFuture};
+
+/// The gRPC front: a layer for tonic servers (feature `grpc`).
+///
+/// Build it with [`Builder::grpc_method`] and [`Builder::build_grpc`]; see the crate's README
+/// for what is stored and the table of the layer's own statuses.
+#[cfg(feature = "grpc")]
+#[cfg_attr(docsrs, doc(cfg(feature = "grpc")))]
+pub mod grpc {
+    pub use crate::front::grpc::{
+        GrpcIdempotencyLayer, GrpcIdempotent, GrpcIdempotentFuture, PROBLEM, code_of,
+    };
+}
 pub use headers::IDEMPOTENT_REPLAYED;
 pub use key::{IDEMPOTENCY_KEY, KeyForm, KeySource};
 pub use layer::{Builder, ConfigError, IdempotencyLayer};

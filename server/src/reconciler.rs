@@ -229,7 +229,7 @@ where
     }
     let (parts, body) = request.into_parts();
     drop(body);
-    match execute::<_, _, B, R>(&config, inner, parts, saved.body, owned).await {
+    match execute::<_, _, B, R>(&config, inner, parts, saved.body, B::from, owned).await {
         Ok((_, ended)) => Resumption::Ran(ended),
         Err(_) => Resumption::Ran(Ended::Unfinished),
     }

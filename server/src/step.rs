@@ -129,7 +129,7 @@ impl StepError {
     }
 
     /// What a caller may be told of this error.
-    fn public_reason(&self) -> String {
+    pub(crate) fn public_reason(&self) -> String {
         match self {
             StepError::Fenced => "another attempt holds this request".into(),
             StepError::Store(_) => "the outcome store failed".into(),

@@ -12,6 +12,7 @@ use crate::config::Config;
 use crate::problem::Problem;
 use crate::store::Store;
 
+use super::Asked;
 use super::answers::refuse;
 
 /// A request admitted to the claim.
@@ -35,17 +36,21 @@ pub(crate) enum Admission<B, R> {
 
 /// Reads what the claim needs. A key that does not need the body is read first, so a request
 /// without one is answered (or passed through) before its body is read.
-pub(crate) async fn admit<S, B, R>(config: &Config<S>, request: Request<B>) -> Admission<B, R>
+pub(crate) async fn admit<S, B, R>(
+    config: &Config<S>,
+    request: Request<B>,
+    asked: Asked<B>,
+) -> Admission<B, R>
 where
     S: Store,
-    B: Body + From<Bytes>,
+    B: Body,
     B::Error: Into<BoxError>,
 {
     let refused = |(problem, detail): Refusal| Admission::Refused(refuse(config, problem, &detail));
     let (parts, body) = request.into_parts();
     let mut key = None;
     if !config.key.needs_body() {
-        match read_key(config, &parts, &Bytes::new()) {
+        match read_key(config, &parts, &Bytes::new(), asked.key_required) {
             Err(refusal) => return refused(refusal),
             Ok(None) => return Admission::Pass(Request::from_parts(parts, body)),
             Ok(Some(found)) => key = Some(found),
@@ -61,9 +66,9 @@ where
     };
     let key = match key {
         Some(key) => key,
-        None => match read_key(config, &parts, &body) {
+        None => match read_key(config, &parts, &body, asked.key_required) {
             Err(refusal) => return refused(refusal),
-            Ok(None) => return Admission::Pass(Request::from_parts(parts, B::from(body))),
+            Ok(None) => return Admission::Pass(Request::from_parts(parts, (asked.rebody)(body))),
             Ok(Some(key)) => key,
         },
     };
@@ -83,10 +88,15 @@ where
 type Refusal = (Problem, String);
 
 /// The key: `Ok(None)` when the request has none and none is required.
-fn read_key<S>(config: &Config<S>, parts: &Parts, body: &Bytes) -> Result<Option<String>, Refusal> {
+fn read_key<S>(
+    config: &Config<S>,
+    parts: &Parts,
+    body: &Bytes,
+    required: bool,
+) -> Result<Option<String>, Refusal> {
     match config.key.read(parts, body, config.max_key_len) {
         Err(error) => Err((Problem::MalformedKey, error.to_string())),
-        Ok(None) if config.require_key => Err((
+        Ok(None) if required => Err((
             Problem::MissingKey,
             "this route requires an idempotency key".into(),
         )),

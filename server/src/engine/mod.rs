@@ -29,16 +29,17 @@ pub(crate) async fn run<Svc, S, B, R>(
     config: &Config<S>,
     inner: Svc,
     request: Request<B>,
+    asked: Asked<B>,
 ) -> Result<Response<ReplyBody<R>>, Svc::Error>
 where
     Svc: Service<Request<B>, Response = Response<R>>,
     S: Store,
-    B: Body + From<Bytes>,
+    B: Body,
     B::Error: Into<BoxError>,
     R: Body<Data = Bytes> + Unpin,
     R::Error: Into<BoxError>,
 {
-    let admitted = match admit(config, request).await {
+    let admitted = match admit(config, request, asked).await {
         Admission::Admitted(admitted) => admitted,
         Admission::Pass(request) => return pass(inner, request).await,
         Admission::Refused(answer) => return Ok(answer),
@@ -47,10 +48,32 @@ where
         Claiming::Owned(owned) => owned,
         Claiming::Answered(answer) => return Ok(answer),
     };
-    execute(config, inner, admitted.parts, admitted.body, owned)
-        .await
-        .map(|(answer, _)| answer)
+    execute(
+        config,
+        inner,
+        admitted.parts,
+        admitted.body,
+        asked.rebody,
+        owned,
+    )
+    .await
+    .map(|(answer, _)| answer)
 }
+
+/// What a front asks of the engine for a request: the handler's body rebuilt from the bytes
+/// the engine read, and whether the request must carry a key.
+pub(crate) struct Asked<B> {
+    pub(crate) rebody: fn(Bytes) -> B,
+    pub(crate) key_required: bool,
+}
+
+impl<B> Clone for Asked<B> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<B> Copy for Asked<B> {}
 
 /// A request the layer does not guard: to the handler, nothing recorded.
 pub(crate) async fn pass<Svc, B, R>(

@@ -51,12 +51,12 @@ pub(crate) async fn execute<Svc, S, B, R>(
     mut inner: Svc,
     mut parts: Parts,
     body: Bytes,
+    rebody: fn(Bytes) -> B,
     owned: Owned<S>,
 ) -> Result<(Response<ReplyBody<R>>, Ended), Svc::Error>
 where
     Svc: Service<Request<B>, Response = Response<R>>,
     S: Store,
-    B: From<Bytes>,
     R: Body<Data = Bytes> + Unpin,
     R::Error: Into<BoxError>,
 {
@@ -92,9 +92,7 @@ where
     parts.extensions.insert(execution.clone());
     // The handler failed without an answer: its transaction rolls back as it drops, and
     // `held` ends the lease, so a retry takes the record over.
-    let response = inner
-        .call(Request::from_parts(parts, B::from(body)))
-        .await?;
+    let response = inner.call(Request::from_parts(parts, rebody(body))).await?;
     let Ok(tx) = execution.close() else {
         config.counters.add(Count::StoreFailures);
         crate::events::emit!(config.events, Event::LocalHeld, scope = %scope, key = %key);

@@ -17,7 +17,7 @@ use tower_service::Service;
 
 use crate::body::{BoxError, ReplyBody, Whole};
 use crate::config::Config;
-use crate::engine::{Resumed, pass, run};
+use crate::engine::{Asked, Resumed, pass, run};
 use crate::headers::{IDEMPOTENT_REPLAYED, end_to_end};
 use crate::problem::{Problem, retry_hint};
 use crate::store::{Store, StoredAnswer};
@@ -145,6 +145,10 @@ where
         {
             return Box::pin(pass(inner, request));
         }
-        Box::pin(async move { run(&config, inner, request).await })
+        let asked = Asked {
+            rebody: B::from,
+            key_required: config.require_key,
+        };
+        Box::pin(async move { run(&config, inner, request, asked).await })
     }
 }
