@@ -75,6 +75,21 @@ impl<S: Store> IdempotencyLayer<S> {
     }
 }
 
+#[cfg(feature = "grpc")]
+#[cfg_attr(docsrs, doc(cfg(feature = "grpc")))]
+impl<S: Store> crate::front::grpc::GrpcIdempotencyLayer<S> {
+    /// A reconciler for the calls this layer guards, running them on `inner`: the tonic
+    /// service the layer wraps (a generated `…Server`, or `tonic::service::Routes`, without
+    /// this layer), which takes requests whose body is a [`SavedBody`].
+    pub fn reconciler<Svc>(&self, inner: Svc) -> Reconciler<Svc, S> {
+        Reconciler {
+            config: self.config.clone(),
+            inner,
+            batch: 32,
+        }
+    }
+}
+
 /// How one resumption ended.
 enum Resumption {
     Ran(Ended),

@@ -14,7 +14,8 @@ pub enum Fate {
     /// Resets the connection once the request arrived, before the server sees it.
     ResetBefore,
     /// Passes the request, then resets the connection when the answer starts to come back:
-    /// the server did the work, the client never hears of it.
+    /// the server did the work, the client never hears of it. Over HTTP/2 the answer starts
+    /// with the server's first `HEADERS` frame (its settings and window updates pass).
     DropAnswer,
     /// Passes the request, then resets the connection after a few milliseconds, whatever the
     /// server is doing by then.
@@ -117,6 +118,9 @@ async fn carry(mut client: TcpStream, upstream: SocketAddr, fate: Fate, cut_afte
         return;
     }
     match fate {
+        Fate::DropAnswer if first[..n].starts_with(H2_PREFACE) => {
+            drop_h2_answer(client, server).await;
+        }
         Fate::DropAnswer => {
             // Carry the rest of the request; reset both sides at the answer's first byte.
             let mut buf = vec![0u8; 64 * 1024];
@@ -146,6 +150,51 @@ async fn carry(mut client: TcpStream, upstream: SocketAddr, fate: Fate, cut_afte
         }
         Fate::Pass | Fate::ResetBefore => {
             let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+        }
+    }
+}
+
+/// What an HTTP/2 client sends first.
+const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// Carries an HTTP/2 connection both ways, frame by frame from the server, and resets both
+/// sides when the server's first `HEADERS` frame (an answer's head) arrives.
+async fn drop_h2_answer(mut client: TcpStream, mut server: TcpStream) {
+    const HEADERS: u8 = 0x1;
+    let mut up = vec![0u8; 64 * 1024];
+    let mut down = vec![0u8; 64 * 1024];
+    let mut pending: Vec<u8> = Vec::new();
+    loop {
+        tokio::select! {
+            read = client.read(&mut up) => match read {
+                Ok(0) | Err(_) => return,
+                Ok(n) => if server.write_all(&up[..n]).await.is_err() { return },
+            },
+            read = server.read(&mut down) => {
+                let n = match read {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => n,
+                };
+                pending.extend_from_slice(&down[..n]);
+                // Whole frames: a 9-byte head (length 3, type 1, flags 1, stream 4), then the
+                // payload.
+                while pending.len() >= 9 {
+                    let len = usize::from(pending[0]) << 16
+                        | usize::from(pending[1]) << 8
+                        | usize::from(pending[2]);
+                    if pending[3] == HEADERS {
+                        reset(server).await;
+                        return reset(client).await;
+                    }
+                    if pending.len() < 9 + len {
+                        break;
+                    }
+                    let frame: Vec<u8> = pending.drain(..9 + len).collect();
+                    if client.write_all(&frame).await.is_err() {
+                        return;
+                    }
+                }
+            }
         }
     }
 }

@@ -29,6 +29,9 @@ macro_rules! on_every_store {
 }
 
 mod auto_traits;
+#[cfg(feature = "grpc")]
+#[path = "../../examples/support/bank.rs"]
+mod bank;
 mod both_halves;
 #[allow(dead_code)]
 #[path = "../../examples/support/charges_app.rs"]
@@ -40,6 +43,11 @@ mod events;
 mod first_month;
 #[cfg(feature = "postgres")]
 mod fleet;
+#[cfg(feature = "grpc")]
+mod grpc;
+#[cfg(feature = "grpc")]
+#[path = "../../examples/support/grpc_halves.rs"]
+mod grpc_halves;
 mod layout;
 #[path = "../../examples/support/lossy_link.rs"]
 mod lossy_link;
