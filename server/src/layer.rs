@@ -237,7 +237,7 @@ impl<S: Store> Builder<S> {
     }
 
     /// How long a key's record, and so its stored answer, is kept [24 h]: within it every
-    /// request with the key gets the one outcome; after it (and the [`sweep`](Store::sweep))
+    /// request with the key gets the one outcome; after it (and the [`sweep`](crate::store::Outcomes::sweep))
     /// the key is new again. This is the API's contract with its clients: state it in your API
     /// docs.
     pub fn retention(mut self, retention: Duration) -> Self {

@@ -1,6 +1,12 @@
 //! The server half of an exactly-once effect: a tower layer that runs a handler once per
 //! (scope, `Idempotency-Key`), on a durable outcome table in SQLite or PostgreSQL.
 //!
+//! One engine (the claim, the lease and its fence, the steps, the reconciler, the outbox, the
+//! sweeper), a front per transport: HTTP ([`IdempotencyLayer`], for axum or any tower stack)
+//! and gRPC (`grpc::GrpcIdempotencyLayer` from `Builder::build_grpc`, feature `grpc`, for
+//! tonic servers: the key from `idempotency-key` metadata, the whole answer stored with its
+//! trailers, the layer's own answers as gRPC statuses).
+//!
 //! A client that sends one key on every attempt (such as `reqwest-safe-retry`, the client half
 //! in this workspace) and this layer together make an effect happen once, however many copies
 //! of the request arrive, in whatever order, from however many servers.
@@ -131,7 +137,8 @@
 //!   the lease runs out. Effects outside the database (a call to another service) are not
 //!   rolled back: make them steps, whose calls carry an idempotency key of their own.
 //! - **Answers larger than the limit** [1 MiB] reach the first caller whole; a replay gets the
-//!   stored status with an `answer-not-stored` problem body. Trailers are not stored.
+//!   stored status with an `answer-not-stored` problem body. An HTTP answer's trailers reach
+//!   its first caller and are not stored (the gRPC front stores a call's trailers).
 //! - **Requests the layer does not guard** (other methods; no key where none is required)
 //!   pass through with nothing recorded.
 //! - **Extractor rejections** (axum's `Json` refusing a body, say) are answers like any
@@ -154,6 +161,8 @@
 //! - `client`: `Pending::call` and the `Relay`, through `reqwest-safe-retry` (it brings
 //!   reqwest in).
 //! - `metrics`: the counters through the `metrics` facade.
+//! - `grpc`: the gRPC front for tonic servers (`Builder::build_grpc`), and tonic statuses for
+//!   the crate's errors.
 //! - `test-util`: the `testing` module, crash points for your own tests.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![deny(missing_docs)]

@@ -4,7 +4,8 @@
 //!   order row (a local step), a charge at a payment provider (an external step, through this
 //!   workspace's client, with the key derived from the record), a receipt through the outbox;
 //!   a crash point at each recovery point. A charge of no cents is refused before anything is
-//!   done ([`Rejected::grpc`]), so a corrected call with the key runs.
+//!   done ([`Rejected::grpc`]), so a corrected call with the key runs; a negative charge is
+//!   answered `INVALID_ARGUMENT`, an outcome like any other.
 //! - `bank.Bank/Statement` (server streaming, guarded): writes an effect, then answers two
 //!   messages and a final status with metadata in its trailers.
 //! - `bank.Bank/Balance` (unary, not guarded): counts its calls.
@@ -183,7 +184,11 @@ impl<S: ChargesDb> tonic::server::UnaryService<Charge> for ChargeMethod<S> {
         Box::pin(async move {
             let execution = Execution::<S>::of_grpc(&request)?;
             let charge = request.into_inner();
-            if charge.cents <= 0 {
+            if charge.cents < 0 {
+                // An answer like any other: stored, unless the layer is told not to.
+                return Err(Status::invalid_argument("a charge is never negative"));
+            }
+            if charge.cents == 0 {
                 let refused = Status::invalid_argument("a charge is of at least one cent");
                 return Err(Rejected::grpc(refused));
             }

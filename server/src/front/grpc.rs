@@ -173,8 +173,8 @@ fn replay_of_own(status: Status) -> Response<Whole> {
     })
 }
 
-/// A gRPC answer's body as it is stored: the messages' length (4 bytes, big-endian), the
-/// messages as they were framed, then the trailers' length (4 bytes; all ones when the answer
+/// A gRPC answer's body as it is stored: the messages' length (8 bytes, big-endian), the
+/// messages as they were framed, then the trailers' length (8 bytes; all ones when the answer
 /// had no trailers) and the trailers in the stores' header encoding. Every length is checked on
 /// reading, so a cut row never reads as a shorter answer.
 fn encode_answer(data: &Bytes, trailers: Option<&HeaderMap>) -> Bytes {
@@ -184,52 +184,44 @@ fn encode_answer(data: &Bytes, trailers: Option<&HeaderMap>) -> Bytes {
         encode_headers(&pairs)
     });
     let trailers_len = encoded.as_ref().map_or(0, Vec::len);
-    let mut out = BytesMut::with_capacity(8 + data.len() + trailers_len);
-    out.extend_from_slice(&length(data.len()).to_be_bytes());
+    let mut out = BytesMut::with_capacity(16 + data.len() + trailers_len);
+    out.extend_from_slice(&(data.len() as u64).to_be_bytes());
     out.extend_from_slice(data);
+    let none = u64::MAX;
     out.extend_from_slice(
         &encoded
             .as_ref()
-            .map_or(u32::MAX, |e| length(e.len()))
+            .map_or(none, |e| e.len() as u64)
             .to_be_bytes(),
     );
     out.extend_from_slice(encoded.as_deref().unwrap_or_default());
     out.freeze()
 }
 
-/// A length as the stored form writes it; an answer over 4 GiB is never read whole (the
-/// layer's limit is far below).
-fn length(len: usize) -> u32 {
-    u32::try_from(len).unwrap_or(u32::MAX - 1)
-}
-
 /// Reads what [`encode_answer`] wrote; a row that does not decode is an error, never a panic.
 fn decode_answer(stored: &Bytes) -> Result<(Bytes, Option<HeaderMap>), StoreError> {
     let bad = || StoreError::new("a stored gRPC answer does not decode");
-    let read_len = |at: usize| -> Result<u32, StoreError> {
+    let read_len = |at: usize| -> Result<u64, StoreError> {
         let bytes = stored
-            .get(at..at.checked_add(4).ok_or_else(bad)?)
+            .get(at..at.checked_add(8).ok_or_else(bad)?)
             .ok_or_else(bad)?;
-        Ok(u32::from_be_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]))
+        Ok(u64::from_be_bytes(bytes.try_into().map_err(|_| bad())?))
     };
-    let data_len = read_len(0)? as usize;
-    let data_end = 4usize.checked_add(data_len).ok_or_else(bad)?;
-    let data = stored.get(4..data_end).ok_or_else(bad)?;
+    let data_len = usize::try_from(read_len(0)?).map_err(|_| bad())?;
+    let data_end = 8usize.checked_add(data_len).ok_or_else(bad)?;
+    let data = stored.get(8..data_end).ok_or_else(bad)?;
     let data = stored.slice_ref(data);
     let trailers_len = read_len(data_end)?;
-    let trailers_at = data_end + 4;
-    if trailers_len == u32::MAX {
+    let trailers_at = data_end + 8;
+    if trailers_len == u64::MAX {
         return if stored.len() == trailers_at {
             Ok((data, None))
         } else {
             Err(bad())
         };
     }
-    if stored.len()
-        != trailers_at
-            .checked_add(trailers_len as usize)
-            .ok_or_else(bad)?
-    {
+    let trailers_len = usize::try_from(trailers_len).map_err(|_| bad())?;
+    if stored.len() != trailers_at.checked_add(trailers_len).ok_or_else(bad)? {
         return Err(bad());
     }
     let mut map = HeaderMap::new();
@@ -462,12 +454,14 @@ impl Rejected {
 }
 
 impl<S: Store> Execution<S> {
-    /// The execution of a guarded call, from its request's extensions; `INTERNAL`, not stored,
-    /// when the call's method is not guarded by a [`GrpcIdempotencyLayer`].
+    /// The execution of a guarded call, from its request's extensions; `INTERNAL` when the
+    /// call has none: its method is not guarded by a [`GrpcIdempotencyLayer`], or the call
+    /// came without a key to a method whose key is optional (it runs unguarded; read
+    /// `request.extensions().get::<Execution<S>>()` to tell).
     pub fn of_grpc<T>(request: &tonic::Request<T>) -> Result<Execution<S>, Status> {
         request.extensions().get::<Execution<S>>().cloned().ok_or_else(|| {
-            let detail = "this method is not guarded by the idempotency layer; name it with `grpc_method`";
-            marked(status_of(Problem::HandlerFailed, detail, None), "unfinished")
+            let detail = "this call is not guarded by the idempotency layer: name its method with `grpc_method`";
+            status_of(Problem::HandlerFailed, detail, None)
         })
     }
 }
@@ -579,6 +573,40 @@ mod tests {
         assert_eq!(grpc.mark(&mut other), None);
         let mut ok = Response::new(()).into_parts().0;
         assert_eq!(grpc.mark(&mut ok), None);
+    }
+
+    #[test]
+    fn a_replay_is_the_stored_answer_marked_and_a_garbled_one_an_internal_status() {
+        let grpc = Grpc::default();
+        let mut trailers = HeaderMap::new();
+        trailers.insert("grpc-status", HeaderValue::from_static("0"));
+        let stored = StoredAnswer {
+            status: http::StatusCode::OK,
+            headers: vec![(
+                HeaderName::from_static("content-type"),
+                HeaderValue::from_static("application/grpc"),
+            )],
+            body: Some(encode_answer(&Bytes::from_static(b"m"), Some(&trailers))),
+        };
+        let replay = grpc.replay(&stored, false);
+        assert_eq!(replay.headers()["content-type"], "application/grpc");
+        assert_eq!(replay.headers()["idempotent-replayed"], "true");
+        assert_eq!(replay.body().data, "m");
+        assert_eq!(replay.body().trailers.as_ref(), Some(&trailers));
+        let garbled = StoredAnswer {
+            body: Some(Bytes::from_static(b"garbled")),
+            ..stored.clone()
+        };
+        let replay = grpc.replay(&garbled, false);
+        assert_eq!(replay.headers()["grpc-status"], "13");
+        assert_eq!(replay.headers()["idempotent-replayed"], "true");
+        let too_large = StoredAnswer {
+            body: None,
+            ..stored
+        };
+        let replay = grpc.replay(&too_large, false);
+        assert_eq!(replay.headers()["grpc-status"], "15");
+        assert_eq!(replay.headers()["safe-retry-problem"], "answer-not-stored");
     }
 
     #[test]

@@ -401,3 +401,62 @@ async fn opening_sqlite_waits_out_another_process_s_lock_and_fails_fast_on_the_r
     );
     let _ = std::fs::remove_file(&path);
 }
+
+/// The gRPC layer's own settings, refused at `build_grpc` naming the fix; the shared checks
+/// hold for it too; and a builder told of gRPC methods never builds an HTTP layer that would
+/// leave them unguarded.
+#[cfg(feature = "grpc")]
+#[tokio::test]
+async fn a_grpc_configuration_that_breaks_a_promise_fails_at_build_naming_the_fix() {
+    use safe_retry_server::KeySource;
+    let store = SqliteStore::memory().await.unwrap();
+    let builder = || IdempotencyLayer::builder(store.clone()).shared_scope();
+    let refused = |builder: safe_retry_server::Builder<SqliteStore>| {
+        builder.build_grpc().unwrap_err().to_string()
+    };
+    let message = refused(builder());
+    assert!(
+        message.contains("no gRPC method named") && message.contains(".grpc_method("),
+        "{message}"
+    );
+    for bad in [
+        "/bank.Bank",
+        "/bank.Bank/Charge/more",
+        "//Charge",
+        "/bank Bank/Charge",
+    ] {
+        let message = refused(builder().grpc_method(bad));
+        assert!(
+            message.contains("is not a gRPC method's path") && message.contains(bad),
+            "{bad}: {message}"
+        );
+    }
+    let message = refused(
+        builder()
+            .grpc_method("/bank.Bank/Charge")
+            .key(KeySource::json_pointer("/id")),
+    );
+    assert!(
+        message.contains("reads the body") && message.contains("metadata"),
+        "{message}"
+    );
+    let message = refused(builder().grpc_method("bank.Bank/Charge").max_attempts(0));
+    assert!(message.contains("`max_attempts` is 0"), "{message}");
+    let message = builder()
+        .grpc_method("/bank.Bank/Charge")
+        .build()
+        .unwrap_err()
+        .to_string();
+    assert!(message.contains("build_grpc"), "{message}");
+    let layer = builder()
+        .grpc_method("bank.Bank/Charge")
+        .grpc_method_key_optional("/bank.Bank/Refund")
+        .build_grpc()
+        .unwrap();
+    let shown = format!("{layer:?}");
+    assert!(
+        shown.contains("path: \"/bank.Bank/Charge\", key_required: true")
+            && shown.contains("path: \"/bank.Bank/Refund\", key_required: false"),
+        "{shown}"
+    );
+}

@@ -305,6 +305,24 @@ pub async fn grpc_another_call_under_a_key_is_refused_and_never_retried<S: Backe
     );
 }
 
+/// A method whose key is optional: a call without one runs unguarded every time (its handler
+/// finds no execution), a call with one runs once per key.
+pub async fn grpc_a_method_whose_key_is_optional_is_guarded_only_with_one<S: Backend>() {
+    let world = World::<S>::new(|b| b.grpc_method_key_optional(BALANCE)).await;
+    for _ in 0..2 {
+        assert_eq!(
+            world.call(BALANCE, None, &charge("tea")).await.code(),
+            tonic::Code::Ok
+        );
+    }
+    assert_eq!(world.bank.balance_calls(), 2);
+    assert!(world.store.outcomes().await.is_empty());
+    let first = world.call(BALANCE, Some("b-1"), &charge("tea")).await;
+    let again = world.call(BALANCE, Some("b-1"), &charge("tea")).await;
+    assert!(!first.replayed() && again.replayed());
+    assert_eq!(world.bank.balance_calls(), 3, "the keyed call ran once");
+}
+
 /// A call the handler refuses before doing anything ([`Rejected::grpc`]) stores nothing: the
 /// corrected call under the same key runs.
 pub async fn grpc_a_refusal_stores_nothing_and_the_corrected_call_runs<S: Backend>() {
@@ -325,6 +343,90 @@ pub async fn grpc_a_refusal_stores_nothing_and_the_corrected_call_runs<S: Backen
     assert_eq!(corrected.code(), tonic::Code::Ok);
     assert!(!corrected.replayed());
     assert_eq!(world.rows_of("k-3").await, 1);
+}
+
+/// The rest of the table, each by its rule: messages over the limit, no caller to scope to, an
+/// answer too large to store (sent whole, replayed as `DATA_LOSS`), a record started too often
+/// (`ABORTED gave-up`, stored and replayed), and a handler's status: an outcome, unless named in
+/// `grpc_not_stored`.
+pub async fn grpc_limits_and_failures_answer_by_the_table<S: Backend>() {
+    let negative = Charge {
+        item: "tea".into(),
+        cents: -5,
+    };
+    let world = World::<S>::new(|b| b.max_request_body(8)).await;
+    let large = world
+        .call(CHARGE, Some("k-big"), &charge("a long item name"))
+        .await;
+    assert_eq!(large.code(), tonic::Code::ResourceExhausted);
+    assert_eq!(large.header("safe-retry-problem"), Some("body-too-large"));
+    assert_eq!(large.header("grpc-retry-pushback-ms"), Some("-1"));
+    assert!(world.store.outcomes().await.is_empty());
+
+    let world = World::<S>::new(|b| {
+        b.scope(|parts| {
+            let caller = parts.headers.get("x-caller")?;
+            caller.to_str().ok().map(str::to_owned)
+        })
+    })
+    .await;
+    let nobody = world.call(CHARGE, Some("k-1"), &charge("tea")).await;
+    assert_eq!(nobody.code(), tonic::Code::Unauthenticated);
+    assert_eq!(nobody.header("safe-retry-problem"), Some("no-scope"));
+
+    let world = World::<S>::new(|b| {
+        b.max_answer_body(4)
+            .grpc_not_stored([tonic::Code::InvalidArgument])
+    })
+    .await;
+    let first = world.call(CHARGE, Some("k-big"), &charge("tea")).await;
+    assert_eq!(first.code(), tonic::Code::Ok);
+    assert_eq!(first.receipts().len(), 1, "sent whole");
+    let replay = world.call(CHARGE, Some("k-big"), &charge("tea")).await;
+    assert_eq!(replay.code(), tonic::Code::DataLoss);
+    assert_eq!(
+        replay.header("safe-retry-problem"),
+        Some("answer-not-stored")
+    );
+    assert!(replay.replayed());
+    assert_eq!(world.rows_of("k-big").await, 1);
+    let unstored = world.call(CHARGE, Some("k-neg"), &negative).await;
+    assert_eq!(unstored.code(), tonic::Code::InvalidArgument);
+    let again = world.call(CHARGE, Some("k-neg"), &negative).await;
+    assert!(
+        !again.replayed(),
+        "a code in grpc_not_stored is never stored"
+    );
+    let outcomes = world.store.outcomes().await;
+    let neg = outcomes.iter().find(|(key, _, _)| key == "k-neg").unwrap();
+    assert_eq!(
+        neg.1, "in_progress",
+        "not completed: its lease ended for the retry"
+    );
+
+    let world = World::<S>::new(|b| b.max_attempts(1)).await;
+    world.faults.arm("after-order", Crash::Fail);
+    let failed = world.call(CHARGE, Some("k-up"), &charge("tea")).await;
+    assert_eq!(failed.code(), tonic::Code::Unavailable);
+    assert_eq!(
+        failed.header("safe-retry-problem"),
+        Some("store-unavailable")
+    );
+    assert_eq!(failed.header("grpc-retry-pushback-ms"), Some("1000"));
+    let gave_up = world.call(CHARGE, Some("k-up"), &charge("tea")).await;
+    assert_eq!(gave_up.code(), tonic::Code::Aborted, "{gave_up:?}");
+    assert_eq!(gave_up.header("safe-retry-problem"), Some("gave-up"));
+    assert_eq!(gave_up.header("grpc-retry-pushback-ms"), Some("-1"));
+    let still = world.call(CHARGE, Some("k-up"), &charge("tea")).await;
+    assert!(still.replayed());
+    assert_eq!(still.unmarked_headers(), gave_up.unmarked_headers());
+    assert_eq!(world.payments.effects().len(), 0, "never charged");
+    let stored = world.call(CHARGE, Some("k-neg"), &negative).await;
+    assert_eq!(stored.code(), tonic::Code::InvalidArgument);
+    let again = world.call(CHARGE, Some("k-neg"), &negative).await;
+    assert!(again.replayed(), "a status the handler chose is an outcome");
+    assert_eq!(again.unmarked_headers(), stored.unmarked_headers());
+    assert_eq!(world.store.outcomes().await.len(), 2);
 }
 
 /// A call stopped after its charge (its caller gone) is finished by the gRPC layer's
@@ -499,6 +601,8 @@ on_every_store!(
     grpc_32_copies_at_once_are_one_charge,
     grpc_another_call_under_a_key_is_refused_and_never_retried,
     grpc_a_refusal_stores_nothing_and_the_corrected_call_runs,
+    grpc_a_method_whose_key_is_optional_is_guarded_only_with_one,
+    grpc_limits_and_failures_answer_by_the_table,
     grpc_a_call_stopped_after_its_charge_is_finished_by_the_reconciler,
     grpc_both_halves_through_a_lossy_link_charge_each_call_once,
     grpc_sigkill_after_the_charge_call_leaves_one_charge,
