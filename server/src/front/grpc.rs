@@ -610,6 +610,133 @@ mod tests {
     }
 
     #[test]
+    fn the_crate_s_errors_become_statuses_by_what_failed() {
+        let problem = |status: &Status| {
+            let value = status.metadata().get(PROBLEM).unwrap();
+            (status.code(), value.to_str().unwrap().to_owned())
+        };
+        let store = || StoreError::new("down");
+        let cases = [
+            (
+                Status::from(StepError::Store(store())),
+                Code::Unavailable,
+                "store-unavailable",
+            ),
+            (
+                Status::from(StepError::Fenced),
+                Code::Unavailable,
+                "in-progress",
+            ),
+            (
+                Status::from(StepError::Misuse("twice")),
+                Code::Unavailable,
+                "step-unfinished",
+            ),
+            (
+                Status::from(LocalError::Store(store())),
+                Code::Unavailable,
+                "store-unavailable",
+            ),
+            (
+                Status::from(LocalError::AlreadyHeld),
+                Code::Internal,
+                "handler-failed",
+            ),
+            (
+                Status::from(store()),
+                Code::Unavailable,
+                "store-unavailable",
+            ),
+        ];
+        for (status, code, name) in cases {
+            assert_eq!(problem(&status), (code, name.to_owned()), "{status:?}");
+        }
+    }
+
+    /// A handler that counts its calls and answers an empty `OK`; ready when `ready` says.
+    #[derive(Clone)]
+    struct Counting {
+        calls: Arc<std::sync::atomic::AtomicUsize>,
+        ready: bool,
+    }
+
+    impl std::fmt::Debug for Counting {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("Counting")
+        }
+    }
+
+    impl Service<Request<tonic::body::Body>> for Counting {
+        type Response = Response<http_body_util::Full<Bytes>>;
+        type Error = std::convert::Infallible;
+        type Future = std::future::Ready<Result<Self::Response, Self::Error>>;
+
+        fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+            if self.ready {
+                Poll::Ready(Ok(()))
+            } else {
+                Poll::Pending
+            }
+        }
+
+        fn call(&mut self, _: Request<tonic::body::Body>) -> Self::Future {
+            self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            std::future::ready(Ok(Response::new(http_body_util::Full::default())))
+        }
+    }
+
+    #[cfg(feature = "sqlite")]
+    #[tokio::test]
+    async fn the_service_waits_for_its_handler_and_passes_the_reconciler_s_requests() {
+        let store = crate::store::SqliteStore::memory().await.unwrap();
+        let layer = crate::IdempotencyLayer::builder(store.clone())
+            .shared_scope()
+            .grpc_method("/bank.Bank/Charge")
+            .build_grpc()
+            .unwrap();
+        let calls = Arc::default();
+        let mut busy = layer.layer(Counting {
+            calls: Arc::clone(&calls),
+            ready: false,
+        });
+        let readiness = std::future::poll_fn(|cx| Poll::Ready(busy.poll_ready(cx))).await;
+        assert!(readiness.is_pending());
+        assert_eq!(
+            format!("{busy:?}"),
+            "GrpcIdempotent { inner: Counting, .. }"
+        );
+        let mut service = layer.layer(Counting {
+            calls: Arc::clone(&calls),
+            ready: true,
+        });
+        let resumed = || {
+            let mut request = Request::post("/bank.Bank/Charge")
+                .body(tonic_body(Bytes::from_static(b"\0\0\0\0\0")))
+                .unwrap();
+            request.extensions_mut().insert(Resumed);
+            request
+        };
+        for _ in 0..2 {
+            let answer = service.call(resumed()).await.unwrap();
+            assert!(
+                answer.headers().get("grpc-status").is_none(),
+                "the handler's own"
+            );
+        }
+        assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 2);
+        let record = crate::store::Outcomes::read(&store, "", "anything")
+            .await
+            .unwrap();
+        assert!(record.is_none());
+        let keyless = Request::post("/bank.Bank/Charge")
+            .body(tonic_body(Bytes::new()))
+            .unwrap();
+        let refused = service.call(keyless).await.unwrap();
+        assert_eq!(refused.headers()["safe-retry-problem"], "missing-key");
+        assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 2);
+    }
+
+    #[test]
     fn a_grpc_fingerprint_is_never_an_http_one() {
         let grpc = Grpc::default();
         assert_ne!(grpc.fingerprint([7; 32]), [7; 32]);
