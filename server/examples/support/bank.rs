@@ -8,6 +8,8 @@
 //!   answered `INVALID_ARGUMENT`, an outcome like any other.
 //! - `bank.Bank/Statement` (server streaming, guarded): writes an effect, then answers two
 //!   messages and a final status with metadata in its trailers.
+//! - `bank.Bank/Batch` (client streaming, guarded): reads every charge of the stream, writes
+//!   one effect for their sum, and answers one receipt.
 //! - `bank.Bank/Balance` (unary, not guarded): counts its calls.
 
 use std::convert::Infallible;
@@ -30,6 +32,8 @@ pub const CHARGE: &str = "/bank.Bank/Charge";
 pub const STATEMENT: &str = "/bank.Bank/Statement";
 /// The unguarded method's path.
 pub const BALANCE: &str = "/bank.Bank/Balance";
+/// The client-streaming method's path.
+pub const BATCH: &str = "/bank.Bank/Batch";
 
 /// A charge to make.
 #[derive(Clone, PartialEq, prost::Message)]
@@ -160,6 +164,12 @@ where
                     grpc.server_streaming(StatementMethod::<S>(std::marker::PhantomData), request)
                         .await
                 }
+                BATCH => {
+                    let codec = tonic_prost::ProstCodec::<Receipt, Charge>::default();
+                    let mut grpc = tonic::server::Grpc::new(codec);
+                    grpc.client_streaming(BatchMethod::<S>(std::marker::PhantomData), request)
+                        .await
+                }
                 BALANCE => {
                     bank.balance_calls.fetch_add(1, Ordering::SeqCst);
                     let codec = tonic_prost::ProstCodec::<Receipt, Charge>::default();
@@ -277,6 +287,35 @@ impl<S: ChargesDb> tonic::server::ServerStreamingService<Charge> for StatementMe
                 .insert("x-balance", order.to_string().parse().unwrap());
             let messages = vec![Ok(line(1)), Ok(line(2)), Err(end)];
             Ok(tonic::Response::new(tokio_stream::iter(messages)))
+        })
+    }
+}
+
+struct BatchMethod<S>(std::marker::PhantomData<fn() -> S>);
+
+impl<S: ChargesDb> tonic::server::ClientStreamingService<Charge> for BatchMethod<S> {
+    type Response = Receipt;
+    type Future = Boxed<Result<tonic::Response<Receipt>, Status>>;
+
+    fn call(&mut self, request: tonic::Request<tonic::Streaming<Charge>>) -> Self::Future {
+        Box::pin(async move {
+            let execution = Execution::<S>::of_grpc(&request)?;
+            let mut charges = request.into_inner();
+            let (mut items, mut cents) = (Vec::new(), 0);
+            while let Some(charge) = charges.message().await? {
+                items.push(charge.item);
+                cents += charge.cents;
+            }
+            let mut local = execution.local().await?;
+            let order = S::record_effect(&mut local, execution.key(), &items.join("+"))
+                .await
+                .map_err(StoreError::new)?;
+            drop(local);
+            Ok(tonic::Response::new(Receipt {
+                order,
+                charge: format!("{cents} cents"),
+                attempt: execution.attempt(),
+            }))
         })
     }
 }

@@ -14,7 +14,7 @@ use safe_retry_server::grpc::GrpcIdempotencyLayer;
 use safe_retry_server::{Builder, IdempotencyLayer, Relay};
 use tower_service::Service;
 
-use crate::bank::{BALANCE, Bank, CHARGE, Charge, Receipt, STATEMENT, Served, serve};
+use crate::bank::{BALANCE, BATCH, Bank, CHARGE, Charge, Receipt, STATEMENT, Served, serve};
 use crate::grpc_halves::Halves;
 use crate::lossy_link::Fate;
 use crate::orders_app::{Crash, Faults, Orders};
@@ -41,7 +41,8 @@ impl<S: Backend> World<S> {
         let builder = IdempotencyLayer::builder(store.clone())
             .shared_scope()
             .grpc_method(CHARGE)
-            .grpc_method(STATEMENT);
+            .grpc_method(STATEMENT)
+            .grpc_method(BATCH);
         let layer = configure(builder).build_grpc().unwrap();
         let (payments_addr, payments) = Receiver::start("ch").await;
         let (receipts_addr, receipts) = Receiver::start("rc").await;
@@ -134,6 +135,39 @@ impl Raw {
     }
 }
 
+/// One call with a stream of `charges`, read whole.
+pub async fn call_streaming(
+    mut channel: tonic::transport::Channel,
+    path: &str,
+    key: &str,
+    charges: &[Charge],
+) -> Raw {
+    let mut framed = BytesMut::new();
+    for charge in charges {
+        framed.put_u8(0);
+        framed.put_u32(charge.encoded_len() as u32);
+        charge.encode(&mut framed).unwrap();
+    }
+    let request = http::Request::post(path)
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .header("idempotency-key", key)
+        .body(tonic::body::Body::new(http_body_util::Full::new(
+            framed.freeze(),
+        )))
+        .unwrap();
+    std::future::poll_fn(|cx| channel.poll_ready(cx))
+        .await
+        .unwrap();
+    let (head, body) = channel.call(request).await.unwrap().into_parts();
+    let collected = body.collect().await.unwrap();
+    Raw {
+        headers: head.headers,
+        trailers: collected.trailers().cloned(),
+        data: collected.to_bytes(),
+    }
+}
+
 /// One call over `channel`, as tonic's generated client makes it, read whole.
 pub async fn call(
     channel: tonic::transport::Channel,
@@ -183,7 +217,8 @@ fn charge(item: &str) -> Charge {
 
 /// The same key twice: one order row, one charge at the provider, one receipt staged; the
 /// second answer is the first byte for byte — head, message and trailers — marked a replay. A
-/// streamed answer whose status carries metadata in its trailers comes back whole too.
+/// streamed answer whose status carries metadata in its trailers comes back whole too, and a
+/// client stream counts as one call.
 pub async fn grpc_the_same_key_twice_is_one_charge_and_one_answer_trailers_and_all<S: Backend>() {
     let world = World::<S>::new(|b| b).await;
     let first = world.call(CHARGE, Some("k-1"), &charge("tea")).await;
@@ -226,8 +261,24 @@ pub async fn grpc_the_same_key_twice_is_one_charge_and_one_answer_trailers_and_a
         )
     );
     assert_eq!(world.rows_of("s-1").await, 1);
+
+    // A client stream is read whole before the handler runs: one effect for the batch, and the
+    // same batch again is its answer again; another batch under the key is refused.
+    let batch = [charge("tea"), charge("cake")];
+    let summed = call_streaming(world.channel.clone(), BATCH, "b-1", &batch).await;
+    assert_eq!(summed.code(), tonic::Code::Ok, "{summed:?}");
+    assert_eq!(summed.receipts()[0].charge, "2000 cents");
+    let again = call_streaming(world.channel.clone(), BATCH, "b-1", &batch).await;
+    assert!(again.replayed());
+    assert_eq!(
+        (&again.data, &again.trailers),
+        (&summed.data, &summed.trailers)
+    );
+    let other = call_streaming(world.channel.clone(), BATCH, "b-1", &batch[..1]).await;
+    assert_eq!(other.header("safe-retry-problem"), Some("key-reused"));
+    assert_eq!(world.rows_of("b-1").await, 1);
     let counters = world.layer.counters().snapshot();
-    assert_eq!((counters.completions, counters.replays), (2, 2));
+    assert_eq!((counters.completions, counters.replays), (3, 3));
 }
 
 /// 32 copies of one call at once: one order row and one charge; every answer is the first's
