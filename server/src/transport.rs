@@ -57,23 +57,100 @@ pub(crate) enum Mark {
     Rejected,
 }
 
-/// The marks every transport carries in an answer's extensions.
-pub(crate) fn marked_in_extensions(head: &Head) -> Option<Mark> {
-    if head
-        .extensions
-        .get::<crate::markers::FencedStep>()
-        .is_some()
-    {
-        Some(Mark::Fenced)
-    } else if head
-        .extensions
-        .get::<crate::markers::Unfinished>()
-        .is_some()
-    {
-        Some(Mark::Unfinished)
-    } else if head.extensions.get::<crate::markers::Rejected>().is_some() {
-        Some(Mark::Rejected)
-    } else {
-        None
+/// What an answer is, by the marks every transport carries in its extensions and the
+/// front's own reading of its head, in this order: a fenced step, then not an outcome (the
+/// `Unfinished` marker, then what the front is told not to store), then a rejection.
+pub(crate) fn mark_of(front: &dyn Front, head: &mut Head) -> Option<Mark> {
+    let extensions = &head.extensions;
+    if extensions.get::<crate::markers::FencedStep>().is_some() {
+        return Some(Mark::Fenced);
+    }
+    if extensions.get::<crate::markers::Unfinished>().is_some() {
+        return Some(Mark::Unfinished);
+    }
+    let rejected = extensions.get::<crate::markers::Rejected>().is_some();
+    match front.mark(head) {
+        None if rejected => Some(Mark::Rejected),
+        mark => mark,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A front that is told not to store `503`s.
+    struct NotStored503;
+
+    impl Front for NotStored503 {
+        fn own(&self, problem: Problem, detail: &str, _: Option<Duration>) -> Response<Bytes> {
+            problem.response(detail)
+        }
+        fn mark(&self, head: &mut Head) -> Option<Mark> {
+            (head.status == 503).then_some(Mark::Unfinished)
+        }
+        fn stored(&self, head: &Head, _: Option<&Bytes>, _: Option<&HeaderMap>) -> StoredAnswer {
+            StoredAnswer {
+                status: head.status,
+                headers: Vec::new(),
+                body: None,
+            }
+        }
+        fn replay(&self, _: &StoredAnswer, _: bool) -> Response<Whole> {
+            Response::new(Whole::default())
+        }
+    }
+
+    #[test]
+    fn a_fenced_step_comes_first_then_not_an_outcome_then_a_rejection() {
+        let head = |status: u16, marks: &dyn Fn(&mut http::Extensions)| {
+            let mut response = Response::new(());
+            *response.status_mut() = http::StatusCode::from_u16(status).unwrap();
+            marks(response.extensions_mut());
+            response.into_parts().0
+        };
+        let front = NotStored503;
+        type Marks<'a> = &'a dyn Fn(&mut http::Extensions);
+        let cases: [(u16, Marks, Option<Mark>); 6] = [
+            (200, &|_| {}, None),
+            (503, &|_| {}, Some(Mark::Unfinished)),
+            (
+                200,
+                &|e| {
+                    e.insert(crate::markers::Rejected);
+                },
+                Some(Mark::Rejected),
+            ),
+            (
+                503,
+                &|e| {
+                    e.insert(crate::markers::Rejected);
+                },
+                Some(Mark::Unfinished),
+            ),
+            (
+                200,
+                &|e| {
+                    e.insert(crate::markers::Rejected);
+                    e.insert(crate::markers::Unfinished);
+                },
+                Some(Mark::Unfinished),
+            ),
+            (
+                503,
+                &|e| {
+                    e.insert(crate::markers::Unfinished);
+                    e.insert(crate::markers::FencedStep);
+                },
+                Some(Mark::Fenced),
+            ),
+        ];
+        for (i, (status, marks, expected)) in cases.into_iter().enumerate() {
+            assert_eq!(
+                mark_of(&front, &mut head(status, marks)),
+                expected,
+                "case {i}"
+            );
+        }
     }
 }

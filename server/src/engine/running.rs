@@ -15,7 +15,7 @@ use crate::events::Event;
 use crate::execution::{Execution, Snapshot};
 use crate::problem::Problem;
 use crate::store::{Claimed, Completion, Fence, RecordState, Store};
-use crate::transport::{Mark, marked_in_extensions};
+use crate::transport::{Mark, mark_of};
 
 use super::answers::{in_progress, own, replay, unavailable, whole};
 use super::claim::Owned;
@@ -120,7 +120,7 @@ where
 {
     let (scope, key, fence) = (&owned.scope, &owned.key, owned.claimed.fence);
     let (mut head, body) = response.into_parts();
-    let mark = marked_in_extensions(&head).or_else(|| config.front.mark(&mut head));
+    let mark = mark_of(&*config.front, &mut head);
     let passed = |head, body| Response::from_parts(head, ReplyBody::inner(Bytes::new(), body));
     match mark {
         None => complete(config, head, body, tx, owned).await,
