@@ -266,6 +266,7 @@ impl<S: std::fmt::Debug> std::fmt::Debug for GrpcIdempotencyLayer<S> {
             .field("methods", &self.methods)
             .field("lease", &self.config.lease)
             .field("retention", &self.config.retention)
+            .field("saved_headers", &self.config.saved_headers)
             .finish_non_exhaustive()
     }
 }

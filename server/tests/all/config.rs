@@ -459,4 +459,18 @@ async fn a_grpc_configuration_that_breaks_a_promise_fails_at_build_naming_the_fi
             && shown.contains("path: \"/bank.Bank/Refund\", key_required: false"),
         "{shown}"
     );
+    assert!(
+        shown.contains("\"grpc-encoding\", \"grpc-accept-encoding\""),
+        "the default list gains gRPC's: {shown}"
+    );
+    let chosen = builder()
+        .grpc_method("bank.Bank/Charge")
+        .saved_headers([http::header::CONTENT_TYPE])
+        .build_grpc()
+        .unwrap();
+    let shown = format!("{chosen:?}");
+    assert!(
+        shown.contains("saved_headers: [\"content-type\"]"),
+        "a chosen list is kept: {shown}"
+    );
 }

@@ -191,6 +191,7 @@ pub async fn try_call(
     charge.encode(&mut framed).unwrap();
     let mut request = http::Request::post(path)
         .header("content-type", "application/grpc")
+        .header("grpc-accept-encoding", "identity")
         .header("te", "trailers");
     if let Some(key) = key {
         request = request.header("idempotency-key", key);
@@ -500,6 +501,16 @@ pub async fn grpc_a_call_stopped_after_its_charge_is_finished_by_the_reconciler<
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+    let saved = world
+        .store
+        .saved_request("k-4")
+        .await
+        .expect("saved at the first step");
+    let has = |name: &[u8]| saved.windows(name.len()).any(|w| w == name);
+    assert!(
+        has(b"grpc-accept-encoding") && has(b"application/grpc"),
+        "what a resumption needs"
+    );
     let reconciler = world.layer.reconciler(world.bank.clone());
     let report = reconciler.tick().await.unwrap();
     assert_eq!((report.found, report.completed), (1, 1), "{report:?}");
