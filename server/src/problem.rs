@@ -201,6 +201,16 @@ mod tests {
         assert_eq!(ms(0), "0");
         assert_eq!(ms(250), "250");
         assert_eq!(ms(1500), "1500");
+        let detail = |ms| {
+            let response = Problem::in_progress(Duration::from_millis(ms));
+            let json: serde_json::Value = serde_json::from_slice(response.body()).unwrap();
+            json["detail"].as_str().unwrap().to_owned()
+        };
+        assert_eq!(
+            detail(1500),
+            "the first request with this key is still running; ask again in 2 s with the same key"
+        );
+        assert!(detail(0).contains("ask again in 1 s"), "{}", detail(0));
         let unavailable = Problem::store_unavailable();
         assert_eq!(unavailable.status(), 503);
         assert_eq!(unavailable.headers()[header::RETRY_AFTER], "1");
