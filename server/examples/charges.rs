@@ -48,8 +48,6 @@ use std::time::Duration;
 
 use charges_app::ChargesDb;
 use orders_app::{Crash, Faults, Orders, POINTS};
-use reqwest_middleware::ClientBuilder;
-use reqwest_safe_retry::{Dependency, RetryMiddleware, RetryPolicy};
 use safe_retry_server::{IdempotencyLayer, Relay, Sweeper};
 
 struct Options {
@@ -210,20 +208,7 @@ async fn serve<S: ChargesDb>(
             faults.arm(point, Crash::Hang);
         }
         // This workspace's client: 3 attempts a call, 250 ms each at most.
-        let policy = RetryPolicy::builder()
-            .max_attempts(3)
-            .base_delay(Duration::from_millis(20))
-            .build()?;
-        let client = ClientBuilder::new(
-            reqwest::Client::builder()
-                .timeout(Duration::from_millis(250))
-                .build()?,
-        )
-        .with(RetryMiddleware::new(Dependency::new(
-            "dependencies",
-            policy,
-        )))
-        .build();
+        let client = orders_app::dependencies(Duration::from_millis(250));
         let orders = orders_app::orders_app(
             layer.clone(),
             Orders {

@@ -43,8 +43,6 @@ use std::time::Duration;
 use charges_app::ChargesDb;
 use lossy_link::Fate;
 use orders_app::{Crash, Faults, Orders, POINTS};
-use reqwest_middleware::ClientBuilder;
-use reqwest_safe_retry::{Dependency, RetryMiddleware, RetryPolicy};
 use safe_retry_server::{IdempotencyLayer, Relay};
 
 struct Options {
@@ -205,20 +203,7 @@ async fn serve<S: ChargesDb>(store: S, options: Options) -> Result<(), Box<dyn s
     if let Some(point) = &options.crash_at {
         faults.arm(point, Crash::Hang);
     }
-    let policy = RetryPolicy::builder()
-        .max_attempts(3)
-        .base_delay(Duration::from_millis(20))
-        .build()?;
-    let client = ClientBuilder::new(
-        reqwest::Client::builder()
-            .timeout(Duration::from_millis(250))
-            .build()?,
-    )
-    .with(RetryMiddleware::new(Dependency::new(
-        "dependencies",
-        policy,
-    )))
-    .build();
+    let client = orders_app::dependencies(Duration::from_millis(250));
     let bank = bank::Bank::new(Orders {
         client: client.clone(),
         payments: options.payments.clone().unwrap_or_default(),

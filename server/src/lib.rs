@@ -195,10 +195,11 @@ mod worker;
 
 pub use body::{BoxError, ReplyBody};
 pub use config::{CounterSnapshot, Counters};
+pub use engine::IdempotentFuture;
 pub use events::Event;
 pub use execution::{Execution, Local, LocalError, Rejected};
 pub use fingerprint::Fingerprint;
-pub use front::http::{Idempotent, IdempotentFuture};
+pub use front::http::Idempotent;
 
 /// The gRPC front: a layer for tonic servers (feature `grpc`).
 ///
@@ -207,9 +208,7 @@ pub use front::http::{Idempotent, IdempotentFuture};
 #[cfg(feature = "grpc")]
 #[cfg_attr(docsrs, doc(cfg(feature = "grpc")))]
 pub mod grpc {
-    pub use crate::front::grpc::{
-        GrpcIdempotencyLayer, GrpcIdempotent, GrpcIdempotentFuture, PROBLEM, code_of,
-    };
+    pub use crate::front::grpc::{GrpcIdempotencyLayer, GrpcIdempotent, PROBLEM, code_of};
 }
 pub use headers::IDEMPOTENT_REPLAYED;
 pub use key::{IDEMPOTENCY_KEY, KeyForm, KeySource};

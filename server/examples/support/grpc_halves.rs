@@ -46,7 +46,7 @@ impl<S: ChargesDb> Halves<S> {
         let (payments_addr, payments) = Receiver::start("ch").await;
         let (receipts_addr, _receipts) = Receiver::start("rc").await;
         let bank = Bank::new(Orders {
-            client: dependencies()?,
+            client: crate::orders_app::dependencies(Duration::from_secs(5)),
             payments: format!("http://{payments_addr}"),
             receipts: format!("http://{receipts_addr}"),
             faults: Arc::new(Faults::default()),
@@ -133,22 +133,4 @@ impl<S: ChargesDb> Halves<S> {
         }
         answers
     }
-}
-
-/// This workspace's HTTP client, as the bank reaches its dependencies.
-fn dependencies() -> Result<reqwest_middleware::ClientWithMiddleware, Box<dyn std::error::Error>> {
-    use reqwest_safe_retry::{Dependency, RetryMiddleware, RetryPolicy};
-    let policy = RetryPolicy::builder()
-        .max_attempts(3)
-        .base_delay(Duration::from_millis(5))
-        .build()?;
-    let client = reqwest::Client::builder()
-        .timeout(Duration::from_secs(5))
-        .build()?;
-    Ok(reqwest_middleware::ClientBuilder::new(client)
-        .with(RetryMiddleware::new(Dependency::new(
-            "dependencies",
-            policy,
-        )))
-        .build())
 }

@@ -41,6 +41,27 @@ pub struct Orders {
     pub faults: Arc<Faults>,
 }
 
+/// This workspace's client, as the service and its relay reach their dependencies: 3
+/// attempts a call, 20 ms apart at first, each at most `timeout`.
+pub fn dependencies(timeout: std::time::Duration) -> ClientWithMiddleware {
+    use reqwest_safe_retry::{Dependency, RetryMiddleware, RetryPolicy};
+    let policy = RetryPolicy::builder()
+        .max_attempts(3)
+        .base_delay(std::time::Duration::from_millis(20))
+        .build()
+        .expect("a valid policy");
+    let client = reqwest::Client::builder()
+        .timeout(timeout)
+        .build()
+        .expect("a client on this machine's TLS");
+    reqwest_middleware::ClientBuilder::new(client)
+        .with(RetryMiddleware::new(Dependency::new(
+            "dependencies",
+            policy,
+        )))
+        .build()
+}
+
 /// What the charge step keeps of the provider's answer.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 struct Charge {

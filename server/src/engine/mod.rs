@@ -89,6 +89,17 @@ where
         .map(|body| ReplyBody::inner(Bytes::new(), body)))
 }
 
+/// The future of a front's service: the layer's answer, or the handler's error.
+pub type IdempotentFuture<R, E> =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<Response<ReplyBody<R>>, E>> + Send>>;
+
+/// The handler a front's service calls for this request: the one polled ready goes with the
+/// request, and a clone stays for the next (tower's readiness contract).
+pub(crate) fn take_ready<Svc: Clone>(inner: &mut Svc) -> Svc {
+    let clone = inner.clone();
+    std::mem::replace(inner, clone)
+}
+
 /// The marker of a request the reconciler resumes: the layer, if the reconciler's service
 /// has it too, passes the request straight to the handler.
 #[derive(Debug, Clone, Copy)]

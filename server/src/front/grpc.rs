@@ -3,8 +3,6 @@
 //! [`code_of`]), the whole answer stored (headers, messages and trailers), a replay marked
 //! `idempotent-replayed: true` in its metadata.
 
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -20,7 +18,7 @@ use tower_service::Service;
 
 use crate::body::{BoxError, ReplyBody, Whole};
 use crate::config::{Config, Counters};
-use crate::engine::{Asked, Resumed, pass, run};
+use crate::engine::{Asked, IdempotentFuture, Resumed, pass, run, take_ready};
 use crate::execution::{Execution, LocalError};
 use crate::headers::{IDEMPOTENT_REPLAYED, end_to_end};
 use crate::markers::Rejected;
@@ -320,10 +318,6 @@ impl<Svc: std::fmt::Debug, S> std::fmt::Debug for GrpcIdempotent<Svc, S> {
     }
 }
 
-/// The future of a [`GrpcIdempotent`] service.
-pub type GrpcIdempotentFuture<R, E> =
-    Pin<Box<dyn Future<Output = Result<Response<ReplyBody<R>>, E>> + Send>>;
-
 /// A tonic body of whole bytes: what the handler reads once the layer has read the call's.
 fn tonic_body(bytes: Bytes) -> tonic::body::Body {
     tonic::body::Body::new(http_body_util::Full::new(bytes))
@@ -340,16 +334,14 @@ where
 {
     type Response = Response<ReplyBody<R>>;
     type Error = Svc::Error;
-    type Future = GrpcIdempotentFuture<R, Svc::Error>;
+    type Future = IdempotentFuture<R, Svc::Error>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)
     }
 
     fn call(&mut self, request: Request<tonic::body::Body>) -> Self::Future {
-        // The service polled ready goes with this request; a clone stays for the next.
-        let clone = self.inner.clone();
-        let inner = std::mem::replace(&mut self.inner, clone);
+        let inner = take_ready(&mut self.inner);
         let guarded = self
             .methods
             .iter()

@@ -2,8 +2,6 @@
 //! HTTP's words for the engine — RFC 9457 problems for the layer's own answers, the status,
 //! end-to-end headers and body as the stored outcome, `Idempotent-Replayed: true` on a replay.
 
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -17,7 +15,7 @@ use tower_service::Service;
 
 use crate::body::{BoxError, ReplyBody, Whole};
 use crate::config::Config;
-use crate::engine::{Asked, Resumed, pass, run};
+use crate::engine::{Asked, IdempotentFuture, Resumed, pass, run, take_ready};
 use crate::headers::{IDEMPOTENT_REPLAYED, end_to_end};
 use crate::problem::{Problem, retry_hint};
 use crate::store::{Store, StoredAnswer};
@@ -111,10 +109,6 @@ impl<Svc: std::fmt::Debug, S> std::fmt::Debug for Idempotent<Svc, S> {
     }
 }
 
-/// The future of an [`Idempotent`] service.
-pub type IdempotentFuture<R, E> =
-    Pin<Box<dyn Future<Output = Result<Response<ReplyBody<R>>, E>> + Send>>;
-
 impl<Svc, S, B, R> Service<Request<B>> for Idempotent<Svc, S>
 where
     Svc: Service<Request<B>, Response = Response<R>> + Clone + Send + 'static,
@@ -136,9 +130,7 @@ where
     }
 
     fn call(&mut self, request: Request<B>) -> Self::Future {
-        // The service polled ready goes with this request; a clone stays for the next.
-        let clone = self.inner.clone();
-        let inner = std::mem::replace(&mut self.inner, clone);
+        let inner = take_ready(&mut self.inner);
         let config = self.config.clone();
         if !config.methods.contains(request.method())
             || request.extensions().get::<Resumed>().is_some()
