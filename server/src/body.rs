@@ -116,6 +116,10 @@ where
     }
 }
 
+/// The body of the requests a reconciler runs again, and of a consumer's messages: the saved
+/// body or the payload, whole.
+pub type SavedBody = http_body_util::Full<Bytes>;
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -43,6 +43,7 @@ enum Source {
     Header(HeaderName),
     JsonPointer(String),
     Fn(Arc<KeyFn>),
+    Either(Arc<(KeySource, KeySource)>),
 }
 
 impl KeySource {
@@ -73,9 +74,26 @@ impl KeySource {
         KeySource(Source::Fn(Arc::new(f)))
     }
 
+    /// This source, or where it finds nothing, `other`: a webhook whose event id comes in a
+    /// header from some senders and in the JSON body from others
+    /// (`KeySource::header(name).or(KeySource::json_pointer("/id"))`). A key this source finds
+    /// malformed is refused; `other` is asked only when this source finds no key.
+    pub fn or(self, other: KeySource) -> KeySource {
+        KeySource(Source::Either(Arc::new((self, other))))
+    }
+
     /// Whether the key is read from the body, so the body must be read before the key.
     pub(crate) fn needs_body(&self) -> bool {
-        matches!(self.0, Source::JsonPointer(_) | Source::Fn(_))
+        match &self.0 {
+            Source::JsonPointer(_) | Source::Fn(_) => true,
+            Source::Either(both) => both.0.needs_body() || both.1.needs_body(),
+            Source::IdempotencyKey(_) | Source::Header(_) => false,
+        }
+    }
+
+    /// Whether this is the `Idempotency-Key` header, the HTTP layer's default.
+    pub(crate) fn is_idempotency_key(&self) -> bool {
+        matches!(self.0, Source::IdempotencyKey(_))
     }
 
     /// Reads the key: `Ok(None)` when the request carries none.
@@ -105,6 +123,12 @@ impl KeySource {
                     _ => None,
                 }),
             Source::Fn(f) => f(parts, body).map_err(KeyError::Invalid)?,
+            Source::Either(both) => {
+                return match both.0.read(parts, body, max_len)? {
+                    Some(key) => Ok(Some(key)),
+                    None => both.1.read(parts, body, max_len),
+                };
+            }
         };
         key.map(|key| check(&key, max_len).map(|()| key))
             .transpose()
@@ -124,6 +148,7 @@ impl fmt::Debug for KeySource {
             Source::Header(name) => f.debug_tuple("Header").field(name).finish(),
             Source::JsonPointer(pointer) => f.debug_tuple("JsonPointer").field(pointer).finish(),
             Source::Fn(_) => f.write_str("Fn(..)"),
+            Source::Either(both) => f.debug_tuple("Or").field(&both.0).field(&both.1).finish(),
         }
     }
 }
@@ -346,6 +371,43 @@ mod tests {
         assert_eq!(
             KeySource::default().read(&parts(&[fits.as_bytes()]), &Bytes::new(), 255),
             Ok(Some(fits))
+        );
+    }
+
+    #[test]
+    fn either_source_reads_the_first_that_finds_a_key_and_refuses_what_the_first_finds_malformed() {
+        let source = KeySource::header(HeaderName::from_static("webhook-id"))
+            .or(KeySource::json_pointer("/id"));
+        assert!(source.needs_body());
+        assert!(
+            !KeySource::header(HeaderName::from_static("a"))
+                .or(KeySource::header(HeaderName::from_static("b")))
+                .needs_body()
+        );
+        let head = |value: Option<&[u8]>| {
+            let mut request = Request::builder();
+            if let Some(value) = value {
+                request = request.header("webhook-id", HeaderValue::from_bytes(value).unwrap());
+            }
+            request.body(()).unwrap().into_parts().0
+        };
+        let body = Bytes::from_static(br#"{"id":"evt_body"}"#);
+        assert_eq!(
+            source.read(&head(Some(b"msg_header")), &body, 255),
+            Ok(Some("msg_header".into()))
+        );
+        assert_eq!(
+            source.read(&head(None), &body, 255),
+            Ok(Some("evt_body".into()))
+        );
+        assert_eq!(source.read(&head(None), &Bytes::new(), 255), Ok(None));
+        assert!(
+            source.read(&head(Some(b" ")), &body, 255).is_err(),
+            "a malformed header is refused, not passed over for the body's key"
+        );
+        assert_eq!(
+            format!("{source:?}"),
+            r#"Or(Header("webhook-id"), JsonPointer("/id"))"#
         );
     }
 

@@ -12,6 +12,7 @@ use tracing::Level;
 use crate::config::{Config, Counters, ScopeRule};
 use crate::events::Event;
 use crate::fingerprint::Fingerprint;
+use crate::front::consumer::{Consume, ConsumerLayer, MESSAGE_ID};
 #[cfg(feature = "grpc")]
 use crate::front::grpc::{Grpc as GrpcFront, GrpcIdempotencyLayer, GuardedMethod};
 use crate::front::http::{Http, Idempotent};
@@ -423,6 +424,37 @@ impl<S: Store> Builder<S> {
         Ok(GrpcIdempotencyLayer {
             config: Arc::new(config),
             methods: grpc.methods.into(),
+        })
+    }
+}
+
+impl<S: Store> Builder<S> {
+    /// Checks the configuration and builds the layer for message consumers: each message runs
+    /// its handler once per (scope, message id). The key is the delivery's id unless
+    /// [`key`](Builder::key) names another source (`KeySource::json_pointer("/id")` for an
+    /// event id in the payload); a message without one goes to the dead letters. Every setting
+    /// of the HTTP layer applies but `methods` and `require_key`; [`not_stored`](Builder::not_stored)
+    /// names the handler's statuses that ask for a redelivery instead of an outcome, and
+    /// [`in_progress_retry_after`](Builder::in_progress_retry_after) is the wait before a
+    /// message is delivered again [1 s].
+    pub fn build_consumer(self) -> Result<ConsumerLayer<S>, ConfigError> {
+        #[cfg(feature = "grpc")]
+        if !self.grpc.methods.is_empty() {
+            return Err(ConfigError("gRPC methods are named (`grpc_method`): build the gRPC layer with `build_grpc`, and the consumer layer from a builder of its own".into()));
+        }
+        self.check()?;
+        self.config.counters.announce();
+        let mut config = self.config;
+        config.methods = vec![Method::POST];
+        config.require_key = true;
+        if config.key.is_idempotency_key() {
+            config.key = KeySource::header(MESSAGE_ID);
+        }
+        config.front = Arc::new(Consume {
+            not_stored: config.not_stored.clone(),
+        });
+        Ok(ConsumerLayer {
+            config: Arc::new(config),
         })
     }
 }

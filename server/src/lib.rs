@@ -182,7 +182,7 @@ mod markers;
 mod outgoing;
 mod problem;
 mod reconciler;
-#[cfg(feature = "client")]
+#[cfg(any(feature = "client", feature = "rabbitmq", feature = "nats"))]
 mod relay;
 mod step;
 pub mod store;
@@ -193,7 +193,7 @@ pub mod testing;
 mod transport;
 mod worker;
 
-pub use body::{BoxError, ReplyBody};
+pub use body::{BoxError, ReplyBody, SavedBody};
 pub use config::{CounterSnapshot, Counters};
 pub use engine::IdempotentFuture;
 pub use events::Event;
@@ -210,12 +210,31 @@ pub use front::http::Idempotent;
 pub mod grpc {
     pub use crate::front::grpc::{GrpcIdempotencyLayer, GrpcIdempotent, PROBLEM, code_of};
 }
+/// The consumer front: messages from a queue or a stream, each processed once per (scope,
+/// message id), acknowledged only after its outcome commits.
+///
+/// Build it with [`Builder::build_consumer`]; run a broker's adapter over the [`Consumer`]
+/// (`RabbitMq`, feature `rabbitmq`; `JetStream`, feature `nats`), or write one for another
+/// broker: see the crate's README.
+///
+/// [`Consumer`]: consumer::Consumer
+pub mod consumer {
+    #[cfg(feature = "nats")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "nats")))]
+    pub use crate::front::consumer::nats::JetStream;
+    #[cfg(feature = "rabbitmq")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "rabbitmq")))]
+    pub use crate::front::consumer::rabbitmq::RabbitMq;
+    pub use crate::front::consumer::{
+        Consumer, ConsumerLayer, DeadLetter, Delivery, MESSAGE_ID, Verdict,
+    };
+}
 pub use headers::IDEMPOTENT_REPLAYED;
 pub use key::{IDEMPOTENCY_KEY, KeyForm, KeySource};
 pub use layer::{Builder, ConfigError, IdempotencyLayer};
 pub use problem::Problem;
-pub use reconciler::{ReconcileReport, Reconciler, SavedBody};
-#[cfg(feature = "client")]
+pub use reconciler::{ReconcileReport, Reconciler};
+#[cfg(any(feature = "client", feature = "rabbitmq", feature = "nats"))]
 pub use relay::{Relay, RelayReport};
 #[cfg(feature = "client")]
 pub use step::Downstream;

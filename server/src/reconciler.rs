@@ -10,7 +10,7 @@ use http::{Request, Response};
 use http_body::Body;
 use tower_service::Service;
 
-use crate::body::BoxError;
+use crate::body::{BoxError, SavedBody};
 use crate::config::Config;
 use crate::engine::{Ended, Held, Owned, Resumed, end_failed, execute};
 use crate::events::{Event, emit};
@@ -90,15 +90,26 @@ impl<S: Store> crate::front::grpc::GrpcIdempotencyLayer<S> {
     }
 }
 
+impl<S: Store> crate::front::consumer::ConsumerLayer<S> {
+    /// A reconciler for the messages this layer processes, running them on `inner`: the
+    /// consumer's handler, which takes requests whose body is a [`SavedBody`]. A message it
+    /// finishes is acknowledged when the broker delivers it again (its outcome is then
+    /// replayed).
+    pub fn reconciler<Svc>(&self, inner: Svc) -> Reconciler<Svc, S> {
+        Reconciler {
+            config: self.config.clone(),
+            inner,
+            batch: 32,
+        }
+    }
+}
+
 /// How one resumption ended.
 enum Resumption {
     Ran(Ended),
     Lost,
     StoreFailed,
 }
-
-/// The body of the requests a reconciler runs again: the saved body, whole.
-pub type SavedBody = http_body_util::Full<Bytes>;
 
 impl<Svc, S, R> Reconciler<Svc, S>
 where

@@ -39,14 +39,35 @@ where
     R: Body<Data = Bytes> + Unpin,
     R::Error: Into<BoxError>,
 {
+    run_to_end(config, inner, request, asked)
+        .await
+        .map(|(answer, _)| answer)
+}
+
+/// [`run`], and what became of the execution when this request ran the handler under a
+/// claim (`None` when it was refused, passed, or answered from the record).
+pub(crate) async fn run_to_end<Svc, S, B, R>(
+    config: &Config<S>,
+    inner: Svc,
+    request: Request<B>,
+    asked: Asked<B>,
+) -> Result<(Response<ReplyBody<R>>, Option<Ended>), Svc::Error>
+where
+    Svc: Service<Request<B>, Response = Response<R>>,
+    S: Store,
+    B: Body,
+    B::Error: Into<BoxError>,
+    R: Body<Data = Bytes> + Unpin,
+    R::Error: Into<BoxError>,
+{
     let admitted = match admit(config, request, asked).await {
         Admission::Admitted(admitted) => admitted,
-        Admission::Pass(request) => return pass(inner, request).await,
-        Admission::Refused(answer) => return Ok(answer),
+        Admission::Pass(request) => return Ok((pass(inner, request).await?, None)),
+        Admission::Refused(answer) => return Ok((answer, None)),
     };
     let owned = match claim(config, &admitted).await {
         Claiming::Owned(owned) => owned,
-        Claiming::Answered(answer) => return Ok(answer),
+        Claiming::Answered(answer) => return Ok((answer, None)),
     };
     execute(
         config,
@@ -57,7 +78,7 @@ where
         owned,
     )
     .await
-    .map(|(answer, _)| answer)
+    .map(|(answer, ended)| (answer, Some(ended)))
 }
 
 /// What a front asks of the engine for a request: the handler's body rebuilt from the bytes
