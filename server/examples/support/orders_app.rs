@@ -35,7 +35,8 @@ pub struct Orders {
     pub client: ClientWithMiddleware,
     /// The payment provider's base URL.
     pub payments: String,
-    /// The receipt service's base URL.
+    /// The receipt service's base URL, or a broker's queue (`rabbitmq:<queue>`) or subject
+    /// (`nats:<subject>`).
     pub receipts: String,
     /// The faults to inject.
     pub faults: Arc<Faults>,
@@ -77,6 +78,26 @@ pub fn orders_app<S: ChargesDb>(layer: IdempotencyLayer<S>, orders: Orders) -> R
         .route("/orders", post(order::<S>))
         .layer(layer)
         .with_state(orders)
+}
+
+/// The order at `path`, without a layer: a consumer's handler (and its reconciler's), whose
+/// messages come as `POST`s to their source's path.
+pub fn orders_handler<S: ChargesDb>(path: &str, orders: Orders) -> Router {
+    Router::new()
+        .route(path, post(order::<S>))
+        .with_state(orders)
+}
+
+/// The receipt's message: to a RabbitMQ queue (`rabbitmq:<queue>`), a JetStream subject
+/// (`nats:<subject>`), or `POST <receipts>/receipts`.
+fn receipt(receipts: &str) -> Message {
+    if let Some(queue) = receipts.strip_prefix("rabbitmq:") {
+        Message::rabbitmq("receipt", "", queue)
+    } else if let Some(subject) = receipts.strip_prefix("nats:") {
+        Message::nats("receipt", subject)
+    } else {
+        Message::post("receipt", format!("{receipts}/receipts"))
+    }
 }
 
 async fn order<S: ChargesDb>(
@@ -147,7 +168,7 @@ async fn run<S: ChargesDb>(
     // The receipt leaves through the outbox, staged in the step's transaction.
     if let Step::Todo(mut step) = execution.step::<()>("receipt").await? {
         step.stage(
-            &Message::post("receipt", format!("{}/receipts", orders.receipts))
+            &receipt(&orders.receipts)
                 .json(&serde_json::json!({ "order": order, "charge": charge.id })),
         )
         .await?;

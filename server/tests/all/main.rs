@@ -33,10 +33,15 @@ mod auto_traits;
 #[path = "../../examples/support/bank.rs"]
 mod bank;
 mod both_halves;
+#[cfg(all(feature = "rabbitmq", feature = "nats"))]
+#[path = "../../examples/support/brokers.rs"]
+mod brokers;
 #[allow(dead_code)]
 #[path = "../../examples/support/charges_app.rs"]
 mod charges_app;
 mod config;
+#[cfg(all(feature = "rabbitmq", feature = "nats"))]
+mod consumer;
 mod crash;
 mod direct;
 mod events;

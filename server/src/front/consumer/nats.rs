@@ -32,7 +32,8 @@ const MSG_ID: &str = "Nats-Msg-Id";
 ///   `max_attempts` decides when a message has been tried enough.
 /// - [`Verdict::DeadLetter`]: published to the dead-letter subject (which a stream must
 ///   capture) with `safe-retry-reason`, `safe-retry-detail` and `safe-retry-subject` headers
-///   and the same `Nats-Msg-Id`, then acknowledged once JetStream holds it.
+///   and `Nats-Msg-Id` the message's with `:dead-letter` after it (the original in
+///   `safe-retry-message-id`), then acknowledged once JetStream holds it.
 ///
 /// A message whose consumer dies before acknowledging it is delivered again after the
 /// consumer's ack wait; it then finds its outcome stored and is acknowledged without its
@@ -143,6 +144,19 @@ impl JetStream {
         dead: &DeadLetter,
     ) -> Result<(), BoxError> {
         let mut headers = message.headers.clone().unwrap_or_default();
+        // The dead letter's own id, the same each time this message is dead-lettered (so
+        // JetStream drops a repeat) and never the message's (which JetStream, if the same
+        // stream holds the dead letters, would drop as a duplicate of the message itself).
+        let original = headers.get(MSG_ID).map(|id| id.as_str().to_owned());
+        let id = match (&original, message.info()) {
+            (Some(id), _) => format!("{id}:dead-letter"),
+            (None, Ok(info)) => format!("{}:{}:dead-letter", info.stream, info.stream_sequence),
+            (None, Err(_)) => format!("{}:dead-letter", message.subject),
+        };
+        headers.insert(MSG_ID, id.as_str());
+        if let Some(original) = &original {
+            headers.insert(super::MESSAGE_ID.as_str(), original.as_str());
+        }
         headers.insert("safe-retry-reason", dead.reason);
         headers.insert("safe-retry-detail", one_line(&dead.detail).as_str());
         headers.insert("safe-retry-subject", message.subject.as_str());

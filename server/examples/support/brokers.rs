@@ -1,0 +1,144 @@
+//! The brokers on this machine, as the consumer example and its tests reach them: RabbitMQ at
+//! `SAFE_RETRY_RABBITMQ_URL` [amqp://guest:guest@127.0.0.1:5672/%2f] and NATS with JetStream at
+//! `SAFE_RETRY_NATS_URL` [nats://127.0.0.1:4222], with queues and streams named for each use
+//! and removed after it.
+
+use std::time::Duration;
+
+use async_nats::jetstream::{self, consumer, stream};
+use lapin::options::{QueueDeclareOptions, QueueDeleteOptions};
+use lapin::types::FieldTable;
+use lapin::{Channel, Connection, ConnectionProperties};
+
+/// RabbitMQ's address.
+pub fn rabbitmq_url() -> String {
+    std::env::var("SAFE_RETRY_RABBITMQ_URL")
+        .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into())
+}
+
+/// NATS's address.
+pub fn nats_url() -> String {
+    std::env::var("SAFE_RETRY_NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".into())
+}
+
+/// A connection to RabbitMQ, or a panic that says how to get one.
+pub async fn rabbitmq() -> Connection {
+    let url = rabbitmq_url();
+    let connecting = Connection::connect(&url, ConnectionProperties::default());
+    match tokio::time::timeout(Duration::from_secs(10), connecting).await {
+        Ok(Ok(connection)) => connection,
+        Ok(Err(error)) => panic!("{}", unreachable_rabbitmq(&url, &error.to_string())),
+        Err(_) => panic!("{}", unreachable_rabbitmq(&url, "no answer in 10 s")),
+    }
+}
+
+fn unreachable_rabbitmq(url: &str, error: &str) -> String {
+    format!(
+        "RabbitMQ is unreachable at {url} ({error}): these tests need a broker. Start one \
+         (`apt-get install rabbitmq-server`, or `docker run -p 5672:5672 rabbitmq:4`) or set \
+         SAFE_RETRY_RABBITMQ_URL"
+    )
+}
+
+/// A JetStream context on NATS, or a panic that says how to get one.
+pub async fn nats() -> jetstream::Context {
+    let url = nats_url();
+    let unreachable = |error: &str| {
+        format!(
+            "NATS is unreachable at {url} ({error}): these tests need a server with JetStream. \
+             Start one (`nats-server -js`, or `docker run -p 4222:4222 nats -js`) or set \
+             SAFE_RETRY_NATS_URL"
+        )
+    };
+    let options = async_nats::ConnectOptions::new().retry_on_initial_connect();
+    let connecting = options.connect(url.as_str());
+    match tokio::time::timeout(Duration::from_secs(10), connecting).await {
+        Ok(Ok(client)) => jetstream::new(client),
+        Ok(Err(error)) => panic!("{}", unreachable(&error.to_string())),
+        Err(_) => panic!("{}", unreachable("no answer in 10 s")),
+    }
+}
+
+/// A name no other test or run shares: `safe-retry-<what>-<pid>-<n>`.
+pub fn unique(what: &str) -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    format!(
+        "safe-retry-{what}-{}-{nanos}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// Declares `queue` durable on `channel`.
+pub async fn declare_queue(channel: &Channel, queue: &str) {
+    let durable = QueueDeclareOptions {
+        durable: true,
+        ..QueueDeclareOptions::default()
+    };
+    channel
+        .queue_declare(queue.into(), durable, FieldTable::default())
+        .await
+        .expect("RabbitMQ declares the queue");
+}
+
+/// Deletes `queues` (what each test made), ignoring those already gone.
+pub async fn delete_queues(queues: &[&str]) {
+    let connection = rabbitmq().await;
+    for queue in queues {
+        // A channel per queue: a failed delete closes its channel.
+        if let Ok(channel) = connection.create_channel().await {
+            let _ = channel
+                .queue_delete((*queue).into(), QueueDeleteOptions::default())
+                .await;
+        }
+    }
+    let _ = connection.close(200, "done".into()).await;
+}
+
+/// Creates the stream `name` capturing `subjects`, with a duplicate window of a minute.
+pub async fn create_stream(context: &jetstream::Context, name: &str, subjects: Vec<String>) {
+    context
+        .create_stream(stream::Config {
+            name: name.to_owned(),
+            subjects,
+            duplicate_window: Duration::from_secs(60),
+            ..stream::Config::default()
+        })
+        .await
+        .expect("JetStream creates the stream");
+}
+
+/// A durable pull consumer `name` on `stream` for `subject`, delivering again after `ack_wait`.
+pub async fn create_consumer(
+    context: &jetstream::Context,
+    stream: &str,
+    name: &str,
+    subject: &str,
+    ack_wait: Duration,
+) -> consumer::PullConsumer {
+    context
+        .get_stream(stream)
+        .await
+        .expect("the stream exists")
+        .create_consumer(consumer::pull::Config {
+            durable_name: Some(name.to_owned()),
+            filter_subject: subject.to_owned(),
+            ack_policy: consumer::AckPolicy::Explicit,
+            ack_wait,
+            max_ack_pending: 256,
+            ..consumer::pull::Config::default()
+        })
+        .await
+        .expect("JetStream creates the consumer")
+}
+
+/// Deletes `streams`, ignoring those already gone.
+pub async fn delete_streams(context: &jetstream::Context, streams: &[&str]) {
+    for stream in streams {
+        let _ = context.delete_stream(stream).await;
+    }
+}
