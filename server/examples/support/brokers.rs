@@ -142,3 +142,72 @@ pub async fn delete_streams(context: &jetstream::Context, streams: &[&str]) {
         let _ = context.delete_stream(stream).await;
     }
 }
+
+/// A message read back off a broker: its id, its headers of text, its payload.
+#[derive(Debug, Clone)]
+pub struct Read {
+    pub id: Option<String>,
+    pub headers: std::collections::BTreeMap<String, String>,
+    pub payload: Vec<u8>,
+}
+
+/// Takes every message waiting on `queue` (acknowledged as it is taken).
+pub async fn take_all(connection: &Connection, queue: &str) -> Vec<Read> {
+    let channel = connection.create_channel().await.expect("a channel");
+    let mut read = Vec::new();
+    while let Some(message) = channel
+        .basic_get(
+            queue.into(),
+            lapin::options::BasicGetOptions { no_ack: true },
+        )
+        .await
+        .expect("basic.get")
+    {
+        let properties = &message.delivery.properties;
+        let mut headers = std::collections::BTreeMap::new();
+        if let Some(table) = properties.headers() {
+            for (name, value) in table {
+                if let lapin::types::AMQPValue::LongString(s) = value {
+                    headers.insert(
+                        name.to_string(),
+                        String::from_utf8_lossy(s.as_bytes()).into_owned(),
+                    );
+                }
+            }
+        }
+        read.push(Read {
+            id: properties.message_id().as_ref().map(|id| id.to_string()),
+            headers,
+            payload: message.delivery.data.clone(),
+        });
+    }
+    let _ = channel.close(200, "read".into()).await;
+    read
+}
+
+/// Every message `stream` holds on `subject`, in order (read without a consumer).
+pub async fn messages_on(context: &jetstream::Context, stream: &str, subject: &str) -> Vec<Read> {
+    let mut stream = context.get_stream(stream).await.expect("the stream");
+    let state = stream.info().await.expect("the stream's info").state.clone();
+    let mut read = Vec::new();
+    for sequence in state.first_sequence..=state.last_sequence {
+        let Ok(message) = stream.get_raw_message(sequence).await else {
+            continue;
+        };
+        if message.subject.as_str() != subject {
+            continue;
+        }
+        let mut headers = std::collections::BTreeMap::new();
+        for (name, values) in message.headers.iter() {
+            if let Some(value) = values.first() {
+                headers.insert(name.to_string(), value.as_str().to_owned());
+            }
+        }
+        read.push(Read {
+            id: headers.get("Nats-Msg-Id").cloned(),
+            headers,
+            payload: message.payload.to_vec(),
+        });
+    }
+    read
+}

@@ -80,11 +80,11 @@ pub fn orders_app<S: ChargesDb>(layer: IdempotencyLayer<S>, orders: Orders) -> R
         .with_state(orders)
 }
 
-/// The order at `path`, without a layer: a consumer's handler (and its reconciler's), whose
-/// messages come as `POST`s to their source's path.
-pub fn orders_handler<S: ChargesDb>(path: &str, orders: Orders) -> Router {
+/// The order for every path, without a layer: a consumer's handler (and its reconciler's),
+/// whose messages come as `POST`s to their source's path.
+pub fn orders_handler<S: ChargesDb>(orders: Orders) -> Router {
     Router::new()
-        .route(path, post(order::<S>))
+        .fallback(post(order::<S>))
         .with_state(orders)
 }
 

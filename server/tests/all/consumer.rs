@@ -76,6 +76,7 @@ pub struct Line {
     rabbit: Option<lapin::Connection>,
     nats: Option<async_nats::jetstream::Context>,
     running: Vec<Running>,
+    removed: bool,
 }
 
 /// A consumer running on a line: how to start it again, its own connection (RabbitMQ), and
@@ -101,6 +102,7 @@ impl Line {
             rabbit: None,
             nats: None,
             running: Vec::new(),
+            removed: false,
         };
         match broker {
             Broker::RabbitMq => {
@@ -334,69 +336,33 @@ impl Line {
         }
     }
 
-    /// The dead letters: (message id, reason), in the order they came.
+    /// The dead letters: (message id, reason), in the order they came. On a NATS line the id
+    /// is the copy's `order-id`.
     pub async fn dead_letters(&self) -> Vec<(String, String)> {
-        let mut found = Vec::new();
-        match self.broker {
-            Broker::RabbitMq => {
-                let channel = self.rabbit().create_channel().await.expect("a channel");
-                while let Some(message) = channel
-                    .basic_get(
-                        self.dead_letters.as_str().into(),
-                        lapin::options::BasicGetOptions { no_ack: true },
-                    )
-                    .await
-                    .expect("basic.get")
-                {
-                    let properties = &message.delivery.properties;
-                    let id = properties
-                        .message_id()
-                        .as_ref()
-                        .map_or(String::new(), |id| id.to_string());
-                    let reason = properties
-                        .headers()
-                        .as_ref()
-                        .and_then(|h| h.inner().get("safe-retry-reason").cloned())
-                        .map_or(String::new(), |v| match v {
-                            lapin::types::AMQPValue::LongString(s) => {
-                                String::from_utf8_lossy(s.as_bytes()).into_owned()
-                            }
-                            other => format!("{other:?}"),
-                        });
-                    found.push((id, reason));
-                }
-            }
+        let read = match self.broker {
+            Broker::RabbitMq => brokers::take_all(self.rabbit(), &self.dead_letters).await,
             Broker::Nats => {
-                let stream = self
-                    .nats()
-                    .get_stream(&self.stream)
-                    .await
-                    .expect("the stream");
-                let mut sequence = 1;
-                let last = stream.cached_info().state.last_sequence;
-                let mut stream = stream;
-                let last = stream.info().await.map_or(last, |i| i.state.last_sequence);
-                while sequence <= last {
-                    if let Ok(message) = stream.get_raw_message(sequence).await {
-                        if message.subject.as_str() == self.dead_letters {
-                            let header = |name: &str| {
-                                message
-                                    .headers
-                                    .get(name)
-                                    .map_or(String::new(), |v| v.as_str().to_owned())
-                            };
-                            found.push((header(ORDER_ID), header("safe-retry-reason")));
-                        }
-                    }
-                    sequence += 1;
-                }
+                brokers::messages_on(self.nats(), &self.stream, &self.dead_letters).await
             }
-        }
-        found
+        };
+        let field = |r: &brokers::Read, name: &str| r.headers.get(name).cloned().unwrap_or_default();
+        read.iter()
+            .map(|r| {
+                let id = match self.broker {
+                    Broker::RabbitMq => r.id.clone().unwrap_or_default(),
+                    Broker::Nats => field(r, ORDER_ID),
+                };
+                (id, field(r, "safe-retry-reason"))
+            })
+            .collect()
     }
 
     /// Removes what the test made.
     pub async fn close(mut self) {
+        self.remove().await;
+    }
+
+    async fn remove(&mut self) {
         for consumer in self.running.drain(..) {
             consumer.task.abort();
             if let Some((connection, _)) = consumer.connection {
@@ -409,6 +375,35 @@ impl Line {
             }
             Broker::Nats => brokers::delete_streams(self.nats(), &[&self.stream]).await,
         }
+        self.removed = true;
+    }
+}
+
+impl Drop for Line {
+    /// A test that failed before `close` still removes its queues or stream.
+    fn drop(&mut self) {
+        if self.removed {
+            return;
+        }
+        let (broker, source, dead, stream) = (
+            self.broker,
+            self.source.clone(),
+            self.dead_letters.clone(),
+            self.stream.clone(),
+        );
+        let removing = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("a runtime");
+            runtime.block_on(async {
+                match broker {
+                    Broker::RabbitMq => brokers::delete_queues(&[&source, &dead]).await,
+                    Broker::Nats => brokers::delete_streams(&brokers::nats().await, &[&stream]).await,
+                }
+            });
+        });
+        let _ = removing.join();
     }
 }
 
