@@ -151,7 +151,8 @@ fn options() -> Result<Options, Error> {
         if let Some((flag, _)) = needed.iter().find(|(_, given)| !given) {
             return Err(format!("--consume needs {flag}").into());
         }
-        if options.broker == Broker::Nats && (options.stream.is_none() || options.consumer.is_none())
+        if options.broker == Broker::Nats
+            && (options.stream.is_none() || options.consumer.is_none())
         {
             return Err("--consume --broker nats needs --stream and --consumer".into());
         }
@@ -205,7 +206,13 @@ async fn start<S: ChargesDb>(
     options: &Options,
     source: &str,
     dead_letters: &str,
-) -> Result<Vec<tokio::task::JoinHandle<()>>, Error> {
+) -> Result<
+    (
+        Vec<tokio::task::JoinHandle<()>>,
+        Arc<safe_retry_server::Counters>,
+    ),
+    Error,
+> {
     let mut builder = IdempotencyLayer::builder(store.clone())
         .shared_scope()
         .lease(options.lease)
@@ -214,6 +221,7 @@ async fn start<S: ChargesDb>(
         builder = builder.key(KeySource::header(HeaderName::try_from(header.as_str())?));
     }
     let layer = builder.build_consumer()?;
+    let counters = layer.counters().clone();
     let faults = Faults::announced();
     if let Some(point) = &options.crash_at {
         faults.arm(point, Crash::Hang);
@@ -269,17 +277,24 @@ async fn start<S: ChargesDb>(
             }));
         }
     }
-    Ok(tasks)
+    Ok((tasks, counters))
 }
 
 /// The consumer alone: the process the tests kill.
 async fn consume<S: ChargesDb>(store: S, options: Options) -> Result<(), Error> {
     let source = options.source.clone().expect("checked");
     let dead_letters = options.dead_letters.clone().expect("checked");
-    let _tasks = start(store, &options, &source, &dead_letters).await?;
+    let (_tasks, counters) = start(store, &options, &source, &dead_letters).await?;
     println!("consuming");
-    std::future::pending::<()>().await;
-    Ok(())
+    // What this process has done, for a test that kills it to add up.
+    loop {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let c = counters.snapshot();
+        println!(
+            "counts claims={} takeovers={} completions={} replays={} in_progress={} fenced={}",
+            c.claims, c.takeovers, c.completions, c.replays, c.in_progress, c.fenced
+        );
+    }
 }
 
 /// The walk-through: order events published (each event's copies among them, and one id
@@ -292,7 +307,12 @@ async fn demo<S: ChargesDb>(store: S, mut options: Options) -> Result<(), Error>
     // What goes on the wire: every event, 5 of them again (what a redelivery looks like to a
     // consumer), and one id with another order's payload.
     let mut published: Vec<(String, String)> = (1..=events)
-        .map(|n| (format!("order-{n}"), format!("{{\"order\":{n},\"amount\":{}}}", n * 100)))
+        .map(|n| {
+            (
+                format!("order-{n}"),
+                format!("{{\"order\":{n},\"amount\":{}}}", n * 100),
+            )
+        })
         .collect();
     let again: Vec<_> = published.iter().take(5).cloned().collect();
     published.extend(again);
@@ -391,7 +411,7 @@ async fn demo_rabbitmq<S: ChargesDb>(
     options.receipts = Some(format!("rabbitmq:{receipts}"));
     let mut tasks = Vec::new();
     for _ in 0..2 {
-        tasks.extend(start(store.clone(), &options, &source, &dead).await?);
+        tasks.extend(start(store.clone(), &options, &source, &dead).await?.0);
     }
     let events = published.len() - 6;
     let (mut got, mut dead_letters) = (Vec::new(), Vec::new());
@@ -463,7 +483,7 @@ async fn demo_nats<S: ChargesDb>(
     options.key_header = Some("event-id".into());
     let mut tasks = Vec::new();
     for _ in 0..2 {
-        tasks.extend(start(store.clone(), &options, &source, &dead).await?);
+        tasks.extend(start(store.clone(), &options, &source, &dead).await?.0);
     }
     let events = published.len() - 6;
     let (mut got, mut dead_letters) = (Vec::new(), Vec::new());

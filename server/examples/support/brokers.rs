@@ -188,7 +188,12 @@ pub async fn take_all(connection: &Connection, queue: &str) -> Vec<Read> {
 /// Every message `stream` holds on `subject`, in order (read without a consumer).
 pub async fn messages_on(context: &jetstream::Context, stream: &str, subject: &str) -> Vec<Read> {
     let mut stream = context.get_stream(stream).await.expect("the stream");
-    let state = stream.info().await.expect("the stream's info").state.clone();
+    let state = stream
+        .info()
+        .await
+        .expect("the stream's info")
+        .state
+        .clone();
     let mut read = Vec::new();
     for sequence in state.first_sequence..=state.last_sequence {
         let Ok(message) = stream.get_raw_message(sequence).await else {

@@ -83,9 +83,7 @@ pub fn orders_app<S: ChargesDb>(layer: IdempotencyLayer<S>, orders: Orders) -> R
 /// The order for every path, without a layer: a consumer's handler (and its reconciler's),
 /// whose messages come as `POST`s to their source's path.
 pub fn orders_handler<S: ChargesDb>(orders: Orders) -> Router {
-    Router::new()
-        .fallback(post(order::<S>))
-        .with_state(orders)
+    Router::new().fallback(post(order::<S>)).with_state(orders)
 }
 
 /// The receipt's message: to a RabbitMQ queue (`rabbitmq:<queue>`), a JetStream subject

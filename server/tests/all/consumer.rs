@@ -5,11 +5,11 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use axum::Extension;
 use axum::Router;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
-use axum::Extension;
 use safe_retry_server::consumer::{Consumer, ConsumerLayer, JetStream, RabbitMq};
 use safe_retry_server::{Execution, IdempotencyLayer, KeySource, SavedBody, StoreError};
 
@@ -71,6 +71,8 @@ pub struct Line {
     /// The queue, or the subject.
     pub source: String,
     pub dead_letters: String,
+    /// Where the order handler's receipts go: a queue, or a subject of the line's stream.
+    pub receipts: String,
     stream: String,
     consumer_name: String,
     rabbit: Option<lapin::Connection>,
@@ -88,7 +90,8 @@ struct Running {
 }
 
 /// Starts a consumer's adapter: on a RabbitMQ channel, or on the line's JetStream consumer.
-type Start = std::sync::Arc<dyn Fn(Option<lapin::Channel>) -> tokio::task::JoinHandle<()> + Send + Sync>;
+type Start =
+    std::sync::Arc<dyn Fn(Option<lapin::Channel>) -> tokio::task::JoinHandle<()> + Send + Sync>;
 
 impl Line {
     pub async fn new(broker: Broker, ack_wait: Duration) -> Line {
@@ -97,6 +100,7 @@ impl Line {
             broker,
             source: name.clone(),
             dead_letters: format!("{name}.dead-letters"),
+            receipts: format!("{name}.receipts"),
             stream: name.replace('.', "-"),
             consumer_name: format!("{name}-consumer").replace('.', "-"),
             rabbit: None,
@@ -110,16 +114,22 @@ impl Line {
                 let channel = connection.create_channel().await.expect("a channel");
                 brokers::declare_queue(&channel, &line.source).await;
                 brokers::declare_queue(&channel, &line.dead_letters).await;
+                brokers::declare_queue(&channel, &line.receipts).await;
                 line.rabbit = Some(connection);
             }
             Broker::Nats => {
                 let context = brokers::nats().await;
                 line.source = format!("{}.created", line.stream);
                 line.dead_letters = format!("{}.dead", line.stream);
+                line.receipts = format!("{}.receipts", line.stream);
                 brokers::create_stream(
                     &context,
                     &line.stream,
-                    vec![line.source.clone(), line.dead_letters.clone()],
+                    vec![
+                        line.source.clone(),
+                        line.dead_letters.clone(),
+                        line.receipts.clone(),
+                    ],
                 )
                 .await;
                 brokers::create_consumer(
@@ -309,11 +319,7 @@ impl Line {
                     ..Default::default()
                 };
                 let queue = channel
-                    .queue_declare(
-                        self.source.as_str().into(),
-                        passive,
-                        Default::default(),
-                    )
+                    .queue_declare(self.source.as_str().into(), passive, Default::default())
                     .await
                     .expect("the queue");
                 let _ = channel.close(200, "done".into()).await;
@@ -336,6 +342,102 @@ impl Line {
         }
     }
 
+    /// The receipts' ids as the broker holds them (RabbitMQ's taken off the queue, so each
+    /// call returns those that came since the last), repeats included.
+    pub async fn receipts(&self) -> Vec<String> {
+        let read = match self.broker {
+            Broker::RabbitMq => brokers::take_all(self.rabbit(), &self.receipts).await,
+            Broker::Nats => brokers::messages_on(self.nats(), &self.stream, &self.receipts).await,
+        };
+        read.into_iter().filter_map(|r| r.id).collect()
+    }
+
+    /// The `order_events` example consuming this line as a process of its own, on the
+    /// database at `url`, charging at `payments`; stopped at `crash` when given.
+    pub fn process(
+        &self,
+        url: &str,
+        payments: std::net::SocketAddr,
+        crash: Option<&str>,
+    ) -> tokio::process::Child {
+        let broker = match self.broker {
+            Broker::RabbitMq => "rabbitmq",
+            Broker::Nats => "nats",
+        };
+        let receipts = format!("{broker}:{}", self.receipts);
+        let mut command = tokio::process::Command::new(
+            crate::walkthrough::example_binary().with_file_name("order_events"),
+        );
+        command
+            .args(["--consume", "--broker", broker, "--database-url", url])
+            .args([
+                "--source",
+                &self.source,
+                "--dead-letters",
+                &self.dead_letters,
+            ])
+            .args(["--payments-url", &format!("http://{payments}")])
+            .args(["--receipts", &receipts])
+            .args(["--lease-ms", "500", "--every-ms", "100"])
+            .stdout(std::process::Stdio::piped())
+            .kill_on_drop(true);
+        if self.broker == Broker::Nats {
+            command
+                .args(["--stream", &self.stream, "--consumer", &self.consumer_name])
+                .args(["--key-header", ORDER_ID]);
+        }
+        if let Some(point) = crash {
+            command.args(["--crash-at", point]);
+        }
+        command
+            .spawn()
+            .expect("the order_events example is built beside the tests")
+    }
+
+    /// Whether every message is acknowledged, once no consumer runs: JetStream reports what
+    /// is pending and unacknowledged; RabbitMQ takes a dead consumer's unacknowledged
+    /// deliveries back before it drops the consumer, so once the queue has no consumer its
+    /// count is all that was not acknowledged.
+    pub async fn all_acknowledged(&self) -> (bool, String) {
+        match self.broker {
+            Broker::Nats => {
+                let (pending, unacked) = self.pending().await;
+                (
+                    pending == 0 && unacked == 0,
+                    format!("{pending} pending, {unacked} unacknowledged"),
+                )
+            }
+            Broker::RabbitMq => {
+                let channel = self.rabbit().create_channel().await.expect("a channel");
+                let passive = lapin::options::QueueDeclareOptions {
+                    passive: true,
+                    ..Default::default()
+                };
+                let mut last = String::new();
+                for _ in 0..200 {
+                    let queue = channel
+                        .queue_declare(self.source.as_str().into(), passive, Default::default())
+                        .await
+                        .expect("the queue");
+                    last = format!(
+                        "{} messages, {} consumers",
+                        queue.message_count(),
+                        queue.consumer_count()
+                    );
+                    if queue.consumer_count() == 0 {
+                        let _ = channel.close(200, "done".into()).await;
+                        return (queue.message_count() == 0, last);
+                    }
+                    tokio::time::sleep(Duration::from_millis(25)).await;
+                }
+                (
+                    false,
+                    format!("the consumers did not go within 5 s: {last}"),
+                )
+            }
+        }
+    }
+
     /// The dead letters: (message id, reason), in the order they came. On a NATS line the id
     /// is the copy's `order-id`.
     pub async fn dead_letters(&self) -> Vec<(String, String)> {
@@ -345,7 +447,8 @@ impl Line {
                 brokers::messages_on(self.nats(), &self.stream, &self.dead_letters).await
             }
         };
-        let field = |r: &brokers::Read, name: &str| r.headers.get(name).cloned().unwrap_or_default();
+        let field =
+            |r: &brokers::Read, name: &str| r.headers.get(name).cloned().unwrap_or_default();
         read.iter()
             .map(|r| {
                 let id = match self.broker {
@@ -371,7 +474,7 @@ impl Line {
         }
         match self.broker {
             Broker::RabbitMq => {
-                brokers::delete_queues(&[&self.source, &self.dead_letters]).await;
+                brokers::delete_queues(&[&self.source, &self.dead_letters, &self.receipts]).await;
             }
             Broker::Nats => brokers::delete_streams(self.nats(), &[&self.stream]).await,
         }
@@ -385,10 +488,11 @@ impl Drop for Line {
         if self.removed {
             return;
         }
-        let (broker, source, dead, stream) = (
+        let (broker, source, dead, receipts, stream) = (
             self.broker,
             self.source.clone(),
             self.dead_letters.clone(),
+            self.receipts.clone(),
             self.stream.clone(),
         );
         let removing = std::thread::spawn(move || {
@@ -398,8 +502,10 @@ impl Drop for Line {
                 .expect("a runtime");
             runtime.block_on(async {
                 match broker {
-                    Broker::RabbitMq => brokers::delete_queues(&[&source, &dead]).await,
-                    Broker::Nats => brokers::delete_streams(&brokers::nats().await, &[&stream]).await,
+                    Broker::RabbitMq => brokers::delete_queues(&[&source, &dead, &receipts]).await,
+                    Broker::Nats => {
+                        brokers::delete_streams(&brokers::nats().await, &[&stream]).await
+                    }
                 }
             });
         });
@@ -536,4 +642,91 @@ on_every_store_and_broker!(
     the_same_message_twice_makes_one_effect,
     thirty_two_copies_at_once_to_four_consumers_make_one_effect,
     the_same_id_with_another_payload_goes_to_the_dead_letters,
+    a_consumer_killed_after_the_charge_call_leaves_one_charge,
 );
+
+type Lines = tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>;
+
+fn lines_of(child: &mut tokio::process::Child) -> Lines {
+    tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(
+        child.stdout.take().expect("a piped stdout"),
+    ))
+}
+
+/// Reads the process's lines (for at most 20 s) until one is `line`.
+async fn until_line(lines: &mut Lines, line: &str) {
+    let reading = async {
+        while let Some(read) = lines.next_line().await.expect("the process's output") {
+            if read == line {
+                return;
+            }
+        }
+        panic!("the process ended before it printed {line:?}");
+    };
+    tokio::time::timeout(Duration::from_secs(20), reading)
+        .await
+        .unwrap_or_else(|_| panic!("no {line:?} within 20 s"));
+}
+
+/// Polls `done` every 25 ms for at most `within`.
+async fn until<F: AsyncFnMut() -> bool>(within: Duration, what: &str, mut done: F) {
+    let deadline = tokio::time::Instant::now() + within;
+    while !done().await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "not within {within:?}: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+/// Crash recovery by a real kill: the consumer (the `order_events` example) killed with
+/// SIGKILL once an event's charge reached the provider and before its step committed, the
+/// event unacknowledged; a new process takes the redelivered event over once the dead
+/// holder's lease (500 ms) has passed, resumes it at the charge step (which the provider
+/// answers from its record of the key), and publishes the receipt. One charge, one order row,
+/// one receipt, the event acknowledged.
+async fn a_consumer_killed_after_the_charge_call_leaves_one_charge<S: Backend>(broker: Broker) {
+    let (payments_addr, payments) = crate::receiver::Receiver::start("ch").await;
+    let url = S::empty_database().await;
+    let line = Line::new(broker, Duration::from_secs(1)).await;
+    line.publish(Some("order-kill"), b"{\"amount\":1000}").await;
+
+    let mut first = line.process(&url, payments_addr, Some("after-charge-call"));
+    let mut lines = lines_of(&mut first);
+    until_line(&mut lines, "reached after-charge-call").await;
+    first.kill().await.unwrap();
+    assert_eq!(payments.effects().len(), 1, "charged before the kill");
+
+    let mut second = line.process(&url, payments_addr, None);
+    let mut receipts = Vec::new();
+    until(Duration::from_secs(20), "the receipt", async || {
+        receipts.extend(line.receipts().await);
+        !receipts.is_empty()
+    })
+    .await;
+    let store = S::connect_to(&url).await;
+    until(
+        Duration::from_secs(10),
+        "the event acknowledged",
+        async || line.pending().await == (0, 0),
+    )
+    .await;
+    second.kill().await.unwrap();
+    let (acknowledged, counts) = line.all_acknowledged().await;
+    assert!(acknowledged, "{counts}");
+    receipts.extend(line.receipts().await);
+    receipts.dedup();
+    assert_eq!(receipts.len(), 1, "one receipt: {receipts:?}");
+    assert_eq!(payments.effects().len(), 1, "one charge");
+    assert_eq!(
+        payments.calls.load(std::sync::atomic::Ordering::SeqCst),
+        2,
+        "charged again under its key after the kill"
+    );
+    let rows = store.effects().await.unwrap();
+    assert_eq!(rows.len(), 1, "one order row: {rows:?}");
+    assert_eq!(rows[0].key, "order-kill");
+    assert!(line.dead_letters().await.is_empty());
+    line.close().await;
+}
