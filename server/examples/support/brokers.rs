@@ -187,32 +187,68 @@ pub async fn take_all(connection: &Connection, queue: &str) -> Vec<Read> {
 
 /// Every message `stream` holds on `subject`, in order (read without a consumer).
 pub async fn messages_on(context: &jetstream::Context, stream: &str, subject: &str) -> Vec<Read> {
-    let mut stream = context.get_stream(stream).await.expect("the stream");
-    let state = stream
-        .info()
+    messages_since(context, stream, subject, 0).await.0
+}
+
+/// The messages `stream` holds on `subject` after sequence `after`, and the last sequence read:
+/// through a consumer of its own that acknowledges nothing, removed after.
+pub async fn messages_since(
+    context: &jetstream::Context,
+    stream: &str,
+    subject: &str,
+    after: u64,
+) -> (Vec<Read>, u64) {
+    let stream = context.get_stream(stream).await.expect("the stream");
+    let reader = stream
+        .create_consumer(consumer::pull::Config {
+            filter_subject: subject.to_owned(),
+            deliver_policy: consumer::DeliverPolicy::ByStartSequence {
+                start_sequence: after + 1,
+            },
+            ack_policy: consumer::AckPolicy::None,
+            inactive_threshold: Duration::from_secs(10),
+            ..consumer::pull::Config::default()
+        })
         .await
-        .expect("the stream's info")
-        .state
-        .clone();
-    let mut read = Vec::new();
-    for sequence in state.first_sequence..=state.last_sequence {
-        let Ok(message) = stream.get_raw_message(sequence).await else {
-            continue;
-        };
-        if message.subject.as_str() != subject {
-            continue;
-        }
-        let mut headers = std::collections::BTreeMap::new();
-        for (name, values) in message.headers.iter() {
-            if let Some(value) = values.first() {
-                headers.insert(name.to_string(), value.as_str().to_owned());
+        .expect("a reading consumer");
+    let (mut read, mut last) = (Vec::new(), after);
+    loop {
+        let mut batch = reader
+            .fetch()
+            .max_messages(500)
+            .messages()
+            .await
+            .expect("a fetch");
+        let mut got = 0;
+        while let Some(Ok(message)) = next(&mut batch).await {
+            got += 1;
+            if let Ok(info) = message.info() {
+                last = last.max(info.stream_sequence);
             }
+            let mut headers = std::collections::BTreeMap::new();
+            if let Some(map) = &message.headers {
+                for (name, values) in map.iter() {
+                    if let Some(value) = values.first() {
+                        headers.insert(name.to_string(), value.as_str().to_owned());
+                    }
+                }
+            }
+            read.push(Read {
+                id: headers.get("Nats-Msg-Id").cloned(),
+                headers,
+                payload: message.payload.to_vec(),
+            });
         }
-        read.push(Read {
-            id: headers.get("Nats-Msg-Id").cloned(),
-            headers,
-            payload: message.payload.to_vec(),
-        });
+        if got < 500 {
+            break;
+        }
     }
-    read
+    let name = reader.cached_info().name.clone();
+    let _ = stream.delete_consumer(&name).await;
+    (read, last)
+}
+
+/// A stream's next item.
+async fn next<St: futures_core::Stream + Unpin>(stream: &mut St) -> Option<St::Item> {
+    std::future::poll_fn(|cx| std::pin::Pin::new(&mut *stream).poll_next(cx)).await
 }

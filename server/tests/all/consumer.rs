@@ -79,6 +79,8 @@ pub struct Line {
     nats: Option<async_nats::jetstream::Context>,
     running: Vec<Running>,
     removed: bool,
+    /// The stream's last sequence `receipts` read (JetStream).
+    receipts_read: std::sync::Mutex<u64>,
 }
 
 /// A consumer running on a line: how to start it again, its own connection (RabbitMQ), and
@@ -107,6 +109,7 @@ impl Line {
             nats: None,
             running: Vec::new(),
             removed: false,
+            receipts_read: std::sync::Mutex::new(0),
         };
         match broker {
             Broker::RabbitMq => {
@@ -190,6 +193,62 @@ impl Line {
                     .expect("published")
                     .await
                     .expect("acknowledged");
+            }
+        }
+    }
+
+    /// Publishes `messages` (id, payload) at once: on one channel with its confirms awaited
+    /// together (RabbitMQ), or with JetStream's acknowledgements awaited together.
+    pub async fn publish_many(&self, messages: &[(String, Vec<u8>)]) {
+        match self.broker {
+            Broker::RabbitMq => {
+                let channel = self.rabbit().create_channel().await.expect("a channel");
+                channel
+                    .confirm_select(Default::default())
+                    .await
+                    .expect("confirm mode");
+                let mut confirms = Vec::new();
+                for (id, payload) in messages {
+                    let properties =
+                        lapin::BasicProperties::default().with_message_id(id.as_str().into());
+                    confirms.push(
+                        channel
+                            .basic_publish(
+                                "".into(),
+                                self.source.as_str().into(),
+                                Default::default(),
+                                payload,
+                                properties,
+                            )
+                            .await
+                            .expect("published"),
+                    );
+                }
+                for confirm in confirms {
+                    confirm.await.expect("confirmed");
+                }
+                let _ = channel.close(200, "done".into()).await;
+            }
+            Broker::Nats => {
+                let mut acks = Vec::new();
+                for (id, payload) in messages {
+                    let mut headers = async_nats::HeaderMap::new();
+                    headers.insert(ORDER_ID, id.as_str());
+                    headers.insert("Nats-Msg-Id", brokers::unique("copy").as_str());
+                    acks.push(
+                        self.nats()
+                            .publish_with_headers(
+                                self.source.clone(),
+                                headers,
+                                payload.clone().into(),
+                            )
+                            .await
+                            .expect("published"),
+                    );
+                }
+                for ack in acks {
+                    ack.await.expect("acknowledged");
+                }
             }
         }
     }
@@ -310,7 +369,7 @@ impl Line {
     }
 
     /// Messages waiting, and messages delivered but not acknowledged.
-    async fn pending(&self) -> (u64, u64) {
+    pub async fn pending(&self) -> (u64, u64) {
         match self.broker {
             Broker::RabbitMq => {
                 let channel = self.rabbit().create_channel().await.expect("a channel");
@@ -342,12 +401,17 @@ impl Line {
         }
     }
 
-    /// The receipts' ids as the broker holds them (RabbitMQ's taken off the queue, so each
-    /// call returns those that came since the last), repeats included.
+    /// The ids of the receipts that came since the last call, repeats included.
     pub async fn receipts(&self) -> Vec<String> {
         let read = match self.broker {
             Broker::RabbitMq => brokers::take_all(self.rabbit(), &self.receipts).await,
-            Broker::Nats => brokers::messages_on(self.nats(), &self.stream, &self.receipts).await,
+            Broker::Nats => {
+                let after = *self.receipts_read.lock().unwrap();
+                let (read, last) =
+                    brokers::messages_since(self.nats(), &self.stream, &self.receipts, after).await;
+                *self.receipts_read.lock().unwrap() = last;
+                read
+            }
         };
         read.into_iter().filter_map(|r| r.id).collect()
     }
@@ -359,6 +423,7 @@ impl Line {
         url: &str,
         payments: std::net::SocketAddr,
         crash: Option<&str>,
+        prefetch: u16,
     ) -> tokio::process::Child {
         let broker = match self.broker {
             Broker::RabbitMq => "rabbitmq",
@@ -379,6 +444,7 @@ impl Line {
             .args(["--payments-url", &format!("http://{payments}")])
             .args(["--receipts", &receipts])
             .args(["--lease-ms", "500", "--every-ms", "100"])
+            .args(["--prefetch", &prefetch.to_string()])
             .stdout(std::process::Stdio::piped())
             .kill_on_drop(true);
         if self.broker == Broker::Nats {
@@ -645,16 +711,16 @@ on_every_store_and_broker!(
     a_consumer_killed_after_the_charge_call_leaves_one_charge,
 );
 
-type Lines = tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>;
+pub type Lines = tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>;
 
-fn lines_of(child: &mut tokio::process::Child) -> Lines {
+pub fn lines_of(child: &mut tokio::process::Child) -> Lines {
     tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(
         child.stdout.take().expect("a piped stdout"),
     ))
 }
 
 /// Reads the process's lines (for at most 20 s) until one is `line`.
-async fn until_line(lines: &mut Lines, line: &str) {
+pub async fn until_line(lines: &mut Lines, line: &str) {
     let reading = async {
         while let Some(read) = lines.next_line().await.expect("the process's output") {
             if read == line {
@@ -669,7 +735,7 @@ async fn until_line(lines: &mut Lines, line: &str) {
 }
 
 /// Polls `done` every 25 ms for at most `within`.
-async fn until<F: AsyncFnMut() -> bool>(within: Duration, what: &str, mut done: F) {
+pub async fn until<F: AsyncFnMut() -> bool>(within: Duration, what: &str, mut done: F) {
     let deadline = tokio::time::Instant::now() + within;
     while !done().await {
         assert!(
@@ -692,13 +758,13 @@ async fn a_consumer_killed_after_the_charge_call_leaves_one_charge<S: Backend>(b
     let line = Line::new(broker, Duration::from_secs(1)).await;
     line.publish(Some("order-kill"), b"{\"amount\":1000}").await;
 
-    let mut first = line.process(&url, payments_addr, Some("after-charge-call"));
+    let mut first = line.process(&url, payments_addr, Some("after-charge-call"), 16);
     let mut lines = lines_of(&mut first);
     until_line(&mut lines, "reached after-charge-call").await;
     first.kill().await.unwrap();
     assert_eq!(payments.effects().len(), 1, "charged before the kill");
 
-    let mut second = line.process(&url, payments_addr, None);
+    let mut second = line.process(&url, payments_addr, None, 16);
     let mut receipts = Vec::new();
     until(Duration::from_secs(20), "the receipt", async || {
         receipts.extend(line.receipts().await);
@@ -716,6 +782,7 @@ async fn a_consumer_killed_after_the_charge_call_leaves_one_charge<S: Backend>(b
     let (acknowledged, counts) = line.all_acknowledged().await;
     assert!(acknowledged, "{counts}");
     receipts.extend(line.receipts().await);
+    receipts.sort();
     receipts.dedup();
     assert_eq!(receipts.len(), 1, "one receipt: {receipts:?}");
     assert_eq!(payments.effects().len(), 1, "one charge");

@@ -42,6 +42,8 @@ mod charges_app;
 mod config;
 #[cfg(all(feature = "rabbitmq", feature = "nats"))]
 mod consumer;
+#[cfg(all(feature = "rabbitmq", feature = "nats", feature = "postgres"))]
+mod consumer_chaos;
 mod crash;
 mod direct;
 mod events;

@@ -81,7 +81,14 @@ impl JetStream {
         R: Body<Data = Bytes> + Unpin + Send + 'static,
         R::Error: Into<BoxError>,
     {
-        let mut messages = self.consumer.messages().await?;
+        // Pulled no faster than they are processed: a message waiting in this client's buffer
+        // past the ack wait would be delivered again meanwhile.
+        let mut messages = self
+            .consumer
+            .stream()
+            .max_messages_per_batch(self.concurrency)
+            .messages()
+            .await?;
         let permits = Arc::new(Semaphore::new(self.concurrency));
         let mut running = tokio::task::JoinSet::new();
         let ended = loop {
