@@ -95,7 +95,7 @@ async fn consumers_under_chaos(broker: Broker) {
     while tokio::time::Instant::now() < chaos_until {
         tokio::time::sleep(Duration::from_millis(50 + next(&mut seed) % 150)).await;
         let victim = (next(&mut seed) % consumers.len() as u64) as usize;
-        if next(&mut seed) % 2 == 0 {
+        if next(&mut seed).is_multiple_of(2) {
             let mut dead = std::mem::replace(
                 &mut consumers[victim],
                 Consumer::start(&line, &url, payments_addr),

@@ -34,6 +34,7 @@ mod auto_traits;
 mod bank;
 mod both_halves;
 #[cfg(all(feature = "rabbitmq", feature = "nats"))]
+#[allow(dead_code)]
 #[path = "../../examples/support/brokers.rs"]
 mod brokers;
 #[allow(dead_code)]
