@@ -704,12 +704,132 @@ async fn the_same_id_with_another_payload_goes_to_the_dead_letters<S: Backend>(b
     line.close().await;
 }
 
+/// The outbox to the broker across relays dropped mid-publish: 200 staged messages, a relay's
+/// tick dropped at a random moment eight times (a publish may have reached the broker, its
+/// settlement not written: what a killed relay leaves), then relays run until every message is
+/// sent. Each message is on the broker; every copy of one carries its one id and its one
+/// payload (a republish is the same message, never another); JetStream's duplicate window
+/// drops the republishes, so there each is there once.
+async fn the_outbox_publishes_each_message_under_one_id_across_relays_dropped_mid_publish<
+    S: Backend,
+>(
+    broker: Broker,
+) {
+    use safe_retry_server::Relay;
+    use safe_retry_server::store::{Outbox, StagedMessage};
+    let store = S::fresh().await;
+    let line = Line::new(broker, Duration::from_secs(5)).await;
+    let url = match broker {
+        Broker::RabbitMq => format!("rabbitmq:/{}", line.receipts),
+        Broker::Nats => format!("nats:{}", line.receipts),
+    };
+    let count = 200;
+    let mut tx = store.begin().await.unwrap();
+    for n in 0..count {
+        let body = format!("receipt {n}");
+        let message = StagedMessage {
+            id: &format!("m-{n:03}"),
+            method: "PUBLISH",
+            url: &url,
+            headers: &[],
+            body: body.as_bytes(),
+        };
+        store.stage(&mut tx, &message).await.unwrap();
+    }
+    S::commit(tx).await;
+    let relay = {
+        let relay = Relay::of(store.clone())
+            .batch(50)
+            .lease(Duration::from_millis(300))
+            .retry_after(Duration::from_millis(10));
+        match broker {
+            Broker::RabbitMq => relay.rabbitmq(line.rabbit().create_channel().await.unwrap()),
+            Broker::Nats => relay.nats(line.nats().clone()),
+        }
+    };
+    let mut seed = 0xD0_0D_u64;
+    for _ in 0..8 {
+        let ticking = tokio::spawn({
+            let relay = relay.clone();
+            async move { relay.tick().await }
+        });
+        seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        tokio::time::sleep(Duration::from_millis((seed >> 33) % 15)).await;
+        ticking.abort();
+        let _ = ticking.await;
+    }
+    until(Duration::from_secs(20), "every message sent", async || {
+        let _ = relay.tick().await;
+        let rows = store.outbox().await.unwrap();
+        rows.len() == count && rows.iter().all(|(_, status, _)| status == "sent")
+    })
+    .await;
+    let read = match broker {
+        Broker::RabbitMq => brokers::take_all(line.rabbit(), &line.receipts).await,
+        Broker::Nats => brokers::messages_on(line.nats(), &line.stream, &line.receipts).await,
+    };
+    let mut by_id: BTreeMap<String, std::collections::BTreeSet<Vec<u8>>> = BTreeMap::new();
+    for message in &read {
+        let id = message.id.clone().expect("every message carries its id");
+        by_id.entry(id).or_default().insert(message.payload.clone());
+    }
+    assert_eq!(by_id.len(), count, "each message on the broker");
+    for (id, payloads) in &by_id {
+        let n: usize = id[2..].parse().unwrap();
+        assert_eq!(
+            payloads.iter().collect::<Vec<_>>(),
+            vec![&format!("receipt {n}").into_bytes()],
+            "{id}: one message, never another"
+        );
+    }
+    if broker == Broker::Nats {
+        assert_eq!(
+            read.len(),
+            count,
+            "the duplicate window dropped every republish"
+        );
+    }
+    line.close().await;
+}
+
 on_every_store_and_broker!(
     the_same_message_twice_makes_one_effect,
     thirty_two_copies_at_once_to_four_consumers_make_one_effect,
     the_same_id_with_another_payload_goes_to_the_dead_letters,
     a_consumer_killed_after_the_charge_call_leaves_one_charge,
+    the_outbox_publishes_each_message_under_one_id_across_relays_dropped_mid_publish,
 );
+
+/// Stops `processes` and says whether every message is acknowledged. A RabbitMQ delivery a
+/// stopped process had not acknowledged yet (one waiting out its retry while the reconciler
+/// finished its record) goes back to the queue: then a new process from `spawn` takes it (a
+/// replay, acknowledged without its effect) and is stopped in turn, at most five times.
+pub async fn stop_all(
+    line: &Line,
+    processes: Vec<tokio::process::Child>,
+    spawn: impl Fn() -> tokio::process::Child,
+) -> (bool, String) {
+    let mut processes = processes;
+    let mut last = (false, String::new());
+    for _ in 0..5 {
+        for mut process in processes.drain(..) {
+            process.kill().await.unwrap();
+        }
+        last = line.all_acknowledged().await;
+        if last.0 {
+            return last;
+        }
+        processes.push(spawn());
+        until(Duration::from_secs(10), "the queue taken", async || {
+            line.pending().await == (0, 0)
+        })
+        .await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    last
+}
 
 pub type Lines = tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>;
 
@@ -764,7 +884,7 @@ async fn a_consumer_killed_after_the_charge_call_leaves_one_charge<S: Backend>(b
     first.kill().await.unwrap();
     assert_eq!(payments.effects().len(), 1, "charged before the kill");
 
-    let mut second = line.process(&url, payments_addr, None, 16);
+    let second = line.process(&url, payments_addr, None, 16);
     let mut receipts = Vec::new();
     until(Duration::from_secs(20), "the receipt", async || {
         receipts.extend(line.receipts().await);
@@ -778,8 +898,10 @@ async fn a_consumer_killed_after_the_charge_call_leaves_one_charge<S: Backend>(b
         async || line.pending().await == (0, 0),
     )
     .await;
-    second.kill().await.unwrap();
-    let (acknowledged, counts) = line.all_acknowledged().await;
+    let (acknowledged, counts) = stop_all(&line, vec![second], || {
+        line.process(&url, payments_addr, None, 16)
+    })
+    .await;
     assert!(acknowledged, "{counts}");
     receipts.extend(line.receipts().await);
     receipts.sort();

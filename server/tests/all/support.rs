@@ -77,6 +77,9 @@ pub trait Backend: ChargesDb {
 
     /// The database's URL for another process, and a schema (or file) with no tables yet.
     fn empty_database() -> impl Future<Output = String> + Send;
+
+    /// Commits a transaction the store began.
+    fn commit(tx: Self::Tx) -> impl Future<Output = ()> + Send;
 }
 
 static NEXT: AtomicU64 = AtomicU64::new(0);
@@ -105,6 +108,10 @@ mod sqlite {
     }
 
     impl Backend for SqliteStore {
+        async fn commit(tx: Self::Tx) {
+            tx.commit().await.expect("the transaction commits");
+        }
+
         async fn fresh() -> SqliteStore {
             let path = new_file();
             let store = SqliteStore::open(&format!("sqlite://{}", path.display()))
@@ -384,6 +391,10 @@ pub mod postgres {
             let url = url();
             let separator = if url.contains('?') { '&' } else { '?' };
             format!("{url}{separator}options=-csearch_path%3D{schema}")
+        }
+
+        async fn commit(tx: Self::Tx) {
+            tx.commit().await.expect("the transaction commits");
         }
 
         async fn fresh() -> PostgresStore {
