@@ -716,7 +716,7 @@ async fn the_outbox_publishes_each_message_under_one_id_across_relays_dropped_mi
     broker: Broker,
 ) {
     use safe_retry_server::Relay;
-    use safe_retry_server::store::{Outbox, StagedMessage};
+    use safe_retry_server::store::StagedMessage;
     let store = S::fresh().await;
     let line = Line::new(broker, Duration::from_secs(5)).await;
     let url = match broker {
