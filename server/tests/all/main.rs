@@ -45,6 +45,7 @@ mod config;
 mod consumer;
 #[cfg(all(feature = "rabbitmq", feature = "nats", feature = "postgres"))]
 mod consumer_chaos;
+mod consumer_model;
 mod crash;
 mod direct;
 mod events;
