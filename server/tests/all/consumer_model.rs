@@ -4,6 +4,7 @@
 //! the effects table checked against what a small model says a broker must be told.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Extension;
@@ -234,4 +235,55 @@ async fn a_chosen_script_walks_every_verdict() {
         behave,
     });
     run(script.to_vec()).await.unwrap();
+}
+
+/// The reconciler finishes a message whose consumer stopped mid-step: the order's charge call
+/// reached the provider and the handler failed before its step committed (the verdict:
+/// deliver again later); before any redelivery, the reconciler resumes the record at the
+/// charge step (the provider answers from its record of the key) and completes it, receipt
+/// staged. The redelivery then finds the outcome: acknowledged, nothing run again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_reconciler_finishes_a_message_whose_consumer_stopped_mid_step() {
+    use crate::orders_app::{Crash, Faults, Orders};
+    let (payments_addr, payments) = crate::receiver::Receiver::start("ch").await;
+    let store = SqliteStore::memory().await.unwrap();
+    store.prepare().await.unwrap();
+    let layer = IdempotencyLayer::builder(store.clone())
+        .shared_scope()
+        .build_consumer()
+        .unwrap();
+    let faults = Arc::new(Faults::new());
+    let handler = crate::orders_app::orders_handler::<SqliteStore>(Orders {
+        client: crate::orders_app::dependencies(Duration::from_secs(2)),
+        payments: format!("http://{payments_addr}"),
+        receipts: "nats:receipts".into(),
+        faults: faults.clone(),
+    });
+    let consumer = layer.consumer(handler.clone());
+    let delivery = || Delivery::new("orders", "{\"amount\":1}").id("order-r");
+
+    faults.arm("after-charge-call", Crash::Fail);
+    let verdict = consumer.handle(delivery()).await;
+    assert!(matches!(verdict, Verdict::Retry { .. }), "{verdict:?}");
+    assert_eq!(payments.effects().len(), 1, "charged before the failure");
+    assert_eq!(
+        store.record("order-r").await.unwrap(),
+        Some(("in_progress".into(), Some("charge:started".into())))
+    );
+
+    let report = layer.reconciler(handler).tick().await.unwrap();
+    assert_eq!((report.found, report.completed), (1, 1), "{report:?}");
+    assert_eq!(store.record("order-r").await.unwrap().unwrap().0, "completed");
+    assert_eq!(consumer.handle(delivery()).await, Verdict::Ack);
+    assert_eq!(payments.effects().len(), 1, "one charge");
+    assert_eq!(
+        payments.calls.load(std::sync::atomic::Ordering::SeqCst),
+        2,
+        "the resumption called again under the key"
+    );
+    assert_eq!(store.effects().await.unwrap().len(), 1, "one order row");
+    let outbox = store.outbox().await.unwrap();
+    assert_eq!(outbox.len(), 1, "one receipt staged: {outbox:?}");
+    let counts = layer.counters().snapshot();
+    assert_eq!((counts.completions, counts.replays), (1, 1), "{counts:?}");
 }
