@@ -50,7 +50,7 @@ pub async fn nats() -> jetstream::Context {
              SAFE_RETRY_NATS_URL"
         )
     };
-    let options = async_nats::ConnectOptions::new().retry_on_initial_connect();
+    let options = async_nats::ConnectOptions::new();
     let connecting = options.connect(url.as_str());
     match tokio::time::timeout(Duration::from_secs(10), connecting).await {
         Ok(Ok(client)) => jetstream::new(client),

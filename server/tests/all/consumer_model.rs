@@ -273,7 +273,10 @@ async fn the_reconciler_finishes_a_message_whose_consumer_stopped_mid_step() {
 
     let report = layer.reconciler(handler).tick().await.unwrap();
     assert_eq!((report.found, report.completed), (1, 1), "{report:?}");
-    assert_eq!(store.record("order-r").await.unwrap().unwrap().0, "completed");
+    assert_eq!(
+        store.record("order-r").await.unwrap().unwrap().0,
+        "completed"
+    );
     assert_eq!(consumer.handle(delivery()).await, Verdict::Ack);
     assert_eq!(payments.effects().len(), 1, "one charge");
     assert_eq!(

@@ -13,6 +13,7 @@ const FLOORS: &[(&str, u8)] = &[
     ("front", 4),
     ("front::http", 4),
     ("front::grpc", 4),
+    ("front::consumer", 4),
     ("engine", 3),
     ("execution", 2),
     ("step", 2),
@@ -208,4 +209,51 @@ fn the_engine_names_no_transport_s_crate() {
     }
     assert_eq!(crates_named("let s = tonic::Status::ok(\"\");"), ["tonic"]);
     assert!(crates_named("my_tonic::x\n  // tonic::y").is_empty());
+}
+
+/// The consumer front is broker-neutral: its core names no broker's crate; lapin and
+/// async-nats are named only by their adapters and the relay's publishers, one file each.
+#[test]
+fn only_a_broker_s_own_adapter_and_publisher_name_its_crate() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut all = Vec::new();
+    files(&src, &mut all);
+    let allowed: &[(&str, &[&str])] = &[
+        (
+            "lapin",
+            &[
+                "front/consumer/rabbitmq.rs",
+                "relay/rabbitmq.rs",
+                "relay/mod.rs",
+            ],
+        ),
+        (
+            "async_nats",
+            &["front/consumer/nats.rs", "relay/nats.rs", "relay/mod.rs"],
+        ),
+    ];
+    let mut seen = 0;
+    for path in &all {
+        let relative = path
+            .strip_prefix(&src)
+            .unwrap()
+            .to_string_lossy()
+            .into_owned();
+        let code = std::fs::read_to_string(path).unwrap();
+        for name in crates_named(&code) {
+            if let Some((_, files)) = allowed.iter().find(|(c, _)| *c == name) {
+                assert!(
+                    files.contains(&relative.as_str()),
+                    "{relative} names `{name}`: only its adapter and its publisher may"
+                );
+                seen += 1;
+            }
+        }
+    }
+    assert!(seen >= 4, "the brokers' files were read");
+    let core = std::fs::read_to_string(src.join("front/consumer/mod.rs")).unwrap();
+    assert!(
+        crates_named(&core).is_empty(),
+        "the consumer front's core names a crate"
+    );
 }
