@@ -5,7 +5,11 @@
 //! sweeper), a front per transport: HTTP ([`IdempotencyLayer`], for axum or any tower stack)
 //! and gRPC (`grpc::GrpcIdempotencyLayer` from `Builder::build_grpc`, feature `grpc`, for
 //! tonic servers: the key from `idempotency-key` metadata, the whole answer stored with its
-//! trailers, the layer's own answers as gRPC statuses).
+//! trailers, the layer's own answers as gRPC statuses), and message consumers
+//! ([`consumer::ConsumerLayer`] from [`Builder::build_consumer`]: a message's id the key, its
+//! effects and outcome in one transaction, the acknowledgement after the commit, dead letters
+//! with their reason; adapters for RabbitMQ, feature `rabbitmq`, and NATS JetStream, feature
+//! `nats`). The outbox relays to HTTP, RabbitMQ and JetStream.
 //!
 //! A client that sends one key on every attempt (such as `reqwest-safe-retry`, the client half
 //! in this workspace) and this layer together make an effect happen once, however many copies

@@ -450,7 +450,7 @@ impl Message {
 
     /// A message for RabbitMQ, published to `exchange` (`""` for the default exchange, which
     /// routes by queue name) with `routing_key` by a relay given a channel
-    /// ([`Relay::rabbitmq`](crate::Relay::rabbitmq), feature `rabbitmq`). Its `message_id` is
+    /// (`Relay::rabbitmq`, feature `rabbitmq`). Its `message_id` is
     /// the message's derived key; its headers go as AMQP headers (`content-type` as the
     /// content type).
     pub fn rabbitmq(
@@ -467,7 +467,7 @@ impl Message {
     }
 
     /// A message for NATS JetStream, published to `subject` (which a stream must capture) by
-    /// a relay given a JetStream context ([`Relay::nats`](crate::Relay::nats), feature
+    /// a relay given a JetStream context (`Relay::nats`, feature
     /// `nats`). Its `Nats-Msg-Id` is the message's derived key, so the stream's duplicate
     /// window drops a publish made again; its headers go as NATS headers.
     pub fn nats(name: impl Into<String>, subject: impl AsRef<str>) -> Message {
