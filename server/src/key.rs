@@ -91,11 +91,6 @@ impl KeySource {
         }
     }
 
-    /// Whether this is the `Idempotency-Key` header, the HTTP layer's default.
-    pub(crate) fn is_idempotency_key(&self) -> bool {
-        matches!(self.0, Source::IdempotencyKey(_))
-    }
-
     /// Reads the key: `Ok(None)` when the request carries none.
     pub(crate) fn read(
         &self,

@@ -80,6 +80,7 @@ impl<S: Store> IdempotencyLayer<S> {
                 counters: Arc::default(),
                 front: Arc::new(Http::default()),
             },
+            key_chosen: false,
             #[cfg(feature = "grpc")]
             grpc: Grpc::default(),
         }
@@ -111,6 +112,8 @@ impl<S, Svc> Layer<Svc> for IdempotencyLayer<S> {
 /// refuses a configuration that cannot keep the layer's promises.
 pub struct Builder<S> {
     config: Config<S>,
+    /// Whether `key` chose the key's source: the consumer layer reads the message id otherwise.
+    key_chosen: bool,
     #[cfg(feature = "grpc")]
     grpc: Grpc,
 }
@@ -140,11 +143,12 @@ impl<S: Store> Builder<S> {
     }
 
     /// Where the key comes from [`KeySource::idempotency_key(KeyForm::Either)`]: the
-    /// `Idempotency-Key` header, quoted or bare.
+    /// `Idempotency-Key` header, quoted or bare (for a consumer layer: the message's id).
     ///
     /// [`KeySource::idempotency_key(KeyForm::Either)`]: KeySource::idempotency_key
     pub fn key(mut self, source: KeySource) -> Self {
         self.config.key = source;
+        self.key_chosen = true;
         self
     }
 
@@ -444,10 +448,11 @@ impl<S: Store> Builder<S> {
         }
         self.check()?;
         self.config.counters.announce();
+        let key_chosen = self.key_chosen;
         let mut config = self.config;
         config.methods = vec![Method::POST];
         config.require_key = true;
-        if config.key.is_idempotency_key() {
+        if !key_chosen {
             config.key = KeySource::header(MESSAGE_ID);
         }
         config.front = Arc::new(Consume {

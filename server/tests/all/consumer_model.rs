@@ -290,3 +290,39 @@ async fn the_reconciler_finishes_a_message_whose_consumer_stopped_mid_step() {
     let counts = layer.counters().snapshot();
     assert_eq!((counts.completions, counts.replays), (1, 1), "{counts:?}");
 }
+
+/// A consumer layer's key is the delivery's id unless the builder chose a source, and then
+/// that source only (the `Idempotency-Key` header chosen on purpose included).
+#[tokio::test]
+async fn a_consumer_s_key_is_the_message_id_unless_a_source_is_chosen() {
+    use safe_retry_server::{KeyForm, KeySource};
+    let ok = || Router::new().fallback(post(|| async { "done" }));
+    let store = SqliteStore::memory().await.unwrap();
+    let by_id = IdempotencyLayer::builder(store.clone())
+        .shared_scope()
+        .build_consumer()
+        .unwrap()
+        .consumer(ok());
+    let header_only = Delivery::new("q", "{}").header("idempotency-key", b"k-1");
+    assert!(matches!(
+        by_id.handle(header_only.clone()).await,
+        Verdict::DeadLetter(ref dead) if dead.reason == "missing-key"
+    ));
+    assert_eq!(
+        by_id.handle(header_only.clone().id("m-1")).await,
+        Verdict::Ack
+    );
+
+    let by_header = IdempotencyLayer::builder(store.clone())
+        .shared_scope()
+        .key(KeySource::idempotency_key(KeyForm::Either))
+        .build_consumer()
+        .unwrap();
+    let consumer = by_header.consumer(ok());
+    assert_eq!(consumer.handle(header_only.clone()).await, Verdict::Ack);
+    assert!(matches!(
+        consumer.handle(Delivery::new("q", "{}").id("m-2")).await,
+        Verdict::DeadLetter(ref dead) if dead.reason == "missing-key"
+    ));
+    assert_eq!(by_header.counters().snapshot().completions, 1);
+}
