@@ -199,6 +199,60 @@ async fn a_key_in_the_body_is_required_or_passes_through_as_configured() {
     );
 }
 
+/// A webhook whose senders put its event id in a header or in the body: one key either way,
+/// the header's first.
+#[tokio::test]
+async fn a_webhook_s_key_comes_from_its_header_or_else_its_body() {
+    let body = |text: &'static str| TestBody::from(Bytes::from_static(text.as_bytes()));
+    let layer = IdempotencyLayer::builder(SqliteStore::memory().await.unwrap())
+        .shared_scope()
+        .key(
+            KeySource::header(http::HeaderName::from_static("webhook-id"))
+                .or(KeySource::json_pointer("/id")),
+        )
+        .build()
+        .unwrap();
+    let handler = Handler::new();
+    let mut service = layer.layer(handler.clone());
+    let with_header = || {
+        let mut request = post(None, body(r#"{"id":"evt_1","amount":1}"#));
+        request
+            .headers_mut()
+            .insert("webhook-id", http::HeaderValue::from_static("evt_1"));
+        request
+    };
+    assert_eq!(
+        send(&mut service, with_header()).await,
+        (StatusCode::CREATED, Bytes::from("call 1"))
+    );
+    // The same event from a sender that puts its id in the body only: the same key.
+    assert_eq!(
+        send(
+            &mut service,
+            post(None, body(r#"{"id":"evt_1","amount":1}"#))
+        )
+        .await,
+        (StatusCode::CREATED, Bytes::from("call 1"))
+    );
+    assert_eq!(
+        send(&mut service, with_header()).await,
+        (StatusCode::CREATED, Bytes::from("call 1"))
+    );
+    assert_eq!(handler.calls.load(Ordering::Relaxed), 1);
+    // The header comes first: a header naming another event is another key.
+    let mut other = post(None, body(r#"{"id":"evt_1","amount":1}"#));
+    other
+        .headers_mut()
+        .insert("webhook-id", http::HeaderValue::from_static("evt_2"));
+    assert_eq!(
+        send(&mut service, other).await,
+        (StatusCode::CREATED, Bytes::from("call 2"))
+    );
+    let (status, answer) = send(&mut service, post(None, body(r#"{"amount":1}"#))).await;
+    assert_eq!(status, 400);
+    assert!(String::from_utf8_lossy(&answer).contains("missing-key"));
+}
+
 /// A store whose next claims come back empty, as when a lease ends between the claim
 /// statement and the read that follows it.
 #[derive(Clone)]
