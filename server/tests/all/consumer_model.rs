@@ -199,7 +199,11 @@ async fn run(script: Vec<Step>) -> Result<(), TestCaseError> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 128, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig {
+        cases: 128,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    })]
 
     #[test]
     fn every_script_of_deliveries_gets_the_model_s_verdicts_and_one_effect_per_id_done(
@@ -325,4 +329,9 @@ async fn a_consumer_s_key_is_the_message_id_unless_a_source_is_chosen() {
         Verdict::DeadLetter(ref dead) if dead.reason == "missing-key"
     ));
     assert_eq!(by_header.counters().snapshot().completions, 1);
+    let shown = format!("{by_header:?}");
+    assert!(
+        shown.starts_with("ConsumerLayer {") && shown.contains("IdempotencyKey(Either)"),
+        "{shown}"
+    );
 }

@@ -527,6 +527,9 @@ mod tests {
             .header("x-trace", b"t")
             .header("bad name", b"x")
             .header(MESSAGE_ID.as_str(), b"forged");
+        assert_eq!(delivery.message_id(), Some("m-1"));
+        assert_eq!(delivery.source(), "orders created/é");
+        assert_eq!(delivery.payload(), &Bytes::from_static(b"{}"));
         let request: Request<Bytes> = delivery.request();
         assert_eq!(request.method(), Method::POST);
         assert_eq!(request.uri().path(), "/orders%20created%2F%C3%A9");
@@ -534,9 +537,9 @@ mod tests {
         assert_eq!(request.headers().len(), 2, "{:?}", request.headers());
         assert_eq!(request.headers()[&MESSAGE_ID], "m-1");
         assert_eq!(request.body(), &Bytes::from_static(b"{}"));
-        let no_id: Request<Bytes> = Delivery::new("q", Bytes::new())
-            .header(MESSAGE_ID.as_str(), b"forged")
-            .request();
+        let no_id = Delivery::new("q", Bytes::new()).header(MESSAGE_ID.as_str(), b"forged");
+        assert_eq!(no_id.message_id(), None);
+        let no_id: Request<Bytes> = no_id.request();
         assert!(
             no_id.headers().get(&MESSAGE_ID).is_none(),
             "a header never stands in for the broker's id"
