@@ -180,6 +180,14 @@ async fn run(script: Vec<Step>) -> Result<(), TestCaseError> {
             }
             (Err(reason), Verdict::DeadLetter(dead)) => {
                 prop_assert_eq!(*reason, dead.reason, "step {}: {:?}", i, step);
+                if *reason == "rejected" {
+                    prop_assert_eq!(
+                        &dead.detail,
+                        "the handler rejected the message with 422 Unprocessable Entity: no"
+                    );
+                } else {
+                    prop_assert!(!dead.detail.contains("rejected"), "{}", dead.detail);
+                }
             }
             _ => prop_assert!(
                 false,
@@ -329,6 +337,7 @@ async fn a_consumer_s_key_is_the_message_id_unless_a_source_is_chosen() {
         Verdict::DeadLetter(ref dead) if dead.reason == "missing-key"
     ));
     assert_eq!(by_header.counters().snapshot().completions, 1);
+    assert_eq!(format!("{consumer:?}"), "Consumer { .. }");
     let shown = format!("{by_header:?}");
     assert!(
         shown.starts_with("ConsumerLayer {") && shown.contains("IdempotencyKey(Either)"),

@@ -416,13 +416,11 @@ async fn next<St: futures_core::Stream + Unpin>(stream: &mut St) -> Option<St::I
 
 /// At most `limit` bytes of `text`, cut at a character's boundary.
 fn truncated(mut text: String, limit: usize) -> String {
-    if text.len() > limit {
-        let mut end = limit;
-        while !text.is_char_boundary(end) {
-            end -= 1;
-        }
-        text.truncate(end);
+    let mut end = limit.min(text.len());
+    while !text.is_char_boundary(end) {
+        end -= 1;
     }
+    text.truncate(end);
     text
 }
 
@@ -571,5 +569,7 @@ mod tests {
         head.status = StatusCode::OK;
         assert_eq!(front.mark(&mut head), None);
         assert_eq!(truncated("héllo".into(), 2), "h");
+        assert_eq!(truncated("héllo".into(), 3), "hé");
+        assert_eq!(truncated("hé".into(), 9), "hé");
     }
 }
