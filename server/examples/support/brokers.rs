@@ -147,6 +147,8 @@ pub async fn delete_streams(context: &jetstream::Context, streams: &[&str]) {
 #[derive(Debug, Clone)]
 pub struct Read {
     pub id: Option<String>,
+    /// RabbitMQ's content-type property.
+    pub content_type: Option<String>,
     pub headers: std::collections::BTreeMap<String, String>,
     pub payload: Vec<u8>,
 }
@@ -177,6 +179,7 @@ pub async fn take_all(connection: &Connection, queue: &str) -> Vec<Read> {
         }
         read.push(Read {
             id: properties.message_id().as_ref().map(|id| id.to_string()),
+            content_type: properties.content_type().as_ref().map(|c| c.to_string()),
             headers,
             payload: message.delivery.data.clone(),
         });
@@ -235,6 +238,7 @@ pub async fn messages_since(
             }
             read.push(Read {
                 id: headers.get("Nats-Msg-Id").cloned(),
+                content_type: None,
                 headers,
                 payload: message.payload.to_vec(),
             });

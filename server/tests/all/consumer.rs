@@ -724,6 +724,16 @@ async fn the_outbox_publishes_each_message_under_one_id_across_relays_dropped_mi
         Broker::Nats => format!("nats:{}", line.receipts),
     };
     let count = 200;
+    let headers = [
+        (
+            http::header::CONTENT_TYPE,
+            http::HeaderValue::from_static("application/json"),
+        ),
+        (
+            http::HeaderName::from_static("x-trace"),
+            http::HeaderValue::from_static("t-1"),
+        ),
+    ];
     let mut tx = store.begin().await.unwrap();
     for n in 0..count {
         let body = format!("receipt {n}");
@@ -731,11 +741,26 @@ async fn the_outbox_publishes_each_message_under_one_id_across_relays_dropped_mi
             id: &format!("m-{n:03}"),
             method: "PUBLISH",
             url: &url,
-            headers: &[],
+            headers: &headers,
             body: body.as_bytes(),
         };
         store.stage(&mut tx, &message).await.unwrap();
     }
+    // And one for a destination nothing takes: a queue that does not exist (RabbitMQ returns
+    // the message, published mandatory), a subject no stream captures (JetStream answers no
+    // one): never sent, tried again.
+    let nowhere = match broker {
+        Broker::RabbitMq => format!("rabbitmq:/{}", brokers::unique("no-queue")),
+        Broker::Nats => format!("nats:{}", brokers::unique("no-stream")),
+    };
+    let lost = StagedMessage {
+        id: "nowhere",
+        method: "PUBLISH",
+        url: &nowhere,
+        headers: &[],
+        body: b"",
+    };
+    store.stage(&mut tx, &lost).await.unwrap();
     S::commit(tx).await;
     let relay = {
         let relay = Relay::of(store.clone())
@@ -763,15 +788,40 @@ async fn the_outbox_publishes_each_message_under_one_id_across_relays_dropped_mi
     until(Duration::from_secs(20), "every message sent", async || {
         let _ = relay.tick().await;
         let rows = store.outbox().await.unwrap();
-        rows.len() == count && rows.iter().all(|(_, status, _)| status == "sent")
+        let sent = rows
+            .iter()
+            .filter(|(_, status, _)| status == "sent")
+            .count();
+        sent >= count
     })
     .await;
+    let rows = store.outbox().await.unwrap();
+    let nowhere = rows.iter().find(|(id, _, _)| id == "nowhere").unwrap();
+    assert_eq!(
+        nowhere.1, "pending",
+        "a message nothing takes is not sent: {nowhere:?}"
+    );
+    assert!(nowhere.2 >= 1, "{nowhere:?}");
     let read = match broker {
         Broker::RabbitMq => brokers::take_all(line.rabbit(), &line.receipts).await,
         Broker::Nats => brokers::messages_on(line.nats(), &line.stream, &line.receipts).await,
     };
     let mut by_id: BTreeMap<String, std::collections::BTreeSet<Vec<u8>>> = BTreeMap::new();
     for message in &read {
+        assert_eq!(
+            message.headers.get("x-trace").map(String::as_str),
+            Some("t-1")
+        );
+        match broker {
+            Broker::RabbitMq => {
+                assert_eq!(message.content_type.as_deref(), Some("application/json"));
+                assert!(!message.headers.contains_key("content-type"));
+            }
+            Broker::Nats => assert_eq!(
+                message.headers.get("content-type").map(String::as_str),
+                Some("application/json")
+            ),
+        }
         let id = message.id.clone().expect("every message carries its id");
         by_id.entry(id).or_default().insert(message.payload.clone());
     }
