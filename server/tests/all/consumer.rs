@@ -507,6 +507,15 @@ impl Line {
     /// The dead letters: (message id, reason), in the order they came. On a NATS line the id
     /// is the copy's `order-id`.
     pub async fn dead_letters(&self) -> Vec<(String, String)> {
+        self.dead_letters_read()
+            .await
+            .into_iter()
+            .map(|(id, reason, _, _)| (id, reason))
+            .collect()
+    }
+
+    /// The dead letters: (message id, reason, detail, where it came from).
+    pub async fn dead_letters_read(&self) -> Vec<(String, String, String, String)> {
         let read = match self.broker {
             Broker::RabbitMq => brokers::take_all(self.rabbit(), &self.dead_letters).await,
             Broker::Nats => {
@@ -521,7 +530,16 @@ impl Line {
                     Broker::RabbitMq => r.id.clone().unwrap_or_default(),
                     Broker::Nats => field(r, ORDER_ID),
                 };
-                (id, field(r, "safe-retry-reason"))
+                let from = match self.broker {
+                    Broker::RabbitMq => field(r, "safe-retry-queue"),
+                    Broker::Nats => field(r, "safe-retry-subject"),
+                };
+                (
+                    id,
+                    field(r, "safe-retry-reason"),
+                    field(r, "safe-retry-detail"),
+                    from,
+                )
             })
             .collect()
     }
@@ -691,7 +709,19 @@ async fn the_same_id_with_another_payload_goes_to_the_dead_letters<S: Backend>(b
     // A message dead-lettered and then taken back from a stopped consumer before its
     // acknowledgement is dead-lettered again under the same id (JetStream drops the repeat):
     // the dead letters are read as a set.
-    let mut dead = line.dead_letters().await;
+    let read = line.dead_letters_read().await;
+    for (id, reason, detail, from) in &read {
+        assert_eq!(from, &line.source, "{id}: where it came from");
+        let expected = match reason.as_str() {
+            "key-reused" => "this idempotency key was used with another request",
+            _ => "this route requires an idempotency key",
+        };
+        assert!(detail.starts_with(expected), "{id} {reason}: {detail}");
+    }
+    let mut dead: Vec<_> = read
+        .into_iter()
+        .map(|(id, reason, _, _)| (id, reason))
+        .collect();
     dead.sort();
     dead.dedup();
     assert_eq!(
@@ -700,6 +730,54 @@ async fn the_same_id_with_another_payload_goes_to_the_dead_letters<S: Backend>(b
             (String::new(), "missing-key".to_owned()),
             ("order-7".to_owned(), "key-reused".to_owned()),
         ]
+    );
+    line.close().await;
+}
+
+/// A message whose first run did not finish (the handler answered `Unfinished`, as a step
+/// whose dependency is down does) is delivered again after the layer's wait, while its
+/// consumer keeps running, and finishes: one effect.
+async fn a_message_that_did_not_finish_is_delivered_again_and_finishes<S: Backend>(broker: Broker) {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let store = S::fresh().await;
+    let layer = layer(store.clone(), broker);
+    let runs = Arc::new(AtomicUsize::new(0));
+    let handler = {
+        let runs = runs.clone();
+        Router::new().fallback(post(
+            move |Extension(execution): Extension<Execution<S>>, body: String| {
+                let runs = runs.clone();
+                async move {
+                    if runs.fetch_add(1, Ordering::SeqCst) == 0 {
+                        let mut answer = (StatusCode::SERVICE_UNAVAILABLE, "later").into_response();
+                        answer
+                            .extensions_mut()
+                            .insert(safe_retry_server::Unfinished);
+                        return answer;
+                    }
+                    effect::<S>(Extension(execution), body).await
+                }
+            },
+        ))
+    };
+    let mut line = Line::new(broker, Duration::from_secs(30)).await;
+    line.consume(layer.consumer(handler)).await;
+    line.publish(Some("order-later"), b"{\"amount\":5}").await;
+    until(
+        Duration::from_secs(10),
+        "the second run's effect",
+        async || !effects(&store).await.is_empty(),
+    )
+    .await;
+    line.settle(Duration::from_secs(10)).await;
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+    assert_eq!(effects(&store).await["order-later"].len(), 1);
+    let counts = layer.counters().snapshot();
+    assert_eq!(
+        (counts.unfinished, counts.completions),
+        (1, 1),
+        "{counts:?}"
     );
     line.close().await;
 }
@@ -850,6 +928,7 @@ on_every_store_and_broker!(
     the_same_id_with_another_payload_goes_to_the_dead_letters,
     a_consumer_killed_after_the_charge_call_leaves_one_charge,
     the_outbox_publishes_each_message_under_one_id_across_relays_dropped_mid_publish,
+    a_message_that_did_not_finish_is_delivered_again_and_finishes,
 );
 
 /// Stops `processes` and says whether every message is acknowledged. A RabbitMQ delivery a
