@@ -197,6 +197,55 @@ impl Line {
         }
     }
 
+    /// Publishes a message with `id`, `payload` and the headers `x-tenant` and `x-region` (and
+    /// on RabbitMQ an integer `x-count`).
+    pub async fn publish_with_headers(&self, id: &str, payload: &[u8]) {
+        match self.broker {
+            Broker::RabbitMq => {
+                use lapin::types::{AMQPValue, FieldTable, LongString};
+                let channel = self.rabbit().create_channel().await.expect("a channel");
+                let mut headers = FieldTable::default();
+                headers.insert(
+                    "x-tenant".into(),
+                    AMQPValue::LongString(LongString::from(b"t-1".to_vec())),
+                );
+                headers.insert(
+                    "x-region".into(),
+                    AMQPValue::LongString(LongString::from(b"eu".to_vec())),
+                );
+                headers.insert("x-count".into(), AMQPValue::LongInt(3));
+                let properties = lapin::BasicProperties::default()
+                    .with_message_id(id.into())
+                    .with_content_type("application/json".into())
+                    .with_headers(headers);
+                channel
+                    .basic_publish(
+                        "".into(),
+                        self.source.as_str().into(),
+                        Default::default(),
+                        payload,
+                        properties,
+                    )
+                    .await
+                    .expect("published");
+                let _ = channel.close(200, "done".into()).await;
+            }
+            Broker::Nats => {
+                let mut headers = async_nats::HeaderMap::new();
+                headers.insert(ORDER_ID, id);
+                headers.insert("x-tenant", "t-1");
+                headers.insert("x-region", "eu");
+                headers.insert("content-type", "application/json");
+                self.nats()
+                    .publish_with_headers(self.source.clone(), headers, payload.to_vec().into())
+                    .await
+                    .expect("published")
+                    .await
+                    .expect("acknowledged");
+            }
+        }
+    }
+
     /// Publishes `messages` (id, payload) at once: on one channel with its confirms awaited
     /// together (RabbitMQ), or with JetStream's acknowledgements awaited together.
     pub async fn publish_many(&self, messages: &[(String, Vec<u8>)]) {
@@ -734,6 +783,37 @@ async fn the_same_id_with_another_payload_goes_to_the_dead_letters<S: Backend>(b
     line.close().await;
 }
 
+/// A message's headers reach its handler as HTTP headers (RabbitMQ's strings; a header of
+/// another type is left out), and its id in `safe-retry-message-id`.
+async fn a_message_s_headers_reach_its_handler<S: Backend>(broker: Broker) {
+    let store = S::fresh().await;
+    let layer = layer(store.clone(), broker);
+    let handler = Router::new().fallback(post(
+        move |Extension(execution): Extension<Execution<S>>, headers: axum::http::HeaderMap| async move {
+            let seen = ["x-tenant", "x-region", "x-count", "content-type", "safe-retry-message-id"]
+                .map(|name| headers.get(name).map_or("-", |v| v.to_str().unwrap_or("?")))
+                .join("|");
+            effect::<S>(Extension(execution), seen).await
+        },
+    ));
+    let mut line = Line::new(broker, Duration::from_secs(5)).await;
+    line.consume(layer.consumer(handler)).await;
+    line.publish_with_headers("order-h", b"{}").await;
+    line.settle(Duration::from_secs(10)).await;
+    let id = "order-h";
+    let effects = effects(&store).await;
+    let seen = &effects["order-h"][0];
+    if broker == Broker::RabbitMq {
+        assert_eq!(seen, &format!("t-1|eu|-|application/json|{id}"));
+    } else {
+        assert_eq!(
+            seen, "t-1|eu|-|application/json|-",
+            "no Nats-Msg-Id was set: no message id"
+        );
+    }
+    line.close().await;
+}
+
 /// A message whose first run did not finish (the handler answered `Unfinished`, as a step
 /// whose dependency is down does) is delivered again after the layer's wait, while its
 /// consumer keeps running, and finishes: one effect.
@@ -929,6 +1009,7 @@ on_every_store_and_broker!(
     a_consumer_killed_after_the_charge_call_leaves_one_charge,
     the_outbox_publishes_each_message_under_one_id_across_relays_dropped_mid_publish,
     a_message_that_did_not_finish_is_delivered_again_and_finishes,
+    a_message_s_headers_reach_its_handler,
 );
 
 /// Stops `processes` and says whether every message is acknowledged. A RabbitMQ delivery a

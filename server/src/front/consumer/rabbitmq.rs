@@ -23,8 +23,8 @@ use crate::store::Store;
 /// Consumes a RabbitMQ queue through a [`Consumer`] (feature `rabbitmq`).
 ///
 /// - The message's id is its `message_id` property (publishers set it once for every copy;
-///   this crate's outbox relay sets it to the message's derived key). Its headers of string
-///   values reach the handler as HTTP headers.
+///   this crate's outbox relay sets it to the message's derived key). Its headers of text
+///   (long strings) reach the handler as HTTP headers, its content type as `content-type`.
 /// - [`Verdict::Ack`]: acknowledged, after the outcome committed.
 /// - [`Verdict::Retry`]: held unacknowledged for the wait, then rejected with `requeue`, so
 ///   the broker delivers it again (to this consumer or another).
@@ -216,12 +216,9 @@ fn delivery_of(queue: &str, delivery: &lapin::message::Delivery) -> Delivery {
     }
     if let Some(headers) = delivery.properties.headers() {
         for (name, value) in headers {
-            match value {
-                AMQPValue::LongString(s) => message = message.header(name.as_str(), s.as_bytes()),
-                AMQPValue::ShortString(s) => {
-                    message = message.header(name.as_str(), s.as_str().as_bytes())
-                }
-                _ => {}
+            // RabbitMQ's tables carry text as long strings (it reads `s` as a short integer).
+            if let AMQPValue::LongString(s) = value {
+                message = message.header(name.as_str(), s.as_bytes());
             }
         }
     }
