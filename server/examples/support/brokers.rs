@@ -153,36 +153,62 @@ pub struct Read {
     pub payload: Vec<u8>,
 }
 
-/// Takes every message waiting on `queue` (acknowledged as it is taken).
+/// Takes the messages waiting on `queue` (as many as it holds when asked, at most 65,535),
+/// through a consumer of its own that holds no more than that and acknowledges what it read.
 pub async fn take_all(connection: &Connection, queue: &str) -> Vec<Read> {
     let channel = connection.create_channel().await.expect("a channel");
-    let mut read = Vec::new();
-    while let Some(message) = channel
-        .basic_get(
-            queue.into(),
-            lapin::options::BasicGetOptions { no_ack: true },
-        )
+    let passive = QueueDeclareOptions {
+        passive: true,
+        ..QueueDeclareOptions::default()
+    };
+    let waiting = channel
+        .queue_declare(queue.into(), passive, FieldTable::default())
         .await
-        .expect("basic.get")
-    {
-        let properties = &message.delivery.properties;
-        let mut headers = std::collections::BTreeMap::new();
-        if let Some(table) = properties.headers() {
-            for (name, value) in table {
-                if let lapin::types::AMQPValue::LongString(s) = value {
-                    headers.insert(
-                        name.to_string(),
-                        String::from_utf8_lossy(s.as_bytes()).into_owned(),
-                    );
+        .expect("the queue")
+        .message_count();
+    let waiting = waiting.min(u32::from(u16::MAX)) as u16;
+    let mut read = Vec::new();
+    if waiting > 0 {
+        channel
+            .basic_qos(waiting, Default::default())
+            .await
+            .expect("basic.qos");
+        let mut deliveries = channel
+            .basic_consume(
+                queue.into(),
+                "".into(),
+                Default::default(),
+                FieldTable::default(),
+            )
+            .await
+            .expect("basic.consume");
+        while read.len() < usize::from(waiting) {
+            let next = tokio::time::timeout(Duration::from_secs(5), next(&mut deliveries)).await;
+            let Ok(Some(Ok(delivery))) = next else { break };
+            delivery
+                .acker
+                .ack(Default::default())
+                .await
+                .expect("basic.ack");
+            let properties = &delivery.properties;
+            let mut headers = std::collections::BTreeMap::new();
+            if let Some(table) = properties.headers() {
+                for (name, value) in table {
+                    if let lapin::types::AMQPValue::LongString(s) = value {
+                        headers.insert(
+                            name.to_string(),
+                            String::from_utf8_lossy(s.as_bytes()).into_owned(),
+                        );
+                    }
                 }
             }
+            read.push(Read {
+                id: properties.message_id().as_ref().map(|id| id.to_string()),
+                content_type: properties.content_type().as_ref().map(|c| c.to_string()),
+                headers,
+                payload: delivery.data.clone(),
+            });
         }
-        read.push(Read {
-            id: properties.message_id().as_ref().map(|id| id.to_string()),
-            content_type: properties.content_type().as_ref().map(|c| c.to_string()),
-            headers,
-            payload: message.delivery.data.clone(),
-        });
     }
     let _ = channel.close(200, "read".into()).await;
     read

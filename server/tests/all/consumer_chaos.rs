@@ -30,8 +30,8 @@ struct Consumer {
 
 impl Consumer {
     fn start(line: &Line, url: &str, payments: std::net::SocketAddr) -> Consumer {
-        // Four at a time each, so that the work outlasts the chaos.
-        let mut child = line.process(url, payments, None, 4);
+        // Eight at a time each.
+        let mut child = line.process(url, payments, None, 8);
         let mut lines = lines_of(&mut child);
         let counts = Arc::new(Mutex::new([0; 6]));
         let last = counts.clone();
@@ -91,7 +91,7 @@ async fn consumers_under_chaos(broker: Broker) {
     let (mut kills, mut pauses) = (0, 0);
     let mut receipts: Vec<String> = Vec::new();
     let mut seed = 0x5EED_C0DE_u64;
-    let chaos_until = tokio::time::Instant::now() + Duration::from_secs(5);
+    let chaos_until = tokio::time::Instant::now() + Duration::from_secs(3);
     while tokio::time::Instant::now() < chaos_until {
         tokio::time::sleep(Duration::from_millis(50 + next(&mut seed) % 150)).await;
         let victim = (next(&mut seed) % consumers.len() as u64) as usize;
@@ -140,7 +140,7 @@ async fn consumers_under_chaos(broker: Broker) {
         }
     }
     let (acknowledged, state) = crate::consumer::stop_all(&line, children, || {
-        line.process(&url, payments_addr, None, 4)
+        line.process(&url, payments_addr, None, 8)
     })
     .await;
     receipts.extend(line.receipts().await);
