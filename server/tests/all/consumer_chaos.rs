@@ -1,13 +1,14 @@
 //! Consumers under chaos, through each broker, on PostgreSQL: 1,000 order events consumed by
 //! three `order_events` processes while a seeded schedule kills one (SIGKILL, and starts
-//! another in its place) or pauses one (SIGSTOP, then SIGCONT) every few hundred milliseconds,
-//! at whatever point it has reached — mid-handler, after its effect and before its
-//! acknowledgement, mid-publish of a receipt. The kills make the brokers deliver again what
+//! another in its place) or pauses one (SIGSTOP, then SIGCONT), in turn, every few hundred
+//! milliseconds, at whatever point it has reached — mid-handler, after its effect and before
+//! its acknowledgement, mid-publish of a receipt. The kills make the brokers deliver again what
 //! was not acknowledged (RabbitMQ at once, JetStream after its 1 s ack wait). Then the
 //! survivors finish, and the test counts: every event one order row and one charge, every
 //! event's receipt on the broker, no dead letter, every event acknowledged.
 //!
-//! Bounded: the chaos lasts at most 5 s, and the finish at most 60 s.
+//! Bounded: the chaos lasts 3 s (longer only until there have been three kills and three
+//! pauses), and the finish at most 60 s.
 
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
@@ -91,11 +92,13 @@ async fn consumers_under_chaos(broker: Broker) {
     let (mut kills, mut pauses) = (0, 0);
     let mut receipts: Vec<String> = Vec::new();
     let mut seed = 0x5EED_C0DE_u64;
+    // Kills and pauses take turns, on a process the seed picks, for at least 3 s and until
+    // there have been three of each.
     let chaos_until = tokio::time::Instant::now() + Duration::from_secs(3);
-    while tokio::time::Instant::now() < chaos_until {
+    while tokio::time::Instant::now() < chaos_until || kills < 3 || pauses < 3 {
         tokio::time::sleep(Duration::from_millis(50 + next(&mut seed) % 150)).await;
         let victim = (next(&mut seed) % consumers.len() as u64) as usize;
-        if next(&mut seed).is_multiple_of(2) {
+        if kills <= pauses {
             let mut dead = std::mem::replace(
                 &mut consumers[victim],
                 Consumer::start(&line, &url, payments_addr),
@@ -113,7 +116,8 @@ async fn consumers_under_chaos(broker: Broker) {
             pauses += 1;
         }
         receipts.extend(line.receipts().await);
-        if receipts.iter().collect::<BTreeSet<_>>().len() >= EVENTS {
+        let done = receipts.iter().collect::<BTreeSet<_>>().len() >= EVENTS;
+        if done && kills >= 3 && pauses >= 3 {
             break;
         }
     }
