@@ -57,6 +57,11 @@ pub(crate) enum Mark {
     Rejected,
 }
 
+/// The mark of a head whose status a layer is told not to store: not an outcome.
+pub(crate) fn not_stored(statuses: &[http::StatusCode], head: &Head) -> Option<Mark> {
+    statuses.contains(&head.status).then_some(Mark::Unfinished)
+}
+
 /// What an answer is, by the marks every transport carries in its extensions and the
 /// front's own reading of its head, in this order: a fenced step, then not an outcome (the
 /// `Unfinished` marker, then what the front is told not to store), then a rejection.

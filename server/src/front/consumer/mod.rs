@@ -187,9 +187,7 @@ impl Front for Consume {
     }
 
     fn mark(&self, head: &mut Head) -> Option<Mark> {
-        self.not_stored
-            .contains(&head.status)
-            .then_some(Mark::Unfinished)
+        crate::transport::not_stored(&self.not_stored, head)
     }
 
     fn stored(&self, head: &Head, body: Option<&Bytes>, _: Option<&HeaderMap>) -> StoredAnswer {
