@@ -129,7 +129,10 @@ impl<S: Outbox> Relay<S> {
         self
     }
 
-    /// Publishes RabbitMQ messages on `channel`, which the relay puts in confirm mode.
+    /// Publishes RabbitMQ messages on `channel`, which the relay puts in confirm mode. One
+    /// publish at a time on it, each waiting for its confirmation: that is what ties a message
+    /// the broker returns (no queue bound) to the publish it came from. Give the relay a
+    /// channel of its own; its rate is one broker round trip a message.
     #[cfg(feature = "rabbitmq")]
     #[cfg_attr(docsrs, doc(cfg(feature = "rabbitmq")))]
     pub fn rabbitmq(mut self, channel: lapin::Channel) -> Self {

@@ -1,21 +1,29 @@
 //! The relay's RabbitMQ publishes: `message_id` the message's key, published `mandatory` on a
-//! channel in confirm mode; sent once the broker confirms it.
+//! channel in confirm mode; sent once the broker confirms it and returned none.
+//!
+//! One publish at a time on the channel, its confirmation read before the next: lapin hands a
+//! returned message to whichever confirmation it reads next, not to the publish it came from,
+//! and the broker may confirm out of order, so two publishes in flight on one channel could
+//! swap their returns (a message no queue took counted sent, and lost). The publish and the
+//! read of its confirmation run in a task of their own, so a relay stopped between the two
+//! leaves no confirmation unread for the next publish to take.
 
 use std::sync::Arc;
 
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::types::{AMQPValue, FieldTable, LongString};
 use lapin::{BasicProperties, Channel, Confirmation};
-use tokio::sync::OnceCell;
+use tokio::sync::{Mutex, OnceCell};
 
 use super::Published;
 use crate::store::OutboxMessage;
 
-/// A channel, put in confirm mode before its first publish.
+/// A channel, put in confirm mode before its first publish, with one publish on it at a time.
 #[derive(Clone)]
 pub(crate) struct Publisher {
     channel: Channel,
     confirming: Arc<OnceCell<()>>,
+    turn: Arc<Mutex<()>>,
 }
 
 impl Publisher {
@@ -23,6 +31,7 @@ impl Publisher {
         Publisher {
             channel,
             confirming: Arc::new(OnceCell::new()),
+            turn: Arc::new(Mutex::new(())),
         }
     }
 
@@ -34,7 +43,24 @@ impl Publisher {
         exchange: &str,
         routing_key: &str,
     ) -> Published {
-        match self.confirmed(message, exchange, routing_key).await {
+        // Waiting for the turn may be cut short; once it is taken, the publish and the read of
+        // its confirmation finish whatever becomes of the relay.
+        let turn = Arc::clone(&self.turn).lock_owned().await;
+        let publishing = tokio::spawn({
+            let publisher = self.clone();
+            let message = message.clone();
+            let (exchange, routing_key) = (exchange.to_owned(), routing_key.to_owned());
+            async move {
+                let confirmed = publisher.confirmed(&message, &exchange, &routing_key).await;
+                drop(turn);
+                confirmed
+            }
+        });
+        let confirmed = match publishing.await {
+            Ok(confirmed) => confirmed,
+            Err(error) => return Published::Transient(format!("the publish did not end: {error}")),
+        };
+        match confirmed {
             Ok(Confirmation::Ack(None)) => Published::Sent(0),
             Ok(Confirmation::Ack(Some(_))) => Published::Transient(format!(
                 "no queue is bound to exchange `{exchange}` for routing key `{routing_key}`: the broker returned the message"

@@ -1129,3 +1129,74 @@ async fn a_consumer_killed_after_the_charge_call_leaves_one_charge<S: Backend>(b
     assert!(line.dead_letters().await.is_empty());
     line.close().await;
 }
+
+/// Publishes to RabbitMQ that the broker returns (no queue bound) and publishes it takes, on
+/// one channel at once: each message's own confirmation decides it, never another's return.
+async fn rabbitmq_returns_belong_to_their_own_message<S: Backend>() {
+    use safe_retry_server::Relay;
+    use safe_retry_server::store::StagedMessage;
+    let store = S::fresh().await;
+    let line = Line::new(Broker::RabbitMq, Duration::from_secs(5)).await;
+    let taken = format!("rabbitmq:/{}", line.receipts);
+    let nowhere = format!("rabbitmq:/{}", brokers::unique("no-queue"));
+    let count: usize = 120;
+    let mut tx = store.begin().await.unwrap();
+    for n in 0..count {
+        let body = format!("receipt {n}");
+        let message = StagedMessage {
+            id: &format!("m-{n:03}"),
+            method: "PUBLISH",
+            url: if n.is_multiple_of(3) {
+                &nowhere
+            } else {
+                &taken
+            },
+            headers: &[],
+            body: body.as_bytes(),
+        };
+        store.stage(&mut tx, &message).await.unwrap();
+    }
+    S::commit(tx).await;
+    let relay = Relay::of(store.clone())
+        .batch(count as u32)
+        .rabbitmq(line.rabbit().create_channel().await.unwrap());
+    for _ in 0..3 {
+        relay.tick().await.unwrap();
+    }
+    let rows = store.outbox().await.unwrap();
+    let wrong: Vec<_> = rows
+        .iter()
+        .filter(|(id, status, _)| {
+            let n: usize = id[2..].parse().unwrap();
+            let expected = if n.is_multiple_of(3) {
+                "pending"
+            } else {
+                "sent"
+            };
+            status != expected
+        })
+        .collect();
+    assert!(
+        wrong.is_empty(),
+        "settled by another message's return: {wrong:?}"
+    );
+    let read = brokers::take_all(line.rabbit(), &line.receipts).await;
+    let ids: std::collections::BTreeSet<_> = read.iter().filter_map(|m| m.id.clone()).collect();
+    assert_eq!(
+        ids.len(),
+        count - count / 3,
+        "each routable message on the queue"
+    );
+    line.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn rabbitmq_returns_belong_to_their_own_message_on_sqlite() {
+    rabbitmq_returns_belong_to_their_own_message::<safe_retry_server::SqliteStore>().await
+}
+
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn rabbitmq_returns_belong_to_their_own_message_on_postgres() {
+    rabbitmq_returns_belong_to_their_own_message::<safe_retry_server::PostgresStore>().await
+}
