@@ -707,8 +707,12 @@ async fn the_same_message_twice_makes_one_effect<S: Backend>(broker: Broker) {
     assert_eq!(effects["order-1"], vec!["{\"amount\":1000}".to_owned()]);
     let counts = layer.counters().snapshot();
     // A copy taken back from a stopped consumer after its outcome committed is replayed
-    // too: one replay at least.
-    assert_eq!((counts.claims, counts.completions), (1, 1), "{counts:?}");
+    // too: one replay at least. One record, run once, unless `settle` stopped a consumer
+    // mid-message (RabbitMQ does not say what a consumer holds unacknowledged): then its
+    // lease ended at once and the message's redelivery took the record over.
+    assert_eq!(counts.completions, 1, "{counts:?}");
+    assert_eq!(counts.claims - counts.takeovers, 1, "{counts:?}");
+    assert!(counts.takeovers <= counts.abandoned, "{counts:?}");
     assert!(counts.replays >= 1, "{counts:?}");
     assert!(line.dead_letters().await.is_empty());
     line.close().await;
@@ -732,7 +736,13 @@ async fn thirty_two_copies_at_once_to_four_consumers_make_one_effect<S: Backend>
     assert_eq!(effects["order-32"].len(), 1);
     let counts = layer.counters().snapshot();
     assert_eq!(counts.completions, 1, "{counts:?}");
-    assert_eq!(counts.claims, 1, "one run: {counts:?}");
+    // One run, unless `settle` stopped a consumer mid-message (see above).
+    assert_eq!(
+        counts.claims - counts.takeovers,
+        1,
+        "one record: {counts:?}"
+    );
+    assert!(counts.takeovers <= counts.abandoned, "{counts:?}");
     assert!(line.dead_letters().await.is_empty());
     line.close().await;
 }
