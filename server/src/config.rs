@@ -49,6 +49,7 @@ pub(crate) struct Config<S> {
     pub(crate) scope: ScopeRule,
     pub(crate) lease: Duration,
     pub(crate) in_progress_retry_after: Duration,
+    pub(crate) fenced_wait: Duration,
     pub(crate) retention: Duration,
     pub(crate) max_request_body: usize,
     pub(crate) max_answer_body: usize,

@@ -96,7 +96,7 @@ pub(crate) struct Inner<S: Store> {
     slot: Arc<Mutex<Slot<S::Tx>>>,
     scope: Arc<str>,
     key: Arc<str>,
-    pub(crate) record: (i64, i64),
+    pub(crate) identity: Arc<str>,
     pub(crate) fence: Fence,
     taken_over: bool,
     pub(crate) lease: Duration,
@@ -133,8 +133,8 @@ fn lock<T>(slot: &Mutex<T>) -> MutexGuard<'_, T> {
 pub(crate) struct Claimed {
     pub(crate) scope: Arc<str>,
     pub(crate) key: Arc<str>,
-    /// The record's row id and generation: what its downstream keys derive from.
-    pub(crate) record: (i64, i64),
+    /// The record's identity: what its downstream keys derive from.
+    pub(crate) identity: Arc<str>,
     pub(crate) fence: Fence,
     pub(crate) taken_over: bool,
     pub(crate) lease: Duration,
@@ -156,7 +156,7 @@ impl<S: Store> Execution<S> {
                 slot: Arc::new(Mutex::new(Slot::Idle)),
                 scope: claimed.scope,
                 key: claimed.key,
-                record: claimed.record,
+                identity: claimed.identity,
                 fence: claimed.fence,
                 taken_over: claimed.taken_over,
                 lease: claimed.lease,

@@ -66,6 +66,7 @@ impl<S: Store> IdempotencyLayer<S> {
                 scope: ScopeRule::Unset,
                 lease: Duration::from_secs(30),
                 in_progress_retry_after: Duration::from_secs(1),
+                fenced_wait: Duration::from_secs(5),
                 retention: Duration::from_secs(24 * 60 * 60),
                 max_request_body: 1 << 20,
                 max_answer_body: 1 << 20,
@@ -238,6 +239,19 @@ impl<S: Store> Builder<S> {
     /// than its own deadline allows gives up (this workspace's client does).
     pub fn in_progress_retry_after(mut self, after: Duration) -> Self {
         self.config.in_progress_retry_after = after;
+        self
+    }
+
+    /// How long a holder that another attempt took over waits for that attempt's outcome
+    /// before it answers [5 s]. A holder stalled past its lease (a paused process, a slow
+    /// call) finds, when it writes its next recovery point or its answer, that a retry with its
+    /// key took the record over: it wrote nothing, and its caller is still waiting. It answers
+    /// the other attempt's stored outcome once there is one within this wait, and otherwise
+    /// `503 taken-over` with the [`in_progress_retry_after`](Builder::in_progress_retry_after)
+    /// hint, which every client retries with the same key; never `409`, which would tell the
+    /// first request with a key that it is its own rival. Zero answers at once.
+    pub fn fenced_wait(mut self, wait: Duration) -> Self {
+        self.config.fenced_wait = wait;
         self
     }
 

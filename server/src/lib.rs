@@ -96,8 +96,8 @@
 //! runs as named steps, each committed with the record as a recovery point
 //! ([`Execution::step`]): a resumed request skips the steps done and resumes at the first not
 //! done. A step's external call (`Pending::call`, feature `client`) goes out through this
-//! workspace's client with an idempotency key derived from the record (its row id and
-//! generation) and the step, so every attempt and resumption of the record sends the same key
+//! workspace's client with an idempotency key derived from the record (its random
+//! identity, drawn when it was created or renewed) and the step, so every attempt and resumption of the record sends the same key
 //! and a renewed key sends a new one; a [`Reconciler`] finishes records stalled past their lease
 //! when no client comes back; follow-on messages are staged in a step's transaction
 //! ([`Pending::stage`]) and delivered at least once by a `Relay` (feature `client`) with keys derived from their

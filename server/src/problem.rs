@@ -42,6 +42,12 @@ pub enum Problem {
     /// `500`: the record was resumed more times than the layer allows and ended failed; every
     /// later request with the key is sent this answer.
     GaveUp,
+    /// `503`: this request held its record, stalled past its lease (a pause of the process, a
+    /// slow call), and another attempt with its key took the record over and is finishing it:
+    /// nothing of this attempt was written, and a retry with the same key gets the outcome.
+    /// Sent once the layer has waited [`fenced_wait`](crate::Builder::fenced_wait) for that
+    /// outcome in vain; never a `409`, which would tell the request that it is its own rival.
+    TakenOver,
 }
 
 impl Problem {
@@ -61,6 +67,7 @@ impl Problem {
             Problem::AnswerNotStored => "answer-not-stored",
             Problem::StepUnfinished => "step-unfinished",
             Problem::GaveUp => "gave-up",
+            Problem::TakenOver => "taken-over",
         }
     }
 
@@ -75,7 +82,9 @@ impl Problem {
             Problem::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Problem::KeyReused => StatusCode::UNPROCESSABLE_ENTITY,
             Problem::InProgress => StatusCode::CONFLICT,
-            Problem::StoreUnavailable | Problem::StepUnfinished => StatusCode::SERVICE_UNAVAILABLE,
+            Problem::StoreUnavailable | Problem::StepUnfinished | Problem::TakenOver => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             Problem::HandlerFailed | Problem::AnswerNotStored | Problem::GaveUp => {
                 StatusCode::INTERNAL_SERVER_ERROR
             }
@@ -97,6 +106,7 @@ impl Problem {
             Problem::AnswerNotStored => "The request completed; its answer was too large to store",
             Problem::StepUnfinished => "A step of the request could not finish yet",
             Problem::GaveUp => "The request was resumed too many times and ended failed",
+            Problem::TakenOver => "Another attempt took this request over and is finishing it",
         }
     }
 

@@ -20,23 +20,15 @@ use crate::problem::Problem;
 use crate::store::{Completion, StagedMessage, StepWrite, Store, StoreError};
 
 /// The natural key of one of a record's effects: the scope and key, length-prefixed so that no
-/// two keys share one, then the record (its row id, never reused, and its generation, new when
-/// the key is renewed after its retention), the kind (`step`, `outbox`) and the effect's name.
-/// Every attempt, takeover and resumption of one record derives the same; a renewed key, or a
-/// new database, another.
-pub(crate) fn natural(
-    scope: &str,
-    key: &str,
-    record: (i64, i64),
-    kind: &str,
-    name: &str,
-) -> String {
+/// two keys share one, then the record's identity (random, drawn when the record was created
+/// or renewed after its retention), the kind (`step`, `outbox`) and the effect's name. Every
+/// attempt, takeover and resumption of one record derives the same; a renewed key, another
+/// row or another database, another.
+pub(crate) fn natural(scope: &str, key: &str, identity: &str, kind: &str, name: &str) -> String {
     format!(
-        "safe-retry/{}:{scope}/{}:{key}/{}.{}/{kind}/{name}",
+        "safe-retry/{}:{scope}/{}:{key}/{identity}/{kind}/{name}",
         scope.len(),
         key.len(),
-        record.0,
-        record.1
     )
 }
 
@@ -196,7 +188,13 @@ impl<S: Store> Execution<S> {
     /// every server; a new one once the key is renewed after its retention, so a dependency
     /// that keeps its keys longer than this layer never replays an old effect for a new request.
     pub fn natural_key(&self, step: &str) -> String {
-        natural(self.scope(), self.key(), self.inner().record, "step", step)
+        natural(
+            self.scope(),
+            self.key(),
+            &self.inner().identity,
+            "step",
+            step,
+        )
     }
 
     /// Stages an outbox message in `tx` (a step's transaction, or the request's
@@ -206,7 +204,7 @@ impl<S: Store> Execution<S> {
         let id = natural(
             self.scope(),
             self.key(),
-            self.inner().record,
+            &self.inner().identity,
             "outbox",
             &message.name,
         );
@@ -425,7 +423,7 @@ pub use client::Downstream;
 
 /// A follow-on message a handler stages in its outbox: a request the relay delivers at least
 /// once after the transaction that staged it commits, with an idempotency key derived from the
-/// message's id (the record's scope, key, row id and generation, and the message's name).
+/// message's id (the record's scope, key and identity, and the message's name).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Message {
     pub(crate) name: String,
@@ -512,24 +510,21 @@ mod tests {
     fn natural_keys_of_different_records_and_effects_never_meet() {
         // The lengths keep "a/b" + "c" apart from "a" + "b/c".
         assert_ne!(
-            natural("a/b", "c", (1, 1), "step", "x"),
-            natural("a", "b/c", (1, 1), "step", "x")
+            natural("a/b", "c", "1.1", "step", "x"),
+            natural("a", "b/c", "1.1", "step", "x")
         );
         assert_ne!(
-            natural("s", "k", (1, 1), "step", "x"),
-            natural("s", "k", (1, 1), "outbox", "x")
+            natural("s", "k", "1.1", "step", "x"),
+            natural("s", "k", "1.1", "outbox", "x")
         );
-        // A renewed record (a new generation), or another row, is another record.
+        // Another record (renewed, another row, another database) has another identity.
         assert_ne!(
-            natural("s", "k", (1, 1), "step", "x"),
-            natural("s", "k", (1, 4), "step", "x")
+            natural("s", "k", "1.1", "step", "x"),
+            natural("s", "k", "1.4", "step", "x")
         );
-        assert_ne!(
-            natural("s", "k", (1, 1), "step", "x"),
-            natural("s", "k", (2, 1), "step", "x")
-        );
+        // A record made before identities keeps the keys its row id and generation gave it.
         assert_eq!(
-            natural("tenant", "k-1", (12, 3), "step", "charge"),
+            natural("tenant", "k-1", "12.3", "step", "charge"),
             "safe-retry/6:tenant/3:k-1/12.3/step/charge"
         );
     }
@@ -584,7 +579,7 @@ mod tests {
             Claimed {
                 scope: "tenant".into(),
                 key: "k-1".into(),
-                record: (claimed.fence.id, claimed.generation),
+                identity: claimed.identity.as_str().into(),
                 fence: claimed.fence,
                 taken_over: false,
                 lease: std::time::Duration::from_secs(30),
@@ -599,11 +594,9 @@ mod tests {
         assert_eq!(pending.name(), "charge");
         assert_eq!(
             pending.natural_key(),
-            format!(
-                "safe-retry/6:tenant/3:k-1/{}.1/step/charge",
-                claimed.fence.id
-            )
+            format!("safe-retry/6:tenant/3:k-1/{}/step/charge", claimed.identity)
         );
+        assert_eq!(claimed.identity.len(), 32, "128 random bits, in hex");
         assert_eq!(
             format!("{pending:?}"),
             "Pending { name: \"charge\", tx_open: false, .. }"

@@ -72,6 +72,17 @@ pub(crate) fn in_progress<S, R>(
     own(config, Problem::InProgress, &detail, Some(after))
 }
 
+/// This request's record was taken over while it stalled, and the other attempt had not
+/// finished within the layer's wait (counted and logged as `fenced`).
+pub(crate) fn taken_over<S, R>(config: &Config<S>) -> Response<ReplyBody<R>> {
+    own(
+        config,
+        Problem::TakenOver,
+        "another attempt with this key took this request over while it was stalled and is finishing it; nothing of this attempt was written; retry with the same key to get the outcome",
+        Some(config.in_progress_retry_after),
+    )
+}
+
 /// The key came with another request.
 pub(crate) fn mismatch<S, R>(config: &Config<S>, scope: &str, key: &str) -> Response<ReplyBody<R>> {
     config.counters.add(Count::Mismatches);

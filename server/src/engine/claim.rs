@@ -52,7 +52,19 @@ pub(crate) async fn claim<S: Store, R>(config: &Config<S>, admitted: &Admitted) 
     let held = Held::new(config);
     for _ in 0..3 {
         match held.claim(&claim).await {
-            Err(error) => return Claiming::Answered(unavailable(config, &error)),
+            // The claim could not be written (the store is down, or SQLite's file is held by
+            // another writer past the busy timeout): a completed record is still read, and a
+            // copy of its request gets its replay.
+            Err(error) => {
+                let answer = match config.store.read(scope, key).await {
+                    Ok(Some(record)) if record.fingerprint == *fingerprint => match record.state {
+                        RecordState::Completed(stored) => replay(config, scope, key, &stored),
+                        RecordState::InProgress { .. } => unavailable(config, &error),
+                    },
+                    _ => unavailable(config, &error),
+                };
+                return Claiming::Answered(answer);
+            }
             Ok(Some(claimed)) => {
                 return Claiming::Owned(Owned {
                     scope: scope.as_str().into(),

@@ -2,6 +2,8 @@
 //! local effects — unless the answer is not an outcome (a recovery point, a rejection, a
 //! failure of the store, the pool or the layer, a status the layer is told not to store).
 
+use std::time::Duration;
+
 use bytes::{Bytes, BytesMut};
 use http::request::Parts;
 use http::{HeaderMap, Request, Response};
@@ -17,7 +19,7 @@ use crate::problem::Problem;
 use crate::store::{Claimed, Completion, Fence, RecordState, Store};
 use crate::transport::{Mark, mark_of};
 
-use super::answers::{in_progress, own, replay, unavailable, whole};
+use super::answers::{own, replay, taken_over, unavailable, whole};
 use super::claim::Owned;
 
 /// What became of an execution, beside its answer: the reconciler counts them.
@@ -60,7 +62,7 @@ where
     R: Body<Data = Bytes> + Unpin,
     R::Error: Into<BoxError>,
 {
-    let (scope, key, claimed) = (&owned.scope, &owned.key, owned.claimed);
+    let (scope, key, claimed) = (&owned.scope, &owned.key, &owned.claimed);
     config.counters.add(Count::Claims);
     if claimed.taken_over {
         config.counters.add(Count::Takeovers);
@@ -68,7 +70,7 @@ where
     } else {
         crate::events::emit!(config.events, Event::Claim, scope = %scope, key = %key);
     }
-    if starts(&claimed) > i64::from(config.max_attempts) {
+    if starts(claimed) > i64::from(config.max_attempts) {
         let detail = format!(
             "the request was started {} times without finishing; it is kept failed, with its last recovery point, for an operator",
             config.max_attempts
@@ -80,7 +82,7 @@ where
         crate::execution::Claimed {
             scope: scope.clone(),
             key: key.clone(),
-            record: (claimed.fence.id, claimed.generation),
+            identity: claimed.identity.as_str().into(),
             fence: claimed.fence,
             taken_over: claimed.taken_over,
             lease: config.lease,
@@ -246,8 +248,11 @@ where
 }
 
 /// The answer of a holder that another attempt took over (at a recovery point or at its
-/// completion): it wrote nothing, and it answers what happened — the stored outcome once the
-/// record has completed, `409` while it is still in progress.
+/// completion): it wrote nothing, and its caller is still waiting for its own request. It
+/// waits up to `fenced_wait` for the other attempt's outcome and replays it; if the record is
+/// still running then, or is no longer this holder's generation (renewed, or swept and made
+/// again: another identity), it answers `503 taken-over`, which a client retries with the same
+/// key. Never the other generation's outcome, and never `409`.
 pub(crate) async fn fenced_answer<S: Store, R>(
     config: &Config<S>,
     owned: &Owned<S>,
@@ -262,14 +267,28 @@ pub(crate) async fn fenced_answer<S: Store, R>(
         attempt = owned.claimed.fence.attempt,
         "another attempt took this record over; this holder's writes were rolled back"
     );
-    match config.store.read(scope, key).await {
-        Ok(Some(record)) if record.fingerprint == owned.fingerprint => match record.state {
-            RecordState::Completed(stored) => replay(config, scope, key, &stored),
-            RecordState::InProgress { .. } => in_progress(config, scope, key),
-        },
-        // The key was renewed by another request: its outcome is not this request's.
-        Ok(_) => in_progress(config, scope, key),
-        Err(error) => unavailable(config, &error),
+    let until = tokio::time::Instant::now() + config.fenced_wait;
+    let mut pause = Duration::from_millis(10);
+    loop {
+        match config.store.read(scope, key).await {
+            Err(error) => return unavailable(config, &error),
+            Ok(Some(record))
+                if record.identity == owned.claimed.identity
+                    && record.fingerprint == owned.fingerprint =>
+            {
+                if let RecordState::Completed(stored) = record.state {
+                    return replay(config, scope, key, &stored);
+                }
+            }
+            // Renewed or made again: another generation's outcome is not this request's.
+            Ok(_) => return taken_over(config),
+        }
+        let now = tokio::time::Instant::now();
+        if now >= until {
+            return taken_over(config);
+        }
+        tokio::time::sleep(pause.min(until - now)).await;
+        pause = (pause * 2).min(Duration::from_millis(200));
     }
 }
 

@@ -50,9 +50,10 @@ pub fn code_of(problem: Problem) -> (Code, bool) {
         Problem::BodyTooLarge => (Code::ResourceExhausted, true),
         Problem::BodyTimeout => (Code::DeadlineExceeded, false),
         Problem::KeyReused => (Code::FailedPrecondition, true),
-        Problem::InProgress | Problem::StoreUnavailable | Problem::StepUnfinished => {
-            (Code::Unavailable, false)
-        }
+        Problem::InProgress
+        | Problem::StoreUnavailable
+        | Problem::StepUnfinished
+        | Problem::TakenOver => (Code::Unavailable, false),
         Problem::HandlerFailed => (Code::Internal, false),
         Problem::AnswerNotStored => (Code::DataLoss, true),
         Problem::GaveUp => (Code::Aborted, true),

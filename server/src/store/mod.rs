@@ -295,16 +295,19 @@ pub struct Fence {
 }
 
 /// The result of a successful claim.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Claimed {
     /// The fence every later write of this holder carries.
     pub fence: Fence,
     /// The attempt at which the record's current generation began: its first claim, or the
     /// claim that renewed it after its retention. The generation's starts so far are
-    /// `fence.attempt - generation + 1`, and (`fence.id`, `generation`) names the record for
-    /// the keys its steps and messages send downstream: the same for every attempt, takeover
-    /// and resumption, new after a renewal.
+    /// `fence.attempt - generation + 1`.
     pub generation: i64,
+    /// The record's identity, drawn at random by the claim that created or renewed it: the
+    /// keys its steps and messages send downstream derive from it, so they are the same for
+    /// every attempt, takeover and resumption of one generation, and never meet another
+    /// generation's, another row's or another database's.
+    pub identity: String,
     /// Whether this claim took over a record another holder left in progress past its lease.
     pub taken_over: bool,
 }
@@ -314,6 +317,9 @@ pub struct Claimed {
 pub struct Record {
     /// The fingerprint of the request that created the record.
     pub fingerprint: [u8; 32],
+    /// The identity of the record's generation ([`Claimed::identity`]): a holder fenced out of
+    /// its record tells its own generation from a renewal by it.
+    pub identity: String,
     /// Where the record stands.
     pub state: RecordState,
 }
@@ -439,6 +445,7 @@ pub(crate) fn record_of(
     response_headers: Option<Vec<u8>>,
     response_body: Option<Vec<u8>>,
     lease_left_ms: i64,
+    identity: String,
 ) -> Result<Record, StoreError> {
     let state = if status == "completed" || status == "failed" {
         RecordState::Completed(answer_of(response_status, response_headers, response_body)?)
@@ -449,6 +456,7 @@ pub(crate) fn record_of(
     };
     Ok(Record {
         fingerprint: fingerprint_of(fingerprint)?,
+        identity,
         state,
     })
 }
@@ -716,14 +724,15 @@ mod tests {
         assert!(fingerprint_of(&[0; 31]).is_err());
         assert_eq!(fingerprint_of(&[7; 32]).unwrap(), [7; 32]);
         assert_eq!(millis(Duration::from_millis(1500)), 1500);
-        let running = record_of(&[1; 32], "in_progress", None, None, None, -5).unwrap();
+        let running = record_of(&[1; 32], "in_progress", None, None, None, -5, "a".into()).unwrap();
         assert_eq!(
             running.state,
             RecordState::InProgress {
                 lease_left: Duration::ZERO
             }
         );
-        let running = record_of(&[1; 32], "in_progress", None, None, None, 1200).unwrap();
+        let running =
+            record_of(&[1; 32], "in_progress", None, None, None, 1200, "a".into()).unwrap();
         assert_eq!(
             running.state,
             RecordState::InProgress {
@@ -737,15 +746,25 @@ mod tests {
             None,
             Some(b"x".to_vec()),
             0,
+            "b".into(),
         )
         .unwrap();
         assert_eq!(done.fingerprint, [2; 32]);
+        assert_eq!(done.identity, "b");
         assert!(
             matches!(done.state, RecordState::Completed(ref a) if a.status == 201 && a.body.as_deref() == Some(&b"x"[..]))
         );
-        assert!(record_of(&[2; 31], "completed", Some(201), None, None, 0).is_err());
-        let failed =
-            record_of(&[3; 32], "failed", Some(500), None, Some(b"p".to_vec()), 0).unwrap();
+        assert!(record_of(&[2; 31], "completed", Some(201), None, None, 0, "c".into()).is_err());
+        let failed = record_of(
+            &[3; 32],
+            "failed",
+            Some(500),
+            None,
+            Some(b"p".to_vec()),
+            0,
+            "d".into(),
+        )
+        .unwrap();
         assert!(matches!(failed.state, RecordState::Completed(ref a) if a.status == 500));
         assert_eq!(millis(Duration::MAX), i64::MAX);
     }

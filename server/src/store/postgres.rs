@@ -13,6 +13,14 @@ use super::{
     encode_headers, message_of, millis, record_of, settle_columns, stalled_of,
 };
 
+/// Whether a claim renews the record `o` (a new generation): its retention has ended, and it is
+/// not in progress at a recovery point.
+macro_rules! renews {
+    () => {
+        "(o.expires_at <= now() AND NOT (o.status = 'in_progress' AND o.step IS NOT NULL))"
+    };
+}
+
 const MIGRATIONS: &[(i64, &str)] = &[
     (
         1,
@@ -21,6 +29,10 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (
         2,
         include_str!("../../migrations/postgres/0002_generations.sql"),
+    ),
+    (
+        3,
+        include_str!("../../migrations/postgres/0003_identity.sql"),
     ),
 ];
 
@@ -106,36 +118,42 @@ impl Outcomes for PostgresStore {
         // commit) is passed by, not waited for: `held` skips it, and the insert then adds
         // nothing, so the claim answers at once and the request reads the record (a `409`
         // while it is in progress). Only a row this statement could lock, or no row, is claimed.
-        let row = sqlx::query(
+        // A record renews (a new generation: a new identity, no steps) when its retention has
+        // ended, unless it is in progress at a recovery point: the effects its steps began may
+        // have happened, so it is only ever taken over (its retention starting again), never
+        // started afresh.
+        let row = sqlx::query(concat!(
             "WITH held AS (
                 SELECT id FROM safe_retry_outcomes WHERE scope = $1 AND key = $2
                 FOR UPDATE SKIP LOCKED
              )
              INSERT INTO safe_retry_outcomes AS o
                 (scope, key, fingerprint, status, attempt, generation, locked_until, created_at,
-                 expires_at)
+                 expires_at, identity)
              SELECT $1, $2, $3, 'in_progress', 1, 1,
                     now() + $4::BIGINT * INTERVAL '1 millisecond', now(),
-                    now() + $5::BIGINT * INTERVAL '1 millisecond'
+                    now() + $5::BIGINT * INTERVAL '1 millisecond',
+                    replace(gen_random_uuid()::TEXT, '-', '')
              WHERE EXISTS (SELECT 1 FROM held)
                 OR NOT EXISTS (SELECT 1 FROM safe_retry_outcomes WHERE scope = $1 AND key = $2)
              ON CONFLICT (scope, key) DO UPDATE SET
                 attempt = o.attempt + 1,
-                generation = CASE WHEN o.expires_at <= now() THEN o.attempt + 1 ELSE o.generation END,
-                takeovers = CASE WHEN o.expires_at <= now() THEN 0 ELSE o.takeovers + 1 END,
+                generation = CASE WHEN ", renews!(), " THEN o.attempt + 1 ELSE o.generation END,
+                takeovers = CASE WHEN ", renews!(), " THEN 0 ELSE o.takeovers + 1 END,
+                identity = CASE WHEN ", renews!(), " THEN excluded.identity ELSE o.identity END,
                 locked_until = excluded.locked_until,
                 status = 'in_progress',
                 fingerprint = excluded.fingerprint,
                 response_status = NULL, response_headers = NULL, response_body = NULL,
-                step = CASE WHEN o.expires_at <= now() THEN NULL ELSE o.step END,
-                steps = CASE WHEN o.expires_at <= now() THEN NULL ELSE o.steps END,
-                request = CASE WHEN o.expires_at <= now() THEN NULL ELSE o.request END,
-                created_at = CASE WHEN o.expires_at <= now() THEN excluded.created_at ELSE o.created_at END,
+                step = CASE WHEN ", renews!(), " THEN NULL ELSE o.step END,
+                steps = CASE WHEN ", renews!(), " THEN NULL ELSE o.steps END,
+                request = CASE WHEN ", renews!(), " THEN NULL ELSE o.request END,
+                created_at = CASE WHEN ", renews!(), " THEN excluded.created_at ELSE o.created_at END,
                 expires_at = CASE WHEN o.expires_at <= now() THEN excluded.expires_at ELSE o.expires_at END
-             WHERE (o.expires_at <= now() AND (o.status <> 'in_progress' OR o.locked_until <= now()))
+             WHERE (", renews!(), " AND (o.status <> 'in_progress' OR o.locked_until <= now()))
                 OR (o.status = 'in_progress' AND o.locked_until <= now() AND o.fingerprint = excluded.fingerprint)
-             RETURNING id, attempt, generation, takeovers > 0 AS taken_over",
-        )
+             RETURNING id, attempt, generation, identity, takeovers > 0 AS taken_over"
+        ))
         .bind(claim.scope)
         .bind(claim.key)
         .bind(&claim.fingerprint[..])
@@ -151,6 +169,7 @@ impl Outcomes for PostgresStore {
                     attempt: row.try_get("attempt")?,
                 },
                 generation: row.try_get("generation")?,
+                identity: row.try_get("identity")?,
                 taken_over: row.try_get("taken_over")?,
             }),
         })
@@ -158,7 +177,7 @@ impl Outcomes for PostgresStore {
 
     async fn read(&self, scope: &str, key: &str) -> Result<Option<Record>, StoreError> {
         let row = sqlx::query(
-            "SELECT fingerprint, status, response_status::BIGINT AS response_status,
+            "SELECT fingerprint, identity, status, response_status::BIGINT AS response_status,
                     response_headers, response_body,
                     GREATEST(0, CEIL(EXTRACT(EPOCH FROM (COALESCE(locked_until, now()) - now())) * 1000))::BIGINT
                         AS lease_left
@@ -176,6 +195,7 @@ impl Outcomes for PostgresStore {
             row.try_get("response_headers")?,
             row.try_get("response_body")?,
             row.try_get("lease_left")?,
+            row.try_get("identity")?,
         )?))
     }
 
@@ -244,7 +264,8 @@ impl Outcomes for PostgresStore {
         let done = sqlx::query(
             "DELETE FROM safe_retry_outcomes WHERE id IN (
                 SELECT id FROM safe_retry_outcomes
-                WHERE expires_at <= now() AND (status <> 'in_progress' OR locked_until <= now())
+                WHERE expires_at <= now()
+                  AND (status <> 'in_progress' OR (locked_until <= now() AND step IS NULL))
                 ORDER BY expires_at LIMIT $1
                 FOR UPDATE SKIP LOCKED)",
         )
@@ -345,7 +366,7 @@ impl RecoveryPoints for PostgresStore {
         let rows = sqlx::query(
             "SELECT scope, key, fingerprint FROM safe_retry_outcomes
              WHERE status = 'in_progress' AND request IS NOT NULL
-               AND locked_until <= now() AND expires_at > now()
+               AND locked_until <= now()
              ORDER BY locked_until LIMIT $1",
         )
         .bind(i64::from(batch))

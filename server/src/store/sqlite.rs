@@ -21,12 +21,25 @@ macro_rules! now_ms {
     };
 }
 
+/// Whether a claim renews the record `o` (a new generation): its retention has ended, and it is
+/// not in progress at a recovery point.
+macro_rules! renews {
+    () => {
+        concat!(
+            "(o.expires_at <= ",
+            now_ms!(),
+            " AND NOT (o.status = 'in_progress' AND o.step IS NOT NULL))"
+        )
+    };
+}
+
 const MIGRATIONS: &[(i64, &str)] = &[
     (1, include_str!("../../migrations/sqlite/0001_outcomes.sql")),
     (
         2,
         include_str!("../../migrations/sqlite/0002_generations.sql"),
     ),
+    (3, include_str!("../../migrations/sqlite/0003_identity.sql")),
 ];
 
 /// The outcome table in SQLite: the embedded default, for one process (or several on one
@@ -124,10 +137,13 @@ pub struct SqliteBuilder {
 }
 
 impl SqliteBuilder {
-    /// How long a statement waits for SQLite's one writer before it fails [5 s]. Every wait of
-    /// the layer on the database is bounded by it: a claim, a handler's `BEGIN IMMEDIATE` and a
-    /// completion behind a writer that does not finish fail after it, and the request is
-    /// answered `503 store-unavailable` with nothing stored.
+    /// How long a statement waits for SQLite's one writer before it fails [5 s], and how long
+    /// a request waits for one of the pool's connections. A claim, a handler's `BEGIN
+    /// IMMEDIATE` and a completion behind a writer that does not finish fail within twice it
+    /// (the pool's wait, when every connection is waiting too, then SQLite's), and the request
+    /// is answered `503 store-unavailable` with nothing stored; a copy of a completed request
+    /// is read without the lock and gets its replay. A statement is never cut short while
+    /// SQLite may still run it: it would commit after its request had been answered.
     pub fn busy_timeout(mut self, timeout: Duration) -> SqliteBuilder {
         self.busy_timeout = timeout;
         self
@@ -154,7 +170,7 @@ impl SqliteBuilder {
             let opened = async {
                 let pool = SqlitePoolOptions::new()
                     .max_connections(self.max_connections)
-                    .acquire_timeout(self.busy_timeout.max(Duration::from_secs(1)))
+                    .acquire_timeout(self.busy_timeout)
                     .connect_with(options.clone())
                     .await?;
                 let store = SqliteStore { pool };
@@ -184,53 +200,60 @@ impl Outcomes for SqliteStore {
     type Tx = Transaction<'static, Sqlite>;
 
     async fn try_claim(&self, claim: &Claim<'_>) -> Result<Option<Claimed>, StoreError> {
+        // A record renews (a new generation: a new identity, no steps) when its retention has
+        // ended, unless it is in progress at a recovery point: the effects its steps began may
+        // have happened, so it is only ever taken over (its retention starting again), never
+        // started afresh.
         let row = sqlx::query(concat!(
             "INSERT INTO safe_retry_outcomes AS o
                 (scope, key, fingerprint, status, attempt, generation, locked_until, created_at,
-                 expires_at)
+                 expires_at, identity)
              VALUES (?1, ?2, ?3, 'in_progress', 1, 1, ",
             now_ms!(),
             " + ?4, ",
             now_ms!(),
             ", ",
             now_ms!(),
-            " + ?5)
+            " + ?5, lower(hex(randomblob(16))))
              ON CONFLICT (scope, key) DO UPDATE SET
                 attempt = o.attempt + 1,
-                generation = CASE WHEN o.expires_at <= ",
-            now_ms!(),
+                generation = CASE WHEN ",
+            renews!(),
             " THEN o.attempt + 1 ELSE o.generation END,
-                takeovers = CASE WHEN o.expires_at <= ",
-            now_ms!(),
+                takeovers = CASE WHEN ",
+            renews!(),
             " THEN 0 ELSE o.takeovers + 1 END,
+                identity = CASE WHEN ",
+            renews!(),
+            " THEN excluded.identity ELSE o.identity END,
                 locked_until = excluded.locked_until,
                 status = 'in_progress',
                 fingerprint = excluded.fingerprint,
                 response_status = NULL, response_headers = NULL, response_body = NULL,
-                step = CASE WHEN o.expires_at <= ",
-            now_ms!(),
+                step = CASE WHEN ",
+            renews!(),
             " THEN NULL ELSE o.step END,
-                steps = CASE WHEN o.expires_at <= ",
-            now_ms!(),
+                steps = CASE WHEN ",
+            renews!(),
             " THEN NULL ELSE o.steps END,
-                request = CASE WHEN o.expires_at <= ",
-            now_ms!(),
+                request = CASE WHEN ",
+            renews!(),
             " THEN NULL ELSE o.request END,
-                created_at = CASE WHEN o.expires_at <= ",
-            now_ms!(),
+                created_at = CASE WHEN ",
+            renews!(),
             " THEN excluded.created_at ELSE o.created_at END,
                 expires_at = CASE WHEN o.expires_at <= ",
             now_ms!(),
             " THEN excluded.expires_at ELSE o.expires_at END
-             WHERE (o.expires_at <= ",
-            now_ms!(),
+             WHERE (",
+            renews!(),
             " AND (o.status <> 'in_progress' OR o.locked_until <= ",
             now_ms!(),
             "))
                 OR (o.status = 'in_progress' AND o.locked_until <= ",
             now_ms!(),
             " AND o.fingerprint = excluded.fingerprint)
-             RETURNING id, attempt, generation, takeovers > 0 AS taken_over"
+             RETURNING id, attempt, generation, identity, takeovers > 0 AS taken_over"
         ))
         .bind(claim.scope)
         .bind(claim.key)
@@ -247,6 +270,7 @@ impl Outcomes for SqliteStore {
                     attempt: row.try_get("attempt")?,
                 },
                 generation: row.try_get("generation")?,
+                identity: row.try_get("identity")?,
                 taken_over: row.try_get("taken_over")?,
             }),
         })
@@ -254,7 +278,7 @@ impl Outcomes for SqliteStore {
 
     async fn read(&self, scope: &str, key: &str) -> Result<Option<Record>, StoreError> {
         let row = sqlx::query(concat!(
-            "SELECT fingerprint, status, response_status, response_headers, response_body,
+            "SELECT fingerprint, identity, status, response_status, response_headers, response_body,
                     MAX(0, COALESCE(locked_until, 0) - ",
             now_ms!(),
             ") AS lease_left
@@ -272,6 +296,7 @@ impl Outcomes for SqliteStore {
             row.try_get("response_headers")?,
             row.try_get("response_body")?,
             row.try_get("lease_left")?,
+            row.try_get("identity")?,
         )?))
     }
 
@@ -345,9 +370,9 @@ impl Outcomes for SqliteStore {
                 WHERE expires_at <= ",
             now_ms!(),
             "
-                  AND (status <> 'in_progress' OR locked_until <= ",
+                  AND (status <> 'in_progress' OR (locked_until <= ",
             now_ms!(),
-            ")
+            " AND step IS NULL))
                 ORDER BY expires_at LIMIT ?1)"
         ))
         .bind(i64::from(batch))
@@ -452,8 +477,6 @@ impl RecoveryPoints for SqliteStore {
             "SELECT scope, key, fingerprint FROM safe_retry_outcomes
              WHERE status = 'in_progress' AND request IS NOT NULL
                AND locked_until <= ",
-            now_ms!(),
-            " AND expires_at > ",
             now_ms!(),
             "
              ORDER BY locked_until LIMIT ?1"

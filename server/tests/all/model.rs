@@ -134,7 +134,7 @@ async fn run_script<S: Backend>(store: &S, ops: &[Op]) -> Result<(), TestCaseErr
                     Some(_) => None,
                 };
                 prop_assert_eq!(
-                    got.map(|c| (c.fence.attempt, c.taken_over)),
+                    got.as_ref().map(|c| (c.fence.attempt, c.taken_over)),
                     expected,
                     "step {}: {:?}",
                     step,

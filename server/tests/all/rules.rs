@@ -551,33 +551,186 @@ pub async fn an_answer_over_the_limit_is_sent_whole_and_its_status_replayed<S: B
 }
 
 /// A holder fenced out by a request that renewed the key after its retention, with another
-/// body: the stalled holder does not answer with the other request's outcome, but with a 409.
+/// body or with the same one: the stalled holder never answers with the other generation's
+/// outcome (its fence compares the record's identity, not only the body's fingerprint), and
+/// never `409`: it says `503 taken-over`, which a client retries with the same key.
 pub async fn a_fenced_holder_never_answers_with_another_request_s_outcome<S: Backend>() {
+    for body in ["amount=99", "amount=10"] {
+        let Held {
+            store,
+            script,
+            server: _server,
+            layer,
+            url,
+            first,
+        } = first_request_held::<S>().await;
+        store.end_lease("k").await;
+        store.end_retention(Some("k")).await;
+        let other = post(&reqwest::Client::new(), &url, Some("k"), body).await;
+        assert_eq!(
+            other.status, 201,
+            "after its retention the key takes another request"
+        );
+        script.gate.add_permits(1);
+        let first = first.await.unwrap();
+        assert_eq!(
+            (first.status, first.problem_type().as_str()),
+            (503, "urn:safe-retry:problem:taken-over"),
+            "renewed with {body}"
+        );
+        assert!(first.header("retry-after").is_some());
+        assert_eq!(layer.counters().snapshot().fenced, 1);
+        let effects = store.effects().await.unwrap();
+        assert_eq!(effects.len(), 1);
+        assert_eq!(effects[0].body, body);
+    }
+}
+
+/// A holder stalled past its lease (a paused process) and taken over by another server's
+/// attempt: when it wakes while the takeover still runs, its completion is fenced, and it
+/// waits for the takeover's outcome and replays it to its caller, never a `409` to the
+/// request that came first.
+pub async fn a_fenced_holder_waits_for_the_takeover_s_outcome_and_replays_it<S: Backend>() {
+    use bytes::Bytes;
+    use safe_retry_server::store::{Claim, Completion, StoredAnswer};
+    use std::time::Duration;
     let Held {
         store,
         script,
         server: _server,
         layer,
-        url,
+        url: _,
         first,
     } = first_request_held::<S>().await;
     store.end_lease("k").await;
-    store.end_retention(Some("k")).await;
-    let other = post(&reqwest::Client::new(), &url, Some("k"), "amount=99").await;
+    let record = store.read("caller", "k").await.unwrap().unwrap();
+    let claim = Claim {
+        scope: "caller",
+        key: "k",
+        fingerprint: &record.fingerprint,
+        lease: Duration::from_secs(30),
+        retention: Duration::from_secs(3600),
+    };
+    let takeover = store.try_claim(&claim).await.unwrap().expect("a takeover");
+    assert!(takeover.taken_over);
     assert_eq!(
-        other.status, 201,
-        "after its retention the key takes another request"
+        takeover.identity, record.identity,
+        "one record, one identity"
     );
     script.gate.add_permits(1);
-    let first = first.await.unwrap();
+    crate::consumer::until(
+        Duration::from_secs(10),
+        "the first holder fenced",
+        async || layer.counters().snapshot().fenced == 1,
+    )
+    .await;
+    assert!(!first.is_finished(), "it waits for the takeover's outcome");
+    let answer = StoredAnswer {
+        status: http::StatusCode::CREATED,
+        headers: vec![],
+        body: Some(Bytes::from_static(b"{\"by\":\"the takeover\"}")),
+    };
     assert_eq!(
-        (first.status, first.problem_type().as_str()),
-        (409, "urn:safe-retry:problem:in-progress")
+        store.complete(None, takeover.fence, &answer).await.unwrap(),
+        Completion::Completed
     );
-    assert_eq!(layer.counters().snapshot().fenced, 1);
-    let effects = store.effects().await.unwrap();
-    assert_eq!(effects.len(), 1);
-    assert_eq!(effects[0].body, "amount=99");
+    let first = first.await.unwrap();
+    assert_eq!(first.status, 201, "{first:?}");
+    assert_eq!(first.body, b"{\"by\":\"the takeover\"}");
+    assert_eq!(first.header("idempotent-replayed"), Some("true"));
+    assert_eq!(
+        effects_of(&store, "k").await,
+        0,
+        "its own effect rolled back"
+    );
+}
+
+/// Downstream keys derive from the record's identity: random, so the same key as the first
+/// record of two databases gives two identities (row ids start from 1 in each); kept through
+/// a takeover; new when the key is renewed after its retention.
+pub async fn a_record_s_identity_is_new_in_every_database_and_kept_through_takeovers<S: Backend>() {
+    use safe_retry_server::store::Claim;
+    use std::time::Duration;
+    let claim = Claim {
+        scope: "caller",
+        key: "order-1",
+        fingerprint: &[7; 32],
+        lease: Duration::from_secs(30),
+        retention: Duration::from_secs(3600),
+    };
+    let (one, two) = (S::fresh().await, S::fresh().await);
+    let first = one.try_claim(&claim).await.unwrap().unwrap();
+    let other = two.try_claim(&claim).await.unwrap().unwrap();
+    assert_eq!(first.fence.id, other.fence.id, "each database's first row");
+    assert_ne!(first.identity, other.identity);
+    for identity in [&first.identity, &other.identity] {
+        assert_eq!(identity.len(), 32, "{identity}");
+        assert!(
+            identity.bytes().all(|b| b.is_ascii_hexdigit()),
+            "{identity}"
+        );
+    }
+    one.end_lease("order-1").await;
+    let takeover = one.try_claim(&claim).await.unwrap().unwrap();
+    assert!(takeover.taken_over);
+    assert_eq!(takeover.identity, first.identity);
+    one.end_lease("order-1").await;
+    one.end_retention(Some("order-1")).await;
+    let renewed = one.try_claim(&claim).await.unwrap().unwrap();
+    assert!(!renewed.taken_over);
+    assert_ne!(renewed.identity, first.identity);
+}
+
+/// A record in progress at a recovery point (its external call may have happened) whose
+/// retention ends is never swept nor renewed: the reconciler still finds it, a retry with its
+/// body takes it over with its steps and identity kept (and its retention starts again), and
+/// another body is still refused.
+pub async fn a_recovery_point_outlives_its_retention<S: Backend>() {
+    use safe_retry_server::store::{Claim, Completion, StepWrite};
+    use std::time::Duration;
+    let store = S::fresh().await;
+    let claim = Claim {
+        scope: "caller",
+        key: "order-1",
+        fingerprint: &[7; 32],
+        lease: Duration::from_secs(30),
+        retention: Duration::from_secs(3600),
+    };
+    let first = store.try_claim(&claim).await.unwrap().unwrap();
+    let point = StepWrite {
+        point: "charge:started",
+        steps: Some("{\"order\":1}"),
+        request: Some(b"saved"),
+        lease: Duration::from_secs(30),
+    };
+    assert_eq!(
+        store.commit_step(None, first.fence, &point).await.unwrap(),
+        Completion::Completed
+    );
+    store.end_lease("order-1").await;
+    store.end_retention(Some("order-1")).await;
+    assert_eq!(store.sweep(100).await.unwrap(), 0, "never swept");
+    let stalled = store.stalled(10).await.unwrap();
+    assert_eq!(stalled.len(), 1, "the reconciler still finds it");
+    let other = Claim {
+        fingerprint: &[8; 32],
+        ..claim
+    };
+    assert_eq!(
+        store.try_claim(&other).await.unwrap(),
+        None,
+        "never renewed"
+    );
+    let resumed = store.try_claim(&claim).await.unwrap().unwrap();
+    assert!(resumed.taken_over);
+    assert_eq!(resumed.identity, first.identity);
+    assert_eq!(resumed.generation, first.generation);
+    let progress = store.progress(resumed.fence).await.unwrap();
+    assert_eq!(progress.steps.as_deref(), Some("{\"order\":1}"));
+    // Its retention started again with the takeover: a sweep now leaves it too.
+    store.end_lease("order-1").await;
+    assert_eq!(store.sweep(100).await.unwrap(), 0);
+    assert_eq!(store.outcomes().await.len(), 1);
 }
 
 /// Where no key is required, a request without one runs every time with nothing stored; other
@@ -759,6 +912,9 @@ on_every_store!(
     a_request_dropped_mid_handler_ends_its_lease_for_the_retry,
     a_request_dropped_while_it_claims_leaves_nothing_held,
     a_fenced_holder_never_answers_with_another_request_s_outcome,
+    a_fenced_holder_waits_for_the_takeover_s_outcome_and_replays_it,
+    a_record_s_identity_is_new_in_every_database_and_kept_through_takeovers,
+    a_recovery_point_outlives_its_retention,
 );
 
 /// PostgreSQL cut every connection while the handler held its transaction with its effect

@@ -229,7 +229,10 @@ fn decide(headers: &HeaderMap, ended: Option<Ended>, retry_after: Duration) -> D
         .map_or(retry_after, Duration::from_millis);
     let problem = headers.get(&PROBLEM).and_then(|v| v.to_str().ok());
     match problem {
-        Some("in-progress" | "store-unavailable" | "step-unfinished" | "handler-failed") => {
+        Some(
+            "in-progress" | "store-unavailable" | "step-unfinished" | "handler-failed"
+            | "taken-over",
+        ) => {
             return Decided::Retry(after);
         }
         Some("body-timeout" | "body-unreadable") => return Decided::Retry(after),
@@ -442,6 +445,7 @@ mod tests {
             Problem::StoreUnavailable,
             Problem::StepUnfinished,
             Problem::HandlerFailed,
+            Problem::TakenOver,
             Problem::BodyTimeout,
             Problem::BodyUnreadable,
         ] {
