@@ -709,9 +709,10 @@ async fn the_same_message_twice_makes_one_effect<S: Backend>(broker: Broker) {
     // A copy taken back from a stopped consumer after its outcome committed is replayed
     // too: one replay at least. One record, run once, unless `settle` stopped a consumer
     // mid-message (RabbitMQ does not say what a consumer holds unacknowledged): then its
-    // lease ended at once and the message's redelivery took the record over.
+    // lease ended at once (counted abandoned, whether its handler had begun or its claim was
+    // still on its way) and the message's redelivery took the record over.
     assert_eq!(counts.completions, 1, "{counts:?}");
-    assert_eq!(counts.claims - counts.takeovers, 1, "{counts:?}");
+    assert!(counts.claims <= 1 + counts.abandoned, "{counts:?}");
     assert!(counts.takeovers <= counts.abandoned, "{counts:?}");
     assert!(counts.replays >= 1, "{counts:?}");
     assert!(line.dead_letters().await.is_empty());
@@ -737,11 +738,7 @@ async fn thirty_two_copies_at_once_to_four_consumers_make_one_effect<S: Backend>
     let counts = layer.counters().snapshot();
     assert_eq!(counts.completions, 1, "{counts:?}");
     // One run, unless `settle` stopped a consumer mid-message (see above).
-    assert_eq!(
-        counts.claims - counts.takeovers,
-        1,
-        "one record: {counts:?}"
-    );
+    assert!(counts.claims <= 1 + counts.abandoned, "one run: {counts:?}");
     assert!(counts.takeovers <= counts.abandoned, "{counts:?}");
     assert!(line.dead_letters().await.is_empty());
     line.close().await;
