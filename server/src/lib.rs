@@ -102,6 +102,9 @@
 //! when no client comes back; follow-on messages are staged in a step's transaction
 //! ([`Pending::stage`]) and delivered at least once by a `Relay` (feature `client`) with keys derived from their
 //! ids. Records started more than [`Builder::max_attempts`] times in one generation end failed.
+//! What is left parked, stalled or failed an operator sees and acts on through
+//! [`store::Operations`], served as JSON and a page by `operator::OperatorView` (feature
+//! `operator`).
 //!
 //! ```no_run
 //! # #[cfg(all(feature = "sqlite", feature = "client"))]
@@ -182,6 +185,9 @@ mod headers;
 mod key;
 mod layer;
 mod markers;
+#[cfg(feature = "operator")]
+#[cfg_attr(docsrs, doc(cfg(feature = "operator")))]
+pub mod operator;
 #[cfg(feature = "client")]
 mod outgoing;
 mod problem;

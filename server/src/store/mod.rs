@@ -17,11 +17,13 @@
 //!   refused write rolls that whole transaction back.
 //! - Time is the database's clock, read in the statements themselves.
 
+mod operations;
 #[cfg(feature = "postgres")]
 mod postgres;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 
+pub use operations::{Operations, RecordView, Standing, Tally};
 #[cfg(feature = "postgres")]
 pub use postgres::PostgresStore;
 #[cfg(feature = "sqlite")]

@@ -8,6 +8,7 @@ use sqlx::{Row, Sqlite, Transaction};
 
 use bytes::Bytes;
 
+use super::operations::{Operations, RecordView, Standing, Tally, view_of};
 use super::{
     Claim, Claimed, Completion, Fence, Outbox, OutboxMessage, Outcomes, Progress, Record,
     RecoveryPoints, Settle, StagedMessage, Stalled, StepWrite, StoreError, StoredAnswer,
@@ -40,6 +41,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
         include_str!("../../migrations/sqlite/0002_generations.sql"),
     ),
     (3, include_str!("../../migrations/sqlite/0003_identity.sql")),
+    (4, include_str!("../../migrations/sqlite/0004_notes.sql")),
 ];
 
 /// The outcome table in SQLite: the embedded default, for one process (or several on one
@@ -561,6 +563,132 @@ impl Outbox for SqliteStore {
         .bind(error)
         .bind(keep)
         .bind(after)
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected() == 1)
+    }
+}
+
+/// The columns of a record's view ([`super::operations::view_of`]).
+macro_rules! view_columns {
+    () => {
+        concat!(
+            "SELECT scope, key, status, step, steps, request, attempt, generation, note,
+                    response_status, created_at AS created_ms, expires_at AS expires_ms,
+                    locked_until AS lease_ms,
+                    MAX(0, COALESCE(locked_until, 0) - ",
+            now_ms!(),
+            ") AS lease_left
+             FROM safe_retry_outcomes "
+        )
+    };
+}
+
+impl Operations for SqliteStore {
+    async fn records(&self, standing: Standing, limit: u32) -> Result<Vec<RecordView>, StoreError> {
+        let sql = match standing {
+            Standing::Running => concat!(
+                view_columns!(),
+                "WHERE status = 'in_progress' AND locked_until > ",
+                now_ms!(),
+                " ORDER BY id LIMIT ?1"
+            ),
+            Standing::Stalled => concat!(
+                view_columns!(),
+                "WHERE status = 'in_progress' AND locked_until <= ",
+                now_ms!(),
+                " AND step IS NULL ORDER BY id LIMIT ?1"
+            ),
+            Standing::Parked => concat!(
+                view_columns!(),
+                "WHERE status = 'in_progress' AND locked_until <= ",
+                now_ms!(),
+                " AND step IS NOT NULL ORDER BY id LIMIT ?1"
+            ),
+            Standing::Failed => concat!(
+                view_columns!(),
+                "WHERE status = 'failed' ORDER BY id LIMIT ?1"
+            ),
+            Standing::Completed => concat!(
+                view_columns!(),
+                "WHERE status = 'completed' ORDER BY id LIMIT ?1"
+            ),
+        };
+        let rows = sqlx::query(sql)
+            .bind(i64::from(limit))
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter().map(view_of).collect()
+    }
+
+    async fn inspect(&self, scope: &str, key: &str) -> Result<Option<RecordView>, StoreError> {
+        let row = sqlx::query(concat!(view_columns!(), "WHERE scope = ?1 AND key = ?2"))
+            .bind(scope)
+            .bind(key)
+            .fetch_optional(&self.pool)
+            .await?;
+        row.as_ref().map(view_of).transpose()
+    }
+
+    async fn tally(&self) -> Result<Tally, StoreError> {
+        let rows: Vec<(String, i64, bool, i64)> = sqlx::query_as(concat!(
+            "SELECT status, COALESCE(locked_until > ",
+            now_ms!(),
+            ", 0) AS live, step IS NOT NULL, count(*)
+             FROM safe_retry_outcomes GROUP BY 1, 2, 3"
+        ))
+        .fetch_all(&self.pool)
+        .await?;
+        let mut tally = Tally::default();
+        for (status, live, stepped, n) in rows {
+            let standing = Standing::of(&status, live, stepped.then_some(""));
+            tally.add(standing, n.max(0) as u64);
+        }
+        Ok(tally)
+    }
+
+    async fn retry_now(&self, scope: &str, key: &str) -> Result<bool, StoreError> {
+        let done = sqlx::query(concat!(
+            "UPDATE safe_retry_outcomes SET locked_until = ",
+            now_ms!(),
+            ", generation = attempt + 1
+             WHERE scope = ?1 AND key = ?2 AND status = 'in_progress' AND locked_until <= ",
+            now_ms!()
+        ))
+        .bind(scope)
+        .bind(key)
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn abandon_record(
+        &self,
+        scope: &str,
+        key: &str,
+        reason: &str,
+        answer: &StoredAnswer,
+        retention: Duration,
+    ) -> Result<bool, StoreError> {
+        let done = sqlx::query(concat!(
+            "UPDATE safe_retry_outcomes
+             SET status = 'failed', locked_until = NULL, request = NULL, note = ?3,
+                 response_status = ?4, response_headers = ?5, response_body = ?6,
+                 expires_at = ",
+            now_ms!(),
+            " + ?7
+             WHERE scope = ?1 AND key = ?2
+               AND (status = 'failed' OR (status = 'in_progress' AND locked_until <= ",
+            now_ms!(),
+            "))"
+        ))
+        .bind(scope)
+        .bind(key)
+        .bind(reason)
+        .bind(i64::from(answer.status.as_u16()))
+        .bind(encode_headers(&answer.headers))
+        .bind(answer.body.as_deref())
+        .bind(millis(retention))
         .execute(&self.pool)
         .await?;
         Ok(done.rows_affected() == 1)

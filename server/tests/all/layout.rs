@@ -10,6 +10,7 @@ const FLOORS: &[(&str, u8)] = &[
     ("lib", 5),
     ("layer", 5),
     ("reconciler", 5),
+    ("operator", 5),
     ("front", 4),
     ("front::http", 4),
     ("front::grpc", 4),

@@ -61,6 +61,8 @@ mod layout;
 #[path = "../../examples/support/lossy_link.rs"]
 mod lossy_link;
 mod model;
+#[cfg(feature = "operator")]
+mod operator;
 #[allow(dead_code)]
 #[path = "../../examples/support/orders_app.rs"]
 mod orders_app;

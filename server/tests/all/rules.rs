@@ -618,12 +618,14 @@ pub async fn a_fenced_holder_waits_for_the_takeover_s_outcome_and_replays_it<S: 
         "one record, one identity"
     );
     script.gate.add_permits(1);
-    crate::consumer::until(
-        Duration::from_secs(10),
-        "the first holder fenced",
-        async || layer.counters().snapshot().fenced == 1,
-    )
-    .await;
+    let fenced = async {
+        while layer.counters().snapshot().fenced == 0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), fenced)
+        .await
+        .expect("the first holder is fenced within 10 s");
     assert!(!first.is_finished(), "it waits for the takeover's outcome");
     let answer = StoredAnswer {
         status: http::StatusCode::CREATED,
