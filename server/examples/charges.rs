@@ -43,11 +43,44 @@ mod receiver;
 #[path = "support/walkthrough.rs"]
 mod walkthrough;
 
+/// Serving with a bound on a request's headers: a client that sends them slowly (a few bytes a
+/// second) is cut off after the timeout instead of holding a connection for as long as it likes.
+mod serving {
+    use std::time::Duration;
+
+    use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+    use hyper_util::server::conn::auto::Builder;
+    use hyper_util::service::TowerToHyperService;
+
+    pub async fn serve(
+        listener: tokio::net::TcpListener,
+        router: axum::Router,
+        header_read_timeout: Duration,
+    ) -> std::io::Result<()> {
+        let mut builder = Builder::new(TokioExecutor::new());
+        builder
+            .http1()
+            .timer(TokioTimer::new())
+            .header_read_timeout(header_read_timeout);
+        loop {
+            let (stream, _) = listener.accept().await?;
+            let service = TowerToHyperService::new(router.clone());
+            let builder = builder.clone();
+            tokio::spawn(async move {
+                let _ = builder
+                    .serve_connection_with_upgrades(TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    }
+}
+
 use std::sync::Arc;
 use std::time::Duration;
 
 use charges_app::ChargesDb;
 use orders_app::{Crash, Faults, Orders, POINTS};
+use safe_retry_server::operator::OperatorView;
 use safe_retry_server::{IdempotencyLayer, Relay, Sweeper};
 
 struct Options {
@@ -59,6 +92,8 @@ struct Options {
     crash_at: Option<String>,
     lease: Duration,
     every: Duration,
+    ops_addr: String,
+    header_read_timeout: Duration,
     walkthrough: bool,
 }
 
@@ -72,6 +107,8 @@ fn options() -> Result<Options, String> {
         crash_at: None,
         lease: Duration::from_secs(30),
         every: Duration::from_millis(500),
+        ops_addr: "127.0.0.1:0".into(),
+        header_read_timeout: Duration::from_secs(5),
         walkthrough: false,
     };
     let mut args = std::env::args().skip(1);
@@ -100,11 +137,14 @@ fn options() -> Result<Options, String> {
             }
             "--lease-ms" => options.lease = millis(value()?)?,
             "--every-ms" => options.every = millis(value()?)?.max(Duration::from_millis(1)),
+            "--ops-addr" => options.ops_addr = value()?,
+            "--header-read-timeout-ms" => options.header_read_timeout = millis(value()?)?,
             "--walkthrough" => options.walkthrough = true,
             other => {
                 return Err(format!(
                     "unknown option {other:?}; the options are --addr, --database-url, --effect-delay-ms, \
-                     --payments-url, --receipts-url, --crash-at, --lease-ms, --every-ms, --walkthrough"
+                     --payments-url, --receipts-url, --crash-at, --lease-ms, --every-ms, --ops-addr, \
+                     --header-read-timeout-ms, --walkthrough"
                 ));
             }
         }
@@ -122,6 +162,14 @@ fn options() -> Result<Options, String> {
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    // The layer's events on standard error, filtered by `RUST_LOG` [info].
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .init();
     let options = options()?;
     if options.walkthrough {
         return walk(options.database_url).await;
@@ -186,7 +234,7 @@ async fn ctrl_c() -> i32 {
     }
 }
 
-async fn serve<S: ChargesDb>(
+async fn serve<S: ChargesDb + safe_retry_server::store::Operations>(
     store: S,
     url: &str,
     options: Options,
@@ -194,6 +242,8 @@ async fn serve<S: ChargesDb>(
 ) -> Result<(), Box<dyn std::error::Error>> {
     store.prepare().await?;
     let addr = listener.local_addr()?;
+    // The layer's counters register with the recorder installed before it is built.
+    let metrics = metrics_exporter_prometheus::PrometheusBuilder::new().install_recorder()?;
     let layer = IdempotencyLayer::builder(store.clone())
         .shared_scope()
         .lease(options.lease)
@@ -201,6 +251,7 @@ async fn serve<S: ChargesDb>(
     let mut router = charges_app::app(layer.clone(), options.effect_delay);
     // Expired records and messages leave in batches, every minute.
     tokio::spawn(Sweeper::new(store.clone()).run(Duration::from_secs(60)));
+    let mut ops = OperatorView::new(store.clone());
     let external = options.payments.clone().zip(options.receipts.clone());
     if let Some((payments, receipts)) = &external {
         let faults = Faults::announced();
@@ -219,6 +270,14 @@ async fn serve<S: ChargesDb>(
             },
         );
         router = router.merge(orders.clone());
+        // A retry from the operator's view runs the reconciler at once.
+        let nudged = Arc::new(layer.reconciler(orders.clone()));
+        ops = ops.on_retry(move || {
+            let reconciler = nudged.clone();
+            async move {
+                let _ = reconciler.tick().await;
+            }
+        });
         tokio::spawn(layer.reconciler(orders).run(options.every));
         let relay = Relay::new(store.clone(), client)
             .lease(Duration::from_secs(1))
@@ -233,7 +292,27 @@ async fn serve<S: ChargesDb>(
         );
     }
     println!("  GET  /effects?q=TEXT&key=K, GET /health");
-    axum::serve(listener, router).await?;
+    // The operator's view and the metrics on an address of their own (loopback by default):
+    // put it behind your authentication before it leaves the machine.
+    let ops_listener = tokio::net::TcpListener::bind(&options.ops_addr).await?;
+    println!(
+        "operator's view on http://{}/ops, metrics on /metrics",
+        ops_listener.local_addr()?
+    );
+    let gauges = ops.clone();
+    tokio::spawn(async move {
+        loop {
+            let _ = gauges.tally().await;
+            tokio::time::sleep(Duration::from_secs(5)).await;
+        }
+    });
+    let admin = axum::Router::new().nest("/ops", ops.router()).route(
+        "/metrics",
+        axum::routing::get(move || std::future::ready(metrics.render())),
+    );
+    let timeout = options.header_read_timeout;
+    tokio::spawn(async move { serving::serve(ops_listener, admin, timeout).await });
+    serving::serve(listener, router, options.header_read_timeout).await?;
     Ok(())
 }
 

@@ -67,8 +67,12 @@ struct Process {
 
 impl Process {
     async fn start(binary: &Path, args: &[String]) -> Process {
+        // Its events stay off unless asked for (`SAFE_RETRY_WALK_LOG=info`): the walk-through's
+        // own table is what it prints.
+        let log = std::env::var("SAFE_RETRY_WALK_LOG").unwrap_or_else(|_| "off".into());
         let mut child = Command::new(binary)
             .args(args)
+            .env("RUST_LOG", log)
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .kill_on_drop(true)

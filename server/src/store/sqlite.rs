@@ -70,13 +70,15 @@ impl SqliteStore {
         SqliteStore::builder(url).open().await
     }
 
-    /// Sets up how the database at `url` is opened: [`busy_timeout`](SqliteBuilder::busy_timeout)
-    /// and [`max_connections`](SqliteBuilder::max_connections).
+    /// Sets up how the database at `url` is opened: [`busy_timeout`](SqliteBuilder::busy_timeout),
+    /// [`max_connections`](SqliteBuilder::max_connections) and
+    /// [`secure_delete`](SqliteBuilder::secure_delete).
     pub fn builder(url: &str) -> SqliteBuilder {
         SqliteBuilder {
             url: url.to_owned(),
             busy_timeout: Duration::from_secs(5),
             max_connections: 8,
+            secure_delete: true,
         }
     }
 
@@ -84,7 +86,8 @@ impl SqliteStore {
     /// connection, so requests take turns at the database, and a handler must not use another
     /// connection of the same pool while it holds its [`Local`](crate::execution::Local) transaction.
     pub async fn memory() -> Result<SqliteStore, StoreError> {
-        let options = SqliteConnectOptions::from_str("sqlite::memory:")?;
+        let options =
+            SqliteConnectOptions::from_str("sqlite::memory:")?.pragma("secure_delete", "ON");
         let pool = SqlitePoolOptions::new()
             .max_connections(1)
             .min_connections(1)
@@ -136,6 +139,7 @@ pub struct SqliteBuilder {
     url: String,
     busy_timeout: Duration,
     max_connections: u32,
+    secure_delete: bool,
 }
 
 impl SqliteBuilder {
@@ -158,6 +162,15 @@ impl SqliteBuilder {
         self
     }
 
+    /// SQLite's `secure_delete` \[on\]: what a completion clears (the saved request, with the
+    /// headers it kept for a resumption) and what a sweep deletes is overwritten with zeros
+    /// in the file, not left in its free pages for anyone who reads the file. It costs writes
+    /// of the cleared pages; turn it off only for a file nobody else can read.
+    pub fn secure_delete(mut self, on: bool) -> SqliteBuilder {
+        self.secure_delete = on;
+        self
+    }
+
     /// Opens the database and applies the migrations. Several processes may open one new
     /// file at once: a first connection that meets another's switch to WAL mode (which SQLite
     /// answers "database is locked" at once, without waiting) tries again, within the busy
@@ -166,7 +179,11 @@ impl SqliteBuilder {
         let options = SqliteConnectOptions::from_str(&self.url)?
             .create_if_missing(true)
             .journal_mode(SqliteJournalMode::Wal)
-            .busy_timeout(self.busy_timeout);
+            .busy_timeout(self.busy_timeout)
+            .pragma(
+                "secure_delete",
+                if self.secure_delete { "ON" } else { "OFF" },
+            );
         let until = tokio::time::Instant::now() + self.busy_timeout;
         loop {
             let opened = async {

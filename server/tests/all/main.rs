@@ -63,6 +63,8 @@ mod lossy_link;
 mod model;
 #[cfg(feature = "operator")]
 mod operator;
+#[cfg(feature = "operator")]
+mod operator_page;
 #[allow(dead_code)]
 #[path = "../../examples/support/orders_app.rs"]
 mod orders_app;

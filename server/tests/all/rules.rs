@@ -951,3 +951,63 @@ async fn postgres_cut_mid_request_leaves_nothing_half_written() {
     assert_eq!(retry.status, 201);
     assert_eq!(effects_of(&store, "k").await, 1);
 }
+
+/// What a completion clears (the saved request, a caller's headers in it) is overwritten in a
+/// SQLite file, not left in its free pages: `secure_delete` is on by default; off, the bytes
+/// stay (the test's own control).
+#[cfg(feature = "sqlite")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_overwrites_a_cleared_saved_request() {
+    use safe_retry_server::SqliteStore;
+    use safe_retry_server::store::{Claim, Outcomes, RecoveryPoints, StepWrite, StoredAnswer};
+    use std::time::Duration;
+    let dir = std::env::temp_dir().join(format!("safe-retry-secure-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for secure in [true, false] {
+        let file = dir.join(format!("{secure}.db"));
+        let store = SqliteStore::builder(&format!("sqlite://{}", file.display()))
+            .secure_delete(secure)
+            .open()
+            .await
+            .unwrap();
+        let claim = Claim {
+            scope: "",
+            key: "k",
+            fingerprint: &[1; 32],
+            lease: Duration::from_secs(30),
+            retention: Duration::from_secs(3600),
+        };
+        let claimed = store.try_claim(&claim).await.unwrap().unwrap();
+        let saved = b"authorization: Bearer secret-token-31337".repeat(64);
+        let point = StepWrite {
+            point: "charge:started",
+            steps: None,
+            request: Some(&saved),
+            lease: Duration::from_secs(30),
+        };
+        store
+            .commit_step(None, claimed.fence, &point)
+            .await
+            .unwrap();
+        let answer = StoredAnswer {
+            status: http::StatusCode::CREATED,
+            headers: vec![],
+            body: None,
+        };
+        store.complete(None, claimed.fence, &answer).await.unwrap();
+        sqlx::query("PRAGMA wal_checkpoint(TRUNCATE)")
+            .execute(store.pool())
+            .await
+            .unwrap();
+        store.pool().close().await;
+        let bytes = std::fs::read(&file).unwrap();
+        let left = bytes
+            .windows(b"secret-token-31337".len())
+            .any(|w| w == b"secret-token-31337");
+        assert_eq!(
+            left, !secure,
+            "secure_delete {secure}: the cleared bytes left in the file: {left}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
