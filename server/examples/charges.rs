@@ -26,7 +26,12 @@
 //! `--every-ms` [500]. `--lease-ms` [30000] sets the lease. `--crash-at POINT` (off by
 //! default) is the fault injection: the first order to reach POINT prints `reached POINT` and
 //! stops there for the process to be killed; the points are `before-order`, `after-order`,
-//! `after-charge-call`, `after-charge`, `after-receipt`.
+//! `after-charge-call`, `after-charge`, `after-receipt`. `--call-timeout-ms` [250] bounds
+//! each attempt of the charge and receipt calls.
+//!
+//! The operator's view and `/metrics` are served on `--ops-addr` [127.0.0.1:0, printed at
+//! start]; `--header-read-timeout-ms` [5000] cuts off a client that sends its headers slowly;
+//! the layer's events go to standard error, filtered by `RUST_LOG` [info].
 //!
 //! `--walkthrough` runs the crash walk-through on loopback and prints it; with
 //! `--database-url postgres://…` each point gets a schema of its own there.
@@ -94,6 +99,7 @@ struct Options {
     every: Duration,
     ops_addr: String,
     header_read_timeout: Duration,
+    call_timeout: Duration,
     walkthrough: bool,
 }
 
@@ -109,6 +115,7 @@ fn options() -> Result<Options, String> {
         every: Duration::from_millis(500),
         ops_addr: "127.0.0.1:0".into(),
         header_read_timeout: Duration::from_secs(5),
+        call_timeout: Duration::from_millis(250),
         walkthrough: false,
     };
     let mut args = std::env::args().skip(1);
@@ -139,12 +146,13 @@ fn options() -> Result<Options, String> {
             "--every-ms" => options.every = millis(value()?)?.max(Duration::from_millis(1)),
             "--ops-addr" => options.ops_addr = value()?,
             "--header-read-timeout-ms" => options.header_read_timeout = millis(value()?)?,
+            "--call-timeout-ms" => options.call_timeout = millis(value()?)?,
             "--walkthrough" => options.walkthrough = true,
             other => {
                 return Err(format!(
                     "unknown option {other:?}; the options are --addr, --database-url, --effect-delay-ms, \
                      --payments-url, --receipts-url, --crash-at, --lease-ms, --every-ms, --ops-addr, \
-                     --header-read-timeout-ms, --walkthrough"
+                     --header-read-timeout-ms, --call-timeout-ms, --walkthrough"
                 ));
             }
         }
@@ -258,8 +266,8 @@ async fn serve<S: ChargesDb + safe_retry_server::store::Operations>(
         if let Some(point) = &options.crash_at {
             faults.arm(point, Crash::Hang);
         }
-        // This workspace's client: 3 attempts a call, 250 ms each at most.
-        let client = orders_app::dependencies(Duration::from_millis(250));
+        // This workspace's client: 3 attempts a call, 250 ms each at most (`--call-timeout-ms`).
+        let client = orders_app::dependencies(options.call_timeout);
         let orders = orders_app::orders_app(
             layer.clone(),
             Orders {

@@ -395,7 +395,7 @@ async fn demo_rabbitmq<S: ChargesDb>(
         brokers::declare_queue(&channel, queue).await;
     }
     channel.confirm_select(Default::default()).await?;
-    for (id, payload) in published {
+    let publish = async |(id, payload): &(String, String)| -> Result<(), Error> {
         channel
             .basic_publish(
                 "".into(),
@@ -406,6 +406,14 @@ async fn demo_rabbitmq<S: ChargesDb>(
             )
             .await?
             .await?;
+        Ok(())
+    };
+    // The id reused with another order goes last, once the events are in: first come, first
+    // served, so it is the one refused (sent among them, it could be taken first by one
+    // consumer while the other still holds the original).
+    let (reused, events_published) = published.split_last().expect("events");
+    for event in events_published {
+        publish(event).await?;
     }
     let mut options = options.clone();
     options.receipts = Some(format!("rabbitmq:{receipts}"));
@@ -415,6 +423,7 @@ async fn demo_rabbitmq<S: ChargesDb>(
     }
     let events = published.len() - 6;
     let (mut got, mut dead_letters) = (Vec::new(), Vec::new());
+    let mut reused_sent = false;
     let finished = until(async || {
         got.extend(
             brokers::take_all(&connection, &receipts)
@@ -422,6 +431,9 @@ async fn demo_rabbitmq<S: ChargesDb>(
                 .into_iter()
                 .filter_map(|r| r.id),
         );
+        if got.len() >= events && !reused_sent {
+            reused_sent = publish(reused).await.is_ok();
+        }
         dead_letters.extend(
             brokers::take_all(&connection, &dead)
                 .await
@@ -467,7 +479,8 @@ async fn demo_nats<S: ChargesDb>(
     brokers::create_consumer(&context, name, &consumer, &source, Duration::from_secs(5)).await;
     // JetStream would drop a copy under the same `Nats-Msg-Id` within the stream's duplicate
     // window: the copies carry their event id in `event-id`, which the consumer reads.
-    for (n, (id, payload)) in published.iter().enumerate() {
+    let publish = async |n: usize| -> Result<(), Error> {
+        let (id, payload) = &published[n];
         let mut headers = async_nats::HeaderMap::new();
         headers.insert("event-id", id.as_str());
         headers.insert("Nats-Msg-Id", format!("{name}-{n}").as_str());
@@ -475,6 +488,12 @@ async fn demo_nats<S: ChargesDb>(
             .publish_with_headers(source.clone(), headers, payload.clone().into())
             .await?
             .await?;
+        Ok(())
+    };
+    // The id reused with another order goes last, once the events are in (as on RabbitMQ).
+    let reused = published.len() - 1;
+    for n in 0..reused {
+        publish(n).await?;
     }
     let mut options = options.clone();
     options.receipts = Some(format!("nats:{receipts}"));
@@ -487,12 +506,16 @@ async fn demo_nats<S: ChargesDb>(
     }
     let events = published.len() - 6;
     let (mut got, mut dead_letters) = (Vec::new(), Vec::new());
+    let mut reused_sent = false;
     let finished = until(async || {
         got = brokers::messages_on(&context, name, &receipts)
             .await
             .into_iter()
             .filter_map(|r| r.id)
             .collect();
+        if got.len() >= events && !reused_sent {
+            reused_sent = publish(reused).await.is_ok();
+        }
         dead_letters = brokers::messages_on(&context, name, &dead)
             .await
             .into_iter()

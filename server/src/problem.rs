@@ -243,8 +243,14 @@ mod tests {
             Problem::AnswerNotStored,
             Problem::StepUnfinished,
             Problem::GaveUp,
+            Problem::TakenOver,
         ];
         let names: std::collections::HashSet<_> = all.iter().map(|p| p.name()).collect();
+        assert_eq!(
+            Problem::TakenOver.status(),
+            503,
+            "a status every client retries"
+        );
         assert_eq!(names.len(), all.len());
         for p in all {
             assert!(

@@ -33,6 +33,14 @@ pub struct Receiver {
     pub hold: AtomicBool,
     /// A permit for each effect performed under `hold`.
     pub held: Semaphore,
+    /// While set, every request that gets this far (an effect performed or its answer sent
+    /// again) adds a permit to `arrived`, then waits for one of `pass` before it is answered:
+    /// a test lets the callers through one at a time, in the order they came.
+    pub gate: AtomicBool,
+    /// A permit for each request that reached the gate.
+    pub arrived: Semaphore,
+    /// The permits a test gives to let requests through the gate.
+    pub pass: Semaphore,
     /// The prefix of the ids it gives (`ch`, `rc`).
     prefix: &'static str,
 }
@@ -49,6 +57,9 @@ impl Receiver {
             refuse_with: AtomicU16::new(0),
             hold: AtomicBool::new(false),
             held: Semaphore::new(0),
+            gate: AtomicBool::new(false),
+            arrived: Semaphore::new(0),
+            pass: Semaphore::new(0),
             prefix,
         });
         let app = Router::new()
@@ -102,6 +113,11 @@ async fn receive(
         return (StatusCode::BAD_REQUEST, "an Idempotency-Key is required").into_response();
     };
     receiver.served.fetch_add(1, Ordering::SeqCst);
+    let replayed = lock(&receiver.answers).get(&key).cloned();
+    if let Some((status, body)) = replayed {
+        gate(&receiver).await;
+        return (status, [("idempotent-replayed", "true")], body).into_response();
+    }
     let answer = {
         let mut answers = lock(&receiver.answers);
         if let Some((status, body)) = answers.get(&key) {
@@ -121,5 +137,16 @@ async fn receive(
         receiver.held.add_permits(1);
         std::future::pending::<()>().await;
     }
+    gate(&receiver).await;
     answer.into_response()
+}
+
+/// Waits at the gate while it is set, saying so first.
+async fn gate(receiver: &Receiver) {
+    if receiver.gate.load(Ordering::SeqCst) {
+        receiver.arrived.add_permits(1);
+        if let Ok(permit) = receiver.pass.acquire().await {
+            permit.forget();
+        }
+    }
 }

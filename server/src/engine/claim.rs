@@ -30,6 +30,9 @@ pub(crate) struct Owned<S: Store> {
     pub(crate) held: Held<S>,
 }
 
+/// How long a request whose claim failed waits to read its record for a replay.
+const REPLAY_READ: std::time::Duration = std::time::Duration::from_millis(250);
+
 /// Claims the request's record. A claim that does not win reads the record to learn why; a
 /// record that changes between the two (a lease ending, a sweep) is claimed again, at most
 /// three times. A record still in progress after the third (its holder's lease over, but its
@@ -55,12 +58,16 @@ pub(crate) async fn claim<S: Store, R>(config: &Config<S>, admitted: &Admitted) 
             // The claim could not be written (the store is down, or SQLite's file is held by
             // another writer past the busy timeout): a completed record is still read, and a
             // copy of its request gets its replay.
+            // The read is bounded on its own: a read cut short writes nothing.
             Err(error) => {
-                let answer = match config.store.read(scope, key).await {
-                    Ok(Some(record)) if record.fingerprint == *fingerprint => match record.state {
-                        RecordState::Completed(stored) => replay(config, scope, key, &stored),
-                        RecordState::InProgress { .. } => unavailable(config, &error),
-                    },
+                let read = tokio::time::timeout(REPLAY_READ, config.store.read(scope, key));
+                let answer = match read.await {
+                    Ok(Ok(Some(record))) if record.fingerprint == *fingerprint => {
+                        match record.state {
+                            RecordState::Completed(stored) => replay(config, scope, key, &stored),
+                            RecordState::InProgress { .. } => unavailable(config, &error),
+                        }
+                    }
                     _ => unavailable(config, &error),
                 };
                 return Claiming::Answered(answer);

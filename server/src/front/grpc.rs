@@ -527,6 +527,15 @@ mod tests {
             read(&answer),
             ("14".into(), "in-progress".into(), Some("1500".into()))
         );
+        let answer = grpc.own(
+            Problem::TakenOver,
+            "finishing elsewhere",
+            Some(Duration::from_millis(1000)),
+        );
+        assert_eq!(
+            read(&answer),
+            ("14".into(), "taken-over".into(), Some("1000".into()))
+        );
         let answer = grpc.own(Problem::KeyReused, "another call", None);
         assert_eq!(
             read(&answer),

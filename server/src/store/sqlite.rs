@@ -148,8 +148,9 @@ impl SqliteBuilder {
     /// IMMEDIATE` and a completion behind a writer that does not finish fail within twice it
     /// (the pool's wait, when every connection is waiting too, then SQLite's), and the request
     /// is answered `503 store-unavailable` with nothing stored; a copy of a completed request
-    /// is read without the lock and gets its replay. A statement is never cut short while
-    /// SQLite may still run it: it would commit after its request had been answered.
+    /// is read without the lock (within 250 ms more) and gets its replay. A statement is never
+    /// cut short while SQLite may still run it: it would commit after its request had been
+    /// answered.
     pub fn busy_timeout(mut self, timeout: Duration) -> SqliteBuilder {
         self.busy_timeout = timeout;
         self

@@ -316,6 +316,17 @@ async fn a_fleet_killed_and_paused_behind_a_lossy_link_charges_each_order_once()
             Told::Failed(why) => told_failed.push((key.clone(), why.clone())),
         }
     }
+    // A holder paused past its lease and taken over answers its own caller from the takeover's
+    // outcome (or `503 taken-over`, which the client retries): never a `409`, which this
+    // workspace's client takes as final on a key's first attempt.
+    let told_409 = told_failed
+        .iter()
+        .filter(|(_, why)| why == "answered 409 Conflict")
+        .count();
+    assert_eq!(
+        told_409, 0,
+        "callers told 409 for their own order: {told_failed:?}"
+    );
     assert!(
         told_failed.is_empty(),
         "told they failed, yet charged: {told_failed:?}"
@@ -328,7 +339,7 @@ async fn a_fleet_killed_and_paused_behind_a_lossy_link_charges_each_order_once()
     println!(
         "fleet: {ORDERS} orders in {sent_in:.1?}; {} kills, {} pauses; {fates} connections \
          through the link; {replays} answers were replays; {takeovers} takeovers; \
-         0 duplicates, 0 lost, 0 told failed",
+         0 duplicates, 0 lost, 0 told failed ({told_409} told 409)",
         chaos.kills, chaos.pauses
     );
     assert!(chaos.kills > 0 && chaos.pauses > 0, "{chaos:?}");

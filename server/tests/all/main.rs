@@ -68,6 +68,8 @@ mod operator_page;
 #[allow(dead_code)]
 #[path = "../../examples/support/orders_app.rs"]
 mod orders_app;
+mod pause;
+mod processes;
 #[allow(dead_code)]
 #[path = "../../examples/support/receiver.rs"]
 mod receiver;

@@ -8,56 +8,14 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use tokio::io::{AsyncBufReadExt, BufReader, Lines};
-use tokio::process::{Child, ChildStdout, Command};
+use tokio::process::{Child, Command};
+
+use crate::processes::Charges;
 
 use crate::receiver::Receiver;
 
 const CHROMIUM: &str = "/usr/bin/chromium";
 const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
-
-/// A process of the charges example and its stdout.
-struct Charges {
-    child: Child,
-    lines: Lines<BufReader<ChildStdout>>,
-    addr: String,
-}
-
-impl Charges {
-    async fn start(args: &[String]) -> Charges {
-        let mut child = Command::new(crate::walkthrough::example_binary())
-            .args(args)
-            .env("RUST_LOG", "off")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("the charges example starts (cargo build --all-features --examples)");
-        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        let first = lines.next_line().await.unwrap().expect("its address");
-        let addr = first
-            .strip_prefix("charges on http://")
-            .and_then(|rest| rest.split_whitespace().next())
-            .unwrap_or_else(|| panic!("an unexpected first line: {first}"))
-            .to_owned();
-        Charges { child, lines, addr }
-    }
-
-    /// Reads stdout until a line starts with `prefix`; returns the line.
-    async fn line(&mut self, prefix: &str) -> String {
-        let reading = async {
-            while let Some(line) = self.lines.next_line().await.unwrap() {
-                if line.starts_with(prefix) {
-                    return line;
-                }
-            }
-            panic!("the example ended before it printed {prefix:?}");
-        };
-        tokio::time::timeout(Duration::from_secs(10), reading)
-            .await
-            .unwrap_or_else(|_| panic!("no line {prefix:?} within 10 s"))
-    }
-}
 
 /// A WebDriver session on a chromedriver of its own, over its HTTP protocol.
 struct Browser {
@@ -124,6 +82,30 @@ impl Browser {
         let answer = send(request, &body).await;
         assert!(answer["value"].get("error").is_none(), "{path}: {answer}");
         answer["value"].clone()
+    }
+
+    /// The text of `css` once it reads `expected` (the page may be loading the form's answer:
+    /// an element of the page before is stale), within 10 s.
+    async fn text_becomes(&self, css: &str, expected: &str) {
+        let mut last = String::new();
+        for _ in 0..200 {
+            let request = self.http.post(format!("{}/element", self.session));
+            let found = send(request, &json!({"using": "css selector", "value": css})).await;
+            if let Some(element) = found["value"]["element-6066-11e4-a52e-4f735466cecf"].as_str() {
+                let request = self
+                    .http
+                    .get(format!("{}/element/{element}/text", self.session));
+                let text = send(request, &Value::Null).await;
+                if let Some(text) = text["value"].as_str() {
+                    if text.contains(expected) {
+                        return;
+                    }
+                    last = text.to_owned();
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("{css} still reads {last:?}, not {expected:?}, after 10 s");
     }
 
     async fn go(&self, url: &str) {
@@ -237,8 +219,10 @@ async fn the_operator_retries_a_parked_order_from_the_page_in_a_browser() {
             &format!("http://{payments_addr}"),
             "--receipts-url",
             &format!("http://{receipts_addr}"),
+            // Long enough that the second process's first reconciler tick, at its start, finds
+            // the dead holder's lease still running (and leaves the record to the operator).
             "--lease-ms",
-            "200",
+            "2500",
             "--header-read-timeout-ms",
             "300",
             // The reconciler runs when the operator says, not on its own.
@@ -281,7 +265,26 @@ async fn the_operator_retries_a_parked_order_from_the_page_in_a_browser() {
         .unwrap()
         .to_owned();
     // Past the dead holder's lease, the record is parked at its recovery point.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let parked = async {
+        loop {
+            let tally = client
+                .get(format!("{ops}/api/tally"))
+                .send()
+                .await
+                .unwrap()
+                .bytes()
+                .await
+                .unwrap();
+            let tally: Value = serde_json::from_slice(&tally).unwrap();
+            if tally["parked"] == 1 {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), parked)
+        .await
+        .expect("the record is parked once the dead holder's lease ends");
 
     let browser = Browser::open().await;
     browser.go(&ops).await;
@@ -295,7 +298,9 @@ async fn the_operator_retries_a_parked_order_from_the_page_in_a_browser() {
     assert!(std::fs::read(&shot).unwrap().starts_with(b"\x89PNG"));
     browser.click(&format!("{row} button.retry")).await;
     // The form's answer sends the browser back to the page, now read after the retry.
-    assert_eq!(browser.text("#tally-completed").await, "completed: 1");
+    browser
+        .text_becomes("#tally-completed", "completed: 1")
+        .await;
     assert_eq!(browser.text("#tally-parked").await, "parked: 0");
     assert!(browser.text("#parked").await.contains("none"));
     browser.close().await;
