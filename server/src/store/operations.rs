@@ -125,6 +125,7 @@ impl Tally {
         }
     }
 
+    #[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
     pub(crate) fn add(&mut self, standing: Standing, n: u64) {
         let slot = match standing {
             Standing::Running => &mut self.running,
