@@ -172,6 +172,10 @@ pub async fn a_held_row_never_stalls_the_claims<S: Backend>() {
         assert_eq!(copy.header("idempotent-replayed"), Some("true"));
     }
     let replayed_in = began.elapsed();
+    // Another request under the completed key is never given its answer.
+    let other = post(&client, &url, Some("done"), "b").await;
+    let expected = if S::ROW_LOCKS { 422 } else { 503 };
+    assert_eq!(other.status, expected, "{other:?}");
     let copies = (0..48).map(|_| {
         let (client, url) = (client.clone(), url.clone());
         tokio::spawn(async move { post(&client, &url, Some("held"), "a").await })
