@@ -125,6 +125,18 @@ impl Tally {
         }
     }
 
+    /// The tally of rows of (status, lease live 1/0, has a recovery point, count), as both
+    /// stores' `GROUP BY` reads them.
+    #[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
+    pub(crate) fn of_rows(rows: Vec<(String, i64, bool, i64)>) -> Tally {
+        let mut tally = Tally::default();
+        for (status, live, stepped, n) in rows {
+            let standing = Standing::of(&status, live, stepped.then_some(""));
+            tally.add(standing, n.max(0) as u64);
+        }
+        tally
+    }
+
     #[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
     pub(crate) fn add(&mut self, standing: Standing, n: u64) {
         let slot = match standing {
@@ -250,5 +262,23 @@ mod tests {
             assert_eq!(Standing::ALL.iter().map(|s| tally.of(*s)).sum::<u64>(), 3);
         }
         assert_eq!(Standing::of_name("lost"), None);
+        let rows = vec![
+            ("in_progress".to_owned(), 0, true, 2),
+            ("in_progress".to_owned(), 1, true, 3),
+            ("in_progress".to_owned(), 0, false, 4),
+            ("failed".to_owned(), 0, true, 5),
+            ("completed".to_owned(), 0, false, 6),
+        ];
+        let tally = Tally::of_rows(rows);
+        assert_eq!(
+            (
+                tally.parked,
+                tally.running,
+                tally.stalled,
+                tally.failed,
+                tally.completed
+            ),
+            (2, 3, 4, 5, 6)
+        );
     }
 }

@@ -657,12 +657,7 @@ impl Operations for SqliteStore {
         ))
         .fetch_all(&self.pool)
         .await?;
-        let mut tally = Tally::default();
-        for (status, live, stepped, n) in rows {
-            let standing = Standing::of(&status, live, stepped.then_some(""));
-            tally.add(standing, n.max(0) as u64);
-        }
-        Ok(tally)
+        Ok(Tally::of_rows(rows))
     }
 
     async fn retry_now(&self, scope: &str, key: &str) -> Result<bool, StoreError> {

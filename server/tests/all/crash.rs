@@ -50,24 +50,13 @@ async fn sqlite_sigkill_at_each_recovery_point_leaves_one_effect_each() {
 #[cfg(feature = "postgres")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_sigkill_at_each_recovery_point_leaves_one_effect_each() {
-    use crate::support::Backend;
     // A schema per point, made (and dropped when this run has ended) as every test's is.
     let mut urls = std::collections::HashMap::new();
     for point in crate::orders_app::POINTS
         .into_iter()
         .chain([AFTER_DELIVERY])
     {
-        let store = safe_retry_server::PostgresStore::fresh().await;
-        let schema: String = sqlx::query_scalar("SELECT current_schema()::TEXT")
-            .fetch_one(store.pool())
-            .await
-            .unwrap();
-        let url = crate::support::postgres::url();
-        let separator = if url.contains('?') { '&' } else { '?' };
-        urls.insert(
-            point,
-            format!("{url}{separator}options=-csearch_path%3D{schema}"),
-        );
+        urls.insert(point, crate::support::postgres::fresh_url().await);
     }
     let walked = walk_all(&example_binary(), |point| urls[point].clone()).await;
     check(&walked);

@@ -152,14 +152,6 @@ async fn sqlite_a_paused_holder_answers_its_own_caller_with_the_takeover_s_outco
 #[cfg(feature = "postgres")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_a_paused_holder_answers_its_own_caller_with_the_takeover_s_outcome() {
-    use crate::support::Backend;
-    let store = safe_retry_server::PostgresStore::fresh().await;
-    let schema: String = sqlx::query_scalar("SELECT current_schema()::TEXT")
-        .fetch_one(store.pool())
-        .await
-        .unwrap();
-    let url = crate::support::postgres::url();
-    let separator = if url.contains('?') { '&' } else { '?' };
-    let database = format!("{url}{separator}options=-csearch_path%3D{schema}");
+    let database = crate::support::postgres::fresh_url().await;
     a_paused_holder_answers_its_own_caller_with_the_takeover_s_outcome(&database).await;
 }

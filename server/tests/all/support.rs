@@ -249,6 +249,19 @@ pub mod postgres {
             .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
     }
 
+    /// The URL of a new schema of this run's own (made, and dropped when the run has ended, as
+    /// every test's is), for a process of the example to open.
+    pub async fn fresh_url() -> String {
+        let store = PostgresStore::fresh().await;
+        let schema: String = sqlx::query_scalar("SELECT current_schema()::TEXT")
+            .fetch_one(store.pool())
+            .await
+            .unwrap();
+        let url = url();
+        let separator = if url.contains('?') { '&' } else { '?' };
+        format!("{url}{separator}options=-csearch_path%3D{schema}")
+    }
+
     /// Drops the schemas that test processes no longer running left behind, once a process.
     async fn drop_schemas_of_ended_runs(admin: &sqlx::PgPool) {
         static DONE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
