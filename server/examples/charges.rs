@@ -17,7 +17,7 @@
 //! Options: `--addr` [127.0.0.1:8090], `--database-url` [a new SQLite file for this run, in the
 //! temporary directory, printed at start and removed when the demo is stopped with Ctrl-C;
 //! `sqlite://charges.db` keeps one across runs and restarts; `postgres://…` with `--features
-//! postgres`], `--effect-delay-ms` [50]: how long a charge works before it writes its effect.
+//! postgres`; `mysql://…` (MySQL 8 or MariaDB 10.11+) with `--features mysql`], `--effect-delay-ms` [50]: how long a charge works before it writes its effect.
 //! Any number of processes may start on one new database at once.
 //!
 //! The external call: `--payments-url URL` and `--receipts-url URL` turn on `POST /orders`
@@ -34,7 +34,8 @@
 //! the layer's events go to standard error, filtered by `RUST_LOG` [info].
 //!
 //! `--walkthrough` runs the crash walk-through on loopback and prints it; with
-//! `--database-url postgres://…` each point gets a schema of its own there.
+//! `--database-url postgres://…` each point gets a schema of its own there, with
+//! `mysql://…` a database of its own.
 
 #[path = "support/charges_app.rs"]
 mod charges_app;
@@ -213,6 +214,15 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         #[cfg(not(feature = "postgres"))]
         return Err("a postgres:// database needs the postgres feature: cargo run -p safe-retry-server --features postgres --example charges".into());
     }
+    if url.starts_with("mysql") || url.starts_with("mariadb") {
+        #[cfg(feature = "mysql")]
+        {
+            let store = safe_retry_server::MySqlStore::connect(&url).await?;
+            return serve(store, &url, options, listener).await;
+        }
+        #[cfg(not(feature = "mysql"))]
+        return Err("a mysql:// database needs the mysql feature: cargo run -p safe-retry-server --features mysql --example charges".into());
+    }
     let store = safe_retry_server::SqliteStore::open(&url).await?;
     serve(store, &url, options, listener).await
 }
@@ -330,23 +340,11 @@ async fn walk(database_url: Option<String>) -> Result<(), Box<dyn std::error::Er
     let dir = std::env::temp_dir().join(format!("safe-retry-walk-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     let database = |point: &str| match &database_url {
-        Some(url) => format!(
-            "{url}{}options=-csearch_path%3Dwalk_{}_{}",
-            if url.contains('?') { "&" } else { "?" },
-            std::process::id(),
-            point.replace('-', "_")
-        ),
+        Some(url) => walk_databases::url_of(url, point),
         None => format!("sqlite://{}", dir.join(format!("{point}.db")).display()),
     };
-    #[cfg(feature = "postgres")]
     if let Some(url) = &database_url {
-        let admin = sqlx::PgPool::connect(url).await?;
-        for point in POINTS.into_iter().chain([walkthrough::AFTER_DELIVERY]) {
-            let schema = format!("walk_{}_{}", std::process::id(), point.replace('-', "_"));
-            sqlx::query(sqlx::AssertSqlSafe(format!("CREATE SCHEMA {schema}")))
-                .execute(&admin)
-                .await?;
-        }
+        walk_databases::make(url, true).await?;
     }
     println!("an order: claim → order row → charge (downstream key) → receipt (outbox) → answer");
     println!(
@@ -398,19 +396,83 @@ async fn walk(database_url: Option<String>) -> Result<(), Box<dyn std::error::Er
         }
     );
     let _ = std::fs::remove_dir_all(&dir);
-    #[cfg(feature = "postgres")]
     if let Some(url) = &database_url {
-        let admin = sqlx::PgPool::connect(url).await?;
-        for point in POINTS.into_iter().chain([walkthrough::AFTER_DELIVERY]) {
-            let schema = format!("walk_{}_{}", std::process::id(), point.replace('-', "_"));
-            sqlx::query(sqlx::AssertSqlSafe(format!("DROP SCHEMA {schema} CASCADE")))
-                .execute(&admin)
-                .await?;
-        }
+        walk_databases::make(url, false).await?;
     }
     if once {
         Ok(())
     } else {
         Err("a crash point broke a promise".into())
+    }
+}
+
+/// A database of its own per crash point of the walk-through, on a server: a schema on
+/// PostgreSQL, a database on MySQL.
+mod walk_databases {
+    use super::{POINTS, walkthrough};
+
+    fn name_of(point: &str) -> String {
+        format!("walk_{}_{}", std::process::id(), point.replace('-', "_"))
+    }
+
+    /// The URL of `point`'s database on the server at `url`.
+    pub fn url_of(url: &str, point: &str) -> String {
+        let name = name_of(point);
+        if url.starts_with("postgres") {
+            let separator = if url.contains('?') { '&' } else { '?' };
+            format!("{url}{separator}options=-csearch_path%3D{name}")
+        } else {
+            let (base, query) = url.split_once('?').unwrap_or((url, ""));
+            let base = base.rsplit_once('/').map_or(base, |(head, _)| head);
+            let query = if query.is_empty() {
+                String::new()
+            } else {
+                format!("?{query}")
+            };
+            format!("{base}/{name}{query}")
+        }
+    }
+
+    /// Makes (`create`) or drops every point's database.
+    pub async fn make(url: &str, create: bool) -> Result<(), Box<dyn std::error::Error>> {
+        let points = POINTS.into_iter().chain([walkthrough::AFTER_DELIVERY]);
+        if url.starts_with("postgres") {
+            #[cfg(feature = "postgres")]
+            {
+                let admin = sqlx::PgPool::connect(url).await?;
+                for point in points {
+                    let sql = if create {
+                        format!("CREATE SCHEMA {}", name_of(point))
+                    } else {
+                        format!("DROP SCHEMA {} CASCADE", name_of(point))
+                    };
+                    sqlx::query(sqlx::AssertSqlSafe(sql))
+                        .execute(&admin)
+                        .await?;
+                }
+                return Ok(());
+            }
+        } else if url.starts_with("mysql") || url.starts_with("mariadb") {
+            #[cfg(feature = "mysql")]
+            {
+                let admin = sqlx::MySqlPool::connect(url).await?;
+                for point in points {
+                    let sql = if create {
+                        format!("CREATE DATABASE {}", name_of(point))
+                    } else {
+                        format!("DROP DATABASE {}", name_of(point))
+                    };
+                    sqlx::query(sqlx::AssertSqlSafe(sql))
+                        .execute(&admin)
+                        .await?;
+                }
+                return Ok(());
+            }
+        }
+        let _ = (points, create);
+        Err(
+            format!("the walk-through runs on SQLite, or on a server its feature is on for: {url}")
+                .into(),
+        )
     }
 }

@@ -9,7 +9,7 @@
 //!
 //! Options: `--calls N` [100], `--seed N` [the link's draws; 101], `--database-url URL` [a new
 //! SQLite file in the temporary directory, removed at the end; `postgres://…` with
-//! `--features postgres`].
+//! `--features postgres`; `mysql://…` with `--features mysql`].
 //!
 //! `--serve` runs the bank alone, as a process a test kills: it prints `listening ADDR`, and
 //! takes `--addr` [127.0.0.1:0], `--database-url`, `--payments-url URL`, `--receipts-url URL`,
@@ -131,6 +131,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         #[cfg(not(feature = "postgres"))]
         Err("a postgres:// database needs the postgres feature: cargo run -p safe-retry-server --features grpc,postgres --example grpc_bank".into())
+    } else if url.starts_with("mysql") || url.starts_with("mariadb") {
+        #[cfg(feature = "mysql")]
+        {
+            let store = safe_retry_server::MySqlStore::connect(&url).await?;
+            run(store, options).await
+        }
+        #[cfg(not(feature = "mysql"))]
+        Err("a mysql:// database needs the mysql feature: cargo run -p safe-retry-server --features grpc,mysql --example grpc_bank".into())
     } else {
         let store = safe_retry_server::SqliteStore::open(&url).await?;
         run(store, options).await

@@ -13,7 +13,7 @@
 //!
 //! Options: `--broker rabbitmq|nats` [rabbitmq], `--events N` [20], `--database-url URL` [a new
 //! SQLite file in the temporary directory, removed at the end; `postgres://…` with
-//! `--features postgres`].
+//! `--features postgres`; `mysql://…` with `--features mysql`].
 //!
 //! `--consume` runs the consumer alone, as a process a test kills: it prints `consuming` once
 //! its consumer runs, and takes `--broker`, `--database-url`, `--source NAME` (the queue, or the
@@ -179,6 +179,14 @@ async fn main() -> Result<(), Error> {
         }
         #[cfg(not(feature = "postgres"))]
         Err("a postgres:// database needs the postgres feature: cargo run -p safe-retry-server --features rabbitmq,nats,postgres --example order_events".into())
+    } else if url.starts_with("mysql") || url.starts_with("mariadb") {
+        #[cfg(feature = "mysql")]
+        {
+            let store = safe_retry_server::MySqlStore::connect(&url).await?;
+            run(store, options).await
+        }
+        #[cfg(not(feature = "mysql"))]
+        Err("a mysql:// database needs the mysql feature: cargo run -p safe-retry-server --features rabbitmq,nats,mysql --example order_events".into())
     } else {
         let store = safe_retry_server::SqliteStore::open(&url).await?;
         run(store, options).await

@@ -163,6 +163,7 @@
 //!
 //! - `sqlite` (default): `SqliteStore`, SQLite bundled (nothing to install).
 //! - `postgres`: `PostgresStore`, for a fleet sharing one database.
+//! - `mysql`: `MySqlStore`, for a fleet sharing one MySQL 8 or MariaDB 10.11+ database.
 //! - `axum`: [`Local`] and [`Execution`] as extractors, [`Rejected`] as a response part,
 //!   [`StepError`] as a response.
 //! - `client`: `Pending::call` and the `Relay`, through `reqwest-safe-retry` (it brings
@@ -251,6 +252,8 @@ pub use step::Downstream;
 pub use step::{Message, Pending, Step, StepError, Unfinished};
 #[cfg(feature = "postgres")]
 pub use store::PostgresStore;
+#[cfg(feature = "mysql")]
+pub use store::{MySqlBuilder, MySqlStore};
 #[cfg(feature = "sqlite")]
 pub use store::{SqliteBuilder, SqliteStore};
 pub use store::{Store, StoreError};

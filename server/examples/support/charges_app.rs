@@ -153,6 +153,60 @@ impl ChargesDb for safe_retry_server::PostgresStore {
     }
 }
 
+#[cfg(feature = "mysql")]
+impl ChargesDb for safe_retry_server::MySqlStore {
+    async fn prepare(&self) -> Result<(), sqlx::Error> {
+        // `CREATE TABLE IF NOT EXISTS` is one atomic statement on MySQL 8 and MariaDB: two
+        // processes at once, and the second finds the table.
+        sqlx::query(
+            "CREATE TABLE IF NOT EXISTS charge_effects
+             (id BIGINT AUTO_INCREMENT PRIMARY KEY, `key` TEXT NOT NULL, body TEXT NOT NULL)",
+        )
+        .execute(self.pool())
+        .await
+        .map(|_| ())
+    }
+
+    async fn record_effect<'a>(
+        tx: &'a mut Self::Tx,
+        key: &'a str,
+        body: &'a str,
+    ) -> Result<i64, sqlx::Error> {
+        let done = sqlx::query("INSERT INTO charge_effects (`key`, body) VALUES (?, ?)")
+            .bind(key)
+            .bind(body)
+            .execute(&mut **tx)
+            .await?;
+        Ok(done.last_insert_id() as i64)
+    }
+
+    async fn effects(&self) -> Result<Vec<Effect>, sqlx::Error> {
+        let rows: Vec<(i64, String, String)> =
+            sqlx::query_as("SELECT id, `key`, body FROM charge_effects ORDER BY id")
+                .fetch_all(self.pool())
+                .await?;
+        Ok(rows
+            .into_iter()
+            .map(|(id, key, body)| Effect { id, key, body })
+            .collect())
+    }
+
+    async fn outbox(&self) -> Result<Vec<(String, String, i64)>, sqlx::Error> {
+        sqlx::query_as(
+            "SELECT CONVERT(id USING utf8mb4), status, deliveries FROM safe_retry_outbox ORDER BY id",
+        )
+        .fetch_all(self.pool())
+        .await
+    }
+
+    async fn record(&self, key: &str) -> Result<Option<(String, Option<String>)>, sqlx::Error> {
+        sqlx::query_as("SELECT status, step FROM safe_retry_outcomes WHERE `key` = ?")
+            .bind(key.as_bytes())
+            .fetch_optional(self.pool())
+            .await
+    }
+}
+
 /// The service: `POST /charges` behind the layer (a key required), `GET /effects`,
 /// `GET /health`.
 pub fn app<S: ChargesDb>(layer: IdempotencyLayer<S>, effect_delay: Duration) -> Router {

@@ -17,12 +17,16 @@
 //!   refused write rolls that whole transaction back.
 //! - Time is the database's clock, read in the statements themselves.
 
+#[cfg(feature = "mysql")]
+mod mysql;
 mod operations;
 #[cfg(feature = "postgres")]
 mod postgres;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 
+#[cfg(feature = "mysql")]
+pub use mysql::{MySqlBuilder, MySqlStore};
 pub use operations::{Operations, RecordView, Standing, Tally};
 #[cfg(feature = "postgres")]
 pub use postgres::PostgresStore;
@@ -379,7 +383,10 @@ impl From<sqlx::Error> for StoreError {
 
 /// Encodes headers as the stores keep them: per header, the name's length (2 bytes), the
 /// value's length (4 bytes, big-endian), the name, the value.
-#[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
+#[cfg_attr(
+    not(any(feature = "sqlite", feature = "postgres", feature = "mysql")),
+    allow(dead_code)
+)]
 pub(crate) fn encode_headers(headers: &[(HeaderName, HeaderValue)]) -> Vec<u8> {
     let mut out = Vec::with_capacity(
         headers
@@ -399,7 +406,10 @@ pub(crate) fn encode_headers(headers: &[(HeaderName, HeaderValue)]) -> Vec<u8> {
 
 /// Decodes what [`encode_headers`] wrote. A row that does not decode (edited by hand) is an
 /// error, never a panic.
-#[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
+#[cfg_attr(
+    not(any(feature = "sqlite", feature = "postgres", feature = "mysql")),
+    allow(dead_code)
+)]
 pub(crate) fn decode_headers(
     mut bytes: &[u8],
 ) -> Result<Vec<(HeaderName, HeaderValue)>, StoreError> {
@@ -421,7 +431,10 @@ pub(crate) fn decode_headers(
 }
 
 /// Builds a stored answer from a row's columns.
-#[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
+#[cfg_attr(
+    not(any(feature = "sqlite", feature = "postgres", feature = "mysql")),
+    allow(dead_code)
+)]
 pub(crate) fn answer_of(
     status: Option<i64>,
     headers: Option<Vec<u8>>,
@@ -439,7 +452,10 @@ pub(crate) fn answer_of(
 }
 
 /// A record from a row's columns, as every store reads them.
-#[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
+#[cfg_attr(
+    not(any(feature = "sqlite", feature = "postgres", feature = "mysql")),
+    allow(dead_code)
+)]
 pub(crate) fn record_of(
     fingerprint: &[u8],
     status: &str,
@@ -464,7 +480,10 @@ pub(crate) fn record_of(
 }
 
 /// A fingerprint column as 32 bytes.
-#[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
+#[cfg_attr(
+    not(any(feature = "sqlite", feature = "postgres", feature = "mysql")),
+    allow(dead_code)
+)]
 pub(crate) fn fingerprint_of(column: &[u8]) -> Result<[u8; 32], StoreError> {
     column
         .try_into()
@@ -524,7 +543,10 @@ pub(crate) fn decode_request(bytes: &Bytes) -> Result<SavedRequest, StoreError> 
 
 /// A stalled record from a row's columns (`scope`, `key`, `fingerprint`), as every store
 /// reads them.
-#[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
+#[cfg_attr(
+    not(any(feature = "sqlite", feature = "postgres", feature = "mysql")),
+    allow(dead_code)
+)]
 pub(crate) fn stalled_of<R>(row: &R) -> Result<Stalled, StoreError>
 where
     R: sqlx::Row,
@@ -540,7 +562,10 @@ where
 }
 
 /// An outbox message from a row's columns, as every store reads them.
-#[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
+#[cfg_attr(
+    not(any(feature = "sqlite", feature = "postgres", feature = "mysql")),
+    allow(dead_code)
+)]
 pub(crate) fn message_of<R>(row: &R) -> Result<OutboxMessage, StoreError>
 where
     R: sqlx::Row,
@@ -562,7 +587,10 @@ where
 /// A settlement as the outbox's columns take it: status, the receiver's status, the error,
 /// how long the row is kept (ms, when it ends) and the wait before it is due again (ms, when
 /// it is tried again).
-#[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
+#[cfg_attr(
+    not(any(feature = "sqlite", feature = "postgres", feature = "mysql")),
+    allow(dead_code)
+)]
 pub(crate) fn settle_columns(
     settle: &Settle,
 ) -> (
@@ -598,7 +626,10 @@ pub(crate) fn settle_columns(
 }
 
 /// A duration in whole milliseconds, for a statement's parameter (saturating).
-#[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
+#[cfg_attr(
+    not(any(feature = "sqlite", feature = "postgres", feature = "mysql")),
+    allow(dead_code)
+)]
 pub(crate) fn millis(duration: Duration) -> i64 {
     i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
 }

@@ -127,7 +127,10 @@ impl Tally {
 
     /// The tally of rows of (status, lease live 1/0, has a recovery point, count), as both
     /// stores' `GROUP BY` reads them.
-    #[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
+    #[cfg_attr(
+        not(any(feature = "sqlite", feature = "postgres", feature = "mysql")),
+        allow(dead_code)
+    )]
     pub(crate) fn of_rows(rows: Vec<(String, i64, bool, i64)>) -> Tally {
         let mut tally = Tally::default();
         for (status, live, stepped, n) in rows {
@@ -137,7 +140,10 @@ impl Tally {
         tally
     }
 
-    #[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
+    #[cfg_attr(
+        not(any(feature = "sqlite", feature = "postgres", feature = "mysql")),
+        allow(dead_code)
+    )]
     pub(crate) fn add(&mut self, standing: Standing, n: u64) {
         let slot = match standing {
             Standing::Running => &mut self.running,
@@ -196,7 +202,10 @@ pub trait Operations: Outcomes {
 /// A record's view from a row's columns, as every store reads them: `scope`, `key`, `status`,
 /// `step`, `steps`, `request`, `attempt`, `generation`, `created_ms`, `expires_ms`,
 /// `lease_ms` (null once ended), `lease_left`, `response_status`, `note`.
-#[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
+#[cfg_attr(
+    not(any(feature = "sqlite", feature = "postgres", feature = "mysql")),
+    allow(dead_code)
+)]
 pub(crate) fn view_of<R>(row: &R) -> Result<RecordView, StoreError>
 where
     R: sqlx::Row,

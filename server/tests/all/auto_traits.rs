@@ -43,3 +43,11 @@ fn the_postgres_store_is_send_sync_and_unpin() {
     everywhere::<PostgresStore>();
     everywhere::<IdempotencyLayer<PostgresStore>>();
 }
+
+#[cfg(feature = "mysql")]
+#[test]
+fn the_mysql_store_is_send_sync_and_unpin() {
+    everywhere::<MySqlStore>();
+    everywhere::<MySqlBuilder>();
+    everywhere::<IdempotencyLayer<MySqlStore>>();
+}

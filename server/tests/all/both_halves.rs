@@ -131,3 +131,9 @@ async fn sqlite_every_charge_happens_once_through_a_lossy_link() {
 async fn postgres_every_charge_happens_once_through_a_lossy_link() {
     every_charge_happens_once_through_a_lossy_link::<safe_retry_server::PostgresStore>().await;
 }
+
+#[cfg(feature = "mysql")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn mysql_every_charge_happens_once_through_a_lossy_link() {
+    every_charge_happens_once_through_a_lossy_link::<safe_retry_server::MySqlStore>().await;
+}

@@ -167,6 +167,15 @@ async fn migrating_sqlite_again_changes_nothing() {
     migrating_again_changes_nothing::<SqliteStore>(async |s| s.migrate().await.unwrap()).await;
 }
 
+#[cfg(feature = "mysql")]
+#[tokio::test]
+async fn migrating_mysql_again_changes_nothing() {
+    migrating_again_changes_nothing::<safe_retry_server::MySqlStore>(async |s| {
+        s.migrate().await.unwrap()
+    })
+    .await;
+}
+
 #[cfg(feature = "postgres")]
 #[tokio::test]
 async fn migrating_postgres_again_changes_nothing() {
@@ -250,6 +259,15 @@ mod extractors {
     async fn on_sqlite() {
         local_and_execution_are_extractors_and_rejected_a_response_part::<
             safe_retry_server::SqliteStore,
+        >()
+        .await;
+    }
+
+    #[cfg(feature = "mysql")]
+    #[tokio::test]
+    async fn on_mysql() {
+        local_and_execution_are_extractors_and_rejected_a_response_part::<
+            safe_retry_server::MySqlStore,
         >()
         .await;
     }

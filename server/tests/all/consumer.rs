@@ -61,6 +61,24 @@ macro_rules! on_every_store_and_broker {
                 }
             )*
         }
+        #[cfg(feature = "mysql")]
+        mod mysql_rabbitmq {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $name() {
+                    super::$name::<safe_retry_server::MySqlStore>(super::Broker::RabbitMq).await
+                }
+            )*
+        }
+        #[cfg(feature = "mysql")]
+        mod mysql_nats {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $name() {
+                    super::$name::<safe_retry_server::MySqlStore>(super::Broker::Nats).await
+                }
+            )*
+        }
     };
 }
 
@@ -1206,4 +1224,10 @@ async fn rabbitmq_returns_belong_to_their_own_message_on_sqlite() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn rabbitmq_returns_belong_to_their_own_message_on_postgres() {
     rabbitmq_returns_belong_to_their_own_message::<safe_retry_server::PostgresStore>().await
+}
+
+#[cfg(feature = "mysql")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn rabbitmq_returns_belong_to_their_own_message_on_mysql() {
+    rabbitmq_returns_belong_to_their_own_message::<safe_retry_server::MySqlStore>().await
 }

@@ -61,3 +61,18 @@ async fn postgres_sigkill_at_each_recovery_point_leaves_one_effect_each() {
     let walked = walk_all(&example_binary(), |point| urls[point].clone()).await;
     check(&walked);
 }
+
+#[cfg(feature = "mysql")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_sigkill_at_each_recovery_point_leaves_one_effect_each() {
+    // A database per point, made (and dropped when this run has ended) as every test's is.
+    let mut urls = std::collections::HashMap::new();
+    for point in crate::orders_app::POINTS
+        .into_iter()
+        .chain([AFTER_DELIVERY])
+    {
+        urls.insert(point, crate::support::mysql::fresh_url().await);
+    }
+    let walked = walk_all(&example_binary(), |point| urls[point].clone()).await;
+    check(&walked);
+}

@@ -1,4 +1,5 @@
-//! A fleet under fire: three processes of the charges example on one PostgreSQL database, each
+//! A fleet under fire: three processes of the charges example on one PostgreSQL (or MySQL)
+//! database, each
 //! running the reconciler and the outbox relay, behind a seeded lossy link that resets and cuts
 //! connections; a seeded chaos task kills one (SIGKILL, then a new process on the same
 //! database) or pauses one (SIGSTOP, then SIGCONT) every few hundred milliseconds; this
@@ -16,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use reqwest_middleware::{ClientBuilder, ClientWithMiddleware};
 use reqwest_safe_retry::{Dependency, RetryMiddleware, RetryPolicy};
-use safe_retry_server::PostgresStore;
+use safe_retry_server::store::{Operations, Standing};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
@@ -154,9 +155,20 @@ enum Told {
     Failed(String),
 }
 
+#[cfg(feature = "postgres")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_fleet_killed_and_paused_behind_a_lossy_link_charges_each_order_once() {
-    let database = PostgresStore::empty_database().await;
+    fleet_killed_and_paused_behind_a_lossy_link::<safe_retry_server::PostgresStore>().await;
+}
+
+#[cfg(feature = "mysql")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn mysql_a_fleet_killed_and_paused_behind_a_lossy_link_charges_each_order_once() {
+    fleet_killed_and_paused_behind_a_lossy_link::<safe_retry_server::MySqlStore>().await;
+}
+
+async fn fleet_killed_and_paused_behind_a_lossy_link<S: Backend + Operations>() {
+    let database = S::empty_database().await;
     let (payments_addr, payments) = Receiver::start("ch").await;
     let (receipts_addr, receipts) = Receiver::start("rc").await;
     let args: Vec<String> = [
@@ -244,16 +256,13 @@ async fn a_fleet_killed_and_paused_behind_a_lossy_link_charges_each_order_once()
     let sent_in = began.elapsed();
 
     // The fleet finishes what it holds: every record completed, every receipt sent.
-    let store = PostgresStore::connect_to(&database).await;
+    let store = S::connect_to(&database).await;
     let settled = async {
         loop {
-            let open: i64 = sqlx::query_scalar(
-                "SELECT (SELECT count(*) FROM safe_retry_outcomes WHERE status <> 'completed')
-                      + (SELECT count(*) FROM safe_retry_outbox WHERE status <> 'sent')",
-            )
-            .fetch_one(store.pool())
-            .await
-            .unwrap();
+            let outcomes = store.outcomes().await;
+            let messages = store.outbox().await.unwrap();
+            let open = outcomes.iter().filter(|(_, s, _)| s != "completed").count()
+                + messages.iter().filter(|(_, s, _)| s != "sent").count();
             if open == 0 {
                 return;
             }
@@ -265,12 +274,10 @@ async fn a_fleet_killed_and_paused_behind_a_lossy_link_charges_each_order_once()
         .expect("the fleet settles every record and message within 60 s");
 
     // Counted: no duplicate, nothing lost.
-    let rows: Vec<(String, i64)> =
-        sqlx::query_as("SELECT key, count(*) FROM charge_effects GROUP BY key")
-            .fetch_all(store.pool())
-            .await
-            .unwrap();
-    let order_rows: HashMap<String, i64> = rows.into_iter().collect();
+    let mut order_rows: HashMap<String, i64> = HashMap::new();
+    for effect in store.effects().await.unwrap() {
+        *order_rows.entry(effect.key).or_default() += 1;
+    }
     let charges = payments.effects();
     let receipts_made = receipts.effects();
     let charge_keys: std::collections::HashSet<_> = charges.iter().map(|(k, _)| k).collect();
@@ -283,14 +290,13 @@ async fn a_fleet_killed_and_paused_behind_a_lossy_link_charges_each_order_once()
     assert_eq!(receipts_made.len(), ORDERS, "one receipt per order");
     assert_eq!(order_rows.len(), ORDERS, "an order row per order");
     assert!(order_rows.values().all(|n| *n == 1), "an order row twice");
-    let (takeovers, completed): (i64, i64) = sqlx::query_as(
-        "SELECT COALESCE(sum(attempt - generation), 0)::BIGINT, count(*) FROM safe_retry_outcomes
-         WHERE status = 'completed'",
-    )
-    .fetch_one(store.pool())
-    .await
-    .unwrap();
-    assert_eq!(completed as usize, ORDERS);
+    let completed_records = store
+        .records(Standing::Completed, 2 * ORDERS as u32)
+        .await
+        .unwrap();
+    let completed = completed_records.len();
+    let takeovers: i64 = completed_records.iter().map(|r| r.starts - 1).sum();
+    assert_eq!(completed, ORDERS);
 
     // Every answer the stored one; no caller told it failed whose order happened. Asked of a
     // server directly, not through the link.
@@ -337,10 +343,15 @@ async fn a_fleet_killed_and_paused_behind_a_lossy_link_charges_each_order_once()
     }
     let fates = link.fates.lock().unwrap().len();
     println!(
-        "fleet: {ORDERS} orders in {sent_in:.1?}; {} kills, {} pauses; {fates} connections \
+        "fleet on {}: {ORDERS} orders in {sent_in:.1?}; {} kills, {} pauses; {fates} connections \
          through the link; {replays} answers were replays; {takeovers} takeovers; \
          0 duplicates, 0 lost, 0 told failed ({told_409} told 409)",
-        chaos.kills, chaos.pauses
+        std::any::type_name::<S>()
+            .rsplit("::")
+            .next()
+            .unwrap_or_default(),
+        chaos.kills,
+        chaos.pauses
     );
     assert!(chaos.kills > 0 && chaos.pauses > 0, "{chaos:?}");
 }

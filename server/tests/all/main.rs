@@ -2,7 +2,10 @@
 //!
 //! SQLite needs nothing; the PostgreSQL tests (feature `postgres`, on under
 //! `cargo test --all-features`) need a server at `SAFE_RETRY_POSTGRES_URL`
-//! [postgres://postgres@127.0.0.1:5432/test] and fail saying so when there is none.
+//! [postgres://postgres@127.0.0.1:5432/test] and fail saying so when there is none; the MySQL
+//! tests (feature `mysql`) need MySQL 8 or MariaDB 10.11+ at `SAFE_RETRY_MYSQL_URL`
+//! [mysql://root@127.0.0.1:3306/test], and fail saying so when there is none. Each test makes
+//! a schema (a database, on MySQL) of its own.
 
 /// Runs each named test, generic over its store, once per store.
 macro_rules! on_every_store {
@@ -22,6 +25,15 @@ macro_rules! on_every_store {
                 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
                 async fn $name() {
                     super::$name::<safe_retry_server::PostgresStore>().await
+                }
+            )*
+        }
+        #[cfg(feature = "mysql")]
+        mod mysql {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $name() {
+                    super::$name::<safe_retry_server::MySqlStore>().await
                 }
             )*
         }
@@ -50,7 +62,7 @@ mod crash;
 mod direct;
 mod events;
 mod first_month;
-#[cfg(feature = "postgres")]
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 mod fleet;
 #[cfg(feature = "grpc")]
 mod grpc;

@@ -326,3 +326,9 @@ fn the_sqlite_table_keeps_the_model_s_promises() {
 fn the_postgres_table_keeps_the_model_s_promises() {
     check::<safe_retry_server::PostgresStore>(48);
 }
+
+#[cfg(feature = "mysql")]
+#[test]
+fn the_mysql_table_keeps_the_model_s_promises() {
+    check::<safe_retry_server::MySqlStore>(48);
+}

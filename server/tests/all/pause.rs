@@ -155,3 +155,10 @@ async fn postgres_a_paused_holder_answers_its_own_caller_with_the_takeover_s_out
     let database = crate::support::postgres::fresh_url().await;
     a_paused_holder_answers_its_own_caller_with_the_takeover_s_outcome(&database).await;
 }
+
+#[cfg(feature = "mysql")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_a_paused_holder_answers_its_own_caller_with_the_takeover_s_outcome() {
+    let database = crate::support::mysql::fresh_url().await;
+    a_paused_holder_answers_its_own_caller_with_the_takeover_s_outcome(&database).await;
+}

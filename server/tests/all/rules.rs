@@ -919,20 +919,17 @@ on_every_store!(
     a_recovery_point_outlives_its_retention,
 );
 
-/// PostgreSQL cut every connection while the handler held its transaction with its effect
+/// The server cut every connection while the handler held its transaction with its effect
 /// written: a 503, and no effect.
-#[cfg(feature = "postgres")]
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn postgres_cut_mid_request_leaves_nothing_half_written() {
-    use crate::support::ChargesDb;
-    use safe_retry_server::PostgresStore;
-    let store = PostgresStore::fresh().await;
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+async fn cut_mid_request_leaves_nothing_half_written<S: Backend>(cut: impl AsyncFnOnce(&S)) {
+    let store = S::fresh().await;
     let script = Script::stalled_after();
     let (server, _layer) = start(store.clone(), script.clone()).await;
     let url = server.url("/script");
     let first = post_in_background(&url, "k", "amount=10");
     script.wrote.acquire().await.unwrap().forget();
-    crate::support::postgres::cut_connections(&store).await;
+    cut(&store).await;
     script.after.add_permits(1);
     let first = first.await.unwrap();
     assert_eq!(
@@ -950,6 +947,24 @@ async fn postgres_cut_mid_request_leaves_nothing_half_written() {
     let retry = post(&reqwest::Client::new(), &url, Some("k"), "amount=10").await;
     assert_eq!(retry.status, 201);
     assert_eq!(effects_of(&store, "k").await, 1);
+}
+
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_cut_mid_request_leaves_nothing_half_written() {
+    cut_mid_request_leaves_nothing_half_written(async |store| {
+        crate::support::postgres::cut_connections(store).await
+    })
+    .await;
+}
+
+#[cfg(feature = "mysql")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn mysql_cut_mid_request_leaves_nothing_half_written() {
+    cut_mid_request_leaves_nothing_half_written(async |store| {
+        crate::support::mysql::cut_connections(store).await
+    })
+    .await;
 }
 
 /// What a completion clears (the saved request, a caller's headers in it) is overwritten in a

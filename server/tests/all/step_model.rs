@@ -248,3 +248,9 @@ fn sqlite_steps_keep_the_model_s_promises() {
 fn postgres_steps_keep_the_model_s_promises() {
     check::<safe_retry_server::PostgresStore>(16);
 }
+
+#[cfg(feature = "mysql")]
+#[test]
+fn mysql_steps_keep_the_model_s_promises() {
+    check::<safe_retry_server::MySqlStore>(16);
+}

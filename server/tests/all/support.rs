@@ -501,6 +501,267 @@ pub mod postgres {
     }
 }
 
+#[cfg(feature = "mysql")]
+pub mod mysql {
+    use super::*;
+    use safe_retry_server::MySqlStore;
+    use sqlx::mysql::MySqlConnectOptions;
+    use std::str::FromStr;
+
+    /// Where the MySQL tests connect: `SAFE_RETRY_MYSQL_URL`, or the project machines'
+    /// MariaDB.
+    pub fn url() -> String {
+        std::env::var("SAFE_RETRY_MYSQL_URL")
+            .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".into())
+    }
+
+    /// How long the first connection of a test may take before the server counts as absent.
+    const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+
+    /// Why MySQL was found unreachable, once a test of this process found it so.
+    static UNREACHABLE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+    /// A new, empty database of this run's own (dropped by a later run once this one has
+    /// ended), and its URL.
+    pub async fn fresh_url() -> String {
+        let url = url();
+        if let Some(message) = UNREACHABLE.get() {
+            panic!("{message}");
+        }
+        let unreachable = |error: &dyn std::fmt::Display| -> ! {
+            let message = UNREACHABLE.get_or_init(|| {
+                format!(
+                    "MySQL is unreachable at {url}: {error}. The MySQL tests need MySQL 8 or MariaDB 10.11+: \
+                     the project's machines run MariaDB on 127.0.0.1:3306 (user root, no password); \
+                     elsewhere start one (e.g. `docker run -p 3306:3306 -e MARIADB_ALLOW_EMPTY_ROOT_PASSWORD=1 mariadb:11`) \
+                     and set SAFE_RETRY_MYSQL_URL=mysql://user:password@host:port/database"
+                )
+            });
+            panic!("{message}")
+        };
+        let options = MySqlConnectOptions::from_str(&url).unwrap_or_else(|e| unreachable(&e));
+        let connecting = sqlx::mysql::MySqlPoolOptions::new()
+            .max_connections(1)
+            .acquire_timeout(CONNECT_TIMEOUT)
+            .connect_with(options.clone());
+        let admin = match tokio::time::timeout(CONNECT_TIMEOUT, connecting).await {
+            Ok(Ok(admin)) => admin,
+            Ok(Err(e)) => unreachable(&e),
+            Err(_) => unreachable(&format_args!("no connection within {CONNECT_TIMEOUT:?}")),
+        };
+        let database = unique("srs_test");
+        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {database}")))
+            .execute(&admin)
+            .await
+            .unwrap();
+        drop_databases_of_ended_runs(&admin).await;
+        admin.close().await;
+        let base = url.split('?').next().unwrap_or(&url);
+        let base = base.rsplit_once('/').map_or(base, |(head, _)| head);
+        format!("{base}/{database}")
+    }
+
+    /// Drops the databases that test processes no longer running left behind, once a process.
+    async fn drop_databases_of_ended_runs(admin: &sqlx::MySqlPool) {
+        static DONE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+        if DONE.swap(true, Ordering::Relaxed) {
+            return;
+        }
+        let databases: Vec<String> = sqlx::query_scalar(
+            "SELECT CONVERT(schema_name USING utf8mb4) FROM information_schema.schemata
+             WHERE schema_name LIKE 'srs\\_test\\_%'",
+        )
+        .fetch_all(admin)
+        .await
+        .unwrap();
+        for database in databases {
+            let pid = database.split('_').nth(2).unwrap_or_default();
+            if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+                let _ = sqlx::query(sqlx::AssertSqlSafe(format!(
+                    "DROP DATABASE IF EXISTS {database}"
+                )))
+                .execute(admin)
+                .await;
+            }
+        }
+    }
+
+    /// Cuts every connection of this store's pool on the server's side (`KILL`), as a restart
+    /// or a failover does.
+    pub async fn cut_connections(store: &MySqlStore) {
+        let mut own = store.pool().acquire().await.unwrap();
+        let others: Vec<i64> = sqlx::query_scalar(
+            "SELECT CAST(id AS SIGNED) FROM information_schema.processlist
+             WHERE db = DATABASE() AND id <> CONNECTION_ID()",
+        )
+        .fetch_all(&mut *own)
+        .await
+        .unwrap();
+        for id in others {
+            let _ = sqlx::query(sqlx::AssertSqlSafe(format!("KILL {id}")))
+                .execute(&mut *own)
+                .await;
+        }
+    }
+
+    /// A store on a new database, its pool as given.
+    async fn on_new_database(connections: u32, acquire: Duration) -> MySqlStore {
+        let url = fresh_url().await;
+        let store = MySqlStore::builder(&url)
+            .max_connections(connections)
+            .acquire_timeout(acquire)
+            .lock_wait_timeout(Duration::from_secs(2))
+            .connect()
+            .await
+            .expect("the test database's store");
+        store.prepare().await.expect("the effects table");
+        store
+    }
+
+    impl Backend for MySqlStore {
+        const ROW_LOCKS: bool = true;
+        type Stall = Vec<sqlx::pool::PoolConnection<sqlx::MySql>>;
+
+        async fn fresh() -> MySqlStore {
+            on_new_database(40, Duration::from_secs(5)).await
+        }
+
+        async fn fresh_impatient() -> MySqlStore {
+            on_new_database(3, Duration::from_millis(300)).await
+        }
+
+        async fn stall(&self) -> Self::Stall {
+            let mut held = Vec::new();
+            for _ in 0..self.pool().options().get_max_connections() {
+                held.push(self.pool().acquire().await.expect("a connection"));
+            }
+            held
+        }
+
+        async fn lock_row(&self, key: &str) -> Self::Tx {
+            let mut tx = self.begin().await.unwrap();
+            sqlx::query("SELECT 1 FROM safe_retry_outcomes WHERE `key` = ? FOR UPDATE")
+                .bind(key.as_bytes())
+                .execute(&mut *tx)
+                .await
+                .unwrap();
+            tx
+        }
+
+        async fn connect_to(url: &str) -> MySqlStore {
+            MySqlStore::connect(url).await.expect("MySQL connects")
+        }
+
+        async fn reopen(&self, key: &str) {
+            sqlx::query(
+                "UPDATE safe_retry_outcomes SET status = 'in_progress',
+                 locked_until = UTC_TIMESTAMP(3) - INTERVAL 1 SECOND, response_status = NULL
+                 WHERE `key` = ?",
+            )
+            .bind(key.as_bytes())
+            .execute(self.pool())
+            .await
+            .unwrap();
+        }
+
+        async fn empty_database() -> String {
+            fresh_url().await
+        }
+
+        async fn commit(tx: Self::Tx) {
+            tx.commit().await.expect("the transaction commits");
+        }
+
+        async fn end_lease(&self, key: &str) {
+            sqlx::query(
+                "UPDATE safe_retry_outcomes SET locked_until = UTC_TIMESTAMP(3) - INTERVAL 1 SECOND
+                 WHERE `key` = ?",
+            )
+            .bind(key.as_bytes())
+            .execute(self.pool())
+            .await
+            .unwrap();
+        }
+
+        async fn end_retention(&self, key: Option<&str>) {
+            sqlx::query(
+                "UPDATE safe_retry_outcomes SET expires_at = UTC_TIMESTAMP(3) - INTERVAL 1 SECOND
+                 WHERE ? IS NULL OR `key` = ?",
+            )
+            .bind(key.map(str::as_bytes))
+            .bind(key.map(str::as_bytes))
+            .execute(self.pool())
+            .await
+            .unwrap();
+        }
+
+        async fn outcomes(&self) -> Vec<(String, String, i64)> {
+            sqlx::query_as(
+                "SELECT CONVERT(`key` USING utf8mb4), status, attempt FROM safe_retry_outcomes
+                 ORDER BY id",
+            )
+            .fetch_all(self.pool())
+            .await
+            .unwrap()
+        }
+
+        async fn hold_writes(&self) -> Self::Tx {
+            // Every row locked, and (at REPEATABLE READ) the gaps between and after them: no
+            // insert or update gets past.
+            let mut tx = self
+                .pool()
+                .begin_with("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ; START TRANSACTION")
+                .await
+                .unwrap();
+            sqlx::query("SELECT id FROM safe_retry_outcomes FOR UPDATE")
+                .execute(&mut *tx)
+                .await
+                .unwrap();
+            tx
+        }
+
+        async fn break_outcomes(&self) {
+            sqlx::query("DROP TABLE safe_retry_outcomes")
+                .execute(self.pool())
+                .await
+                .unwrap();
+        }
+
+        async fn saved_request(&self, key: &str) -> Option<Vec<u8>> {
+            sqlx::query_scalar("SELECT request FROM safe_retry_outcomes WHERE `key` = ?")
+                .bind(key.as_bytes())
+                .fetch_optional(self.pool())
+                .await
+                .unwrap()
+                .flatten()
+        }
+
+        async fn break_outbox(&self) {
+            sqlx::query("DROP TABLE safe_retry_outbox")
+                .execute(self.pool())
+                .await
+                .unwrap();
+        }
+
+        async fn garble_request(&self, key: &str) {
+            sqlx::query("UPDATE safe_retry_outcomes SET request = X'0001' WHERE `key` = ?")
+                .bind(key.as_bytes())
+                .execute(self.pool())
+                .await
+                .unwrap();
+        }
+
+        async fn point_of(&self, key: &str) -> Option<String> {
+            sqlx::query_scalar("SELECT step FROM safe_retry_outcomes WHERE `key` = ?")
+                .bind(key.as_bytes())
+                .fetch_optional(self.pool())
+                .await
+                .unwrap()
+                .flatten()
+        }
+    }
+}
+
 /// What the test service's handlers do, set per test.
 #[derive(Clone)]
 pub struct Script {
@@ -540,7 +801,7 @@ impl Script {
 
     /// A script whose charges wait after their effect, holding their transaction, until the
     /// test adds permits.
-    #[cfg(feature = "postgres")]
+    #[cfg(any(feature = "postgres", feature = "mysql"))]
     pub fn stalled_after() -> Script {
         Script {
             after: Arc::new(Semaphore::new(0)),
