@@ -364,6 +364,13 @@ impl<S: Store> Builder<S> {
                 c.max_key_len
             )));
         }
+        if c.max_key_len > S::MAX_KEY_LEN {
+            return Err(ConfigError(format!(
+                "`max_key_len` is {}, but the store keeps keys of at most {} bytes: set it at most that (default 255)",
+                c.max_key_len,
+                S::MAX_KEY_LEN
+            )));
+        }
         Ok(())
     }
 }

@@ -15,6 +15,8 @@ use tower_service::Service;
 
 #[path = "../../examples/support/charges_app.rs"]
 mod charges_app;
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub mod timing;
 pub use charges_app::ChargesDb;
 
 /// The floor: the handler with its effect in a transaction of its own, no layer.
@@ -38,6 +40,13 @@ pub trait Commit: ChargesDb {
 }
 
 impl Commit for safe_retry_server::SqliteStore {
+    async fn commit(tx: Self::Tx) {
+        tx.commit().await.expect("a commit");
+    }
+}
+
+#[cfg(feature = "mysql")]
+impl Commit for safe_retry_server::MySqlStore {
     async fn commit(tx: Self::Tx) {
         tx.commit().await.expect("a commit");
     }

@@ -61,6 +61,10 @@ pub trait Outcomes: Clone + Send + Sync + 'static {
     /// completion, or rolls back with it.
     type Tx: Send + 'static;
 
+    /// The longest key the store keeps, in bytes \[4096, the most a layer takes\]: a layer
+    /// whose `max_key_len` is longer is refused when it is built.
+    const MAX_KEY_LEN: usize = 4096;
+
     /// Claims the key in one atomic statement.
     ///
     /// Returns the holder's fence when this call owns the execution: the key was new, its

@@ -464,6 +464,8 @@ fn check_lengths(scope: &str, key: &str) -> Result<(), StoreError> {
 impl Outcomes for MySqlStore {
     type Tx = Transaction<'static, MySql>;
 
+    const MAX_KEY_LEN: usize = MAX_KEY;
+
     async fn try_claim(&self, claim: &Claim<'_>) -> Result<Option<Claimed>, StoreError> {
         check_lengths(claim.scope, claim.key)?;
         let mut tries = 0;

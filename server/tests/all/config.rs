@@ -141,6 +141,30 @@ async fn a_configuration_that_breaks_a_promise_fails_at_build_naming_the_fix() {
         .unwrap();
 }
 
+/// A store that keeps shorter keys than a layer would take refuses the layer at build, naming
+/// its limit (MySQL's unique index over scope and key holds keys of at most 2,000 bytes).
+#[cfg(feature = "mysql")]
+#[tokio::test]
+async fn a_layer_taking_longer_keys_than_mysql_keeps_is_refused_at_build() {
+    use crate::support::Backend;
+    let store = safe_retry_server::MySqlStore::fresh().await;
+    let message = IdempotencyLayer::builder(store.clone())
+        .shared_scope()
+        .max_key_len(2001)
+        .build()
+        .unwrap_err()
+        .to_string();
+    assert!(
+        message.contains("`max_key_len` is 2001, but the store keeps keys of at most 2000 bytes"),
+        "{message}"
+    );
+    IdempotencyLayer::builder(store)
+        .shared_scope()
+        .max_key_len(2000)
+        .build()
+        .unwrap();
+}
+
 /// Migrating a database that is up to date changes nothing, on each store: servers that start
 /// together, or again, all run `migrate`.
 async fn migrating_again_changes_nothing<S: crate::support::Backend>(migrate: impl AsyncFn(&S)) {

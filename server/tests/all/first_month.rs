@@ -248,6 +248,10 @@ pub async fn three_processes_start_together_on_a_new_database<S: Backend>() {
         command.spawn().expect("the charges example starts")
     });
     let mut children: Vec<_> = starting.collect();
+    // Each process's output is read to its end: a pipe closed early would end a process at
+    // its next line (a write to a closed pipe), which a loaded machine made it reach after
+    // the first was read.
+    let mut draining = Vec::new();
     for child in &mut children {
         let stdout = child.stdout.take().expect("piped");
         let mut lines = tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(stdout));
@@ -261,6 +265,9 @@ pub async fn three_processes_start_together_on_a_new_database<S: Backend>() {
                 .is_some_and(|l| l.starts_with("charges on http://")),
             "a process failed to start: {first:?}"
         );
+        draining.push(tokio::spawn(async move {
+            while let Ok(Some(_)) = lines.next_line().await {}
+        }));
     }
     for child in &mut children {
         assert_eq!(

@@ -62,7 +62,6 @@ mod crash;
 mod direct;
 mod events;
 mod first_month;
-#[cfg(any(feature = "postgres", feature = "mysql"))]
 mod fleet;
 #[cfg(feature = "grpc")]
 mod grpc;

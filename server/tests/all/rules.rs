@@ -471,6 +471,54 @@ pub async fn a_store_failing_mid_request_leaves_nothing_half_written<S: Backend>
 
 /// Scope keys by caller: one key from two callers is two records; a request the scope
 /// function finds no caller for is a 401 and runs nothing.
+/// Keys and scopes are compared byte for byte: no collation makes two keys one (case, a
+/// trailing space, `ß` and `ss`, composed and decomposed accents, full-width letters). Each
+/// is a record of its own, read back with its own fingerprint.
+pub async fn keys_and_scopes_are_compared_byte_for_byte<S: Backend>() {
+    use safe_retry_server::store::Claim;
+    let store = S::fresh().await;
+    let pairs = [
+        ("", "k"),
+        ("", "K"),
+        ("", "k "),
+        ("", " k"),
+        ("", "\u{ff4b}"),
+        ("", "ss"),
+        ("", "\u{df}"),
+        ("", "\u{e9}"),
+        ("", "e\u{301}"),
+        ("a", "k"),
+        ("A", "k"),
+        ("a ", "k"),
+    ];
+    for (i, (scope, key)) in pairs.iter().enumerate() {
+        let fingerprint = [i as u8; 32];
+        let claim = Claim {
+            scope,
+            key,
+            fingerprint: &fingerprint,
+            lease: std::time::Duration::from_secs(30),
+            retention: std::time::Duration::from_secs(60),
+        };
+        assert!(
+            store.try_claim(&claim).await.unwrap().is_some(),
+            "({scope:?}, {key:?}) is a new key"
+        );
+    }
+    for (i, (scope, key)) in pairs.iter().enumerate() {
+        let record = store.read(scope, key).await.unwrap().expect("its record");
+        assert_eq!(record.fingerprint, [i as u8; 32], "({scope:?}, {key:?})");
+    }
+    let keys: Vec<String> = store
+        .outcomes()
+        .await
+        .into_iter()
+        .map(|(k, _, _)| k)
+        .collect();
+    assert_eq!(keys.len(), pairs.len());
+    assert!(keys.iter().any(|k| k == "e\u{301}") && keys.iter().any(|k| k == " k"));
+}
+
 pub async fn keys_are_scoped_by_caller<S: Backend>() {
     let store = S::fresh().await;
     let layer = IdempotencyLayer::builder(store.clone())
@@ -908,6 +956,7 @@ on_every_store!(
     bad_input_gets_a_clear_answer_and_changes_nothing,
     a_store_failing_mid_request_leaves_nothing_half_written,
     keys_are_scoped_by_caller,
+    keys_and_scopes_are_compared_byte_for_byte,
     an_answer_over_the_limit_is_sent_whole_and_its_status_replayed,
     unguarded_requests_pass_through,
     a_claim_on_a_record_completing_now_gets_its_answer,
