@@ -3,7 +3,8 @@
 //! Every store keeps one row per (scope, key) with the request's fingerprint, its status
 //! (`in_progress` or `completed`), the stored answer, the lease (`locked_until`), the fencing
 //! counter (`attempt`), `created_at` and `expires_at`. The schema ships with the crate as
-//! migrations (`migrations/sqlite`, `migrations/postgres`); each store's `migrate` applies them,
+//! migrations (`migrations/sqlite`, `migrations/postgres`, `migrations/mysql`); each store's
+//! `migrate` applies them,
 //! recording what it applied in its own table, `safe_retry_schema`, so that it never meets the
 //! migrations of the application that shares the database.
 //!
@@ -16,6 +17,28 @@
 //!   is still held by the attempt that claimed it, in the transaction the handler wrote in, and a
 //!   refused write rolls that whole transaction back.
 //! - Time is the database's clock, read in the statements themselves.
+//!
+//! # A fourth store
+//!
+//! A backend implements [`Outcomes`], [`RecoveryPoints`] and [`Outbox`] (and [`Operations`] for
+//! the operator's view), and joins the suite the three stores run (`server/tests/all`):
+//!
+//! 1. `support.rs`: implement `Backend` for it: a fresh database per test (a file, a schema, a
+//!    database), the hooks that move time (`end_lease`, `end_retention`), stall it (`stall`,
+//!    `hold_writes`, `lock_row`), break it (`break_outcomes`) and read it back (`outcomes`,
+//!    `point_of`), and a `fresh_url` whose failure to connect says how to get a server.
+//! 2. `examples/support/charges_app.rs`: implement `ChargesDb` (the example's effects table),
+//!    and let `examples/charges.rs` open its URL: the process tests start the example.
+//! 3. `main.rs`: add a module to `on_every_store!` (every rule, the steps, the gRPC front, the
+//!    operator's view, the first month's defects run in it), and to `consumer.rs`'s macro; then
+//!    one line each where a test names its stores: `model.rs`, `step_model.rs`, `config.rs`
+//!    (migrations, extractors), `crash.rs` (a real kill at every recovery point), `pause.rs`,
+//!    `both_halves.rs`, `fleet.rs` (for a store a fleet can share), `rules.rs` (the server
+//!    cutting its connections), `auto_traits.rs`.
+//! 4. `.ci/run`: ask the server to answer before anything is built.
+//!
+//! A store that keeps shorter keys than a layer takes says so in [`Outcomes::MAX_KEY_LEN`]; a
+//! store whose keys compare by a collation fails `keys_and_scopes_are_compared_byte_for_byte`.
 
 #[cfg(feature = "mysql")]
 mod mysql;
@@ -47,9 +70,8 @@ use http::{HeaderName, HeaderValue, StatusCode};
 /// any [`Outbox`].
 ///
 /// The layers call these methods; an application calls only its store's constructor,
-/// `migrate` and `sweep`. A new store (Redis, MySQL) implements the three parts and runs the
-/// crate's test suite (`server/tests/all/support.rs`'s `Backend` shows how each store is
-/// plugged in).
+/// `migrate` and `sweep`. A new store implements the three parts and runs the crate's test
+/// suite ([the module's docs](self#a-fourth-store) say how it joins).
 pub trait Store: Outcomes + RecoveryPoints + Outbox {}
 
 impl<T: Outcomes + RecoveryPoints + Outbox> Store for T {}

@@ -29,6 +29,7 @@ use crate::support::Backend;
 const ORDERS: usize = 1000;
 const IN_FLIGHT: usize = 64;
 /// The seed of the link's draws and of the chaos.
+#[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
 const SEED: u64 = 0x00f1_ee75;
 /// The SQLite fleet's seed, whose chaos kills a process at once and pauses one next (the
 /// kind of each event is the seed's; its shorter run has room for only a few).
