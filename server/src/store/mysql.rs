@@ -84,9 +84,6 @@ const MAX_KEY: usize = 2000;
 /// The longest outbox message id, in bytes.
 const MAX_MESSAGE_ID: usize = 768;
 
-/// How many times a claim runs again when the server chose it as a deadlock's victim.
-const DEADLOCK_RETRIES: u32 = 3;
-
 /// The outcome table in MySQL 8 or MariaDB 10.11+, shared by every server of a fleet.
 ///
 /// Every lease decision reads `UTC_TIMESTAMP(3)` inside the statement that makes it, so servers
@@ -104,7 +101,9 @@ const DEADLOCK_RETRIES: u32 = 3;
 /// locked one), and a statement of a handler's transaction that waits longer fails, which
 /// rolls the handler's transaction back and answers `503 store-unavailable` with nothing
 /// stored. A deadlock (InnoDB rolls one transaction back) is the same for a handler's
-/// transaction; a claim chosen as a deadlock's victim is run again, up to three times.
+/// transaction. A claim never waits for a lock another statement could be waiting on it for
+/// (it reads without locks, skips locked rows, and its insert is committed on its own), so it
+/// is never a deadlock's victim.
 ///
 /// **Keys** are kept as bytes and compared byte for byte (`Key`, `key` and `key ` are three
 /// keys), scopes up to 1,000 bytes and keys up to 2,000; a longer one is refused with an
@@ -202,8 +201,9 @@ impl MySqlStore {
     }
 
     /// A store on a pool the application made, from [`pool_options`](MySqlStore::pool_options)
-    /// (a pool whose connections run at REPEATABLE READ works, but its claims may meet gap
-    /// locks and deadlocks: they are run again, at a cost). Call
+    /// (a pool whose connections run at REPEATABLE READ works too, but its sweeps and relays
+    /// take gap locks that hold back other servers' inserts for their short transactions).
+    /// Call
     /// [`migrate`](MySqlStore::migrate) once before the first request.
     pub fn from_pool(pool: MySqlPool) -> MySqlStore {
         MySqlStore { pool }
@@ -269,8 +269,7 @@ impl MySqlStore {
         Ok(())
     }
 
-    /// One claim, without the deadlock retry.
-    async fn claim_once(&self, claim: &Claim<'_>) -> Result<Option<Claimed>, StoreError> {
+    async fn claim(&self, claim: &Claim<'_>) -> Result<Option<Claimed>, StoreError> {
         for _ in 0..3 {
             let (fresh, existing): (String, Option<i64>) = sqlx::query_as(concat!(
                 "SELECT ",
@@ -425,9 +424,8 @@ impl MySqlStore {
     }
 }
 
-/// MySQL's error numbers this store tells apart.
+/// MySQL's error number for a duplicate key.
 const DUPLICATE_KEY: u16 = 1062;
-const DEADLOCK: u16 = 1213;
 
 /// The server's error number of a failed statement.
 fn code_of(error: &sqlx::Error) -> Option<u16> {
@@ -468,13 +466,7 @@ impl Outcomes for MySqlStore {
 
     async fn try_claim(&self, claim: &Claim<'_>) -> Result<Option<Claimed>, StoreError> {
         check_lengths(claim.scope, claim.key)?;
-        let mut tries = 0;
-        loop {
-            match self.claim_once(claim).await {
-                Err(error) if tries < DEADLOCK_RETRIES && is_deadlock(&error) => tries += 1,
-                claimed => return claimed,
-            }
-        }
+        self.claim(claim).await
     }
 
     async fn read(&self, scope: &str, key: &str) -> Result<Option<Record>, StoreError> {
@@ -646,14 +638,6 @@ impl Outcomes for MySqlStore {
             Completion::Completed
         })
     }
-}
-
-/// Whether a store error is InnoDB choosing this transaction as a deadlock's victim.
-fn is_deadlock(error: &StoreError) -> bool {
-    std::error::Error::source(error)
-        .and_then(|source| source.downcast_ref::<sqlx::Error>())
-        .and_then(code_of)
-        == Some(DEADLOCK)
 }
 
 impl RecoveryPoints for MySqlStore {

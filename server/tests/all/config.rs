@@ -516,3 +516,32 @@ async fn a_grpc_configuration_that_breaks_a_promise_fails_at_build_naming_the_fi
         "a chosen list is kept: {shown}"
     );
 }
+
+/// `MySqlStore::sweep` (no trait in scope) deletes what the retention no longer keeps, in
+/// batches, as the trait's does.
+#[cfg(feature = "mysql")]
+#[tokio::test]
+async fn the_mysql_store_sweeps_without_the_trait_in_scope() {
+    use crate::support::Backend;
+    let store = safe_retry_server::MySqlStore::fresh().await;
+    let fingerprint = [3; 32];
+    for key in ["a", "b", "c"] {
+        let claim = safe_retry_server::store::Claim {
+            scope: "",
+            key,
+            fingerprint: &fingerprint,
+            lease: Duration::from_secs(30),
+            retention: Duration::from_secs(60),
+        };
+        let claimed = safe_retry_server::store::Outcomes::try_claim(&store, &claim)
+            .await
+            .unwrap();
+        assert!(claimed.is_some());
+        store.end_lease(key).await;
+    }
+    assert_eq!(store.sweep(10).await.unwrap(), 0, "within their retention");
+    store.end_retention(None).await;
+    assert_eq!(store.sweep(2).await.unwrap(), 2, "a batch of two");
+    assert_eq!(store.sweep(2).await.unwrap(), 1);
+    assert_eq!(store.outcomes().await, []);
+}
