@@ -11,6 +11,16 @@
 //!    (renew, take over, or neither) made on the database's clock; a row another transaction
 //!    holds is passed by, not waited for. The `UPDATE` by id then writes the decided values,
 //!    under the row lock the read took.
+//!
+//! What each statement needs of its isolation (the connections run at READ COMMITTED):
+//!
+//! | statement | reads | why READ COMMITTED |
+//! |---|---|---|
+//! | the claim's first read, `read`, the operator's reads | a consistent read, no lock | each sees what was committed when it ran, not a snapshot older than the lease it judges |
+//! | the claim's `INSERT` | the unique index's duplicate check | none: it commits on its own |
+//! | the claim's `SELECT … FOR UPDATE SKIP LOCKED` and `UPDATE` | the latest row, locked | a locking read of a key whose row was just deleted takes no gap lock |
+//! | completion, recovery point, abandon, fail, release (fenced by id and attempt) | the row, locked | the handler's own writes share the transaction: READ COMMITTED is what they are told they get |
+//! | the sweep's and the relay's `SELECT … FOR UPDATE SKIP LOCKED` | a range, locked | at REPEATABLE READ the range's gaps would be locked, holding back other servers' inserts |
 
 use std::time::Duration;
 
