@@ -30,11 +30,9 @@ use sqlx::{Executor, Row, Transaction};
 
 use bytes::Bytes;
 
-use super::operations::{Operations, RecordView, Standing, Tally, view_of};
 use super::{
-    Claim, Claimed, Completion, Fence, Outbox, OutboxMessage, Outcomes, Progress, Record,
-    RecoveryPoints, Settle, StagedMessage, Stalled, StepWrite, StoreError, StoredAnswer,
-    encode_headers, message_of, record_of, settle_columns, stalled_of,
+    Claim, Claimed, Completion, Fence, Outcomes, Progress, Record, RecoveryPoints, Stalled,
+    StepWrite, StoreError, StoredAnswer, encode_headers, record_of, stalled_of,
 };
 
 /// The database's clock, as every statement reads it: UTC, to the millisecond, whatever the
@@ -85,7 +83,13 @@ macro_rules! fresh_identity {
     };
 }
 
-const MIGRATIONS: &[(i64, &str)] = &[(1, include_str!("../../migrations/mysql/0001_outcomes.sql"))];
+mod operations;
+mod outbox;
+
+const MIGRATIONS: &[(i64, &str)] = &[(
+    1,
+    include_str!("../../../migrations/mysql/0001_outcomes.sql"),
+)];
 
 /// The longest scope and key the table keeps, in bytes: the unique index over both must fit
 /// InnoDB's 3,072 bytes.
@@ -102,8 +106,7 @@ const MAX_MESSAGE_ID: usize = 768;
 /// **Isolation.** The store's connections run at READ COMMITTED (set on each connection as the
 /// pool opens it, so the handlers' [`Local`](crate::execution::Local) transactions do too):
 /// every statement of the store reads the latest committed row, and InnoDB takes no gap locks
-/// for it, so claims of two new keys never block each other and a sweep's range never blocks
-/// an insert. A completion and a takeover of one row meet on its row lock, and whichever
+/// for it, so a sweep's or a relay's range never holds back another server's insert. A completion and a takeover of one row meet on its row lock, and whichever
 /// commits second finds the record changed and writes nothing (the fence in its `WHERE`).
 ///
 /// **Lock waits** are bounded by `innodb_lock_wait_timeout`, set on each connection
@@ -713,231 +716,6 @@ impl RecoveryPoints for MySqlStore {
         .fetch_all(&self.pool)
         .await?;
         rows.iter().map(stalled_of).collect()
-    }
-}
-
-impl Outbox for MySqlStore {
-    async fn stage(
-        &self,
-        tx: &mut Self::Tx,
-        message: &StagedMessage<'_>,
-    ) -> Result<(), StoreError> {
-        if message.id.len() > MAX_MESSAGE_ID {
-            return Err(StoreError::new(format!(
-                "the MySQL store keeps outbox message ids of at most {MAX_MESSAGE_ID} bytes; this one is {}",
-                message.id.len()
-            )));
-        }
-        // `ON DUPLICATE KEY UPDATE id = id`: a message already staged is left as it is (not
-        // `INSERT IGNORE`, which would turn every other error into a warning too).
-        sqlx::query(concat!(
-            "INSERT INTO safe_retry_outbox
-                (id, method, url, headers, body, status, available_at, created_at)
-             VALUES (?, ?, ?, ?, ?, 'pending', ",
-            now!(),
-            ", ",
-            now!(),
-            ") ON DUPLICATE KEY UPDATE id = id"
-        ))
-        .bind(message.id.as_bytes())
-        .bind(message.method)
-        .bind(message.url)
-        .bind(encode_headers(message.headers))
-        .bind(message.body)
-        .execute(&mut **tx)
-        .await?;
-        Ok(())
-    }
-
-    async fn take_messages(
-        &self,
-        batch: u32,
-        lease: Duration,
-    ) -> Result<Vec<OutboxMessage>, StoreError> {
-        // SKIP LOCKED: relays on every server take disjoint batches without waiting; the rows
-        // chosen stay locked until their deliveries are counted.
-        let mut tx = self.pool.begin().await?;
-        let rows = sqlx::query(concat!(
-            "SELECT CONVERT(id USING utf8mb4) AS id, method, url, headers, body,
-                    deliveries + 1 AS deliveries, id AS raw_id
-             FROM safe_retry_outbox
-             WHERE status = 'pending' AND available_at <= ",
-            now!(),
-            " ORDER BY available_at LIMIT ? FOR UPDATE SKIP LOCKED"
-        ))
-        .bind(i64::from(batch))
-        .fetch_all(&mut *tx)
-        .await?;
-        if !rows.is_empty() {
-            let mut update = sqlx::QueryBuilder::<MySql>::new(concat!(
-                "UPDATE safe_retry_outbox SET deliveries = deliveries + 1, available_at = ",
-                now!(),
-                " + INTERVAL "
-            ));
-            update.push_bind(micros(lease));
-            update.push(" MICROSECOND WHERE id IN (");
-            let mut list = update.separated(", ");
-            for row in &rows {
-                list.push_bind(row.try_get::<Vec<u8>, _>("raw_id")?);
-            }
-            update.push(")");
-            update.build().execute(&mut *tx).await?;
-        }
-        tx.commit().await?;
-        rows.iter().map(message_of).collect()
-    }
-
-    async fn settle(&self, id: &str, delivery: i64, settle: &Settle) -> Result<bool, StoreError> {
-        let (status, answer, error, keep, after) = settle_columns(settle);
-        let done = sqlx::query(concat!(
-            "UPDATE safe_retry_outbox
-             SET status = ?, answer_status = COALESCE(?, answer_status), last_error = ?,
-                 expires_at = ",
-            later!(),
-            ", available_at = COALESCE(",
-            later!(),
-            ", available_at)
-             WHERE id = ? AND deliveries = ? AND status = 'pending'"
-        ))
-        .bind(status)
-        .bind(answer)
-        .bind(error)
-        .bind(keep.map(|ms| micros(Duration::from_millis(ms.max(0) as u64))))
-        .bind(after.map(|ms| micros(Duration::from_millis(ms.max(0) as u64))))
-        .bind(id.as_bytes())
-        .bind(delivery)
-        .execute(&self.pool)
-        .await?;
-        Ok(done.rows_affected() == 1)
-    }
-}
-
-/// The columns of a record's view ([`super::operations::view_of`]).
-macro_rules! view_columns {
-    () => {
-        concat!(
-            "SELECT CONVERT(scope USING utf8mb4) AS scope, CONVERT(`key` USING utf8mb4) AS `key`,
-                    status, step, steps, request, attempt, generation, note,
-                    CAST(response_status AS SIGNED) AS response_status, ",
-            epoch_ms!("created_at"),
-            " AS created_ms, ",
-            epoch_ms!("expires_at"),
-            " AS expires_ms, ",
-            epoch_ms!("locked_until"),
-            " AS lease_ms, ",
-            left_ms!("locked_until"),
-            " AS lease_left FROM safe_retry_outcomes "
-        )
-    };
-}
-
-impl Operations for MySqlStore {
-    async fn records(&self, standing: Standing, limit: u32) -> Result<Vec<RecordView>, StoreError> {
-        let sql = match standing {
-            Standing::Running => concat!(
-                view_columns!(),
-                "WHERE status = 'in_progress' AND locked_until > ",
-                now!(),
-                " ORDER BY id LIMIT ?"
-            ),
-            Standing::Stalled => concat!(
-                view_columns!(),
-                "WHERE status = 'in_progress' AND locked_until <= ",
-                now!(),
-                " AND step IS NULL ORDER BY id LIMIT ?"
-            ),
-            Standing::Parked => concat!(
-                view_columns!(),
-                "WHERE status = 'in_progress' AND locked_until <= ",
-                now!(),
-                " AND step IS NOT NULL ORDER BY id LIMIT ?"
-            ),
-            Standing::Failed => concat!(
-                view_columns!(),
-                "WHERE status = 'failed' ORDER BY id LIMIT ?"
-            ),
-            Standing::Completed => concat!(
-                view_columns!(),
-                "WHERE status = 'completed' ORDER BY id LIMIT ?"
-            ),
-        };
-        let rows = sqlx::query(sql)
-            .bind(i64::from(limit))
-            .fetch_all(&self.pool)
-            .await?;
-        rows.iter().map(view_of).collect()
-    }
-
-    async fn inspect(&self, scope: &str, key: &str) -> Result<Option<RecordView>, StoreError> {
-        let row = sqlx::query(concat!(view_columns!(), "WHERE scope = ? AND `key` = ?"))
-            .bind(scope.as_bytes())
-            .bind(key.as_bytes())
-            .fetch_optional(&self.pool)
-            .await?;
-        row.as_ref().map(view_of).transpose()
-    }
-
-    async fn tally(&self) -> Result<Tally, StoreError> {
-        let rows: Vec<(String, i64, i64, i64)> = sqlx::query_as(concat!(
-            "SELECT status, CAST(COALESCE(locked_until > ",
-            now!(),
-            ", 0) AS SIGNED) AS live, CAST(step IS NOT NULL AS SIGNED) AS stepped,
-                    CAST(COUNT(*) AS SIGNED)
-             FROM safe_retry_outcomes GROUP BY status, live, stepped"
-        ))
-        .fetch_all(&self.pool)
-        .await?;
-        Ok(Tally::of_rows(
-            rows.into_iter()
-                .map(|(status, live, stepped, n)| (status, live, stepped == 1, n))
-                .collect(),
-        ))
-    }
-
-    async fn retry_now(&self, scope: &str, key: &str) -> Result<bool, StoreError> {
-        let done = sqlx::query(concat!(
-            "UPDATE safe_retry_outcomes SET locked_until = ",
-            now!(),
-            ", generation = attempt + 1
-             WHERE scope = ? AND `key` = ? AND status = 'in_progress' AND locked_until <= ",
-            now!()
-        ))
-        .bind(scope.as_bytes())
-        .bind(key.as_bytes())
-        .execute(&self.pool)
-        .await?;
-        Ok(done.rows_affected() == 1)
-    }
-
-    async fn abandon_record(
-        &self,
-        scope: &str,
-        key: &str,
-        reason: &str,
-        answer: &StoredAnswer,
-        retention: Duration,
-    ) -> Result<bool, StoreError> {
-        let done = sqlx::query(concat!(
-            "UPDATE safe_retry_outcomes
-             SET status = 'failed', locked_until = NULL, request = NULL, note = ?,
-                 response_status = ?, response_headers = ?, response_body = ?,
-                 expires_at = ",
-            later!(),
-            " WHERE scope = ? AND `key` = ?
-               AND (status = 'failed' OR (status = 'in_progress' AND locked_until <= ",
-            now!(),
-            "))"
-        ))
-        .bind(reason)
-        .bind(i32::from(answer.status.as_u16()))
-        .bind(encode_headers(&answer.headers))
-        .bind(answer.body.as_deref())
-        .bind(micros(retention))
-        .bind(scope.as_bytes())
-        .bind(key.as_bytes())
-        .execute(&self.pool)
-        .await?;
-        Ok(done.rows_affected() == 1)
     }
 }
 
