@@ -545,3 +545,56 @@ async fn the_mysql_store_sweeps_without_the_trait_in_scope() {
     assert_eq!(store.sweep(2).await.unwrap(), 1);
     assert_eq!(store.outcomes().await, []);
 }
+
+/// The MySQL store's connections run at READ COMMITTED, with its bounded lock wait, in strict
+/// mode: those it opens and those of a pool made from `MySqlStore::pool_options`.
+#[cfg(feature = "mysql")]
+#[tokio::test]
+async fn the_mysql_store_s_connections_run_at_read_committed_with_a_bounded_wait() {
+    use safe_retry_server::MySqlStore;
+    async fn settings(pool: &sqlx::MySqlPool) -> (String, i64, String) {
+        // MariaDB before 11.1 names the isolation `tx_isolation`; MySQL 8, `transaction_isolation`.
+        let isolation: String = match sqlx::query_scalar("SELECT @@SESSION.tx_isolation")
+            .fetch_one(pool)
+            .await
+        {
+            Ok(isolation) => isolation,
+            Err(_) => sqlx::query_scalar("SELECT @@SESSION.transaction_isolation")
+                .fetch_one(pool)
+                .await
+                .unwrap(),
+        };
+        let (wait, mode): (i64, String) = sqlx::query_as(
+            "SELECT CAST(@@SESSION.innodb_lock_wait_timeout AS SIGNED), @@SESSION.sql_mode",
+        )
+        .fetch_one(pool)
+        .await
+        .unwrap();
+        (isolation, wait, mode)
+    }
+    let url = crate::support::mysql::fresh_url().await;
+    let store = MySqlStore::builder(&url)
+        .lock_wait_timeout(Duration::from_secs(3))
+        .connect()
+        .await
+        .unwrap();
+    let (isolation, wait, mode) = settings(store.pool()).await;
+    assert_eq!((isolation.as_str(), wait), ("READ-COMMITTED", 3));
+    assert!(mode.contains("STRICT_ALL_TABLES"), "{mode}");
+    let pool = MySqlStore::pool_options(Duration::from_millis(200))
+        .max_connections(1)
+        .connect(&url)
+        .await
+        .unwrap();
+    let (isolation, wait, mode) = settings(&pool).await;
+    assert_eq!(
+        (isolation.as_str(), wait),
+        ("READ-COMMITTED", 1),
+        "under a second is InnoDB's least, 1 s"
+    );
+    assert!(mode.contains("STRICT_ALL_TABLES"), "{mode}");
+    let store = MySqlStore::from_pool(pool);
+    store.migrate().await.unwrap();
+    let read = safe_retry_server::store::Outcomes::read(&store, "", "k").await;
+    assert!(read.unwrap().is_none(), "the migrated table answers");
+}

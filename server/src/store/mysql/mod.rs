@@ -121,6 +121,24 @@ const MAX_MESSAGE_ID: usize = 768;
 /// **Keys** are kept as bytes and compared byte for byte (`Key`, `key` and `key ` are three
 /// keys), scopes up to 1,000 bytes and keys up to 2,000; a longer one is refused with an
 /// error naming the limit, never cut short.
+///
+/// ```no_run
+/// # async fn doc() -> Result<(), Box<dyn std::error::Error>> {
+/// use std::time::Duration;
+/// use safe_retry_server::{IdempotencyLayer, MySqlStore};
+///
+/// // Every server of the fleet opens the same database; the first to start applies the
+/// // migrations, the others wait for it.
+/// let store = MySqlStore::builder("mysql://orders:secret@db.internal/orders")
+///     .max_connections(32)
+///     .lock_wait_timeout(Duration::from_secs(2))
+///     .connect()
+///     .await?;
+/// let layer = IdempotencyLayer::builder(store).shared_scope().build()?;
+/// # let _ = layer;
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug, Clone)]
 pub struct MySqlStore {
     pool: MySqlPool,
