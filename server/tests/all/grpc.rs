@@ -679,7 +679,11 @@ pub async fn grpc_both_halves_through_a_lossy_link_charge_each_call_once<S: Back
     const CALLS: usize = 200;
     let store = S::fresh().await;
     let halves = Arc::new(Halves::start(store, 0x5eed_0065).await.unwrap());
-    let answers = halves.charge_many(CALLS, 16).await;
+    // Bounded: a store that fails every statement leaves the callers retrying until their
+    // budget ends, and the test fails instead of waiting for ever.
+    let answers = tokio::time::timeout(Duration::from_secs(60), halves.charge_many(CALLS, 16))
+        .await
+        .expect("every call is answered within 60 s");
     let receipts: Vec<Receipt> = answers
         .into_iter()
         .enumerate()

@@ -33,7 +33,7 @@ async fn first_request_held<S: Backend>() -> Held<S> {
     let (server, layer) = start(store.clone(), script.clone()).await;
     let url = server.url("/script");
     let first = post_in_background(&url, "k", "amount=10");
-    script.began.acquire().await.unwrap().forget();
+    began_within_10_s(&script.began, "the first request's handler").await;
     Held {
         store,
         script,
@@ -42,6 +42,16 @@ async fn first_request_held<S: Backend>() -> Held<S> {
         url,
         first,
     }
+}
+
+/// Waits (at most 10 s) for one permit of `signal`: a store that fails every statement never
+/// runs a handler, and the test fails saying what never began instead of waiting for ever.
+async fn began_within_10_s(signal: &tokio::sync::Semaphore, what: &str) {
+    tokio::time::timeout(std::time::Duration::from_secs(10), signal.acquire())
+        .await
+        .unwrap_or_else(|_| panic!("{what} did not begin within 10 s"))
+        .unwrap()
+        .forget();
 }
 
 /// Sends a POST from a task of its own, on a connection of its own.
@@ -977,7 +987,7 @@ async fn cut_mid_request_leaves_nothing_half_written<S: Backend>(cut: impl Async
     let (server, _layer) = start(store.clone(), script.clone()).await;
     let url = server.url("/script");
     let first = post_in_background(&url, "k", "amount=10");
-    script.wrote.acquire().await.unwrap().forget();
+    began_within_10_s(&script.wrote, "the charge's effect").await;
     cut(&store).await;
     script.after.add_permits(1);
     let first = first.await.unwrap();
