@@ -598,3 +598,34 @@ async fn the_mysql_store_s_connections_run_at_read_committed_with_a_bounded_wait
     let read = safe_retry_server::store::Outcomes::read(&store, "", "k").await;
     assert!(read.unwrap().is_none(), "the migrated table answers");
 }
+
+/// A new key's `INSERT` that the server refuses for any reason but a duplicate key (here a
+/// trigger's error) is the store's failure, reported: never taken for another claim's win.
+#[cfg(feature = "mysql")]
+#[tokio::test]
+async fn a_mysql_claim_whose_insert_is_refused_reports_it() {
+    use crate::support::Backend;
+    use safe_retry_server::store::{Claim, Outcomes};
+    let store = safe_retry_server::MySqlStore::fresh().await;
+    sqlx::query(
+        "CREATE TRIGGER refuse BEFORE INSERT ON safe_retry_outcomes FOR EACH ROW
+         SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'refused by a trigger'",
+    )
+    .execute(store.pool())
+    .await
+    .unwrap();
+    let fingerprint = [5; 32];
+    let claim = Claim {
+        scope: "",
+        key: "k",
+        fingerprint: &fingerprint,
+        lease: Duration::from_secs(30),
+        retention: Duration::from_secs(60),
+    };
+    let refused = store.try_claim(&claim).await.unwrap_err();
+    assert!(
+        format!("{:?}", refused).contains("refused by a trigger"),
+        "{refused:?}"
+    );
+    assert_eq!(store.outcomes().await, []);
+}
