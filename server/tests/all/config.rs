@@ -629,3 +629,35 @@ async fn a_mysql_claim_whose_insert_is_refused_reports_it() {
     );
     assert_eq!(store.outcomes().await, []);
 }
+
+/// An outbox message id longer than the MySQL table keeps (768 bytes) is refused with an error
+/// naming the limit, never cut short into another message's id; one at the limit is staged.
+#[cfg(feature = "mysql")]
+#[tokio::test]
+async fn a_mysql_outbox_id_past_its_column_is_refused_naming_the_limit() {
+    use crate::support::{Backend, ChargesDb};
+    use safe_retry_server::store::{Outbox, Outcomes, StagedMessage};
+    let store = safe_retry_server::MySqlStore::fresh().await;
+    let message = |id: &'static str| StagedMessage {
+        id,
+        method: "POST",
+        url: "http://127.0.0.1:1/receipts",
+        headers: &[],
+        body: b"{}",
+    };
+    let at_limit: &'static str = "m".repeat(768).leak();
+    let past: &'static str = "m".repeat(769).leak();
+    let mut tx = store.begin().await.unwrap();
+    store.stage(&mut tx, &message(at_limit)).await.unwrap();
+    let refused = store.stage(&mut tx, &message(past)).await.unwrap_err();
+    assert!(
+        refused
+            .to_string()
+            .contains("at most 768 bytes; this one is 769"),
+        "{refused}"
+    );
+    <safe_retry_server::MySqlStore as Backend>::commit(tx).await;
+    let staged = store.outbox().await.unwrap();
+    assert_eq!(staged.len(), 1);
+    assert_eq!(staged[0].0.len(), 768);
+}
