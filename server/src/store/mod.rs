@@ -407,6 +407,25 @@ impl From<sqlx::Error> for StoreError {
     }
 }
 
+/// Ends a fenced write's transaction: commits it when the write changed the record
+/// (`Completion::Completed`), rolls it back (the handler's effects with it) when the fence
+/// matched no row (`Completion::Fenced`).
+#[cfg_attr(
+    not(any(feature = "sqlite", feature = "postgres", feature = "mysql")),
+    allow(dead_code)
+)]
+pub(crate) async fn end_fenced<DB: sqlx::Database>(
+    tx: sqlx::Transaction<'static, DB>,
+    rows_changed: u64,
+) -> Result<Completion, StoreError> {
+    if rows_changed == 0 {
+        tx.rollback().await?;
+        return Ok(Completion::Fenced);
+    }
+    tx.commit().await?;
+    Ok(Completion::Completed)
+}
+
 /// Encodes headers as the stores keep them: per header, the name's length (2 bytes), the
 /// value's length (4 bytes, big-endian), the name, the value.
 #[cfg_attr(

@@ -11,7 +11,7 @@ use super::operations::{Operations, RecordView, Standing, Tally, view_of};
 use super::{
     Claim, Claimed, Completion, Fence, Outbox, OutboxMessage, Outcomes, Progress, Record,
     RecoveryPoints, Settle, StagedMessage, Stalled, StepWrite, StoreError, StoredAnswer,
-    encode_headers, message_of, millis, record_of, settle_columns, stalled_of,
+    encode_headers, end_fenced, message_of, millis, record_of, settle_columns, stalled_of,
 };
 
 /// Whether a claim renews the record `o` (a new generation): its retention has ended, and it is
@@ -228,12 +228,7 @@ impl Outcomes for PostgresStore {
         .bind(answer.body.as_deref())
         .execute(&mut *tx)
         .await?;
-        if done.rows_affected() == 0 {
-            tx.rollback().await?;
-            return Ok(Completion::Fenced);
-        }
-        tx.commit().await?;
-        Ok(Completion::Completed)
+        end_fenced(tx, done.rows_affected()).await
     }
 
     async fn release(&self, tx: Option<Self::Tx>, fence: Fence) -> Result<bool, StoreError> {
@@ -356,12 +351,7 @@ impl RecoveryPoints for PostgresStore {
         .bind(millis(write.lease))
         .execute(&mut *tx)
         .await?;
-        if done.rows_affected() == 0 {
-            tx.rollback().await?;
-            return Ok(Completion::Fenced);
-        }
-        tx.commit().await?;
-        Ok(Completion::Completed)
+        end_fenced(tx, done.rows_affected()).await
     }
 
     async fn stalled(&self, batch: u32) -> Result<Vec<Stalled>, StoreError> {

@@ -12,7 +12,7 @@ use super::operations::{Operations, RecordView, Standing, Tally, view_of};
 use super::{
     Claim, Claimed, Completion, Fence, Outbox, OutboxMessage, Outcomes, Progress, Record,
     RecoveryPoints, Settle, StagedMessage, Stalled, StepWrite, StoreError, StoredAnswer,
-    encode_headers, message_of, millis, record_of, settle_columns, stalled_of,
+    encode_headers, end_fenced, message_of, millis, record_of, settle_columns, stalled_of,
 };
 
 /// The database's clock in milliseconds since the Unix epoch, as every statement reads it.
@@ -347,12 +347,7 @@ impl Outcomes for SqliteStore {
         .bind(answer.body.as_deref())
         .execute(&mut *tx)
         .await?;
-        if done.rows_affected() == 0 {
-            tx.rollback().await?;
-            return Ok(Completion::Fenced);
-        }
-        tx.commit().await?;
-        Ok(Completion::Completed)
+        end_fenced(tx, done.rows_affected()).await
     }
 
     async fn release(&self, tx: Option<Self::Tx>, fence: Fence) -> Result<bool, StoreError> {
@@ -484,12 +479,7 @@ impl RecoveryPoints for SqliteStore {
         .bind(millis(write.lease))
         .execute(&mut *tx)
         .await?;
-        if done.rows_affected() == 0 {
-            tx.rollback().await?;
-            return Ok(Completion::Fenced);
-        }
-        tx.commit().await?;
-        Ok(Completion::Completed)
+        end_fenced(tx, done.rows_affected()).await
     }
 
     async fn stalled(&self, batch: u32) -> Result<Vec<Stalled>, StoreError> {

@@ -32,7 +32,7 @@ use bytes::Bytes;
 
 use super::{
     Claim, Claimed, Completion, Fence, Outcomes, Progress, Record, RecoveryPoints, Stalled,
-    StepWrite, StoreError, StoredAnswer, encode_headers, record_of, stalled_of,
+    StepWrite, StoreError, StoredAnswer, encode_headers, end_fenced, record_of, stalled_of,
 };
 
 /// The database's clock, as every statement reads it: UTC, to the millisecond, whatever the
@@ -551,12 +551,7 @@ impl Outcomes for MySqlStore {
         .bind(fence.attempt)
         .execute(&mut *tx)
         .await?;
-        if done.rows_affected() == 0 {
-            tx.rollback().await?;
-            return Ok(Completion::Fenced);
-        }
-        tx.commit().await?;
-        Ok(Completion::Completed)
+        end_fenced(tx, done.rows_affected()).await
     }
 
     async fn release(&self, tx: Option<Self::Tx>, fence: Fence) -> Result<bool, StoreError> {
@@ -713,12 +708,7 @@ impl RecoveryPoints for MySqlStore {
         .bind(fence.attempt)
         .execute(&mut *tx)
         .await?;
-        if done.rows_affected() == 0 {
-            tx.rollback().await?;
-            return Ok(Completion::Fenced);
-        }
-        tx.commit().await?;
-        Ok(Completion::Completed)
+        end_fenced(tx, done.rows_affected()).await
     }
 
     async fn stalled(&self, batch: u32) -> Result<Vec<Stalled>, StoreError> {
