@@ -111,10 +111,6 @@ impl Ledger {
 
 type Boxed<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
-impl tonic::server::NamedService for Ledger {
-    const NAME: &'static str = "payments.Ledger";
-}
-
 impl tower_service::Service<http::Request<tonic::body::Body>> for Ledger {
     type Response = http::Response<tonic::body::Body>;
     type Error = Infallible;
@@ -188,11 +184,7 @@ async fn serve(ledger: Ledger) -> std::io::Result<String> {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let address = listener.local_addr()?;
     let incoming = tonic::transport::server::TcpIncoming::from(listener);
-    tokio::spawn(
-        tonic::transport::Server::builder()
-            .add_service(ledger)
-            .serve_with_incoming(incoming),
-    );
+    tokio::spawn(tonic::transport::Server::builder().serve_with_incoming(ledger, incoming));
     Ok(format!("http://{address}"))
 }
 

@@ -37,10 +37,6 @@ type Boxed<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 #[derive(Clone)]
 struct Echo;
 
-impl tonic::server::NamedService for Echo {
-    const NAME: &'static str = "bench.Orders";
-}
-
 impl tower::Service<http::Request<tonic::body::Body>> for Echo {
     type Response = http::Response<tonic::body::Body>;
     type Error = Infallible;
@@ -74,11 +70,7 @@ pub async fn start_grpc() -> SocketAddr {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let address = listener.local_addr().unwrap();
     let incoming = tonic::transport::server::TcpIncoming::from(listener);
-    tokio::spawn(
-        tonic::transport::Server::builder()
-            .add_service(Echo)
-            .serve_with_incoming(incoming),
-    );
+    tokio::spawn(tonic::transport::Server::builder().serve_with_incoming(Echo, incoming));
     address
 }
 

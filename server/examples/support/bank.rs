@@ -77,10 +77,6 @@ impl<S> Clone for Bank<S> {
     }
 }
 
-impl<S> tonic::server::NamedService for Bank<S> {
-    const NAME: &'static str = "bank.Bank";
-}
-
 impl<S: ChargesDb> Bank<S> {
     /// A bank whose charges go to `orders`' dependencies.
     pub fn new(orders: Orders) -> Bank<S> {
@@ -125,8 +121,7 @@ pub fn serve<S: ChargesDb>(
     let task = tokio::spawn(async move {
         let served = tonic::transport::Server::builder()
             .layer(layer)
-            .add_service(bank)
-            .serve_with_incoming(incoming)
+            .serve_with_incoming(bank, incoming)
             .await;
         if let Err(error) = served {
             eprintln!("the bank stopped serving: {error}");

@@ -114,10 +114,6 @@ fn failure(code: Code, pushback: Option<&'static str>) -> Status {
 #[derive(Clone)]
 struct EchoServer(Script);
 
-impl tonic::server::NamedService for EchoServer {
-    const NAME: &'static str = "echo.Echo";
-}
-
 impl tower_service::Service<http::Request<tonic::body::Body>> for EchoServer {
     type Response = http::Response<tonic::body::Body>;
     type Error = Infallible;
@@ -204,8 +200,7 @@ pub async fn serve(script: &Script) -> String {
     let service = EchoServer(script.clone());
     tokio::spawn(async move {
         tonic::transport::Server::builder()
-            .add_service(service)
-            .serve_with_incoming(incoming)
+            .serve_with_incoming(service, incoming)
             .await
             .unwrap();
     });
