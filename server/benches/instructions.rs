@@ -1,9 +1,10 @@
 //! The layer's cost per request on SQLite, in instructions counted by valgrind's callgrind
 //! (the database is in the process, so every instruction it runs is counted too).
 //!
-//! Two services answer the same 26-byte POST: the floor, a handler that writes its effect in a
-//! transaction of its own, and the same handler behind the layer, writing its effect in the
-//! transaction that stores the answer. Each runs in a process of its own on a current-thread
+//! Three services answer the same 26-byte POST: the floor, a handler that writes its effect in a
+//! transaction of its own; the baseline, the same handler doing the layer's claim and completion
+//! statements by hand (`common::by_hand`); and the first handler behind the layer, writing its
+//! effect in the transaction that stores the answer. Each runs in a process of its own on a current-thread
 //! runtime, called in the process (no sockets), once with N1 requests and once with N2, each
 //! with a new key; `(Ir(N2) - Ir(N1)) / (N2 - N1)` is one request's cost.
 //!
@@ -46,18 +47,32 @@ fn main() {
             / (n2 - n1) as f64
     };
     let bare = per("bare");
+    let by_hand = per("by_hand");
     let layered = per("layered");
-    println!("{:<40} {:>12}", "service", "Ir/request");
+    println!("{:<44} {:>12}", "service", "Ir/request");
     println!(
-        "{:<40} {:>12.0}",
+        "{:<44} {:>12.0}",
         "(a) handler, own transaction (floor)", bare
     );
-    println!("{:<40} {:>12.0}", "(b) the same behind the layer", layered);
     println!(
-        "{:<40} {:>+12.0} ({:.2}x)",
+        "{:<44} {:>12.0}",
+        "(c) the layer's statements by hand", by_hand
+    );
+    println!(
+        "{:<44} {:>12.0}",
+        "(b) (a)'s handler behind the layer", layered
+    );
+    println!(
+        "{:<44} {:>+12.0} ({:.2}x)",
         "the layer's cost, (b) - (a)",
         layered - bare,
         layered / bare
+    );
+    println!(
+        "{:<44} {:>+12.0} ({:.2}x)",
+        "over the statements by hand, (b) - (c)",
+        layered - by_hand,
+        layered / by_hand
     );
 }
 
@@ -94,6 +109,7 @@ fn child(spec: &str) {
         common::ChargesDb::prepare(&store).await.unwrap();
         let mut router = match service {
             "bare" => common::bare(store),
+            "by_hand" => common::by_hand(store),
             "layered" => common::layered(store),
             other => panic!("no service {other:?}"),
         };

@@ -80,6 +80,72 @@ pub fn layered<S: ChargesDb>(store: S) -> Router {
         .layer(layer)
 }
 
+/// The baseline a user would write by hand for the same guarantee: the layer's claim and
+/// completion statements in the handler itself, over the same axum stack. It reads the key,
+/// fingerprints the request (SHA-256 of its method, path and body, so that a key reused for
+/// another request is told apart), claims the key, writes its effect and the stored answer in one
+/// transaction, and answers. What it leaves out is what the layer adds to those statements: its
+/// admission and checks, the lease's renewal, the stored answer's headers taken from the
+/// response, the events and counters, and every path but a new key's (a key seen before is
+/// answered `409` here).
+pub fn by_hand<S: ChargesDb>(store: S) -> Router {
+    async fn charge<S: ChargesDb>(
+        State(store): State<S>,
+        headers: axum::http::HeaderMap,
+        body: bytes::Bytes,
+    ) -> Response {
+        use safe_retry_server::store::{Claim, Completion, StoredAnswer};
+        use sha2::{Digest, Sha256};
+        let Some(key) = headers
+            .get("idempotency-key")
+            .and_then(|key| key.to_str().ok())
+        else {
+            return StatusCode::BAD_REQUEST.into_response();
+        };
+        let mut hash = Sha256::new();
+        for part in [&b"POST"[..], b"/charges", &body] {
+            hash.update((part.len() as u64).to_be_bytes());
+            hash.update(part);
+        }
+        let fingerprint: [u8; 32] = hash.finalize().into();
+        let claim = Claim {
+            scope: "",
+            key,
+            fingerprint: &fingerprint,
+            lease: std::time::Duration::from_secs(30),
+            retention: std::time::Duration::from_secs(86_400),
+        };
+        let claimed = match store.try_claim(&claim).await {
+            Ok(Some(claimed)) => claimed,
+            Ok(None) => return StatusCode::CONFLICT.into_response(),
+            Err(_) => return StatusCode::SERVICE_UNAVAILABLE.into_response(),
+        };
+        let Ok(mut tx) = store.begin().await else {
+            return StatusCode::SERVICE_UNAVAILABLE.into_response();
+        };
+        let body = std::str::from_utf8(&body).unwrap_or_default();
+        let Ok(id) = S::record_effect(&mut tx, key, body).await else {
+            return StatusCode::SERVICE_UNAVAILABLE.into_response();
+        };
+        let text = format!("{{\"effect_id\":{id}}}");
+        let answer = StoredAnswer {
+            status: StatusCode::CREATED,
+            headers: vec![(
+                axum::http::header::CONTENT_TYPE,
+                axum::http::HeaderValue::from_static("text/plain; charset=utf-8"),
+            )],
+            body: Some(bytes::Bytes::from(text.clone())),
+        };
+        match store.complete(Some(tx), claimed.fence, &answer).await {
+            Ok(Completion::Completed) => (StatusCode::CREATED, text).into_response(),
+            _ => StatusCode::SERVICE_UNAVAILABLE.into_response(),
+        }
+    }
+    Router::new()
+        .route("/charges", post(charge::<S>))
+        .with_state(store)
+}
+
 /// One POST with key `key` (a 26-byte body), called on the service in the process.
 pub async fn call(router: &mut Router, key: &str) -> StatusCode {
     let request = Request::post("/charges")

@@ -126,7 +126,7 @@ async fn statements<S: Commit>(store: &S, key: &str) -> bool {
 
 /// Runs 64 clients for `seconds`, `rounds` times: requests a second and p99 latency (ms) of
 /// each round.
-async fn throughput<F, Fut>(rounds: u64, seconds: u64, one: F) -> (Vec<f64>, Vec<f64>)
+pub async fn throughput<F, Fut>(rounds: u64, seconds: u64, one: F) -> (Vec<f64>, Vec<f64>)
 where
     F: Fn(String) -> Fut + Clone + Send + Sync + 'static,
     Fut: std::future::Future<Output = bool> + Send,
@@ -167,11 +167,11 @@ where
     (rates, p99s)
 }
 
-fn mean(values: &[f64]) -> f64 {
+pub fn mean(values: &[f64]) -> f64 {
     values.iter().sum::<f64>() / values.len() as f64
 }
 
-fn spread(values: &[f64]) -> String {
+pub fn spread(values: &[f64]) -> String {
     let low = values.iter().cloned().fold(f64::INFINITY, f64::min);
     let high = values.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
     format!("{:.0} [{:.0}, {:.0}]", mean(values), low, high)
