@@ -62,8 +62,8 @@ pub(crate) fn fingerprint(method: &http::Method, uri: &http::Uri) -> u64 {
 /// (it may say no to a URI that is: the caller then parses it): an `http` or `https` URI whose
 /// authority is a lower-case host name or a dotted IPv4 address without leading zeros, with no
 /// user name and a port without leading zeros, and whose path and query hold no byte the
-/// standard escapes or reads otherwise, and no dot segment. One pass over each part's bytes:
-/// this runs for every request.
+/// standard escapes or reads otherwise, and no dot segment. One pass over each part's bytes,
+/// each byte's class read from a table: this runs for every request.
 fn canonical(uri: &http::Uri) -> bool {
     if !matches!(uri.scheme_str(), Some("http" | "https")) {
         return false;
@@ -76,11 +76,38 @@ fn canonical(uri: &http::Uri) -> bool {
         && canonical_path_and_query(path_and_query.as_bytes())
 }
 
+/// A byte of a host name as [`canonical_authority`] reads it.
+const OTHER: u8 = 0;
+const LETTER: u8 = 1;
+const DIGIT: u8 = 2;
+const DOT: u8 = 3;
+const DASH: u8 = 4;
+
+/// The class of every byte in a host name: a lower-case letter, a digit, a dot, a dash, or
+/// anything else (which the parser is left to read).
+static HOST: [u8; 256] = {
+    let mut table = [OTHER; 256];
+    let mut byte = 0;
+    while byte < 256 {
+        table[byte] = match byte as u8 {
+            b'a'..=b'z' => LETTER,
+            b'0'..=b'9' => DIGIT,
+            b'.' => DOT,
+            b'-' => DASH,
+            _ => OTHER,
+        };
+        byte += 1;
+    }
+    table
+};
+
 /// A lower-case host name, or a dotted IPv4 address of four numbers up to 255 without leading
 /// zeros, then a port of digits without a leading zero; not an IPv6 address (the standard
 /// shortens them), a user name, or an IDNA label (`xn--`).
 fn canonical_authority(authority: &[u8]) -> bool {
-    let (host, port) = match authority.iter().position(|b| *b == b':') {
+    // The port is the digits after the last colon; a colon of a user name or an IPv6 address
+    // leaves a host the loop below refuses.
+    let (host, port) = match authority.iter().rposition(|b| *b == b':') {
         Some(at) => (&authority[..at], Some(&authority[at + 1..])),
         None => (authority, None),
     };
@@ -90,24 +117,20 @@ fn canonical_authority(authority: &[u8]) -> bool {
     if host.is_empty() || !port_plain {
         return false;
     }
-    // Per label: its start, whether all digits, and (for the dotted-quad reading) the count.
-    let (mut labels, mut start, mut digits) = (0, 0, true);
-    let mut numbers_plain = true;
+    // The current label's start and whether it is all digits, and how many dots came before.
+    let (mut dots, mut start, mut digits) = (0, 0, true);
     for (at, byte) in host.iter().enumerate() {
-        match byte {
-            b'a'..=b'z' | b'-' => digits = false,
-            b'0'..=b'9' => {}
+        match HOST[usize::from(*byte)] {
+            LETTER => digits = false,
+            DIGIT => {}
+            // An IDNA label: the standard checks and may rewrite it.
+            DASH if at >= 3 && host[at - 3..at] == *b"xn-" => return false,
+            DASH => digits = false,
             // An empty label (a leading dot, two dots) is left to the parser.
-            b'.' if at == start => return false,
-            b'.' => {
-                numbers_plain &= plain_number(&host[start..at]);
-                (labels, start, digits) = (labels + 1, at + 1, true);
-            }
+            DOT if at == start => return false,
+            DOT => (dots, start, digits) = (dots + 1, at + 1, true),
             _ => return false,
         }
-    }
-    if host.windows(4).any(|four| four == b"xn--") {
-        return false;
     }
     // The last label (before a final dot, if any) decides whether the standard reads an IPv4
     // address: a number, or `0x`...
@@ -127,7 +150,8 @@ fn canonical_authority(authority: &[u8]) -> bool {
     if !numeric {
         return true;
     }
-    dotted && labels == 3 && numbers_plain && plain_number(last)
+    // An IPv4 address (rare in a request's URI, so read again here): four plain numbers.
+    dotted && dots == 3 && host.split(|b| *b == b'.').all(plain_number)
 }
 
 /// A decimal number up to 255 without a leading zero.
@@ -142,33 +166,57 @@ fn plain_number(digits: &[u8]) -> bool {
             <= 255
 }
 
+/// A byte of a path or query as [`canonical_path_and_query`] reads it.
+const PLAIN: u8 = 0;
+const LOOK: u8 = 1;
+const ESCAPED: u8 = 2;
+
+/// The class of every byte in a path and query: one the standard keeps as it is, one whose
+/// reading depends on where it stands (`.` and `%` after a `/`, `'` in the query, `?`),
+/// or one it escapes or reads otherwise wherever it stands (space, control and non-ASCII
+/// bytes, `"`, `#`, `<`, `>`, `` ` ``, `{`, `}`, `^`, `\`).
+static PATH: [u8; 256] = {
+    let mut table = [ESCAPED; 256];
+    let mut byte = 0;
+    while byte < 256 {
+        table[byte] = match byte as u8 {
+            b'.' | b'%' | b'\'' | b'?' => LOOK,
+            b'"' | b'#' | b'<' | b'>' | b'`' | b'{' | b'}' | b'^' | b'\\' => ESCAPED,
+            b'!'..=b'~' => PLAIN,
+            _ => ESCAPED,
+        };
+        byte += 1;
+    }
+    table
+};
+
 /// A path and query with no byte the standard escapes (in a path: space, `"`, `#`, `<`, `>`,
 /// `` ` ``, `{`, `}`, `^`; in a query also `'`), reads as another (`\`), or resolves (a segment
 /// that starts with `.` or `%2e`).
 fn canonical_path_and_query(path_and_query: &[u8]) -> bool {
-    let (mut in_query, mut after_slash) = (false, false);
     for (at, byte) in path_and_query.iter().enumerate() {
-        let plain = match byte {
-            b'"' | b'#' | b'<' | b'>' | b'`' | b'{' | b'}' | b'^' | b'\\' => false,
-            b'\'' => !in_query,
-            b'.' => in_query || !after_slash,
-            b'%' => {
-                in_query
-                    || !after_slash
-                    || !path_and_query
+        match PATH[usize::from(*byte)] {
+            PLAIN => {}
+            ESCAPED => return false,
+            // From the query on, only a byte the standard escapes there matters (`'` too).
+            _ if *byte == b'?' => {
+                return path_and_query[at + 1..]
+                    .iter()
+                    .all(|b| PATH[usize::from(*b)] != ESCAPED && *b != b'\'');
+            }
+            _ if *byte == b'\'' => {}
+            // `.` or `%`: a dot segment starts after a `/` with `.` or `%2e`.
+            _ => {
+                let after_slash = at > 0 && path_and_query[at - 1] == b'/';
+                let dot = *byte == b'.'
+                    || path_and_query
                         .get(at + 1..at + 3)
-                        .is_some_and(|two| two.eq_ignore_ascii_case(b"2e"))
+                        .is_some_and(|two| two.eq_ignore_ascii_case(b"2e"));
+                if after_slash && dot {
+                    return false;
+                }
             }
-            b'?' => {
-                in_query = true;
-                true
-            }
-            _ => byte.is_ascii_graphic(),
-        };
-        if !plain {
-            return false;
         }
-        after_slash = *byte == b'/';
     }
     true
 }

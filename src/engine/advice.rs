@@ -37,6 +37,9 @@ const REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
 /// The server's verdict on its answer: `Some(true)` retry, `Some(false)` do not, `None` when
 /// it said nothing, nothing valid, or both.
 pub(crate) fn should_retry(headers: &HeaderMap) -> Option<bool> {
+    if !super::has_any(headers, &[SHOULD_RETRY, STRIPE_SHOULD_RETRY]) {
+        return None;
+    }
     let mut said = None;
     let lines = headers
         .get_all(SHOULD_RETRY)
@@ -65,10 +68,11 @@ pub(crate) fn may_be_made_transient(status: StatusCode) -> bool {
 
 /// Whether the answer is a stored one replayed (`Idempotent-Replayed: true` on any line).
 pub(crate) fn replayed(headers: &HeaderMap) -> bool {
-    headers
-        .get_all(REPLAYED)
-        .iter()
-        .any(|value| value.as_bytes().trim_ascii().eq_ignore_ascii_case(b"true"))
+    super::has_any(headers, &[REPLAYED])
+        && headers
+            .get_all(REPLAYED)
+            .iter()
+            .any(|value| value.as_bytes().trim_ascii().eq_ignore_ascii_case(b"true"))
 }
 
 #[cfg(test)]

@@ -122,7 +122,10 @@ fn split_outside_quotes(text: &str, sep: char) -> impl Iterator<Item = &str> {
 /// one list (RFC 9110 section 5.3): every line is read. (Whether a `Retry-After` beside it takes
 /// precedence is the core's rule: `decide`.)
 pub(crate) fn of_response(headers: &HeaderMap) -> Option<Quota> {
-    // Most answers have no RateLimit field: one lookup for them.
+    // Most answers have no RateLimit field: no lookup for them.
+    if !is_in(headers) {
+        return None;
+    }
     let first = headers.get(RATE_LIMIT)?;
     let mut lines = headers.get_all(RATE_LIMIT).iter();
     if lines.size_hint().1 == Some(1) {
@@ -140,10 +143,7 @@ pub(crate) fn of_response(headers: &HeaderMap) -> Option<Quota> {
 /// Whether an answer has a `RateLimit` field at all. Asked of every answer: on the few fields
 /// most answers carry, comparing names costs less than hashing one for a lookup.
 pub(crate) fn is_in(headers: &HeaderMap) -> bool {
-    if headers.keys_len() <= 8 {
-        return headers.keys().any(|name| name == RATE_LIMIT);
-    }
-    headers.contains_key(RATE_LIMIT)
+    super::has_any(headers, &[RATE_LIMIT])
 }
 
 /// How long a spent quota is believed at a time: after that one request is let through as a

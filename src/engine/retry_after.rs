@@ -44,6 +44,14 @@ const X_MS_RETRY_AFTER_MS: HeaderName = HeaderName::from_static("x-ms-retry-afte
 /// and `Retry-After` (a date read against `wall_now()`, asked only then) with a valid value, or
 /// `None`.
 pub(crate) fn floor(headers: &HeaderMap, wall_now: &dyn Fn() -> SystemTime) -> Option<Duration> {
+    const NAMES: [HeaderName; 3] = [
+        RETRY_AFTER_MS,
+        X_MS_RETRY_AFTER_MS,
+        http::header::RETRY_AFTER,
+    ];
+    if !super::has_any(headers, &NAMES) {
+        return None;
+    }
     largest(headers, RETRY_AFTER_MS, parse_millis)
         .or_else(|| largest(headers, X_MS_RETRY_AFTER_MS, parse_millis))
         .or_else(|| {

@@ -223,7 +223,7 @@ fn rebody(mut response: Response, body: impl FnOnce(reqwest::Body) -> reqwest::B
     let version = response.version();
     let url = response.url().clone();
     let headers = std::mem::take(Response::headers_mut(&mut response));
-    let extensions = std::mem::take(Response::extensions_mut(&mut response));
+    let mut extensions = std::mem::take(Response::extensions_mut(&mut response));
     let body = body(reqwest::Body::from(response));
     let mut rebuilt = http::Response::builder()
         .url(url)
@@ -232,7 +232,10 @@ fn rebody(mut response: Response, body: impl FnOnce(reqwest::Body) -> reqwest::B
     *rebuilt.status_mut() = status;
     *rebuilt.version_mut() = version;
     *rebuilt.headers_mut() = headers;
-    rebuilt.extensions_mut().extend(extensions);
+    // The URL (the builder's one extension) joins the answer's own map, which keeps its table:
+    // no entry of it is moved.
+    extensions.extend(std::mem::take(rebuilt.extensions_mut()));
+    *rebuilt.extensions_mut() = extensions;
     Response::from(rebuilt)
 }
 
@@ -386,6 +389,41 @@ mod tests {
     use crate::driver::body::Outcome;
     use crate::engine::seen::Seen;
     use crate::error::LastError;
+
+    /// An answer kept through a wait, whole or read in part, keeps its whole head: status,
+    /// version, headers, URL and every extension (the server's and any a middleware added),
+    /// and its body's bytes.
+    #[tokio::test]
+    async fn a_kept_answer_keeps_its_head_and_extensions() {
+        #[derive(Clone, Debug, PartialEq)]
+        struct Mine(u32);
+        let url: reqwest::Url = "http://127.0.0.1:9/orders?id=7".parse().unwrap();
+        let answer = || {
+            let mut answer = http::Response::builder()
+                .status(502)
+                .version(http::Version::HTTP_10)
+                .header("retry-after", "2")
+                .url(url.clone())
+                .body(reqwest::Body::from("busy"))
+                .unwrap();
+            answer.extensions_mut().insert(Mine(7));
+            answer.extensions_mut().insert("a middleware's");
+            Response::from(answer)
+        };
+        for kept in [
+            answer().read_whole(Bytes::from_static(b"busy")),
+            answer().read_first(Prefix::new(Bytes::from_static(b"bu"), Bytes::new())),
+        ] {
+            assert_eq!(kept.status(), 502);
+            assert_eq!(kept.version(), http::Version::HTTP_10);
+            assert_eq!(kept.headers()["retry-after"], "2");
+            assert_eq!(kept.url(), &url);
+            assert_eq!(kept.extensions().get::<Mine>(), Some(&Mine(7)));
+            assert_eq!(kept.extensions().get::<&str>(), Some(&"a middleware's"));
+            assert_eq!(kept.extensions().len(), 2);
+            assert!(kept.bytes().await.unwrap().starts_with(b"bu"));
+        }
+    }
 
     /// A body of `chunks`, each at hand, then (if `pending`) one more after a wait, then
     /// trailers if `trailers`.
