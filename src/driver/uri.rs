@@ -407,6 +407,39 @@ mod tests {
         assert!(canonical(&"http://h.test/a%41b/c%2e".parse().unwrap()));
     }
 
+    /// The quick look says yes to what the standard writes as it is and no to what it may
+    /// rewrite, byte class by byte class: each of these is written as given by the reqwest
+    /// door's `Url` too, and the look must not send it to the parser (nor a rewritten one past
+    /// it).
+    #[test]
+    fn the_quick_look_knows_each_class_of_byte() {
+        let get: http::Method = "GET".parse().unwrap();
+        for written in [
+            // A dash in a host name; an `x` and dashes that are no IDNA prefix.
+            "http://api-v2.example.com/a",
+            "http://x-n--a.test/a",
+            "http://a-.b-c.test/a",
+            // A `'` in a path (escaped only in a query), even after a `/` and before `2e`.
+            "http://h.test/'2e/it's",
+            // A plain byte after a `/`, then `2e`: no dot segment.
+            "http://h.test/x2e",
+            // In a query, dots and escapes of dots are plain.
+            "http://h.test/a?./%2e",
+        ] {
+            let uri: http::Uri = written.parse().unwrap();
+            assert!(canonical(&uri), "{written}");
+            let url = reqwest::Url::parse(written).unwrap();
+            assert_eq!(url.as_str(), written, "the standard writes it as it is");
+            assert_eq!(
+                fingerprint(&get, &uri),
+                crate::driver::claim::fingerprint(&reqwest::Request::new(get.clone(), url)),
+            );
+        }
+        // An IDNA label, which the standard checks and may rewrite, is left to the parser.
+        assert!(!canonical(&"http://xn--nxasmq6b.test/a".parse().unwrap()));
+        assert!(!canonical(&"http://a.xn--nxasmq6b/a".parse().unwrap()));
+    }
+
     #[test]
     fn a_long_url_is_written_on_the_heap_and_one_that_does_not_fit_not_at_all() {
         let long = format!("http://127.0.0.1:8080/{}", "a".repeat(300));
