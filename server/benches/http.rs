@@ -18,11 +18,9 @@
 mod common;
 
 use std::net::SocketAddr;
-use std::str::FromStr;
 
 use axum::Router;
 use safe_retry_server::{PostgresStore, SqliteStore};
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
 use common::{Commit, timing};
 
@@ -41,35 +39,12 @@ async fn main() {
     sqlite.pool().close().await;
     std::fs::remove_dir_all(&dir).unwrap();
 
-    let url = std::env::var("SAFE_RETRY_POSTGRES_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
-    let schema = format!("srs_http_bench_{}", std::process::id());
-    let options = PgConnectOptions::from_str(&url).unwrap();
-    let admin = PgPoolOptions::new()
-        .max_connections(1)
-        .connect_with(options.clone())
-        .await
-        .unwrap_or_else(|e| {
-            panic!("PostgreSQL is unreachable at {url}: {e}; set SAFE_RETRY_POSTGRES_URL")
-        });
-    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE SCHEMA {schema}")))
-        .execute(&admin)
-        .await
-        .unwrap();
-    let pool = PgPoolOptions::new()
-        .max_connections(16)
-        .connect_with(options.options([("search_path", schema.as_str())]))
-        .await
-        .unwrap();
-    let postgres = PostgresStore::from_pool(pool);
+    let schema = common::PgSchema::create("http_bench").await;
+    let postgres = PostgresStore::from_pool(schema.pool.clone());
     postgres.migrate().await.unwrap();
     common::ChargesDb::prepare(&postgres).await.unwrap();
     compare("PostgreSQL, pool of 16", postgres.clone(), rounds, seconds).await;
-    postgres.pool().close().await;
-    sqlx::query(sqlx::AssertSqlSafe(format!("DROP SCHEMA {schema} CASCADE")))
-        .execute(&admin)
-        .await
-        .unwrap();
+    schema.drop().await;
 }
 
 /// Serves `router` on a new port of 127.0.0.1.

@@ -12,36 +12,14 @@
 
 mod common;
 
-use std::str::FromStr;
-
 use safe_retry_server::PostgresStore;
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
 use common::{ChargesDb, timing};
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
-    let url = std::env::var("SAFE_RETRY_POSTGRES_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
-    let schema = format!("srs_bench_{}", std::process::id());
-    let options = PgConnectOptions::from_str(&url).unwrap();
-    let admin = PgPoolOptions::new()
-        .max_connections(1)
-        .connect_with(options.clone())
-        .await
-        .unwrap_or_else(|e| {
-            panic!("PostgreSQL is unreachable at {url}: {e}; set SAFE_RETRY_POSTGRES_URL")
-        });
-    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE SCHEMA {schema}")))
-        .execute(&admin)
-        .await
-        .unwrap();
-    let pool = PgPoolOptions::new()
-        .max_connections(16)
-        .connect_with(options.options([("search_path", schema.as_str())]))
-        .await
-        .unwrap();
-    let store = PostgresStore::from_pool(pool);
+    let schema = common::PgSchema::create("bench").await;
+    let store = PostgresStore::from_pool(schema.pool.clone());
     store.migrate().await.unwrap();
     store.prepare().await.unwrap();
     let version: String = sqlx::query_scalar("SHOW server_version")
@@ -50,9 +28,5 @@ async fn main() {
         .unwrap();
     timing::compare(store.clone(), &format!("PostgreSQL {version}")).await;
 
-    store.pool().close().await;
-    sqlx::query(sqlx::AssertSqlSafe(format!("DROP SCHEMA {schema} CASCADE")))
-        .execute(&admin)
-        .await
-        .unwrap();
+    schema.drop().await;
 }
