@@ -39,7 +39,7 @@ async fn main() {
     sqlite.pool().close().await;
     std::fs::remove_dir_all(&dir).unwrap();
 
-    let schema = common::PgSchema::create("http_bench").await;
+    let schema = common::pg_schema::PgSchema::create("http_bench").await;
     let postgres = PostgresStore::from_pool(schema.pool.clone());
     postgres.migrate().await.unwrap();
     common::ChargesDb::prepare(&postgres).await.unwrap();

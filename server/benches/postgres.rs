@@ -18,7 +18,7 @@ use common::{ChargesDb, timing};
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
-    let schema = common::PgSchema::create("bench").await;
+    let schema = common::pg_schema::PgSchema::create("bench").await;
     let store = PostgresStore::from_pool(schema.pool.clone());
     store.migrate().await.unwrap();
     store.prepare().await.unwrap();

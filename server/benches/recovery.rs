@@ -19,7 +19,9 @@
 #[path = "../examples/support/receiver.rs"]
 mod receiver;
 
-use std::str::FromStr;
+#[path = "common/pg_schema.rs"]
+mod pg_schema;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -35,7 +37,6 @@ use safe_retry_server::store::{Outbox, Outcomes};
 use safe_retry_server::{
     Execution, IdempotencyLayer, PostgresStore, Relay, Step, StepError, StoreError,
 };
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use tower_service::Service;
 
 fn env(name: &str, default: u64) -> u64 {
@@ -119,27 +120,8 @@ fn spread(values: &[f64]) -> String {
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
-    let url = std::env::var("SAFE_RETRY_POSTGRES_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
-    let schema = format!("srs_bench_recovery_{}", std::process::id());
-    let options = PgConnectOptions::from_str(&url).unwrap();
-    let admin = PgPoolOptions::new()
-        .max_connections(1)
-        .connect_with(options.clone())
-        .await
-        .unwrap_or_else(|e| {
-            panic!("PostgreSQL is unreachable at {url}: {e}; set SAFE_RETRY_POSTGRES_URL")
-        });
-    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE SCHEMA {schema}")))
-        .execute(&admin)
-        .await
-        .unwrap();
-    let pool = PgPoolOptions::new()
-        .max_connections(16)
-        .connect_with(options.options([("search_path", schema.as_str())]))
-        .await
-        .unwrap();
-    let store = PostgresStore::from_pool(pool);
+    let schema = pg_schema::PgSchema::create("bench_recovery").await;
+    let store = PostgresStore::from_pool(schema.pool.clone());
     store.migrate().await.unwrap();
     sqlx::query("CREATE TABLE bench_orders (id BIGSERIAL PRIMARY KEY, key TEXT NOT NULL, body TEXT NOT NULL)")
         .execute(store.pool())
@@ -263,9 +245,5 @@ async fn main() {
         spread(&rates)
     );
 
-    store.pool().close().await;
-    sqlx::query(sqlx::AssertSqlSafe(format!("DROP SCHEMA {schema} CASCADE")))
-        .execute(&admin)
-        .await
-        .unwrap();
+    schema.drop().await;
 }
