@@ -6,7 +6,9 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, SystemTime};
+
+use crate::clock::Instant;
 
 /// A virtual clock for tests: sleeping advances it at once and is recorded.
 ///

@@ -7,6 +7,10 @@
 //! dependency cannot change a decision. The one exception is a failed name resolution, which
 //! hyper's connector reports only by its message.
 
+// A page's `fetch` reports no socket's errors (see the reqwest door's `browser::reqwest_fault`):
+// the causes read here, and HTTP/2's refusals, are never met in the browser.
+#![cfg_attr(target_arch = "wasm32", allow(dead_code))]
+
 use std::io;
 
 /// A transport failure worth another attempt.

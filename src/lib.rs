@@ -332,6 +332,20 @@
 //! when the wait ends (one that trickles, or any body after a wait of zero) is dropped, with the
 //! `Content-Length` that promised it. A slow body never holds a request past its deadline.
 //!
+//! # In the browser
+//!
+//! The reqwest door builds for `wasm32-unknown-unknown`, where reqwest speaks through the page's
+//! `fetch`: the same middleware and policies, set up with the same code. Its clock there is
+//! `BrowserClock` (the page's `performance.now()` and `setTimeout`), its randomness the page's
+//! `crypto.getRandomValues`; [`Instant`] is web-time's, since the standard library's panics when
+//! read in a page. A page is told nothing of why a `fetch` failed, so such a failure is read as
+//! a connection lost after it was made ([`AttemptErrorKind::Reset`]): retried only when
+//! repeating is safe. A response in a page has no extensions, so it carries no record
+//! ([`RetryRecord::of`] does not take one; errors and the observer still tell every attempt),
+//! and `buffer_body` is refused when the policy is built. The tower and gRPC doors do not build
+//! there. The README's "In the browser" section says what the server's CORS must allow and
+//! show for the middleware to see its answers.
+//!
 //! # Testing your retries
 //!
 //! Two ways are supported.
@@ -452,6 +466,13 @@ compile_error!(
      (the default), `tower` or `grpc`"
 );
 
+#[cfg(all(target_arch = "wasm32", any(feature = "tower", feature = "grpc")))]
+compile_error!(
+    "reqwest-safe-retry's tower and gRPC doors do not build for wasm32: in the browser only the \
+     reqwest door runs (reqwest over `fetch`). Turn off the `tower` and `grpc` features for this \
+     target"
+);
+
 mod clock;
 mod door;
 mod driver;
@@ -460,13 +481,18 @@ pub mod error;
 #[cfg(feature = "test-util")]
 mod fake_clock;
 mod fault;
+mod maybe_send;
 mod observe;
 mod record;
 mod rng;
 mod shared;
 mod stop;
 
-pub use clock::{Clock, Sleep, TokioClock};
+#[cfg(target_arch = "wasm32")]
+pub use clock::BrowserClock;
+#[cfg(not(target_arch = "wasm32"))]
+pub use clock::TokioClock;
+pub use clock::{Clock, Instant, Sleep};
 #[cfg(feature = "reqwest")]
 pub use door::reqwest::RetryErrorExt;
 #[cfg(feature = "tower")]

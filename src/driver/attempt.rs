@@ -37,6 +37,7 @@ use crate::engine::course::Course;
 use crate::engine::decide::{Decider, Plan};
 use crate::engine::rules::Judge;
 use crate::error::LastError;
+use crate::maybe_send::BoxFuture;
 use crate::rng::RandomSource;
 
 /// Where an attempt's copies go: the rest of the chain, with the request's extensions, in its
@@ -113,12 +114,12 @@ impl<Q: Outgoing, R: Reply> Lent<'_, '_, '_, Q, R> {
     }
 
     /// The time on the request's clock.
-    pub(crate) fn now(&self) -> std::time::Instant {
+    pub(crate) fn now(&self) -> crate::clock::Instant {
         self.tools.clock.get().now()
     }
 
     /// The course of the attempt about to go at `now`, planned with a hedge after `delay`.
-    pub(crate) fn course(&self, delay: Duration, now: std::time::Instant) -> Course {
+    pub(crate) fn course(&self, delay: Duration, now: crate::clock::Instant) -> Course {
         self.decider.course(delay, now)
     }
 }
@@ -127,7 +128,7 @@ impl<Q: Outgoing, R: Reply> Lent<'_, '_, '_, Q, R> {
 pub(crate) type Running<'s, N> = Claiming<'s, <N as Beneath>::Running<'s>>;
 
 /// A body being read into memory (`buffer_body`), with the bytes read.
-type Reading<R> = Pin<Box<dyn Future<Output = ReadBody<R>> + Send>>;
+type Reading<R> = BoxFuture<'static, ReadBody<R>>;
 type ReadBody<R> = Result<(R, Option<bytes::Bytes>), <R as Reply>::Error>;
 
 /// An answer's body being read, racing its copy's timer: for the classifier to see it before
@@ -181,7 +182,7 @@ impl<R: Reply> ReadingBody<R> {
 /// How much of `outcome`'s body to read before its verdict, for the classifier to see it, if
 /// any: an answer's, when the judge reads bodies first.
 fn body_first<R: Reply>(judge: &Judge<'_>, outcome: &Outcome<R>) -> Option<usize> {
-    judge.judging.body_first().filter(|_| outcome.is_ok())
+    (judge.judging.body_first()).filter(|_| R::READS_BODY && outcome.is_ok())
 }
 
 /// One attempt of one copy in flight: polled until it has an outcome, judged, with its body

@@ -8,15 +8,21 @@
 //! Bodies over the limit are not held in memory: what was read so far is handed back first,
 //! followed by the rest of the stream, and that response is not retried.
 
+// In the browser no body is read inside an attempt (`Reply::READS_BODY`): what holds a part of
+// one read is never made there.
+#![cfg_attr(target_arch = "wasm32", allow(dead_code))]
+
 use std::future::Future;
 use std::pin::Pin;
 use std::task::Poll;
 
 use bytes::Bytes;
-use http::{Extensions, HeaderMap, StatusCode};
+use http::{HeaderMap, StatusCode};
 use http_body::SizeHint;
 
 use crate::error::LastError;
+use crate::maybe_send::MaybeSend;
+use crate::record::RetryRecord;
 
 /// An attempt's outcome: the answer, or the error of the door beneath or the layer's own.
 pub(crate) type Outcome<R> = Result<R, LastError<<R as Reply>::Error>>;
@@ -25,7 +31,7 @@ pub(crate) type Outcome<R> = Result<R, LastError<<R as Reply>::Error>>;
 /// the same head with what the driver read of the body. A `reqwest::Response` behind the
 /// reqwest door, an `http::Response` of the inner service's body behind the tower door: neither
 /// is made into the other.
-pub(crate) trait Reply: Send + Sized + 'static {
+pub(crate) trait Reply: MaybeSend + Sized + 'static {
     /// The error the door's copies end in, and its bodies.
     type Error: crate::error::DoorError;
     /// The answer's status.
@@ -34,13 +40,19 @@ pub(crate) trait Reply: Send + Sized + 'static {
     fn headers(&self) -> &HeaderMap;
     /// The answer's headers, to change.
     fn headers_mut(&mut self) -> &mut HeaderMap;
-    /// The answer's extensions, where its record goes.
-    fn extensions_mut(&mut self) -> &mut Extensions;
+    /// Keeps `record` where [`RetryRecord::of`] finds it: the answer's extensions (in the
+    /// browser, where reqwest's answer has none, nowhere).
+    fn carry(&mut self, record: RetryRecord);
+    /// Whether the driver can read the answer's body inside the attempt and hand the answer
+    /// back around what it read ([`chunk`](Self::chunk), [`read_whole`](Self::read_whole),
+    /// [`read_first`](Self::read_first)): not in the browser, where reqwest's answer cannot be
+    /// rebuilt. Without it, no body is read ([`to_read`], [`keep`]).
+    const READS_BODY: bool = true;
     /// The length the body declares, if it declares one.
     fn content_length(&self) -> Option<u64>;
     /// The body's next chunk, `None` at its end; an error that cut it, as the door's attempts
     /// fail (its `failure` finds the fault in it).
-    fn chunk(&mut self) -> impl Future<Output = Result<Option<Bytes>, Self::Error>> + Send;
+    fn chunk(&mut self) -> impl Future<Output = Result<Option<Bytes>, Self::Error>> + MaybeSend;
     /// The same head with its body read whole into `body` (empty: the body dropped).
     fn read_whole(self, body: Bytes) -> Self;
     /// The same head with its body made of `read`, what was read of it already, then the rest.
@@ -132,6 +144,9 @@ pub(crate) fn to_read<R: Reply>(
     outcome: &Outcome<R>,
     verdict: crate::engine::classify::Verdict,
 ) -> Option<usize> {
+    if !R::READS_BODY {
+        return None;
+    }
     let final_answer =
         outcome.is_ok() && matches!(verdict, crate::engine::classify::Verdict::Final(_));
     let limit = judging
@@ -157,6 +172,10 @@ pub(crate) async fn keep<R: Reply, T: Future<Output = ()>>(
     mut timer: Pin<&mut T>,
 ) -> Outcome<R> {
     let mut response = outcome?;
+    if !R::READS_BODY {
+        // Kept as it is, its body unread for the caller.
+        return Ok(response);
+    }
     if response.content_length().is_none_or(|n| n <= limit as u64) {
         let mut read = Vec::new();
         loop {

@@ -27,12 +27,13 @@ use http::{HeaderMap, Method};
 use crate::driver::body::{Outcome, Reply};
 use crate::engine::seen::{Failure, Locate, ResponseHead, Seen};
 use crate::error::{AttemptTimeout, DoorError, LastError};
+use crate::maybe_send::{MaybeSend, MaybeSync};
 use crate::stop::StopReason;
 
 /// What lies beneath the driver: where each copy of a request goes, with the request's
 /// extensions. The rest of a `reqwest-middleware` chain, or a tower service (`tower`): the one
 /// thing the two front doors do differently while a request is driven.
-pub(crate) trait Beneath: Send + Sync {
+pub(crate) trait Beneath: MaybeSend + MaybeSync {
     /// A request as this door takes it.
     type Request: Outgoing;
     /// An answer as this door hands it back.
@@ -43,7 +44,7 @@ pub(crate) trait Beneath: Send + Sync {
     type Error: DoorError;
 
     /// A copy on its way: the door's own future, held in the attempt as it is (not boxed).
-    type Running<'s>: Future<Output = Result<Self::Reply, Self::Error>> + Send + 's
+    type Running<'s>: Future<Output = Result<Self::Reply, Self::Error>> + MaybeSend + 's
     where
         Self: 's;
 
@@ -56,7 +57,7 @@ pub(crate) trait Beneath: Send + Sync {
 
     /// What a copy is handed to once the door is ready to take it (a tower service that said
     /// it is ready; nothing, for a chain, which takes every copy at once).
-    type Ready: Send;
+    type Ready: MaybeSend;
 
     /// Whether the door is ready to take a hedge's copy, asked before the hedge is decided and
     /// paid for: a copy that would wait for readiness is no hedge yet. `ready` keeps what was
@@ -118,7 +119,7 @@ pub(crate) fn seen_of<'o, R: Reply>(
 /// A request as a door hands it to the driver: its head, a copy of it for another attempt, and
 /// where it goes. A `reqwest::Request` behind the reqwest door, an `http::Request` behind the
 /// tower door: neither is made into the other.
-pub(crate) trait Outgoing: Send + Sized + 'static {
+pub(crate) trait Outgoing: MaybeSend + Sized + 'static {
     /// The request's method.
     fn method(&self) -> &Method;
     /// The request's headers.

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use tracing::Level;
 
-use crate::clock::{Clock, SharedClock, TokioClock};
+use crate::clock::{Clock, SharedClock};
 use crate::driver::trace::LogLevels;
 use crate::engine::dependency::{Dependency, Routes};
 use crate::engine::policy::RetryPolicy;
@@ -75,7 +75,7 @@ impl RetryMiddleware {
     pub fn new(dependency: impl Into<Dependency>) -> Self {
         RetryMiddleware {
             dependencies: Routes::new(dependency.into()),
-            clock: SharedClock::new(TokioClock::new()),
+            clock: SharedClock::production(),
             rng: Shared(Arc::new(ThreadRng::new())),
             observer: None,
             log: LogLevels::default(),

@@ -14,7 +14,9 @@ use std::future::Future;
 use std::ops::ControlFlow;
 use std::ops::Deref;
 use std::pin::Pin;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use crate::clock::Instant;
 
 use http::Extensions;
 
@@ -35,6 +37,7 @@ use crate::engine::observed::Observed;
 use crate::engine::schedule::Wait;
 use crate::error::{InvalidConfig, LastError, NotSent, RetryError};
 use crate::fault::Fault;
+use crate::maybe_send::MaybeSend;
 use crate::record::RetryRecord;
 use crate::stop::StopReason;
 
@@ -55,11 +58,11 @@ impl RetryMiddleware {
     /// by the tower door (its future owns everything it holds): either way they are held once,
     /// inside this future.
     pub(crate) fn execute<'a, N: Beneath + 'a>(
-        this: impl Deref<Target = RetryMiddleware> + Send + 'a,
+        this: impl Deref<Target = RetryMiddleware> + MaybeSend + 'a,
         request: N::Request,
-        mut extensions: impl BorrowMut<Extensions> + Send + 'a,
+        mut extensions: impl BorrowMut<Extensions> + MaybeSend + 'a,
         next: N,
-    ) -> impl Future<Output = Handed<N::Reply>> + Send + 'a {
+    ) -> impl Future<Output = Handed<N::Reply>> + MaybeSend + 'a {
         let mut kept = Kept::new(request);
         async move {
             let (this, extensions) = (&*this, extensions.borrow_mut());
@@ -331,7 +334,7 @@ fn hand_back<R: Reply>(
                 && record.waited.is_zero()
                 && !record.answered_by_hedge;
             if !inferred {
-                response.extensions_mut().insert(record);
+                response.carry(record);
             }
             Ok(response)
         }

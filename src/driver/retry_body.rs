@@ -9,7 +9,7 @@ use http_body::{Body, Frame, SizeHint};
 
 use crate::driver::body::{Prefix, Reply};
 use crate::error::BoxError;
-use http::Extensions;
+use crate::maybe_send::MaybeSend;
 use std::future::Future;
 
 /// The body of an answer through [`RetryService`](crate::RetryService) (feature `tower`): the
@@ -156,8 +156,8 @@ where
         http::Response::headers_mut(self)
     }
 
-    fn extensions_mut(&mut self) -> &mut Extensions {
-        http::Response::extensions_mut(self)
+    fn carry(&mut self, record: crate::record::RetryRecord) {
+        http::Response::extensions_mut(self).insert(record);
     }
 
     fn content_length(&self) -> Option<u64> {
@@ -167,7 +167,7 @@ where
     /// A body's error is judged as the inner service's errors are: by their causes.
     type Error = BoxError;
 
-    fn chunk(&mut self) -> impl Future<Output = Result<Option<Bytes>, BoxError>> + Send {
+    fn chunk(&mut self) -> impl Future<Output = Result<Option<Bytes>, BoxError>> + MaybeSend {
         std::future::poll_fn(|cx| {
             // Bounded by what the body has ready: a frame that is not data (trailers) is
             // passed over, and the next one polled at once.

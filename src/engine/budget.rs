@@ -2,9 +2,9 @@
 //!
 //! The rules, why a budget and how it meets time are on [`RetryBudget`], where they render.
 
+use crate::clock::Instant;
 use std::fmt;
 use std::sync::{Arc, OnceLock};
-use std::time::Instant;
 
 use crate::error::InvalidConfig;
 

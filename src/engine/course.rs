@@ -26,7 +26,9 @@
 //! account) is the decider's word, asked when it is due; a refusal is taken as "no more
 //! copies".
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use crate::clock::Instant;
 
 use crate::stop::StopReason;
 

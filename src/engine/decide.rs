@@ -68,7 +68,9 @@
 //! tells the throttle that an attempt on the wire got no accept: its caller gave up on it (the
 //! instant it was admitted stands for the instant it ended, as the core has no clock).
 
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, SystemTime};
+
+use crate::clock::Instant;
 
 use http::HeaderMap;
 

@@ -691,6 +691,16 @@ impl RetryPolicyBuilder {
     }
 
     fn checked(&self) -> Result<RetryPolicy, InvalidConfig> {
+        #[cfg(target_arch = "wasm32")]
+        if self.buffer_body.is_some() {
+            return Err(InvalidConfig::new(
+                POLICY,
+                "buffer_body does not work in the browser (wasm32): reqwest's answer there \
+                 cannot be handed back around a body read inside the attempt; leave it off and \
+                 read the body with the answer's bytes() or text()"
+                    .into(),
+            ));
+        }
         if self.max_attempts == 0 {
             return Err(InvalidConfig::new(
                 POLICY,

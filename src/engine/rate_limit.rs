@@ -20,7 +20,9 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use crate::clock::Instant;
 
 use crate::engine::seen::Target;
 use http::{HeaderMap, HeaderValue};

@@ -20,7 +20,9 @@
 //! rejected here, or never sent, counts as nothing beyond the rejection.
 
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use crate::clock::Instant;
 
 use crate::error::InvalidConfig;
 use crate::rng::{RandomSource, uniform_duration};

@@ -44,7 +44,11 @@ impl DoorError for reqwest_middleware::Error {
     }
 
     fn is_connect(&self) -> bool {
-        reqwest_middleware::Error::is_connect(self)
+        #[cfg(not(target_arch = "wasm32"))]
+        return reqwest_middleware::Error::is_connect(self);
+        // A page is never told that connecting failed (see `browser::reqwest_fault`).
+        #[cfg(target_arch = "wasm32")]
+        return false;
     }
 
     fn is_timeout(&self) -> bool {

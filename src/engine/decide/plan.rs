@@ -13,7 +13,9 @@
 //! wait or a stop back. The finer steps these verbs are made of stay private to the core, where
 //! its tests drive them one by one.
 
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, SystemTime};
+
+use crate::clock::Instant;
 
 use crate::engine::seen::Locate;
 
