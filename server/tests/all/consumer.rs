@@ -728,8 +728,12 @@ async fn the_same_message_twice_makes_one_effect<S: Backend>(broker: Broker) {
     // too: one replay at least. One record, run once, unless `settle` stopped a consumer
     // mid-message (RabbitMQ does not say what a consumer holds unacknowledged): then its
     // lease ended at once (counted abandoned, whether its handler had begun or its claim was
-    // still on its way) and the message's redelivery took the record over.
-    assert_eq!(counts.completions, 1, "{counts:?}");
+    // still on its way) and the message's redelivery took the record over. A consumer
+    // stopped while its completion was committing leaves the outcome stored (one effect, the
+    // copies replayed) but no completion counted: its lease is counted abandoned instead
+    // (seen once in a loaded run: claims 1, completions 0, abandoned 1, replays 3).
+    assert!(counts.completions <= 1, "{counts:?}");
+    assert!(counts.completions + counts.abandoned >= 1, "{counts:?}");
     assert!(counts.claims <= 1 + counts.abandoned, "{counts:?}");
     assert!(counts.takeovers <= counts.abandoned, "{counts:?}");
     assert!(counts.replays >= 1, "{counts:?}");
@@ -754,8 +758,10 @@ async fn thirty_two_copies_at_once_to_four_consumers_make_one_effect<S: Backend>
     assert_eq!(effects.len(), 1, "{effects:?}");
     assert_eq!(effects["order-32"].len(), 1);
     let counts = layer.counters().snapshot();
-    assert_eq!(counts.completions, 1, "{counts:?}");
-    // One run, unless `settle` stopped a consumer mid-message (see above).
+    // One completion counted, unless a consumer was stopped while it committed; one run,
+    // unless `settle` stopped a consumer mid-message (both above).
+    assert!(counts.completions <= 1, "{counts:?}");
+    assert!(counts.completions + counts.abandoned >= 1, "{counts:?}");
     assert!(counts.claims <= 1 + counts.abandoned, "one run: {counts:?}");
     assert!(counts.takeovers <= counts.abandoned, "{counts:?}");
     assert!(line.dead_letters().await.is_empty());
