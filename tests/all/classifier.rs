@@ -341,6 +341,25 @@ async fn with_buffer_body_the_classifier_is_asked_once_per_attempt() {
     assert_eq!(*asked.lock().unwrap(), 1);
 }
 
+/// With `buffer_body` and a classifier, an attempt that ends in an error (a refused
+/// connection) has no body to read: the classifier is shown the error itself, with no body,
+/// on every attempt, and the request ends in that error.
+#[tokio::test]
+async fn with_buffer_body_an_attempt_that_failed_is_judged_without_a_body() {
+    let (client, shown) = body_reader(true);
+
+    let err = client
+        .get(support::refused_url().await)
+        .send()
+        .await
+        .unwrap_err();
+
+    let retry = RetryError::of(&err).expect("the middleware's error");
+    assert_eq!(retry.attempts(), 3, "{err}");
+    assert!(retry.failed_to_connect(), "{err:?}");
+    assert_eq!(*shown.lock().unwrap(), [None, None, None]);
+}
+
 /// A client on a fake clock whose policy buffers bodies (or not), with a classifier that
 /// retries a 500 whose body says "maintenance", and records the bodies it was shown.
 fn body_reader(buffer: bool) -> (ClientWithMiddleware, Arc<Mutex<Vec<Option<String>>>>) {
