@@ -5,13 +5,16 @@
 
 #![cfg(target_arch = "wasm32")]
 
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
+use std::task::Poll;
 use std::time::Duration;
 
 use reqwest_middleware::{ClientBuilder, ClientWithMiddleware};
 use reqwest_safe_retry::{
-    AttemptErrorKind, BrowserClock, Dependency, FakeClock, RandomSource, RetryBudget, RetryError,
-    RetryMiddleware, RetryPolicy, SeededRng, StopReason,
+    AttemptErrorKind, BrowserClock, Clock, Dependency, FakeClock, Jitter, RandomSource,
+    RetryBudget, RetryError, RetryMiddleware, RetryPolicy, SeededRng, StopReason,
 };
 use wasm_bindgen_test::{wasm_bindgen_test, wasm_bindgen_test_configure};
 
@@ -227,6 +230,53 @@ async fn the_browser_clock_waits_the_drawn_backoff_before_the_retry() {
     let wait = full_jitter(&policy, 0, SeededRng::new(42).next_u64());
     assert_eq!(*waits.lock().unwrap(), [wait]);
     assert!(took >= wait, "{took:?} < {wait:?}");
+}
+
+#[wasm_bindgen_test]
+async fn a_request_dropped_in_its_backoff_sends_nothing_more_and_gives_its_token_back() {
+    let id = id("dropped");
+    let budget = RetryBudget::builder()
+        .capacity(3.0)
+        .floor_per_sec(0.0)
+        .build()
+        .unwrap();
+    let policy = RetryPolicy::builder()
+        .base_delay(Duration::from_millis(100))
+        .jitter(Jitter::None)
+        .build()
+        .unwrap();
+    let orders = Dependency::new("orders", policy).with_budget(budget.clone());
+    let waiting = Arc::new(AtomicBool::new(false));
+    let decided = waiting.clone();
+    let retry = RetryMiddleware::new(orders.clone())
+        .with_clock(BrowserClock::new())
+        .with_observer(move |event| {
+            if event.delay.is_some() {
+                decided.store(true, Ordering::SeqCst);
+            }
+        });
+    let client = client(retry);
+
+    let mut send = Box::pin(client.get(script(&id, "503,200", "", "0")).send());
+    // Polled until the middleware has decided to wait its 100 ms, then dropped in that wait.
+    let ended = std::future::poll_fn(|cx| match send.as_mut().poll(cx) {
+        Poll::Ready(result) => Poll::Ready(Some(result.map(|r| r.status()))),
+        Poll::Pending if waiting.load(Ordering::SeqCst) => Poll::Ready(None),
+        Poll::Pending => Poll::Pending,
+    })
+    .await;
+    assert!(ended.is_none(), "ended before its backoff: {ended:?}");
+    assert_eq!(budget.balance(), 2.0, "the retry paid for");
+    drop(send);
+
+    // Past the end of the wait it was dropped in: no second attempt came.
+    BrowserClock::new().sleep(Duration::from_millis(300)).await;
+    assert_eq!(seen(&id).await.len(), 1);
+    assert_eq!(budget.balance(), 3.0, "given back");
+    assert_eq!(
+        (orders.counters().attempts, orders.counters().retries),
+        (1, 0)
+    );
 }
 
 #[wasm_bindgen_test]
