@@ -1,5 +1,8 @@
 //! The first front door: [`RetryMiddleware`] in a `reqwest-middleware` chain. Each copy of a
-//! request goes down the rest of the chain (`Next`) as the `reqwest::Request` it is.
+//! request goes down the rest of the chain (`Next`) as the `reqwest::Request` it is. Its answers
+//! and errors differ by platform: outside the browser (`native`) an answer's body is read and
+//! the answer rebuilt around it, and an error says what the socket did; in a page (`browser`,
+//! wasm32, reqwest over `fetch`) neither is possible.
 
 mod errors;
 
